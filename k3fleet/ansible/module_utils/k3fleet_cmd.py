@@ -1,0 +1,197 @@
+# -*- coding: utf-8 -*-
+# Stdlib only: this file is shipped to every node inside the AnsiballZ payload.
+"""One way to read a node: files under a root prefix, commands through one runner.
+
+Every collector receives a ``NodeReader``. It never touches ``/`` or ``PATH``
+directly, so the same collector reads a real node (root ``/``), a containerised
+view of a host (``/host``), a simulated lab host (a generated directory whose
+``bin/`` replays recorded command output) or a test fixture tree.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import os
+import subprocess
+import time
+
+__metaclass__ = type
+
+DEFAULT_TIMEOUT = 20.0
+# Enough for any output a collector parses; protects the module from a runaway command.
+MAX_OUTPUT = 4 * 1024 * 1024
+
+
+class CommandResult:
+    """The outcome of one command: rc, stdout, stderr, and why it did not run."""
+
+    __slots__ = ("argv", "rc", "stdout", "stderr", "error", "duration")
+
+    def __init__(self, argv, rc, stdout, stderr, error=None, duration=0.0):
+        self.argv = list(argv)
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+        # "not_found", "timeout", "exec_error" or None when the command ran.
+        self.error = error
+        self.duration = duration
+
+    @property
+    def ok(self):
+        return self.error is None and self.rc == 0
+
+    def reason(self):
+        """A one-line explanation fit for an ``unknown`` fact."""
+        cmd = " ".join(self.argv)
+        if self.error == "not_found":
+            return "%s: command not found" % self.argv[0]
+        if self.error == "timeout":
+            return "%s: timed out after %.0fs" % (cmd, self.duration)
+        if self.error:
+            return "%s: %s" % (cmd, self.stderr.strip() or self.error)
+        detail = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return "%s: exit %s%s" % (cmd, self.rc, (": " + detail[0][:200]) if detail else "")
+
+    def as_dict(self):
+        return {"argv": self.argv, "rc": self.rc, "error": self.error,
+                "stderr": self.stderr[-500:], "duration": round(self.duration, 3)}
+
+
+class NodeReader:
+    """Reads files under ``root`` and runs commands found on ``path``.
+
+    ``procfs`` and ``sysfs`` may be moved independently of ``root``: a simulated
+    driver writes its /proc view elsewhere, as a containerised exporter reads
+    the host's /proc at /host/proc.
+    """
+
+    def __init__(self, root="/", path=None, procfs=None, sysfs=None, timeout=DEFAULT_TIMEOUT,
+                 env=None):
+        self.root = root or "/"
+        self.procfs = procfs or self.join_root("/proc")
+        self.sysfs = sysfs or self.join_root("/sys")
+        if path is None:
+            path = os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        self.path = path
+        self.timeout = float(timeout)
+        self._env = env
+        self.commands = []
+        self._cache = {}
+
+    # -- files -------------------------------------------------------------
+    def join_root(self, path):
+        if self.root == "/":
+            return path
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def resolve(self, path):
+        """Map an absolute node path to where it lives for this reader."""
+        if path == "/proc" or path.startswith("/proc/"):
+            return self.procfs + path[len("/proc"):]
+        if path == "/sys" or path.startswith("/sys/"):
+            return self.sysfs + path[len("/sys"):]
+        return self.join_root(path)
+
+    def read(self, path, limit=MAX_OUTPUT):
+        """Return the file's text, or None when it does not exist or cannot be read."""
+        try:
+            with open(self.resolve(path), "rb") as fh:
+                data = fh.read(limit)
+        except (IOError, OSError):
+            return None
+        return data.decode("utf-8", "replace")
+
+    def read_error(self, path):
+        """Why ``path`` cannot be read (for ``unknown`` reasons), or None if it can."""
+        try:
+            with open(self.resolve(path), "rb"):
+                return None
+        except (IOError, OSError) as exc:
+            return "%s: %s" % (path, exc.strerror or exc)
+
+    def exists(self, path):
+        return os.path.exists(self.resolve(path))
+
+    def listdir(self, path):
+        try:
+            return sorted(os.listdir(self.resolve(path)))
+        except (IOError, OSError):
+            return None
+
+    def glob_names(self, path, prefix):
+        names = self.listdir(path) or []
+        return [n for n in names if n.startswith(prefix)]
+
+    # -- commands ----------------------------------------------------------
+    def which(self, name):
+        if os.sep in name:
+            return name if os.access(name, os.X_OK) else None
+        for d in self.path.split(os.pathsep):
+            if not d:
+                continue
+            cand = os.path.join(d, name)
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand
+        return None
+
+    def env(self):
+        env = dict(self._env if self._env is not None else os.environ)
+        # Parsers expect C-locale output (decimal points, English messages).
+        env["LC_ALL"] = "C"
+        env["LANG"] = "C"
+        env["PATH"] = self.path
+        return env
+
+    def run_cached(self, argv, timeout=None):
+        """Run a read-only command once per reader, however many collectors ask for it."""
+        key = tuple(str(a) for a in argv)
+        if key not in self._cache:
+            self._cache[key] = self.run(argv, timeout=timeout)
+        return self._cache[key]
+
+    def run(self, argv, timeout=None, stdin=None):
+        """Run ``argv`` with C locale and a timeout. Never raises."""
+        argv = [str(a) for a in argv]
+        timeout = self.timeout if timeout is None else float(timeout)
+        started = time.time()
+        exe = self.which(argv[0])
+        if exe is None:
+            res = CommandResult(argv, None, "", "", error="not_found")
+            self.commands.append(res.as_dict())
+            return res
+        try:
+            proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(),
+                                    close_fds=True)
+        except (IOError, OSError) as exc:
+            res = CommandResult(argv, None, "", str(exc), error="exec_error", duration=time.time() - started)
+            self.commands.append(res.as_dict())
+            return res
+        try:
+            out, err = proc.communicate(input=stdin.encode("utf-8") if stdin else None, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            res = CommandResult(argv, None, out[:MAX_OUTPUT].decode("utf-8", "replace"),
+                                err[-MAX_OUTPUT:].decode("utf-8", "replace"), error="timeout",
+                                duration=time.time() - started)
+            self.commands.append(res.as_dict())
+            return res
+        res = CommandResult(argv, proc.returncode, out[:MAX_OUTPUT].decode("utf-8", "replace"),
+                            err[-MAX_OUTPUT:].decode("utf-8", "replace"), duration=time.time() - started)
+        self.commands.append(res.as_dict())
+        return res
+
+
+def unknown(reason, **extra):
+    """The shape every collector uses for a fact it could not establish."""
+    out = {"status": "unknown", "reason": reason}
+    out.update(extra)
+    return out
+
+
+def guard(section, fn, *args, **kwargs):
+    """Run one collector; a bug or surprise in it becomes data, not a crashed audit."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any collector failure must become a fact
+        return unknown("%s collector failed: %s: %s" % (section, type(exc).__name__, exc))

@@ -1,0 +1,94 @@
+# -*- coding: utf-8 -*-
+# Stdlib only: shipped to nodes.
+"""Every file a collector reads and every command it runs, named in one place.
+
+Collectors take their paths and argv from here; the simulated lab fleet takes the
+same names to know which files to write and which command lines to replay, so a
+lab host answers exactly the questions a real node is asked. A profile may carry
+raw captured text for any source below, keyed by its name.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+# name -> absolute node path (read through NodeReader.resolve: /proc and /sys may be moved)
+FILES = {
+    "proc_driver_version": "/proc/driver/nvidia/version",
+    "proc_modules": "/proc/modules",
+    "kernel_release": "/proc/sys/kernel/osrelease",
+    "nvswitch_devices_dir": "/proc/driver/nvidia-nvswitch/devices",
+    "os_release": "/etc/os-release",
+    "hostname": "/etc/hostname",
+    "nccl_conf": "/etc/nccl.conf",
+    "etc_environment": "/etc/environment",
+    "apt_auto_upgrades": "/etc/apt/apt.conf.d/20auto-upgrades",
+    "dnf_versionlock": "/etc/dnf/plugins/versionlock.list",
+    "infiniband_dir": "/sys/class/infiniband",
+}
+
+# name -> argv (fixed command lines)
+COMMANDS = {
+    "nvidia_smi_query": [
+        "nvidia-smi",
+        "--query-gpu=index,name,uuid,driver_version,memory.total,persistence_mode,pci.bus_id,compute_cap",
+        "--format=csv,noheader,nounits",
+    ],
+    # The header of `-q` carries "CUDA Version" (the driver's maximum, FACTS.md section 2).
+    "nvidia_smi_q": ["nvidia-smi", "-q", "-d", "COMPUTE"],
+    "dpkg_query": ["dpkg-query", "-W", "-f=${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"],
+    "rpm_query": ["rpm", "-qa", "--qf", "%{NAME}\\t%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"],
+    "dkms_status": ["dkms", "status"],
+    "systemctl_show": [
+        "systemctl", "show", "--no-pager",
+        "-p", "Id,LoadState,ActiveState,SubState,UnitFileState",
+        "nvidia-fabricmanager.service", "nvidia-persistenced.service",
+        "unattended-upgrades.service", "dnf-automatic.timer",
+    ],
+    "fabricmanager_version": ["nv-fabricmanager", "--version"],
+    "lspci_vvv": ["lspci", "-vvv"],
+    "nvidia_ctk_version": ["nvidia-ctk", "--version"],
+}
+
+CONTAINER_RUNTIMES = ("docker", "podman", "nerdctl")
+
+# The probe prints one line "K3FLEET_PROBE {json}" when the image's Python can import torch.
+PROBE_MARKER = "K3FLEET_PROBE"
+PROBE_SCRIPT = (
+    "import json,sys\n"
+    "out={'cuda_init':False,'visible_gpus':0,'torch_cuda':None,'error':None}\n"
+    "try:\n"
+    " import torch\n"
+    " out['torch_cuda']=torch.version.cuda\n"
+    " out['cuda_init']=bool(torch.cuda.is_available())\n"
+    " out['visible_gpus']=torch.cuda.device_count() if out['cuda_init'] else 0\n"
+    "except Exception as e:\n"
+    " out['error']='%s: %s'%(type(e).__name__,e)\n"
+    "print('" + "K3FLEET_PROBE" + " '+json.dumps(out))\n"
+)
+
+
+def runtime_version_argv(runtime):
+    return [runtime, "--version"]
+
+
+def image_inspect_argv(runtime, image):
+    return [runtime, "image", "inspect", image]
+
+
+def probe_argv(runtime, image):
+    """Run the serving image with every GPU, no network, and ask CUDA to initialise."""
+    if runtime == "podman":
+        gpu = ["--device", "nvidia.com/gpu=all"]
+    else:
+        gpu = ["--gpus", "all"]
+    return [runtime, "run", "--rm", "--network", "none"] + gpu + [
+        "--entrypoint", "python3", image, "-c", PROBE_SCRIPT]
+
+
+def scontrol_show_node_argv(node):
+    return ["scontrol", "show", "node", node, "--oneliner"]
+
+
+def squeue_running_argv(node):
+    return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING", "--format", "%A"]

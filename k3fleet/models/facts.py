@@ -1,0 +1,237 @@
+"""Host facts: the contract between node collectors and the controller.
+
+Collectors (``k3fleet/ansible/module_utils``) emit plain JSON of this shape; the
+controller validates it here. ``schema_version`` changes on any incompatible
+change. Every section carries ``status`` (``ok`` / ``unknown`` / ``absent``)
+and a ``reason`` when it is not ``ok``: a node that cannot answer a question is
+data, never a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "1.0"
+
+SectionStatus = Literal["ok", "unknown", "absent"]
+
+
+class _Model(BaseModel):
+    # Newer collectors may add keys; older controllers ignore them rather than fail.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Section(_Model):
+    status: SectionStatus = "unknown"
+    reason: str | None = None
+
+
+# -- driver and GPUs ---------------------------------------------------------
+
+
+class KernelModule(_Model):
+    loaded: bool | None = None
+    version: str | None = None
+    flavour: Literal["open", "proprietary"] | None = None
+    raw: str | None = Field(default=None, description="first line of /proc/driver/nvidia/version")
+
+
+class NvmlStatus(_Model):
+    # ok, skipped, library_not_found, driver_not_loaded, lib_rm_version_mismatch,
+    # no_permission, gpu_is_lost, error, not_installed (pynvml absent)
+    status: str = "skipped"
+    error: str | None = None
+
+
+class Gpu(_Model):
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    memory_total_mib: int | None = None
+    persistence_mode: bool | None = None
+    compute_capability: str | None = None
+    pci_bus_id: str | None = None
+    # not_supported, not_started, in_progress, completed, or None when unknown
+    fabric_state: str | None = None
+
+
+class DriverFacts(Section):
+    kernel_module: KernelModule = Field(default_factory=KernelModule)
+    nvml: NvmlStatus = Field(default_factory=NvmlStatus)
+    source: Literal["nvml", "nvidia-smi"] | None = None
+    driver_version: str | None = None
+    # The driver's maximum supported CUDA ("13.0"), not any container's runtime.
+    cuda_driver_version: str | None = None
+    gpu_count: int | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+
+
+# -- packages ------------------------------------------------------------------
+
+
+class Package(_Model):
+    name: str
+    version: str
+    held: bool = False
+    # driver, utils, compute, fabricmanager, dkms, kernel_modules, toolkit, other
+    role: str = "other"
+    branch: str | None = None
+    flavour: Literal["open", "proprietary"] | None = None
+
+
+class DkmsModule(_Model):
+    name: str
+    version: str
+    kernel: str | None = None
+    arch: str | None = None
+    status: str
+
+
+class PackageFacts(Section):
+    manager: Literal["dpkg", "rpm"] | None = None
+    running_kernel: str | None = None
+    packages: list[Package] = Field(default_factory=list)
+    driver_branch: str | None = None
+    driver_version: str | None = None
+    fabricmanager_version: str | None = None
+    unattended_upgrades_installed: bool | None = None
+    unattended_upgrades_enabled: bool | None = None
+    dkms_used: bool | None = None
+    dkms_modules: list[DkmsModule] = Field(default_factory=list)
+    dkms_built_for_running_kernel: bool | None = None
+
+
+# -- Fabric Manager ------------------------------------------------------------
+
+
+class UnitState(_Model):
+    installed: bool | None = None
+    active: str | None = None  # active, inactive, failed, activating, unknown
+    enabled: str | None = None  # enabled, disabled, masked, static, not-found
+
+
+class FabricManagerFacts(Section):
+    nvswitch_present: bool | None = None
+    nvswitch_count: int | None = None
+    required: bool | None = None
+    unit: UnitState = Field(default_factory=UnitState)
+    version: str | None = None
+    driver_version: str | None = None
+    version_matches_driver: bool | None = None
+
+
+# -- RDMA and NCCL ---------------------------------------------------------------
+
+
+class RdmaPort(_Model):
+    port: int
+    state: str | None = None  # ACTIVE, DOWN, INIT, ARMED
+    state_code: int | None = None
+    phys_state: str | None = None  # LinkUp, Disabled, Polling
+    phys_state_code: int | None = None
+    rate: str | None = None
+    rate_gbps: float | None = None
+    link_layer: str | None = None  # InfiniBand, Ethernet
+
+
+class RdmaDevice(_Model):
+    name: str
+    ports: list[RdmaPort] = Field(default_factory=list)
+
+
+class AcsDevice(_Model):
+    bdf: str
+    src_valid: bool
+
+
+class RdmaFacts(Section):
+    devices: list[RdmaDevice] = Field(default_factory=list)
+    active_ports: int = 0
+    nvidia_peermem_loaded: bool | None = None
+    acs_checked: bool = False
+    acs_reason: str | None = None
+    acs_enabled_bridges: list[str] = Field(default_factory=list)
+
+
+class NcclSetting(_Model):
+    value: str
+    source: str  # "env", "/etc/nccl.conf", "/etc/environment", or an env file path
+
+
+class NcclFacts(Section):
+    settings: dict[str, NcclSetting] = Field(default_factory=dict)
+    nccl_conf_present: bool | None = None
+
+
+# -- container -----------------------------------------------------------------
+
+
+class ContainerRuntime(_Model):
+    name: str
+    version: str | None = None
+
+
+class ImageFacts(_Model):
+    ref: str
+    present: bool | None = None
+    id: str | None = None
+    digest: str | None = None
+    cuda_version: str | None = None
+    nvidia_require_cuda: str | None = None
+    vllm_version: str | None = None
+
+
+class ProbeFacts(_Model):
+    ran: bool = False
+    ok: bool | None = None
+    cuda_init: bool | None = None
+    visible_gpus: int | None = None
+    # requirement_error, cuda_error_35, driver_too_old, error_803, error_804, runtime_error, None
+    failure: str | None = None
+    message: str | None = None
+
+
+class ContainerFacts(Section):
+    runtime: ContainerRuntime | None = None
+    runtimes: list[ContainerRuntime] = Field(default_factory=list)
+    toolkit_version: str | None = None
+    image: ImageFacts | None = None
+    probe: ProbeFacts = Field(default_factory=ProbeFacts)
+
+
+# -- scheduler -----------------------------------------------------------------
+
+
+class SchedulerFacts(Section):
+    kind: Literal["slurm", "kubernetes", "none"] | None = None
+    node: str | None = None
+    state: str | None = None  # idle, mixed, allocated, drained, draining, down
+    reason: str | None = None
+    jobs_running: int | None = None
+
+
+# -- the whole host --------------------------------------------------------------
+
+
+class HostFacts(_Model):
+    schema_version: str = SCHEMA_VERSION
+    host: str
+    hostname: str | None = None
+    collected_at: str | None = None
+    duration_s: float | None = None
+    driver: DriverFacts = Field(default_factory=DriverFacts)
+    packages: PackageFacts = Field(default_factory=PackageFacts)
+    fabricmanager: FabricManagerFacts = Field(default_factory=FabricManagerFacts)
+    rdma: RdmaFacts = Field(default_factory=RdmaFacts)
+    nccl: NcclFacts = Field(default_factory=NcclFacts)
+    container: ContainerFacts = Field(default_factory=ContainerFacts)
+    scheduler: SchedulerFacts = Field(default_factory=SchedulerFacts)
+    commands: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def host_facts_json_schema() -> dict[str, Any]:
+    schema = HostFacts.model_json_schema()
+    schema["$id"] = f"https://k3fleet.invalid/schema/host-facts-{SCHEMA_VERSION}.json"
+    return schema
