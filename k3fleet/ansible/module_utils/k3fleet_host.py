@@ -1,0 +1,69 @@
+# -*- coding: utf-8 -*-
+# Stdlib only: shipped to nodes.
+"""All collectors in one pass: what the audit runs, once per host."""
+
+from __future__ import absolute_import, division, print_function
+
+import socket
+import time
+
+try:
+    from ansible.module_utils.k3fleet_cmd import guard
+    from ansible.module_utils.k3fleet_container import collect_container
+    from ansible.module_utils.k3fleet_driver import collect_driver
+    from ansible.module_utils.k3fleet_fabricmanager import collect_fabricmanager
+    from ansible.module_utils.k3fleet_packages import collect_packages
+    from ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
+    from ansible.module_utils.k3fleet_scheduler import collect_scheduler
+    from ansible.module_utils.k3fleet_sources import FILES
+except ImportError:
+    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
+    from k3fleet.ansible.module_utils.k3fleet_container import collect_container
+    from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
+    from k3fleet.ansible.module_utils.k3fleet_fabricmanager import collect_fabricmanager
+    from k3fleet.ansible.module_utils.k3fleet_packages import collect_packages
+    from k3fleet.ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
+    from k3fleet.ansible.module_utils.k3fleet_scheduler import collect_scheduler
+    from k3fleet.ansible.module_utils.k3fleet_sources import FILES
+
+__metaclass__ = type
+
+# Must equal k3fleet.models.facts.SCHEMA_VERSION (a unit test holds them together).
+SCHEMA_VERSION = "1.0"
+
+
+def node_hostname(reader):
+    text = reader.read(FILES["hostname"])
+    if text and text.strip():
+        return text.strip().split()[0]
+    if reader.root == "/":
+        return socket.gethostname()
+    return None
+
+
+def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False, env_files=(),
+                 lspci=True, slurm_node=None, environ=None):
+    """Return the HostFacts dict for one node; every section is guarded independently."""
+    started = time.time()
+    driver = guard("driver", collect_driver, reader, use_nvml=use_nvml)
+    packages = guard("packages", collect_packages, reader)
+    facts = {
+        "schema_version": SCHEMA_VERSION,
+        "host": host,
+        "hostname": guard("hostname", node_hostname, reader),
+        "collected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "driver": driver,
+        "packages": packages,
+        "fabricmanager": guard("fabricmanager", collect_fabricmanager, reader, driver=driver,
+                               packages=packages),
+        "rdma": guard("rdma", collect_rdma, reader, lspci=lspci),
+        "nccl": guard("nccl", collect_nccl, reader, env_files=env_files, environ=environ),
+        "container": guard("container", collect_container, reader, image, runtime=runtime, probe=probe,
+                           packages=packages),
+        "scheduler": guard("scheduler", collect_scheduler, reader, node=slurm_node),
+    }
+    if not isinstance(facts["hostname"], str):
+        facts["hostname"] = None
+    facts["commands"] = reader.commands
+    facts["duration_s"] = round(time.time() - started, 3)
+    return facts

@@ -1,0 +1,182 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: k3fleet contributors
+# Apache-2.0
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: k3fleet_host_info
+short_description: Collect every k3fleet fact of a GPU node in one round trip
+version_added: "0.1.0"
+description:
+  - Runs all k3fleet collectors (driver and GPUs, packages, Fabric Manager, RDMA, NCCL, container, scheduler)
+    in one module call, so an audit costs one round trip per host whatever the number of checks.
+  - Read-only. A collector that cannot read something reports C(status=unknown) with a reason instead of failing.
+  - The result is plain JSON under the C(k3fleet) key, versioned by C(schema_version); the controller validates it.
+options:
+  image:
+    description: Serving image whose metadata is inspected (and, with I(probe), run).
+    type: str
+    default: vllm/vllm-openai:kimi-k3
+  runtime:
+    description: Container runtime to use; C(auto) takes the first of docker, podman, nerdctl found.
+    type: str
+    choices: [auto, docker, podman, nerdctl]
+    default: auto
+  probe:
+    description:
+      - Run the serving image with all GPUs and no network and report whether CUDA initialises.
+      - Starts a throw-away container (C(--rm)); nothing persistent changes.
+    type: bool
+    default: false
+  use_nvml:
+    description: Query NVML through pynvml when it imports; otherwise only nvidia-smi is used.
+    type: bool
+    default: true
+  env_files:
+    description: Environment files of the serving unit to read NCCL and GLOO settings from.
+    type: list
+    elements: path
+    default: []
+  lspci:
+    description: Inspect PCIe ACS with C(lspci -vvv) when lspci exists.
+    type: bool
+    default: true
+  slurm_node:
+    description: Slurm node name of this host; defaults to its short hostname.
+    type: str
+  host:
+    description: Inventory name recorded in the facts (pass C(inventory_hostname)).
+    type: str
+  root:
+    description:
+      - Prefix under which node files are read (C(/etc/...), C(/proc/...), C(/sys/...)).
+    type: path
+    default: /
+  procfs:
+    description: Where the node's C(/proc) is mounted. Defaults to I(root)/proc.
+    type: path
+  sysfs:
+    description: Where the node's C(/sys) is mounted. Defaults to I(root)/sys.
+    type: path
+  path:
+    description: Search path for the commands the collectors run. Commands always run with C(LC_ALL=C).
+    type: str
+  timeout:
+    description: Seconds before any single command is killed and reported as timed out.
+    type: float
+    default: 20
+attributes:
+  check_mode:
+    support: full
+    details: Nothing is changed in either mode; the module runs the same in check mode.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+author:
+  - k3fleet contributors
+"""
+
+EXAMPLES = r"""
+- name: Collect all k3fleet facts of this node
+  k3fleet_host_info:
+    image: vllm/vllm-openai:kimi-k3
+  register: __k3fleet_host
+
+- name: Read a containerised view of the host, probing CUDA in the serving image
+  k3fleet_host_info:
+    root: /host
+    probe: true
+"""
+
+RETURN = r"""
+k3fleet:
+  description: Host facts (schema C(schema_version)); see the k3fleet HostFacts JSON Schema.
+  returned: always
+  type: dict
+  contains:
+    schema_version:
+      description: Version of the facts schema.
+      returned: always
+      type: str
+      sample: "1.0"
+    host:
+      description: Inventory name of the host.
+      returned: always
+      type: str
+      sample: gpu-a01
+    driver:
+      description: Loaded kernel module, NVML state, driver and CUDA versions, GPUs.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "source": "nvml", "driver_version": "580.95.05", "cuda_driver_version": "13.0"}
+    packages:
+      description: Installed NVIDIA packages, versions, holds, unattended upgrades, DKMS.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "manager": "dpkg", "driver_branch": "580"}
+    fabricmanager:
+      description: NVSwitch presence, Fabric Manager unit state and version match.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "required": true, "version_matches_driver": true}
+    rdma:
+      description: RDMA devices and ports, nvidia_peermem, PCIe ACS.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "active_ports": 8}
+    nccl:
+      description: NCCL_* and GLOO_* settings with their sources.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "settings": {"NCCL_IB_HCA": {"value": "mlx5", "source": "/etc/nccl.conf"}}}
+    container:
+      description: Runtime, toolkit, serving image metadata and the optional CUDA probe.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "image": {"ref": "vllm/vllm-openai:kimi-k3", "cuda_version": "13.0.2"}}
+    scheduler:
+      description: Scheduler node state as seen from the node.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "kind": "slurm", "state": "idle"}
+    commands:
+      description: Every command run, with rc, error and duration (evidence).
+      returned: always
+      type: list
+      elements: dict
+      sample: [{"argv": ["nvidia-smi", "-q", "-d", "COMPUTE"], "rc": 0, "error": null, "duration": 0.05}]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.k3fleet_host import collect_host
+from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+
+
+def main():
+    argument_spec = dict(
+        image=dict(type="str", default="vllm/vllm-openai:kimi-k3"),
+        runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
+        probe=dict(type="bool", default=False),
+        use_nvml=dict(type="bool", default=True),
+        env_files=dict(type="list", elements="path", default=[]),
+        lspci=dict(type="bool", default=True),
+        slurm_node=dict(type="str"),
+        host=dict(type="str"),
+    )
+    argument_spec.update(READER_ARGS)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    p = module.params
+    reader = reader_from_params(p)
+    facts = collect_host(reader, host=p["host"] or "",
+                         image=p["image"], use_nvml=p["use_nvml"], runtime=p["runtime"], probe=p["probe"],
+                         env_files=p["env_files"], lspci=p["lspci"], slurm_node=p["slurm_node"])
+    module.exit_json(changed=False, **{RESULT_KEY: facts})
+
+
+if __name__ == "__main__":
+    main()
