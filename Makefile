@@ -1,0 +1,48 @@
+# k3fleet developer entry points. Every target sets up what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.k3fleet-installed
+
+.PHONY: venv demo test test-unit test-integration test-system lint bench bench-verdict wheel-check clean testbed-down
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/k3fleet audit --lab; rc=$$?; test $$rc -le 1 -o $$rc -eq 3 || exit $$rc
+
+test: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -m "not system" tests
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+test-integration: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q tests/integration
+
+# Root, namespaces, systemd-nspawn, apt, Slurm, podman: see README "System tests".
+test-system: $(STAMP)
+	bash scripts/testbed-deps.sh
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -m system tests/system
+
+lint: $(STAMP)
+	$(BIN)/ruff check k3fleet tests scripts
+	$(BIN)/mypy k3fleet
+
+bench: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --sizes 50 200 1000
+
+bench-verdict: $(STAMP)
+	$(BIN)/python scripts/bench_verdict.py
+
+testbed-down: $(STAMP)
+	$(BIN)/k3fleet lab testbed down
+
+clean:
+	rm -rf $(VENV) dist build runs .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,145 @@
+"""The audit flow: inventory -> audit.yml -> validated facts -> verdict and plan -> run directory."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from k3fleet.errors import EXIT_INCOMPLETE, IncompleteError
+from k3fleet.evidence import RunDir
+from k3fleet.inventory import inventory_hosts
+from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.runner import Observer, PlayResult, run_playbook
+
+
+@dataclass
+class AuditOptions:
+    inventory: Path | None
+    lab: bool = False
+    lab_count: int | None = None
+    limit: str | None = None
+    forks: int = 20
+    target: Path | None = None
+    out: Path | None = None
+    runs_dir: Path = field(default_factory=lambda: Path("runs"))
+    probe: bool = False
+    host_timeout: int = 300
+    command_timeout: float = 20.0
+
+
+@dataclass
+class AuditResult:
+    run_dir: RunDir
+    verdict: Any  # k3fleet.verdict FleetVerdict
+    facts: dict[str, HostFacts]
+    unreachable: dict[str, str]
+    invalid: dict[str, str]
+    play: PlayResult
+
+    @property
+    def exit_code(self) -> int:
+        code = int(self.verdict.exit_code)
+        if self.invalid or self.play.interrupted:
+            return max(code, EXIT_INCOMPLETE)
+        return code
+
+
+def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
+        dict[str, HostFacts], dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
+    """Split hosts into validated facts, unreachable (with why) and invalid evidence (with why)."""
+    raw = play.results_with_key()
+    facts: dict[str, HostFacts] = {}
+    unreachable: dict[str, str] = {}
+    invalid: dict[str, str] = {}
+    for host in hosts:
+        if host in raw:
+            data = raw[host]
+            if str(data.get("schema_version", "")).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+                invalid[host] = (f"facts schema {data.get('schema_version')!r} from the node, "
+                                 f"controller expects {SCHEMA_VERSION}")
+                continue
+            try:
+                facts[host] = HostFacts.model_validate({**data, "host": host})
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                loc = ".".join(str(p) for p in err["loc"])
+                invalid[host] = f"facts do not match schema {SCHEMA_VERSION}: {loc}: {err['msg']}"
+            continue
+        last = play.last(host)
+        if last is None:
+            why = "interrupted before this host answered" if play.interrupted else "no result (play aborted)"
+            unreachable[host] = why
+        elif last.status == "unreachable":
+            unreachable[host] = last.message or "unreachable"
+        elif last.status == "timeout":
+            unreachable[host] = f"timed out: {last.message or 'task timeout'}"
+        else:
+            # The module itself failed (e.g. no Python on the node): evidence is missing, not a check result.
+            invalid[host] = f"{last.status}: {last.message or 'module failed without a message'}"
+    return facts, unreachable, invalid, raw
+
+
+def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None = None,
+              cancel: threading.Event | None = None) -> AuditResult:
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import evaluate_fleet
+
+    target = load_target(opts.target)
+    rd = RunDir.create(opts.runs_dir, "audit", argv, out=opts.out)
+    with tempfile.TemporaryDirectory(prefix="k3fleet-lab-") as labtmp:
+        inventory = opts.inventory
+        if opts.lab:
+            from k3fleet.lab.fleet import generate_fleet, load_fleet
+
+            spec = load_fleet(opts.inventory)
+            inventory = generate_fleet(spec, Path(labtmp), count=opts.lab_count, image=target.image)
+        if inventory is None:
+            raise IncompleteError("no inventory given")
+        hosts = inventory_hosts(inventory, opts.limit)
+        rd.copy_input(inventory, "inputs/inventory" + (inventory.suffix or ""))
+        if opts.target is not None:
+            rd.copy_input(opts.target, "inputs/target.yaml")
+        rd.write_json("inputs/target.json", target.model_dump(mode="json"))
+        extravars = {
+            "k3fleet_image": target.image,
+            "k3fleet_probe": opts.probe,
+            "k3fleet_host_timeout": opts.host_timeout,
+            "k3fleet_command_timeout": opts.command_timeout,
+        }
+        play = run_playbook("audit.yml", inventory, rd.path / "ansible", extravars=extravars,
+                            limit=opts.limit, forks=opts.forks, observer=observer, cancel=cancel)
+    rd.write_jsonl("events.jsonl", play.events)
+    facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
+    for host, data in raw.items():
+        rd.write_json(f"facts/{host}.json", data)
+    verdict = evaluate_fleet(facts, target, unreachable={**unreachable, **invalid})
+    result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
+    _write_outputs(result, target)
+    return result
+
+
+def _write_outputs(result: AuditResult, target: Any) -> None:
+    from k3fleet.report import markdown
+
+    rd, v, play = result.run_dir, result.verdict, result.play
+    rd.write_json("verdict.json", v.model_dump(mode="json"))
+    rd.write_json("run.json", {
+        "status": "interrupted" if play.interrupted else play.status,
+        "ansible_rc": play.rc,
+        "hosts_total": len(result.facts) + len(result.unreachable) + len(result.invalid),
+        "hosts_with_facts": len(result.facts),
+        "unreachable": result.unreachable,
+        "invalid_evidence": result.invalid,
+        "wall_s": round(play.wall_s, 3),
+        "controller_cpu_s": round(play.cpu_s, 3),
+        "exit_code": result.exit_code,
+        "ansible_stats": play.stats,
+    })
+    rd.write_text("report.md", markdown.render_audit(result, target))
+    rd.write_manifest()

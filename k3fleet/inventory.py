@@ -1,0 +1,52 @@
+"""Read an Ansible inventory before running anything, so a malformed one fails in one clear line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from pathlib import Path
+
+from k3fleet.errors import UsageError
+
+
+def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
+    """Host names of ``inventory`` (after ``limit``), parsed by Ansible's own inventory code."""
+    if not inventory.exists():
+        raise UsageError(f"inventory {inventory} does not exist")
+    # A source no plugin can parse must be an error, not a warning and an empty fleet.
+    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
+    os.environ.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "True")
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    captured = io.StringIO()
+    try:
+        # Ansible explains a parse failure in warnings, one per plugin tried: keep the best one.
+        with contextlib.redirect_stderr(captured):
+            manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+            if limit:
+                manager.subset(limit)
+            hosts = [h.name for h in manager.get_hosts()]
+    except AnsibleError as exc:
+        detail = _parse_reason(captured.getvalue()) or " ".join(str(exc).split())
+        raise UsageError(f"inventory {inventory} cannot be parsed: {detail[:300]}") from exc
+    if not hosts:
+        what = f" matching --limit {limit!r}" if limit else ""
+        raise UsageError(f"inventory {inventory} has no hosts{what}")
+    return hosts
+
+
+_PLUGIN_WARNING = re.compile(r"Failed to parse inventory with '(?P<plugin>[\w.]+)' plugin: (?P<why>[^\n]+)")
+
+
+def _parse_reason(warnings: str) -> str | None:
+    """The most telling plugin complaint: the structured formats before ini's guess."""
+    found = {m.group("plugin"): m.group("why").strip() for m in _PLUGIN_WARNING.finditer(warnings)}
+    for plugin in ("yaml", "auto", "toml", "ini"):
+        if plugin in found:
+            origin = re.search(r"Origin: (\S+:\d+:\d+)", warnings)
+            return found[plugin] + (f" ({origin.group(1)})" if origin else "")
+    return next(iter(found.values()), None)
