@@ -98,7 +98,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             from k3fleet.lab.fleet import generate_fleet, load_fleet
 
             spec = load_fleet(opts.inventory)
-            inventory = generate_fleet(spec, Path(labtmp), count=opts.lab_count, image=target.image)
+            inventory = generate_fleet(spec, Path(labtmp), count=opts.lab_count, image=target.image.ref)
         if inventory is None:
             raise IncompleteError("no inventory given")
         hosts = inventory_hosts(inventory, opts.limit)
@@ -107,7 +107,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             rd.copy_input(opts.target, "inputs/target.yaml")
         rd.write_json("inputs/target.json", target.model_dump(mode="json"))
         extravars = {
-            "k3fleet_image": target.image,
+            "k3fleet_image": target.image.ref,
             "k3fleet_probe": opts.probe,
             "k3fleet_host_timeout": opts.host_timeout,
             "k3fleet_command_timeout": opts.command_timeout,

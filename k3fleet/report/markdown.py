@@ -1,0 +1,89 @@
+"""Markdown report of an audit run (written into the run directory)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+
+_OUTCOME_TEXT = {
+    "go_live": "go live",
+    "observe_with_limits": "observe with limits",
+    "rebuild_environment": "rebuild the environment",
+    "expand_capacity": "expand capacity",
+}
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_audit(result: Any, target: Any) -> str:
+    v: FleetVerdict = result.verdict
+    s = v.summary
+    lines = [
+        f"# k3fleet audit: {_OUTCOME_TEXT.get(v.outcome, v.outcome)}",
+        "",
+        f"- Target: **{v.target}** (image `{target.image.ref}`, CUDA {target.image.cuda}, "
+        f"driver R{target.driver.branch} {target.driver.target_version})",
+        f"- Run: `{result.run_dir.path.name}`; Ansible {result.play.status} in {result.play.wall_s:.1f}s",
+        f"- Hosts: {s.hosts} ({s.passed} pass, {s.warned} warn, {s.failed} fail, {s.unreachable} unreachable)",
+        f"- GPUs: {s.gpus_healthy} healthy now, {s.gpus_after_plan} after the plan, {s.gpus_required} required",
+        f"- Exit code: {result.exit_code}",
+        "",
+        "## Why",
+        "",
+        *[f"- {r}" for r in v.reasons],
+        "",
+    ]
+    if v.unconfirmed_matrix_rows:
+        lines += ["Matrix rows used that are **unconfirmed** (override them in the target if you know better): "
+                  + ", ".join(v.unconfirmed_matrix_rows), ""]
+    lines += ["## Hosts", "", "| host | status | driver | GPUs | top finding |", "|---|---|---|---|---|"]
+    for name in sorted(v.hosts):
+        h = v.hosts[name]
+        top = max(h.findings, key=lambda f: SEVERITY_RANK[f.severity], default=None)
+        top_text = f"`{top.check_id}` {top.message}" if top else (h.reason or "")
+        gpus = f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else ""
+        lines.append(f"| {_cell(name)} | {h.status} | {_cell(h.driver_version)} | {_cell(gpus)} | {_cell(top_text)} |")
+    lines += ["", "## Findings", ""]
+    findings = sorted(v.all_findings(), key=lambda f: (-SEVERITY_RANK[f.severity], f.check_id, f.host or ""))
+    if not findings:
+        lines.append("None.")
+    else:
+        lines += ["| severity | check | host | finding | fix |", "|---|---|---|---|---|"]
+        for f in findings:
+            lines.append(f"| {f.severity} | `{f.check_id}` | {_cell(f.host or 'fleet')} | {_cell(f.message)} | "
+                         f"{_cell(f.fix)} |")
+    lines += ["", *render_plan(v.plan.model_dump(mode="json"))]
+    if result.unreachable or result.invalid:
+        lines += ["", "## Hosts without evidence", ""]
+        for host, why in sorted({**result.unreachable, **result.invalid}.items()):
+            lines.append(f"- {host}: {why}")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def render_plan(plan: dict[str, Any]) -> list[str]:
+    lines = [f"## Change plan: R{plan['target_branch']} {plan['target_version']}", ""]
+    canary = plan.get("canary")
+    if canary:
+        lines.append(f"- Canary: **{canary['host']}** ({canary['reason']})")
+    else:
+        lines.append(f"- No canary: {plan.get('canary_note') or 'no host needs the change'}")
+    for i, wave in enumerate(plan.get("waves") or [], 1):
+        lines.append(f"- Wave {i}: {', '.join(wave)}")
+    if plan.get("done"):
+        lines.append(f"- Already on target: {', '.join(plan['done'])}")
+    for b in plan.get("blocked") or []:
+        lines.append(f"- Blocked {b['host']}: {'; '.join(b['reasons'])}")
+    if plan.get("unreachable"):
+        lines.append(f"- Unreachable (not planned): {', '.join(plan['unreachable'])}")
+    items = plan.get("needs_upgrade") or []
+    if items:
+        lines += ["", "| host | from | to | packages |", "|---|---|---|---|"]
+        for it in items:
+            pk = ", ".join(f"{p['name'] or '(new)'} -> {p['to_name']}={p['to_version']}" for p in it["packages"])
+            lines.append(f"| {it['host']} | {it['current_version']} | {it['target_version']} | {_cell(pk)} |")
+    return lines

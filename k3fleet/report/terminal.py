@@ -1,0 +1,57 @@
+"""Human tables on the terminal (Rich). The run directory holds the full evidence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+
+_STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "unreachable": "magenta"}
+_SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
+_OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
+                  "rebuild_environment": "bold red", "expand_capacity": "bold magenta"}
+
+
+def print_audit(console: Console, result: Any) -> None:
+    v: FleetVerdict = result.verdict
+    table = Table(title="Hosts", show_lines=False, expand=False)
+    for col in ("host", "status", "driver", "GPUs", "findings"):
+        table.add_column(col)
+    for name in sorted(v.hosts):
+        h = v.hosts[name]
+        style = _STATUS_STYLE.get(h.status, "white")
+        ids = sorted({f.check_id for f in h.findings if f.severity != "info"},
+                     key=lambda c: c)
+        detail = ", ".join(ids) if ids else (h.reason or "")
+        gpus = f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else ""
+        table.add_row(name, f"[{style}]{h.status}[/{style}]", h.driver_version or "", gpus, detail)
+    console.print(table)
+    fleet = sorted(v.fleet_findings, key=lambda f: -SEVERITY_RANK[f.severity])
+    for f in fleet:
+        st = _SEV_STYLE[f.severity]
+        console.print(f"[{st}]{f.severity:<8}[/{st}] {f.check_id}: {f.message}")
+    print_plan(console, v.plan.model_dump(mode="json"))
+    style = _OUTCOME_STYLE.get(v.outcome, "bold")
+    console.print(f"verdict: [{style}]{v.outcome}[/{style}] (exit {result.exit_code})")
+    for r in v.reasons:
+        console.print(f"  - {r}")
+
+
+def print_plan(console: Console, plan: dict[str, Any]) -> None:
+    console.print(f"[bold]change plan[/bold]: R{plan['target_branch']} {plan['target_version']}")
+    canary = plan.get("canary")
+    if canary:
+        console.print(f"  canary: {canary['host']} ({canary['reason']})")
+    else:
+        console.print(f"  no canary: {plan.get('canary_note') or 'no host needs the change'}")
+    for i, wave in enumerate(plan.get("waves") or [], 1):
+        console.print(f"  wave {i}: {', '.join(wave)}")
+    if plan.get("done"):
+        console.print(f"  already on target: {', '.join(plan['done'])}")
+    for b in plan.get("blocked") or []:
+        console.print(f"  blocked {b['host']}: {'; '.join(b['reasons'])}")
+    if plan.get("unreachable"):
+        console.print(f"  unreachable: {', '.join(plan['unreachable'])}")
