@@ -31,7 +31,7 @@ _SECRET_NAME = re.compile(r"(pass(word|wd)?|secret|token|api[_-]?key|private[_-]
                           re.IGNORECASE)
 # --token=abc, token=abc, TOKEN: abc
 _INLINE = re.compile(r"(?P<k>[\w.-]*(?:pass(?:word|wd)?|secret|token|api[_-]?key|private[_-]?key|credential|auth)"
-                     r"[\w.-]*)(?P<sep>=|:\s*)(?P<v>\S+)", re.IGNORECASE)
+                     r"[\w.-]*)(?P<sep>=|:\s*)(?P<v>(?:(?:bearer|basic)\s+)?[^\s'\"]+)", re.IGNORECASE)
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
