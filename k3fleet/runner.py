@@ -85,7 +85,11 @@ class Observer:
 def ansible_env(extra_roles: Sequence[Path] = ()) -> dict[str, str]:
     """Where Ansible finds k3fleet's modules, module_utils and roles, from a checkout or a wheel."""
     pkg = Path(__file__).resolve().parent
-    roles = [str(data_dir("roles")), *(str(p) for p in extra_roles)]
+    roles = [str(p) for p in extra_roles]
+    try:
+        roles.insert(0, str(data_dir("roles")))
+    except FileNotFoundError:
+        pass
     return {
         "ANSIBLE_LIBRARY": str(pkg / "ansible" / "modules"),
         "ANSIBLE_MODULE_UTILS": str(pkg / "ansible" / "module_utils"),
@@ -105,7 +109,10 @@ def ansible_env(extra_roles: Sequence[Path] = ()) -> dict[str, str]:
 
 
 def playbook_path(name: str) -> Path:
-    path = data_dir("playbooks") / name
+    try:
+        path = data_dir("playbooks") / name
+    except FileNotFoundError as exc:
+        raise UsageError(f"playbook {name}: {exc}") from exc
     if not path.is_file():
         raise UsageError(f"playbook {name} not found under {path.parent}: the installation is incomplete")
     return path
