@@ -7,6 +7,7 @@ Display stays out of this module: callers pass an observer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -86,10 +87,8 @@ def ansible_env(extra_roles: Sequence[Path] = ()) -> dict[str, str]:
     """Where Ansible finds k3fleet's modules, module_utils and roles, from a checkout or a wheel."""
     pkg = Path(__file__).resolve().parent
     roles = [str(p) for p in extra_roles]
-    try:
+    with contextlib.suppress(FileNotFoundError):  # no roles shipped: playbooks without roles still run
         roles.insert(0, str(data_dir("roles")))
-    except FileNotFoundError:
-        pass
     return {
         "ANSIBLE_LIBRARY": str(pkg / "ansible" / "modules"),
         "ANSIBLE_MODULE_UTILS": str(pkg / "ansible" / "module_utils"),
