@@ -132,6 +132,7 @@ def parse_lspci_acs(text):
         result["acs_reason"] = "lspci -vvv printed no PCI devices to check for ACS"
         return result
     denied = []
+    garbled = []
     for dev in devices:
         ctl = None
         for line in dev["lines"]:
@@ -142,7 +143,12 @@ def parse_lspci_acs(text):
                 denied.append(dev["bdf"])
         if ctl is None:
             continue
-        src_valid = "SrcValid+" in ctl.split()
+        flags = ctl.split()
+        if "SrcValid+" not in flags and "SrcValid-" not in flags:
+            # A cut-off line ("ACSCtl:\tSrcVal") must not read as "ACS off".
+            garbled.append("%s %r" % (dev["bdf"], ctl.strip()[:40]))
+            continue
+        src_valid = "SrcValid+" in flags
         result["acs_devices"].append({"bdf": dev["bdf"], "src_valid": src_valid})
         if src_valid and _is_bridge(dev["header"]):
             result["acs_enabled_bridges"].append(dev["bdf"])
@@ -151,6 +157,10 @@ def parse_lspci_acs(text):
         result["acs_reason"] = ("lspci -vvv could not read the capabilities of %d device(s) "
                                 "(\"Capabilities: %s\", first %s); run it as root to check ACS"
                                 % (len(denied), _ACCESS_DENIED, denied[0]))
+        return result
+    if garbled:
+        result["acs_reason"] = "lspci -vvv ACSCtl line(s) without a SrcValid flag (truncated output?): %s" % (
+            ", ".join(garbled[:3]))
         return result
     result["acs_checked"] = True
     return result
@@ -162,9 +172,19 @@ def is_nccl_key(key):
 
 def _unquote(value):
     value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in ("'", '"'):
-        inner = value[1:-1]
-        if value[0] == '"':
+    quote = value[:1]
+    if quote in ("'", '"'):
+        # The value ends at the matching quote; a trailing " # comment" after it is dropped.
+        end = 1
+        while end < len(value):
+            if value[end] == "\\" and quote == '"':
+                end += 2
+                continue
+            if value[end] == quote:
+                break
+            end += 1
+        inner = value[1:end]
+        if quote == '"':
             inner = inner.replace('\\"', '"').replace("\\\\", "\\")
         return inner
     # An unquoted value ends at a " #" comment, as in shells and systemd environment files.
