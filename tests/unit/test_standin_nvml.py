@@ -1,0 +1,548 @@
+"""The stand-in driver's NVML shim, nvidia-smi, nv-fabricmanager and /proc writer.
+
+The shim is compiled into a temporary directory and driven through the REAL pynvml
+(nvidia-ml-py), exactly as the collectors call it on a node. Output shapes are checked
+against outputs captured on real systems (k3fleet/lab/standin/reference/, sources in
+SOURCES.md there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from k3fleet.lab.standin import (
+    StandinBuildError,
+    compile_shim,
+    gpus_conf,
+    install_pins,
+    release,
+    render_template,
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
+                                reason="gcc is needed to compile the stand-in libnvidia-ml.so.1")
+
+STANDIN = Path(__file__).resolve().parents[2] / "k3fleet" / "lab" / "standin"
+REFERENCE = STANDIN / "reference"
+LIB_VERSION = "580.95.05"
+QUERY = ["--query-gpu=index,name,uuid,driver_version,memory.total,persistence_mode,pci.bus_id,compute_cap",
+         "--format=csv,noheader,nounits"]
+
+
+def reference(name: str) -> str:
+    return (REFERENCE / name).read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """libnvidia-ml.so.1 of driver 580.95.05."""
+    return compile_shim(tmp_path_factory.mktemp("shim"), LIB_VERSION)
+
+
+@dataclass
+class Node:
+    """A simulated node in a temporary directory, wired to the shim by environment."""
+
+    root: Path
+    lib_dir: Path
+
+    @property
+    def proc(self) -> Path:
+        return self.root / "proc"
+
+    @property
+    def fabric_state(self) -> Path:
+        return self.root / "run" / "fabricmanager.state"
+
+    def env(self) -> dict[str, str]:
+        return {"NVIDIA_SIM_PROC": str(self.proc),
+                "NVIDIA_SIM_HOST_PROC": str(self.root / "hostproc"),
+                "NVIDIA_SIM_GPUS_CONF": str(self.root / "gpus.conf"),
+                "NVIDIA_SIM_MODULE_CONF": str(self.root / "kernel-module.conf"),
+                "NVIDIA_SIM_FABRIC_STATE": str(self.fabric_state),
+                "NVIDIA_SIM_MACHINE_ID": str(self.root / "machine-id")}
+
+    def script(self, template: str, **values: str) -> Path:
+        path = self.root / "bin" / template
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(render_template(template, **values), encoding="utf-8")
+        return path
+
+    def run(self, template: str, *args: str, values: dict[str, str] | None = None,
+            lib_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, **self.env(), LD_LIBRARY_PATH=str(lib_dir or self.lib_dir))
+        return subprocess.run([sys.executable, str(self.script(template, **(values or {}))), *args],
+                              env=env, capture_output=True, text=True, timeout=30, check=False)
+
+    def boot(self, version: str, flavour: str = "open") -> None:
+        """What nvidia-sim-load.service does at boot with this kernel module package installed."""
+        r = release(version)
+        (self.root / "kernel-module.conf").write_text(
+            f"version={r.version}\nflavour={flavour}\nbuild_date={r.build_date}\n"
+            "builder=dvs-builder@U16-I3-B03-4-3\n", encoding="utf-8")
+        done = self.run("nvidia_sim_proc.py", "load")
+        assert done.returncode == 0, done.stderr
+
+    def version_line(self) -> str:
+        return (self.proc / "driver/nvidia/version").read_text(encoding="utf-8").splitlines()[0]
+
+
+@pytest.fixture
+def node(tmp_path: Path, shim: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
+    n = Node(tmp_path, shim.parent)
+    (tmp_path / "gpus.conf").write_text(gpus_conf(8, "NVIDIA H200"), encoding="utf-8")
+    (tmp_path / "machine-id").write_text("3d1219c7c4c5404aaa1f6d2a48adfda4\n", encoding="utf-8")
+    host = tmp_path / "hostproc"
+    (host / "sys/kernel").mkdir(parents=True)
+    (host / "sys/kernel/osrelease").write_text("6.1.0-28-amd64\n", encoding="utf-8")
+    # A host that still lists a real nvidia module: the simulated view must not inherit it.
+    (host / "modules").write_text(
+        "overlay 163840 0 - Live 0x0000000000000000\n"
+        "nvidia 56823808 0 - Live 0x0000000000000000 (POE)\n"
+        "veth 36864 0 - Live 0x0000000000000000\n", encoding="utf-8")
+    for key, value in n.env().items():
+        monkeypatch.setenv(key, value)
+    return n
+
+
+@pytest.fixture
+def nvml(shim: Path) -> Iterator[ModuleType]:
+    """The real pynvml, bound to the stand-in library instead of the system's."""
+    import pynvml
+
+    saved = pynvml.nvmlLib
+    pynvml.nvmlLib = ctypes.CDLL(str(shim))
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    try:
+        yield pynvml
+    finally:
+        while pynvml._nvmlLib_refcount > 0:
+            pynvml.nvmlShutdown()
+        pynvml.nvmlLib = saved
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def start_fabric_manager(node: Node, version: str = LIB_VERSION) -> subprocess.Popen[str]:
+    env = dict(os.environ, **node.env())
+    proc = subprocess.Popen([sys.executable, str(node.script("nv_fabricmanager.py", FM_VERSION=version,
+                                                                 SIM_FAULT="")),
+                             "-c", str(STANDIN / "files" / "fabricmanager.cfg")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not node.fabric_state.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"stand-in fabric manager did not come up: {err}")
+        time.sleep(0.02)
+    return proc
+
+
+# ---- NVML through pynvml --------------------------------------------------------
+
+
+def test_init_reports_loaded_driver_and_branch_cuda(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    nvml.nvmlInit()
+    assert nvml.nvmlSystemGetDriverVersion() == "580.95.05"
+    assert nvml.nvmlSystemGetNVMLVersion() == "13.580.95.05"
+    # R580 reports CUDA 13.0 (FACTS.md section 2)
+    assert nvml.nvmlSystemGetCudaDriverVersion_v2() == 13000
+    assert nvml.nvmlSystemGetCudaDriverVersion() == 13000
+    assert nvml.nvmlDeviceGetCount() == 8
+
+
+def test_device_queries_describe_the_h200_inventory(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    nvml.nvmlInit()
+    conf = dict(line.split("=", 1) for line in gpus_conf(8, "NVIDIA H200").splitlines() if "=" in line)
+    bus_ids = conf["bus_ids"].split(",")
+    uuids = set()
+    for i in range(nvml.nvmlDeviceGetCount()):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        assert nvml.nvmlDeviceGetIndex(h) == i
+        assert nvml.nvmlDeviceGetName(h) == "NVIDIA H200"
+        uuid = nvml.nvmlDeviceGetUUID(h)
+        assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", uuid)
+        uuids.add(uuid)
+        assert nvml.nvmlDeviceGetMemoryInfo(h).total == 143771 * 1024 * 1024
+        assert nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2).total == 143771 * 1024 * 1024
+        assert nvml.nvmlDeviceGetPersistenceMode(h) == nvml.NVML_FEATURE_ENABLED
+        assert nvml.nvmlDeviceGetCudaComputeCapability(h) == (9, 0)
+        pci = nvml.nvmlDeviceGetPciInfo_v3(h)
+        assert pci.busId == bus_ids[i]
+        assert (pci.pciDeviceId, pci.pciSubSystemId) == (0x233510DE, 0x18BE10DE)
+        assert nvml.nvmlDeviceGetHandleByUUID(uuid).contents is not None
+    assert len(uuids) == 8
+
+
+def test_uuids_are_stable_per_host_and_differ_between_hosts(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+
+    def uuids() -> list[str]:
+        nvml.nvmlInit()
+        try:
+            return [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(8)]
+        finally:
+            nvml.nvmlShutdown()
+
+    first = uuids()
+    assert uuids() == first
+    (node.root / "machine-id").write_text("0123456789abcdef0123456789abcdef\n", encoding="utf-8")
+    other = uuids()
+    assert not set(first) & set(other)
+
+
+def test_driver_library_mismatch_fails_init(node: Node, nvml: ModuleType) -> None:
+    # Packages upgraded to 580.95.05 but the node has not rebooted: 575 is still loaded.
+    node.boot("575.57.08", flavour="proprietary")
+    with pytest.raises(nvml.NVMLError_LibRmVersionMismatch) as err:
+        nvml.nvmlInit()
+    assert err.value.value == nvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH == 18
+
+
+def test_point_release_mismatch_in_the_same_branch_fails_init(node: Node, nvml: ModuleType) -> None:
+    node.boot("580.82.07")
+    with pytest.raises(nvml.NVMLError_LibRmVersionMismatch):
+        nvml.nvmlInit()
+
+
+def test_no_version_file_means_driver_not_loaded(node: Node, nvml: ModuleType) -> None:
+    with pytest.raises(nvml.NVMLError_DriverNotLoaded):
+        nvml.nvmlInit()
+
+
+@pytest.mark.parametrize("text", ["", "NVRM version: NVIDIA UNIX x86_64 Kernel Module\n", "\x00\xff garbage\n"])
+def test_unreadable_version_file_is_an_nvml_error_not_a_crash(node: Node, nvml: ModuleType, text: str) -> None:
+    path = node.proc / "driver/nvidia/version"
+    path.parent.mkdir(parents=True)
+    path.write_text(text, encoding="latin-1")
+    with pytest.raises(nvml.NVMLError_Unknown):
+        nvml.nvmlInit()
+
+
+def test_calls_before_init_are_uninitialized(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlShutdown()
+
+
+def test_functions_the_shim_lacks_raise_function_not_found(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(nvml.NVMLError_FunctionNotFound):
+        nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)
+
+
+def test_fabric_state_follows_the_fabric_manager(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+
+    def state() -> int:
+        # pynvml passes the struct through: the caller must hand over a pointer.
+        info = nvml.c_nvmlGpuFabricInfoV_t()
+        assert nvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info)) == nvml.NVML_SUCCESS
+        return info.state
+
+    assert state() == nvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+    assert nvml.nvmlDeviceGetNvLinkState(h, 0) == 0
+    fm = start_fabric_manager(node)
+    try:
+        assert state() == nvml.NVML_GPU_FABRIC_STATE_COMPLETED
+        assert [nvml.nvmlDeviceGetNvLinkState(h, link) for link in range(18)] == [1] * 18
+        v3 = nvml.c_nvmlGpuFabricInfo_v3_t()
+        nvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v3))
+        assert (v3.state, v3.status, v3.healthSummary) == (3, 0, nvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+    finally:
+        fm.send_signal(signal.SIGTERM)
+        fm.communicate(timeout=10)
+    assert fm.returncode == 0
+    assert not node.fabric_state.exists()
+    assert state() == nvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+
+
+def test_stale_fabric_state_of_a_dead_daemon_is_not_started(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    node.fabric_state.parent.mkdir(parents=True)
+    node.fabric_state.write_text(f"pid={dead.pid}\nversion={LIB_VERSION}\nstate=completed\n", encoding="utf-8")
+    nvml.nvmlInit()
+    info = nvml.c_nvmlGpuFabricInfoV_t()
+    nvml.nvmlDeviceGetGpuFabricInfoV(nvml.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))
+    assert info.state == nvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+
+
+def test_fabric_info_with_unknown_struct_version_is_rejected(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    nvml.nvmlInit()
+    info = nvml.c_nvmlGpuFabricInfoV_t()
+    info.version = (1 << 24) | ctypes.sizeof(info)
+    with pytest.raises(nvml.NVMLError_ArgumentVersionMismatch):
+        nvml.nvmlDeviceGetGpuFabricInfoV(nvml.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))
+
+
+def test_nvlink_beyond_the_gpus_links_is_invalid_argument(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    nvml.nvmlInit()
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetNvLinkState(nvml.nvmlDeviceGetHandleByIndex(0), 18)
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetHandleByIndex(8)
+
+
+# ---- the simulated /proc -------------------------------------------------------
+
+PROPRIETARY_LINE = re.compile(r"^NVRM version: NVIDIA UNIX x86_64 Kernel Module  (\d+\.\d+(?:\.\d+)?)  (\S.*)$")
+OPEN_LINE = re.compile(r"^NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  (\d+\.\d+(?:\.\d+)?)"
+                       r"  Release Build  \((\S+)\)  (\S.*)$")
+
+
+@pytest.mark.parametrize(("flavour", "pattern", "ref"), [
+    ("proprietary", PROPRIETARY_LINE, "proc-driver-nvidia-version.proprietary.txt"),
+    ("open", OPEN_LINE, "proc-driver-nvidia-version.open.txt"),
+])
+def test_version_file_has_the_real_format_of_each_flavour(
+        node: Node, nvml: ModuleType, flavour: str, pattern: re.Pattern[str], ref: str) -> None:
+    real = reference(ref).splitlines()
+    assert pattern.match(real[0]), "the pattern must describe the real capture"
+    node.boot(LIB_VERSION, flavour=flavour)
+    ours = (node.proc / "driver/nvidia/version").read_text(encoding="utf-8").splitlines()
+    match = pattern.match(ours[0])
+    assert match and match.group(1) == LIB_VERSION
+    assert ours[1].startswith("GCC version:  gcc version ") and real[1].startswith("GCC version:  gcc version ")
+    nvml.nvmlInit()
+    assert nvml.nvmlSystemGetDriverVersion() == LIB_VERSION
+
+
+def test_load_adds_nvidia_modules_switches_and_kernel_release(node: Node) -> None:
+    node.boot(LIB_VERSION, flavour="proprietary")
+    modules = (node.proc / "modules").read_text(encoding="utf-8").splitlines()
+    names = [line.split()[0] for line in modules]
+    assert names == ["nvidia_uvm", "nvidia_modeset", "nvidia", "overlay", "veth"]
+    for line in modules:
+        fields = line.split()
+        assert fields[1].isdigit() and fields[2].isdigit() and fields[4] == "Live"
+    assert modules[2].split()[3] == "nvidia_uvm,nvidia_modeset,"
+    assert modules[0].endswith("(POE)")  # proprietary modules taint the kernel
+    assert (node.proc / "sys/kernel/osrelease").read_text(encoding="utf-8") == "6.1.0-28-amd64\n"
+    switches = sorted(p.name for p in (node.proc / "driver/nvidia-nvswitch/devices").iterdir())
+    assert switches == ["0000:09:00.0", "0000:0a:00.0", "0000:0b:00.0", "0000:0c:00.0"]
+    info = (node.proc / "driver/nvidia-nvswitch/devices/0000:09:00.0/information").read_text(encoding="utf-8")
+    assert info.startswith("BIOS Version: ")
+    node.boot(LIB_VERSION, flavour="open")
+    assert (node.proc / "modules").read_text(encoding="utf-8").splitlines()[0].endswith("(OE)")
+
+
+def test_base_view_without_a_driver_has_no_nvidia(node: Node) -> None:
+    done = node.run("nvidia_sim_proc.py", "base")
+    assert done.returncode == 0, done.stderr
+    text = (node.proc / "modules").read_text(encoding="utf-8")
+    assert "nvidia" not in text and "overlay" in text
+    assert not (node.proc / "driver/nvidia/version").exists()
+
+
+def test_load_without_a_module_description_fails_with_a_clear_message(node: Node) -> None:
+    done = node.run("nvidia_sim_proc.py", "load")
+    assert done.returncode == 1
+    assert "kernel-module.conf" in done.stderr
+    assert not (node.proc / "driver/nvidia/version").exists()
+
+
+# ---- nvidia-smi ----------------------------------------------------------------
+
+
+def test_nvidia_smi_query_matches_nvml_and_the_real_csv_shape(node: Node, nvml: ModuleType) -> None:
+    node.boot(LIB_VERSION)
+    done = node.run("nvidia_smi.py", *QUERY)
+    assert done.returncode == 0, done.stdout
+    rows = done.stdout.splitlines()
+    assert len(rows) == 8
+    real_row = reference("nvidia-smi-query-gpu.csv.txt").splitlines()[0]
+    assert ", " in real_row and ",  " not in real_row
+    nvml.nvmlInit()
+    for i, row in enumerate(rows):
+        cells = row.split(", ")
+        assert len(cells) == 8, row
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        assert cells == [str(i), "NVIDIA H200", nvml.nvmlDeviceGetUUID(h), LIB_VERSION, "143771",
+                         "Enabled", nvml.nvmlDeviceGetPciInfo_v3(h).busId, "9.0"]
+
+
+def test_nvidia_smi_query_with_units_and_header(node: Node) -> None:
+    node.boot(LIB_VERSION)
+    done = node.run("nvidia_smi.py", "--query-gpu=index,memory.total", "--format=csv")
+    assert done.stdout.splitlines()[:2] == ["index, memory.total [MiB]", "0, 143771 MiB"]
+    bad = node.run("nvidia_smi.py", "--query-gpu=index,bogus", "--format=csv")
+    assert bad.returncode == 2 and 'Field "bogus" is not a valid field to query.' in bad.stdout
+
+
+def test_nvidia_smi_q_compute_header_has_driver_and_cuda_version(node: Node) -> None:
+    node.boot(LIB_VERSION)
+    done = node.run("nvidia_smi.py", "-q", "-d", "COMPUTE")
+    assert done.returncode == 0
+    ours = done.stdout.splitlines()
+    real = reference("nvidia-smi-q.txt").splitlines()
+    for key, value in (("Driver Version", LIB_VERSION), ("CUDA Version", "13.0"), ("Attached GPUs", "8")):
+        mine = next(line for line in ours if line.startswith(key))
+        theirs = next(line for line in real if line.startswith(key))
+        assert mine.index(":") == theirs.index(":")
+        assert mine.split(": ", 1)[1] == value
+    assert ours.count("    Compute Mode                          : Default") == 8
+
+
+def pipes(line: str) -> list[int]:
+    return [i for i, c in enumerate(line) if c in "|+"]
+
+
+def test_nvidia_smi_summary_keeps_the_real_column_layout(node: Node) -> None:
+    node.boot(LIB_VERSION)
+    done = node.run("nvidia_smi.py")
+    assert done.returncode == 0
+    ours = done.stdout.splitlines()
+    real = reference("nvidia-smi-summary.txt").splitlines()
+    # version banner, column headers and the three rows of the first GPU line up
+    for i in range(1, 12):
+        assert pipes(ours[i]) == pipes(real[i]), f"line {i}:\n{ours[i]}\n{real[i]}"
+        assert len(ours[i]) == len(real[i])
+    assert re.search(r"NVIDIA-SMI 580\.95\.05 +Driver Version: 580\.95\.05 +CUDA Version: 13\.0 ", ours[2])
+    assert sum("NVIDIA H200" in line for line in ours) == 8
+    assert "143771MiB" in ours[9]
+
+
+def test_nvidia_smi_on_mismatch_prints_the_real_message_and_exits_18(node: Node) -> None:
+    node.boot("575.57.08", flavour="proprietary")
+    done = node.run("nvidia_smi.py", *QUERY)
+    real = reference("nvidia-smi-mismatch.txt").splitlines()
+    assert done.returncode == 18
+    lines = done.stdout.splitlines()
+    assert lines[0] == real[0]
+    assert re.fullmatch(r"NVML library version: \d+\.\d+", real[1])
+    assert lines[1] == "NVML library version: 580.95"
+
+
+def test_nvidia_smi_without_driver_exits_9(node: Node) -> None:
+    done = node.run("nvidia_smi.py")
+    assert done.returncode == 9
+    assert done.stdout == reference("nvidia-smi-not-loaded.txt")
+
+
+def test_nvidia_smi_without_library_exits_12(node: Node, tmp_path: Path) -> None:
+    found = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True, check=False).stdout
+    if "libnvidia-ml.so.1" in found:
+        pytest.skip("this machine has a real libnvidia-ml.so.1 in the loader cache")
+    empty = tmp_path / "nolib"
+    empty.mkdir()
+    done = node.run("nvidia_smi.py", lib_dir=empty)
+    assert done.returncode == 12
+    assert "couldn't find libnvidia-ml.so" in done.stdout
+
+
+# ---- nv-fabricmanager ----------------------------------------------------------
+
+FM_MISMATCH = re.compile(r"fabric manager NVIDIA GPU driver interface version (\S+) don't match with "
+                         r"driver version (\S+)\. Please update with matching NVIDIA driver package\.")
+
+
+def test_fabric_manager_version(node: Node) -> None:
+    done = node.run("nv_fabricmanager.py", "--version", values={"FM_VERSION": "580.95.05", "SIM_FAULT": ""})
+    assert done.returncode == 0
+    assert done.stdout == "Fabric Manager version is : 580.95.05\n"
+
+
+def test_fabric_manager_refuses_a_different_loaded_driver(node: Node) -> None:
+    assert FM_MISMATCH.search(reference("fabricmanager-version-mismatch.txt"))
+    node.boot("575.57.08", flavour="proprietary")
+    done = node.run("nv_fabricmanager.py", values={"FM_VERSION": "580.95.05", "SIM_FAULT": ""})
+    assert done.returncode == 1
+    match = FM_MISMATCH.search(done.stderr)
+    assert match and match.groups() == ("580.95.05", "575.57.08")
+    assert not node.fabric_state.exists()
+
+
+def test_broken_fabric_manager_build_fails_even_on_a_matching_driver(node: Node) -> None:
+    node.boot(LIB_VERSION)
+    done = node.run("nv_fabricmanager.py", values={"FM_VERSION": LIB_VERSION, "SIM_FAULT": "nvswitch"})
+    assert done.returncode == 1
+    assert "NV_WARN_NOTHING_TO_DO" in done.stderr
+    assert not node.fabric_state.exists()
+
+
+def test_fabric_manager_without_nvswitches_fails(node: Node) -> None:
+    (node.root / "gpus.conf").write_text(gpus_conf(4, "NVIDIA H200"), encoding="utf-8")
+    node.boot(LIB_VERSION)
+    assert not (node.proc / "driver/nvidia-nvswitch").exists()
+    done = node.run("nv_fabricmanager.py", values={"FM_VERSION": LIB_VERSION, "SIM_FAULT": ""})
+    assert done.returncode == 1 and "NV_WARN_NOTHING_TO_DO" in done.stderr
+
+
+def test_fabric_manager_without_driver_fails(node: Node) -> None:
+    done = node.run("nv_fabricmanager.py", values={"FM_VERSION": LIB_VERSION, "SIM_FAULT": ""})
+    assert done.returncode == 1 and "not loaded" in done.stderr
+
+
+def test_fabric_manager_tells_systemd_it_is_ready(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    node.boot(LIB_VERSION)
+    address = node.root / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(address))
+        sock.settimeout(10)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(address))
+        fm = start_fabric_manager(node)
+        try:
+            assert sock.recv(64) == b"READY=1"
+        finally:
+            fm.send_signal(signal.SIGTERM)
+            fm.communicate(timeout=10)
+
+
+# ---- builder pieces that need no dpkg ------------------------------------------
+
+
+def test_gpus_conf_rejects_unknown_models_and_counts() -> None:
+    with pytest.raises(StandinBuildError, match="GPU model 'NVIDIA B999' is unknown"):
+        gpus_conf(8, "NVIDIA B999")
+    with pytest.raises(StandinBuildError, match="GPU count 0 is out of range"):
+        gpus_conf(0, "NVIDIA H200")
+    sixteen = dict(x.split("=", 1) for x in gpus_conf(16, "NVIDIA H200").splitlines() if "=" in x)
+    assert len(set(sixteen["bus_ids"].split(","))) == 16
+    # two 8-GPU baseboards, four NVSwitch chips each
+    assert len(set(sixteen["nvswitch_bus_ids"].split(","))) == 8
+
+
+def test_install_pins_name_exact_versions() -> None:
+    assert install_pins("580.95.05") == [
+        "nvidia-driver-580-server=580.95.05-0ubuntu1",
+        "nvidia-utils-580-server=580.95.05-0ubuntu1",
+        "libnvidia-compute-580=580.95.05-0ubuntu1",
+        "nvidia-kernel-sim-580=580.95.05-0ubuntu1",
+        "nvidia-fabricmanager-580=580.95.05-1",
+        "cuda-drivers-fabricmanager-580=580.95.05-1",
+    ]
+    assert install_pins("575.57.08", open_kernel=True, fabricmanager=False)[0] == \
+        "nvidia-driver-575-server-open=575.57.08-0ubuntu1"
+    with pytest.raises(StandinBuildError, match=r"release '590\.1' is unknown"):
+        install_pins("590.1")
+
+
+def test_templates_refuse_missing_values() -> None:
+    with pytest.raises(StandinBuildError, match="no value for @FM_VERSION@"):
+        render_template("nv_fabricmanager.py", SIM_FAULT="")
