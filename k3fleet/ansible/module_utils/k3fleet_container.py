@@ -55,11 +55,11 @@ _NOT_FOUND_PATTERNS = ("no such image", "image not known", "no such object", "im
 # PyTorch's "too old" message and the bare runtime error 35 come last.
 _FAILURES = (
     ("requirement_error", re.compile(r"nvidia-container-cli: requirement error: [^\n\"\\]*")),
-    ("error_804", re.compile(r"[^\n]*(?:Error 804|forward compatibility was attempted on non supported HW)[^\n]*")),
-    ("error_803", re.compile(r"[^\n]*(?:Error 803|unsupported display driver / cuda driver combination)[^\n]*")),
+    ("error_804", re.compile(r"(?:Error 804: )?forward compatibility was attempted on non supported HW")),
+    ("error_803", re.compile(r"(?:Error 803: )?system has unsupported display driver / cuda driver combination")),
     ("driver_too_old", re.compile(r"The NVIDIA driver on your system is too old \(found version \d+\)")),
-    ("cuda_error_35", re.compile(r"[^\n]*(?:CUDA driver version is insufficient for CUDA runtime version"
-                                 r"|cudaErrorInsufficientDriver)[^\n]*")),
+    ("cuda_error_35", re.compile(r"(?:returned 35\s*(?:->\s*)?)?CUDA driver version is insufficient for CUDA "
+                                 r"runtime version|cudaErrorInsufficientDriver")),
 )
 
 
