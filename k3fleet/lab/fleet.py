@@ -155,7 +155,7 @@ class _Builder:
                 target = self._shared_path(key, "files", top, shared_units[top])
             else:
                 target = self.store.put({**shared_units.get(top, {}), **own_units[top]})
-            Store.link(target, root / top)
+            self.store.link(target, root / top, 2)
 
         shared_tools = self._shared_tools[key]
         own_tools = self._tool_units(own)
@@ -165,10 +165,10 @@ class _Builder:
                 target = self._shared_path(key, "tool", tool, shared_tools[tool])
             else:
                 target = self.store.put({**shared_tools.get(tool, {}), **own_tools[tool]})
-            Store.link(target, root / REPLAY_DIR / tool)
+            self.store.link(target, root / REPLAY_DIR / tool, 3)
         if tools not in self._bins:
             self._bins[tools] = self.store.put({tool: self.script for tool in tools}, executable=True)
-        Store.link(self._bins[tools], root / "bin")
+        self.store.link(self._bins[tools], root / "bin", 2)
         return root
 
 

@@ -138,7 +138,7 @@ class Store:
         self._written.add(key)
         return target
 
-    @staticmethod
-    def link(target: Path, link: Path) -> None:
-        # Relative links keep a generated lab movable as a whole (copied, archived, carried).
-        link.symlink_to(os.path.relpath(target, link.parent), target_is_directory=True)
+    def link(self, target: Path, link: Path, up: int) -> None:
+        """Link ``link`` to a store tree; ``up`` is how many levels ``link``'s directory is below
+        the store's parent. Relative links keep a generated lab movable as a whole."""
+        os.symlink("../" * up + f"{self.root.name}/{target.name}", link, target_is_directory=True)
