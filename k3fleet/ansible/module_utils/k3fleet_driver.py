@@ -413,7 +413,8 @@ def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:
     km: dict[str, Any] = {"loaded": None, "version": None, "flavour": None, "raw": None}
     modules_text = reader.read(FILES["proc_modules"])
     in_modules = None if modules_text is None else "nvidia" in parse_proc_modules(modules_text)
-    text = reader.read(FILES["proc_driver_version"])
+    # A small read size: procfs handlers may refuse to allocate a multi-megabyte read buffer.
+    text = reader.read(FILES["proc_driver_version"], limit=64 * 1024)
     if text is None:
         if reader.exists(FILES["proc_driver_version"]):
             km["loaded"] = True if in_modules is None else in_modules

@@ -56,6 +56,8 @@ _OTHER_BRANCH = re.compile(r"-(\d{3,})(?=-|$)")
 # the userspace pieces a headless install may have without it.
 _DRIVER_ROLES = ("driver", "utils", "compute", "dkms")
 _DRIVER_VERSION = re.compile(r"^(\d{3,})\.\d+(?:\.\d+)?$")
+# Read size for small /proc and config files.
+SMALL_FILE = 64 * 1024
 
 
 # -- pure parsers ----------------------------------------------------------------
@@ -351,10 +353,12 @@ def collect_packages(reader: NodeReader) -> dict[str, Any]:
     """
     facts = _empty_facts()
     notes: list[str] = []
-    kernel = reader.read(FILES["kernel_release"])
+    # A small read size: some kernels refuse large reads of /proc/sys files (ENOMEM).
+    kernel = reader.read(FILES["kernel_release"], limit=SMALL_FILE)
     facts["running_kernel"] = (kernel.strip() or None) if kernel is not None else None
     if facts["running_kernel"] is None:
-        notes.append(f"running kernel unknown: {reader.read_error(FILES['kernel_release'])}")
+        problem = reader.read_error(FILES["kernel_release"]) or f"{FILES['kernel_release']} empty or unreadable"
+        notes.append(f"running kernel unknown: {problem}")
 
     if reader.which("dpkg-query"):
         facts["manager"] = "dpkg"
@@ -406,7 +410,7 @@ def collect_packages(reader: NodeReader) -> dict[str, Any]:
 
     if facts["manager"] == "dpkg":
         facts["unattended_upgrades_installed"] = "unattended-upgrades" in installed_names
-        periodic = reader.read(FILES["apt_auto_upgrades"])
+        periodic = reader.read(FILES["apt_auto_upgrades"], limit=SMALL_FILE)
         # APT::Periodic::Unattended-Upgrade is a day interval; absent means 0 (off).
         value = parse_apt_periodic(periodic) if periodic is not None else None
         enabled = value is not None and value.strip() not in ("", "0")

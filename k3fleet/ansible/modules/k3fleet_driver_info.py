@@ -1,0 +1,207 @@
+#!/usr/bin/python
+# Copyright: k3fleet contributors
+# Apache-2.0 (see pyproject.toml)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: k3fleet_driver_info
+short_description: Report the loaded NVIDIA driver and the GPUs it sees
+description:
+  - Reads the loaded kernel module from C(/proc/driver/nvidia/version) (open or proprietary flavour)
+    and C(/proc/modules).
+  - Lists the GPUs through NVML (C(pynvml)) when it imports and O(use_nvml=true), otherwise or after
+    an NVML failure through C(nvidia-smi). RV(k3fleet.source) names the one that answered.
+  - NVML failures such as C(Driver/library version mismatch) are reported as data in
+    RV(k3fleet.nvml.status), never as a module failure. Output that cannot be read or understood
+    makes RV(k3fleet.status) V(unknown) with a reason.
+  - Read-only. Never reports a change.
+version_added: "0.1.0"
+author:
+  - k3fleet contributors
+options:
+  use_nvml:
+    description:
+      - Ask NVML through the C(pynvml) bindings first.
+      - When V(false), or when C(pynvml) is not installed on the node, only C(nvidia-smi) is asked
+        and RV(k3fleet.nvml.status) reads V(skipped) or V(not_installed).
+    type: bool
+    default: true
+  root:
+    description:
+      - Prefix under which node files are read (C(/etc/...), C(/proc/...), C(/sys/...)).
+      - Use it for a containerised view of the host (for example C(/host)) or a simulated node.
+    type: path
+    default: /
+  procfs:
+    description: Where the node's C(/proc) is mounted. Defaults to I(root)/proc.
+    type: path
+  sysfs:
+    description: Where the node's C(/sys) is mounted. Defaults to I(root)/sys.
+    type: path
+  path:
+    description:
+      - Search path for the commands the collectors run (C(nvidia-smi), C(dpkg-query), ...).
+      - Defaults to the module's own C(PATH). Commands always run with C(LC_ALL=C).
+    type: str
+  timeout:
+    description: Seconds before any single command is killed and reported as timed out.
+    type: float
+    default: 20
+attributes:
+  check_mode:
+    description: Runs unchanged in check mode; it only reads.
+    support: full
+  diff_mode:
+    description: Nothing is changed, so there is no diff.
+    support: none
+  idempotent:
+    description: Reading the same node twice gives the same report and never a change.
+    support: full
+notes:
+  - The module result is under the single key RV(k3fleet); the k3fleet controller reads nothing else.
+seealso:
+  - module: k3fleet_packages_info
+  - module: k3fleet_fabricmanager_info
+"""
+
+EXAMPLES = r"""
+- name: Read the driver and GPUs of every GPU node
+  k3fleet_driver_info:
+  register: driver
+
+- name: Stop when the node runs an old driver branch
+  ansible.builtin.assert:
+    that:
+      - driver.k3fleet.kernel_module.version is version('580', '>=')
+    fail_msg: "{{ inventory_hostname }} runs {{ driver.k3fleet.kernel_module.version }}, R580 or newer is needed"
+
+- name: Read a host's view from inside a container, nvidia-smi only
+  k3fleet_driver_info:
+    root: /host
+    use_nvml: false
+"""
+
+RETURN = r"""
+k3fleet:
+  description: Driver and GPU facts (the DriverFacts section of the k3fleet host facts schema).
+  returned: always
+  type: dict
+  contains:
+    status:
+      description: V(ok) when the GPUs were listed, V(absent) when no NVIDIA kernel module is loaded,
+        V(unknown) when the driver is (or may be) loaded but no source could list the GPUs.
+      returned: always
+      type: str
+      sample: ok
+    reason:
+      description: Why the status is not V(ok), or notes on a partial answer (for example no CUDA version).
+      returned: always
+      type: str
+      sample: "NVML: nvmlInit: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch."
+    kernel_module:
+      description: The loaded nvidia kernel module.
+      returned: always
+      type: dict
+      contains:
+        loaded:
+          description: Whether nvidia.ko is loaded.
+          returned: always
+          type: bool
+          sample: true
+        version:
+          description: Version of the loaded module.
+          returned: always
+          type: str
+          sample: "580.95.05"
+        flavour:
+          description: V(open) or V(proprietary) kernel modules.
+          returned: always
+          type: str
+          sample: open
+        raw:
+          description: First line of C(/proc/driver/nvidia/version).
+          returned: always
+          type: str
+          sample: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  ..."
+    nvml:
+      description: How NVML answered.
+      returned: always
+      type: dict
+      contains:
+        status:
+          description: One of V(ok), V(skipped), V(not_installed), V(library_not_found), V(driver_not_loaded),
+            V(lib_rm_version_mismatch), V(no_permission), V(gpu_is_lost), V(error).
+          returned: always
+          type: str
+          sample: lib_rm_version_mismatch
+        error:
+          description: The NVML (or nvidia-smi) error text.
+          returned: always
+          type: str
+          sample: "nvmlInit: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch."
+    source:
+      description: V(nvml) or V(nvidia-smi), whichever listed the GPUs; null when none did.
+      returned: always
+      type: str
+      sample: nvml
+    driver_version:
+      description: Driver version reported by the source.
+      returned: always
+      type: str
+      sample: "580.95.05"
+    cuda_driver_version:
+      description: The highest CUDA version the driver supports (not any container's runtime).
+      returned: always
+      type: str
+      sample: "13.0"
+    gpu_count:
+      description: Number of GPUs listed; null when no source answered.
+      returned: always
+      type: int
+      sample: 8
+    gpus:
+      description: One entry per GPU.
+      returned: always
+      type: list
+      elements: dict
+      sample:
+        - index: 0
+          name: NVIDIA H200
+          uuid: GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165
+          memory_total_mib: 143771
+          persistence_mode: true
+          compute_capability: "9.0"
+          pci_bus_id: "00000000:1B:00.0"
+          fabric_state: completed
+"""
+
+import os  # noqa: E402 - Ansible module layout: documentation strings come before the imports
+
+try:
+    from ansible.module_utils.basic import AnsibleModule
+    from ansible.module_utils.k3fleet_cmd import guard
+    from ansible.module_utils.k3fleet_driver import collect_driver
+    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+except ImportError:  # imported from the controller package (unit tests)
+    from ansible.module_utils.basic import AnsibleModule
+
+    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
+    from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
+    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+
+
+def main() -> None:
+    argument_spec = dict(READER_ARGS)
+    argument_spec["use_nvml"] = dict(type="bool", default=True)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    root = module.params["root"]
+    if not os.path.isdir(root):
+        module.fail_json(msg=f"k3fleet_driver_info: root {root!r} is not a directory on {os.uname()[1]}")
+    reader = reader_from_params(module.params)
+    facts = guard("driver", collect_driver, reader, use_nvml=module.params["use_nvml"])
+    module.exit_json(changed=False, **{RESULT_KEY: facts})
+
+
+if __name__ == "__main__":
+    main()
