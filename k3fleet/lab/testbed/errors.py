@@ -1,0 +1,28 @@
+"""Exceptions of the real testbed harness.
+
+Every message is one line: what failed, on which object, and the detail (stderr tail, exit code).
+"""
+
+from __future__ import annotations
+
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
+
+
+class TestbedError(K3FleetError):
+    """The testbed could not be brought up, inspected or torn down."""
+
+    # pytest collects classes named Test*; this one is not a test case.
+    __test__ = False
+    exit_code = EXIT_INCOMPLETE
+
+
+class NotRootError(TestbedError):
+    """Namespaces, mounts and systemd-nspawn need root."""
+
+    exit_code = EXIT_USAGE
+
+
+class MissingToolError(TestbedError):
+    """A program the testbed needs is not installed (see scripts/testbed-deps.sh)."""
+
+    exit_code = EXIT_USAGE

@@ -1,0 +1,808 @@
+"""Bring the real testbed up, report its status, and tear it down without leaving anything behind.
+
+    up(n=4, workdir=<repo>/.testbed, repo=None) -> TestbedState
+    status(workdir) -> TestbedState
+    down(workdir) -> None
+
+What `up` builds (TESTBED.md has the recipes and this machine's quirks): per host a network
+namespace `k3tb-<i>` with a veth pair (169.254.77.(4i+1)/30 here, .(4i+2)/30 in the guest), an
+overlay writable layer over the cached Debian image, and a booted systemd-nspawn guest
+`tb-nodeNN` with sshd; munged + slurmctld + one slurmd per host on this machine; podman images.
+Every long-running process is a child of one supervisor (see supervisor.py).
+
+`down` works from the state file and, when that is gone or stale, from name prefixes, the
+environment mark every supervised process carries, and the mount table, so it also cleans up
+after a SIGKILL of everything. Its order matters: supervisor (clean guest halt), leftover
+processes, processes inside the namespaces, then `ip netns del`, then the overlay mounts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import k3fleet
+from k3fleet.lab.testbed import image as image_mod
+from k3fleet.lab.testbed import network, podman, proc, slurm
+from k3fleet.lab.testbed.errors import TestbedError
+from k3fleet.lab.testbed.state import (
+    ADDRESS_PREFIX,
+    GUEST_PROCFS,
+    GUEST_REPO_MOUNT,
+    HOSTNAME_FORMAT,
+    MAX_HOSTS,
+    NETNS_PREFIX,
+    SLURM_NODE_FORMAT,
+    VETH_HOST_PREFIX,
+    HostState,
+    Layout,
+    OverlayDirs,
+    TestbedState,
+    guest_address,
+    host_address,
+    load_state,
+    save_state,
+)
+from k3fleet.lab.testbed.supervisor import MARK_ENV
+
+SUPERVISOR_MODULE = "k3fleet.lab.testbed.supervisor"
+BOOT_TIMEOUT = 120.0
+SSH_TIMEOUT = 60.0
+SLURM_TIMEOUT = 60.0
+SUPERVISOR_STOP_GRACE = 60.0
+SSH_OPTIONS: tuple[str, ...] = (
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+)
+
+
+def _has_pynvml(index: int) -> bool:
+    # Hosts 1 and 3 (odd) get pynvml, 2 and 4 (even) do not: both collector paths get exercised.
+    return index % 2 == 1
+
+
+def default_workdir() -> Path:
+    """<checkout>/.testbed when running from a checkout, else ./.testbed (installed from a wheel)."""
+    checkout = Path(k3fleet.__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").exists():
+        return checkout / ".testbed"
+    return Path.cwd() / ".testbed"
+
+
+def _workdir(workdir: Path | None) -> Path:
+    return (workdir if workdir is not None else default_workdir()).expanduser().resolve()
+
+
+@contextmanager
+def _locked(layout: Layout) -> Iterator[None]:
+    layout.workdir.mkdir(parents=True, exist_ok=True)
+    with open(layout.lock_file, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise TestbedError(f"testbed: another `up` is running on {layout.workdir}") from exc
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------------------------
+# repository and keys
+
+
+def default_repo(workdir: Path | None = None) -> Path:
+    """The stand-in driver repository when k3fleet.lab.standin is available, else an empty one.
+
+    Built under the cache so its packages are compiled once; rebuilt in place when its inputs
+    change (the guests bind-mount the directory, so they see a rebuild without a restart).
+    """
+    layout = Layout(_workdir(workdir))
+    if importlib.util.find_spec("k3fleet.lab.standin") is not None:
+        from k3fleet.lab import standin
+
+        return Path(standin.build_repo(layout.cache / "standin-repo")).resolve()
+    empty = layout.cache / "empty-repo"
+    empty.mkdir(parents=True, exist_ok=True)
+    # A flat repository with no packages: apt accepts an empty Packages file from a trusted source.
+    (empty / "Packages").write_text("")
+    return empty
+
+
+def _pynvml_source(repo: Path) -> Path:
+    bundled = repo / "pynvml" / "pynvml.py"
+    if bundled.is_file():
+        return bundled
+    spec = importlib.util.find_spec("pynvml")
+    if spec is None or spec.origin is None:
+        raise TestbedError(f"testbed: no pynvml for the guests: {bundled} missing and nvidia-ml-py not installed")
+    return Path(spec.origin)
+
+
+def _ensure_ssh_key(layout: Layout) -> str:
+    layout.ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not layout.ssh_key.exists():
+        proc.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "k3fleet-testbed", "-f", str(layout.ssh_key)],
+            what=f"testbed: generating {layout.ssh_key}",
+        )
+    return layout.ssh_key.with_suffix(".pub").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# guests
+
+
+def ssh_argv(state: TestbedState, host: str, *command: str, connect_timeout: int = 5) -> list[str]:
+    """`ssh` command line that logs into a guest as root with the testbed's key."""
+    h = state.host(host)
+    return [
+        "ssh",
+        "-i",
+        str(state.ssh_key),
+        *SSH_OPTIONS,
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+        "-o",
+        "LogLevel=ERROR",
+        f"root@{h.address}",
+        *command,
+    ]
+
+
+def ssh_run(state: TestbedState, host: str, command: str, *, timeout: float = 60.0, check: bool = True) -> str:
+    """Run a shell command in a guest over real SSH; return stdout."""
+    result = proc.run(
+        ssh_argv(state, host, command),
+        what=f"testbed: ssh {host} {command!r}",
+        timeout=timeout,
+        check=check,
+    )
+    return result.stdout
+
+
+def guest_exec(state: TestbedState, host: str, argv: list[str], *, timeout: float = 30.0, check: bool = True) -> str:
+    """Run a command inside a guest through `nsenter` into its systemd's namespaces (no SSH)."""
+    h = state.host(host)
+    if h.guest_pid is None or not proc.pid_alive(h.guest_pid):
+        raise TestbedError(f"testbed: guest {h.name} is not running (guest pid {h.guest_pid})")
+    result = proc.run(
+        ["nsenter", "-t", str(h.guest_pid), "-a", *argv],
+        what=f"testbed: in guest {h.name}: {' '.join(argv)}",
+        timeout=timeout,
+        check=check,
+    )
+    return result.stdout
+
+
+def _guest_pid_of(nspawn_pid: int | None) -> int | None:
+    if nspawn_pid is None or not proc.pid_alive(nspawn_pid):
+        return None
+    for child in proc.children(nspawn_pid):
+        if proc.pid_alive(child):
+            return child
+    return None
+
+
+def _system_state(guest_pid: int) -> str:
+    result = proc.run(
+        ["nsenter", "-t", str(guest_pid), "-a", "systemctl", "is-system-running"],
+        what="testbed: systemctl is-system-running",
+        timeout=15,
+        check=False,
+    )
+    return result.stdout.strip() or result.stderr.strip()
+
+
+def _ssh_ok(state: TestbedState, host: str) -> bool:
+    argv = ssh_argv(state, host, "true", connect_timeout=2)
+    result = proc.run(argv, what="testbed: ssh probe", timeout=15, check=False)
+    return result.returncode == 0
+
+
+def wait_host_ready(
+    workdir: Path | None,
+    host: str,
+    *,
+    min_boots: int = 1,
+    timeout: float = BOOT_TIMEOUT,
+) -> HostState:
+    """Wait until a guest has booted at least `min_boots` times, systemd is up and sshd takes our key.
+
+    After a reboot inside a guest, pass the boot count seen before it plus one.
+    """
+    deadline = time.monotonic() + timeout
+    last = "no status yet"
+    while True:
+        state = status(workdir)
+        h = state.host(host)
+        if h.guest_pid is not None and h.boots >= min_boots:
+            system = _system_state(h.guest_pid)
+            if system in ("running", "degraded"):
+                if _ssh_ok(state, h.name):
+                    return h
+                last = f"systemd {system}, sshd on {h.address} not accepting the key yet"
+            else:
+                last = f"systemd is {system or 'not answering'}"
+        else:
+            last = f"boots {h.boots} (want {min_boots}), guest pid {h.guest_pid}"
+        if time.monotonic() >= deadline:
+            raise TestbedError(f"testbed: guest {host} not ready after {timeout:.0f}s: {last}")
+        time.sleep(0.25)
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+def _read_live(layout: Layout) -> dict[str, Any]:
+    try:
+        data = json.loads(layout.supervisor_live.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _supervisor_alive(state: TestbedState) -> bool:
+    pid = state.supervisor_pid
+    if pid is None or not proc.pid_alive(pid):
+        return False
+    # Guard against pid reuse after a crash: same start time as when we launched it.
+    return state.supervisor_start_time is None or proc.start_time(pid) == state.supervisor_start_time
+
+
+def _refresh(state: TestbedState) -> TestbedState:
+    layout = Layout(state.workdir)
+    live = _read_live(layout)
+    services = live.get("services", {}) if isinstance(live.get("services"), dict) else {}
+    supervisor_ok = _supervisor_alive(state)
+    for h in state.hosts:
+        entry = services.get(f"guest-{h.name}", {})
+        nspawn_pid = entry.get("pid") if supervisor_ok else None
+        h.nspawn_pid = nspawn_pid if isinstance(nspawn_pid, int) and proc.pid_alive(nspawn_pid) else None
+        h.guest_pid = _guest_pid_of(h.nspawn_pid)
+        h.boots = int(entry.get("starts", 0) or 0)
+        h.running = h.guest_pid is not None
+    if state.phase == "up" and not supervisor_ok:
+        state.phase = "broken"
+        state.error = f"supervisor pid {state.supervisor_pid} is gone; run `down`"
+    return state
+
+
+def status(workdir: Path | None = None) -> TestbedState:
+    """The saved state with live pids (guest pids change on every guest reboot)."""
+    wd = _workdir(workdir)
+    layout = Layout(wd)
+    state = load_state(wd)
+    if state is None:
+        return TestbedState(workdir=wd, phase="down", hosts=[], ssh_key=layout.ssh_key, inventory=layout.inventory)
+    return _refresh(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# up
+
+
+def _plan(wd: Path, n: int) -> TestbedState:
+    layout = Layout(wd)
+    hosts = []
+    for i in range(1, n + 1):
+        name = HOSTNAME_FORMAT.format(index=i)
+        hdir = layout.host_dir(name)
+        hosts.append(
+            HostState(
+                name=name,
+                index=i,
+                address=guest_address(i),
+                host_address=host_address(i),
+                netns=f"{NETNS_PREFIX}{i}",
+                veth_host=f"{VETH_HOST_PREFIX}{i}",
+                slurm_node=SLURM_NODE_FORMAT.format(index=i),
+                has_pynvml=_has_pynvml(i),
+                overlay=OverlayDirs(
+                    lower=layout.cache,  # set to the real image path once it is known
+                    upper=hdir / "upper",
+                    work=hdir / "work",
+                    merged=hdir / "merged",
+                ),
+            )
+        )
+    return TestbedState(
+        workdir=wd,
+        phase="planned",
+        hosts=hosts,
+        ssh_key=layout.ssh_key,
+        inventory=layout.inventory,
+    )
+
+
+def _mount_overlay(h: HostState) -> None:
+    for d in (h.overlay.upper, h.overlay.work, h.overlay.merged):
+        d.mkdir(parents=True, exist_ok=True)
+    options = f"lowerdir={h.overlay.lower},upperdir={h.overlay.upper},workdir={h.overlay.work}"
+    proc.run(
+        ["mount", "-t", "overlay", "overlay", "-o", options, str(h.overlay.merged)],
+        what=f"testbed: overlay for {h.name}",
+    )
+
+
+def _guest_spec(h: HostState, repo: Path, tools: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": f"guest-{h.name}",
+        "kind": "guest",
+        "argv": [
+            tools["systemd-nspawn"],
+            "-b",
+            "--register=no",
+            "--keep-unit",
+            "--console=pipe",
+            "--link-journal=no",
+            f"--machine={h.name}",
+            f"--network-namespace-path=/run/netns/{h.netns}",
+            "-D",
+            str(h.overlay.merged),
+            f"--bind-ro={repo}:{GUEST_REPO_MOUNT}",
+        ],
+        "env": {},
+        "ready_path": None,
+    }
+
+
+def _inventory(state: TestbedState) -> dict[str, Any]:
+    assert state.slurm is not None
+    hosts: dict[str, Any] = {}
+    for h in state.hosts:
+        hosts[h.name] = {
+            "ansible_host": h.address,
+            "k3fleet_slurm_node": h.slurm_node,
+            "k3fleet_has_pynvml": h.has_pynvml,
+        }
+    return {
+        "all": {
+            "children": {
+                "testbed": {
+                    "hosts": hosts,
+                    "vars": {
+                        "ansible_user": "root",
+                        "ansible_ssh_private_key_file": str(state.ssh_key),
+                        "ansible_ssh_common_args": " ".join(SSH_OPTIONS),
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                        "k3fleet_procfs": GUEST_PROCFS,
+                        "k3fleet_slurm_conf": str(state.slurm.conf),
+                    },
+                }
+            }
+        }
+    }
+
+
+def _start_supervisor(layout: Layout, spec: dict[str, Any]) -> tuple[int, int | None]:
+    layout.run_dir.mkdir(parents=True, exist_ok=True)
+    layout.logs_dir.mkdir(parents=True, exist_ok=True)
+    layout.supervisor_spec.write_text(json.dumps(spec, indent=2))
+    env = dict(os.environ)
+    # The supervisor imports this package: make sure it finds the same copy we run from.
+    package_root = str(Path(k3fleet.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env["LC_ALL"] = "C"
+    with open(layout.supervisor_log, "ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", SUPERVISOR_MODULE, str(layout.supervisor_spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
+    return child.pid, proc.start_time(child.pid)
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def _wait_slurm(state: TestbedState) -> None:
+    layout = Layout(state.workdir)
+    assert state.slurm is not None
+
+    def nodes_idle() -> bool:
+        if not _supervisor_alive(state) or not slurm.ping(state):
+            return False
+        data = slurm.sinfo_json(state)
+        for node in state.slurm.nodes:  # type: ignore[union-attr]
+            st = slurm.node_status_from_sinfo(data, node)
+            if st.state != "idle" or st.flags:
+                return False
+        return True
+
+    proc.wait_for(
+        nodes_idle,
+        timeout=SLURM_TIMEOUT,
+        what=f"testbed slurm: nodes {', '.join(state.slurm.nodes)} idle",
+        interval=0.5,
+        detail=lambda: _log_tail(layout.logs_dir / "slurmctld.log") or _log_tail(layout.logs_dir / "munged.log"),
+    )
+
+
+def up(n: int = 4, workdir: Path | None = None, repo: Path | None = None) -> TestbedState:
+    """Bring up `n` booted guests reachable over SSH, Slurm with one node per guest, and podman images.
+
+    Any previous testbed in `workdir` (or left behind by a crash) is torn down first. On failure
+    everything is torn down again, the logs are kept in `workdir/last-failure`, and the error
+    says which step failed.
+    """
+    proc.require_root()
+    if not 1 <= n <= MAX_HOSTS:
+        raise TestbedError(f"testbed: {n} hosts requested; between 1 and {MAX_HOSTS} fit the 169.254.77.0/24 plan")
+    tools = proc.require_tools()
+    wd = _workdir(workdir)
+    layout = Layout(wd)
+    started = time.monotonic()
+    with _locked(layout):
+        down(wd)
+        state = _plan(wd, n)
+        save_state(state)
+        try:
+            _bring_up(state, layout, tools, repo)
+        except BaseException as exc:
+            state.phase = "failed"
+            state.error = str(exc)
+            save_state(state)
+            _keep_failure_logs(layout)
+            try:
+                down(wd)
+            except TestbedError as cleanup_exc:
+                raise TestbedError(f"{exc}; and teardown after it failed: {cleanup_exc}") from exc
+            raise
+        state.up_seconds = round(time.monotonic() - started, 2)
+        state.phase = "up"
+        save_state(state)
+    return _refresh(state)
+
+
+def _keep_failure_logs(layout: Layout) -> None:
+    target = layout.workdir / "last-failure"
+    shutil.rmtree(target, ignore_errors=True)
+    if layout.run_dir.exists():
+        shutil.copytree(layout.run_dir, target, ignore_dangling_symlinks=True, dirs_exist_ok=True)
+    slurm_logs = layout.slurm_dir / "log"
+    if slurm_logs.exists():
+        shutil.copytree(slurm_logs, target / "slurm-log", dirs_exist_ok=True)
+
+
+def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: Path | None) -> None:
+    # munged needs every directory above its socket to be traversable by its user.
+    os.chmod(layout.workdir, 0o755)
+    public_key = _ensure_ssh_key(layout)
+    tarball, rootfs = image_mod.ensure_image(layout.cache, log=layout.run_dir / "debootstrap.log")
+    image_mod.prepare_image(rootfs, public_key=public_key)
+    state.image = rootfs
+    repo_dir = (repo if repo is not None else default_repo(layout.workdir)).resolve()
+    if not repo_dir.is_dir():
+        raise TestbedError(f"testbed: apt repository {repo_dir} is not a directory")
+    state.repo = repo_dir
+    pynvml_source = _pynvml_source(repo_dir)
+
+    state.podman = podman.ensure_images(layout.workdir, tarball, image_mod.cache_key())
+    save_state(state)
+
+    state.phase = "starting"
+    for h in state.hosts:
+        h.overlay.lower = rootfs
+        save_state(state)  # before creating: down must know about it even if the next line dies
+        network.create_host_network(h)
+        _mount_overlay(h)
+        image_mod.prepare_guest(
+            h.overlay.merged,
+            hostname=h.name,
+            address=h.address,
+            machine_id=secrets.token_hex(16),
+            pynvml_source=pynvml_source if h.has_pynvml else None,
+        )
+
+    slurm_state = slurm.plan_slurm(layout.slurm_dir, [h.slurm_node for h in state.hosts])
+    state.slurm = slurm_state
+    os.makedirs(slurm_state.conf_dir, exist_ok=True)
+    os.chmod(slurm_state.conf_dir, 0o755)
+    slurm.write_slurm_files(slurm_state)
+    save_state(state)
+
+    services = slurm.service_specs(slurm_state, tools)
+    # Guests after munged/slurmctld are ready (a few hundred ms) and before the slurmds.
+    services[2:2] = [_guest_spec(h, repo_dir, tools) for h in state.hosts]
+    spec = {
+        "workdir": str(layout.workdir),
+        "live_file": str(layout.supervisor_live),
+        "log_dir": str(layout.logs_dir),
+        "services": services,
+    }
+    state.supervisor_pid, state.supervisor_start_time = _start_supervisor(layout, spec)
+    save_state(state)
+
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    for h in state.hosts:
+        remaining = max(5.0, deadline - time.monotonic())
+        if not _supervisor_alive(state):
+            raise TestbedError(f"testbed: supervisor exited: {_log_tail(layout.supervisor_log)}")
+        wait_host_ready(layout.workdir, h.name, timeout=remaining)
+    _wait_slurm(state)
+
+    layout.inventory.write_text(
+        "# k3fleet real testbed: written by `k3fleet lab testbed up`, removed by `down`.\n"
+        + yaml.safe_dump(_inventory(state), sort_keys=False)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# down
+
+
+@dataclass
+class Leftovers:
+    """What of a testbed is still on the machine; empty after a successful `down`."""
+
+    processes: dict[int, str] = field(default_factory=dict)
+    netns: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.processes or self.netns or self.links or self.mounts)
+
+    def describe(self) -> str:
+        parts = []
+        if self.processes:
+            parts.append("processes " + ", ".join(f"{pid} ({cmd})" for pid, cmd in sorted(self.processes.items())))
+        if self.netns:
+            parts.append("netns " + ", ".join(self.netns))
+        if self.links:
+            parts.append("links " + ", ".join(self.links))
+        if self.mounts:
+            parts.append("mounts " + ", ".join(self.mounts))
+        return "; ".join(parts) or "nothing"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _marked_processes(wd: Path) -> dict[int, str]:
+    """Live processes that belong to the testbed in `wd`, and all their descendants."""
+    marker = str(wd)
+    conf = str(Layout(wd).slurm_dir / "slurm.conf")
+    skip = proc.own_lineage()
+    found: dict[int, str] = {}
+    parent_of: dict[int, int] = {}
+    for pid in proc.all_pids():
+        stat = proc.read_stat(pid)
+        if stat is None or stat[0] in ("Z", "X"):
+            continue
+        parent_of[pid] = stat[1]
+        if pid in skip:
+            continue
+        argv = proc.cmdline(pid)
+        if not argv:
+            continue  # kernel threads
+        env = _environ(pid)
+        if (
+            env.get(MARK_ENV) == marker
+            or env.get("SLURM_CONF") == conf
+            or any(marker + os.sep in arg or arg == marker for arg in argv)
+        ):
+            found[pid] = " ".join(argv)[:120]
+    found.update(_guest_ssh_clients())
+    # Descendants (a guest's processes, job steps) belong to it too.
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parent_of.items():
+            if ppid in found and pid not in found and pid not in skip:
+                found[pid] = " ".join(proc.cmdline(pid))[:120]
+                changed = True
+    return found
+
+
+def _guest_ssh_clients() -> dict[int, str]:
+    """Processes on this machine holding a TCP connection to a testbed guest address.
+
+    Ansible's ControlPersist masters rename themselves (`ssh: ~/.ansible/cp/... [mux]`) and
+    outlive the play; left running after `down` they are reused by the next run's connection
+    to the same address and hang it.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp",):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            remote_hex = fields[2].split(":")[0]
+            try:
+                remote = ".".join(str(b) for b in reversed(bytes.fromhex(remote_hex)))
+            except ValueError:
+                continue
+            if remote.startswith(ADDRESS_PREFIX):
+                inodes.add(fields[9])
+    if not inodes:
+        return {}
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    skip = proc.own_lineage()
+    found: dict[int, str] = {}
+    for pid in proc.all_pids():
+        if pid in skip:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target in wanted:
+                found[pid] = " ".join(proc.cmdline(pid))[:120]
+                break
+    return found
+
+
+def _mounts_under(wd: Path) -> list[str]:
+    prefix = str(wd) + os.sep
+    mounts = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4:
+            # mountinfo escapes spaces as \040
+            point = fields[4].replace("\\040", " ")
+            if point.startswith(prefix):
+                mounts.append(point)
+    # Deepest first so nested mounts come off before their parents.
+    return sorted(set(mounts), key=lambda p: p.count(os.sep), reverse=True)
+
+
+def leftovers(workdir: Path | None = None) -> Leftovers:
+    """Processes, namespaces, links and mounts of the testbed still present on the machine."""
+    wd = _workdir(workdir)
+    found = Leftovers()
+    found.processes = _marked_processes(wd)
+    found.netns = network.list_netns()
+    for ns in found.netns:
+        for pid in network.netns_pids(ns):
+            if proc.pid_alive(pid):
+                found.processes[pid] = " ".join(proc.cmdline(pid))[:120]
+    found.links = network.list_links()
+    found.mounts = _mounts_under(wd)
+    return found
+
+
+def _stop_supervisor(state: TestbedState | None, wd: Path) -> None:
+    candidates = []
+    if state is not None and _supervisor_alive(state) and state.supervisor_pid is not None:
+        candidates.append(state.supervisor_pid)
+    spec = str(Layout(wd).supervisor_spec)
+    candidates += proc.find_pids(lambda argv: SUPERVISOR_MODULE in argv and spec in argv)
+    candidates = sorted(set(candidates))
+    if not candidates:
+        return
+    # SIGTERM: it halts the guests cleanly and stops Slurm; give it the time a halt takes.
+    proc.signal_pids(candidates, signal.SIGTERM)
+    left = proc.wait_gone(candidates, SUPERVISOR_STOP_GRACE)
+    if left:
+        proc.signal_pids(left, signal.SIGKILL)
+        proc.wait_gone(left, 5.0)
+
+
+def _kill_leftover_processes(wd: Path) -> None:
+    # nspawn first with SIGTERM: a guest whose supervisor died still gets a clean halt.
+    marked = _marked_processes(wd)
+    nspawns = [pid for pid, cmd in marked.items() if "systemd-nspawn" in cmd]
+    if nspawns:
+        proc.signal_pids(nspawns, signal.SIGTERM)
+        proc.wait_gone(nspawns, 20.0)
+    for _ in range(10):
+        marked = _marked_processes(wd)
+        if not marked:
+            return
+        proc.signal_pids(marked, signal.SIGKILL)
+        proc.wait_gone(list(marked), 5.0)
+
+
+def _clear_netns(names: list[str]) -> None:
+    for ns in names:
+        # Kill everything inside BEFORE deleting the name: otherwise processes (an sshd child kept
+        # by ControlPersist, a guest) keep the namespace alive and the next `ip netns add` fails.
+        for _ in range(10):
+            pids = [pid for pid in network.netns_pids(ns) if proc.pid_alive(pid)]
+            if not pids:
+                break
+            proc.signal_pids(pids, signal.SIGKILL)
+            proc.wait_gone(pids, 5.0)
+        network.delete_netns(ns)
+
+
+def _unmount(points: list[str]) -> None:
+    for point in points:
+        result = proc.run(["umount", point], what=f"testbed teardown: unmounting {point}", check=False)
+        if result.returncode != 0 and point in _mounts_under(Path(point).parent.parent):
+            # Still busy (a shell sitting in it): detach now, the kernel frees it when released.
+            proc.run(["umount", "-l", point], what=f"testbed teardown: lazy unmount of {point}")
+
+
+def down(workdir: Path | None = None) -> None:
+    """Stop and remove everything the testbed made; safe to call repeatedly and after a crash.
+
+    Keeps `workdir/cache` (image tarball, podman store, stand-in repository) and
+    `workdir/last-failure`. Raises TestbedError naming what could not be removed.
+    """
+    proc.require_root()
+    wd = _workdir(workdir)
+    layout = Layout(wd)
+    try:
+        state = load_state(wd)
+    except TestbedError:
+        state = None  # unreadable state: the prefix scan below still finds everything
+
+    _stop_supervisor(state, wd)
+    _kill_leftover_processes(wd)
+
+    names = set(network.list_netns())
+    if state is not None:
+        names |= {h.netns for h in state.hosts if (network.NETNS_RUN_DIR / h.netns).exists()}
+    _clear_netns(sorted(names))
+
+    _unmount(_mounts_under(wd))
+    for link in network.list_links():
+        network.delete_link(link)
+
+    for path in (layout.hosts_dir, layout.slurm_dir, layout.run_dir, layout.ssh_dir):
+        if path.exists():
+            shutil.rmtree(path)
+    for path in (layout.inventory, layout.state_file):
+        if path.exists():
+            path.unlink()
+
+    left = leftovers(wd)
+    if not left.empty:
+        raise TestbedError(f"testbed teardown of {wd} incomplete: {left.describe()}")

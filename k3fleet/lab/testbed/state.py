@@ -1,0 +1,198 @@
+"""The testbed's state (saved as JSON in the work directory) and the layout of that directory.
+
+The state file is written before anything is created and updated as pieces come up, so `down`
+knows what to remove even when `up` died half-way or everything was killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from k3fleet.lab.testbed.errors import TestbedError
+
+STATE_VERSION = 1
+
+# Global names: one testbed per machine, found again by these prefixes after a crash.
+NETNS_PREFIX = "k3tb-"
+VETH_HOST_PREFIX = "k3tbh"
+VETH_GUEST_TMP_PREFIX = "k3tbg"
+HOSTNAME_FORMAT = "tb-node{index:02d}"
+SLURM_NODE_FORMAT = "node{index:02d}"
+# Link-local only (TESTBED.md): 169.254.77.(4i+1)/30 on the machine, .(4i+2)/30 in the guest.
+ADDRESS_PREFIX = "169.254.77."
+MAX_HOSTS = 63
+GUEST_PROCFS = "/run/nvidia-sim/proc"
+GUEST_REPO_MOUNT = "/srv/k3fleet-repo"
+
+
+def host_address(index: int) -> str:
+    return f"{ADDRESS_PREFIX}{4 * index + 1}"
+
+
+def guest_address(index: int) -> str:
+    return f"{ADDRESS_PREFIX}{4 * index + 2}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path under the work directory, in one place."""
+
+    workdir: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / "state.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.workdir / ".lock"
+
+    @property
+    def cache(self) -> Path:
+        return self.workdir / "cache"
+
+    @property
+    def ssh_dir(self) -> Path:
+        return self.workdir / "ssh"
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.ssh_dir / "id_ed25519"
+
+    @property
+    def inventory(self) -> Path:
+        return self.workdir / "inventory.yml"
+
+    @property
+    def hosts_dir(self) -> Path:
+        return self.workdir / "hosts"
+
+    def host_dir(self, name: str) -> Path:
+        return self.hosts_dir / name
+
+    @property
+    def slurm_dir(self) -> Path:
+        return self.workdir / "slurm"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.workdir / "run"
+
+    @property
+    def supervisor_spec(self) -> Path:
+        return self.run_dir / "supervisor-spec.json"
+
+    @property
+    def supervisor_live(self) -> Path:
+        return self.run_dir / "supervisor-live.json"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.run_dir / "supervisor.log"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def podman_dir(self) -> Path:
+        # Image store lives in the cache: importing two 300 MB images costs seconds on every up.
+        return self.cache / "podman"
+
+    @property
+    def repo_dir(self) -> Path:
+        return self.workdir / "repo"
+
+
+class OverlayDirs(BaseModel):
+    lower: Path
+    upper: Path
+    work: Path
+    merged: Path
+
+
+class HostState(BaseModel):
+    name: str
+    index: int
+    address: str = Field(description="guest side of the /30, what Ansible connects to")
+    host_address: str = Field(description="machine side of the /30")
+    netns: str
+    veth_host: str
+    slurm_node: str
+    has_pynvml: bool
+    overlay: OverlayDirs
+    nspawn_pid: int | None = None
+    guest_pid: int | None = Field(default=None, description="the guest's systemd (PID 1 inside)")
+    boots: int = 0
+    running: bool = False
+
+
+class SlurmState(BaseModel):
+    conf_dir: Path
+    conf: Path
+    munge_socket: Path
+    ctld_port: int
+    slurmd_port: int
+    node_ports: dict[str, int]
+    nodes: list[str]
+    partition: str
+
+
+class PodmanState(BaseModel):
+    containers_conf: Path
+    storage_conf: Path
+    images: dict[str, dict[str, str]] = Field(description="image reference -> its ENV settings")
+
+
+class TestbedState(BaseModel):
+    __test__ = False  # not a pytest test class
+
+    version: int = STATE_VERSION
+    workdir: Path
+    phase: str = Field(description="planned | starting | up | failed")
+    hosts: list[HostState]
+    ssh_key: Path
+    inventory: Path
+    repo: Path | None = None
+    image: Path | None = None
+    slurm: SlurmState | None = None
+    podman: PodmanState | None = None
+    supervisor_pid: int | None = None
+    supervisor_start_time: int | None = Field(default=None, description="guards against pid reuse")
+    up_seconds: float | None = None
+    error: str | None = None
+
+    def host(self, name: str) -> HostState:
+        for host in self.hosts:
+            if name in (host.name, host.slurm_node, host.address):
+                return host
+        raise TestbedError(f"testbed: no host named {name!r} (have {', '.join(h.name for h in self.hosts)})")
+
+
+def save_state(state: TestbedState) -> None:
+    """Write atomically: a reader (status, down after kill -9) never sees half a file."""
+    layout = Layout(state.workdir)
+    layout.workdir.mkdir(parents=True, exist_ok=True)
+    data = state.model_dump_json(indent=2)
+    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=layout.workdir)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data)
+    os.replace(tmp, layout.state_file)
+
+
+def load_state(workdir: Path) -> TestbedState | None:
+    path = Layout(workdir).state_file
+    try:
+        raw = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return TestbedState.model_validate(json.loads(raw))
+    except (ValueError, TypeError) as exc:
+        raise TestbedError(f"testbed: state file {path} is unreadable: {exc}") from exc
