@@ -421,7 +421,8 @@ def _up_to_date(dest: Path, fingerprint: str) -> bool:
 
 @contextmanager
 def _locked(dest: Path) -> Iterator[None]:
-    with open(dest / ".standin-build.lock", "w", encoding="utf-8") as lock:
+    # Append mode: taking the lock must not touch the file (an unchanged repo stays unchanged).
+    with open(dest / ".standin-build.lock", "a", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

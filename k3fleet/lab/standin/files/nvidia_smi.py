@@ -10,6 +10,7 @@ and --query-gpu=FIELDS --format=csv[,noheader][,nounits].
 """
 
 import ctypes
+import signal
 import sys
 import time
 
@@ -363,4 +364,6 @@ def run(argv):
 
 
 if __name__ == "__main__":
+    # Like the real binary: a reader that closes the pipe (nvidia-smi | head) ends it quietly.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(run(sys.argv[1:]))
