@@ -1,0 +1,168 @@
+"""Findings, per-host verdicts, the change plan and the fleet verdict.
+
+A :class:`Finding` is one problem (or note) a rule found on a host or across the fleet,
+with the facts it used as evidence and a fix. Only problems and notes are findings: a
+check that has nothing to say about a host passed (the check catalogue lists them all).
+A fact that could not be read yields a finding of kind ``unknown``, never a pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+Severity = Literal["critical", "error", "warning", "info"]
+FindingKind = Literal["fail", "unknown", "note"]
+HostStatus = Literal["pass", "warn", "fail", "unreachable"]
+Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity"]
+
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+
+# DESIGN.md contracts.
+EXIT_OK = 0
+EXIT_CHECKS_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Finding(_Out):
+    check_id: str = Field(description="stable dotted id from the check catalogue")
+    severity: Severity
+    kind: FindingKind = Field(default="fail", description="fail: a problem; unknown: could not be read; note")
+    host: str | None = Field(default=None, description="None for fleet-wide findings")
+    message: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    fix: str | None = None
+    chain: bool = Field(
+        default=False,
+        description="part of the image -> CUDA -> driver version chain (the planned driver change resolves it)",
+    )
+
+    @property
+    def blocking(self) -> bool:
+        return SEVERITY_RANK[self.severity] >= SEVERITY_RANK["error"]
+
+
+class HostVerdict(_Out):
+    host: str
+    status: HostStatus
+    reason: str | None = Field(default=None, description="why the host was unreachable")
+    findings: list[Finding] = Field(default_factory=list)
+    driver_version: str | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+
+
+class PackageChange(_Out):
+    name: str | None = Field(description="installed package; None when the package is to be added")
+    from_version: str | None = None
+    to_name: str
+    to_version: str | None = Field(
+        description="upstream version (the package manager resolves the revision); None where the package "
+        "is versioned by something else, e.g. prebuilt kernel modules follow the kernel"
+    )
+
+
+class UpgradeItem(_Out):
+    host: str
+    current_version: str
+    current_branch: int
+    target_version: str
+    target_branch: int
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    profile: str
+    idle: bool | None = Field(default=None, description="idle per scheduler facts; None when not known")
+    packages: list[PackageChange] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class BlockedHost(_Out):
+    host: str
+    current_version: str | None = None
+    check_ids: list[str]
+    reasons: list[str]
+
+
+class Canary(_Out):
+    host: str
+    profile: str
+    reason: str
+
+
+class ChangePlan(_Out):
+    target_branch: int
+    target_version: str
+    needs_upgrade: list[UpgradeItem] = Field(
+        default_factory=list, description="every host below the target, blocked or not"
+    )
+    done: list[str] = Field(default_factory=list, description="hosts already on the target branch or newer")
+    blocked: list[BlockedHost] = Field(default_factory=list, description="fix these before changing them")
+    unreachable: list[str] = Field(default_factory=list)
+    canary: Canary | None = None
+    canary_note: str | None = Field(default=None, description="why there is no canary, when there is none")
+    wave_size: int = 0
+    waves: list[list[str]] = Field(default_factory=list, description="after the canary, in order")
+
+
+class VerdictSummary(_Out):
+    hosts: int
+    passed: int
+    warned: int
+    failed: int
+    unreachable: int
+    findings: dict[str, int] = Field(description="finding count per severity, hosts and fleet together")
+    unknown_findings: int
+    gpus_healthy: int = Field(description="GPUs on hosts that pass or only warn")
+    gpus_after_plan: int = Field(description="healthy GPUs once the planned driver change is done")
+    gpus_required: int
+    evidence_incomplete: bool
+
+
+class FleetVerdict(_Out):
+    target: str
+    outcome: Outcome
+    reasons: list[str]
+    summary: VerdictSummary
+    hosts: dict[str, HostVerdict]
+    fleet_findings: list[Finding] = Field(default_factory=list)
+    plan: ChangePlan
+    unconfirmed_matrix_rows: list[str] = Field(
+        default_factory=list, description="matrix rows marked confirmed: false that a finding relied on"
+    )
+
+    def all_findings(self) -> list[Finding]:
+        out = [f for h in self.hosts.values() for f in h.findings]
+        out.extend(self.fleet_findings)
+        return out
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def checks_failed(self) -> bool:
+        """A check definitely failed: an error or critical finding of kind ``fail``."""
+        return any(f.kind == "fail" and f.blocking for f in self.all_findings())
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def exit_code(self) -> int:
+        """0 pass, 1 checks failed, 3 hosts unreachable or evidence incomplete.
+
+        When both apply, 1 wins: a definite failure is a no-go whatever the missing
+        hosts would show, and a caller that retries on 3 must not retry a known no-go.
+        """
+        if self.checks_failed:
+            return EXIT_CHECKS_FAILED
+        if self.summary.unreachable or self.summary.evidence_incomplete:
+            return EXIT_INCOMPLETE
+        return EXIT_OK
+
+
+def fleet_verdict_json_schema() -> dict[str, Any]:
+    schema = FleetVerdict.model_json_schema(mode="serialization")
+    schema["$id"] = "https://k3fleet.invalid/schema/fleet-verdict-1.json"
+    return schema

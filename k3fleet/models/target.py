@@ -1,0 +1,411 @@
+"""The target: what "compatible" means for one serving recipe, as data.
+
+A target file (``k3fleet/targets/kimi-k3.yaml`` by default) names the image, its CUDA
+release, the driver branch to move to, GPU counts per strategy and the Fabric Manager,
+RDMA, NCCL, container and serving expectations. The CUDA -> driver matrix is a separate
+data file with a source per row; rows the sources do not confirm carry
+``confirmed: false`` and every finding that leans on one says so.
+
+Models here forbid unknown keys: a misspelt key in a target file is an error, not a
+silently ignored expectation.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Strategy = Literal["single_node_tp", "multi_node_tp_dp", "multi_node_tp_pp", "multi_node_dep"]
+
+_NUM = re.compile(r"\d+")
+_CUDA_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+# A fleet repeats a handful of version strings thousands of times: parse each once.
+@lru_cache(maxsize=4096)
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """Numeric release of a driver/toolkit/package version, or None when there is none.
+
+    Accepts "580.95.05", Debian "580.95.05-0ubuntu1" and "1:580.95.05-1" (epoch), RPM
+    "580.95.05-1.el9": only the upstream part before the first "-" counts.
+    """
+    if not text:
+        return None
+    s = text.strip()
+    if ":" in s:
+        s = s.split(":", 1)[1]
+    s = s.split("-", 1)[0]
+    parts: list[int] = []
+    for piece in s.split("."):
+        m = _NUM.match(piece)
+        if not m:
+            break
+        parts.append(int(m.group(0)))
+        if m.end() != len(piece):
+            # "1rc2": the numeric head counts, the rest is a pre-release tag.
+            break
+    return tuple(parts) if parts else None
+
+
+@lru_cache(maxsize=1024)
+def cuda_tuple(text: str | None) -> tuple[int, int, int] | None:
+    """A CUDA release as (major, minor, patch); "13.0" means 13.0.0 (GA)."""
+    v = version_tuple(text)
+    if v is None or len(v) < 2:
+        return None
+    return (v[0], v[1], v[2] if len(v) > 2 else 0)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- CUDA -> driver matrix -------------------------------------------------------------------
+
+
+class MatrixRow(_Strict):
+    cuda: str = Field(description="toolkit release as major.minor.patch; Update N is patch N")
+    label: str
+    min_driver: str | None = Field(default=None, description="minimum Linux x86_64 driver; None if unknown")
+    confirmed: bool = True
+    source: str
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda_form(cls, v: str) -> str:
+        if not _CUDA_RE.match(v):
+            raise ValueError(f"expected a CUDA release like 13.0.2, got {v!r}")
+        return v
+
+    @field_validator("min_driver")
+    @classmethod
+    def _driver_form(cls, v: str | None) -> str | None:
+        if v is not None and (version_tuple(v) is None or len(version_tuple(v) or ()) < 2):
+            raise ValueError(f"expected a driver version like 580.65.06, got {v!r}")
+        return v
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        t = cuda_tuple(self.cuda)
+        assert t is not None  # guaranteed by the validator
+        return t
+
+
+class MinorVersionCompat(_Strict):
+    cuda_major: int
+    min_driver_branch: int
+    note: str | None = None
+    source: str
+
+
+class BranchInfo(_Strict):
+    branch: int
+    kind: str
+    eol: str | None = None
+    source: str
+
+
+class CudaDriverMatrix(_Strict):
+    schema_version: str = "1"
+    platform: str = "linux-x86_64"
+    sources: list[str] = Field(default_factory=list)
+    rows: list[MatrixRow]
+    minor_version_compat: list[MinorVersionCompat] = Field(default_factory=list)
+    branches: list[BranchInfo] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_rows(self) -> CudaDriverMatrix:
+        seen: set[tuple[int, int, int]] = set()
+        for row in self.rows:
+            if row.key in seen:
+                raise ValueError(f"duplicate matrix row for CUDA {row.cuda}")
+            seen.add(row.key)
+        return self
+
+    def row_for(self, cuda: str) -> tuple[MatrixRow | None, bool]:
+        """The row that governs ``cuda`` and whether it is an exact match.
+
+        Without an exact row, the newest row of the same major.minor at or below the
+        requested patch is used; failing that, the oldest newer one of that minor,
+        which can only make the requirement stricter.
+        """
+        want = cuda_tuple(cuda)
+        if want is None:
+            return None, False
+        same_minor = sorted((r for r in self.rows if r.key[:2] == want[:2]), key=lambda r: r.key)
+        for r in same_minor:
+            if r.key == want:
+                return r, True
+        below = [r for r in same_minor if r.key < want]
+        if below:
+            return below[-1], False
+        return (same_minor[0], False) if same_minor else (None, False)
+
+    def max_cuda_for_driver(self, driver: str) -> MatrixRow | None:
+        """The newest toolkit row whose minimum driver ``driver`` meets (nvidia-smi's "CUDA Version")."""
+        d = version_tuple(driver)
+        if d is None:
+            return None
+        best: MatrixRow | None = None
+        for r in self.rows:
+            m = version_tuple(r.min_driver)
+            if m is not None and m <= d and (best is None or r.key > best.key):
+                best = r
+        return best
+
+    def floor_branch(self, cuda_major: int) -> MinorVersionCompat | None:
+        for c in self.minor_version_compat:
+            if c.cuda_major == cuda_major:
+                return c
+        return None
+
+    def branch_info(self, branch: int) -> BranchInfo | None:
+        for b in self.branches:
+            if b.branch == branch:
+                return b
+        return None
+
+
+# -- target sections ----------------------------------------------------------------------------
+
+
+class ImageSpec(_Strict):
+    ref: str
+    cuda: str = Field(description="CUDA release the image is built against, e.g. 13.0")
+    digest: str | None = Field(default=None, description="pin: every host must hold this digest")
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda_form(cls, v: str) -> str:
+        if not _CUDA_RE.match(v):
+            raise ValueError(f"expected a CUDA release like 13.0, got {v!r}")
+        return v
+
+
+class VllmSpec(_Strict):
+    min_version: str
+
+    @field_validator("min_version")
+    @classmethod
+    def _form(cls, v: str) -> str:
+        if version_tuple(v) is None:
+            raise ValueError(f"expected a version like 0.27.1, got {v!r}")
+        return v
+
+
+class DriverSpec(_Strict):
+    branch: int = Field(gt=0, description="branch the fleet moves to (R580)")
+    target_version: str = Field(description="exact driver (and Fabric Manager) version the change installs")
+    min_version: str | None = Field(
+        default=None, description="override of the matrix minimum for image.cuda; None = from the matrix"
+    )
+    require_persistence_mode: bool = True
+
+    @field_validator("target_version", "min_version")
+    @classmethod
+    def _form(cls, v: str | None) -> str | None:
+        if v is not None and version_tuple(v) is None:
+            raise ValueError(f"expected a driver version like 580.95.05, got {v!r}")
+        return v
+
+
+class OpenModulesSpec(_Strict):
+    required_min_compute_capability: str = "10.0"
+    required_name_patterns: list[str] = Field(default_factory=list)
+    why: str | None = None
+
+    def required_for(self, name: str | None, compute_capability: str | None) -> bool:
+        cc = version_tuple(compute_capability)
+        floor = version_tuple(self.required_min_compute_capability) or (10, 0)
+        if cc is not None and cc >= floor:
+            return True
+        upper = (name or "").upper()
+        return any(p.upper() in upper for p in self.required_name_patterns)
+
+
+class CapacityOverride(_Strict):
+    gpu_name_contains: str
+    min_total_gpus: int = Field(gt=0)
+    source: str
+
+
+class GpuSpec(_Strict):
+    strategy: Strategy = "single_node_tp"
+    per_node: int = Field(gt=0)
+    min_total_by_strategy: dict[Strategy, int]
+    overrides: list[CapacityOverride] = Field(default_factory=list)
+    source: str | None = None
+
+    def min_total(self, gpu_names: list[str]) -> tuple[int, str]:
+        """Minimum GPUs for the strategy, raised by any override whose model is present."""
+        need = self.min_total_by_strategy.get(self.strategy, self.per_node)
+        why = f"strategy {self.strategy}"
+        upper = [n.upper() for n in gpu_names]
+        for o in self.overrides:
+            if o.min_total_gpus > need and any(o.gpu_name_contains.upper() in n for n in upper):
+                need, why = o.min_total_gpus, f"{o.gpu_name_contains} (any layout)"
+        return need, why
+
+
+class FabricManagerSpec(_Strict):
+    required_when_nvswitch: bool = True
+    version_must_match_driver: bool = True
+    must_be_active: bool = True
+
+
+class RdmaSpec(_Strict):
+    required: bool | None = Field(default=None, description="None: required for multi_node_* strategies")
+    rails_per_node: int = Field(default=8, ge=0)
+    link_layer: Literal["InfiniBand", "Ethernet"] | None = "InfiniBand"
+    min_rate_gbps: float = Field(default=400.0, ge=0)
+    require_all_active: bool = True
+    gpudirect: Literal["peermem_or_dmabuf", "peermem", "dmabuf"] = "peermem_or_dmabuf"
+    ignore_devices: list[str] = Field(
+        default_factory=list, description="glob patterns of RDMA devices that are not fabric rails"
+    )
+
+    def ignored(self, device: str) -> bool:
+        return any(fnmatch.fnmatchcase(device, p) for p in self.ignore_devices)
+
+
+class NcclSpec(_Strict):
+    forbidden_debug: list[str] = Field(default_factory=lambda: ["INFO", "TRACE"])
+    consistent_keys: list[str] = Field(default_factory=list)
+    required: dict[str, str] = Field(default_factory=dict)
+
+
+class ContainerSpec(_Strict):
+    runtimes: list[str] = Field(default_factory=lambda: ["docker", "podman", "nerdctl"])
+    toolkit_min_version: str = "1.17.8"
+    toolkit_advisory: str | None = None
+    require_probe: bool = True
+
+    @field_validator("toolkit_min_version")
+    @classmethod
+    def _form(cls, v: str) -> str:
+        if version_tuple(v) is None:
+            raise ValueError(f"expected a version like 1.17.8, got {v!r}")
+        return v
+
+
+class PackagesSpec(_Strict):
+    require_driver_hold: bool = True
+    unattended_upgrades_allowed: bool = False
+
+
+class SchedulerSpec(_Strict):
+    idle_states: list[str] = Field(default_factory=lambda: ["idle"])
+    out_of_service_states: list[str] = Field(
+        default_factory=lambda: ["drain", "drained", "draining", "down", "fail", "failing", "maint"]
+    )
+    down_states: list[str] = Field(default_factory=lambda: ["down", "fail"])
+
+
+class ServeSpec(_Strict):
+    model: str
+    flags: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    # flag -> required value (None: the flag takes no value); a serving command lacking any is wrong.
+    required_flags: dict[str, str | None] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _required_present(self) -> ServeSpec:
+        missing = self.missing_flags(self.flags)
+        if missing:
+            raise ValueError(f"serve.flags lacks required flags: {', '.join(missing)}")
+        return self
+
+    def missing_flags(self, argv: list[str]) -> list[str]:
+        """Required flags absent from ``argv`` (or present with another value), as "flag[ value]"."""
+        given: dict[str, str | None] = {}
+        for i, tok in enumerate(argv):
+            if not tok.startswith("--"):
+                continue
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                given[k] = v
+            else:
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                given[tok] = nxt if nxt is not None and not nxt.startswith("--") else None
+        out: list[str] = []
+        for flag, value in self.required_flags.items():
+            if flag not in given or (value is not None and given[flag] != value):
+                out.append(flag if value is None else f"{flag} {value}")
+        return out
+
+    def argv(self) -> list[str]:
+        return ["vllm", "serve", self.model, *self.flags]
+
+
+class ChangeSpec(_Strict):
+    wave_fraction: float = Field(default=0.1, gt=0, le=1)
+    min_wave_size: int = Field(default=1, ge=1)
+
+
+class Source(_Strict):
+    what: str
+    where: str
+
+
+class Target(_Strict):
+    schema_version: str = "1"
+    name: str
+    description: str | None = None
+    sources: list[Source] = Field(default_factory=list)
+    matrix_file: str = "cuda_driver_matrix.yaml"
+    image: ImageSpec
+    vllm: VllmSpec
+    driver: DriverSpec
+    open_modules: OpenModulesSpec = Field(default_factory=OpenModulesSpec)
+    gpus: GpuSpec
+    fabric_manager: FabricManagerSpec = Field(default_factory=FabricManagerSpec)
+    rdma: RdmaSpec = Field(default_factory=RdmaSpec)
+    nccl: NcclSpec = Field(default_factory=NcclSpec)
+    container: ContainerSpec = Field(default_factory=ContainerSpec)
+    packages: PackagesSpec = Field(default_factory=PackagesSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    serve: ServeSpec
+    change: ChangeSpec = Field(default_factory=ChangeSpec)
+    # Filled by the loader from matrix_file; a target is unusable without it.
+    matrix: CudaDriverMatrix
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Target:
+        row, _ = self.matrix.row_for(self.image.cuda)
+        if row is None:
+            raise ValueError(f"image.cuda {self.image.cuda} has no row in the CUDA driver matrix")
+        if self.driver.min_version is None and row.min_driver is None:
+            raise ValueError(
+                f"image.cuda {self.image.cuda}: the matrix row {row.label} has no minimum driver; "
+                "set driver.min_version"
+            )
+        tv = version_tuple(self.driver.target_version)
+        if tv is not None and tv[0] != self.driver.branch:
+            raise ValueError(
+                f"driver.target_version {self.driver.target_version} is not on branch {self.driver.branch}"
+            )
+        return self
+
+    # -- derived values the rules use ---------------------------------------------------------
+
+    @property
+    def rdma_required(self) -> bool:
+        if self.rdma.required is not None:
+            return self.rdma.required
+        return self.gpus.strategy.startswith("multi_node")
+
+    def min_driver(self) -> tuple[str, MatrixRow | None]:
+        """Minimum driver for the image's CUDA release and the matrix row it came from."""
+        row, _ = self.matrix.row_for(self.image.cuda)
+        if self.driver.min_version is not None:
+            return self.driver.min_version, None
+        assert row is not None and row.min_driver is not None  # checked in _consistent
+        return row.min_driver, row
+
+    def unconfirmed_rows_used(self) -> list[MatrixRow]:
+        row, _ = self.matrix.row_for(self.image.cuda)
+        return [row] if row is not None and not row.confirmed else []

@@ -1,0 +1,267 @@
+"""The check catalogue: every check id, what it checks, why it matters, its fix.
+
+Check ids are a public contract (reports, suppressions and dashboards key on them):
+never rename one; add a new id instead. ``k3fleet checks`` prints this table.
+Fix texts are templates over the target's values (``{target_branch}`` and so on), so a
+site target with other versions gets fixes that name its own versions.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from k3fleet.models.findings import Severity
+from k3fleet.models.target import Target
+
+
+class Check(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    scope: Literal["host", "fleet"]
+    title: str
+    why: str
+    severity: Severity
+    fix: str
+    # True: a failure here is part of the image -> CUDA -> driver chain (rebuild_environment).
+    chain: bool = False
+
+
+def _c(
+    id: str, title: str, why: str, severity: Severity, fix: str, chain: bool = False, scope: str = "host"
+) -> Check:
+    return Check(id=id, scope=scope, title=title, why=why, severity=severity, fix=fix, chain=chain)  # type: ignore[arg-type]
+
+
+_CHECKS: tuple[Check, ...] = (
+    _c("facts.schema", "Host facts readable",
+       "Facts that do not validate, or come from another schema major version, cannot be judged.",
+       "error",
+       "Deploy the collector modules that match this controller and re-run the audit."),
+    _c("driver.loaded", "NVIDIA kernel module loaded",
+       "Without the kernel module no GPU is usable and nothing else about the driver can be trusted.",
+       "critical",
+       "Install the R{target_branch} driver packages, then load the module (modprobe nvidia) or reboot."),
+    _c("nvml.status", "NVML answers",
+       "NVML is how the driver reports GPUs; its error names the failure (library missing, GPU lost).",
+       "error",
+       "Fix the NVML error shown in the evidence: install the driver's user-space libraries, "
+       "or reset/reseat a lost GPU."),
+    _c("driver.branch", "Driver branch new enough for the image's CUDA",
+       "The image is built for CUDA {image_cuda}, which needs an R{target_branch}-or-newer driver; "
+       "older branches cannot initialise it.",
+       "critical",
+       "Upgrade the driver to {target_version} (R{target_branch}) together with the matching Fabric Manager "
+       "in the change night.",
+       chain=True),
+    _c("driver.version_min", "Driver at or above the matrix minimum",
+       "The CUDA -> driver matrix gives {min_driver} as the minimum for CUDA {image_cuda}.",
+       "error",
+       "Upgrade the driver to {target_version}.",
+       chain=True),
+    _c("driver.flavour", "Open kernel modules where required",
+       "Open kernel modules are required on Grace Hopper and Blackwell GPUs.",
+       "critical",
+       "Install the open flavour of R{target_branch} (e.g. nvidia-driver-{target_branch}-server-open or "
+       "nvidia-open-{target_branch}) and reboot."),
+    _c("driver.pending_reboot", "No pending driver reboot",
+       "A package upgrade without reboot leaves the old module loaded; NVML then reports "
+       "Driver/library version mismatch and containers fail.",
+       "error",
+       "Drain the node and reboot it (or reload the nvidia modules) so the installed driver is loaded."),
+    _c("gpu.count", "All GPUs visible",
+       "The serving strategy needs {gpus_per_node} GPUs per node; a missing GPU breaks tensor parallelism.",
+       "error",
+       "Check nvidia-smi / dmesg for fallen-off GPUs (Xid 79), reseat or RMA, then re-audit."),
+    _c("gpu.persistence_mode", "Persistence mode on",
+       "Without persistence mode the driver tears down GPU state between clients, slowing start-up "
+       "and hiding errors.",
+       "warning",
+       "Enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)."),
+    _c("gpu.fabric_state", "NVLink fabric training completed",
+       "On NVSwitch systems a GPU whose fabric state is not Completed cannot run CUDA work.",
+       "error",
+       "Check nvidia-fabricmanager is active and at the driver's version, then restart it or reboot."),
+    _c("packages.held", "Driver packages held",
+       "An unheld driver can be moved by a routine upgrade, which silently breaks the version chain.",
+       "warning",
+       "Hold the driver and Fabric Manager packages (apt-mark hold / dnf versionlock add)."),
+    _c("packages.unattended_upgrades", "No unattended driver upgrades",
+       "Unattended upgrades can change the driver outside a change window.",
+       "warning",
+       "Disable unattended-upgrades (or dnf-automatic), or at least hold the driver packages."),
+    _c("packages.dkms_kernel", "DKMS module built for the running kernel",
+       "A DKMS driver not built for the running kernel will not load after the next reboot.",
+       "error",
+       "Rebuild with dkms autoinstall for the running kernel, or install the prebuilt linux-modules-nvidia "
+       "package for it."),
+    _c("fabricmanager.present", "Fabric Manager installed on NVSwitch systems",
+       "NVSwitch systems need Fabric Manager to bring up the NVLink fabric.",
+       "critical",
+       "Install nvidia-fabricmanager-{target_branch} at exactly the driver's version and enable it."),
+    _c("fabricmanager.active", "Fabric Manager running",
+       "Without a running Fabric Manager the GPUs on an NVSwitch system do not finish fabric training.",
+       "critical",
+       "systemctl enable --now nvidia-fabricmanager; check its log for a version mismatch."),
+    _c("fabricmanager.version_match", "Fabric Manager version equals the driver version",
+       "Fabric Manager refuses to run against a different driver version; they must match exactly.",
+       "error",
+       "Install the Fabric Manager package of exactly the loaded driver's version and hold both."),
+    _c("rdma.port_state", "RDMA rails up at full rate",
+       "A rail that is DOWN, not LinkUp or below the expected rate slows or breaks cross-node traffic.",
+       "error",
+       "Check cabling and the subnet manager (ibstat, ibstatus); on RoCE check the switch port."),
+    _c("rdma.rail_count", "Expected number of RDMA rails",
+       "Multi-node serving expects {rails_per_node} rails per node; fewer rails mean less bandwidth.",
+       "error",
+       "Check that every HCA is present (lspci, ibv_devices) and its driver (mlx5_core) is loaded."),
+    _c("rdma.peermem", "GPUDirect RDMA available",
+       "Without nvidia_peermem or DMA-BUF, NCCL bounces GPU traffic through host memory.",
+       "error",
+       "modprobe nvidia_peermem (and persist it), or use open kernel modules with DMA-BUF "
+       "(do not set NCCL_DMABUF_ENABLE=0)."),
+    _c("rdma.acs", "PCIe ACS not redirecting peer-to-peer",
+       "ACS SrcValid+ on PCIe bridges silently routes GPU peer-to-peer traffic through the root complex.",
+       "warning",
+       "Disable ACS on the PCIe switches (setpci or BIOS) on bare-metal GPU nodes."),
+    _c("nccl.debug", "NCCL debug logging off",
+       "NCCL_DEBUG=INFO/TRACE is for debugging; it floods logs and slows start-up in production.",
+       "warning",
+       "Remove NCCL_DEBUG (or set WARN) from the environment and /etc/nccl.conf."),
+    _c("nccl.settings", "NCCL settings as required",
+       "The target may require NCCL settings (e.g. for MNNVL); NCCL_IB_HCA must name HCAs that exist.",
+       "error",
+       "Set the required NCCL variables in /etc/nccl.conf or the serving environment; fix NCCL_IB_HCA."),
+    _c("container.runtime", "Container runtime present",
+       "The serving image needs a container runtime with GPU support.",
+       "error",
+       "Install one of the supported runtimes ({runtimes}) with the NVIDIA Container Toolkit."),
+    _c("container.toolkit", "NVIDIA Container Toolkit not vulnerable",
+       "{toolkit_advisory}.",
+       "error",
+       "Upgrade nvidia-container-toolkit to {toolkit_min} or newer."),
+    _c("container.image_present", "Serving image present",
+       "The serving image ({image}) must be on the node for a fast, predictable start.",
+       "error",
+       "Pull {image} on the node (and pin its digest in the target)."),
+    _c("container.cuda_runtime", "Host driver supports the image's CUDA runtime",
+       "The image's CUDA runtime needs a driver whose maximum CUDA is at least its major release "
+       "(minor-version compatibility covers the rest with a limited feature set).",
+       "critical",
+       "Upgrade the driver to {target_version}, or use an image built for the host's CUDA.",
+       chain=True),
+    _c("container.probe", "CUDA initialises inside the image",
+       "Only a real container start proves the chain image -> toolkit -> driver; the failures "
+       "(requirement error, CUDA error 35/803/804, driver too old) name the broken link.",
+       "critical",
+       "Follow the probe's failure: upgrade the driver to {target_version} for version errors, "
+       "fix the toolkit/CDI configuration otherwise.",
+       chain=True),
+    _c("container.vllm_version", "vLLM in the image new enough",
+       "The recipe needs vLLM {vllm_min} or newer.",
+       "error",
+       "Pull a newer {image} (vLLM >= {vllm_min})."),
+    _c("scheduler.state", "Node in service",
+       "A drained or down node serves nothing; the change night must know which drains are ours.",
+       "warning",
+       "Resume the node (scontrol update state=resume) if its drain reason is understood."),
+    _c("fleet.driver_drift", "One driver version across the fleet",
+       "Mixed driver versions make failures host-dependent and can break cross-node NCCL.",
+       "warning",
+       "Bring every host to {target_version} in the change night.",
+       scope="fleet"),
+    _c("fleet.image_digest_drift", "One image build across the fleet",
+       "The same tag can point at different builds on different hosts; every host must run one digest.",
+       "error",
+       "Pull the image by digest on every host (pin image.digest in the target).",
+       scope="fleet"),
+    _c("fleet.nccl_drift", "Consistent NCCL settings",
+       "NCCL settings that differ between hosts give hangs or slow collectives that are hard to trace.",
+       "warning",
+       "Distribute one /etc/nccl.conf (or one serving environment) to every host.",
+       scope="fleet"),
+    _c("fleet.rdma_rail_drift", "Same RDMA rail count on every host",
+       "Hosts with fewer rails drag every collective down to their bandwidth.",
+       "warning",
+       "Repair or exclude hosts with missing rails.",
+       scope="fleet"),
+    _c("fleet.capacity", "Enough healthy GPUs",
+       "The serving strategy ({strategy}) needs a minimum number of GPUs that pass the checks.",
+       "error",
+       "Fix failing hosts or add nodes until the healthy GPU count reaches the minimum.",
+       scope="fleet"),
+    _c("target.unconfirmed", "Verdict relied on unconfirmed data",
+       "Some CUDA -> driver matrix rows are not confirmed by the primary source.",
+       "info",
+       "Confirm the row against NVIDIA's release notes and set confirmed: true in the matrix file.",
+       scope="fleet"),
+)
+
+CHECKS: dict[str, Check] = {c.id: c for c in _CHECKS}
+
+
+def catalogue() -> list[Check]:
+    """All checks, in the order a report lists them."""
+    return list(_CHECKS)
+
+
+class _Keep(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def template_values(target: Target) -> dict[str, Any]:
+    min_driver, _ = target.min_driver()
+    return {
+        "target_branch": target.driver.branch,
+        "target_version": target.driver.target_version,
+        "min_driver": min_driver,
+        "image": target.image.ref,
+        "image_cuda": target.image.cuda,
+        "vllm_min": target.vllm.min_version,
+        "toolkit_min": target.container.toolkit_min_version,
+        "toolkit_advisory": target.container.toolkit_advisory or "Old toolkits have known vulnerabilities",
+        "gpus_per_node": target.gpus.per_node,
+        "rails_per_node": target.rdma.rails_per_node,
+        "runtimes": ", ".join(target.container.runtimes),
+        "strategy": target.gpus.strategy,
+    }
+
+
+def render(text: str, values: dict[str, Any]) -> str:
+    # Unknown placeholders stay visible rather than raising: a catalogue text must never crash a verdict.
+    return string.Formatter().vformat(text, (), _Keep(values))
+
+
+def fixes_for(target: Target) -> dict[str, str]:
+    """Every check's fix text rendered for ``target``."""
+    values = template_values(target)
+    return {c.id: render(c.fix, values) for c in _CHECKS}
+
+
+def catalogue_rows(target: Target | None = None) -> list[dict[str, str]]:
+    """The catalogue as plain rows (id, scope, severity, title, why, fix) for tables and JSON."""
+    values = template_values(target) if target is not None else {}
+    return [
+        {
+            "id": c.id,
+            "scope": c.scope,
+            "severity": c.severity,
+            "title": c.title,
+            "why": render(c.why, values),
+            "fix": render(c.fix, values),
+        }
+        for c in _CHECKS
+    ]
+
+
+def catalogue_markdown(target: Target | None = None) -> str:
+    """The catalogue as a Markdown table, for docs."""
+    lines = ["| check | severity | title | why | fix |", "|---|---|---|---|---|"]
+    for r in catalogue_rows(target):
+        cells = [f"`{r['id']}`", r["severity"], r["title"], r["why"], r["fix"]]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"

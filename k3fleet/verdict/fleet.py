@@ -1,0 +1,253 @@
+"""Fleet verdict: every host's findings, fleet-wide drift and capacity, outcome and change plan.
+
+Outcome precedence (first that applies):
+
+1. ``expand_capacity``: even after the planned driver change the healthy GPUs stay
+   below the target's minimum; no driver work reaches go-live.
+2. ``rebuild_environment``: some host fails the image -> CUDA -> driver chain (driver
+   below the branch the image's CUDA needs, or the container probe shows a FACTS.md
+   section 8 failure).
+3. ``observe_with_limits``: enough healthy GPUs, but there are warnings, failed hosts
+   (left out of serving), unreachable hosts or incomplete evidence.
+4. ``go_live``: nothing above info, every host reached.
+
+Drift checks count values with Counters: one pass over the hosts, nothing quadratic.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from k3fleet.models.facts import HostFacts
+from k3fleet.models.findings import (
+    SEVERITY_RANK,
+    Finding,
+    FleetVerdict,
+    HostStatus,
+    HostVerdict,
+    Outcome,
+    VerdictSummary,
+)
+from k3fleet.models.target import Target
+from k3fleet.verdict.catalogue import CHECKS
+from k3fleet.verdict.intake import gc_paused
+from k3fleet.verdict.plan import HostEval, build_plan
+from k3fleet.verdict.rules import CompiledTarget, rails, run_rules
+
+_NO_HOSTS: Mapping[str, str] = MappingProxyType({})
+# Drift evidence names at most this many outlying hosts: a 10,000-host report stays readable.
+MAX_LISTED = 50
+
+
+def host_status(findings: Iterable[Finding]) -> HostStatus:
+    worst = max((SEVERITY_RANK[f.severity] for f in findings), default=0)
+    if worst >= SEVERITY_RANK["error"]:
+        return "fail"
+    if worst == SEVERITY_RANK["warning"]:
+        return "warn"
+    return "pass"
+
+
+class _Fleet:
+    def __init__(self, ct: CompiledTarget) -> None:
+        self.ct = ct
+        self.out: list[Finding] = []
+
+    def add(self, check_id: str, message: str, evidence: dict[str, Any], *, severity: str | None = None,
+            chain: bool = False) -> None:
+        sev = severity or CHECKS[check_id].severity
+        self.out.append(Finding(
+            check_id=check_id, severity=sev, kind="note" if sev == "info" else "fail",  # type: ignore[arg-type]
+            host=None, message=message, evidence=evidence, fix=self.ct.fix[check_id], chain=chain))
+
+
+def _outliers(values: dict[str, str], majority: str) -> dict[str, Any]:
+    odd = sorted(h for h, v in values.items() if v != majority)
+    return {"outliers": odd[:MAX_LISTED], "outlier_count": len(odd)}
+
+
+def _spread(counter: Counter[str]) -> str:
+    return ", ".join(f"{v} ({n})" for v, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:6])
+
+
+def _drift(evals: list[HostEval], fl: _Fleet) -> None:
+    ct = fl.ct
+    versions: dict[str, str] = {}
+    images: dict[str, str] = {}
+    rail_counts: dict[str, str] = {}
+    nccl: dict[str, dict[str, str]] = defaultdict(dict)
+    keys = ct.target.nccl.consistent_keys
+    for ev in evals:
+        f = ev.facts
+        if ev.ctx.version:
+            versions[ev.host] = ev.ctx.version
+        img = f.container.image
+        if img is not None and img.present and (img.digest or img.id):
+            images[ev.host] = img.digest or img.id or ""
+        if ct.rdma_required and f.rdma.status == "ok":
+            rail_counts[ev.host] = str(len(rails(f, ct)[0]))
+        if f.nccl.status == "ok":
+            s = f.nccl.settings
+            for k in keys:
+                v = s.get(k)
+                nccl[k][ev.host] = v.value if v is not None else "<unset>"
+
+    for check, values, what, sev in (
+        ("fleet.driver_drift", versions, "driver versions", None),
+        ("fleet.image_digest_drift", images, "image builds (digest or id)", None),
+        ("fleet.rdma_rail_drift", rail_counts, "RDMA rail counts", None),
+    ):
+        counter = Counter(values.values())
+        if len(counter) > 1:
+            majority = min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            fl.add(check, f"{len(counter)} {what} across {len(values)} hosts: {_spread(counter)}",
+                   {"values": dict(counter.most_common(20)), "majority": majority, **_outliers(values, majority)},
+                   severity=sev)
+
+    drifting: dict[str, Any] = {}
+    for k in keys:
+        counter = Counter(nccl[k].values())
+        if len(counter) > 1:
+            majority = min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            drifting[k] = {"values": dict(counter.most_common(10)), "majority": majority,
+                           **_outliers(nccl[k], majority)}
+    if drifting:
+        fl.add("fleet.nccl_drift",
+               "NCCL settings differ between hosts: " + "; ".join(
+                   f"{k}: {_spread(Counter(nccl[k].values()))}" for k in drifting),
+               {"keys": drifting})
+
+
+def evaluate_fleet(
+    facts: Mapping[str, HostFacts],
+    target: Target,
+    unreachable: Mapping[str, str] = _NO_HOSTS,
+    *,
+    invalid: Mapping[str, str] = _NO_HOSTS,
+    wave_size: int | None = None,
+) -> FleetVerdict:
+    """The fleet verdict for validated host facts (keyed by inventory name) against ``target``.
+
+    ``unreachable`` maps hosts that could not be audited to the reason; such a host is
+    listed as unreachable (never as failed checks), even if stale facts for it were passed.
+    ``invalid`` maps hosts whose facts did not validate (see ``validate_facts``) to the
+    reason: each gets one ``facts.schema`` finding of kind unknown (evidence incomplete).
+    ``wave_size`` overrides the target's wave fraction for the change plan.
+    """
+    with gc_paused():
+        return _evaluate_fleet(facts, target, unreachable, invalid, wave_size)
+
+
+def _evaluate_fleet(
+    facts: Mapping[str, HostFacts],
+    target: Target,
+    unreachable: Mapping[str, str],
+    invalid: Mapping[str, str],
+    wave_size: int | None,
+) -> FleetVerdict:
+    ct = CompiledTarget(target)
+    hosts: dict[str, HostVerdict] = {}
+    evals: list[HostEval] = []
+    unconfirmed: set[str] = {r.label for r in target.unconfirmed_rows_used()}
+    invalid_findings: list[Finding] = []
+
+    for name in sorted(facts):
+        if name in unreachable:
+            continue
+        findings, ctx = run_rules(facts[name], ct, name)
+        status = host_status(findings)
+        unconfirmed |= ctx.unconfirmed
+        evals.append(HostEval(name, facts[name], ctx, findings, status))
+        hosts[name] = HostVerdict(
+            host=name, status=status, reason=None, findings=findings, driver_version=ctx.version,
+            gpu_model=ctx.gpu_model, gpu_count=ctx.gpu_count)
+    for name in sorted(invalid):
+        if name in unreachable or name in hosts:
+            continue
+        bad = Finding(check_id="facts.schema", severity="error", kind="unknown", host=name,
+                      message=f"host facts could not be read: {invalid[name]}", evidence={"reason": invalid[name]},
+                      fix=ct.fix["facts.schema"])
+        hosts[name] = HostVerdict(host=name, status="fail", reason=None, findings=[bad])
+        invalid_findings.append(bad)
+    for name in sorted(unreachable):
+        hosts[name] = HostVerdict(
+            host=name, status="unreachable", reason=unreachable[name], findings=[], driver_version=None,
+            gpu_model=None, gpu_count=None)
+
+    fl = _Fleet(ct)
+    _drift(evals, fl)
+    plan, changeable = build_plan(evals, list(unreachable), ct, wave_size)
+
+    healthy = sum(e.ctx.gpu_count or 0 for e in evals if e.status in ("pass", "warn"))
+    after = healthy + sum(e.ctx.gpu_count or 0 for e in changeable if e.status not in ("pass", "warn"))
+    models = sorted({e.ctx.gpu_model for e in evals if e.ctx.gpu_model})
+    need, basis = target.gpus.min_total(models)
+    if healthy < need:
+        fl.add("fleet.capacity",
+               f"{healthy} healthy GPUs, {need} required ({basis}); {after} after the planned driver change",
+               {"gpus_healthy": healthy, "gpus_after_plan": after, "gpus_required": need, "basis": basis,
+                "unreachable_hosts": len(unreachable)},
+               chain=after >= need)
+    if unconfirmed:
+        fl.add("target.unconfirmed",
+               f"the verdict relied on unconfirmed CUDA driver matrix rows: {', '.join(sorted(unconfirmed))}",
+               {"rows": sorted(unconfirmed)})
+
+    all_host = [f for e in evals for f in e.findings]
+    every = all_host + invalid_findings + fl.out
+    by_sev = Counter(f.severity for f in every)
+    unknown_blocking = sum(1 for f in every if f.kind == "unknown" and f.blocking)
+    statuses = Counter(h.status for h in hosts.values())
+    summary = VerdictSummary(
+        hosts=len(hosts), passed=statuses["pass"], warned=statuses["warn"], failed=statuses["fail"],
+        unreachable=statuses["unreachable"],
+        findings={s: by_sev.get(s, 0) for s in ("critical", "error", "warning", "info")},
+        unknown_findings=sum(1 for f in every if f.kind == "unknown"),
+        gpus_healthy=healthy, gpus_after_plan=after, gpus_required=need,
+        evidence_incomplete=unknown_blocking > 0,
+    )
+    outcome, reasons = _outcome(evals, summary, need, basis, len(plan.needs_upgrade), every)
+    return FleetVerdict(
+        target=target.name, outcome=outcome, reasons=reasons, summary=summary, hosts=hosts,
+        fleet_findings=fl.out, plan=plan, unconfirmed_matrix_rows=sorted(unconfirmed),
+    )
+
+
+def _outcome(
+    evals: list[HostEval], s: VerdictSummary, need: int, basis: str, n_upgrade: int, every: list[Finding]
+) -> tuple[Outcome, list[str]]:
+    reasons: list[str] = []
+    chain_hosts: Counter[str] = Counter()
+    for e in evals:
+        ids = {f.check_id for f in e.findings if f.chain and f.kind == "fail" and f.blocking}
+        chain_hosts.update(ids)
+    n_chain = sum(1 for e in evals if any(f.chain and f.kind == "fail" and f.blocking for f in e.findings))
+    if s.unreachable:
+        reasons.append(f"{s.unreachable} host(s) unreachable: their GPUs are not counted")
+    if s.gpus_after_plan < need:
+        reasons.insert(0, f"{s.gpus_after_plan} GPUs would be healthy after the planned driver change, "
+                          f"{need} required ({basis})")
+        return "expand_capacity", reasons
+    if n_chain:
+        ids = ", ".join(f"{k} ({n})" for k, n in sorted(chain_hosts.items()))
+        reasons.insert(0, f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {ids}")
+        if n_upgrade:
+            reasons.append(f"the change plan moves {n_upgrade} host(s) to the target driver")
+        return "rebuild_environment", reasons
+    blocking = sum(1 for f in every if f.blocking)
+    if s.failed or s.unreachable or s.evidence_incomplete or s.warned or s.findings.get("warning"):
+        if s.failed:
+            reasons.insert(0, f"{s.failed} host(s) fail checks and are left out; {s.gpus_healthy} healthy GPUs "
+                              f"meet the {need} required")
+        if blocking and not s.failed:
+            reasons.append(f"{blocking} fleet-wide error(s)")
+        if s.evidence_incomplete:
+            reasons.append("some evidence could not be read (unknown findings of error severity)")
+        if s.findings.get("warning"):
+            reasons.append(f"{s.findings['warning']} warning(s) to observe")
+        return "observe_with_limits", reasons
+    reasons.append(f"all {s.hosts} host(s) pass; {s.gpus_healthy} healthy GPUs, {need} required")
+    return "go_live", reasons

@@ -1,0 +1,780 @@
+"""Host rules: one host's facts + the target -> findings. Pure: no I/O, no clock.
+
+Rules read a :class:`HostContext` computed once per host (driver version and its source,
+branch, GPU model, flavour, whether Fabric Manager is required), so each fact is
+interpreted in exactly one place. Every rule either says nothing (pass), reports a
+problem, or reports what it could not read (kind ``unknown``).
+
+Severity of ``unknown``: error when the fact decides whether the host can serve at all
+(driver, GPU count, Fabric Manager on NVSwitch systems, RDMA on multi-node targets,
+the image's CUDA), warning otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.findings import Finding, FindingKind, Severity
+from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
+from k3fleet.verdict.catalogue import CHECKS, fixes_for
+
+# Probe failures that mean "this driver is too old for this image" (FACTS.md section 8).
+CHAIN_PROBE_FAILURES = frozenset({"requirement_error", "cuda_error_35", "driver_too_old", "error_803", "error_804"})
+DRIVER_ROLES = frozenset({"driver", "utils", "compute", "fabricmanager", "dkms", "kernel_modules"})
+HOLD_ROLES = frozenset({"driver", "fabricmanager"})
+
+_REQUIRE_CUDA = re.compile(r"cuda>=(\d+\.\d+(?:\.\d+)?)")
+_RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(.*)$")
+_PRE = ("rc", "a", "b", "c", "dev", "alpha", "beta", "pre", "preview")
+_UNKNOWN_FIX = "Make this fact readable on the host (see evidence.reason), then re-run the audit."
+
+
+@lru_cache(maxsize=1024)
+def release_key(text: str | None) -> tuple[tuple[int, ...], int] | None:
+    """Order versions like 0.27.1rc1 < 0.27.1 < 0.27.1.post1 / 0.27.1+cu130; None if not a version."""
+    if not text:
+        return None
+    m = _RELEASE.match(text)
+    if not m:
+        return None
+    nums = tuple(int(x) for x in m.group(1).split("."))
+    while len(nums) > 1 and nums[-1] == 0:
+        nums = nums[:-1]
+    tail = m.group(2).lstrip(".-_").lower()
+    pre = tail.startswith(_PRE) and not tail.startswith("post")
+    return nums, 0 if pre else 1
+
+
+@dataclass(slots=True)
+class HostContext:
+    host: str
+    version: str | None
+    version_t: tuple[int, ...] | None
+    version_source: str | None
+    branch: int | None
+    below_target: bool
+    gpu_names: list[str]
+    gpu_model: str | None
+    gpu_count: int | None
+    flavour: str | None
+    fm_required: bool | None
+    driver_failed: bool = False
+    unconfirmed: set[str] = field(default_factory=set)
+
+
+class CompiledTarget:
+    """A target with everything the rules need precomputed once per verdict."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.fix = fixes_for(target)
+        self.min_driver, self.min_row = target.min_driver()
+        self.min_driver_t = version_tuple(self.min_driver) or (0,)
+        self.branch = target.driver.branch
+        self.image_cuda = target.image.cuda
+        self.forbidden_debug = {x.upper() for x in target.nccl.forbidden_debug}
+        self.rdma_required = target.rdma_required
+        self.vllm_min = release_key(target.vllm.min_version)
+        self.toolkit_min = version_tuple(target.container.toolkit_min_version) or (0,)
+        self.runtimes = set(target.container.runtimes)
+        self.idle_states = {s.lower() for s in target.scheduler.idle_states}
+        self.oos_states = {s.lower() for s in target.scheduler.out_of_service_states}
+        self.down_states = {s.lower() for s in target.scheduler.down_states}
+        self._rows: dict[str, tuple[MatrixRow | None, bool]] = {}
+        self._max_cuda: dict[str, MatrixRow | None] = {}
+        self._open_req: dict[tuple[str | None, str | None], bool] = {}
+
+    # Hosts share few distinct versions and GPU models: memoise the matrix look-ups.
+    def row_for(self, cuda: str) -> tuple[MatrixRow | None, bool]:
+        hit = self._rows.get(cuda)
+        if hit is None:
+            hit = self._rows[cuda] = self.target.matrix.row_for(cuda)
+        return hit
+
+    def max_cuda(self, driver: str) -> MatrixRow | None:
+        if driver not in self._max_cuda:
+            self._max_cuda[driver] = self.target.matrix.max_cuda_for_driver(driver)
+        return self._max_cuda[driver]
+
+    def open_required(self, name: str | None, cc: str | None) -> bool:
+        key = (name, cc)
+        hit = self._open_req.get(key)
+        if hit is None:
+            hit = self._open_req[key] = self.target.open_modules.required_for(name, cc)
+        return hit
+
+
+class _Emitter:
+    __slots__ = ("ct", "host", "out")
+
+    def __init__(self, ct: CompiledTarget, host: str) -> None:
+        self.ct = ct
+        self.host = host
+        self.out: list[Finding] = []
+
+    def fail(
+        self, check_id: str, message: str, evidence: dict[str, Any], *,
+        severity: Severity | None = None, chain: bool = False,
+    ) -> None:
+        self._add(check_id, message, evidence, severity or CHECKS[check_id].severity, "fail", chain)
+
+    def unknown(self, check_id: str, what: str, reason: str | None, *, error: bool = False) -> None:
+        reason = reason or "no data"
+        self._add(
+            check_id, f"{what} could not be read: {reason}", {"reason": reason},
+            "error" if error else "warning", "unknown", False,
+        )
+
+    def note(self, check_id: str, message: str, evidence: dict[str, Any]) -> None:
+        self._add(check_id, message, evidence, "info", "note", False)
+
+    def _add(
+        self, check_id: str, message: str, evidence: dict[str, Any], severity: Severity,
+        kind: FindingKind, chain: bool,
+    ) -> None:
+        self.out.append(Finding(
+            check_id=check_id, severity=severity, kind=kind, host=self.host, message=message,
+            evidence=evidence, fix=_UNKNOWN_FIX if kind == "unknown" else self.ct.fix[check_id], chain=chain,
+        ))
+
+
+def host_context(facts: HostFacts, ct: CompiledTarget, host: str | None = None) -> HostContext:
+    drv = facts.driver
+    km = drv.kernel_module
+    pk = facts.packages
+    version, source = None, None
+    for cand, src in ((km.version, "kernel_module"), (drv.driver_version, drv.source or "nvml"),
+                      (pk.driver_version, "package")):
+        if cand and version_tuple(cand):
+            version, source = cand, src
+            break
+    vt = version_tuple(version)
+    branch = vt[0] if vt else None
+    below = vt is not None and (vt[0] < ct.branch or vt < ct.min_driver_t)
+    names = [g.name for g in drv.gpus if g.name]
+    if not names:
+        model = None
+    elif names.count(names[0]) == len(names):
+        model = names[0]
+    else:
+        model = Counter(names).most_common(1)[0][0]
+    count = drv.gpu_count if drv.gpu_count is not None else (len(drv.gpus) if drv.gpus else None)
+    flavour = km.flavour
+    if flavour is None:
+        for p in pk.packages:
+            if p.role == "driver" and p.flavour:
+                flavour = p.flavour
+                break
+    fm = facts.fabricmanager
+    fm_required = fm.required if fm.required is not None else fm.nvswitch_present
+    return HostContext(
+        host=host or facts.host, version=version, version_t=vt, version_source=source, branch=branch,
+        below_target=below, gpu_names=names, gpu_model=model, gpu_count=count, flavour=flavour,
+        fm_required=fm_required,
+    )
+
+
+# -- driver ------------------------------------------------------------------------------------
+
+
+def _schema(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if f.schema_version.split(".", 1)[0] != SCHEMA_VERSION.split(".", 1)[0]:
+        e.unknown("facts.schema", f"facts of schema {f.schema_version} (controller reads {SCHEMA_VERSION})",
+                  "the collector on this host is from another major version", error=True)
+
+
+def _driver_loaded(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    drv = f.driver
+    km = drv.kernel_module
+    if drv.status == "absent":
+        c.driver_failed = True
+        e.fail("driver.loaded", "no NVIDIA driver is installed", {"reason": drv.reason})
+    elif km.loaded is False:
+        c.driver_failed = True
+        e.fail("driver.loaded", "the NVIDIA kernel module is not loaded",
+               {"reason": drv.reason, "package_version": f.packages.driver_version})
+    elif km.loaded is None and not (drv.driver_version or km.version):
+        c.driver_failed = True
+        e.unknown("driver.loaded", "whether the NVIDIA kernel module is loaded", drv.reason, error=True)
+
+
+_NVML_FAIL: dict[str, tuple[Severity, str]] = {
+    "library_not_found": ("error", "libnvidia-ml.so.1 not found: the driver's user-space libraries are missing"),
+    "driver_not_loaded": ("critical", "NVML reports the driver is not loaded"),
+    "gpu_is_lost": ("critical", "NVML reports a GPU is lost (fallen off the bus)"),
+}
+
+
+def _nvml(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    nv = f.driver.nvml
+    st = nv.status
+    if st == "ok" or st == "lib_rm_version_mismatch":
+        # The mismatch is reported once, as driver.pending_reboot.
+        return
+    if st in ("skipped", "not_installed"):
+        if c.gpu_count is None and not c.driver_failed:
+            e.unknown("nvml.status", f"GPU inventory (NVML {st}, no nvidia-smi data)", nv.error or f.driver.reason)
+        return
+    if st == "no_permission":
+        e.unknown("nvml.status", "NVML (no permission)", nv.error)
+        return
+    if st == "driver_not_loaded" and c.driver_failed:
+        return
+    sev, text = _NVML_FAIL.get(st, ("error", f"NVML failed ({st})"))
+    e.fail("nvml.status", text + (f": {nv.error}" if nv.error else ""), {"status": st, "error": nv.error},
+           severity=sev)
+
+
+def _branch_label(ct: CompiledTarget, branch: int) -> str:
+    info = ct.target.matrix.branch_info(branch)
+    if info is None:
+        return f"R{branch}"
+    return f"R{branch} ({info.kind}{', EOL ' + info.eol if info.eol and info.kind != 'EOL' else ''})"
+
+
+def _driver_version(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    ct = e.ct
+    if c.version_t is None:
+        if not c.driver_failed:
+            e.unknown("driver.branch", "the loaded driver version", f.driver.reason, error=True)
+        return
+    assert c.branch is not None
+    ev = {"driver_version": c.version, "source": c.version_source, "branch": c.branch,
+          "required_branch": ct.branch, "image": ct.target.image.ref, "image_cuda": ct.image_cuda}
+    if c.branch < ct.branch:
+        e.fail("driver.branch",
+               f"driver {c.version} is on {_branch_label(ct, c.branch)}, below R{ct.branch} which CUDA "
+               f"{ct.image_cuda} ({ct.target.image.ref}) needs", ev, chain=True)
+        return
+    if c.version_t < ct.min_driver_t:
+        row = ct.min_row
+        basis = f"the matrix minimum for CUDA {row.label}" if row else "the target's driver.min_version"
+        if row is not None and not row.confirmed:
+            basis += " [unconfirmed matrix row]"
+            c.unconfirmed.add(row.label)
+        e.fail("driver.version_min", f"driver {c.version} is below {ct.min_driver}, {basis}",
+               {**ev, "min_driver": ct.min_driver, "matrix_row": row.label if row else None,
+                "matrix_confirmed": row.confirmed if row else None}, chain=True)
+
+
+def _flavour(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    needing = [g for g in f.driver.gpus if e.ct.open_required(g.name, g.compute_capability)]
+    if not needing:
+        return
+    ev = {"gpu": needing[0].name, "compute_capability": needing[0].compute_capability, "flavour": c.flavour}
+    if c.flavour is None:
+        e.unknown("driver.flavour", f"the kernel module flavour (open required for {needing[0].name})",
+                  f.driver.kernel_module.raw or f.driver.reason, error=True)
+    elif c.flavour != "open":
+        e.fail("driver.flavour",
+               f"{needing[0].name} (compute capability {needing[0].compute_capability or '?'}) requires open "
+               f"kernel modules; the {c.flavour} module is installed", ev)
+
+
+def _pending_reboot(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    nv = f.driver.nvml
+    pkg_v = f.packages.driver_version
+    loaded = f.driver.kernel_module.version or f.driver.driver_version
+    if nv.status == "lib_rm_version_mismatch":
+        e.fail("driver.pending_reboot",
+               "NVML reports Driver/library version mismatch: the driver packages changed without a reboot",
+               {"nvml_error": nv.error, "package_version": pkg_v, "loaded_version": loaded})
+        return
+    if not pkg_v or not loaded:
+        if f.packages.status == "unknown" and not c.driver_failed:
+            e.unknown("driver.pending_reboot", "the installed driver package version", f.packages.reason)
+        return
+    pt, lt = version_tuple(pkg_v), version_tuple(loaded)
+    if pt and lt and pt != lt:
+        e.fail("driver.pending_reboot",
+               f"installed driver package {pkg_v} differs from the loaded module {loaded}: reboot pending",
+               {"package_version": pkg_v, "loaded_version": loaded})
+
+
+# -- GPUs ------------------------------------------------------------------------------------------
+
+
+def _gpu_count(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    want = e.ct.target.gpus.per_node
+    if c.gpu_count is None:
+        if not c.driver_failed:
+            e.unknown("gpu.count", "the GPU count", f.driver.nvml.error or f.driver.reason, error=True)
+        return
+    ev = {"gpu_count": c.gpu_count, "expected_per_node": want, "gpu_model": c.gpu_model}
+    if c.gpu_count == 0:
+        e.fail("gpu.count", f"no GPU visible, {want} expected per node", ev, severity="critical")
+    elif c.gpu_count < want:
+        e.fail("gpu.count", f"{c.gpu_count} GPUs visible, {want} expected per node", ev)
+
+
+def _persistence(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    gpus = f.driver.gpus
+    if not gpus or not e.ct.target.driver.require_persistence_mode:
+        return
+    off = [g.index for g in gpus if g.persistence_mode is False]
+    if off:
+        e.fail("gpu.persistence_mode", f"persistence mode is off on GPU {_idx(off)}", {"gpus_off": off})
+    elif all(g.persistence_mode is None for g in gpus):
+        e.unknown("gpu.persistence_mode", "persistence mode", f.driver.nvml.error)
+
+
+def _idx(items: list[int]) -> str:
+    return ",".join(str(i) for i in items)
+
+
+def _fabric_state(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not c.fm_required or not f.driver.gpus:
+        return
+    states = [(g.index, g.fabric_state) for g in f.driver.gpus]
+    bad = [(i, s) for i, s in states if s is not None and s not in ("completed", "not_supported")]
+    if bad:
+        e.fail("gpu.fabric_state",
+               f"NVLink fabric not completed on GPU {_idx([i for i, _ in bad])} "
+               f"({', '.join(sorted({s for _, s in bad}))})",
+               {"states": {str(i): s for i, s in bad}})
+    elif all(s is None for _, s in states):
+        e.unknown("gpu.fabric_state", "GPU fabric state", f.driver.nvml.error, error=True)
+
+
+# -- packages ----------------------------------------------------------------------------------
+
+
+def _held(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not e.ct.target.packages.require_driver_hold:
+        return
+    pk = f.packages
+    if pk.status != "ok":
+        e.unknown("packages.held", "driver package holds", pk.reason)
+        return
+    mine = [p for p in pk.packages if p.role in HOLD_ROLES]
+    if not mine:
+        e.unknown("packages.held", "driver package holds",
+                  "no driver package is installed through the package manager (runfile install?)")
+        return
+    loose = sorted(p.name for p in mine if not p.held)
+    if loose:
+        e.fail("packages.held", f"driver packages not held: {', '.join(loose)}",
+               {"not_held": loose, "manager": pk.manager})
+
+
+def _unattended(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if e.ct.target.packages.unattended_upgrades_allowed:
+        return
+    pk = f.packages
+    if pk.status != "ok":
+        e.unknown("packages.unattended_upgrades", "the unattended-upgrades state", pk.reason)
+        return
+    if pk.unattended_upgrades_enabled:
+        loose = [p.name for p in pk.packages if p.role in HOLD_ROLES and not p.held]
+        ev = {"installed": pk.unattended_upgrades_installed, "enabled": True, "unheld_driver_packages": loose}
+        if loose:
+            e.fail("packages.unattended_upgrades",
+                   "unattended upgrades are enabled and the driver packages are not held: the driver can "
+                   "change outside a change window", ev, severity="error")
+        else:
+            e.fail("packages.unattended_upgrades", "unattended upgrades are enabled (driver packages are held)",
+                   ev)
+    elif pk.unattended_upgrades_installed and pk.unattended_upgrades_enabled is None:
+        e.unknown("packages.unattended_upgrades", "whether unattended upgrades are enabled", pk.reason)
+
+
+def _dkms(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    pk = f.packages
+    if not pk.dkms_used:
+        return
+    if pk.dkms_built_for_running_kernel is False:
+        mods = [f"{m.name}/{m.version} {m.kernel or '?'}: {m.status}" for m in pk.dkms_modules][:8]
+        e.fail("packages.dkms_kernel",
+               f"the DKMS NVIDIA module is not built for the running kernel {pk.running_kernel or '?'}",
+               {"running_kernel": pk.running_kernel, "dkms": mods})
+    elif pk.dkms_built_for_running_kernel is None:
+        e.unknown("packages.dkms_kernel", "the DKMS build state for the running kernel", pk.reason)
+
+
+# -- Fabric Manager ------------------------------------------------------------------------------
+
+
+def _fabricmanager(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    spec = e.ct.target.fabric_manager
+    if not spec.required_when_nvswitch:
+        return
+    fm = f.fabricmanager
+    if c.fm_required is None:
+        e.unknown("fabricmanager.present", "whether NVSwitches are present (Fabric Manager needed)",
+                  fm.reason, error=True)
+        return
+    if not c.fm_required:
+        return
+    unit = fm.unit
+    ev: dict[str, Any] = {"nvswitch_count": fm.nvswitch_count, "installed": unit.installed,
+                          "active": unit.active, "enabled": unit.enabled, "version": fm.version}
+    if unit.installed is False:
+        e.fail("fabricmanager.present", "Fabric Manager is not installed on an NVSwitch system", ev)
+        return
+    if unit.installed is None:
+        e.unknown("fabricmanager.present", "whether Fabric Manager is installed", fm.reason, error=True)
+    if spec.must_be_active:
+        if unit.active is None or unit.active == "unknown":
+            e.unknown("fabricmanager.active", "the nvidia-fabricmanager unit state", fm.reason, error=True)
+        elif unit.active != "active":
+            e.fail("fabricmanager.active", f"nvidia-fabricmanager.service is {unit.active}", ev)
+    if spec.version_must_match_driver:
+        _fm_version(f, c, e)
+
+
+def _fm_version(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    fm = f.fabricmanager
+    driver = c.version
+    if fm.version and driver:
+        vf, vd = version_tuple(fm.version), version_tuple(driver)
+        matches = vf == vd if vf and vd else fm.version_matches_driver
+    else:
+        matches = fm.version_matches_driver
+    if matches is None:
+        e.unknown("fabricmanager.version_match", "the Fabric Manager version", fm.reason, error=True)
+    elif not matches:
+        e.fail("fabricmanager.version_match",
+               f"Fabric Manager {fm.version or '?'} does not equal driver {driver or fm.driver_version or '?'}",
+               {"fabricmanager_version": fm.version, "driver_version": driver}, chain=c.below_target)
+
+
+# -- RDMA and NCCL ----------------------------------------------------------------------------------
+
+
+def rails(f: HostFacts, ct: CompiledTarget) -> tuple[list[tuple[str, Any]], list[str]]:
+    """(rail ports as (device/port, port), ports skipped for their link layer)."""
+    spec = ct.target.rdma
+    out: list[tuple[str, Any]] = []
+    other: list[str] = []
+    for d in f.rdma.devices:
+        if spec.ignored(d.name):
+            continue
+        for p in d.ports:
+            name = f"{d.name}/{p.port}"
+            if spec.link_layer and p.link_layer and p.link_layer.lower() != spec.link_layer.lower():
+                other.append(f"{name} ({p.link_layer})")
+            else:
+                out.append((name, p))
+    return out, other
+
+
+def _port_ok(p: Any) -> bool:
+    st = (p.state or "").upper()
+    ph = (p.phys_state or "").lower()
+    return (st == "ACTIVE" or p.state_code == 4) and (ph == "linkup" or p.phys_state_code == 5)
+
+
+def _rdma(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not e.ct.rdma_required:
+        return
+    spec = e.ct.target.rdma
+    rd = f.rdma
+    if rd.status == "unknown":
+        e.unknown("rdma.port_state", "RDMA port state", rd.reason, error=True)
+        e.unknown("rdma.rail_count", "RDMA devices", rd.reason, error=True)
+        return
+    found, other = rails(f, e.ct)
+    if len(found) < spec.rails_per_node:
+        e.fail("rdma.rail_count",
+               f"{len(found)} {spec.link_layer or 'RDMA'} rails found, {spec.rails_per_node} expected",
+               {"rails": [n for n, _ in found], "other_link_layer": other, "expected": spec.rails_per_node})
+    if spec.require_all_active:
+        down = [f"{n}: {p.state or '?'}/{p.phys_state or '?'}" for n, p in found if not _port_ok(p)]
+        slow = [f"{n}: {p.rate or p.rate_gbps}" for n, p in found
+                if _port_ok(p) and p.rate_gbps is not None and p.rate_gbps < spec.min_rate_gbps]
+        if down or slow:
+            parts = []
+            if down:
+                parts.append(f"{len(down)} rail(s) not ACTIVE/LinkUp ({'; '.join(down[:4])})")
+            if slow:
+                parts.append(f"{len(slow)} below {spec.min_rate_gbps:g} Gb/s ({'; '.join(slow[:4])})")
+            e.fail("rdma.port_state", ", ".join(parts), {"down": down, "slow": slow})
+    _gpudirect(f, c, e)
+
+
+def _gpudirect(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    mode = e.ct.target.rdma.gpudirect
+    peermem = f.rdma.nvidia_peermem_loaded
+    dmabuf_env = f.nccl.settings.get("NCCL_DMABUF_ENABLE")
+    dmabuf_off = dmabuf_env is not None and dmabuf_env.value.strip() == "0"
+    dmabuf = None if c.flavour is None else (c.flavour == "open" and not dmabuf_off)
+    if mode == "peermem":
+        ok: bool | None = peermem
+    elif mode == "dmabuf":
+        ok = dmabuf
+    else:
+        ok = True if (peermem or dmabuf) else (None if peermem is None or dmabuf is None else False)
+    ev = {"nvidia_peermem_loaded": peermem, "flavour": c.flavour,
+          "NCCL_DMABUF_ENABLE": dmabuf_env.value if dmabuf_env else None, "mode": mode}
+    if ok is None:
+        e.unknown("rdma.peermem", "the GPUDirect RDMA path (nvidia_peermem / DMA-BUF)", f.rdma.reason)
+    elif not ok:
+        why = []
+        if not peermem:
+            why.append("nvidia_peermem is not loaded")
+        if not dmabuf:
+            why.append("DMA-BUF is off (NCCL_DMABUF_ENABLE=0)" if dmabuf_off else
+                       f"DMA-BUF needs open kernel modules ({c.flavour} installed)")
+        e.fail("rdma.peermem", f"no GPUDirect RDMA path: {' and '.join(why)}", ev)
+
+
+def _acs(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    rd = f.rdma
+    sev: Severity = "error" if e.ct.rdma_required else "warning"
+    if rd.acs_enabled_bridges:
+        e.fail("rdma.acs", f"ACS SrcValid+ is set on {len(rd.acs_enabled_bridges)} PCIe bridge(s): "
+               "GPU peer-to-peer traffic goes through the root complex",
+               {"bridges": rd.acs_enabled_bridges[:32]}, severity=sev)
+    elif not rd.acs_checked:
+        e.unknown("rdma.acs", "PCIe ACS state", rd.acs_reason)
+
+
+def _nccl(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    nc = f.nccl
+    if nc.status == "unknown":
+        e.unknown("nccl.debug", "NCCL settings", nc.reason)
+        e.unknown("nccl.settings", "NCCL settings", nc.reason)
+        return
+    dbg = nc.settings.get("NCCL_DEBUG")
+    if dbg is not None and dbg.value.strip().upper() in e.ct.forbidden_debug:
+        e.fail("nccl.debug", f"NCCL_DEBUG={dbg.value} (from {dbg.source}) is a debugging setting",
+               {"value": dbg.value, "source": dbg.source})
+    problems: list[str] = []
+    ev: dict[str, Any] = {}
+    for key, want in e.ct.target.nccl.required.items():
+        have = nc.settings.get(key)
+        if have is None or have.value.strip() != want:
+            problems.append(f"{key}={have.value if have else '<unset>'} (required {want})")
+    hca = nc.settings.get("NCCL_IB_HCA")
+    if hca is not None and f.rdma.status == "ok" and f.rdma.devices:
+        missing = missing_hcas(hca.value, [d.name for d in f.rdma.devices])
+        if missing:
+            problems.append(f"NCCL_IB_HCA names absent HCA(s) {', '.join(missing)}")
+            ev["present_hcas"] = sorted(d.name for d in f.rdma.devices)[:32]
+    if problems:
+        ev["problems"] = problems
+        e.fail("nccl.settings", "; ".join(problems), ev)
+
+
+def missing_hcas(value: str, devices: list[str]) -> list[str]:
+    """Entries of an NCCL_IB_HCA list that match no device ("^" lists exclude: nothing is missing)."""
+    v = value.strip()
+    if not v or v.startswith("^"):
+        return []
+    exact = v.startswith("=")
+    if exact:
+        v = v[1:]
+    out = []
+    for item in v.split(","):
+        name = item.strip().split(":", 1)[0]
+        if not name:
+            continue
+        hit = name in devices if exact else any(d.startswith(name) for d in devices)
+        if not hit:
+            out.append(name)
+    return out
+
+
+# -- container ------------------------------------------------------------------------------------
+
+
+def _runtime(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    ct = f.container
+    if ct.status == "unknown" and ct.runtime is None:
+        e.unknown("container.runtime", "the container runtime", ct.reason, error=True)
+        return
+    if ct.runtime is None:
+        e.fail("container.runtime",
+               f"no container runtime found (looked for {', '.join(e.ct.target.container.runtimes)})",
+               {"reason": ct.reason})
+    elif ct.runtime.name not in e.ct.runtimes:
+        e.fail("container.runtime", f"container runtime {ct.runtime.name} is not one the target supports",
+               {"runtime": ct.runtime.name, "supported": sorted(e.ct.runtimes)}, severity="warning")
+
+
+def _toolkit(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    ct = f.container
+    tv = version_tuple(ct.toolkit_version)
+    if tv is None:
+        if ct.runtime is not None or ct.status == "ok":
+            e.unknown("container.toolkit", "the NVIDIA Container Toolkit version", ct.reason)
+        return
+    if tv < e.ct.toolkit_min:
+        adv = e.ct.target.container.toolkit_advisory
+        e.fail("container.toolkit",
+               f"nvidia-container-toolkit {ct.toolkit_version} is older than "
+               f"{e.ct.target.container.toolkit_min_version}" + (f" ({adv})" if adv else ""),
+               {"toolkit_version": ct.toolkit_version, "min": e.ct.target.container.toolkit_min_version})
+
+
+def _image(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    ct = f.container
+    want = e.ct.target.image.ref
+    img = ct.image
+    if img is None or img.present is False:
+        if ct.status == "unknown" and img is None:
+            e.unknown("container.image_present", f"whether {want} is present", ct.reason)
+        else:
+            e.fail("container.image_present", f"image {want} is not present", {"image": want})
+        return
+    if img.present is None:
+        e.unknown("container.image_present", f"whether {want} is present", ct.reason)
+        return
+    if img.ref != want:
+        e.fail("container.image_present", f"facts describe image {img.ref}, the target serves {want}",
+               {"image": img.ref, "target_image": want}, severity="warning")
+    pin = e.ct.target.image.digest
+    if pin and img.digest and img.digest != pin:
+        e.fail("container.image_present", f"image {want} has digest {img.digest}, the target pins {pin}",
+               {"digest": img.digest, "pinned": pin})
+
+
+def image_cuda(f: HostFacts, ct: CompiledTarget) -> tuple[str, str]:
+    """The CUDA release the host's image carries, and where that came from."""
+    img = f.container.image
+    if img is not None and img.present:
+        if img.cuda_version and cuda_tuple(img.cuda_version):
+            return img.cuda_version, "image CUDA_VERSION"
+        m = _REQUIRE_CUDA.search(img.nvidia_require_cuda or "")
+        if m:
+            return m.group(1), "image NVIDIA_REQUIRE_CUDA"
+    return ct.image_cuda, "target image.cuda"
+
+
+def _cuda_runtime(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    ct = e.ct
+    cuda, src = image_cuda(f, ct)
+    want = cuda_tuple(cuda)
+    assert want is not None
+    host_max = f.driver.cuda_driver_version
+    row_max = ct.max_cuda(c.version) if c.version else None
+    hm = cuda_tuple(host_max) or (row_max.key if row_max else None)
+    ev: dict[str, Any] = {"image_cuda": cuda, "image_cuda_source": src, "driver_version": c.version,
+                          "host_max_cuda": host_max or (row_max.label if row_max else None)}
+    if c.version_t is None and hm is None:
+        if not c.driver_failed:
+            e.unknown("container.cuda_runtime", f"the host's maximum CUDA (image needs {cuda})",
+                      f.driver.reason, error=True)
+        return
+    floor = ct.target.matrix.floor_branch(want[0])
+    if c.version_t is not None and floor is not None and c.version_t[0] < floor.min_driver_branch:
+        e.fail("container.cuda_runtime",
+               f"image CUDA {cuda} needs an R{floor.min_driver_branch}-or-newer driver; the host runs "
+               f"{c.version} (max CUDA {ev['host_max_cuda'] or '?'})",
+               {**ev, "min_driver_branch": floor.min_driver_branch}, chain=True)
+        return
+    if hm is not None and hm[0] < want[0]:
+        e.fail("container.cuda_runtime", f"image CUDA {cuda} is newer than the host's maximum CUDA "
+               f"{ev['host_max_cuda']}", ev, chain=True)
+        return
+    row, exact = ct.row_for(cuda)
+    if row is None or row.min_driver is None:
+        label = row.label if row else cuda
+        if row is not None:
+            c.unconfirmed.add(row.label)
+        e.unknown("container.cuda_runtime", f"the minimum driver for CUDA {cuda}",
+                  f"the CUDA driver matrix has no {'value' if row else 'row'} for {label}", error=True)
+        return
+    if not row.confirmed:
+        c.unconfirmed.add(row.label)
+    ev.update(matrix_row=row.label, matrix_exact=exact, matrix_confirmed=row.confirmed, min_driver=row.min_driver)
+    below = (c.version_t is not None and c.version_t < (version_tuple(row.min_driver) or (0,))) or (
+        c.version_t is None and hm is not None and hm[:2] < want[:2])
+    if below:
+        note = "" if row.confirmed else " [unconfirmed matrix row]"
+        e.fail("container.cuda_runtime",
+               f"image CUDA {cuda} runs only under minor-version compatibility (limited features): CUDA "
+               f"{row.label} wants driver {row.min_driver}, host has {c.version or host_max}{note}",
+               ev, severity="warning")
+
+
+def _probe(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not e.ct.target.container.require_probe:
+        return
+    ct = f.container
+    pr = ct.probe
+    if ct.image is None or ct.image.present is False or ct.runtime is None:
+        # No image or runtime: container.image_present / container.runtime already say why.
+        return
+    ev = {"failure": pr.failure, "message": pr.message, "cuda_init": pr.cuda_init, "visible_gpus": pr.visible_gpus}
+    if not pr.ran:
+        e.unknown("container.probe", "the in-container CUDA probe (not run)", pr.message)
+    elif pr.ok:
+        if c.gpu_count is not None and pr.visible_gpus is not None and pr.visible_gpus < c.gpu_count:
+            e.fail("container.probe", f"the container sees {pr.visible_gpus} of {c.gpu_count} GPUs", ev,
+                   severity="error")
+    elif pr.failure in CHAIN_PROBE_FAILURES:
+        e.fail("container.probe", f"CUDA does not initialise in the image ({pr.failure}): {pr.message or ''}"
+               .rstrip(": "), ev, chain=True)
+    elif pr.ok is False:
+        e.fail("container.probe", f"the container probe failed ({pr.failure or 'error'}): {pr.message or ''}"
+               .rstrip(": "), ev, severity="error")
+    else:
+        e.unknown("container.probe", "the in-container CUDA probe result", pr.message)
+
+
+def _vllm(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    img = f.container.image
+    if img is None or not img.present:
+        return
+    have = release_key(img.vllm_version)
+    if have is None:
+        e.unknown("container.vllm_version", f"the vLLM version in {img.ref}",
+                  f"image reports {img.vllm_version!r}" if img.vllm_version else "no vLLM version label")
+    elif e.ct.vllm_min is not None and have < e.ct.vllm_min:
+        e.fail("container.vllm_version",
+               f"vLLM {img.vllm_version} in {img.ref} is older than {e.ct.target.vllm.min_version}",
+               {"vllm_version": img.vllm_version, "min": e.ct.target.vllm.min_version})
+
+
+def state_words(state: str | None) -> set[str]:
+    """Slurm writes "IDLE+DRAIN", "idle*", "mixed-": the base words, lower case, flags stripped."""
+    if not state:
+        return set()
+    return {w.strip("*~#!%$@^-") for w in state.lower().split("+") if w.strip("*~#!%$@^-")}
+
+
+def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    sc = f.scheduler
+    if sc.kind == "none" or (sc.status == "absent" and sc.kind is None):
+        return
+    if sc.status == "unknown" or not sc.state:
+        e.unknown("scheduler.state", f"the {sc.kind or 'scheduler'} node state", sc.reason)
+        return
+    st = state_words(sc.state)
+    ev = {"kind": sc.kind, "node": sc.node, "state": sc.state, "reason": sc.reason}
+    reason = f" ({sc.reason})" if sc.reason else ""
+    if st & e.ct.down_states:
+        e.fail("scheduler.state", f"{sc.kind} reports the node {sc.state}{reason}", ev, severity="error")
+    elif st & e.ct.oos_states:
+        e.fail("scheduler.state", f"{sc.kind} reports the node {sc.state}{reason}: not serving", ev)
+
+
+RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
+    _schema, _driver_loaded, _nvml, _driver_version, _flavour, _pending_reboot,
+    _gpu_count, _persistence, _fabric_state,
+    _held, _unattended, _dkms,
+    _fabricmanager,
+    _rdma, _acs, _nccl,
+    _runtime, _toolkit, _image, _cuda_runtime, _probe, _vllm,
+    _scheduler,
+)
+
+
+def run_rules(facts: HostFacts, ct: CompiledTarget, host: str | None = None) -> tuple[list[Finding], HostContext]:
+    ctx = host_context(facts, ct, host)
+    em = _Emitter(ct, ctx.host)
+    for rule in RULES:
+        rule(facts, ctx, em)
+    return em.out, ctx
+
+
+def evaluate_host(facts: HostFacts, target: Target) -> list[Finding]:
+    """Findings for one host against ``target`` (empty: every applicable check passed)."""
+    return run_rules(facts, CompiledTarget(target))[0]
