@@ -208,6 +208,8 @@ class SchedulerFacts(Section):
     kind: Literal["slurm", "kubernetes", "none"] | None = None
     node: str | None = None
     state: str | None = None  # idle, mixed, allocated, drained, draining, down
+    # Slurm flags beside the state, lower case (not_responding, maint, reserved, ...).
+    state_flags: list[str] = Field(default_factory=list)
     reason: str | None = None
     jobs_running: int | None = None
 
