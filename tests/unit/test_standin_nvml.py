@@ -419,6 +419,10 @@ def test_nvidia_smi_q_compute_header_has_driver_and_cuda_version(node: Node) -> 
         assert mine.index(":") == theirs.index(":")
         assert mine.split(": ", 1)[1] == value
     assert ours.count("    Compute Mode                          : Default") == 8
+    one = node.run("nvidia_smi.py", "-q", "-i", "3").stdout.splitlines()
+    assert "Attached GPUs                             : 8" in one
+    assert [line for line in one if line.startswith("GPU ")] == ["GPU 00000000:5D:00.0"]
+    assert node.run("nvidia_smi.py", "-q", "-i", "8").returncode == 6
 
 
 def pipes(line: str) -> list[int]:

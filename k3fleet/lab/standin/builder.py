@@ -23,7 +23,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -398,7 +398,7 @@ def _hardware_package(gpus: int, gpu_name: str) -> Package:
         unit="nvidia-sim-proc.service", start_unit=True)
 
 
-def _fingerprint(params: dict[str, object], arch: str, multiarch: str, pynvml: Path) -> str:
+def _fingerprint(params: Mapping[str, object], arch: str, multiarch: str, pynvml: Path) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"schema": BUILD_SCHEMA, "params": params, "arch": arch,
                          "multiarch": multiarch}, sort_keys=True).encode())

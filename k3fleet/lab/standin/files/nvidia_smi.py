@@ -16,7 +16,7 @@ import time
 
 # nvidia-smi return codes (nvidia-smi(1), "RETURN VALUE"); 18 is what it returns on a
 # driver/library version mismatch (observed, see the reference notes of the stand-in).
-RC_OK, RC_INVALID_ARG, RC_NOT_SUPPORTED, RC_DRIVER_NOT_LOADED = 0, 2, 3, 9
+RC_OK, RC_INVALID_ARG, RC_NOT_FOUND, RC_DRIVER_NOT_LOADED = 0, 2, 6, 9
 RC_LIB_NOT_FOUND, RC_MISMATCH, RC_OTHER = 12, 18, 255
 
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -228,12 +228,12 @@ def q_line(key, value, indent=0):
     return "{}{}: {}".format(" " * indent, key.ljust(42 - indent), value)
 
 
-def details(nvml, gpus, displays):
+def details(nvml, gpus, displays, attached):
     version, cuda = nvml.driver()
     out = ["", "==============NVSMI LOG==============", "",
            q_line("Timestamp", time.strftime("%a %b %e %H:%M:%S %Y")),
            q_line("Driver Version", version), q_line("CUDA Version", cuda), "",
-           q_line("Attached GPUs", str(len(gpus)))]
+           q_line("Attached GPUs", str(attached))]
     show_all = not displays
     for gpu in gpus:
         out.append("GPU {}".format(gpu["bus_id"]))
@@ -338,12 +338,14 @@ def run(argv):
             print(f"CUDA Version        : {cuda}")
             return RC_OK
         gpus = [nvml.describe(h) for h in nvml.gpus()]
+        # -q reports every attached GPU in its header, even when -i selects fewer.
+        attached = len(gpus)
         if opts["index"] is not None:
             wanted = {s.strip() for s in opts["index"].split(",")}
             gpus = [g for g in gpus if str(g["index"]) in wanted or g["uuid"] in wanted or g["bus_id"] in wanted]
             if not gpus:
                 print("No devices were found")
-                return 6
+                return RC_NOT_FOUND
         if opts["mode"] == "list":
             for gpu in gpus:
                 print(f"GPU {gpu['index']}: {gpu['name']} (UUID: {gpu['uuid']})")
@@ -351,10 +353,10 @@ def run(argv):
         if opts["mode"] == "query":
             return query(nvml, opts["query"], opts["format"], gpus)
         if opts["mode"] == "details":
-            return details(nvml, gpus, opts["displays"])
+            return details(nvml, gpus, opts["displays"], attached)
         if not gpus:
             print("No devices were found")
-            return 6
+            return RC_NOT_FOUND
         return summary(nvml, gpus)
     except NvmlError as exc:
         print(f"Unable to query the GPUs: {exc}")
