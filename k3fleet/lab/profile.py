@@ -30,6 +30,11 @@ RAW_FILE_SOURCES = tuple(name for name in sources.FILES if name not in DIRECTORY
 RAW_COMMAND_SOURCES = tuple(sources.COMMANDS) + DYNAMIC_COMMANDS
 RAW_SOURCES = RAW_FILE_SOURCES + RAW_COMMAND_SOURCES
 
+# The driver's maximum CUDA by branch (FACTS.md section 2: 575.57.08 is the 12.9 U1 minimum,
+# 580.65.06+ run 13.0; 590 -> 13.1; 595 -> 13.2).
+BRANCH_CUDA = {"535": "12.2", "550": "12.4", "560": "12.6", "570": "12.8", "575": "12.9",
+               "580": "13.0", "590": "13.1", "595": "13.2"}
+
 _DRIVER_VERSION = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2})?$")
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -62,13 +67,21 @@ class DriverSpec(_Spec):
     dkms: bool = True
     held: bool = True
     # The driver's maximum CUDA ("12.9"); by default derived from the branch.
-    cuda: str | None = None
+    cuda: str | None = Field(default=None, pattern=r"^\d+\.\d+$")
     build_date: str = "Tue Sep  2 06:12:40 UTC 2025"
 
     @field_validator("version", "loaded_version")
     @classmethod
     def _versions(cls, value: str | None) -> str | None:
         return _check_driver_version(value)
+
+    @model_validator(mode="after")
+    def _cuda_known(self) -> DriverSpec:
+        for version in {self.version, self.running_version}:
+            if self.cuda is None and version.split(".", 1)[0] not in BRANCH_CUDA:
+                raise ValueError(f"no CUDA version known for branch {version.split('.', 1)[0]}; "
+                                 f"set cuda (the driver's maximum, e.g. \"13.3\")")
+        return self
 
     @property
     def branch(self) -> str:
@@ -89,8 +102,8 @@ class DriverSpec(_Spec):
 
 class GpuSpec(_Spec):
     model: str = "NVIDIA H200"
-    count: int = Field(8, ge=0, le=64)
-    memory_mib: int = Field(143771, gt=0)
+    count: int = Field(default=8, ge=0, le=64)
+    memory_mib: int = Field(default=143771, gt=0)
     compute_cap: str = "9.0"
     persistence_mode: bool = True
     compute_mode: str = "Default"
@@ -140,7 +153,7 @@ class IbPortSpec(_Spec):
 class InfinibandSpec(_Spec):
     """RDMA devices: ``hcas`` devices named ``<prefix>0..``, port 1 each, healthy unless overridden."""
 
-    hcas: int = Field(8, ge=0, le=64)
+    hcas: int = Field(default=8, ge=0, le=64)
     prefix: str = "mlx5_"
     rate: str = "400 Gb/sec (4X NDR)"
     link_layer: Literal["InfiniBand", "Ethernet"] = "InfiniBand"
@@ -180,6 +193,13 @@ class ImageSpec(_Spec):
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("cuda_version")
+    @classmethod
+    def _cuda(cls, value: str) -> str:
+        if not re.match(r"^\d+\.\d+(\.\d+)?$", value):
+            raise ValueError(f"{value!r} is not a CUDA version like 13.0.2")
+        return value
+
     @field_validator("digest", "id")
     @classmethod
     def _sha(cls, value: str | None) -> str | None:
@@ -195,7 +215,7 @@ ProbeResult = Literal["auto", "ok", "requirement_error", "driver_too_old", "nvml
 class ProbeSpec(_Spec):
     # auto: what the runtime really does with this host's driver and this image.
     result: ProbeResult = "auto"
-    visible_gpus: int | None = Field(None, ge=0)
+    visible_gpus: int | None = Field(default=None, ge=0)
     message: str | None = None
 
 
@@ -239,8 +259,8 @@ class RawCapture(_Spec):
 
     stdout: str = ""
     stderr: str = ""
-    rc: int = Field(0, ge=0, le=255)
-    sleep: float = Field(0.0, ge=0.0)
+    rc: int = Field(default=0, ge=0, le=255)
+    sleep: float = Field(default=0.0, ge=0.0)
 
 
 class Profile(_Spec):
@@ -250,7 +270,7 @@ class Profile(_Spec):
     kernel: str | None = None
     driver: DriverSpec | None = None
     gpus: GpuSpec = Field(default_factory=GpuSpec)
-    nvswitches: int = Field(4, ge=0, le=16)
+    nvswitches: int = Field(default=4, ge=0, le=16)
     fabricmanager: FabricManagerSpec = Field(default_factory=FabricManagerSpec)
     infiniband: InfinibandSpec = Field(default_factory=InfinibandSpec)
     nvidia_peermem: bool = True

@@ -15,16 +15,12 @@ from typing import Any
 
 from k3fleet.ansible.module_utils import k3fleet_sources as sources
 from k3fleet.lab.osdata import OS_INFO, OsInfo, kernel_package_rows
-from k3fleet.lab.profile import DYNAMIC_COMMANDS, RAW_FILE_SOURCES, Profile, RawCapture
+from k3fleet.lab.profile import BRANCH_CUDA, DYNAMIC_COMMANDS, RAW_FILE_SOURCES, Profile, RawCapture
 
 # The lab's fixed clock: rendered output must be identical on every generation.
 LAB_TIMESTAMP = "Mon Sep 15 09:00:00 2025"
 LAB_ISO_TIME = "2025-09-15T09:00:00"
 
-# The driver's maximum CUDA by branch (FACTS.md section 2: 575.57.08 is the 12.9 U1 minimum,
-# 580.65.06+ run 13.0; 590 -> 13.1; 595 -> 13.2).
-BRANCH_CUDA = {"535": "12.2", "550": "12.4", "560": "12.6", "570": "12.8", "575": "12.9",
-               "580": "13.0", "590": "13.1", "595": "13.2"}
 
 # The canonical nvidia-smi bus ids of the eight SXM GPUs on an HGX baseboard, in index order.
 HGX_BUS_IDS = ("00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
@@ -511,24 +507,36 @@ class ProfileRenderer:
         # vLLM version overwrites org.opencontainers.image.version with it.
         labels = {"maintainer": "NVIDIA CORPORATION <cudatools@nvidia.com>",
                   "org.opencontainers.image.ref.name": "ubuntu",
-                  "org.opencontainers.image.version": spec.vllm_version or "22.04"}
+                  "org.opencontainers.image.version": "22.04"}
+        if spec.vllm_version:
+            labels.update({"org.opencontainers.image.source": "https://github.com/vllm-project/vllm",
+                           "org.opencontainers.image.title": "vllm-openai",
+                           "org.opencontainers.image.version": spec.vllm_version})
         labels.update(spec.labels)
         return labels
 
     def image_inspect(self) -> Recording:
         spec = self.p.container.image
-        repo = self.image.rsplit(":", 1)[0] if ":" in self.image.rsplit("/", 1)[-1] else self.image
+        by_digest = "@" in self.image
+        if by_digest:
+            repo = self.image.split("@", 1)[0]
+        else:
+            repo = self.image.rsplit(":", 1)[0] if ":" in self.image.rsplit("/", 1)[-1] else self.image
         if not spec.present:
             if self.runtime == "docker":
                 return Recording(stdout="[]\n", stderr=f"Error response from daemon: No such image: {self.image}\n",
                                  rc=1)
             return Recording(stdout="[]\n", stderr=f"Error: {self.image}: image not known\n", rc=125)
         digest, image_id = self.image_ids()
+        if by_digest:
+            # Pulled by digest: the reference names the digest, and the image has no tag.
+            digest = self.image.split("@sha256:", 1)[-1]
+        tags = [] if by_digest else [self.image]
         layers = [f"sha256:{_hex(f'layer/{self.image}/{i}')}" for i in range(4)]
         if self.runtime == "docker":
             doc: dict[str, Any] = {
                 "Id": f"sha256:{image_id}",
-                "RepoTags": [self.image],
+                "RepoTags": tags,
                 "RepoDigests": [f"{repo}@sha256:{digest}"],
                 "Parent": "",
                 "Comment": "buildkit.dockerfile.v0",
@@ -553,7 +561,8 @@ class ProfileRenderer:
             doc = {
                 "Id": image_id,
                 "Digest": f"sha256:{digest}",
-                "RepoTags": [self.image if "/" in self.image.split(":")[0] else f"docker.io/{self.image}"],
+                # podman names images fully qualified.
+                "RepoTags": [t if t.split("/", 1)[0].count(".") else f"docker.io/{t}" for t in tags],
                 "RepoDigests": [f"{repo}@sha256:{digest}"],
                 "Parent": "",
                 "Comment": "buildkit.dockerfile.v0",
@@ -573,7 +582,7 @@ class ProfileRenderer:
                 "ManifestType": "application/vnd.oci.image.manifest.v1+json",
                 "User": "",
                 "History": [],
-                "NamesHistory": [self.image],
+                "NamesHistory": tags,
             }
         return Recording(stdout=json.dumps([doc], indent=4) + "\n")
 
@@ -581,18 +590,19 @@ class ProfileRenderer:
         spec = self.p.container.probe
         if spec.result != "auto":
             return spec.result
-        if not self.module_loaded:
+        drv = self.drv
+        if drv is None or not drv.loaded:
             return "error"
-        if self.drv is not None and self.drv.pending_reboot:
+        if drv.pending_reboot:
             return "nvml_mismatch"
         cuda_needed = self.p.container.image.cuda_version.split(".")[:2]
-        have = self.cuda_of(self.drv.running_version if self.drv else "").split(".")
+        have = self.cuda_of(drv.running_version).split(".")
         if not have[0] or [int(x) for x in have[:2]] < [int(x) for x in cuda_needed]:
             # docker's legacy hook checks NVIDIA_REQUIRE_CUDA; podman's CDI path does not, so
             # there CUDA itself fails inside the container.
             return "requirement_error" if self.runtime == "docker" else "driver_too_old"
         if self.p.nvswitches and (self.p.fabricmanager.active != "active"
-                                  or self.p.fabricmanager_version != self.drv.running_version):
+                                  or self.p.fabricmanager_version != drv.running_version):
             return "not_initialized"
         return "ok"
 

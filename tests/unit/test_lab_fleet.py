@@ -412,6 +412,7 @@ def test_collectors_see_the_story(lab: Path, fleet: FleetSpec) -> None:
     assert a08.driver.status == "unknown" and "version mismatch" in (a08.driver.reason or "")
     for f in facts.values():
         assert f.container.image is not None and f.container.image.cuda_version == "13.0.2"
+        assert f.container.image.vllm_version == "0.27.1" and f.container.toolkit_version == "1.17.8"
         assert f.packages.manager == "dpkg" and f.rdma.acs_checked and not f.rdma.acs_enabled_bridges
 
 
