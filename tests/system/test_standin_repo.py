@@ -25,7 +25,8 @@ pytestmark = [
     pytest.mark.system,
     pytest.mark.skipif(
         any(shutil.which(t) is None for t in ("gcc", "dpkg-deb", "dpkg-scanpackages", "apt-ftparchive", "apt-get")),
-        reason="needs gcc, dpkg-dev (dpkg-deb, dpkg-scanpackages), apt-utils (apt-ftparchive) and apt-get"),
+        reason="needs gcc, dpkg-dev (dpkg-deb, dpkg-scanpackages), apt-utils (apt-ftparchive) and apt-get",
+    ),
 ]
 
 # Packages a minimal Debian guest already has, which the stand-in packages depend on.
@@ -48,11 +49,15 @@ class Apt:
     repo: Path
 
     def __post_init__(self) -> None:
-        for d in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d",
-                  "var/lib/apt/lists/partial", "var/cache/apt/archives/partial"):
+        for d in (
+            "etc/apt/sources.list.d",
+            "etc/apt/preferences.d",
+            "etc/apt/apt.conf.d",
+            "var/lib/apt/lists/partial",
+            "var/cache/apt/archives/partial",
+        ):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        (self.root / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{self.repo} ./\n",
-                                                        encoding="utf-8")
+        (self.root / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{self.repo} ./\n", encoding="utf-8")
         self.installed([])
         done = self.run("update")
         assert done.returncode == 0, done.stdout + done.stderr
@@ -60,8 +65,11 @@ class Apt:
     def installed(self, pins: list[str], *, held: bool = False) -> None:
         """Writes the dpkg status file: the base system plus these name=version packages."""
         wanted = dict(p.split("=", 1) for p in pins)
-        blocks = [f"Package: {name}\nStatus: install ok installed\nPriority: optional\nArchitecture: amd64\n"
-                  f"Version: 1\nDescription: base system" for name in BASE_SYSTEM]
+        blocks = [
+            f"Package: {name}\nStatus: install ok installed\nPriority: optional\nArchitecture: amd64\n"
+            f"Version: 1\nDescription: base system"
+            for name in BASE_SYSTEM
+        ]
         state = "hold" if held else "install"
         for s in stanzas(self.repo):
             if wanted.get(s["Package"]) == s["Version"] or (pins and s["Package"] == "nvidia-sim-hardware"):
@@ -72,13 +80,20 @@ class Apt:
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         r = self.root
-        opts = {"Dir": r, "Dir::State::status": r / "status", "Dir::Etc": r / "etc/apt",
-                "Dir::Etc::sourcelist": r / "etc/apt/sources.list",
-                "Dir::Etc::sourceparts": r / "etc/apt/sources.list.d",
-                "Dir::Etc::preferencesparts": r / "etc/apt/preferences.d",
-                "Dir::Etc::parts": r / "etc/apt/apt.conf.d",
-                "Dir::State": r / "var/lib/apt", "Dir::Cache": r / "var/cache/apt",
-                "APT::Architecture": "amd64", "Debug::NoLocking": "1", "APT::Sandbox::User": "root"}
+        opts = {
+            "Dir": r,
+            "Dir::State::status": r / "status",
+            "Dir::Etc": r / "etc/apt",
+            "Dir::Etc::sourcelist": r / "etc/apt/sources.list",
+            "Dir::Etc::sourceparts": r / "etc/apt/sources.list.d",
+            "Dir::Etc::preferencesparts": r / "etc/apt/preferences.d",
+            "Dir::Etc::parts": r / "etc/apt/apt.conf.d",
+            "Dir::State": r / "var/lib/apt",
+            "Dir::Cache": r / "var/cache/apt",
+            "APT::Architecture": "amd64",
+            "Debug::NoLocking": "1",
+            "APT::Sandbox::User": "root",
+        }
         argv = ["apt-get", *[x for k, v in opts.items() for x in ("-o", f"{k}={v}")], *args]
         env = dict(os.environ, LC_ALL="C", APT_CONFIG="/dev/null")
         return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
@@ -111,13 +126,13 @@ def test_repository_has_every_branch_and_point_release(repo: Path) -> None:
     for version in ("575.57.08", "580.82.07", "580.95.05"):
         for pin in install_pins(version) + install_pins(version, open_kernel=True):
             assert tuple(pin.split("=", 1)) in have, pin
-    cuda_fm = {s["Version"]: s["Depends"] for s in stanzas(repo)
-               if s["Package"] == "cuda-drivers-fabricmanager-580"}
-    assert cuda_fm == {"580.82.07-1": "nvidia-fabricmanager-580 (= 580.82.07-1)",
-                       "580.95.05-1": "nvidia-fabricmanager-580 (= 580.95.05-1)"}
+    cuda_fm = {s["Version"]: s["Depends"] for s in stanzas(repo) if s["Package"] == "cuda-drivers-fabricmanager-580"}
+    assert cuda_fm == {
+        "580.82.07-1": "nvidia-fabricmanager-580 (= 580.82.07-1)",
+        "580.95.05-1": "nvidia-fabricmanager-580 (= 580.95.05-1)",
+    }
     assert (repo / "Release").read_text(encoding="utf-8").count("Packages") >= 2
-    assert (repo / "pynvml" / "pynvml.py").read_bytes()[:200] == Path(
-        __import__("pynvml").__file__).read_bytes()[:200]
+    assert (repo / "pynvml" / "pynvml.py").read_bytes()[:200] == Path(__import__("pynvml").__file__).read_bytes()[:200]
 
 
 def test_rebuild_is_skipped_when_nothing_changed(repo: Path) -> None:
@@ -161,8 +176,9 @@ def test_fresh_install_of_575(apt: Apt) -> None:
 def test_upgrade_575_to_580_swaps_every_package(apt: Apt) -> None:
     old = install_pins("575.57.08")
     apt.installed(old)
-    rc, inst, remv, out = apt.simulate("nvidia-driver-580-server", "nvidia-fabricmanager-580",
-                                       "cuda-drivers-fabricmanager-580")
+    rc, inst, remv, out = apt.simulate(
+        "nvidia-driver-580-server", "nvidia-fabricmanager-580", "cuda-drivers-fabricmanager-580"
+    )
     assert rc == 0, out
     assert remv == pin_map(old)
     # newest point release of the branch by default
@@ -196,12 +212,12 @@ def test_held_driver_blocks_the_branch_swap(apt: Apt) -> None:
 
 
 def test_fabric_manager_must_match_its_meta_package_exactly(apt: Apt) -> None:
-    rc, _, _, out = apt.simulate("cuda-drivers-fabricmanager-580=580.95.05-1",
-                                 "nvidia-fabricmanager-580=580.82.07-1")
+    rc, _, _, out = apt.simulate("cuda-drivers-fabricmanager-580=580.95.05-1", "nvidia-fabricmanager-580=580.82.07-1")
     assert rc != 0
     assert "cuda-drivers-fabricmanager-580 : Depends: nvidia-fabricmanager-580 (= 580.95.05-1)" in out
-    rc, inst, _, out = apt.simulate("cuda-drivers-fabricmanager-580=580.82.07-1",
-                                    "nvidia-fabricmanager-580=580.82.07-1")
+    rc, inst, _, out = apt.simulate(
+        "cuda-drivers-fabricmanager-580=580.82.07-1", "nvidia-fabricmanager-580=580.82.07-1"
+    )
     assert rc == 0, out
     assert inst["nvidia-fabricmanager-580"] == "580.82.07-1"
 
@@ -216,8 +232,10 @@ def test_open_flavour_replaces_the_proprietary_kernel_module(apt: Apt) -> None:
 
 def test_broken_fabric_manager_build_only_breaks_that_version(tmp_path: Path) -> None:
     repo = build_repo(tmp_path / "broken", broken_fm="580.95.05", gpus=4)
-    for deb, broken in (("nvidia-fabricmanager-580_580.95.05-1_amd64.deb", True),
-                        ("nvidia-fabricmanager-580_580.82.07-1_amd64.deb", False)):
+    for deb, broken in (
+        ("nvidia-fabricmanager-580_580.95.05-1_amd64.deb", True),
+        ("nvidia-fabricmanager-580_580.82.07-1_amd64.deb", False),
+    ):
         out = tmp_path / deb
         subprocess.run(["dpkg-deb", "-x", str(repo / deb), str(out)], check=True)
         script = (out / "usr/bin/nv-fabricmanager").read_text(encoding="utf-8")
