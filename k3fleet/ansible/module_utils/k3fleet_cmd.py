@@ -11,6 +11,7 @@ view of a host (``/host``), a simulated lab host (a generated directory whose
 from __future__ import absolute_import, division, print_function
 
 import os
+import signal
 import subprocess
 import time
 
@@ -45,7 +46,7 @@ class CommandResult:
         if self.error == "not_found":
             return "%s: command not found" % self.argv[0]
         if self.error == "timeout":
-            return "%s: timed out after %.0fs" % (cmd, self.duration)
+            return "%s: timed out after %.1fs" % (cmd, self.duration)
         if self.error:
             return "%s: %s" % (cmd, self.stderr.strip() or self.error)
         detail = (self.stderr.strip() or self.stdout.strip()).splitlines()
@@ -161,7 +162,7 @@ class NodeReader:
         try:
             proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(),
-                                    close_fds=True)
+                                    close_fds=True, start_new_session=True)
         except (IOError, OSError) as exc:
             res = CommandResult(argv, None, "", str(exc), error="exec_error", duration=time.time() - started)
             self.commands.append(res.as_dict())
@@ -169,7 +170,11 @@ class NodeReader:
         try:
             out, err = proc.communicate(input=stdin.encode("utf-8") if stdin else None, timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            # Kill the whole group: a wrapper's child holding stdout open would otherwise keep us waiting.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (IOError, OSError):
+                proc.kill()
             out, err = proc.communicate()
             res = CommandResult(argv, None, out[:MAX_OUTPUT].decode("utf-8", "replace"),
                                 err[-MAX_OUTPUT:].decode("utf-8", "replace"), error="timeout",

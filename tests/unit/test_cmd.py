@@ -1,0 +1,95 @@
+"""NodeReader: files under a root prefix, commands through one runner (C locale, timeout)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from k3fleet.ansible.module_utils import k3fleet_host
+from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader, guard
+from k3fleet.models import facts
+
+
+def _tool(bindir: Path, name: str, body: str) -> None:
+    bindir.mkdir(parents=True, exist_ok=True)
+    p = bindir / name
+    p.write_text("#!/bin/sh\n" + body + "\n")
+    p.chmod(0o755)
+
+
+def test_files_resolve_under_root_and_moved_proc(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "nccl.conf").write_text("NCCL_DEBUG=WARN\n")
+    proc = tmp_path / "simproc"
+    (proc / "driver" / "nvidia").mkdir(parents=True)
+    (proc / "driver" / "nvidia" / "version").write_text("NVRM version: x\n")
+    r = NodeReader(root=str(tmp_path), path=str(tmp_path / "bin"), procfs=str(proc))
+    assert r.read("/etc/nccl.conf") == "NCCL_DEBUG=WARN\n"
+    assert r.read("/proc/driver/nvidia/version") == "NVRM version: x\n"
+    assert r.resolve("/sys/class/infiniband") == str(tmp_path / "sys" / "class" / "infiniband")
+    assert r.read("/etc/missing") is None
+    assert "No such file" in (r.read_error("/etc/missing") or "")
+    assert r.listdir("/etc") == ["nccl.conf"]
+
+
+def test_commands_only_from_reader_path_with_c_locale(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    _tool(bindir, "show-locale", 'echo "$LC_ALL $LANG $PATH"')
+    r = NodeReader(root=str(tmp_path), path=str(bindir))
+    res = r.run(["show-locale"])
+    assert res.ok
+    assert res.stdout.strip() == f"C C {bindir}"
+    missing = r.run(["ls"])  # on the controller's PATH, not on the node's
+    assert missing.error == "not_found"
+    assert missing.reason() == "ls: command not found"
+    assert [c["argv"][0] for c in r.commands] == ["show-locale", "ls"]
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    # The child sleep keeps stdout open after the shell is killed: only a group kill ends it.
+    _tool(bindir, "hang", "/bin/sleep 30\necho never")
+    r = NodeReader(path=str(bindir), timeout=0.3)
+    t0 = time.monotonic()
+    res = r.run(["hang"])
+    assert time.monotonic() - t0 < 10
+    assert res.error == "timeout"
+    assert "timed out" in res.reason()
+
+
+def test_nonzero_exit_reason_has_first_stderr_line(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    _tool(bindir, "fail", 'echo "first problem" >&2\necho "second" >&2\nexit 3')
+    res = NodeReader(path=str(bindir)).run(["fail", "--x"])
+    assert not res.ok and res.rc == 3
+    assert res.reason() == "fail --x: exit 3: first problem"
+
+
+def test_run_cached_runs_once(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    counter = tmp_path / "count"
+    _tool(bindir, "count", f'echo x >> "{counter}"\necho ok')
+    r = NodeReader(path=str(bindir))
+    assert r.run_cached(["count"]).stdout == "ok\n"
+    assert r.run_cached(["count"]).stdout == "ok\n"
+    assert counter.read_text().count("x") == 1
+
+
+def test_guard_turns_a_collector_crash_into_unknown() -> None:
+    def broken() -> dict:
+        raise KeyError("surprise")
+
+    out = guard("driver", broken)
+    assert out["status"] == "unknown"
+    assert "driver collector failed: KeyError" in out["reason"]
+
+
+def test_node_module_and_controller_agree_on_schema_version() -> None:
+    assert k3fleet_host.SCHEMA_VERSION == facts.SCHEMA_VERSION
+
+
+def test_directory_instead_of_file_is_none(tmp_path: Path) -> None:
+    d = tmp_path / "dir-not-file"
+    d.mkdir()
+    r = NodeReader(root="/")
+    assert r.read(str(d)) is None
