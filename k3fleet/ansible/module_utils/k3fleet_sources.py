@@ -78,10 +78,8 @@ def image_inspect_argv(runtime, image):
 
 def probe_argv(runtime, image):
     """Run the serving image with every GPU, no network, and ask CUDA to initialise."""
-    if runtime == "podman":
-        gpu = ["--device", "nvidia.com/gpu=all"]
-    else:
-        gpu = ["--gpus", "all"]
+    # podman reaches GPUs through CDI; docker and nerdctl through --gpus.
+    gpu = ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
     return [runtime, "run", "--rm", "--network", "none"] + gpu + [
         "--entrypoint", "python3", image, "-c", PROBE_SCRIPT]
 
