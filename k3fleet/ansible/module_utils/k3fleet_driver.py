@@ -114,11 +114,11 @@ def _na(value: str) -> bool:
 def _smi_int(value: str, field: str, line_no: int) -> int | None:
     if _na(value):
         return None
-    # With units (no "nounits") memory reads "81559 MiB".
-    number = value.strip().split(" ")[0]
-    if not number.isdigit():
+    # Without "nounits" memory reads "81559 MiB".
+    match = re.match(r"^(\d+)(?: MiB)?$", value.strip())
+    if not match:
         raise ValueError(f"nvidia-smi CSV line {line_no}: {field} is not a number: {value!r}")
-    return int(number)
+    return int(match.group(1))
 
 
 def _smi_bool(value: str, field: str, line_no: int) -> bool | None:

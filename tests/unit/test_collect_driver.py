@@ -1,0 +1,525 @@
+"""Driver/GPU collector: parsers on recorded real output, NVML through a fake pynvml, nvidia-smi fallback.
+
+Fixture sources: tests/fixtures/driver/SOURCES.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from k3fleet.ansible.module_utils import k3fleet_driver as drv
+from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+from k3fleet.models.facts import DriverFacts
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
+
+
+def fixture(name: str) -> str:
+    return (FIX / name).read_text(encoding="utf-8")
+
+
+def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]], sleep: float = 0) -> None:
+    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["#!/bin/sh"]
+    if sleep:
+        lines.append(f"/bin/sleep {sleep}")
+    lines.append('case "$*" in')
+    for pos, (pattern, out, err, rc) in enumerate(cases):
+        out_file = bin_dir / f".{name}.{pos}.out"
+        err_file = bin_dir / f".{name}.{pos}.err"
+        out_file.write_text(out, encoding="utf-8")
+        err_file.write_text(err, encoding="utf-8")
+        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
+    lines.append("esac")
+    lines.append("exit 127")
+    script = bin_dir / name
+    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    script.chmod(0o755)
+
+
+def node(tmp_path: Path, files: dict[str, str] | None = None, timeout: float = 10) -> NodeReader:
+    for rel, text in (files or {}).items():
+        target = tmp_path / "root" / rel.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    (tmp_path / "root").mkdir(exist_ok=True)
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    return NodeReader(root=str(tmp_path / "root"), path=str(tmp_path / "bin"), timeout=timeout)
+
+
+def smi(tmp_path: Path, csv: str, q: str, rc: int = 0, stderr: str = "") -> None:
+    fake_command(tmp_path / "bin", "nvidia-smi", [
+        ("*--query-gpu*", csv, stderr, rc),
+        ("-q*", q, stderr, rc),
+    ])
+
+
+# -- /proc/driver/nvidia/version ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "version", "flavour", "arch"), [
+    ("proc_version_open_x86_64.txt", "565.57.01", "open", "x86_64"),
+    ("proc_version_open_x86_64_nodate.txt", "525.60.11", "open", "x86_64"),
+    ("proc_version_open_aarch64.txt", "35.3.1", "open", "aarch64"),
+    ("proc_version_proprietary_580.txt", "580.173.02", "proprietary", "x86_64"),
+    ("proc_version_proprietary_510.txt", "510.60.02", "proprietary", "x86_64"),
+    ("proc_version_proprietary_550.txt", "550.90.07", "proprietary", "x86_64"),
+])
+def test_parse_proc_version_both_flavours(name: str, version: str, flavour: str, arch: str) -> None:
+    parsed = drv.parse_proc_version(fixture(name))
+    assert (parsed["version"], parsed["flavour"], parsed["arch"]) == (version, flavour, arch)
+    assert parsed["raw"] == fixture(name).splitlines()[0].strip()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (fixture("proc_version_truncated.txt"), "no driver version"),
+    ("", "empty"),
+    ("GCC version:  gcc version 12.2.0 (GCC)\n", "not 'NVRM version:'"),
+    (fixture("nvidia_smi_mismatch.txt"), "not 'NVRM version:'"),
+])
+def test_parse_proc_version_rejects_short_or_foreign_text(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        drv.parse_proc_version(text)
+
+
+def test_parse_proc_modules_talos() -> None:
+    modules = drv.parse_proc_modules(fixture("proc_modules_talos.txt"))
+    assert set(modules) == {"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}
+    assert modules["nvidia"] == {"size": 39047168, "refcount": None, "state": "Live"}
+
+
+def test_parse_proc_modules_skips_a_half_line() -> None:
+    text = fixture("proc_modules_talos.txt")
+    cut = text[: text.index("nvidia 39047168") + len("nvidia 3904")]
+    assert "nvidia" not in drv.parse_proc_modules(cut)
+    assert "nvidia_modeset" in drv.parse_proc_modules(cut)
+
+
+# -- nvidia-smi CSV ---------------------------------------------------------------------
+
+
+def test_parse_smi_csv_query_fields() -> None:
+    rows = drv.parse_smi_csv(fixture("smi_query_quadro_rtx4000.csv"))
+    assert rows == [
+        {"index": 0, "name": "Quadro RTX 4000", "uuid": "GPU-c7b57be0-94ff-d352-a59b-d0ee00aeed43",
+         "driver_version": "535.129.03", "memory.total": 8192, "persistence_mode": False,
+         "pci.bus_id": "00000000:06:00.0", "compute_cap": "7.5"},
+        {"index": 1, "name": "Quadro RTX 4000", "uuid": "GPU-d6de6afc-bdfe-75c4-5273-0544439153fc",
+         "driver_version": "535.129.03", "memory.total": 8192, "persistence_mode": False,
+         "pci.bus_id": "00000000:07:00.0", "compute_cap": "7.5"},
+    ]
+
+
+def test_query_fields_are_the_command_line_fields() -> None:
+    assert drv.SMI_QUERY_FIELDS == ("index", "name", "uuid", "driver_version", "memory.total",
+                                    "persistence_mode", "pci.bus_id", "compute_cap")
+
+
+@pytest.mark.parametrize(("name", "fields", "expected_first"), [
+    ("smi_csv_l40s_header_units.csv", ("name", "driver_version", "memory.total", "pci.bus_id", "pci.device_id"),
+     {"name": "NVIDIA L40S", "driver_version": "595.71.05", "memory.total": 46068,
+      "pci.bus_id": "00000000:01:00.0", "pci.device_id": "0x26B910DE"}),
+    ("smi_csv_titanv_rtx5880_header.csv", ("compute_cap", "compute_mode", "driver_version", "name", "index"),
+     {"compute_cap": "7.0", "compute_mode": "Default", "driver_version": "570.86.15", "name": "NVIDIA TITAN V",
+      "index": 0}),
+    ("smi_csv_quadro_rtx6000_units.csv", ("name", "memory.total", "driver_version", "pci.device_id"),
+     {"name": "Quadro RTX 6000", "memory.total": 24576, "driver_version": "570.211.01",
+      "pci.device_id": "0x1E3010DE"}),
+])
+def test_parse_smi_csv_headers_and_units(name: str, fields: tuple[str, ...], expected_first: dict[str, Any]) -> None:
+    rows = drv.parse_smi_csv(fixture(name), fields)
+    assert len(rows) == 2
+    assert rows[0] == expected_first
+
+
+def test_parse_smi_csv_names_with_spaces_and_na() -> None:
+    # The issue this comes from split the row on blanks and shifted every field after the name.
+    fields = ("power.limit", "power.min_limit", "power.max_limit", "memory.total", "vbios_version",
+              "driver_version", "name", "gpu_uuid", "power.draw", "temperature.gpu", "temperature.memory",
+              "clocks.current.graphics", "clocks.sm", "clocks.mem", "utilization.gpu", "utilization.memory",
+              "fan.speed", "pcie.link.width.current", "pstate")
+    (row,) = drv.parse_smi_csv(fixture("smi_csv_rtx2080_na.csv"), fields)
+    assert row["name"] == "GeForce RTX 2080"
+    assert row["gpu_uuid"] == "GPU-22b2c6ac-2d49-4863-197c-9c469071178a"
+    assert row["memory.total"] == 7979
+    assert row["temperature.memory"] is None
+    assert row["pstate"] == "P2"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (fixture("smi_query_truncated.csv"), "line 2 has 3 fields, expected 8"),
+    ("", "no GPU rows"),
+    (fixture("nvidia_smi_mismatch.txt"), "has 1 fields"),
+    (fixture("smi_query_quadro_rtx4000.csv").replace(", 8192,", ", 8192 x,", 1), "memory.total is not a number"),
+    (fixture("smi_query_quadro_rtx4000.csv").replace("Disabled", "Maybe", 1), "not Enabled/Disabled"),
+    (fixture("smi_query_quadro_rtx4000.csv").replace(", 7.5", ", sm75", 1), "compute_cap is not major.minor"),
+])
+def test_parse_smi_csv_rejects_garbage(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        drv.parse_smi_csv(text)
+
+
+# -- nvidia-smi -q header and failure texts ------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "driver", "cuda"), [
+    ("smi_q_580_gb10.txt", "580.95.05", "13.0"),
+    ("smi_q_580_cuda_not_found.txt", "580.105.06", None),
+    ("smi_q_535_interleaved_log.txt", "535.86.10", "12.2"),
+    ("smi_q_396_no_cuda_line.txt", "396.54", None),
+])
+def test_parse_smi_q_cuda(name: str, driver: str, cuda: str | None) -> None:
+    assert drv.parse_smi_q_cuda(fixture(name)) == {"driver_version": driver, "cuda_version": cuda}
+
+
+def test_parse_smi_q_cuda_rejects_text_without_header() -> None:
+    with pytest.raises(ValueError, match="no 'Driver Version'"):
+        drv.parse_smi_q_cuda(fixture("nvidia_smi_no_driver.txt"))
+
+
+@pytest.mark.parametrize(("name", "status", "starts"), [
+    ("nvidia_smi_mismatch.txt", "lib_rm_version_mismatch", "Failed to initialize NVML: Driver/library version"),
+    ("nvidia_smi_no_driver.txt", "driver_not_loaded", "NVIDIA-SMI has failed"),
+    ("nvidia_smi_no_driver_curly.txt", "driver_not_loaded", "NVIDIA-SMI has failed"),
+    ("smi_q_580_gb10.txt", "error", "==============NVSMI LOG"),
+])
+def test_classify_smi_failure(name: str, status: str, starts: str) -> None:
+    got_status, message = drv.classify_smi_failure(fixture(name))
+    assert got_status == status
+    assert message.startswith(starts)
+
+
+@pytest.mark.parametrize(("value", "text"), [(13000, "13.0"), (12090, "12.9"), (12080, "12.8"), (11040, "11.4")])
+def test_cuda_version_from_int(value: int, text: str) -> None:
+    assert drv.cuda_version_from_int(value) == text
+
+
+@pytest.mark.parametrize(("exc", "status"), [
+    (pynvml.NVMLError_LibRmVersionMismatch(), "lib_rm_version_mismatch"),
+    (pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), "library_not_found"),
+    (pynvml.NVMLError_DriverNotLoaded(), "driver_not_loaded"),
+    (pynvml.NVMLError_NoPermission(), "no_permission"),
+    (pynvml.NVMLError_GpuIsLost(), "gpu_is_lost"),
+    (pynvml.NVMLError_Unknown(), "error"),
+    (RuntimeError("not NVML"), "error"),
+])
+def test_nvml_error_status_by_real_class(exc: BaseException, status: str) -> None:
+    assert drv.nvml_error_status(exc) == status
+
+
+# -- NVML through a fake pynvml ------------------------------------------------------
+
+
+class FakeNvml(types.ModuleType):
+    """Just enough of pynvml, with the real error classes and fabric structure."""
+
+    NVMLError = pynvml.NVMLError
+    c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+
+    def __init__(self, gpus: list[dict[str, Any]], *, init_error: BaseException | None = None,
+                 driver: Any = "580.95.05", cuda: int = 13000, lost_index: int | None = None) -> None:
+        super().__init__("pynvml")
+        self.gpus = gpus
+        self.init_error = init_error
+        self.driver = driver
+        self.cuda = cuda
+        self.lost_index = lost_index
+        self.calls: list[str] = []
+
+    def nvmlInit(self) -> None:
+        self.calls.append("init")
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("shutdown")
+
+    def nvmlSystemGetDriverVersion(self) -> Any:
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self.cuda
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index == self.lost_index:
+            raise pynvml.NVMLError_GpuIsLost()
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> Any:
+        return self.gpus[handle]["name"]
+
+    def nvmlDeviceGetUUID(self, handle: int) -> Any:
+        return self.gpus[handle]["uuid"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        return types.SimpleNamespace(total=self.gpus[handle]["mem_bytes"], free=0, used=0)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: int) -> int:
+        return self.gpus[handle]["persistence"]
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        return self.gpus[handle]["cc"]
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
+        return types.SimpleNamespace(busId=self.gpus[handle]["bus"])
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: int, ref: Any) -> int:
+        state = self.gpus[handle]["fabric"]
+        if isinstance(state, BaseException):
+            raise state
+        ref._obj.state = state
+        return 0
+
+
+# NVML return values, in the types nvidia-ml-py 12.x (bytes) and 13.x (str) return. Name, memory and
+# compute capability are the H200's; the UUIDs and bus ids are placeholders in NVML's format.
+H200 = [
+    {"name": b"NVIDIA H200", "uuid": b"GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165", "mem_bytes": 143771 * 1024 * 1024,
+     "persistence": 1, "cc": (9, 0), "bus": b"00000000:1B:00.0", "fabric": 3},
+    {"name": "NVIDIA H200", "uuid": "GPU-50404ee7-1d50-1d0c-6780-806cf66543b8", "mem_bytes": 143771 * 1024 * 1024,
+     "persistence": 0, "cc": (9, 0), "bus": "00000000:43:00.0", "fabric": pynvml.NVMLError_NotSupported()},
+]
+
+
+def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
+    nv = FakeNvml(H200)
+    got = drv.collect_nvml(nv)
+    assert got["nvml"] == {"status": "ok", "error": None}
+    assert got["driver_version"] == "580.95.05"
+    assert got["cuda_driver_version"] == "13.0"
+    assert got["gpus"] == [
+        {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165",
+         "memory_total_mib": 143771, "persistence_mode": True, "compute_capability": "9.0",
+         "pci_bus_id": "00000000:1B:00.0", "fabric_state": "completed"},
+        {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-50404ee7-1d50-1d0c-6780-806cf66543b8",
+         "memory_total_mib": 143771, "persistence_mode": False, "compute_capability": "9.0",
+         "pci_bus_id": "00000000:43:00.0", "fabric_state": "not_supported"},
+    ]
+    assert nv.calls == ["init", "shutdown"]
+
+
+@pytest.mark.parametrize(("state", "name"), [(0, "not_supported"), (1, "not_started"), (2, "in_progress"),
+                                             (3, "completed"), (9, None)])
+def test_collect_nvml_fabric_states(state: int, name: str | None) -> None:
+    gpu = dict(H200[0], fabric=state)
+    assert drv.collect_nvml(FakeNvml([gpu]))["gpus"][0]["fabric_state"] == name
+
+
+def test_collect_nvml_init_mismatch_is_a_status() -> None:
+    nv = FakeNvml(H200, init_error=pynvml.NVMLError_LibRmVersionMismatch())
+    got = drv.collect_nvml(nv)
+    assert got["nvml"]["status"] == "lib_rm_version_mismatch"
+    assert "RM has detected an NVML/RM version mismatch" in got["nvml"]["error"]
+    assert got["gpus"] == []
+    assert nv.calls == ["init"]  # nothing to shut down after a failed init
+
+
+def test_collect_nvml_lost_gpu_keeps_the_others_and_shuts_down() -> None:
+    nv = FakeNvml([*H200, dict(H200[0], uuid="GPU-x")], lost_index=1)
+    got = drv.collect_nvml(nv)
+    assert got["nvml"]["status"] == "gpu_is_lost"
+    assert got["nvml"]["error"].startswith("GPU 1: NVMLError_GpuIsLost")
+    assert [g["index"] for g in got["gpus"]] == [0, 1, 2]
+    assert got["gpus"][1] == {"index": 1}
+    assert nv.calls[-1] == "shutdown"
+
+
+def test_collect_nvml_missing_library_function_is_error_status() -> None:
+    nv = FakeNvml(H200)
+
+    def missing() -> int:
+        # What pynvml raises when libnvidia-ml.so.1 lacks the symbol (older driver).
+        raise pynvml.NVMLError_FunctionNotFound()
+
+    nv.nvmlSystemGetCudaDriverVersion_v2 = missing  # type: ignore[method-assign]
+    got = drv.collect_nvml(nv)
+    assert got["nvml"]["status"] == "error"
+    assert got["nvml"]["error"].startswith("NVMLError_FunctionNotFound")
+    assert nv.calls == ["init", "shutdown"]
+
+
+def test_collect_nvml_non_nvml_exception_is_error_status() -> None:
+    nv = FakeNvml(H200)
+    nv.nvmlDeviceGetCount = lambda: None  # type: ignore[assignment, method-assign]
+    got = drv.collect_nvml(nv)
+    assert got["nvml"]["status"] == "error"
+    assert got["nvml"]["error"].startswith("TypeError")
+    assert nv.calls == ["init", "shutdown"]
+
+
+# -- the collector on a node tree -------------------------------------------------------
+
+
+def use_pynvml(monkeypatch: pytest.MonkeyPatch, fake: Any) -> None:
+    # None in sys.modules makes "import pynvml" raise ImportError, as on a node without it.
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+
+def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, FakeNvml(H200))
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt"),
+                             "/proc/modules": fixture("proc_modules_talos.txt")})
+    facts = drv.collect_driver(reader)
+    DriverFacts.model_validate(facts)
+    assert facts["status"] == "ok"
+    assert facts["source"] == "nvml"
+    assert facts["kernel_module"] == {"loaded": True, "version": "565.57.01", "flavour": "open",
+                                      "raw": fixture("proc_version_open_x86_64.txt").splitlines()[0].strip()}
+    assert facts["gpu_count"] == 2
+    assert facts["cuda_driver_version"] == "13.0"
+    assert reader.commands == []  # nvidia-smi not needed
+
+
+def test_collect_driver_without_pynvml_uses_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_proprietary_580.txt")})
+    smi(tmp_path, fixture("smi_query_quadro_rtx4000.csv"), fixture("smi_q_580_gb10.txt"))
+    facts = drv.collect_driver(reader)
+    DriverFacts.model_validate(facts)
+    assert facts["status"] == "ok"
+    assert facts["source"] == "nvidia-smi"
+    assert facts["nvml"]["status"] == "not_installed"
+    assert facts["driver_version"] == "535.129.03"
+    assert facts["cuda_driver_version"] == "13.0"
+    assert facts["gpu_count"] == 2
+    assert facts["gpus"][1]["pci_bus_id"] == "00000000:07:00.0"
+    assert facts["gpus"][0]["persistence_mode"] is False
+    assert facts["kernel_module"]["flavour"] == "proprietary"
+
+
+def test_collect_driver_skips_nvml_when_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(H200)
+    use_pynvml(monkeypatch, fake)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    smi(tmp_path, fixture("smi_query_quadro_rtx4000.csv"), fixture("smi_q_535_interleaved_log.txt"))
+    facts = drv.collect_driver(reader, use_nvml=False)
+    assert fake.calls == []
+    assert facts["nvml"]["status"] == "skipped"
+    assert facts["source"] == "nvidia-smi"
+    assert facts["cuda_driver_version"] == "12.2"
+
+
+def test_collect_driver_version_mismatch_after_upgrade(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, FakeNvml(H200, init_error=pynvml.NVMLError_LibRmVersionMismatch()))
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_proprietary_580.txt")})
+    smi(tmp_path, fixture("nvidia_smi_mismatch.txt"), fixture("nvidia_smi_mismatch.txt"), rc=18)
+    facts = drv.collect_driver(reader)
+    DriverFacts.model_validate(facts)
+    assert facts["status"] == "unknown"
+    assert facts["nvml"]["status"] == "lib_rm_version_mismatch"
+    assert facts["kernel_module"]["version"] == "580.173.02"
+    assert facts["gpu_count"] is None
+    assert "Driver/library version mismatch" in facts["reason"]
+    assert "NVML: nvmlInit" in facts["reason"]
+
+
+def test_collect_driver_mismatch_seen_only_by_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_proprietary_580.txt")})
+    smi(tmp_path, fixture("nvidia_smi_mismatch.txt"), "", rc=18)
+    facts = drv.collect_driver(reader)
+    assert facts["nvml"]["status"] == "lib_rm_version_mismatch"
+    assert facts["nvml"]["error"].startswith("via nvidia-smi: nvidia-smi failed (exit 18)")
+    assert facts["status"] == "unknown"
+
+
+def test_collect_driver_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path)
+    smi(tmp_path, fixture("nvidia_smi_no_driver.txt"), fixture("nvidia_smi_no_driver.txt"), rc=9)
+    facts = drv.collect_driver(reader)
+    DriverFacts.model_validate(facts)
+    assert facts["status"] == "absent"
+    assert facts["kernel_module"]["loaded"] is False
+    assert facts["nvml"]["status"] == "driver_not_loaded"
+    assert facts["reason"].startswith("NVIDIA kernel module not loaded")
+
+
+def test_collect_driver_nothing_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    facts = drv.collect_driver(node(tmp_path))
+    DriverFacts.model_validate(facts)
+    assert facts["status"] == "absent"
+    assert "nvidia-smi: command not found" in facts["reason"]
+    assert facts["nvml"]["status"] == "not_installed"
+
+
+def test_collect_driver_truncated_csv_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    smi(tmp_path, fixture("smi_query_truncated.csv"), fixture("smi_q_580_gb10.txt"))
+    facts = drv.collect_driver(reader)
+    DriverFacts.model_validate(facts)
+    assert facts["status"] == "unknown"
+    assert facts["source"] is None
+    assert "nvidia-smi --query-gpu output not understood: nvidia-smi CSV line 2 has 3 fields" in facts["reason"]
+
+
+def test_collect_driver_nvidia_smi_timeout_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")}, timeout=0.5)
+    fake_command(tmp_path / "bin", "nvidia-smi", [("*", fixture("smi_query_quadro_rtx4000.csv"), "", 0)], sleep=5)
+    facts = drv.collect_driver(reader)
+    assert facts["status"] == "unknown"
+    assert "timed out" in facts["reason"]
+
+
+def test_collect_driver_missing_cuda_header_keeps_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    smi(tmp_path, fixture("smi_query_quadro_rtx4000.csv"), fixture("nvidia_smi_no_driver.txt"))
+    facts = drv.collect_driver(reader)
+    assert facts["status"] == "ok"
+    assert facts["cuda_driver_version"] is None
+    assert facts["reason"].startswith("CUDA version unknown: nvidia-smi -q output has no")
+
+
+def test_kernel_module_truncated_version_file(tmp_path: Path) -> None:
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_truncated.txt")})
+    km = drv.kernel_module_facts(reader)
+    assert km["loaded"] is True
+    assert km["version"] is None
+    assert "no driver version" in km["reason"]
+    assert km["raw"] == fixture("proc_version_truncated.txt")
+
+
+def test_kernel_module_unreadable_version_file(tmp_path: Path) -> None:
+    reader = node(tmp_path)
+    (tmp_path / "root" / "proc" / "driver" / "nvidia" / "version").mkdir(parents=True)
+    km = drv.kernel_module_facts(reader)
+    assert km["loaded"] is True
+    assert km["version"] is None
+    assert km["reason"].startswith("/proc/driver/nvidia/version: ")
+
+
+def test_kernel_module_listed_but_no_version_file(tmp_path: Path) -> None:
+    km = drv.kernel_module_facts(node(tmp_path, {"/proc/modules": fixture("proc_modules_talos.txt")}))
+    assert km["loaded"] is True
+    assert "missing although /proc/modules lists nvidia" in km["reason"]
+
+
+def test_procfs_may_live_elsewhere(tmp_path: Path) -> None:
+    # The testbed's stand-in driver writes its /proc view to a separate directory.
+    sim = tmp_path / "sim-proc" / "driver" / "nvidia"
+    sim.mkdir(parents=True)
+    (sim / "version").write_text(fixture("proc_version_proprietary_510.txt"), encoding="utf-8")
+    reader = NodeReader(root=str(tmp_path), procfs=str(tmp_path / "sim-proc"), path=str(tmp_path))
+    assert drv.kernel_module_facts(reader)["version"] == "510.60.02"
+
+
+def test_fabric_byref_reaches_the_structure() -> None:
+    # The fake writes through ctypes.byref exactly as the C library would.
+    info = pynvml.c_nvmlGpuFabricInfoV_t()
+    FakeNvml([dict(H200[0], fabric=2)]).nvmlDeviceGetGpuFabricInfoV(0, ctypes.byref(info))
+    assert info.state == 2

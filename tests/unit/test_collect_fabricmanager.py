@@ -1,0 +1,258 @@
+"""Fabric Manager collector: NVSwitch presence, the systemd unit, version against the loaded driver.
+
+Fixture sources: tests/fixtures/fabricmanager/SOURCES.md (and driver/, packages/ SOURCES.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3fleet.ansible.module_utils import k3fleet_fabricmanager as fmc
+from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+from k3fleet.ansible.module_utils.k3fleet_driver import parse_proc_version
+from k3fleet.ansible.module_utils.k3fleet_packages import parse_systemctl_show
+from k3fleet.models.facts import FabricManagerFacts
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def fixture(name: str, area: str = "fabricmanager") -> str:
+    return (FIXTURES / area / name).read_text(encoding="utf-8")
+
+
+def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]]) -> None:
+    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["#!/bin/sh", 'case "$*" in']
+    for pos, (pattern, out, err, rc) in enumerate(cases):
+        out_file = bin_dir / f".{name}.{pos}.out"
+        err_file = bin_dir / f".{name}.{pos}.err"
+        out_file.write_text(out, encoding="utf-8")
+        err_file.write_text(err, encoding="utf-8")
+        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
+    lines += ["esac", "exit 127"]
+    script = bin_dir / name
+    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    script.chmod(0o755)
+
+
+def node(tmp_path: Path, files: dict[str, str] | None = None, switches: list[str] | None = None,
+         dev: list[str] | None = None) -> NodeReader:
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    for rel, text in (files or {}).items():
+        target = root / rel.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    if switches is not None:
+        devices = root / "proc" / "driver" / "nvidia-nvswitch" / "devices"
+        devices.mkdir(parents=True)
+        for bdf in switches:
+            (devices / bdf).mkdir()
+    if dev is not None:
+        (root / "dev").mkdir()
+        for name in dev:
+            (root / "dev" / name).write_text("", encoding="utf-8")
+    return NodeReader(root=str(root), path=str(tmp_path / "bin"), timeout=10)
+
+
+# Real listings, turned into the names a node tree needs.
+HGX_A100_SWITCHES = fixture("nvswitch_devices_ls.txt").split()
+DEV_WITH_CTL_ONLY = [line.split()[-1].rsplit("/", 1)[1] for line in fixture("dev_nv_listing.txt").splitlines()]
+
+
+def systemctl(tmp_path: Path, name: str) -> None:
+    if name.endswith(".stderr"):
+        fake_command(tmp_path / "bin", "systemctl", [("show*", "", fixture(name), 1)])
+    else:
+        fake_command(tmp_path / "bin", "systemctl", [("show*", fixture(name), "", 0)])
+
+
+def driver_loaded(version_fixture: str) -> dict[str, Any]:
+    parsed = parse_proc_version(fixture(version_fixture, "driver"))
+    return {"kernel_module": {"loaded": True, "version": parsed["version"], "flavour": parsed["flavour"]}}
+
+
+def packages(fm: str | None, driver: str | None = None) -> dict[str, Any]:
+    return {"status": "ok", "manager": "dpkg", "fabricmanager_version": fm, "driver_version": driver}
+
+
+# -- parsers ---------------------------------------------------------------------------
+
+
+def test_parse_fm_version() -> None:
+    assert fmc.parse_fm_version(fixture("nv_fabricmanager_version.txt")) == "450.102.04"
+
+
+def test_parse_fm_version_rejects_other_text() -> None:
+    with pytest.raises(ValueError, match="printed no version: 'Failed to initialize NVML"):
+        fmc.parse_fm_version(fixture("nvidia_smi_mismatch.txt", "driver"))
+
+
+@pytest.mark.parametrize(("name", "unit", "expected"), [
+    ("systemctl_show_fm_failed.txt", "nvidia-fabricmanager.service",
+     {"installed": True, "active": "failed", "enabled": "enabled"}),
+    ("systemctl_show_fm_failed.txt", "nvidia-persistenced.service",
+     {"installed": True, "active": "active", "enabled": "enabled"}),
+    ("systemctl_show_fm_not_found.txt", "nvidia-fabricmanager.service",
+     {"installed": False, "active": "inactive", "enabled": "not-found"}),
+    ("systemctl_show_fm_not_found.txt", "nvidia-other.service",
+     {"installed": None, "active": None, "enabled": None}),
+])
+def test_unit_state(name: str, unit: str, expected: dict[str, Any]) -> None:
+    assert fmc.unit_state(parse_systemctl_show(fixture(name)), unit) == expected
+
+
+@pytest.mark.parametrize(("fm", "driver", "match"), [
+    ("580.95.05", "580.95.05", True),
+    ("580.95.05-1", "580.95.05", True),
+    ("580.95.05-0ubuntu1", "580.95.05", True),
+    ("580.95.05-1.el9", "580.95.05", True),
+    ("580.82.07", "580.95.05", False),
+    ("575.57.08", "580.95.05", False),
+    (None, "580.95.05", None),
+    ("580.95.05", None, None),
+])
+def test_versions_match_exactly(fm: str | None, driver: str | None, match: bool | None) -> None:
+    assert fmc.versions_match(fm, driver) is match
+
+
+# -- NVSwitch presence ----------------------------------------------------------------------
+
+
+def test_nvswitch_from_procfs(tmp_path: Path) -> None:
+    assert fmc.nvswitch_facts(node(tmp_path, switches=HGX_A100_SWITCHES)) == (
+        True, 6, "/proc/driver/nvidia-nvswitch/devices")
+
+
+def test_nvswitch_procfs_dir_empty(tmp_path: Path) -> None:
+    assert fmc.nvswitch_facts(node(tmp_path, switches=[])) == (False, 0, "/proc/driver/nvidia-nvswitch/devices")
+
+
+def test_nvswitch_control_node_is_not_a_switch(tmp_path: Path) -> None:
+    assert "nvidia-nvswitchctl" in DEV_WITH_CTL_ONLY
+    assert fmc.nvswitch_facts(node(tmp_path, dev=DEV_WITH_CTL_ONLY)) == (None, None, None)
+
+
+def test_nvswitch_device_nodes_fallback(tmp_path: Path) -> None:
+    names = [*DEV_WITH_CTL_ONLY, "nvidia-nvswitch0", "nvidia-nvswitch1", "nvidia-nvswitch2", "nvidia-nvswitch3"]
+    assert fmc.nvswitch_facts(node(tmp_path, dev=names)) == (True, 4, "/dev/nvidia-nvswitch*")
+
+
+# -- the collector -------------------------------------------------------------------------
+
+
+def test_hgx_fabric_manager_matches_driver(tmp_path: Path) -> None:
+    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
+    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
+    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "450.102.04"}},
+                                      packages=packages("450.102.04"))
+    FabricManagerFacts.model_validate(facts)
+    assert facts["status"] == "ok"
+    assert (facts["nvswitch_present"], facts["nvswitch_count"], facts["required"]) == (True, 6, True)
+    assert facts["unit"] == {"installed": True, "active": "failed", "enabled": "enabled"}
+    assert facts["version_matches_driver"] is True
+
+
+def test_version_from_binary_mismatching_loaded_driver(tmp_path: Path) -> None:
+    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
+    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
+    fake_command(tmp_path / "bin", "nv-fabricmanager", [("--version", fixture("nv_fabricmanager_version.txt"), "", 0)])
+    facts = fmc.collect_fabricmanager(reader, driver=driver_loaded("proc_version_open_x86_64.txt"),
+                                      packages=packages(None, "565.57.01"))
+    FabricManagerFacts.model_validate(facts)
+    assert facts["version"] == "450.102.04"
+    assert facts["driver_version"] == "565.57.01"
+    assert facts["version_matches_driver"] is False
+    assert facts["status"] == "ok"
+
+
+def test_loaded_module_wins_over_package_version(tmp_path: Path) -> None:
+    # After an upgrade without reboot the package says 580 while 575 is still loaded.
+    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
+    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
+    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "575.57.08"}},
+                                      packages=packages("580.95.05", "580.95.05"))
+    assert facts["driver_version"] == "575.57.08"
+    assert facts["version_matches_driver"] is False
+
+
+def test_no_systemd_makes_unit_unknown(tmp_path: Path) -> None:
+    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
+    systemctl(tmp_path, "systemctl_show_no_systemd.stderr")
+    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "450.102.04"}},
+                                      packages=packages("450.102.04"))
+    FabricManagerFacts.model_validate(facts)
+    assert facts["status"] == "unknown"
+    assert facts["unit"] == {"installed": None, "active": None, "enabled": None}
+    assert facts["reason"].startswith("nvidia-fabricmanager.service state unknown: systemd not running: "
+                                      "System has not been booted with systemd")
+    assert facts["version_matches_driver"] is True
+
+
+def test_not_installed_without_nvswitch_is_absent(tmp_path: Path) -> None:
+    reader = node(tmp_path, switches=[])
+    systemctl(tmp_path, "systemctl_show_fm_not_found.txt")
+    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"loaded": True, "version": "580.95.05"}},
+                                      packages=packages(None, "580.95.05"))
+    FabricManagerFacts.model_validate(facts)
+    assert facts["status"] == "absent"
+    assert facts["reason"] == "Fabric Manager not installed (no NVSwitch)"
+    assert facts["required"] is False
+    assert facts["unit"]["installed"] is False
+
+
+def test_not_installed_with_nvswitch_is_absent_and_required(tmp_path: Path) -> None:
+    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
+    systemctl(tmp_path, "systemctl_show_fm_not_found.txt")
+    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"loaded": True, "version": "580.95.05"}},
+                                      packages=packages(None, "580.95.05"))
+    assert facts["status"] == "absent"
+    assert facts["required"] is True
+    assert facts["reason"] == "Fabric Manager not installed (NVSwitch present: 6)"
+
+
+def test_driver_not_loaded_leaves_nvswitch_unknown(tmp_path: Path) -> None:
+    reader = node(tmp_path, dev=DEV_WITH_CTL_ONLY)
+    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
+    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"loaded": False}},
+                                      packages=packages("450.102.04", "450.102.04"))
+    FabricManagerFacts.model_validate(facts)
+    assert facts["nvswitch_present"] is None
+    assert facts["required"] is None
+    assert facts["status"] == "unknown"
+    assert "NVSwitch presence unknown: NVIDIA driver not loaded" in facts["reason"]
+    assert facts["driver_version"] == "450.102.04"  # from the package when nothing is loaded
+
+
+def test_binary_with_garbage_output_is_unknown(tmp_path: Path) -> None:
+    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
+    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
+    fake_command(tmp_path / "bin", "nv-fabricmanager",
+                 [("--version", fixture("nvidia_smi_mismatch.txt", "driver"), "", 0)])
+    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "580.95.05"}},
+                                      packages=packages(None, "580.95.05"))
+    assert facts["status"] == "unknown"
+    assert facts["version"] is None
+    assert "nv-fabricmanager --version printed no version" in facts["reason"]
+    assert facts["version_matches_driver"] is None
+
+
+def test_collects_driver_and_packages_itself(tmp_path: Path) -> None:
+    listing = fixture("dpkg_query_ubuntu_510_held.txt", "packages")
+    reader = node(tmp_path, files={"/proc/driver/nvidia/version": fixture("proc_version_proprietary_510.txt", "driver"),
+                                   "/proc/sys/kernel/osrelease": "5.15.0-91-generic\n"},
+                  switches=HGX_A100_SWITCHES)
+    fake_command(tmp_path / "bin", "dpkg-query", [("*", listing, "", 0)])
+    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
+    fake_command(tmp_path / "bin", "nv-fabricmanager", [("--version", fixture("nv_fabricmanager_version.txt"), "", 0)])
+    facts = fmc.collect_fabricmanager(reader)
+    FabricManagerFacts.model_validate(facts)
+    assert facts["driver_version"] == "510.60.02"  # the loaded module, read from /proc
+    assert facts["version"] == "450.102.04"
+    assert facts["version_matches_driver"] is False
+    assert facts["status"] == "ok"
