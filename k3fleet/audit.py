@@ -102,16 +102,20 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         if inventory is None:
             raise IncompleteError("no inventory given")
         hosts = inventory_hosts(inventory, opts.limit)
+        if observer is not None and hasattr(observer, "total"):
+            observer.total = len(hosts)
         rd.copy_input(inventory, "inputs/inventory" + (inventory.suffix or ""))
         if opts.target is not None:
             rd.copy_input(opts.target, "inputs/target.yaml")
         rd.write_json("inputs/target.json", target.model_dump(mode="json"))
-        extravars = {
+        extravars: dict[str, Any] = {
             "k3fleet_image": target.image.ref,
-            "k3fleet_probe": opts.probe,
             "k3fleet_host_timeout": opts.host_timeout,
             "k3fleet_command_timeout": opts.command_timeout,
         }
+        if opts.probe:
+            # Extra vars beat host vars: only force the probe on, never off (hosts may opt in).
+            extravars["k3fleet_probe"] = True
         play = run_playbook("audit.yml", inventory, rd.path / "ansible", extravars=extravars,
                             limit=opts.limit, forks=opts.forks, observer=observer, cancel=cancel)
     rd.write_jsonl("events.jsonl", play.events)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -128,6 +129,10 @@ def _ansible_playbook_on_path() -> str:
     return path
 
 
+# The task keyword `timeout` ends a task with this message (ansible-core 2.10+).
+_TASK_TIMEOUT = re.compile(r"(?i)timed out after \d+ second")
+
+
 def _outcome(event: Mapping[str, Any]) -> HostOutcome | None:
     name = event.get("event")
     data = event.get("event_data") or {}
@@ -137,7 +142,7 @@ def _outcome(event: Mapping[str, Any]) -> HostOutcome | None:
     res = data.get("res") or {}
     status = {_OK: "ok", _FAILED: "failed", _UNREACHABLE: "unreachable", _SKIPPED: "skipped"}[name]
     msg = res.get("msg") if isinstance(res, dict) else None
-    if status == "failed" and isinstance(msg, str) and "timed out" in msg.lower():
+    if status == "failed" and isinstance(msg, str) and _TASK_TIMEOUT.search(msg):
         status = "timeout"
     if status == "failed" and data.get("ignore_errors"):
         status = "ignored"
@@ -152,8 +157,10 @@ def _outcome(event: Mapping[str, Any]) -> HostOutcome | None:
 
 
 def _one_line(text: Any) -> str:
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    return lines[0][:400] if lines else ""
+    text = " ".join(str(text).split())
+    # ansible-core 2.19 prefixes every task error with this; it says nothing the status does not.
+    text = text.removeprefix("Task failed: ")
+    return text[:400]
 
 
 def run_playbook(
