@@ -64,7 +64,7 @@ def _vary(base: dict[str, Any], name: str, rng: random.Random) -> dict[str, Any]
     elif r < 0.14:
         d["packages"] = {"status": "unknown", "reason": "dpkg-query: command not found"}
     elif r < 0.16:
-        d["container"]["image"]["digest"] = "vllm/vllm-openai@sha256:0c4d1e2f3a5b"
+        d["container"]["image"]["digest"] = "sha256:0c4d1e2f3a5b"
     elif r < 0.18:
         drv["nvml"] = {"status": "lib_rm_version_mismatch", "error": "Driver/library version mismatch"}
     elif r < 0.20:

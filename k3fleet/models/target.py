@@ -300,7 +300,8 @@ class PackagesSpec(_Strict):
 class SchedulerSpec(_Strict):
     idle_states: list[str] = Field(default_factory=lambda: ["idle"])
     out_of_service_states: list[str] = Field(
-        default_factory=lambda: ["drain", "drained", "draining", "down", "fail", "failing", "maint"]
+        default_factory=lambda: ["drain", "drained", "draining", "down", "fail", "failing", "maint",
+                                 "not_responding"]
     )
     down_states: list[str] = Field(default_factory=lambda: ["down", "fail"])
 

@@ -57,8 +57,9 @@ def _from_validation(label: str, exc: ValidationError) -> TargetError:
     errors = exc.errors(include_url=False)
     first = errors[0]
     field = _loc(first["loc"])
-    problem = str(first["msg"])
-    if "input" in first and first["type"] not in ("missing", "extra_forbidden") and not isinstance(
+    problem = str(first["msg"]).removeprefix("Value error, ")
+    # Our own validators already quote the bad value; pydantic's built-in messages do not.
+    if "input" in first and first["type"] not in ("missing", "extra_forbidden", "value_error") and not isinstance(
         first["input"], dict | list
     ):
         problem += f" (got {first['input']!r})"

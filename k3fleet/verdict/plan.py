@@ -40,7 +40,8 @@ def idle(facts: HostFacts, ct: CompiledTarget) -> bool | None:
     if sc.status != "ok" or not sc.state:
         return None
     words = state_words(sc.state)
-    return bool(words) and words <= ct.idle_states
+    # A flag such as maint, reserved or not_responding makes an idle node no canary.
+    return bool(words) and words <= ct.idle_states and not sc.state_flags
 
 
 def profile(c: HostContext) -> str:

@@ -192,13 +192,12 @@ def _schema(f: HostFacts, c: HostContext, e: _Emitter) -> None:
 def _driver_loaded(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     drv = f.driver
     km = drv.kernel_module
-    if drv.status == "absent":
+    if drv.status == "absent" or km.loaded is False:
         c.driver_failed = True
-        e.fail("driver.loaded", "no NVIDIA driver is installed", {"reason": drv.reason})
-    elif km.loaded is False:
-        c.driver_failed = True
-        e.fail("driver.loaded", "the NVIDIA kernel module is not loaded",
-               {"reason": drv.reason, "package_version": f.packages.driver_version})
+        pkg = f.packages.driver_version
+        installed = f"driver package {pkg} is installed" if pkg else "no driver package is recorded"
+        e.fail("driver.loaded", f"the NVIDIA kernel module is not loaded ({installed})",
+               {"reason": drv.reason, "package_version": pkg})
     elif km.loaded is None and not (drv.driver_version or km.version):
         c.driver_failed = True
         e.unknown("driver.loaded", "whether the NVIDIA kernel module is loaded", drv.reason, error=True)
@@ -227,6 +226,9 @@ def _nvml(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     if st == "driver_not_loaded" and c.driver_failed:
         return
     sev, text = _NVML_FAIL.get(st, ("error", f"NVML failed ({st})"))
+    if st not in _NVML_FAIL and f.driver.source == "nvidia-smi" and c.gpu_count:
+        # NVML's own bindings failed, but nvidia-smi (an NVML client) answered: a degraded reader.
+        sev, text = "warning", f"NVML failed ({st}); GPU facts came from nvidia-smi"
     e.fail("nvml.status", text + (f": {nv.error}" if nv.error else ""), {"status": st, "error": nv.error},
            severity=sev)
 
@@ -406,18 +408,22 @@ def _fabricmanager(f: HostFacts, c: HostContext, e: _Emitter) -> None:
         return
     fm = f.fabricmanager
     if c.fm_required is None:
-        e.unknown("fabricmanager.present", "whether NVSwitches are present (Fabric Manager needed)",
-                  fm.reason, error=True)
+        if not c.driver_failed:
+            e.unknown("fabricmanager.present", "whether NVSwitches are present (Fabric Manager needed)",
+                      fm.reason, error=True)
         return
     if not c.fm_required:
         return
     unit = fm.unit
-    ev: dict[str, Any] = {"nvswitch_count": fm.nvswitch_count, "installed": unit.installed,
+    # The collector says "absent" only when no package, unit or binary exists.
+    installed = False if fm.status == "absent" else unit.installed
+    ev: dict[str, Any] = {"nvswitch_count": fm.nvswitch_count, "installed": installed,
                           "active": unit.active, "enabled": unit.enabled, "version": fm.version}
-    if unit.installed is False:
-        e.fail("fabricmanager.present", "Fabric Manager is not installed on an NVSwitch system", ev)
+    if installed is False:
+        e.fail("fabricmanager.present",
+               f"Fabric Manager is not installed on an NVSwitch system ({fm.nvswitch_count or '?'} switches)", ev)
         return
-    if unit.installed is None:
+    if installed is None:
         e.unknown("fabricmanager.present", "whether Fabric Manager is installed", fm.reason, error=True)
     if spec.must_be_active:
         if unit.active is None or unit.active == "unknown":
@@ -747,13 +753,14 @@ def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     if sc.status == "unknown" or not sc.state:
         e.unknown("scheduler.state", f"the {sc.kind or 'scheduler'} node state", sc.reason)
         return
-    st = state_words(sc.state)
-    ev = {"kind": sc.kind, "node": sc.node, "state": sc.state, "reason": sc.reason}
+    st = state_words(sc.state) | {x.lower() for x in sc.state_flags}
+    shown = "+".join([sc.state, *sc.state_flags])
+    ev = {"kind": sc.kind, "node": sc.node, "state": sc.state, "flags": sc.state_flags, "reason": sc.reason}
     reason = f" ({sc.reason})" if sc.reason else ""
     if st & e.ct.down_states:
-        e.fail("scheduler.state", f"{sc.kind} reports the node {sc.state}{reason}", ev, severity="error")
+        e.fail("scheduler.state", f"{sc.kind} reports the node {shown}{reason}", ev, severity="error")
     elif st & e.ct.oos_states:
-        e.fail("scheduler.state", f"{sc.kind} reports the node {sc.state}{reason}: not serving", ev)
+        e.fail("scheduler.state", f"{sc.kind} reports the node {shown}{reason}: not serving", ev)
 
 
 RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
