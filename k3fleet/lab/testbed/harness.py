@@ -570,10 +570,11 @@ class Leftovers:
     netns: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
+    runtime: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.processes or self.netns or self.links or self.mounts)
+        return not (self.processes or self.netns or self.links or self.mounts or self.runtime)
 
     def describe(self) -> str:
         parts = []
@@ -585,6 +586,8 @@ class Leftovers:
             parts.append("links " + ", ".join(self.links))
         if self.mounts:
             parts.append("mounts " + ", ".join(self.mounts))
+        if self.runtime:
+            parts.append("nspawn runtime dirs " + ", ".join(self.runtime))
         return "; ".join(parts) or "nothing"
 
 
@@ -714,6 +717,7 @@ def leftovers(workdir: Path | None = None) -> Leftovers:
                 found.processes[pid] = " ".join(proc.cmdline(pid))[:120]
     found.links = network.list_links()
     found.mounts = _mounts_under(wd)
+    found.runtime = [str(NSPAWN_RUNTIME / "propagate" / name) for name in _nspawn_propagate_dirs()]
     return found
 
 
@@ -762,6 +766,37 @@ def _clear_netns(names: list[str]) -> None:
         network.delete_netns(ns)
 
 
+NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
+
+
+def _nspawn_propagate_dirs() -> list[str]:
+    """Machine names of our guests with a propagation directory in /run (by name pattern)."""
+    prefix = HOSTNAME_FORMAT.split("{", 1)[0]
+    base = NSPAWN_RUNTIME / "propagate"
+    return sorted(p.name for p in base.glob(f"{prefix}*")) if base.is_dir() else []
+
+
+def _clear_nspawn_runtime(points: list[str], names: list[str]) -> None:
+    """Remove what a killed systemd-nspawn leaves in /run: its propagation directory, named after
+    the machine, and its image lock, named after the device and inode of the guest's root (so
+    this must run while the overlays are still mounted). A clean halt removes both itself."""
+    locks = set()
+    for point in points:
+        try:
+            st = os.stat(point)
+        except OSError:
+            continue
+        locks.add(f"inode-{st.st_dev}:{st.st_ino}")
+    for lock in locks:
+        path = NSPAWN_RUNTIME / "locks" / lock
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+    for name in names:
+        path = NSPAWN_RUNTIME / "propagate" / name
+        if path.is_dir() and not os.path.ismount(path):
+            shutil.rmtree(path)
+
+
 def _unmount(points: list[str]) -> None:
     for point in points:
         result = proc.run(["umount", point], what=f"testbed teardown: unmounting {point}", check=False)
@@ -792,7 +827,9 @@ def down(workdir: Path | None = None) -> None:
         names |= {h.netns for h in state.hosts if (network.NETNS_RUN_DIR / h.netns).exists()}
     _clear_netns(sorted(names))
 
-    _unmount(_mounts_under(wd))
+    mounts = _mounts_under(wd)
+    _clear_nspawn_runtime(mounts, _nspawn_propagate_dirs())
+    _unmount(mounts)
     for link in network.list_links():
         network.delete_link(link)
 

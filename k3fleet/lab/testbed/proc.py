@@ -187,6 +187,26 @@ def reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def reap_zombie_children() -> int:
+    """Reap children of this process that already exited; returns how many.
+
+    For a caller that made itself a child subreaper: orphans of a killed supervisor become its
+    children, and only it can collect them. Only zombies are touched, so no running child's
+    exit status is taken from its owner.
+    """
+    me = os.getpid()
+    reaped = 0
+    for pid in all_pids():
+        stat = read_stat(pid)
+        if stat is not None and stat[1] == me and stat[0] == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            reaped += 1
+    return reaped
+
+
 def signal_pids(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
