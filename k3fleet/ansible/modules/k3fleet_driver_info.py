@@ -103,6 +103,11 @@ k3fleet:
       description: The loaded nvidia kernel module.
       returned: always
       type: dict
+      sample:
+        loaded: true
+        version: "580.95.05"
+        flavour: open
+        raw: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  ..."
       contains:
         loaded:
           description: Whether nvidia.ko is loaded.
@@ -128,6 +133,9 @@ k3fleet:
       description: How NVML answered.
       returned: always
       type: dict
+      sample:
+        status: ok
+        error: null
       contains:
         status:
           description: One of V(ok), V(skipped), V(not_installed), V(library_not_found), V(driver_not_loaded),
@@ -176,7 +184,7 @@ k3fleet:
           fabric_state: completed
 """
 
-import os  # noqa: E402 - Ansible module layout: documentation strings come before the imports
+import os
 
 try:
     from ansible.module_utils.basic import AnsibleModule

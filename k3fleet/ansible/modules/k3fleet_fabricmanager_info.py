@@ -111,6 +111,10 @@ k3fleet:
       description: State of nvidia-fabricmanager.service.
       returned: always
       type: dict
+      sample:
+        installed: true
+        active: active
+        enabled: enabled
       contains:
         installed:
           description: The unit file exists (LoadState is not V(not-found)).
@@ -144,7 +148,7 @@ k3fleet:
       sample: false
 """
 
-import os  # noqa: E402 - Ansible module layout: documentation strings come before the imports
+import os
 
 try:
     from ansible.module_utils.basic import AnsibleModule

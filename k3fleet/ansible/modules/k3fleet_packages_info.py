@@ -104,6 +104,13 @@ k3fleet:
       returned: always
       type: list
       elements: dict
+      sample:
+        - name: nvidia-driver-580-server-open
+          version: 580.95.05-0ubuntu1
+          held: true
+          role: driver
+          branch: "580"
+          flavour: open
       contains:
         name:
           description: Package name without the architecture qualifier.
@@ -184,7 +191,7 @@ k3fleet:
       sample: true
 """
 
-import os  # noqa: E402 - Ansible module layout: documentation strings come before the imports
+import os
 
 try:
     from ansible.module_utils.basic import AnsibleModule

@@ -1,0 +1,223 @@
+"""k3fleet_driver_info, k3fleet_packages_info, k3fleet_fabricmanager_info as Ansible runs them.
+
+exit_json/fail_json are patched to raise (ansible-core test/units/modules/utils.py style); the
+node is a temporary tree of recorded files and commands (fixture sources in tests/fixtures/*/SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, READER_DOC, RESULT_KEY
+from k3fleet.ansible.modules import k3fleet_driver_info, k3fleet_fabricmanager_info, k3fleet_packages_info
+from k3fleet.models.facts import DriverFacts, FabricManagerFacts, PackageFacts
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+MODULES = {
+    "k3fleet_driver_info": (k3fleet_driver_info, DriverFacts),
+    "k3fleet_packages_info": (k3fleet_packages_info, PackageFacts),
+    "k3fleet_fabricmanager_info": (k3fleet_fabricmanager_info, FabricManagerFacts),
+}
+
+
+class AnsibleExitJson(Exception):
+    """exit_json was called."""
+
+
+class AnsibleFailJson(Exception):
+    """fail_json was called."""
+
+
+@pytest.fixture(autouse=True)
+def patched_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    def exit_json(self: basic.AnsibleModule, **kwargs: Any) -> None:
+        raise AnsibleExitJson(kwargs)
+
+    def fail_json(self: basic.AnsibleModule, **kwargs: Any) -> None:
+        raise AnsibleFailJson(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    # Nodes without nvidia-ml-py: "import pynvml" raises ImportError.
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+
+
+def fixture(area: str, name: str) -> str:
+    return (FIXTURES / area / name).read_text(encoding="utf-8")
+
+
+def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]]) -> None:
+    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["#!/bin/sh", 'case "$*" in']
+    for pos, (pattern, out, err, rc) in enumerate(cases):
+        out_file = bin_dir / f".{name}.{pos}.out"
+        err_file = bin_dir / f".{name}.{pos}.err"
+        out_file.write_text(out, encoding="utf-8")
+        err_file.write_text(err, encoding="utf-8")
+        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
+    lines += ["esac", "exit 127"]
+    script = bin_dir / name
+    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    script.chmod(0o755)
+
+
+@pytest.fixture
+def hgx_node(tmp_path: Path) -> dict[str, Any]:
+    """A node with the 510 driver loaded, its packages held, six NVSwitches and Fabric Manager 450."""
+    root = tmp_path / "root"
+    for rel, text in {
+        "proc/driver/nvidia/version": fixture("driver", "proc_version_proprietary_510.txt"),
+        "proc/modules": fixture("driver", "proc_modules_talos.txt"),
+        "proc/sys/kernel/osrelease": "5.11.0-36-generic\n",
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    devices = root / "proc" / "driver" / "nvidia-nvswitch" / "devices"
+    devices.mkdir(parents=True)
+    for bdf in fixture("fabricmanager", "nvswitch_devices_ls.txt").split():
+        (devices / bdf).mkdir()
+    bin_dir = tmp_path / "bin"
+    fake_command(bin_dir, "nvidia-smi", [("*--query-gpu*", fixture("driver", "smi_query_quadro_rtx4000.csv"), "", 0),
+                                         ("-q*", fixture("driver", "smi_q_535_interleaved_log.txt"), "", 0)])
+    fake_command(bin_dir, "dpkg-query", [("*", fixture("packages", "dpkg_query_ubuntu_510_held.txt"), "", 0)])
+    fake_command(bin_dir, "dkms", [("status", fixture("packages", "dkms_status_old_format.txt"), "", 0)])
+    fake_command(bin_dir, "systemctl", [("show*", fixture("fabricmanager", "systemctl_show_fm_failed.txt"), "", 0)])
+    fake_command(bin_dir, "nv-fabricmanager",
+                 [("--version", fixture("fabricmanager", "nv_fabricmanager_version.txt"), "", 0)])
+    return {"root": str(root), "path": str(bin_dir)}
+
+
+def run_module(module: Any, args: dict[str, Any]) -> dict[str, Any]:
+    with patch_module_args(args), pytest.raises(AnsibleExitJson) as exc:
+        module.main()
+    return exc.value.args[0]
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+def test_driver_info_reports_nvidia_smi_gpus(hgx_node: dict[str, Any]) -> None:
+    result = run_module(k3fleet_driver_info, hgx_node)
+    assert result["changed"] is False
+    facts = DriverFacts.model_validate(result[RESULT_KEY])
+    assert facts.status == "ok"
+    assert facts.source == "nvidia-smi"
+    assert facts.nvml.status == "not_installed"
+    assert facts.kernel_module.version == "510.60.02"
+    assert facts.gpu_count == 2
+    assert facts.cuda_driver_version == "12.2"
+
+
+def test_driver_info_use_nvml_false_is_skipped(hgx_node: dict[str, Any]) -> None:
+    result = run_module(k3fleet_driver_info, {**hgx_node, "use_nvml": False})
+    assert result[RESULT_KEY]["nvml"]["status"] == "skipped"
+
+
+def test_driver_info_check_mode_reads_the_same(hgx_node: dict[str, Any]) -> None:
+    normal = run_module(k3fleet_driver_info, hgx_node)
+    checked = run_module(k3fleet_driver_info, {**hgx_node, "_ansible_check_mode": True})
+    assert checked["changed"] is False
+    assert checked[RESULT_KEY] == normal[RESULT_KEY]
+
+
+def test_packages_info(hgx_node: dict[str, Any]) -> None:
+    result = run_module(k3fleet_packages_info, hgx_node)
+    assert result["changed"] is False
+    facts = PackageFacts.model_validate(result[RESULT_KEY])
+    assert (facts.status, facts.manager, facts.driver_branch) == ("ok", "dpkg", "510")
+    assert facts.dkms_built_for_running_kernel is True
+    assert any(p.name == "nvidia-driver-510" and p.held for p in facts.packages)
+
+
+def test_fabricmanager_info_compares_with_the_loaded_driver(hgx_node: dict[str, Any]) -> None:
+    result = run_module(k3fleet_fabricmanager_info, hgx_node)
+    assert result["changed"] is False
+    facts = FabricManagerFacts.model_validate(result[RESULT_KEY])
+    assert (facts.nvswitch_present, facts.nvswitch_count, facts.required) == (True, 6, True)
+    assert facts.unit.active == "failed"
+    assert (facts.version, facts.driver_version, facts.version_matches_driver) == ("450.102.04", "510.60.02", False)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_missing_root_fails_with_a_clear_message(name: str, tmp_path: Path) -> None:
+    module, _ = MODULES[name]
+    missing = str(tmp_path / "no-such-root")
+    with patch_module_args({"root": missing}), pytest.raises(AnsibleFailJson) as exc:
+        module.main()
+    msg = exc.value.args[0]["msg"]
+    assert msg.startswith(f"{name}: root {missing!r} is not a directory on ")
+
+
+def test_collector_bug_becomes_unknown(hgx_node: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(reader: Any, use_nvml: bool = True) -> dict[str, Any]:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(k3fleet_driver_info, "collect_driver", broken)
+    facts = run_module(k3fleet_driver_info, hgx_node)[RESULT_KEY]
+    assert facts == {"status": "unknown", "reason": "driver collector failed: KeyError: 'surprise'"}
+
+
+# -- documentation ---------------------------------------------------------------------------
+
+
+def doc(module: Any, name: str) -> Any:
+    return yaml.safe_load(getattr(module, name))
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_documented_options_are_the_argument_spec(name: str) -> None:
+    module, _ = MODULES[name]
+    options = doc(module, "DOCUMENTATION")["options"]
+    reader_doc = yaml.safe_load(READER_DOC)
+    extra = {"use_nvml": {"type": "bool", "default": True}} if name == "k3fleet_driver_info" else {}
+    assert set(options) == set(READER_ARGS) | set(extra)
+    for key, spec in {**READER_ARGS, **extra}.items():
+        assert options[key]["type"] == spec["type"], key
+        assert options[key].get("default") == spec.get("default"), key
+    for key, text in reader_doc.items():
+        assert options[key] == text, f"{name}: option {key} drifted from k3fleet_module.READER_DOC"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_documented_return_covers_the_model(name: str) -> None:
+    module, model = MODULES[name]
+    ret = doc(module, "RETURN")[RESULT_KEY]
+    assert set(model.model_fields) <= set(ret["contains"]), name
+    pending = list(ret["contains"].items())
+    while pending:
+        key, item = pending.pop()
+        assert {"description", "returned", "type", "sample"} <= set(item), f"{name}: {key}"
+        pending += [(f"{key}.{sub}", value) for sub, value in item.get("contains", {}).items()]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_attributes_declared(name: str) -> None:
+    module, _ = MODULES[name]
+    attributes = doc(module, "DOCUMENTATION")["attributes"]
+    assert attributes["check_mode"]["support"] == "full"
+    assert attributes["diff_mode"]["support"] == "none"
+    assert attributes["idempotent"]["support"] == "full"
+
+
+def test_ansible_doc_parses_all_three() -> None:
+    env = dict(os.environ, ANSIBLE_MODULE_UTILS=str(REPO / "k3fleet/ansible/module_utils"))
+    out = subprocess.run(
+        [sys.executable, "-m", "ansible.cli.doc", "-M", str(REPO / "k3fleet/ansible/modules"), "--json", *MODULES],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    docs = json.loads(out.stdout)
+    for name in MODULES:
+        assert docs[name]["doc"]["module"] == name
+        assert docs[name]["examples"].strip()
