@@ -125,6 +125,9 @@ class VerdictSummary(_Out):
 
 
 class FleetVerdict(_Out):
+    # The JSON carries the computed checks_failed / exit_code; reading it back recomputes them.
+    model_config = ConfigDict(extra="ignore")
+
     target: str
     outcome: Outcome
     reasons: list[str]

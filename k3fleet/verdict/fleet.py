@@ -209,7 +209,7 @@ def _evaluate_fleet(
         gpus_healthy=healthy, gpus_after_plan=after, gpus_required=need,
         evidence_incomplete=unknown_blocking > 0,
     )
-    outcome, reasons = _outcome(evals, summary, need, basis, len(plan.needs_upgrade), every)
+    outcome, reasons = _outcome(evals, summary, need, basis, len(plan.needs_upgrade), fl.out)
     return FleetVerdict(
         target=target.name, outcome=outcome, reasons=reasons, summary=summary, hosts=hosts,
         fleet_findings=fl.out, plan=plan, unconfirmed_matrix_rows=sorted(unconfirmed),
@@ -217,14 +217,16 @@ def _evaluate_fleet(
 
 
 def _outcome(
-    evals: list[HostEval], s: VerdictSummary, need: int, basis: str, n_upgrade: int, every: list[Finding]
+    evals: list[HostEval], s: VerdictSummary, need: int, basis: str, n_upgrade: int, fleet_findings: list[Finding]
 ) -> tuple[Outcome, list[str]]:
     reasons: list[str] = []
-    chain_hosts: Counter[str] = Counter()
+    chain_ids: Counter[str] = Counter()
+    n_chain = 0
     for e in evals:
         ids = {f.check_id for f in e.findings if f.chain and f.kind == "fail" and f.blocking}
-        chain_hosts.update(ids)
-    n_chain = sum(1 for e in evals if any(f.chain and f.kind == "fail" and f.blocking for f in e.findings))
+        if ids:
+            n_chain += 1
+            chain_ids.update(ids)
     if s.unreachable:
         reasons.append(f"{s.unreachable} host(s) unreachable: their GPUs are not counted")
     if s.gpus_after_plan < need:
@@ -232,22 +234,23 @@ def _outcome(
                           f"{need} required ({basis})")
         return "expand_capacity", reasons
     if n_chain:
-        ids = ", ".join(f"{k} ({n})" for k, n in sorted(chain_hosts.items()))
-        reasons.insert(0, f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {ids}")
+        listed = ", ".join(f"{k} ({n})" for k, n in sorted(chain_ids.items()))
+        reasons.insert(0, f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {listed}")
         if n_upgrade:
             reasons.append(f"the change plan moves {n_upgrade} host(s) to the target driver")
         return "rebuild_environment", reasons
-    blocking = sum(1 for f in every if f.blocking)
-    if s.failed or s.unreachable or s.evidence_incomplete or s.warned or s.findings.get("warning"):
-        if s.failed:
-            reasons.insert(0, f"{s.failed} host(s) fail checks and are left out; {s.gpus_healthy} healthy GPUs "
-                              f"meet the {need} required")
-        if blocking and not s.failed:
-            reasons.append(f"{blocking} fleet-wide error(s)")
-        if s.evidence_incomplete:
-            reasons.append("some evidence could not be read (unknown findings of error severity)")
-        if s.findings.get("warning"):
-            reasons.append(f"{s.findings['warning']} warning(s) to observe")
-        return "observe_with_limits", reasons
-    reasons.append(f"all {s.hosts} host(s) pass; {s.gpus_healthy} healthy GPUs, {need} required")
-    return "go_live", reasons
+    fleet_errors = sorted({f.check_id for f in fleet_findings if f.blocking})
+    warnings = s.findings.get("warning", 0)
+    if not (fleet_errors or s.failed or s.unreachable or s.evidence_incomplete or warnings):
+        return "go_live", [f"all {s.hosts} host(s) pass; {s.gpus_healthy} healthy GPUs, {need} required"]
+    # Enough healthy GPUs remain: serve on them, and say what limits that.
+    if s.failed:
+        reasons.insert(0, f"{s.failed} host(s) fail checks and are left out; {s.gpus_healthy} healthy GPUs "
+                          f"meet the {need} required")
+    if fleet_errors:
+        reasons.append(f"fleet-wide errors: {', '.join(fleet_errors)}")
+    if s.evidence_incomplete:
+        reasons.append("some evidence could not be read (unknown findings of error severity)")
+    if warnings:
+        reasons.append(f"{warnings} warning(s) to observe")
+    return "observe_with_limits", reasons

@@ -121,6 +121,8 @@ def build_plan(
     evals: Sequence[HostEval], unreachable: Sequence[str], ct: CompiledTarget, wave_size: int | None = None
 ) -> tuple[ChangePlan, list[HostEval]]:
     """The plan and the hosts it can change (canary first, then wave order)."""
+    if wave_size is not None and wave_size < 1:
+        raise ValueError(f"wave_size must be at least 1, got {wave_size}")
     t = ct.target
     needs: list[UpgradeItem] = []
     done: list[str] = []
@@ -175,7 +177,6 @@ def build_plan(
     plan.canary = Canary(host=item.host, profile=item.profile, reason=reason)
     size = wave_size if wave_size is not None else max(
         t.change.min_wave_size, math.ceil(t.change.wave_fraction * len(eligible)))
-    size = max(1, size)
     rest = [x[0].host for x in eligible[1:]]
     plan.wave_size = size
     plan.waves = [rest[i:i + size] for i in range(0, len(rest), size)]
