@@ -1,0 +1,282 @@
+# -*- coding: utf-8 -*-
+# Stdlib only: shipped inside AnsiballZ to whichever host runs the Slurm client commands.
+# Nodes may run an older Python than the controller, so the Ansible module_utils idioms stay.
+# ruff: noqa: UP001, UP009, UP010, UP031
+"""Drain and resume one Slurm node on behalf of a k3fleet change, and read its state.
+
+The rule that keeps this safe comes from LBNL NHC's node-mark-online: a node is
+only ever resumed when the drain reason on it is ours. Ours means the reason's
+first word is ``k3fleet:<change-id>``; a node drained or downed by anyone else
+(an operator, a health check, Slurm itself) is never touched, and is reported
+as such so the caller never returns it to service.
+
+Parsing is in pure functions (``status_from_scontrol``, ``status_from_sinfo_json``,
+``reason_owner``, ``plan_drain``, ``plan_resume``) tested against recorded real
+output; ``SlurmNode`` runs the commands through the shared ``NodeReader``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import re
+import time
+
+try:
+    from ansible.module_utils.k3fleet_scheduler import normalize_slurm_state, parse_scontrol_nodes
+    from ansible.module_utils.k3fleet_sources import scontrol_show_node_argv
+except ImportError:  # imported from the controller package (unit tests)
+    from k3fleet.ansible.module_utils.k3fleet_scheduler import normalize_slurm_state, parse_scontrol_nodes
+    from k3fleet.ansible.module_utils.k3fleet_sources import scontrol_show_node_argv
+
+__metaclass__ = type
+
+REASON_PREFIX = "k3fleet:"
+# Change ids end up in Slurm reasons, file names and Kubernetes annotations: keep them plain.
+CHANGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# scontrol appends "[user@time]" to a reason; sinfo --json gives user and time as fields.
+_STAMP_RE = re.compile(r"\s*\[([^\]\s@]+)@([^\]\s]+)\]\s*$")
+_NO_REASON = ("", "(null)", "none", "None")
+# Base states in which a node cannot run jobs at all, so a drain there is complete.
+_IDLE_ENOUGH = ("drained", "down", "fail")
+
+
+def sinfo_json_argv():
+    return ["sinfo", "--json"]
+
+
+def squeue_active_argv(node):
+    # COMPLETING too: a cancelled or ended job may still be killing processes that hold the GPUs.
+    return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING,COMPLETING", "--format", "%A"]
+
+
+def drain_argv(node, reason):
+    # One argv element per key=value: no shell, so the reason may hold spaces and colons.
+    return ["scontrol", "update", "nodename=%s" % node, "state=drain", "reason=%s" % reason]
+
+
+def resume_argv(node):
+    return ["scontrol", "update", "nodename=%s" % node, "state=resume"]
+
+
+def scancel_argv(job_ids):
+    return ["scancel"] + [str(j) for j in job_ids]
+
+
+def valid_change_id(change_id):
+    return bool(change_id) and bool(CHANGE_ID_RE.match(change_id))
+
+
+def drain_reason(change_id, text=None, operator=None):
+    """``k3fleet:CHG-1042 alice: R580 driver change``: the first word identifies tool and change."""
+    head = REASON_PREFIX + change_id
+    words = []
+    if operator:
+        words.append("%s:" % operator)
+    if text:
+        words.append(text)
+    return " ".join([head] + words)
+
+
+def split_stamp(reason):
+    """``"text [root@2026-11-29T17:18:53]"`` -> ``("text", "root", "2026-11-29T17:18:53")``."""
+    if reason is None:
+        return None, None, None
+    match = _STAMP_RE.search(reason)
+    if not match:
+        return reason.strip(), None, None
+    return reason[:match.start()].strip(), match.group(1), match.group(2)
+
+
+def reason_owner(reason, change_id):
+    """Who holds a drain: ``ours``, ``k3fleet`` (another change), ``other``, or None (no reason)."""
+    if not reason or reason.strip() in _NO_REASON:
+        return None
+    first = reason.strip().split(None, 1)[0]
+    if change_id and first == REASON_PREFIX + change_id:
+        return "ours"
+    if first.startswith(REASON_PREFIX):
+        return "k3fleet"
+    return "other"
+
+
+def _status(node, raw_state, reason, reason_user, reason_time, source):
+    state, flags = normalize_slurm_state(raw_state or "")
+    if state is None:
+        return None
+    text, stamp_user, stamp_time = split_stamp(reason)
+    if text in _NO_REASON:
+        text = None
+    drain = "drain" in flags or state in ("drained", "draining")
+    return {
+        "node": node,
+        "state": state,
+        "raw_state": raw_state,
+        "flags": flags,
+        "drain": drain,
+        # Out of service for jobs, whoever put it there: drained, draining, down or failed.
+        "unavailable": drain or state in ("down", "fail", "failing"),
+        "reason": text,
+        "reason_user": reason_user or stamp_user,
+        "reason_time": reason_time or stamp_time,
+        "source": source,
+        "jobs_running": None,
+        "job_ids": None,
+    }
+
+
+def status_from_scontrol(text, node):
+    """The node's status from ``scontrol show node NODE --oneliner``; raises ValueError when absent."""
+    records = [r for r in parse_scontrol_nodes(text) if r.get("NodeName") == node]
+    if not records:
+        raise ValueError("no NodeName=%s record in scontrol output %r" % (node, (text or "").strip()[:160]))
+    fields = records[0]
+    status = _status(node, fields.get("State"), fields.get("Reason"), None, None, "scontrol")
+    if status is None:
+        raise ValueError("scontrol record of %s has no State field" % node)
+    return status
+
+
+def _epoch(value):
+    """22.05 gives an int; 23.02+ a ``{"set", "infinite", "number"}`` object."""
+    if isinstance(value, dict):
+        return value.get("number") if value.get("set", True) else None
+    return value if isinstance(value, int) else None
+
+
+def status_from_sinfo_json(text, node):
+    """The node's status from ``sinfo --json`` (22.05: state word + state_flags; 23.02+: state list).
+
+    Raises ValueError on text that is not the JSON document or that lacks the node.
+    """
+    try:
+        data = json.loads(text or "")
+    except ValueError as exc:
+        raise ValueError("sinfo --json printed no JSON (%s): %r" % (exc, (text or "").strip()[:160])) from exc
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, list):
+        raise ValueError("sinfo --json output has no nodes list")
+    for entry in nodes:
+        if not isinstance(entry, dict) or entry.get("name") != node:
+            continue
+        state = entry.get("state")
+        if isinstance(state, list):
+            words = [str(s) for s in state]
+        else:
+            words = [str(state or "")] + [str(f) for f in entry.get("state_flags") or []]
+        raw = "+".join(w.upper() for w in words if w)
+        changed = _epoch(entry.get("reason_changed_at"))
+        # The same local-time form scontrol prints in its "[user@time]" stamp.
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(changed)) if changed else None
+        status = _status(node, raw, entry.get("reason"), entry.get("reason_set_by_user") or None, when,
+                         "sinfo_json")
+        if status is None:
+            raise ValueError("sinfo --json entry of %s has no state" % node)
+        return status
+    names = ", ".join(str(e.get("name")) for e in nodes if isinstance(e, dict))
+    raise ValueError("node %s not in sinfo --json output (nodes: %s)" % (node, names or "none"))
+
+
+def parse_job_ids(text):
+    """Job ids from ``squeue --noheader --format %A``; raises ValueError on a line that is not an id."""
+    ids = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not re.match(r"^\d+$", line):
+            raise ValueError("squeue line is not a job id: %r" % line[:80])
+        ids.append(line)
+    return ids
+
+
+def drain_complete(status):
+    """No job can still be running: Slurm says drained (or down), and squeue agrees when it was asked."""
+    if not status["unavailable"]:
+        return False
+    if status["state"] not in _IDLE_ENOUGH or "completing" in status["flags"]:
+        # draining, failing, or a job's processes still being cleaned up: not yet safe.
+        return False
+    return status["jobs_running"] in (0, None)
+
+
+def plan_drain(status, change_id):
+    """What a drain request does to a node in ``status``.
+
+    ``drain``: not out of service, we drain it. ``ours``: already drained for this change
+    (a resumed night). ``other``: drained, downed or failed by someone else (or by another
+    k3fleet change): left exactly as it is, and never returned to service by us.
+    """
+    if not status["unavailable"]:
+        return "drain"
+    owner = reason_owner(status["reason"], change_id)
+    if owner == "ours" and status["drain"]:
+        return "ours"
+    return "other"
+
+
+def plan_resume(status, change_id):
+    """``resume`` only when the drain is ours; ``not_drained`` or ``not_ours`` otherwise."""
+    if not status["unavailable"]:
+        return "not_drained"
+    if reason_owner(status["reason"], change_id) == "ours":
+        return "resume"
+    return "not_ours"
+
+
+class SlurmError(Exception):
+    """A Slurm client command failed or printed something that could not be read."""
+
+
+class SlurmNode:
+    """One Slurm node, read and changed through a NodeReader's command runner."""
+
+    def __init__(self, reader, node, query="scontrol"):
+        self.reader = reader
+        self.node = node
+        self.query = query
+
+    def _run(self, argv, what):
+        res = self.reader.run(argv)
+        if not res.ok:
+            raise SlurmError("%s of node %s failed: %s" % (what, self.node, res.reason()))
+        return res
+
+    def status(self, with_jobs=True):
+        """Current status; raises SlurmError with the command's own words when it cannot be read."""
+        if self.query == "sinfo_json":
+            res = self._run(sinfo_json_argv(), "sinfo --json")
+            parse = status_from_sinfo_json
+        else:
+            res = self.reader.run(scontrol_show_node_argv(self.node))
+            text = (res.stdout or "") + (res.stderr or "")
+            if res.error is None and re.search(r"Node %s not found" % re.escape(self.node), text):
+                raise SlurmError("Slurm has no node named %s (scontrol: Node %s not found)" % (self.node, self.node))
+            if not res.ok:
+                raise SlurmError("reading node %s failed: %s" % (self.node, res.reason()))
+            parse = status_from_scontrol
+        try:
+            status = parse(res.stdout, self.node)
+        except ValueError as exc:
+            raise SlurmError("reading node %s: %s" % (self.node, exc)) from exc
+        if with_jobs:
+            ids = self.running_jobs()
+            status["job_ids"] = ids
+            status["jobs_running"] = len(ids)
+        return status
+
+    def running_jobs(self):
+        res = self._run(squeue_active_argv(self.node), "listing running jobs")
+        try:
+            return parse_job_ids(res.stdout)
+        except ValueError as exc:
+            raise SlurmError("listing running jobs of node %s: %s" % (self.node, exc)) from exc
+
+    def drain(self, reason):
+        self._run(drain_argv(self.node, reason), "draining")
+
+    def resume(self):
+        self._run(resume_argv(self.node), "resuming")
+
+    def cancel(self, job_ids):
+        if job_ids:
+            self._run(scancel_argv(job_ids), "cancelling jobs %s" % ",".join(job_ids))
