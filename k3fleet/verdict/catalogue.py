@@ -30,10 +30,13 @@ class Check(BaseModel):
     chain: bool = False
 
 
+Scope = Literal["host", "fleet"]
+
+
 def _c(
-    id: str, title: str, why: str, severity: Severity, fix: str, chain: bool = False, scope: str = "host"
+    id: str, title: str, why: str, severity: Severity, fix: str, chain: bool = False, scope: Scope = "host"
 ) -> Check:
-    return Check(id=id, scope=scope, title=title, why=why, severity=severity, fix=fix, chain=chain)  # type: ignore[arg-type]
+    return Check(id=id, scope=scope, title=title, why=why, severity=severity, fix=fix, chain=chain)
 
 
 _CHECKS: tuple[Check, ...] = (

@@ -29,6 +29,7 @@ from k3fleet.models.findings import (
     HostStatus,
     HostVerdict,
     Outcome,
+    Severity,
     VerdictSummary,
 )
 from k3fleet.models.target import Target
@@ -56,11 +57,11 @@ class _Fleet:
         self.ct = ct
         self.out: list[Finding] = []
 
-    def add(self, check_id: str, message: str, evidence: dict[str, Any], *, severity: str | None = None,
+    def add(self, check_id: str, message: str, evidence: dict[str, Any], *, severity: Severity | None = None,
             chain: bool = False) -> None:
-        sev = severity or CHECKS[check_id].severity
+        sev: Severity = severity or CHECKS[check_id].severity
         self.out.append(Finding(
-            check_id=check_id, severity=sev, kind="note" if sev == "info" else "fail",  # type: ignore[arg-type]
+            check_id=check_id, severity=sev, kind="note" if sev == "info" else "fail",
             host=None, message=message, evidence=evidence, fix=self.ct.fix[check_id], chain=chain))
 
 
@@ -95,17 +96,16 @@ def _drift(evals: list[HostEval], fl: _Fleet) -> None:
                 v = s.get(k)
                 nccl[k][ev.host] = v.value if v is not None else "<unset>"
 
-    for check, values, what, sev in (
-        ("fleet.driver_drift", versions, "driver versions", None),
-        ("fleet.image_digest_drift", images, "image builds (digest or id)", None),
-        ("fleet.rdma_rail_drift", rail_counts, "RDMA rail counts", None),
+    for check, values, what in (
+        ("fleet.driver_drift", versions, "driver versions"),
+        ("fleet.image_digest_drift", images, "image builds (digest or id)"),
+        ("fleet.rdma_rail_drift", rail_counts, "RDMA rail counts"),
     ):
         counter = Counter(values.values())
         if len(counter) > 1:
             majority = min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
             fl.add(check, f"{len(counter)} {what} across {len(values)} hosts: {_spread(counter)}",
-                   {"values": dict(counter.most_common(20)), "majority": majority, **_outliers(values, majority)},
-                   severity=sev)
+                   {"values": dict(counter.most_common(20)), "majority": majority, **_outliers(values, majority)})
 
     drifting: dict[str, Any] = {}
     for k in keys:

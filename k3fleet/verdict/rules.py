@@ -131,9 +131,6 @@ class _Emitter:
             "error" if error else "warning", "unknown", False,
         )
 
-    def note(self, check_id: str, message: str, evidence: dict[str, Any]) -> None:
-        self._add(check_id, message, evidence, "info", "note", False)
-
     def _add(
         self, check_id: str, message: str, evidence: dict[str, Any], severity: Severity,
         kind: FindingKind, chain: bool,
@@ -658,7 +655,8 @@ def _cuda_runtime(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     cuda, src = image_cuda(f, ct)
     want = cuda_tuple(cuda)
     assert want is not None
-    host_max = f.driver.cuda_driver_version
+    reported = f.driver.cuda_driver_version
+    host_max = reported if cuda_tuple(reported) else None
     row_max = ct.max_cuda(c.version) if c.version else None
     hm = cuda_tuple(host_max) or (row_max.key if row_max else None)
     ev: dict[str, Any] = {"image_cuda": cuda, "image_cuda_source": src, "driver_version": c.version,
