@@ -133,6 +133,50 @@ def test_reboot_inside_a_guest_keeps_its_files(testbed_state: testbed.TestbedSta
     assert testbed.status(testbed_state.workdir).host("tb-node01").boots == 1
 
 
+REBOOT_PLAY = """
+- name: Reboot one testbed guest the way the change night does
+  hosts: tb-node03
+  gather_facts: false
+  tasks:
+    - name: Leave a file in the guest's writable layer
+      ansible.builtin.copy:
+        dest: /root/k3tb-ansible-marker
+        content: "{{ marker }}"
+        mode: "0644"
+    - name: Reboot and wait for the guest to come back
+      ansible.builtin.reboot:
+        reboot_timeout: 120
+    - name: Read the file after the reboot
+      ansible.builtin.slurp:
+        src: /root/k3tb-ansible-marker
+      register: after
+    - name: The file survived the reboot
+      ansible.builtin.assert:
+        that: (after.content | b64decode) == marker
+"""
+
+
+def test_ansible_reboot_module_reboots_a_guest(testbed_state: testbed.TestbedState, tmp_path: Path) -> None:
+    before = testbed.status(testbed_state.workdir).host("tb-node03")
+    marker = secrets.token_hex(8)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "reboot.yml").write_text(REBOOT_PLAY)
+    result = ansible_runner.run(
+        private_data_dir=str(tmp_path),
+        inventory=str(testbed_state.inventory),
+        playbook="reboot.yml",
+        extravars={"marker": marker},
+        quiet=True,
+        envvars={"ANSIBLE_SSH_ARGS": "-o ControlMaster=no", "ANSIBLE_HOST_KEY_CHECKING": "False"},
+    )
+    failed = [e["event_data"].get("res") for e in result.events if e.get("event") == "runner_on_failed"]
+    assert result.rc == 0, f"reboot play failed: {result.status} {failed}"
+    after = testbed.status(testbed_state.workdir).host("tb-node03")
+    # A real reboot: nspawn exited 133 and the supervisor booted the guest again.
+    assert after.boots == before.boots + 1
+    assert after.guest_pid != before.guest_pid
+
+
 def test_guest_exec_enters_the_guest(testbed_state: testbed.TestbedState) -> None:
     st = testbed.status(testbed_state.workdir)
     assert testbed.guest_exec(st, "tb-node04", ["cat", "/etc/hostname"]).strip() == "tb-node04"

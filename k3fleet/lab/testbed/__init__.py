@@ -16,12 +16,8 @@ from __future__ import annotations
 
 from k3fleet.lab.testbed.errors import MissingToolError, NotRootError, TestbedError
 from k3fleet.lab.testbed.harness import (
-    Leftovers,
     default_repo,
-    default_workdir,
-    down,
     guest_exec,
-    leftovers,
     ssh_argv,
     ssh_run,
     status,
@@ -38,7 +34,8 @@ from k3fleet.lab.testbed.slurm import (
     submit_job,
     update_node,
 )
-from k3fleet.lab.testbed.state import HostState, PodmanState, SlurmState, TestbedState
+from k3fleet.lab.testbed.state import HostState, PodmanState, SlurmState, TestbedState, default_workdir
+from k3fleet.lab.testbed.teardown import Leftovers, down, leftovers
 
 __all__ = [
     "HostState",

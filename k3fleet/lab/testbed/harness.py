@@ -10,10 +10,7 @@ overlay writable layer over the cached Debian image, and a booted systemd-nspawn
 `tb-nodeNN` with sshd; munged + slurmctld + one slurmd per host on this machine; podman images.
 Every long-running process is a child of one supervisor (see supervisor.py).
 
-`down` works from the state file and, when that is gone or stale, from name prefixes, the
-environment mark every supervised process carries, and the mount table, so it also cleans up
-after a SIGKILL of everything. Its order matters: supervisor (clean guest halt), leftover
-processes, processes inside the namespaces, then `ip netns del`, then the overlay mounts.
+Teardown (`down`, `leftovers`) lives in teardown.py.
 """
 
 from __future__ import annotations
@@ -24,13 +21,11 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +36,6 @@ from k3fleet.lab.testbed import image as image_mod
 from k3fleet.lab.testbed import network, podman, proc, slurm
 from k3fleet.lab.testbed.errors import TestbedError
 from k3fleet.lab.testbed.state import (
-    ADDRESS_PREFIX,
     GUEST_PROCFS,
     GUEST_REPO_MOUNT,
     HOSTNAME_FORMAT,
@@ -56,15 +50,13 @@ from k3fleet.lab.testbed.state import (
     guest_address,
     host_address,
     load_state,
+    resolve_workdir,
     save_state,
 )
-from k3fleet.lab.testbed.supervisor import MARK_ENV
+from k3fleet.lab.testbed.teardown import SUPERVISOR_MODULE, down, supervisor_alive
 
-SUPERVISOR_MODULE = "k3fleet.lab.testbed.supervisor"
 BOOT_TIMEOUT = 120.0
-SSH_TIMEOUT = 60.0
 SLURM_TIMEOUT = 60.0
-SUPERVISOR_STOP_GRACE = 60.0
 SSH_OPTIONS: tuple[str, ...] = (
     "-o",
     "StrictHostKeyChecking=no",
@@ -76,18 +68,6 @@ SSH_OPTIONS: tuple[str, ...] = (
 def _has_pynvml(index: int) -> bool:
     # Hosts 1 and 3 (odd) get pynvml, 2 and 4 (even) do not: both collector paths get exercised.
     return index % 2 == 1
-
-
-def default_workdir() -> Path:
-    """<checkout>/.testbed when running from a checkout, else ./.testbed (installed from a wheel)."""
-    checkout = Path(k3fleet.__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").exists():
-        return checkout / ".testbed"
-    return Path.cwd() / ".testbed"
-
-
-def _workdir(workdir: Path | None) -> Path:
-    return (workdir if workdir is not None else default_workdir()).expanduser().resolve()
 
 
 @contextmanager
@@ -114,7 +94,7 @@ def default_repo(workdir: Path | None = None) -> Path:
     Built under the cache so its packages are compiled once; rebuilt in place when its inputs
     change (the guests bind-mount the directory, so they see a rebuild without a restart).
     """
-    layout = Layout(_workdir(workdir))
+    layout = Layout(resolve_workdir(workdir))
     if importlib.util.find_spec("k3fleet.lab.standin") is not None:
         from k3fleet.lab import standin
 
@@ -262,19 +242,11 @@ def _read_live(layout: Layout) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _supervisor_alive(state: TestbedState) -> bool:
-    pid = state.supervisor_pid
-    if pid is None or not proc.pid_alive(pid):
-        return False
-    # Guard against pid reuse after a crash: same start time as when we launched it.
-    return state.supervisor_start_time is None or proc.start_time(pid) == state.supervisor_start_time
-
-
 def _refresh(state: TestbedState) -> TestbedState:
     layout = Layout(state.workdir)
     live = _read_live(layout)
     services = live.get("services", {}) if isinstance(live.get("services"), dict) else {}
-    supervisor_ok = _supervisor_alive(state)
+    supervisor_ok = supervisor_alive(state)
     for h in state.hosts:
         entry = services.get(f"guest-{h.name}", {})
         nspawn_pid = entry.get("pid") if supervisor_ok else None
@@ -290,7 +262,7 @@ def _refresh(state: TestbedState) -> TestbedState:
 
 def status(workdir: Path | None = None) -> TestbedState:
     """The saved state with live pids (guest pids change on every guest reboot)."""
-    wd = _workdir(workdir)
+    wd = resolve_workdir(workdir)
     layout = Layout(wd)
     state = load_state(wd)
     if state is None:
@@ -319,7 +291,6 @@ def _plan(wd: Path, n: int) -> TestbedState:
                 slurm_node=SLURM_NODE_FORMAT.format(index=i),
                 has_pynvml=_has_pynvml(i),
                 overlay=OverlayDirs(
-                    lower=layout.cache,  # set to the real image path once it is known
                     upper=hdir / "upper",
                     work=hdir / "work",
                     merged=hdir / "merged",
@@ -336,6 +307,8 @@ def _plan(wd: Path, n: int) -> TestbedState:
 
 
 def _mount_overlay(h: HostState) -> None:
+    if h.overlay.lower is None:
+        raise TestbedError(f"testbed: overlay for {h.name} has no image to sit on")
     for d in (h.overlay.upper, h.overlay.work, h.overlay.merged):
         d.mkdir(parents=True, exist_ok=True)
     options = f"lowerdir={h.overlay.lower},upperdir={h.overlay.upper},workdir={h.overlay.work}"
@@ -431,7 +404,7 @@ def _wait_slurm(state: TestbedState) -> None:
     assert state.slurm is not None
 
     def nodes_idle() -> bool:
-        if not _supervisor_alive(state) or not slurm.ping(state):
+        if not supervisor_alive(state) or not slurm.ping(state):
             return False
         data = slurm.sinfo_json(state)
         for node in state.slurm.nodes:  # type: ignore[union-attr]
@@ -460,7 +433,7 @@ def up(n: int = 4, workdir: Path | None = None, repo: Path | None = None) -> Tes
     if not 1 <= n <= MAX_HOSTS:
         raise TestbedError(f"testbed: {n} hosts requested; between 1 and {MAX_HOSTS} fit the 169.254.77.0/24 plan")
     tools = proc.require_tools()
-    wd = _workdir(workdir)
+    wd = resolve_workdir(workdir)
     layout = Layout(wd)
     started = time.monotonic()
     with _locked(layout):
@@ -547,7 +520,7 @@ def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: 
     deadline = time.monotonic() + BOOT_TIMEOUT
     for h in state.hosts:
         remaining = max(5.0, deadline - time.monotonic())
-        if not _supervisor_alive(state):
+        if not supervisor_alive(state):
             raise TestbedError(f"testbed: supervisor exited: {_log_tail(layout.supervisor_log)}")
         wait_host_ready(layout.workdir, h.name, timeout=remaining)
     _wait_slurm(state)
@@ -556,290 +529,3 @@ def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: 
         "# k3fleet real testbed: written by `k3fleet lab testbed up`, removed by `down`.\n"
         + yaml.safe_dump(_inventory(state), sort_keys=False)
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# down
-
-
-@dataclass
-class Leftovers:
-    """What of a testbed is still on the machine; empty after a successful `down`."""
-
-    processes: dict[int, str] = field(default_factory=dict)
-    netns: list[str] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)
-    mounts: list[str] = field(default_factory=list)
-    runtime: list[str] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.processes or self.netns or self.links or self.mounts or self.runtime)
-
-    def describe(self) -> str:
-        parts = []
-        if self.processes:
-            parts.append("processes " + ", ".join(f"{pid} ({cmd})" for pid, cmd in sorted(self.processes.items())))
-        if self.netns:
-            parts.append("netns " + ", ".join(self.netns))
-        if self.links:
-            parts.append("links " + ", ".join(self.links))
-        if self.mounts:
-            parts.append("mounts " + ", ".join(self.mounts))
-        if self.runtime:
-            parts.append("nspawn runtime dirs " + ", ".join(self.runtime))
-        return "; ".join(parts) or "nothing"
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
-
-
-def _marked_processes(wd: Path) -> dict[int, str]:
-    """Live processes that belong to the testbed in `wd`, and all their descendants."""
-    marker = str(wd)
-    conf = str(Layout(wd).slurm_dir / "slurm.conf")
-    skip = proc.own_lineage()
-    found: dict[int, str] = {}
-    parent_of: dict[int, int] = {}
-    for pid in proc.all_pids():
-        stat = proc.read_stat(pid)
-        if stat is None or stat[0] in ("Z", "X"):
-            continue
-        parent_of[pid] = stat[1]
-        if pid in skip:
-            continue
-        argv = proc.cmdline(pid)
-        if not argv:
-            continue  # kernel threads
-        env = _environ(pid)
-        if (
-            env.get(MARK_ENV) == marker
-            or env.get("SLURM_CONF") == conf
-            or any(marker + os.sep in arg or arg == marker for arg in argv)
-        ):
-            found[pid] = " ".join(argv)[:120]
-    found.update(_guest_ssh_clients())
-    # Descendants (a guest's processes, job steps) belong to it too.
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parent_of.items():
-            if ppid in found and pid not in found and pid not in skip:
-                found[pid] = " ".join(proc.cmdline(pid))[:120]
-                changed = True
-    return found
-
-
-def _guest_ssh_clients() -> dict[int, str]:
-    """Processes on this machine holding a TCP connection to a testbed guest address.
-
-    Ansible's ControlPersist masters rename themselves (`ssh: ~/.ansible/cp/... [mux]`) and
-    outlive the play; left running after `down` they are reused by the next run's connection
-    to the same address and hang it.
-    """
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp",):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10:
-                continue
-            remote_hex = fields[2].split(":")[0]
-            try:
-                remote = ".".join(str(b) for b in reversed(bytes.fromhex(remote_hex)))
-            except ValueError:
-                continue
-            if remote.startswith(ADDRESS_PREFIX):
-                inodes.add(fields[9])
-    if not inodes:
-        return {}
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    skip = proc.own_lineage()
-    found: dict[int, str] = {}
-    for pid in proc.all_pids():
-        if pid in skip:
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target in wanted:
-                found[pid] = " ".join(proc.cmdline(pid))[:120]
-                break
-    return found
-
-
-def _mounts_under(wd: Path) -> list[str]:
-    prefix = str(wd) + os.sep
-    mounts = []
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 4:
-            # mountinfo escapes spaces as \040
-            point = fields[4].replace("\\040", " ")
-            if point.startswith(prefix):
-                mounts.append(point)
-    # Deepest first so nested mounts come off before their parents.
-    return sorted(set(mounts), key=lambda p: p.count(os.sep), reverse=True)
-
-
-def leftovers(workdir: Path | None = None) -> Leftovers:
-    """Processes, namespaces, links and mounts of the testbed still present on the machine."""
-    wd = _workdir(workdir)
-    found = Leftovers()
-    found.processes = _marked_processes(wd)
-    found.netns = network.list_netns()
-    for ns in found.netns:
-        for pid in network.netns_pids(ns):
-            if proc.pid_alive(pid):
-                found.processes[pid] = " ".join(proc.cmdline(pid))[:120]
-    found.links = network.list_links()
-    found.mounts = _mounts_under(wd)
-    found.runtime = [str(NSPAWN_RUNTIME / "propagate" / name) for name in _nspawn_propagate_dirs()]
-    return found
-
-
-def _stop_supervisor(state: TestbedState | None, wd: Path) -> None:
-    candidates = []
-    if state is not None and _supervisor_alive(state) and state.supervisor_pid is not None:
-        candidates.append(state.supervisor_pid)
-    spec = str(Layout(wd).supervisor_spec)
-    candidates += proc.find_pids(lambda argv: SUPERVISOR_MODULE in argv and spec in argv)
-    candidates = sorted(set(candidates))
-    if not candidates:
-        return
-    # SIGTERM: it halts the guests cleanly and stops Slurm; give it the time a halt takes.
-    proc.signal_pids(candidates, signal.SIGTERM)
-    left = proc.wait_gone(candidates, SUPERVISOR_STOP_GRACE)
-    if left:
-        proc.signal_pids(left, signal.SIGKILL)
-        proc.wait_gone(left, 5.0)
-
-
-def _kill_leftover_processes(wd: Path) -> None:
-    # nspawn first with SIGTERM: a guest whose supervisor died still gets a clean halt.
-    marked = _marked_processes(wd)
-    nspawns = [pid for pid, cmd in marked.items() if "systemd-nspawn" in cmd]
-    if nspawns:
-        proc.signal_pids(nspawns, signal.SIGTERM)
-        proc.wait_gone(nspawns, 20.0)
-    for _ in range(10):
-        marked = _marked_processes(wd)
-        if not marked:
-            return
-        proc.signal_pids(marked, signal.SIGKILL)
-        proc.wait_gone(list(marked), 5.0)
-
-
-def _clear_netns(names: list[str]) -> None:
-    for ns in names:
-        # Kill everything inside BEFORE deleting the name: otherwise processes (an sshd child kept
-        # by ControlPersist, a guest) keep the namespace alive and the next `ip netns add` fails.
-        for _ in range(10):
-            pids = [pid for pid in network.netns_pids(ns) if proc.pid_alive(pid)]
-            if not pids:
-                break
-            proc.signal_pids(pids, signal.SIGKILL)
-            proc.wait_gone(pids, 5.0)
-        network.delete_netns(ns)
-
-
-NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
-
-
-def _nspawn_propagate_dirs() -> list[str]:
-    """Machine names of our guests with a propagation directory in /run (by name pattern)."""
-    prefix = HOSTNAME_FORMAT.split("{", 1)[0]
-    base = NSPAWN_RUNTIME / "propagate"
-    return sorted(p.name for p in base.glob(f"{prefix}*")) if base.is_dir() else []
-
-
-def _clear_nspawn_runtime(points: list[str], names: list[str]) -> None:
-    """Remove what a killed systemd-nspawn leaves in /run: its propagation directory, named after
-    the machine, and its image lock, named after the device and inode of the guest's root (so
-    this must run while the overlays are still mounted). A clean halt removes both itself."""
-    locks = set()
-    for point in points:
-        try:
-            st = os.stat(point)
-        except OSError:
-            continue
-        locks.add(f"inode-{st.st_dev}:{st.st_ino}")
-    for lock in locks:
-        path = NSPAWN_RUNTIME / "locks" / lock
-        if path.is_file() or path.is_symlink():
-            path.unlink()
-    for name in names:
-        path = NSPAWN_RUNTIME / "propagate" / name
-        if path.is_dir() and not os.path.ismount(path):
-            shutil.rmtree(path)
-
-
-def _unmount(points: list[str]) -> None:
-    for point in points:
-        result = proc.run(["umount", point], what=f"testbed teardown: unmounting {point}", check=False)
-        if result.returncode != 0 and point in _mounts_under(Path(point).parent.parent):
-            # Still busy (a shell sitting in it): detach now, the kernel frees it when released.
-            proc.run(["umount", "-l", point], what=f"testbed teardown: lazy unmount of {point}")
-
-
-def down(workdir: Path | None = None) -> None:
-    """Stop and remove everything the testbed made; safe to call repeatedly and after a crash.
-
-    Keeps `workdir/cache` (image tarball, podman store, stand-in repository) and
-    `workdir/last-failure`. Raises TestbedError naming what could not be removed.
-    """
-    proc.require_root()
-    wd = _workdir(workdir)
-    layout = Layout(wd)
-    try:
-        state = load_state(wd)
-    except TestbedError:
-        state = None  # unreadable state: the prefix scan below still finds everything
-
-    _stop_supervisor(state, wd)
-    _kill_leftover_processes(wd)
-
-    names = set(network.list_netns())
-    if state is not None:
-        names |= {h.netns for h in state.hosts if (network.NETNS_RUN_DIR / h.netns).exists()}
-    _clear_netns(sorted(names))
-
-    mounts = _mounts_under(wd)
-    _clear_nspawn_runtime(mounts, _nspawn_propagate_dirs())
-    _unmount(mounts)
-    for link in network.list_links():
-        network.delete_link(link)
-
-    for path in (layout.hosts_dir, layout.slurm_dir, layout.run_dir, layout.ssh_dir):
-        if path.exists():
-            shutil.rmtree(path)
-    for path in (layout.inventory, layout.state_file):
-        if path.exists():
-            path.unlink()
-
-    left = leftovers(wd)
-    if not left.empty:
-        raise TestbedError(f"testbed teardown of {wd} incomplete: {left.describe()}")

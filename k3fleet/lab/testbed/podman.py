@@ -18,7 +18,7 @@ from typing import Any
 
 from k3fleet.lab.testbed.errors import TestbedError
 from k3fleet.lab.testbed.proc import run
-from k3fleet.lab.testbed.state import Layout, PodmanState
+from k3fleet.lab.testbed.state import Layout, PodmanState, resolve_workdir
 
 REGISTRY = "docker.io"
 REPOSITORY = "vllm/vllm-openai"
@@ -71,11 +71,7 @@ def write_podman_conf(workdir: Path) -> tuple[Path, Path]:
 
 def podman_env(workdir: Path | None = None) -> dict[str, str]:
     """Environment for `podman` calls that must see the testbed's images and settings."""
-    if workdir is None:
-        from k3fleet.lab.testbed.harness import default_workdir
-
-        workdir = default_workdir()
-    containers_conf, storage_conf = _conf_paths(workdir.resolve())
+    containers_conf, storage_conf = _conf_paths(resolve_workdir(workdir))
     env = dict(os.environ)
     env["CONTAINERS_CONF"] = str(containers_conf)
     env["CONTAINERS_STORAGE_CONF"] = str(storage_conf)

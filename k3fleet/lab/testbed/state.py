@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+import k3fleet
 from k3fleet.lab.testbed.errors import TestbedError
 
 STATE_VERSION = 1
@@ -37,6 +38,19 @@ def host_address(index: int) -> str:
 
 def guest_address(index: int) -> str:
     return f"{ADDRESS_PREFIX}{4 * index + 2}"
+
+
+def default_workdir() -> Path:
+    """<checkout>/.testbed when running from a checkout, else ./.testbed (installed from a wheel)."""
+    checkout = Path(k3fleet.__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").exists():
+        return checkout / ".testbed"
+    return Path.cwd() / ".testbed"
+
+
+def resolve_workdir(workdir: Path | None) -> Path:
+    """Absolute work directory; the default one when None."""
+    return (workdir if workdir is not None else default_workdir()).expanduser().resolve()
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,7 @@ class Layout:
 
 
 class OverlayDirs(BaseModel):
-    lower: Path
+    lower: Path | None = Field(default=None, description="the shared read-only image; None until it is built")
     upper: Path
     work: Path
     merged: Path
