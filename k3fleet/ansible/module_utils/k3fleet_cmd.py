@@ -20,6 +20,7 @@ __metaclass__ = type
 DEFAULT_TIMEOUT = 20.0
 # Enough for any output a collector parses; protects the module from a runaway command.
 MAX_OUTPUT = 4 * 1024 * 1024
+READ_CHUNK = 64 * 1024
 
 
 class CommandResult:
@@ -94,12 +95,20 @@ class NodeReader:
 
     def read(self, path, limit=MAX_OUTPUT):
         """Return the file's text, or None when it does not exist or cannot be read."""
+        # Read in small chunks: some procfs/sysfs files refuse one large read (ENOMEM).
+        chunks = []
+        size = 0
         try:
             with open(self.resolve(path), "rb") as fh:
-                data = fh.read(limit)
+                while size < limit:
+                    chunk = fh.read(min(READ_CHUNK, limit - size))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
         except (IOError, OSError):
             return None
-        return data.decode("utf-8", "replace")
+        return b"".join(chunks).decode("utf-8", "replace")
 
     def read_error(self, path):
         """Why ``path`` cannot be read (for ``unknown`` reasons), or None if it can."""
