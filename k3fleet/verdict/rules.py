@@ -338,7 +338,11 @@ def _fabric_state(f: HostFacts, c: HostContext, e: _Emitter) -> None:
                f"({', '.join(sorted({s for _, s in bad}))})",
                {"states": {str(i): s for i, s in bad}})
     elif all(s is None for _, s in states):
-        e.unknown("gpu.fabric_state", "GPU fabric state", f.driver.nvml.error, error=True)
+        # Fabric Manager's own state (present, active, version) is checked separately; this per-GPU
+        # signal is extra, and nvidia-smi's query does not carry it at all.
+        why = ("GPU facts came from nvidia-smi, whose query does not report it" if f.driver.source == "nvidia-smi"
+               else f.driver.nvml.error)
+        e.unknown("gpu.fabric_state", "GPU fabric state", why)
 
 
 # -- packages ----------------------------------------------------------------------------------
@@ -659,8 +663,9 @@ def _cuda_runtime(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     host_max = reported if cuda_tuple(reported) else None
     row_max = ct.max_cuda(c.version) if c.version else None
     hm = cuda_tuple(host_max) or (row_max.key if row_max else None)
+    # Like nvidia-smi's "CUDA Version": major.minor, whether reported or derived from the matrix.
     ev: dict[str, Any] = {"image_cuda": cuda, "image_cuda_source": src, "driver_version": c.version,
-                          "host_max_cuda": host_max or (row_max.label if row_max else None)}
+                          "host_max_cuda": host_max or (f"{row_max.key[0]}.{row_max.key[1]}" if row_max else None)}
     if c.version_t is None and hm is None:
         if not c.driver_failed:
             e.unknown("container.cuda_runtime", f"the host's maximum CUDA (image needs {cuda})",
@@ -752,7 +757,8 @@ def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
         e.unknown("scheduler.state", f"the {sc.kind or 'scheduler'} node state", sc.reason)
         return
     st = state_words(sc.state) | {x.lower() for x in sc.state_flags}
-    shown = "+".join([sc.state, *sc.state_flags])
+    # The collector already folds DRAIN into "drained"/"draining": show only flags that add something.
+    shown = "+".join([sc.state, *(x for x in sc.state_flags if x.lower() not in sc.state.lower())])
     ev = {"kind": sc.kind, "node": sc.node, "state": sc.state, "flags": sc.state_flags, "reason": sc.reason}
     reason = f" ({sc.reason})" if sc.reason else ""
     if st & e.ct.down_states:

@@ -124,7 +124,7 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     ("fabric training in progress", GOOD, {"driver.gpus.2.fabric_state": "in_progress"},
      {"gpu.fabric_state/error"}),
     ("fabric state unknown", GOOD, {"driver.gpus": each_gpu(fabric_state=None)},
-     {"gpu.fabric_state/error/unknown"}),
+     {"gpu.fabric_state/warning/unknown"}),
     ("PCIe host without NVSwitch or FM", GOOD,
      {"fabricmanager": {"status": "absent", "nvswitch_present": False, "nvswitch_count": 0, "required": False,
                         "unit": {"installed": False, "active": "inactive", "enabled": "not-found"}},
