@@ -101,7 +101,11 @@ class ChangePlan(_Out):
     needs_upgrade: list[UpgradeItem] = Field(
         default_factory=list, description="every host below the target, blocked or not"
     )
-    done: list[str] = Field(default_factory=list, description="hosts already on the target branch or newer")
+    done: list[str] = Field(
+        default_factory=list,
+        description="hosts already on the target branch (or newer) at or above the minimum driver; "
+        "fleet.driver_drift still shows those short of target_version",
+    )
     blocked: list[BlockedHost] = Field(default_factory=list, description="fix these before changing them")
     unreachable: list[str] = Field(default_factory=list)
     canary: Canary | None = None

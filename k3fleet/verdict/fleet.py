@@ -24,6 +24,7 @@ from typing import Any
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import (
     SEVERITY_RANK,
+    BlockedHost,
     Finding,
     FleetVerdict,
     HostStatus,
@@ -180,6 +181,12 @@ def _evaluate_fleet(
     fl = _Fleet(ct)
     _drift(evals, fl)
     plan, changeable = build_plan(evals, list(unreachable), ct, wave_size)
+    if invalid_findings:
+        # Hosts without readable facts cannot be planned: they are blocked until re-audited.
+        plan.blocked = sorted(
+            [*plan.blocked, *(BlockedHost(host=f.host or "", check_ids=["facts.schema"], reasons=[f.message])
+                              for f in invalid_findings)],
+            key=lambda b: b.host)
 
     healthy = sum(e.ctx.gpu_count or 0 for e in evals if e.status in ("pass", "warn"))
     after = healthy + sum(e.ctx.gpu_count or 0 for e in changeable if e.status not in ("pass", "warn"))
@@ -211,7 +218,7 @@ def _evaluate_fleet(
     )
     outcome, reasons = _outcome(evals, summary, need, basis, len(plan.needs_upgrade), fl.out)
     return FleetVerdict(
-        target=target.name, outcome=outcome, reasons=reasons, summary=summary, hosts=hosts,
+        target=target.name, outcome=outcome, reasons=reasons, summary=summary, hosts=dict(sorted(hosts.items())),
         fleet_findings=fl.out, plan=plan, unconfirmed_matrix_rows=sorted(unconfirmed),
     )
 

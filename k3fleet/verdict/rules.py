@@ -6,8 +6,10 @@ interpreted in exactly one place. Every rule either says nothing (pass), reports
 problem, or reports what it could not read (kind ``unknown``).
 
 Severity of ``unknown``: error when the fact decides whether the host can serve at all
-(driver, GPU count, Fabric Manager on NVSwitch systems, RDMA on multi-node targets,
-the image's CUDA), warning otherwise.
+(driver loaded and version, GPU count, kernel module flavour where open modules are
+required, Fabric Manager on NVSwitch systems, RDMA on multi-node targets, the image's
+CUDA, the facts schema), warning otherwise. A rule stays silent about a fact another
+rule already reported as the cause (no GPU count finding when the module is not loaded).
 """
 
 from __future__ import annotations

@@ -170,6 +170,8 @@ def test_invalid_facts_become_a_finding_not_an_exception() -> None:
     f = v.hosts["g3"].findings[0]
     assert (f.check_id, f.kind, f.severity) == ("facts.schema", "unknown", "error")
     assert v.exit_code == 3
+    assert [(b.host, b.check_ids) for b in v.plan.blocked] == [("g3", ["facts.schema"]), ("g4", ["facts.schema"])]
+    assert list(v.hosts) == ["g1", "g2", "g3", "g4"]
 
 
 def test_validate_facts_restores_the_collector_state() -> None:
