@@ -78,7 +78,7 @@ _CHECKS: tuple[Check, ...] = (
     _c("gpu.count", "All GPUs visible",
        "The serving strategy needs {gpus_per_node} GPUs per node; a missing GPU breaks tensor parallelism.",
        "error",
-       "Check nvidia-smi / dmesg for fallen-off GPUs (Xid 79), reseat or RMA, then re-audit."),
+       "Check nvidia-smi and the kernel log for a GPU that fell off the bus; reseat or RMA it, then re-audit."),
     _c("gpu.persistence_mode", "Persistence mode on",
        "Without persistence mode the driver tears down GPU state between clients, slowing start-up "
        "and hiding errors.",
