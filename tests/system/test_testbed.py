@@ -82,6 +82,10 @@ def test_state_and_inventory_describe_every_guest(testbed_state: testbed.Testbed
     assert Path(group["vars"]["k3fleet_slurm_conf"]).is_file()
     assert group["hosts"]["tb-node02"]["k3fleet_slurm_node"] == "node02"
     assert group["hosts"]["tb-node03"]["k3fleet_has_pynvml"] is True
+    podman_env = testbed.podman_env(st.workdir)
+    assert group["vars"]["k3fleet_podman_env"] == {
+        key: podman_env[key] for key in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF")
+    }
 
 
 # -- guests over SSH -----------------------------------------------------------------------------

@@ -342,6 +342,12 @@ def _guest_spec(h: HostState, repo: Path, tools: dict[str, str]) -> dict[str, An
 
 def _inventory(state: TestbedState) -> dict[str, Any]:
     assert state.slurm is not None
+    podman_vars = {}
+    if state.podman is not None:
+        podman_vars = {
+            "CONTAINERS_CONF": str(state.podman.containers_conf),
+            "CONTAINERS_STORAGE_CONF": str(state.podman.storage_conf),
+        }
     hosts: dict[str, Any] = {}
     for h in state.hosts:
         hosts[h.name] = {
@@ -361,6 +367,9 @@ def _inventory(state: TestbedState) -> dict[str, Any]:
                         "ansible_python_interpreter": "/usr/bin/python3",
                         "k3fleet_procfs": GUEST_PROCFS,
                         "k3fleet_slurm_conf": str(state.slurm.conf),
+                        # podman runs on this machine, not in the guests: a play that checks the
+                        # images on localhost passes this as its `environment`.
+                        "k3fleet_podman_env": podman_vars,
                     },
                 }
             }
