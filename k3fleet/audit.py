@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from k3fleet.errors import EXIT_INCOMPLETE, IncompleteError
 from k3fleet.evidence import RunDir
 from k3fleet.inventory import inventory_hosts
@@ -53,23 +51,21 @@ class AuditResult:
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
         dict[str, HostFacts], dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
     """Split hosts into validated facts, unreachable (with why) and invalid evidence (with why)."""
+    from k3fleet.verdict import validate_facts
+
     raw = play.results_with_key()
-    facts: dict[str, HostFacts] = {}
+    candidates: dict[str, Any] = {}
     unreachable: dict[str, str] = {}
     invalid: dict[str, str] = {}
     for host in hosts:
         if host in raw:
             data = raw[host]
-            if str(data.get("schema_version", "")).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
-                invalid[host] = (f"facts schema {data.get('schema_version')!r} from the node, "
-                                 f"controller expects {SCHEMA_VERSION}")
-                continue
-            try:
-                facts[host] = HostFacts.model_validate({**data, "host": host})
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                loc = ".".join(str(p) for p in err["loc"])
-                invalid[host] = f"facts do not match schema {SCHEMA_VERSION}: {loc}: {err['msg']}"
+            major = str(data.get("schema_version", "")).split(".")[0] if isinstance(data, dict) else ""
+            if major != SCHEMA_VERSION.split(".")[0]:
+                got = data.get("schema_version") if isinstance(data, dict) else None
+                invalid[host] = f"host {host}: facts schema {got!r} from the node, controller expects {SCHEMA_VERSION}"
+            else:
+                candidates[host] = {**data, "host": host}
             continue
         last = play.last(host)
         if last is None:
@@ -81,7 +77,9 @@ def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
             unreachable[host] = f"timed out: {last.message or 'task timeout'}"
         else:
             # The module itself failed (e.g. no Python on the node): evidence is missing, not a check result.
-            invalid[host] = f"{last.status}: {last.message or 'module failed without a message'}"
+            invalid[host] = f"host {host}: {last.status}: {last.message or 'module failed without a message'}"
+    facts, bad = validate_facts(candidates)
+    invalid.update(bad)
     return facts, unreachable, invalid, raw
 
 
@@ -122,7 +120,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
     facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
     for host, data in raw.items():
         rd.write_json(f"facts/{host}.json", data)
-    verdict = evaluate_fleet(facts, target, unreachable={**unreachable, **invalid})
+    verdict = evaluate_fleet(facts, target, unreachable=unreachable, invalid=invalid)
     result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
     _write_outputs(result, target)
     return result

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Table
 
 from k3fleet import __version__
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError, UsageError
@@ -33,7 +34,7 @@ testbed_app = typer.Typer(help="The real testbed: SSH into booted systemd guests
 app.add_typer(lab_app, name="lab")
 lab_app.add_typer(testbed_app, name="testbed")
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
 
@@ -150,16 +151,29 @@ def plan(
 
 
 @app.command()
-def checks(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List every check id with its title, severity and fix."""
-    from k3fleet.verdict import CATALOGUE
+def checks(
+    target: Annotated[Path | None, typer.Option("--target", help="Render fixes for this target.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="The catalogue as a Markdown table.")] = False,
+) -> None:
+    """List every check id with its scope, severity, title and fix."""
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import catalogue_markdown, catalogue_rows
 
-    rows = [c.model_dump(mode="json") if hasattr(c, "model_dump") else dict(c) for c in CATALOGUE.values()]
+    tgt = load_target(target)
+    if markdown:
+        out.print(catalogue_markdown(tgt), markup=False)
+        return
+    rows = catalogue_rows(tgt)
     if as_json:
         out.print_json(json.dumps(rows))
         return
+    table = Table(title="k3fleet checks")
+    for col in ("id", "scope", "severity", "title"):
+        table.add_column(col)
     for row in rows:
-        out.print(f"{row.get('id', '')}\t{row.get('severity', '')}\t{row.get('title', '')}")
+        table.add_row(row.get("id", ""), row.get("scope", ""), row.get("severity", ""), row.get("title", ""))
+    out.print(table)
 
 
 @app.command()
@@ -170,9 +184,9 @@ def schema(what: Annotated[str, typer.Argument(help="facts or verdict")] = "fact
     if what == "facts":
         out.print_json(json.dumps(host_facts_json_schema()))
     elif what == "verdict":
-        from k3fleet.verdict import FleetVerdict
+        from k3fleet.models.findings import fleet_verdict_json_schema
 
-        out.print_json(json.dumps(FleetVerdict.model_json_schema()))
+        out.print_json(json.dumps(fleet_verdict_json_schema()))
     else:
         raise UsageError(f"unknown schema {what!r}: choose facts or verdict")
 
@@ -219,6 +233,14 @@ def testbed_status(workdir: Annotated[Path, typer.Option("--workdir")] = Path(".
     out.print_json(json.dumps(data, default=str))
 
 
+def _input_errors() -> tuple[type[Exception], ...]:
+    """Bad-input exceptions of the target loader and the lab, which speak in one line already."""
+    from k3fleet.lab.fleet import LabFleetError, LabProfileError
+    from k3fleet.targets import TargetError
+
+    return (TargetError, LabProfileError, LabFleetError)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a documented exit code."""
     try:
@@ -237,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     except K3FleetError as exc:
         err.print(f"k3fleet: error: {exc}", markup=False)
         return exc.exit_code
+    except _input_errors() as exc:
+        err.print(f"k3fleet: error: {exc}", markup=False)
+        return EXIT_USAGE
     except ValidationError as exc:
         err.print(f"k3fleet: error: invalid input ({exc.error_count()} problem(s))", markup=False)
         for e in exc.errors():
