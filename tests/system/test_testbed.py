@@ -1,7 +1,7 @@
 """The real testbed itself: SSH and Ansible into booted guests, real reboots, Slurm, podman, teardown.
 
-Order matters: the last two tests tear the session's testbed down (normally, then after a SIGKILL
-of the supervisor) and check that nothing is left on the machine.
+The last two tests tear the session's testbed down (normally, then after a SIGKILL of the
+supervisor), check that nothing is left on the machine, and bring it up again for later tests.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import ansible_runner
 import pytest
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.system
 HOSTS = 4  # what the session fixture brings up
 
 
-def _wait(check: Any, timeout: float, what: str) -> None:
+def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -56,7 +55,12 @@ def machine_leftovers(workdir: Path) -> list[str]:
         if pid == me or not proc.pid_alive(pid):
             continue
         argv = " ".join(proc.cmdline(pid))
-        if str(workdir) in argv or "--machine=tb-node" in argv:
+        try:
+            # A guest's processes have their root in its overlay, whatever their command line.
+            root = os.readlink(f"/proc/{pid}/root")
+        except OSError:
+            root = "/"
+        if str(workdir) in argv or "--machine=tb-node" in argv or root.startswith(str(workdir)):
             found.append(f"process {pid} {argv[:100]}")
     return found
 
@@ -125,6 +129,7 @@ def test_guest_apt_sees_only_the_standin_repository(testbed_state: testbed.Testb
 
 def test_reboot_inside_a_guest_keeps_its_files(testbed_state: testbed.TestbedState) -> None:
     before = testbed.status(testbed_state.workdir).host("tb-node02")
+    bystander = testbed.status(testbed_state.workdir).host("tb-node01")
     token = secrets.token_hex(8)
     testbed.ssh_run(testbed_state, "tb-node02", f"echo {token} > /root/k3tb-marker && sync")
     # The connection may drop while the guest goes down: its exit status says nothing.
@@ -134,7 +139,7 @@ def test_reboot_inside_a_guest_keeps_its_files(testbed_state: testbed.TestbedSta
     assert after.guest_pid != before.guest_pid
     assert testbed.ssh_run(testbed_state, "tb-node02", "cat /root/k3tb-marker").strip() == token
     # The other guests were not touched.
-    assert testbed.status(testbed_state.workdir).host("tb-node01").boots == 1
+    assert testbed.status(testbed_state.workdir).host("tb-node01").boots == bystander.boots
 
 
 REBOOT_PLAY = """
@@ -238,7 +243,15 @@ def test_podman_images_carry_their_cuda_version(testbed_state: testbed.TestbedSt
     assert testbed.image_env(selfbuilt)["CUDA_VERSION"] == "12.9.1"
 
 
-# -- teardown (these two end the session's testbed) -------------------------------------------------
+# -- teardown ---------------------------------------------------------------------------------------
+# These two tear the session's testbed down and bring it back, so tests collected after them
+# still find it up.
+
+
+def _adopt(session_state: testbed.TestbedState, fresh: testbed.TestbedState) -> None:
+    """Point the session fixture's object at the new testbed (pids and ports may differ)."""
+    for name in type(fresh).model_fields:
+        setattr(session_state, name, getattr(fresh, name))
 
 
 def test_down_leaves_nothing_and_cached_up_is_fast(
@@ -256,6 +269,7 @@ def test_down_leaves_nothing_and_cached_up_is_fast(
     seconds = time.monotonic() - started
     testbed_report(f"testbed up with cached image: {HOSTS} hosts in {seconds:.1f}s (target < 60 s)")
     assert st.phase == "up" and all(h.running for h in st.hosts)
+    _adopt(testbed_state, st)
 
 
 def test_down_after_sigkill_of_the_supervisor(testbed_state: testbed.TestbedState) -> None:
@@ -278,3 +292,5 @@ def test_down_after_sigkill_of_the_supervisor(testbed_state: testbed.TestbedStat
     proc.reap_zombie_children()
     assert machine_leftovers(workdir) == []
     assert testbed.leftovers(workdir).empty
+
+    _adopt(testbed_state, testbed.up(n=HOSTS, workdir=workdir))

@@ -81,6 +81,13 @@ def _environ(pid: int) -> dict[str, str]:
     return env
 
 
+def _root_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/root")
+    except OSError:
+        return "/"
+
+
 def _marked_processes(wd: Path) -> dict[int, str]:
     """Live processes that belong to the testbed in `wd`, and all their descendants."""
     marker = str(wd)
@@ -103,6 +110,8 @@ def _marked_processes(wd: Path) -> dict[int, str]:
             env.get(MARK_ENV) == marker
             or env.get("SLURM_CONF") == conf
             or any(marker + os.sep in arg or arg == marker for arg in argv)
+            # A guest's processes live in its overlay, even once their nspawn and netns are gone.
+            or _root_of(pid).startswith(marker + os.sep)
         ):
             found[pid] = " ".join(argv)[:120]
     found.update(_guest_ssh_clients())
