@@ -108,6 +108,8 @@ def audit(
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     probe: Annotated[bool, typer.Option("--probe", help="Run the serving image on each node (CUDA init).")] = False,
     host_timeout: Annotated[int, typer.Option("--host-timeout", min=1, help="Seconds per host.")] = 300,
+    command_timeout: Annotated[float, typer.Option("--command-timeout", min=0.1,
+                                                   help="Seconds per command on a node.")] = 20.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-host progress.")] = False,
 ) -> None:
     """Audit every node against the target and print the verdict and change plan."""
@@ -117,7 +119,8 @@ def audit(
     if inventory is None and not lab:
         raise UsageError("give an inventory with -i INVENTORY, or --lab for the simulated fleet")
     opts = AuditOptions(inventory=inventory, lab=lab, lab_count=lab_count, limit=limit, forks=forks,
-                        target=target, out=out_dir, runs_dir=runs_dir, probe=probe, host_timeout=host_timeout)
+                        target=target, out=out_dir, runs_dir=runs_dir, probe=probe, host_timeout=host_timeout,
+                        command_timeout=command_timeout)
     observer = ProgressObserver(err, quiet=quiet or as_json)
     result = run_audit(opts, sys.argv, observer=observer, cancel=_cancel_on_sigint())
     if as_json:

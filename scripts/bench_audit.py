@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from k3fleet.lab.fleet import generate_fleet, load_fleet
-
 from k3fleet.runner import ansible_env
 
 

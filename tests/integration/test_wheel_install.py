@@ -46,8 +46,9 @@ def test_fresh_venv_audits_lab_from_another_directory(wheel: Path, tmp_path: Pat
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = subprocess.run([str(env_dir / "bin" / "k3fleet"), "audit", "--lab", "--json", "--out", "run"],
-                          cwd=elsewhere, capture_output=True, text=True, env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin",
-                                                                                "HOME": str(tmp_path)})
+                          cwd=elsewhere, capture_output=True, text=True,
+                          env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin",
+                               "HOME": str(tmp_path)})
     assert proc.returncode in (1, 3), proc.stderr[-2000:]
     verdict = json.loads(proc.stdout)
     assert verdict["summary"]["hosts"] >= 8

@@ -33,7 +33,7 @@ class CommandResult:
         self.rc = rc
         self.stdout = stdout
         self.stderr = stderr
-        # "not_found", "timeout", "exec_error" or None when the command ran.
+        # "not_found", "timeout", "budget", "exec_error" or None when the command ran.
         self.error = error
         self.duration = duration
 
@@ -48,6 +48,8 @@ class CommandResult:
             return "%s: command not found" % self.argv[0]
         if self.error == "timeout":
             return "%s: timed out after %.1fs" % (cmd, self.duration)
+        if self.error == "budget":
+            return "%s: not run: the node's time budget was spent" % cmd
         if self.error:
             return "%s: %s" % (cmd, self.stderr.strip() or self.error)
         detail = (self.stderr.strip() or self.stdout.strip()).splitlines()
@@ -67,7 +69,7 @@ class NodeReader:
     """
 
     def __init__(self, root="/", path=None, procfs=None, sysfs=None, timeout=DEFAULT_TIMEOUT,
-                 env=None):
+                 env=None, budget=None):
         self.root = root or "/"
         self.procfs = procfs or self.join_root("/proc")
         self.sysfs = sysfs or self.join_root("/sys")
@@ -78,6 +80,9 @@ class NodeReader:
         self._env = env
         self.commands = []
         self._cache = {}
+        # The whole node's time budget: once spent, commands are not started and say so, so the
+        # module returns partial facts before the controller's task timeout kills it.
+        self.deadline = time.time() + float(budget) if budget else None
 
     # -- files -------------------------------------------------------------
     def join_root(self, path):
@@ -163,6 +168,13 @@ class NodeReader:
         argv = [str(a) for a in argv]
         timeout = self.timeout if timeout is None else float(timeout)
         started = time.time()
+        if self.deadline is not None:
+            left = self.deadline - started
+            if left <= 0:
+                res = CommandResult(argv, None, "", "", error="budget")
+                self.commands.append(res.as_dict())
+                return res
+            timeout = min(timeout, left)
         exe = self.which(argv[0])
         if exe is None:
             res = CommandResult(argv, None, "", "", error="not_found")

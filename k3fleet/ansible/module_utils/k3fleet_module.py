@@ -20,6 +20,7 @@ READER_ARGS = dict(
     sysfs=dict(type="path"),
     path=dict(type="str"),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
+    budget=dict(type="float"),
 )
 
 READER_DOC = r"""
@@ -44,10 +45,15 @@ READER_DOC = r"""
     description: Seconds before any single command is killed and reported as timed out.
     type: float
     default: 20
+  budget:
+    description:
+      - Seconds for all commands of this module together; commands not started in time are reported as
+        not run, and the module returns what it has rather than being killed by a task timeout.
+    type: float
 """
 
 
 def reader_from_params(params):
     return NodeReader(root=params.get("root") or "/", path=params.get("path"),
                       procfs=params.get("procfs"), sysfs=params.get("sysfs"),
-                      timeout=params.get("timeout") or DEFAULT_TIMEOUT)
+                      timeout=params.get("timeout") or DEFAULT_TIMEOUT, budget=params.get("budget"))

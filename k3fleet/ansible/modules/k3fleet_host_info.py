@@ -69,6 +69,11 @@ options:
     description: Seconds before any single command is killed and reported as timed out.
     type: float
     default: 20
+  budget:
+    description:
+      - Seconds for all commands together; commands not started in time are reported as not run and the
+        module returns partial facts rather than being killed by the task timeout.
+    type: float
 attributes:
   check_mode:
     support: full

@@ -1,0 +1,279 @@
+"""`k3fleet audit` over the simulated lab fleet through real ansible-playbook (ansible-runner).
+
+The default fleet tells the change-night story (inventories/lab/README.md); these tests hold
+the verdict, each host's findings, the plan and the run directory to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3fleet.evidence import RunDir
+from k3fleet.models.facts import HostFacts
+from k3fleet.paths import data_dir
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+K3FLEET = str(BIN / "k3fleet")
+TARGETS = Path(__file__).resolve().parents[2] / "k3fleet" / "targets"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "200"}
+
+
+def run_k3fleet(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([K3FLEET, *args], capture_output=True, text=True, env=_env(), cwd=cwd, timeout=timeout,
+                          check=False)
+
+
+def _ids(verdict: dict[str, Any], host: str) -> set[str]:
+    return {f["check_id"] for f in verdict["hosts"][host]["findings"]}
+
+
+def _blocking(verdict: dict[str, Any], host: str) -> list[str]:
+    return [f["check_id"] for f in verdict["hosts"][host]["findings"] if f["severity"] in ("error", "critical")]
+
+
+@pytest.fixture(scope="module")
+def lab_audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path_factory.mktemp("audit") / "run"
+    proc = run_k3fleet("audit", "--lab", "--json", "--out", str(out))
+    return proc, out
+
+
+@pytest.fixture(scope="module")
+def verdict(lab_audit: tuple[subprocess.CompletedProcess[str], Path]) -> dict[str, Any]:
+    proc, _ = lab_audit
+    assert proc.stdout, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_exit_code_and_outcome(lab_audit: tuple[subprocess.CompletedProcess[str], Path],
+                               verdict: dict[str, Any]) -> None:
+    proc, _ = lab_audit
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert verdict["outcome"] == "rebuild_environment"
+    assert "Traceback" not in proc.stderr
+    assert verdict["summary"]["hosts"] == 9
+    assert verdict["summary"]["unreachable"] == 1
+
+
+def test_unreachable_host_is_unreachable_not_failed(verdict: dict[str, Any]) -> None:
+    host = verdict["hosts"]["gpu-a09"]
+    assert host["status"] == "unreachable"
+    assert host["findings"] == []
+    assert "Connection refused" in (host["reason"] or "")
+    assert "gpu-a09" in verdict["plan"]["unreachable"]
+
+
+@pytest.mark.parametrize("host", ["gpu-a01", "gpu-a02", "gpu-a05", "gpu-a06", "gpu-a07"])
+def test_r575_hosts_fail_the_version_chain(verdict: dict[str, Any], host: str) -> None:
+    ids = _ids(verdict, host)
+    assert "driver.branch" in ids
+    assert "container.probe" in ids  # the cu130 image's requirement error, seen for real in the probe output
+    assert verdict["hosts"][host]["driver_version"] == "575.57.08"
+
+
+def test_r580_host_is_clean(verdict: dict[str, Any]) -> None:
+    assert verdict["hosts"]["gpu-a03"]["status"] in ("pass", "warn")
+    assert _blocking(verdict, "gpu-a03") == []
+    assert "gpu-a03" in verdict["plan"]["done"]
+
+
+@pytest.mark.parametrize(
+    ("host", "check_id"),
+    [
+        ("gpu-a04", "fabricmanager.version_match"),
+        ("gpu-a04", "fabricmanager.active"),
+        ("gpu-a05", "rdma.port_state"),
+        ("gpu-a06", "rdma.peermem"),
+        ("gpu-a07", "nccl.debug"),
+        ("gpu-a08", "driver.pending_reboot"),
+    ],
+)
+def test_each_fault_is_found_on_its_host(verdict: dict[str, Any], host: str, check_id: str) -> None:
+    assert check_id in _ids(verdict, host), verdict["hosts"][host]["findings"]
+
+
+def test_fault_free_hosts_do_not_carry_other_hosts_faults(verdict: dict[str, Any]) -> None:
+    for host in ("gpu-a01", "gpu-a02", "gpu-a03"):
+        ids = _ids(verdict, host)
+        assert not ids & {"rdma.port_state", "rdma.peermem", "nccl.debug", "fabricmanager.version_match",
+                          "driver.pending_reboot"}, (host, ids)
+
+
+def test_plan_canary_is_a_healthy_r575_host(verdict: dict[str, Any]) -> None:
+    plan = verdict["plan"]
+    assert plan["target_version"] == "580.95.05"
+    canary = plan["canary"]["host"]
+    assert canary in {"gpu-a01", "gpu-a02", "gpu-a07"}, plan["canary"]
+    assert _blocking(verdict, canary) == [f for f in _blocking(verdict, canary)
+                                          if f in ("driver.branch", "driver.version_min", "container.cuda_runtime",
+                                                   "container.probe")]
+    waved = [h for wave in plan["waves"] for h in wave]
+    assert canary not in waved
+    assert len(waved) == len(set(waved))
+    assert "gpu-a09" not in waved and "gpu-a03" not in waved
+
+
+def test_run_directory_holds_the_evidence(lab_audit: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    _, out = lab_audit
+    rd = RunDir.open(out)
+    assert rd.verify_manifest() == []
+    for host in [f"gpu-a0{i}" for i in range(1, 9)]:
+        facts = HostFacts.model_validate(json.loads((out / "facts" / f"{host}.json").read_text()))
+        assert facts.host == host
+        assert facts.driver.status in ("ok", "unknown")
+    assert not (out / "facts" / "gpu-a09.json").exists()
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    assert {e["event"] for e in events} >= {"runner_on_ok", "runner_on_unreachable", "playbook_on_stats"}
+    run = json.loads((out / "run.json").read_text())
+    assert run["exit_code"] == 1 and run["hosts_with_facts"] == 8
+    report = (out / "report.md").read_text()
+    assert report.startswith("# k3fleet audit: rebuild the environment")
+    assert "gpu-a09" in report and "Change plan" in report
+    command = json.loads((out / "command.json").read_text())
+    assert command["argv"][1:3] == ["audit", "--lab"]
+
+
+def test_human_output_and_limit(tmp_path: Path) -> None:
+    proc = run_k3fleet("audit", "--lab", "--limit", "gpu-a03", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gpu-a03" in proc.stdout and "gpu-a01" not in proc.stdout
+    assert "verdict:" in proc.stdout
+    assert "[1/1]" in proc.stderr  # per-host progress goes to stderr
+    verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert list(verdict["hosts"]) == ["gpu-a03"]
+
+
+# -- bad input: one clear line, the documented exit code, no traceback ----------------------------
+
+
+def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("k3fleet: error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_malformed_inventory(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  hosts:\n    a: {ansible_connection: local}\n  children: [oops\n")
+    proc = run_k3fleet("audit", "-i", str(inv), "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert "cannot be parsed" in _one_error_line(proc)
+
+
+def test_missing_inventory_and_no_inventory(tmp_path: Path) -> None:
+    proc = run_k3fleet("audit", "-i", str(tmp_path / "nope.yml"))
+    assert proc.returncode == 2
+    assert "does not exist" in _one_error_line(proc)
+    proc = run_k3fleet("audit")
+    assert proc.returncode == 2
+    assert "--lab" in _one_error_line(proc)
+
+
+def test_target_with_wrong_type(tmp_path: Path) -> None:
+    target = yaml.safe_load((TARGETS / "kimi-k3.yaml").read_text())
+    target["gpus"]["per_node"] = "eight"
+    bad = tmp_path / "bad-target.yaml"
+    bad.write_text(yaml.safe_dump(target))
+    shutil.copy(TARGETS / "cuda_driver_matrix.yaml", tmp_path)
+    proc = run_k3fleet("audit", "--lab", "--target", str(bad), "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    line = _one_error_line(proc)
+    assert "gpus.per_node" in line and "eight" in line
+
+
+def test_bad_option_value_is_usage_error() -> None:
+    proc = run_k3fleet("audit", "--lab", "--forks", "many")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+
+
+def test_out_dir_not_empty_is_refused_and_kept(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "precious").write_text("keep")
+    proc = run_k3fleet("audit", "--lab", "--out", str(out))
+    assert proc.returncode == 2
+    assert "not empty" in _one_error_line(proc)
+    assert (out / "precious").read_text() == "keep"
+
+
+# -- hosts that answer badly: the others are still audited ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packaged profiles plus hosts with garbage, truncated, hung and host-timeout outputs."""
+    root = tmp_path_factory.mktemp("badfleet")
+    shutil.copytree(data_dir("inventories/lab/profiles"), root / "profiles")
+    (root / "profiles" / "garbage.yaml").write_text(yaml.safe_dump({
+        "extends": "h200-r575",
+        "raw": {
+            "nvidia_smi_query": {"stdout": "\x00\x01garbage,,,\nnot,a,csv\n", "rc": 0},
+            "dpkg_query": {"stdout": "nvidia-driver-575-server\t575.5", "rc": 0},  # truncated mid-line
+            "proc_driver_version": "NVRM version: something unexpected\n",
+        },
+    }))
+    (root / "profiles" / "hung-smi.yaml").write_text(yaml.safe_dump({
+        "extends": "h200-r580",
+        "raw": {"nvidia_smi_query": {"stdout": "", "sleep": 30}},
+    }))
+    (root / "profiles" / "host-timeout.yaml").write_text(yaml.safe_dump({
+        "extends": "h200-r580",
+        "raw": {"dpkg_query": {"stdout": "", "sleep": 120}},
+    }))
+    (root / "fleet.yaml").write_text(yaml.safe_dump({
+        "description": "bad answers",
+        "hosts": {"good-01": "h200-r580", "garbage-01": "garbage", "hung-01": "hung-smi",
+                  "slow-01": "host-timeout"},
+    }))
+    return root / "fleet.yaml"
+
+
+def _audit_bad(fleet: Path, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    proc = subprocess.run([K3FLEET, "audit", "--lab", "-i", str(fleet), "--json", "--out", str(out), *extra],
+                          capture_output=True, text=True, env=_env(), timeout=300, check=False)
+    assert "Traceback" not in proc.stderr
+    return proc, json.loads(proc.stdout)
+
+
+def test_garbage_and_hung_commands_become_unknown_facts(bad_fleet: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc, verdict = _audit_bad(bad_fleet, out, "--limit", "good-01,garbage-01,hung-01", "--command-timeout", "2")
+    assert proc.returncode == 1
+    hosts = verdict["hosts"]
+    assert hosts["good-01"]["status"] in ("pass", "warn")
+    garbage = hosts["garbage-01"]
+    assert garbage["status"] == "fail"
+    assert any(f["kind"] == "unknown" for f in garbage["findings"])
+    facts = json.loads((out / "facts" / "garbage-01.json").read_text())
+    assert facts["driver"]["kernel_module"]["version"] is None
+    hung = json.loads((out / "facts" / "hung-01.json").read_text())
+    timed_out = [c for c in hung["commands"] if c["error"] == "timeout"]
+    assert timed_out and timed_out[0]["argv"][0] == "nvidia-smi"
+    assert hosts["hung-01"]["status"] != "unreachable"
+
+
+def test_host_over_its_time_budget_is_reported_timed_out(bad_fleet: Path, tmp_path: Path) -> None:
+    # dpkg-query on slow-01 sleeps 120 s; the command timeout is larger, the host budget 5 s.
+    proc, verdict = _audit_bad(bad_fleet, tmp_path / "run", "--limit", "good-01,slow-01",
+                               "--command-timeout", "300", "--host-timeout", "5")
+    assert proc.returncode == 3
+    assert verdict["hosts"]["good-01"]["status"] in ("pass", "warn")
+    slow = verdict["hosts"]["slow-01"]
+    assert slow["status"] == "unreachable"
+    assert "timed out" in (slow["reason"] or "")
