@@ -1,0 +1,245 @@
+"""`k3fleet upgrade` and `k3fleet rollback`: the change night, its resume, and the rollback.
+
+``register(app)`` adds both commands to the main Typer app. Progress (one line per stage
+transition of each host) goes to stderr; the result table, the ``--check`` plan or ``--json``
+to stdout. Exit codes: 0 every host done, 1 a host failed (and was rolled back), 2 bad input,
+3 interrupted or unreachable (resume or roll back).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from k3fleet.errors import UsageError
+from k3fleet.runner import HostOutcome, Observer, PlayResult
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+_OUTCOME_STYLE = {"upgraded": "green", "rolled_back": "yellow", "failed": "red", "in_progress": "magenta",
+                  "not_started": "dim", "skipped": "dim", "checked": "green", "not_finished": "magenta"}
+
+
+class StageProgress(Observer):
+    """One stderr line per journaled stage transition, and every failure, as they happen."""
+
+    def __init__(self, console: Console, quiet: bool = False) -> None:
+        self.console = console
+        self.quiet = quiet
+
+    def play_started(self, playbook: str, hosts: int | None) -> None:
+        if not self.quiet:
+            self.console.print(f"[bold]running {playbook}[/bold]")
+
+    def host_done(self, outcome: HostOutcome) -> None:
+        if self.quiet:
+            return
+        res = outcome.result or {}
+        k3 = res.get("k3fleet") if isinstance(res.get("k3fleet"), dict) else None
+        line = k3.get("line") if isinstance(k3, dict) else None
+        if isinstance(line, dict) and k3 and k3.get("written"):
+            stage = str(line.get("stage"))
+            style = "red" if stage == "failed" else ("yellow" if stage == "rolled_back" else "cyan")
+            self.console.print(f"  {outcome.host:<20} [{style}]{stage}[/{style}]")
+        elif outcome.status in ("failed", "unreachable", "timeout") and outcome.status != "ignored":
+            self.console.print(f"  {outcome.host:<20} [red]{outcome.status}[/red] {outcome.task}: "
+                               f"{outcome.message or ''}", markup=False)
+
+    def play_finished(self, result: PlayResult) -> None:
+        if not self.quiet:
+            self.console.print(f"{result.playbook}: {result.status} in {result.wall_s:.1f}s")
+
+
+def _cancel_on_signals() -> threading.Event:
+    """First Ctrl-C (or SIGTERM) stops the play cleanly; the journal keeps what was done."""
+    cancel = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        err.print("[yellow]interrupt: stopping the play; resume with --resume RUN or roll back with --run RUN"
+                  "[/yellow]")
+        cancel.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return cancel
+
+
+def _fmt_s(value: Any) -> str:
+    return f"{float(value):.0f}s" if isinstance(value, int | float) else ""
+
+
+def print_change(console: Console, result: Any) -> None:
+    change = result.change
+    table = Table(title=f"change {change['change_id']}: R{change.get('target_branch', '')} "
+                        f"{change['target_version']} ({change['operator']})")
+    for col in ("host", "batch", "outcome", "last stage", "wall", "k3fleet", "note"):
+        table.add_column(col)
+    batch_of = {change["canary"]: "canary"}
+    for i, wave in enumerate(change.get("waves") or [], 1):
+        for h in wave:
+            batch_of.setdefault(h, f"wave {i}")
+    for host, h in result.hosts.items():
+        outcome = str(h.get("outcome"))
+        style = _OUTCOME_STYLE.get(outcome, "white")
+        timing = h.get("timing") or {}
+        share = timing.get("tool_share")
+        note = h.get("failure") or ""
+        table.add_row(host, batch_of.get(host, ""), f"[{style}]{outcome}[/{style}]", str(h.get("stage") or ""),
+                      _fmt_s(timing.get("wall_s")), f"{share:.0%}" if isinstance(share, float) else "", note)
+    console.print(table)
+    for host, why in (result.skipped or {}).items():
+        console.print(f"  skipped {host}: {why}")
+
+
+def print_check(console: Console, result: Any) -> None:
+    """Per host: the drain and the package transaction the night would run."""
+    change = result.change
+    console.print(f"[bold]check[/bold] change {change['change_id']} -> {change['target_version']}: nothing was changed")
+    batch_of = {change["canary"]: "canary"}
+    for i, wave in enumerate(change.get("waves") or [], 1):
+        for h in wave:
+            batch_of.setdefault(h, f"wave {i}")
+    for host, rep in result.check.items():
+        console.print(f"[bold]{host}[/bold] ({batch_of.get(host, '?')})")
+        if "error" in rep:
+            console.print(f"  [red]cannot plan[/red]: {rep['error']}", markup=False)
+            continue
+        if rep.get("noop"):
+            console.print(f"  nothing to do: {rep.get('why')}")
+            continue
+        drain = rep.get("drain") or {}
+        actions = drain.get("actions") or [f"{drain.get('backend', '?')}: {drain.get('decision', '?')}"]
+        console.print(f"  drain   ({drain.get('backend', '?')}): " + "\n           ".join(actions), markup=False)
+        plan = rep.get("plan") or {}
+        for key in ("remove", "unhold", "install", "hold"):
+            if plan.get(key):
+                console.print(f"  {key:<8} " + " ".join(plan[key]), markup=False)
+        console.print(f"  reboot   {'yes, loaded ' + str(plan.get('loaded_version')) if plan.get('reboot') else 'no'}")
+        lines = rep.get("transaction") or []
+        if lines:
+            console.print("  package transaction:")
+            for line in lines:
+                console.print(f"    {line}", markup=False)
+
+
+def upgrade(
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet.")],
+    change_id: Annotated[str, typer.Option("--change-id", help="Change id; goes into drain reasons and the journal.")],
+    operator: Annotated[str, typer.Option("--operator", help="Who runs the change.")],
+    canary: Annotated[str | None, typer.Option("--canary", help="Canary host (default: the audit's choice).")] = None,
+    waves: Annotated[bool, typer.Option("--waves", help="Continue with the waves after a good canary.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Print per host the drain and package transaction; "
+                                                        "change nothing.")] = False,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted run (its directory).")
+                      ] = None,
+    target_version: Annotated[str | None, typer.Option("--target-version",
+                                                       help="Exact driver version (default: the audit plan's).")
+                              ] = None,
+    flavour: Annotated[str, typer.Option("--flavour", help="auto, open or proprietary kernel modules.")] = "auto",
+    limit: Annotated[str | None, typer.Option("--limit", "-l", help="Ansible host pattern for the audit.")] = None,
+    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
+    failure_budget: Annotated[int, typer.Option("--failure-budget", min=0,
+                                                help="Failed hosts tolerated before the waves stop.")] = 0,
+    drain_timeout: Annotated[int, typer.Option("--drain-timeout", min=0,
+                                               help="Seconds to wait for running jobs.")] = 3600,
+    force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
+                     ] = False,
+    audit_max_age: Annotated[int, typer.Option("--audit-max-age", min=1,
+                                               help="Seconds an audit stays fresh for the gate.")] = 3600,
+    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
+) -> None:
+    """Run the change night: canary, then (with --waves) the waves; or --resume an interrupted one."""
+    from k3fleet.change import UpgradeOptions, run_upgrade
+
+    if resume is not None and (canary is not None or target_version is not None):
+        raise UsageError("--resume continues a run as it was planned: drop --canary and --target-version")
+    opts = UpgradeOptions(inventory=inventory, change_id=change_id, operator=operator, canary=canary, waves=waves,
+                          check=check, resume=resume, target_version=target_version, flavour=flavour, limit=limit,
+                          forks=forks, failure_budget=failure_budget, drain_timeout=drain_timeout, force=force,
+                          audit_max_age=audit_max_age, target=target, runs_dir=runs_dir, out=out_dir)
+    result = run_upgrade(opts, sys.argv, observer=StageProgress(err, quiet=quiet or as_json),
+                         cancel=_cancel_on_signals())
+    if as_json:
+        out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
+                                   "message": result.message, "change": result.change, "hosts": result.hosts,
+                                   "check": result.check, "skipped": result.skipped}, default=str))
+    elif check:
+        print_check(out, result)
+    else:
+        print_change(out, result)
+    err.print(result.message, markup=False)
+    err.print(f"run directory: {result.run_dir.path}")
+    raise typer.Exit(result.exit_code)
+
+
+def rollback(
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet.")],
+    limit: Annotated[str | None, typer.Option("--limit", "-l", help="Hosts to roll back (their latest change).")
+                     ] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="Roll back every host a change run touched.")] = None,
+    operator: Annotated[str | None, typer.Option("--operator", help="Who runs the rollback.")] = None,
+    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
+    serial: Annotated[str, typer.Option("--serial", help="Hosts at a time (a number or a percentage).")] = "100%",
+    drain_timeout: Annotated[int, typer.Option("--drain-timeout", min=0,
+                                               help="Seconds to wait for running jobs.")] = 3600,
+    force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
+                     ] = False,
+    check: Annotated[bool, typer.Option("--check", help="Say what would be restored; change nothing.")] = False,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories are.")] = Path("runs"),
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
+) -> None:
+    """Roll hosts back to their journal snapshot: one host (--limit) or a whole run (--run)."""
+    import re
+
+    from k3fleet.change import RollbackOptions, run_rollback
+
+    if run is None and limit is None:
+        raise UsageError("say what to roll back: --run RUN (a whole night) or --limit HOSTS (their latest change)")
+    if not re.match(r"^([1-9][0-9]*|[1-9][0-9]?%|100%)$", serial):
+        raise UsageError(f"--serial {serial!r}: a number of hosts or a percentage like 25%")
+    opts = RollbackOptions(inventory=inventory, limit=limit, run=run, operator=operator, forks=forks, serial=serial,
+                           drain_timeout=drain_timeout, force=force, check=check, runs_dir=runs_dir, out=out_dir)
+    result = run_rollback(opts, sys.argv, observer=StageProgress(err, quiet=quiet or as_json),
+                          cancel=_cancel_on_signals())
+    if as_json:
+        out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
+                                   "message": result.message, "hosts": result.hosts, "skipped": result.skipped,
+                                   "sources": result.sources}, default=str))
+    else:
+        table = Table(title="rollback")
+        for col in ("host", "outcome", "stages", "back in service", "from", "note"):
+            table.add_column(col)
+        for host, h in result.hosts.items():
+            style = _OUTCOME_STYLE.get(h["outcome"], "white")
+            table.add_row(host, f"[{style}]{h['outcome']}[/{style}]", " ".join(h["stages"]),
+                          "yes" if h.get("returned_to_service") else "no", Path(h["from"]).parent.name,
+                          h.get("failure") or "")
+        out.print(table)
+        for host, why in result.skipped.items():
+            out.print(f"  not rolled back {host}: {why}", markup=False)
+    err.print(result.message, markup=False)
+    err.print(f"run directory: {result.run_dir.path}")
+    raise typer.Exit(result.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `upgrade` and `rollback` to the k3fleet command line."""
+    app.command("upgrade")(upgrade)
+    app.command("rollback")(rollback)
