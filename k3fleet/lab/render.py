@@ -360,21 +360,66 @@ class ProfileRenderer:
                  f"{pm}, {bus}, {g.compute_cap}" for i, bus in enumerate(self.bus_ids())]
         return Recording(stdout="".join(line + "\n" for line in lines))
 
-    def nvidia_smi_q(self) -> Recording:
+    def fabric_state(self) -> str:
+        """The NVLink fabric State nvidia-smi -q prints for this host's GPUs."""
+        drv = self.drv
+        major = self.p.gpus.compute_cap.split(".", 1)[0]
+        # Fabric registration exists from Hopper on, and only with NVSwitches; older boards and
+        # boards without a fabric print N/A (tests/fixtures/driver/SOURCES.md: A100 HGX, RTX 4090).
+        if drv is None or not self.p.nvswitches or not major.isdigit() or int(major) < 9:
+            return "N/A"
+        fm = self.p.fabricmanager
+        if fm.installed and fm.active == "active" and self.p.fabricmanager_version == drv.running_version:
+            return "Completed"
+        # Without a running Fabric Manager of the driver's version the GPUs wait in registration:
+        # "In Progress" (NVIDIA/NVSentinel#889: stays "In Progress" while FM is down;
+        # NVIDIA/gpu-operator#2511 shows the block; the FM user guide quoted in
+        # siderolabs/extensions#717: "In Progress ... FabricManager is likely not running").
+        return "In Progress"
+
+    def nvidia_smi_q(self, hostname: str) -> Recording:
+        """Full `nvidia-smi -q`: the header, then one block per GPU in nvidia-smi's key order.
+
+        The blocks carry the sections a collector reads (identity, PCI, memory, compute mode,
+        Fabric) in the order and nesting of a real 8x H100 HGX capture
+        (tests/fixtures/lab/nvidia_smi_q_gpu_h100_565.txt); sections with sensor readings are
+        left out rather than invented.
+        """
         failure = self._smi_failure()
         if failure:
             return failure
         assert self.drv is not None
         v = self.drv.running_version
+        g = self.p.gpus
 
-        def row(label: str, value: str) -> str:
-            return f"{label:<42}: {value}\n"
+        def row(label: str, value: str, indent: int = 0) -> str:
+            return f"{' ' * indent}{label:<{42 - indent}}: {value}\n"
 
         out = "\n==============NVSMI LOG==============\n\n"
         out += row("Timestamp", LAB_TIMESTAMP) + row("Driver Version", v) + row("CUDA Version", self.cuda_of(v))
-        out += "\n" + row("Attached GPUs", str(self.p.gpus.count))
-        for bus in self.bus_ids():
-            out += f"GPU {bus}\n" + row("    Compute Mode", self.p.gpus.compute_mode) + "\n"
+        out += "\n" + row("Attached GPUs", str(g.count))
+        state = self.fabric_state()
+        completed = state == "Completed"
+        for index, bus_id in enumerate(self.bus_ids()):
+            _domain, bus, dev_fn = bus_id.split(":")
+            device = dev_fn.split(".", 1)[0]
+            out += f"GPU {bus_id}\n"
+            out += row("Product Name", g.model, 4) + row("Product Brand", "NVIDIA", 4)
+            out += row("Persistence Mode", "Enabled" if g.persistence_mode else "Disabled", 4)
+            out += "    MIG Mode\n" + row("Current", "Disabled", 8) + row("Pending", "Disabled", 8)
+            out += row("GPU UUID", gpu_uuid(hostname, index), 4) + row("Minor Number", str(index), 4)
+            out += row("GSP Firmware Version", v, 4)
+            out += "    PCI\n" + row("Bus", f"0x{bus}", 8) + row("Device", f"0x{device}", 8)
+            out += row("Domain", "0x0000", 8) + row("Device Id", f"0x{g.pci_device_id.upper()}10DE", 8)
+            out += row("Bus Id", bus_id, 8)
+            out += "    FB Memory Usage\n" + row("Total", f"{g.memory_mib} MiB", 8)
+            out += row("Compute Mode", g.compute_mode, 4)
+            # A single-node NVSwitch fabric has clique 0 and a zero cluster UUID (the H100 capture).
+            out += "    Fabric\n" + row("State", state, 8) + row("Status", "Success" if completed else "N/A", 8)
+            out += row("CliqueId", "0" if completed else "N/A", 8)
+            out += row("ClusterUUID", "00000000-0000-0000-0000-000000000000" if completed else "N/A", 8)
+            out += "        Health\n" + row("Bandwidth", "N/A", 12)
+            out += row("Processes", "None", 4) + "\n"
         return Recording(stdout=out)
 
     def dkms_status(self) -> Recording:
@@ -729,10 +774,8 @@ class ProfileRenderer:
             img.record(C["dpkg_query"], Recording(stdout=self.dpkg_query()))
         else:
             img.record(C["rpm_query"], Recording(stdout=self.rpm_query()))
-        if self.drv is not None:
-            img.record(C["nvidia_smi_q"], self.nvidia_smi_q())
-            if self.drv.dkms:
-                img.record(C["dkms_status"], self.dkms_status())
+        if self.drv is not None and self.drv.dkms:
+            img.record(C["dkms_status"], self.dkms_status())
         img.record(C["systemctl_show"], self.systemctl_show())
         if self.p.fabricmanager_version is not None:
             img.record(C["fabricmanager_version"], self.fabricmanager_version())
@@ -752,13 +795,15 @@ class ProfileRenderer:
         img.files[sources.FILES["hostname"]] = f"{hostname}\n"
         if self.drv is not None:
             img.record(sources.COMMANDS["nvidia_smi_query"], self.nvidia_smi_query(hostname))
+            # -q prints each GPU's UUID, so it is as host-specific as the query.
+            img.record(sources.COMMANDS["nvidia_smi_q"], self.nvidia_smi_q(hostname))
         if self.p.slurm is not None:
             img.record(sources.scontrol_show_node_argv(hostname), self.scontrol_show_node(hostname))
             img.record(sources.squeue_running_argv(hostname), self.squeue_running())
         self._apply_raw(img, host_specific=True, hostname=hostname)
         return self._shared, img
 
-    _HOST_SPECIFIC = ("hostname", "nvidia_smi_query", "scontrol_show_node", "squeue_running")
+    _HOST_SPECIFIC = ("hostname", "nvidia_smi_query", "nvidia_smi_q", "scontrol_show_node", "squeue_running")
 
     def _raw_argv(self, name: str, hostname: str) -> list[str]:
         if name in sources.COMMANDS:

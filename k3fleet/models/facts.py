@@ -55,6 +55,9 @@ class Gpu(_Model):
     pci_bus_id: str | None = None
     # not_supported, not_started, in_progress, completed, or None when unknown
     fabric_state: str | None = None
+    # The fabric probe's error status, snake_case ("success", "insufficient_resources"); only
+    # meaningful once fabric_state is completed (NVML), None when not reported.
+    fabric_status: str | None = None
 
 
 class DriverFacts(Section):

@@ -197,6 +197,165 @@ def test_classify_smi_failure(name: str, status: str, starts: str) -> None:
     assert message.startswith(starts)
 
 
+H100_BUS_IDS = ["00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
+                "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"]
+
+
+def with_fabric_block(text: str, bus_id: str, block: str, indent: int = 0) -> str:
+    """``text`` with the Fabric section of GPU ``bus_id`` replaced by ``block`` (indented by ``indent``)."""
+    lines = text.split("\n")
+    start = lines.index(f"GPU {bus_id}")
+    fabric = lines.index("    Fabric", start)
+    end = fabric + 1
+    while lines[end].startswith("     "):
+        end += 1
+    new = [" " * indent + line for line in block.splitlines()]
+    return "\n".join(lines[:fabric] + new + lines[end:])
+
+
+def test_parse_smi_q_fabric_hgx_h100_all_completed() -> None:
+    fabric = drv.parse_smi_q_fabric(fixture("smi_q_565_h100x8_fabric_completed.txt"))
+    assert list(fabric) == H100_BUS_IDS
+    assert all(v == {"state": "completed", "status": "success", "note": None} for v in fabric.values())
+
+
+def test_parse_smi_q_fabric_na_on_boards_without_fabric() -> None:
+    fabric = drv.parse_smi_q_fabric(fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
+    assert len(fabric) == 8
+    # The process lists between the blocks must not leak into the next GPU.
+    assert set(fabric) == {f"00000000:{b}:00.0" for b in ("01", "23", "41", "61", "81", "A1", "C1", "E1")}
+    assert all(v == {"state": None, "status": None, "note": "State N/A"} for v in fabric.values())
+
+
+def test_parse_smi_q_fabric_completed_with_an_error_status() -> None:
+    text = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:2A:00.0",
+                             fixture("smi_q_fabric_insufficient_resources_block.txt"), indent=4)
+    fabric = drv.parse_smi_q_fabric(text)
+    assert fabric["00000000:2A:00.0"] == {"state": "completed", "status": "insufficient_resources", "note": None}
+    assert fabric["00000000:18:00.0"]["status"] == "success"
+
+
+def test_parse_smi_q_fabric_in_progress_with_r580_column_width() -> None:
+    text = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:DB:00.0",
+                             fixture("smi_q_580_fabric_in_progress_block.txt"))
+    fabric = drv.parse_smi_q_fabric(text)
+    assert fabric["00000000:DB:00.0"] == {"state": "in_progress", "status": None, "note": None}
+    assert [v["state"] for v in fabric.values()].count("completed") == 7
+
+
+# State texts: the captured ones, then the other nvmlGpuFabricState_t names substituted into the
+# captured H100 output, then text a future driver might print.
+@pytest.mark.parametrize(("printed", "state", "note"), [
+    ("Completed", "completed", None),
+    ("In Progress", "in_progress", None),
+    ("Not Started", "not_started", None),
+    ("Not Supported", "not_supported", None),
+    ("N/A", None, "State N/A"),
+    ("Degraded", None, "unrecognised State 'Degraded'"),
+    ("", None, "State N/A"),
+])
+def test_parse_smi_q_fabric_state_table(printed: str, state: str | None, note: str | None) -> None:
+    key = "        State                             : "
+    text = fixture("smi_q_565_h100x8_fabric_completed.txt").replace(key + "Completed", key + printed, 1)
+    got = drv.parse_smi_q_fabric(text)["00000000:18:00.0"]
+    assert (got["state"], got["note"]) == (state, note)
+
+
+def test_parse_smi_q_fabric_ignores_other_state_keys() -> None:
+    # -q has other "State" keys (e.g. "Performance State" at GPU level); only Fabric > State counts.
+    text = fixture("smi_q_565_h100x8_fabric_completed.txt")
+    lines = text.split("\n")
+    start = lines.index("GPU 00000000:18:00.0")
+    fabric = lines.index("    Fabric", start)
+    del lines[fabric:fabric + 3]  # the section header, its State and its Status
+    got = drv.parse_smi_q_fabric("\n".join(lines))["00000000:18:00.0"]
+    # CliqueId and the rest now sit under "Voltage": no fabric state, and no false one either.
+    assert got == {"state": None, "status": None, "note": "no Fabric section"}
+
+
+@pytest.mark.parametrize(("name", "note"), [
+    # -d sections and old drivers print no Fabric section at all.
+    ("smi_q_580_gb10.txt", "no Fabric section"),
+    ("smi_q_535_interleaved_log.txt", "no Fabric section"),
+])
+def test_parse_smi_q_fabric_without_fabric_section(name: str, note: str) -> None:
+    (entry,) = drv.parse_smi_q_fabric(fixture(name)).values()
+    assert entry == {"state": None, "status": None, "note": note}
+
+
+def test_parse_smi_q_fabric_truncated_inside_the_section() -> None:
+    text = fixture("smi_q_565_h100x8_fabric_completed.txt")
+    cut = text[: text.index("    Fabric\n") + len("    Fabric\n        Sta")]
+    fabric = drv.parse_smi_q_fabric(cut)
+    assert fabric["00000000:18:00.0"] == {"state": None, "status": None, "note": "Fabric section has no State line"}
+    assert list(fabric) == ["00000000:18:00.0"]
+
+
+@pytest.mark.parametrize("text", [
+    fixture("nvidia_smi_no_driver.txt"), fixture("smi_q_580_header_wide.txt"), "", "GPU 0: NVIDIA H200\n"])
+def test_parse_smi_q_fabric_rejects_text_without_gpu_blocks(text: str) -> None:
+    with pytest.raises(ValueError, match="no 'GPU <bus id>' block"):
+        drv.parse_smi_q_fabric(text)
+
+
+@pytest.mark.parametrize(("value", "normal"), [
+    ("00000000:18:00.0", "00000000:18:00.0"),
+    ("0000:18:00.0", "00000000:18:00.0"),  # lspci -D and sysfs
+    ("0000:ab:00.0", "00000000:AB:00.0"),
+    ("0000000F:01:00.0", "0000000F:01:00.0"),  # GB10 (smi_q_580_gb10.txt)
+    ("0000:06:00.0", "00000000:06:00.0"),  # nvidia-smi 369 prints a 4-digit domain
+    ("18:00.0", "00000000:18:00.0"),
+    (" 00000000:2A:00.0 ", "00000000:2A:00.0"),
+    ("GPU-b42dd28e", None),
+    ("00000000:18:00.8", None),
+    ("", None),
+    (None, None),
+])
+def test_normalize_bus_id(value: str | None, normal: str | None) -> None:
+    assert drv.normalize_bus_id(value) == normal
+
+
+@pytest.mark.parametrize(("text", "name"), [
+    ("Success", "success"), ("Insufficient Resources", "insufficient_resources"), ("Unknown Error", "unknown_error"),
+    ("N/A", None), ("", None), (None, None)])
+def test_fabric_status_name(text: str | None, name: str | None) -> None:
+    assert drv.fabric_status_name(text) == name
+
+
+def csv_gpus(name: str) -> list[dict[str, Any]]:
+    return [{"index": r["index"], "pci_bus_id": r["pci.bus_id"], "fabric_state": None, "fabric_status": None}
+            for r in drv.parse_smi_csv(fixture(name))]
+
+
+def test_apply_smi_fabric_matches_by_bus_id_not_order() -> None:
+    gpus = csv_gpus("smi_query_h100x8.csv")
+    gpus.reverse()
+    # lspci's form of the bus id must still find the -q block.
+    gpus[0]["pci_bus_id"] = "0000:db:00.0"
+    text = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:DB:00.0",
+                             fixture("smi_q_580_fabric_in_progress_block.txt"))
+    assert drv.apply_smi_fabric(gpus, text) is None
+    assert [(g["index"], g["fabric_state"]) for g in gpus][:2] == [(7, "in_progress"), (6, "completed")]
+    assert {g["fabric_status"] for g in gpus[1:]} == {"success"}
+
+
+def test_apply_smi_fabric_names_the_gpus_it_could_not_match() -> None:
+    gpus = [*csv_gpus("smi_query_quadro_rtx4000.csv"), {"index": 2, "pci_bus_id": None}]
+    note = drv.apply_smi_fabric(gpus, fixture("smi_q_565_h100x8_fabric_completed.txt"))
+    assert note == ("GPU fabric state unknown: GPU 0-1: bus id not in nvidia-smi -q; "
+                    "GPU 2: no PCI bus id to match -q by")
+    assert all(g.get("fabric_state") is None for g in gpus)
+
+
+def test_apply_smi_fabric_groups_na_gpus() -> None:
+    gpus = [{"index": i, "pci_bus_id": f"00000000:{b}:00.0"}
+            for i, b in enumerate(("01", "23", "41", "61", "81", "A1", "C1", "E1"))]
+    note = drv.apply_smi_fabric(gpus, fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
+    assert note == "GPU fabric state unknown: GPU 0-7: State N/A"
+    assert drv.apply_smi_fabric(gpus[:1], fixture("nvidia_smi_no_driver.txt")) == (
+        "GPU fabric state unknown: nvidia-smi -q output has no 'GPU <bus id>' block")
+
+
 @pytest.mark.parametrize(("value", "text"), [(13000, "13.0"), (12090, "12.9"), (12080, "12.8"), (11040, "11.4")])
 def test_cuda_version_from_int(value: int, text: str) -> None:
     assert drv.cuda_version_from_int(value) == text
@@ -279,6 +438,7 @@ class FakeNvml(types.ModuleType):
         if isinstance(state, BaseException):
             raise state
         ref._obj.state = state
+        ref._obj.status = self.gpus[handle].get("fabric_status", pynvml.NVML_SUCCESS)
         return 0
 
 
@@ -301,10 +461,10 @@ def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
     assert got["gpus"] == [
         {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165",
          "memory_total_mib": 143771, "persistence_mode": True, "compute_capability": "9.0",
-         "pci_bus_id": "00000000:1B:00.0", "fabric_state": "completed"},
+         "pci_bus_id": "00000000:1B:00.0", "fabric_state": "completed", "fabric_status": "success"},
         {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-50404ee7-1d50-1d0c-6780-806cf66543b8",
          "memory_total_mib": 143771, "persistence_mode": False, "compute_capability": "9.0",
-         "pci_bus_id": "00000000:43:00.0", "fabric_state": "not_supported"},
+         "pci_bus_id": "00000000:43:00.0", "fabric_state": "not_supported", "fabric_status": None},
     ]
     assert nv.calls == ["init", "shutdown"]
 
@@ -314,6 +474,23 @@ def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
 def test_collect_nvml_fabric_states(state: int, name: str | None) -> None:
     gpu = dict(H200[0], fabric=state)
     assert drv.collect_nvml(FakeNvml([gpu]))["gpus"][0]["fabric_state"] == name
+
+
+@pytest.mark.parametrize(("state", "status", "expected"), [
+    # Completed with an error status is a fabric error (Azure/azhpc-images#506 prints it as
+    # "Insufficient Resources"); NVML's own texts name the others.
+    (3, pynvml.NVML_SUCCESS, "success"),
+    (3, pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES, "insufficient_resources"),
+    (3, pynvml.NVML_ERROR_UNKNOWN, "unknown_error"),
+    (3, pynvml.NVML_ERROR_TIMEOUT, "timeout"),
+    (3, 12345, "nvml_return_12345"),
+    # Before completion NVML says the status must not be read; nvidia-smi prints N/A then.
+    (2, pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES, None),
+    (1, pynvml.NVML_SUCCESS, None),
+])
+def test_collect_nvml_fabric_status(state: int, status: int, expected: str | None) -> None:
+    gpu = dict(H200[0], fabric=state, fabric_status=status)
+    assert drv.collect_nvml(FakeNvml([gpu]))["gpus"][0]["fabric_status"] == expected
 
 
 def test_collect_nvml_init_mismatch_is_a_status() -> None:
@@ -483,6 +660,44 @@ def test_collect_driver_missing_cuda_header_keeps_gpus(tmp_path: Path, monkeypat
     assert facts["status"] == "ok"
     assert facts["cuda_driver_version"] is None
     assert facts["reason"].startswith("CUDA version unknown: nvidia-smi -q output has no")
+
+
+def test_collect_driver_nvidia_smi_fills_fabric_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    q = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:3A:00.0",
+                          fixture("smi_q_fabric_insufficient_resources_block.txt"), indent=4)
+    smi(tmp_path, fixture("smi_query_h100x8.csv"), q)
+    facts = drv.collect_driver(reader)
+    parsed = DriverFacts.model_validate(facts)
+    assert parsed.source == "nvidia-smi"
+    assert [g.fabric_state for g in parsed.gpus] == ["completed"] * 8
+    assert [g.fabric_status for g in parsed.gpus] == ["success"] * 2 + ["insufficient_resources"] + ["success"] * 5
+    assert (parsed.driver_version, parsed.cuda_driver_version, parsed.reason) == ("565.57.01", "12.7", None)
+    assert ["nvidia-smi", "-q"] in [c["argv"] for c in reader.commands]
+
+
+def test_collect_driver_nvidia_smi_fabric_na_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    q = fixture("smi_q_565_h100x8_fabric_completed.txt").replace(
+        "        State                             : Completed", "        State                             : N/A")
+    smi(tmp_path, fixture("smi_query_h100x8.csv"), q)
+    facts = drv.collect_driver(reader)
+    assert facts["status"] == "ok"
+    assert [g["fabric_state"] for g in facts["gpus"]] == [None] * 8
+    assert facts["reason"] == "GPU fabric state unknown: GPU 0-7: State N/A"
+
+
+def test_collect_driver_nvidia_smi_q_failure_keeps_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    fake_command(tmp_path / "bin", "nvidia-smi", [("*--query-gpu*", fixture("smi_query_h100x8.csv"), "", 0),
+                                                  ("-q", "", fixture("nvidia_smi_no_driver.txt"), 9)])
+    facts = drv.collect_driver(reader)
+    assert facts["status"] == "ok" and facts["gpu_count"] == 8
+    assert all(g["fabric_state"] is None for g in facts["gpus"])
+    assert facts["reason"].startswith("CUDA version and GPU fabric state unknown: nvidia-smi -q: exit 9")
 
 
 def test_kernel_module_truncated_version_file(tmp_path: Path) -> None:

@@ -353,6 +353,82 @@ def test_nvidia_smi_q_header_is_aligned_like_real_output(lab: Path) -> None:
     assert "CUDA Version                              : 13.0" in out
 
 
+def q_keys(block: list[str]) -> list[tuple[int, str]]:
+    """(indent, key) of every line of an nvidia-smi -q block, sections included."""
+    return [(len(line) - len(line.lstrip(" ")), line.split(":", 1)[0].strip()) for line in block if line.strip()]
+
+
+def gpu_blocks(text: str) -> dict[str, list[str]]:
+    blocks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("GPU "):
+            current = blocks.setdefault(line[4:], [])
+        elif current is not None and line.strip():
+            current.append(line)
+    return blocks
+
+
+def fabric_section(block: list[str]) -> list[str]:
+    start = block.index("    Fabric")
+    end = start + 1
+    while end < len(block) and block[end].startswith("     "):
+        end += 1
+    return block[start:end]
+
+
+def test_nvidia_smi_q_gpu_blocks_follow_a_real_capture(lab: Path) -> None:
+    real_text = (FIXTURES / "nvidia_smi_q_gpu_h100_565.txt").read_text()
+    (real,) = gpu_blocks(real_text).values()
+    reader = reader_for(lab / "hosts" / "gpu-a03")
+    text = reader.run(sources.COMMANDS["nvidia_smi_q"]).stdout
+    blocks = gpu_blocks(text)
+    csv = [line.split(", ") for line in reader.run(sources.COMMANDS["nvidia_smi_query"]).stdout.splitlines()]
+    assert list(blocks) == [row[6] for row in csv]
+    real_keys = q_keys(real)
+    for bus_id, block in blocks.items():
+        # Every rendered line is a line of the real block, in the real order and nesting.
+        keys = iter(real_keys)
+        assert all(key in keys for key in q_keys(block)), bus_id
+        # Values start in the real column, whatever the nesting.
+        assert {line.index(": ") for line in block if ": " in line} == {42}
+        assert f"    GPU UUID                              : {csv[list(blocks).index(bus_id)][2]}" in block
+    # A healthy single-node NVSwitch fabric prints exactly what the real HGX node printed.
+    assert fabric_section(blocks["00000000:18:00.0"]) == fabric_section(real)
+    assert text.startswith(real_text[:real_text.index("Timestamp")])
+
+
+def test_nvidia_smi_q_fabric_waits_while_fabric_manager_is_down(lab: Path) -> None:
+    real = (Path(__file__).resolve().parents[1] / "fixtures" / "driver" /
+            "smi_q_580_fabric_in_progress_block.txt").read_text().splitlines()
+    blocks = gpu_blocks(reader_for(lab / "hosts" / "gpu-a04").run(sources.COMMANDS["nvidia_smi_q"]).stdout)
+    assert len(blocks) == 8
+    for block in blocks.values():
+        ours = [" ".join(line.split()) for line in fabric_section(block)]
+        # R580.159 prints a wider key column and more Health lines; the fabric lines read the same.
+        assert ours[:5] == [" ".join(line.split()) for line in real[:5]]
+        assert ours[1] == "State : In Progress"
+
+
+@pytest.mark.parametrize(("change", "state"), [
+    ({}, "Completed"),
+    ({"nvswitches": 0}, "N/A"),
+    ({"gpus": {"compute_cap": "8.0", "model": "NVIDIA A100-SXM4-80GB"}}, "N/A"),
+    ({"fabricmanager": {"active": "inactive"}}, "In Progress"),
+    ({"fabricmanager": {"active": "activating"}}, "In Progress"),
+    ({"fabricmanager": {"installed": False}}, "In Progress"),
+    ({"fabricmanager": {"version": "580.82.07"}}, "In Progress"),
+])
+def test_nvidia_smi_q_fabric_state_follows_the_profile(tmp_path: Path, change: dict[str, object],
+                                                       state: str) -> None:
+    fleet_file = make_fleet(tmp_path, {"gpu-f01": {"profile": "h200-r580", "set": change}}, {})
+    generate_fleet(load_fleet(fleet_file), tmp_path / "lab")
+    text = reader_for(tmp_path / "lab" / "hosts" / "gpu-f01").run(sources.COMMANDS["nvidia_smi_q"]).stdout
+    states = [line.split(": ", 1)[1] for block in gpu_blocks(text).values()
+              for line in fabric_section(block) if line.startswith("        State ")]
+    assert states == [state] * 8
+
+
 def test_acs_lines_use_real_lspci_flags(tmp_path: Path) -> None:
     real = [" ".join(line.split()) for line in (FIXTURES / "lspci_acs_plx.txt").read_text().splitlines()]
     fleet_file = make_fleet(tmp_path, {"gpu-c01": {"profile": "h200-r575", "set": {"acs": {"enabled": True}}}}, {})
@@ -400,6 +476,13 @@ def test_collectors_see_the_story(lab: Path, fleet: FleetSpec) -> None:
     a04 = facts["gpu-a04"]
     assert a04.fabricmanager.version == "580.82.07" and a04.fabricmanager.unit.active == "failed"
     assert a04.fabricmanager.version_matches_driver is False and a04.scheduler.state == "drained"
+    # Without pynvml the fabric state comes from nvidia-smi -q: registered where Fabric Manager
+    # runs at the driver's version, waiting where it failed.
+    for name in ("gpu-a01", "gpu-a02", "gpu-a03"):
+        gpus = facts[name].driver.gpus
+        assert {(g.fabric_state, g.fabric_status) for g in gpus} == {("completed", "success")}, name
+        assert facts[name].driver.reason is None, name
+    assert {(g.fabric_state, g.fabric_status) for g in a04.driver.gpus} == {("in_progress", None)}
     a05 = facts["gpu-a05"]
     assert a05.rdma.active_ports == 7
     assert {d.name: d.ports[0].state for d in a05.rdma.devices}["mlx5_3"] == "DOWN"

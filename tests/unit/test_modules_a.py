@@ -120,6 +120,25 @@ def test_driver_info_reports_nvidia_smi_gpus(hgx_node: dict[str, Any]) -> None:
     assert facts.cuda_driver_version == "12.2"
 
 
+def test_driver_info_reads_fabric_state_from_nvidia_smi_q(hgx_node: dict[str, Any]) -> None:
+    # Without pynvml the per-GPU fabric state comes from the full `nvidia-smi -q` (an 8x H100 HGX capture).
+    fake_command(Path(hgx_node["path"]), "nvidia-smi", [
+        ("*--query-gpu*", fixture("driver", "smi_query_h100x8.csv"), "", 0),
+        ("-q", fixture("driver", "smi_q_565_h100x8_fabric_completed.txt"), "", 0)])
+    facts = DriverFacts.model_validate(run_module(k3fleet_driver_info, hgx_node)[RESULT_KEY])
+    assert (facts.source, facts.gpu_count, facts.cuda_driver_version) == ("nvidia-smi", 8, "12.7")
+    assert {(g.fabric_state, g.fabric_status) for g in facts.gpus} == {("completed", "success")}
+    assert facts.gpus[7].pci_bus_id == "00000000:DB:00.0"
+    assert facts.reason is None
+
+
+def test_driver_info_fabric_state_unknown_is_said(hgx_node: dict[str, Any]) -> None:
+    # The 535 capture of the hgx node has no Fabric section and none of the CSV's bus ids.
+    facts = DriverFacts.model_validate(run_module(k3fleet_driver_info, hgx_node)[RESULT_KEY])
+    assert all(g.fabric_state is None for g in facts.gpus)
+    assert facts.reason == "GPU fabric state unknown: GPU 0-1: bus id not in nvidia-smi -q"
+
+
 def test_driver_info_use_nvml_false_is_skipped(hgx_node: dict[str, Any]) -> None:
     result = run_module(k3fleet_driver_info, {**hgx_node, "use_nvml": False})
     assert result[RESULT_KEY]["nvml"]["status"] == "skipped"

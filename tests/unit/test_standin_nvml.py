@@ -425,6 +425,69 @@ def test_nvidia_smi_q_compute_header_has_driver_and_cuda_version(node: Node) -> 
     assert node.run("nvidia_smi.py", "-q", "-i", "8").returncode == 6
 
 
+DRIVER_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
+
+
+def q_blocks(text: str) -> dict[str, list[str]]:
+    blocks: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("GPU "):
+            current = blocks.setdefault(line[4:], [])
+        elif line.strip() and blocks:
+            current.append(line)
+    return blocks
+
+
+def q_keys(block: list[str]) -> list[tuple[int, str]]:
+    return [(len(line) - len(line.lstrip(" ")), line.split(":", 1)[0].strip()) for line in block]
+
+
+def test_nvidia_smi_q_fabric_follows_the_fabric_manager(node: Node, nvml: ModuleType) -> None:
+    from k3fleet.ansible.module_utils.k3fleet_driver import parse_smi_q_fabric
+
+    node.boot(LIB_VERSION)
+    down = node.run("nvidia_smi.py", "-q")
+    assert down.returncode == 0, down.stdout
+    fabric = parse_smi_q_fabric(down.stdout)
+    assert len(fabric) == 8
+    assert {(v["state"], v["status"]) for v in fabric.values()} == {("not_started", None)}
+    fm = start_fabric_manager(node)
+    try:
+        up = node.run("nvidia_smi.py", "-q")
+    finally:
+        fm.send_signal(signal.SIGTERM)
+        fm.communicate(timeout=10)
+    assert up.returncode == 0, up.stdout
+    fabric = parse_smi_q_fabric(up.stdout)
+    assert {(v["state"], v["status"], v["note"]) for v in fabric.values()} == {("completed", "success", None)}
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    info = nvml.c_nvmlGpuFabricInfoV_t()
+    nvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
+    uuid = bytes(info.clusterUuid).hex()
+    block = q_blocks(up.stdout)[nvml.nvmlDeviceGetPciInfo_v3(h).busId]
+    assert "        CliqueId                          : 0" in block
+    assert f"        ClusterUUID                       : {uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-" \
+           f"{uuid[20:]}" in block
+
+
+def test_nvidia_smi_q_blocks_keep_the_real_key_order(node: Node) -> None:
+    node.boot(LIB_VERSION)
+    ours = q_blocks(node.run("nvidia_smi.py", "-q").stdout)
+    real = q_blocks((DRIVER_FIXTURES / "smi_q_565_h100x8_fabric_completed.txt").read_text(encoding="utf-8"))
+    real_keys = q_keys(real["00000000:18:00.0"])
+    for bus_id, block in ours.items():
+        # Every line of ours is a line of a real H100 HGX block, in the real order and nesting.
+        keys = iter(real_keys)
+        missing = [key for key in q_keys(block) if key not in keys]
+        assert not missing, f"{bus_id}: {missing}"
+        assert {line.index(":") for line in block if ":" in line} == {42}
+    # -d COMPUTE still prints the compute section only: no fabric there, as on a real node.
+    compute = node.run("nvidia_smi.py", "-q", "-d", "COMPUTE").stdout
+    assert "Fabric" not in compute and compute.count("Compute Mode") == 8
+
+
 def pipes(line: str) -> list[int]:
     return [i for i, c in enumerate(line) if c in "|+"]
 

@@ -206,6 +206,147 @@ def parse_smi_q_cuda(text: str) -> dict[str, str | None]:
     return {"driver_version": driver, "cuda_version": cuda}
 
 
+_BUS_ID_RE = re.compile(r"^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})\.([0-7])$")
+
+
+def normalize_bus_id(value: str | None) -> str | None:
+    """A PCI address in nvidia-smi's form: "0000:18:00.0" and "18:00.0" -> "00000000:18:00.0".
+
+    nvidia-smi and NVML print an 8-digit upper-case domain, lspci and sysfs a 4-digit lower-case
+    one, old nvidia-smi releases 4 digits; the same GPU must compare equal in all of them.
+    Returns None for text that is not a PCI address.
+    """
+    match = _BUS_ID_RE.match((value or "").strip())
+    if not match:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{function}"
+
+
+def fabric_status_name(text: str | None) -> str | None:
+    """nvidia-smi's fabric "Status" text in snake_case ("Insufficient Resources" ->
+    "insufficient_resources"); None for "N/A" and empty text."""
+    if text is None or _na(text):
+        return None
+    return re.sub(r"[^a-z0-9]+", "_", text.strip().lower()).strip("_") or None
+
+
+# nvidia-smi -q "Fabric" > "State" texts -> nvmlGpuFabricState_t names (FABRIC_STATES).
+SMI_FABRIC_STATES = {
+    "not supported": "not_supported",
+    "not started": "not_started",
+    "in progress": "in_progress",
+    "completed": "completed",
+}
+
+_GPU_BLOCK_RE = re.compile(r"^GPU\s+(\S+)\s*$")
+
+
+def parse_smi_q_fabric(text: str) -> dict[str, dict[str, str | None]]:
+    """Per-GPU "Fabric" State and Status from ``nvidia-smi -q``, keyed by normalised bus id.
+
+    Each GPU block ("GPU 00000000:18:00.0" at column 0) maps to ``{"state", "status",
+    "note"}``: ``state`` is a FABRIC_STATES name or None, ``status`` the Status text in
+    snake_case (None for "N/A"), and ``note`` says why ``state`` is None: the driver printed
+    "N/A" (no fabric on this board, or the query failed), the block has no Fabric section
+    (older driver, or the output was cut), or a State text this parser does not know.
+    Nesting is read from the indentation, never from column widths (they differ between
+    driver releases), so a "State" elsewhere in the block is not mistaken for the fabric's.
+    Raises ValueError when the text has no GPU block at all.
+    """
+    gpus: dict[str, dict[str, str | None]] = {}
+    current: str | None = None
+    sections: list[tuple[int, str]] = []
+    for line in (text or "").splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if indent == 0:
+            match = _GPU_BLOCK_RE.match(line)
+            bus = normalize_bus_id(match.group(1)) if match else None
+            if bus is not None:
+                current = bus
+                sections = []
+                gpus[bus] = {"state": None, "status": None, "note": "no Fabric section"}
+            # Header lines and foreign log lines at column 0 neither open nor close a GPU block.
+            continue
+        if current is None:
+            continue
+        while sections and sections[-1][0] >= indent:
+            sections.pop()
+        key, sep, value = line.strip().partition(":")
+        key = key.strip()
+        if not sep:
+            sections.append((indent, key))
+            if [name for _, name in sections] == ["Fabric"]:
+                gpus[current]["note"] = "Fabric section has no State line"
+            continue
+        if [name for _, name in sections] != ["Fabric"]:
+            continue
+        value = value.strip()
+        entry = gpus[current]
+        if key == "State":
+            state = SMI_FABRIC_STATES.get(value.lower())
+            entry["state"] = state
+            if state is not None:
+                entry["note"] = None
+            elif _na(value):
+                entry["note"] = "State N/A"
+            else:
+                entry["note"] = f"unrecognised State {value[:60]!r}"
+        elif key == "Status":
+            entry["status"] = fabric_status_name(value)
+    if not gpus:
+        raise ValueError("nvidia-smi -q output has no 'GPU <bus id>' block")
+    return gpus
+
+
+def _index_ranges(indices: list[Any]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    numbers = sorted(i for i in indices if isinstance(i, int))
+    parts: list[str] = []
+    start = prev = None
+    for n in numbers:
+        if prev is not None and n == prev + 1:
+            prev = n
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = n
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    parts += [str(i) for i in indices if not isinstance(i, int)]
+    return ",".join(parts)
+
+
+def apply_smi_fabric(gpus: list[dict[str, Any]], text: str) -> str | None:
+    """Fill ``fabric_state``/``fabric_status`` of the CSV GPUs from ``nvidia-smi -q`` by bus id.
+
+    Returns a one-line note naming the GPUs whose fabric state stays unknown and why, or
+    None when every GPU got a state.
+    """
+    try:
+        fabric = parse_smi_q_fabric(text)
+    except ValueError as exc:
+        return f"GPU fabric state unknown: {exc}"
+    why: dict[str, list[Any]] = {}
+    for gpu in gpus:
+        bus = normalize_bus_id(gpu.get("pci_bus_id"))
+        entry = fabric.get(bus) if bus is not None else None
+        if entry is None:
+            missing = "bus id not in nvidia-smi -q" if bus is not None else "no PCI bus id to match -q by"
+            why.setdefault(missing, []).append(gpu.get("index"))
+            continue
+        gpu["fabric_state"] = entry["state"]
+        gpu["fabric_status"] = entry["status"]
+        if entry["note"]:
+            why.setdefault(entry["note"], []).append(gpu.get("index"))
+    if not why:
+        return None
+    return "GPU fabric state unknown: " + "; ".join(
+        f"GPU {_index_ranges(indices)}: {note}" for note, indices in why.items())
+
+
 def classify_smi_failure(text: str) -> tuple[str, str]:
     """Map nvidia-smi's failure text to an NVML status and a one-line message."""
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
@@ -267,23 +408,51 @@ def load_pynvml() -> tuple[Any, str | None]:
     return pynvml, None
 
 
-def _fabric_state(nv: Any, handle: Any) -> str | None:
+def _nvml_return_name(nv: Any, code: int) -> str:
+    """An nvmlReturn_t as the snake_case of the text nvidia-smi prints for it ("Success")."""
+    if code == 0:
+        return "success"
+    try:
+        exc = nv.NVMLError(code)
+    except Exception:  # bindings that cannot even build the error still leave the number
+        return f"nvml_return_{code}"
+    try:
+        # pynvml knows the common texts and asks the library for the rest.
+        text = str(exc)
+    except Exception:  # a broken library must not turn a status into a crash
+        text = ""
+    if text and not text.startswith("NVML Error with code"):
+        return fabric_status_name(text) or f"nvml_return_{code}"
+    name = type(exc).__name__
+    if name.startswith("NVMLError_"):
+        # NVMLError_InsufficientResources -> insufficient_resources
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", name[len("NVMLError_"):]).lower()
+    return f"nvml_return_{code}"
+
+
+def _fabric_info(nv: Any, handle: Any) -> tuple[str | None, str | None]:
+    """(fabric_state, fabric_status) of one GPU through NVML."""
     import ctypes  # only needed when NVML is in use
 
     info_type = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
     getter = getattr(nv, "nvmlDeviceGetGpuFabricInfoV", None)
     if info_type is None or getter is None:
-        return None  # bindings older than the fabric API
+        return None, None  # bindings older than the fabric API
     info = info_type()
     try:
         getter(handle, ctypes.byref(info))
     except nv.NVMLError as exc:
         if type(exc).__name__ == "NVMLError_NotSupported":
-            return "not_supported"
+            return "not_supported", None
         if type(exc).__name__ == "NVMLError_GpuIsLost":
             raise
-        return None
-    return FABRIC_STATES.get(int(info.state))
+        return None, None
+    state = FABRIC_STATES.get(int(info.state))
+    status = None
+    # NVML: the status "must be checked only if state returns complete"; nvidia-smi prints N/A before.
+    if state == "completed" and hasattr(info, "status"):
+        status = _nvml_return_name(nv, int(info.status))
+    return state, status
 
 
 def _nvml_gpu(nv: Any, index: int) -> dict[str, Any]:
@@ -296,7 +465,7 @@ def _nvml_gpu(nv: Any, index: int) -> dict[str, Any]:
     major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
     gpu["compute_capability"] = f"{int(major)}.{int(minor)}"
     gpu["pci_bus_id"] = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
-    gpu["fabric_state"] = _fabric_state(nv, handle)
+    gpu["fabric_state"], gpu["fabric_status"] = _fabric_info(nv, handle)
     return gpu
 
 
@@ -351,11 +520,15 @@ def _gpu_from_smi(row: dict[str, Any]) -> dict[str, Any]:
         "compute_capability": row.get("compute_cap"),
         "pci_bus_id": row.get("pci.bus_id"),
         "fabric_state": None,
+        "fabric_status": None,
     }
 
 
 def collect_smi(reader: NodeReader) -> dict[str, Any]:
     """Query nvidia-smi (COMMANDS nvidia_smi_query and nvidia_smi_q).
+
+    The CSV lists the GPUs; ``-q`` adds the CUDA version from its header and each GPU's
+    fabric state and status, matched to the CSV rows by PCI bus id.
 
     Returns ``{"ok", "reason", "failure", "driver_version", "cuda_driver_version",
     "gpus", "not_found"}``; ``failure`` is an NVML status when nvidia-smi reported an
@@ -386,16 +559,21 @@ def collect_smi(reader: NodeReader) -> dict[str, Any]:
     out["driver_version"] = versions[0] if versions else None
     out["ok"] = True
     q = reader.run_cached(COMMANDS["nvidia_smi_q"])
+    notes = []
     if q.ok:
         try:
             header = parse_smi_q_cuda(q.stdout)
         except ValueError as exc:
-            out["reason"] = f"CUDA version unknown: {exc}"
+            notes.append(f"CUDA version unknown: {exc}")
         else:
             out["cuda_driver_version"] = header["cuda_version"]
             out["driver_version"] = out["driver_version"] or header["driver_version"]
+        fabric_note = apply_smi_fabric(out["gpus"], q.stdout)
+        if fabric_note:
+            notes.append(fabric_note)
     else:
-        out["reason"] = f"CUDA version unknown: {q.reason()}"
+        notes.append(f"CUDA version and GPU fabric state unknown: {q.reason()}")
+    out["reason"] = "; ".join(notes) or None
     return out
 
 
@@ -511,17 +689,22 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
 __all__ = [
     "FABRIC_STATES",
     "NVML_ERROR_STATUS",
+    "SMI_FABRIC_STATES",
     "SMI_QUERY_FIELDS",
+    "apply_smi_fabric",
     "classify_smi_failure",
     "collect_driver",
     "collect_nvml",
     "collect_smi",
     "cuda_version_from_int",
+    "fabric_status_name",
     "kernel_module_facts",
     "load_pynvml",
+    "normalize_bus_id",
     "nvml_error_status",
     "parse_proc_modules",
     "parse_proc_version",
     "parse_smi_csv",
     "parse_smi_q_cuda",
+    "parse_smi_q_fabric",
 ]

@@ -182,6 +182,7 @@ k3fleet:
           compute_capability: "9.0"
           pci_bus_id: "00000000:1B:00.0"
           fabric_state: completed
+          fabric_status: success
 """
 
 import os

@@ -19,9 +19,11 @@ import time
 RC_OK, RC_INVALID_ARG, RC_NOT_FOUND, RC_DRIVER_NOT_LOADED = 0, 2, 6, 9
 RC_LIB_NOT_FOUND, RC_MISMATCH, RC_OTHER = 12, 18, 255
 
+NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 FABRIC_STATES = {0: "N/A", 1: "Not Started", 2: "In Progress", 3: "Completed"}
+FABRIC_COMPLETED = 3
 NVLINK_MAX_LINKS = 36
 
 MSG_NOT_LOADED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -100,8 +102,6 @@ class Nvml:
         self.check(self.lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)))
         current, pending = ctypes.c_uint(), ctypes.c_uint()
         self.check(self.lib.nvmlDeviceGetMigMode(handle, ctypes.byref(current), ctypes.byref(pending)))
-        fabric = FabricInfoV2(version=FABRIC_INFO_V2)
-        self.check(self.lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(fabric)))
         return {
             "index": self.out("nvmlDeviceGetIndex", ctypes.c_uint, handle),
             "name": self.text("nvmlDeviceGetName", handle),
@@ -117,10 +117,25 @@ class Nvml:
             "memory_free_mib": memory.free // (1024 * 1024),
             "compute_cap": f"{major.value}.{minor.value}",
             "mig_current": current.value, "mig_pending": pending.value,
-            "fabric_state": fabric.state, "fabric_status": fabric.status, "clique": fabric.cliqueId,
-            "cluster_uuid": bytes(fabric.clusterUuid).hex(),
+            **self.fabric(handle),
             "nvlinks_active": self.active_links(handle),
         }
+
+    def fabric(self, handle):
+        """The GPU's fabric probe; a board without one answers Not Supported and prints N/A."""
+        info = FabricInfoV2(version=FABRIC_INFO_V2)
+        try:
+            self.check(self.lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info)))
+        except NvmlError as exc:
+            if exc.code != NVML_ERROR_NOT_SUPPORTED:
+                raise
+            return {"fabric_state": None, "fabric_status": None, "clique": None, "cluster_uuid": None}
+        u = bytes(info.clusterUuid).hex()
+        return {"fabric_state": info.state, "fabric_status": info.status, "clique": info.cliqueId,
+                "cluster_uuid": "-".join((u[:8], u[8:12], u[12:16], u[16:20], u[20:]))}
+
+    def error_string(self, code):
+        return self.lib.nvmlErrorString(code).decode()
 
     def active_links(self, handle):
         active = 0
@@ -252,10 +267,6 @@ def details(nvml, gpus, displays, attached):
             out.append(q_line("Device Id", "0x{:08X}".format(gpu["pci_device_id"]), 8))
             out.append(q_line("Bus Id", gpu["bus_id"], 8))
             out.append(q_line("Sub System Id", "0x{:08X}".format(gpu["pci_subsystem_id"]), 8))
-            out.append("    Fabric")
-            out.append(q_line("State", FABRIC_STATES.get(gpu["fabric_state"], "N/A"), 8))
-            out.append(q_line("Status", "Success" if gpu["fabric_state"] == 3 else "N/A", 8))
-            out.append(q_line("CliqueId", str(gpu["clique"]) if gpu["fabric_state"] == 3 else "N/A", 8))
         if show_all or "MEMORY" in displays:
             out.append("    FB Memory Usage")
             out.append(q_line("Total", f"{gpu['memory_total_mib']} MiB", 8))
@@ -263,6 +274,17 @@ def details(nvml, gpus, displays, attached):
             out.append(q_line("Free", f"{gpu['memory_free_mib']} MiB", 8))
         if show_all or "COMPUTE" in displays:
             out.append(q_line("Compute Mode", "Default", 4))
+        if show_all:
+            # After Compute Mode, as in a real -q; the status counts only once registration completed.
+            done = gpu["fabric_state"] == FABRIC_COMPLETED
+            out.append("    Fabric")
+            out.append(q_line("State", FABRIC_STATES.get(gpu["fabric_state"], "N/A"), 8))
+            out.append(q_line("Status", nvml.error_string(gpu["fabric_status"]) if done else "N/A", 8))
+            out.append(q_line("CliqueId", str(gpu["clique"]) if done else "N/A", 8))
+            out.append(q_line("ClusterUUID", gpu["cluster_uuid"] if done else "N/A", 8))
+            out.append("        Health")
+            out.append(q_line("Bandwidth", "N/A", 12))
+            out.append(q_line("Processes", "None", 4))
         out.append("")
     print("\n".join(out))
     return RC_OK
