@@ -175,6 +175,7 @@ def test_parse_smi_csv_rejects_garbage(text: str, message: str) -> None:
     ("smi_q_580_cuda_not_found.txt", "580.105.06", None),
     ("smi_q_535_interleaved_log.txt", "535.86.10", "12.2"),
     ("smi_q_396_no_cuda_line.txt", "396.54", None),
+    ("smi_q_580_header_wide.txt", "580.159.04", "13.0"),  # R580.159's 55-character key column
 ])
 def test_parse_smi_q_cuda(name: str, driver: str, cuda: str | None) -> None:
     assert drv.parse_smi_q_cuda(fixture(name)) == {"driver_version": driver, "cuda_version": cuda}
