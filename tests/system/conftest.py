@@ -78,3 +78,26 @@ def testbed_state(testbed_workdir: Path, pytestconfig: pytest.Config) -> Iterato
     finally:
         testbed.down(testbed_workdir)
         proc.reap_zombie_children()
+
+
+def _renew(state: testbed.TestbedState, report: Callable[[str], None] | None = None) -> None:
+    """Bring the session's testbed up again on fresh overlays and point `state` at it."""
+    hosts = len(state.hosts) or HOSTS
+    started = time.monotonic()
+    fresh = testbed.up(n=hosts, workdir=state.workdir)
+    if report is not None:
+        report(f"testbed up, cached image: {hosts} hosts in {time.monotonic() - started:.1f}s")
+    # Fixtures and tests hold this object: update it in place (pids and guest pids are new).
+    for name in type(fresh).model_fields:
+        setattr(state, name, getattr(fresh, name))
+
+
+@pytest.fixture(scope="module")
+def fresh_testbed(
+    testbed_state: testbed.TestbedState, testbed_report: Callable[[str], None]
+) -> Iterator[testbed.TestbedState]:
+    """Clean guests for a module that installs packages, reboots guests or takes the testbed down,
+    and clean guests again after it, so no module depends on the order modules run in."""
+    _renew(testbed_state, testbed_report)
+    yield testbed_state
+    _renew(testbed_state)
