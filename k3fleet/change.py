@@ -383,7 +383,8 @@ def check_reports(play: PlayResult, hosts: Sequence[str]) -> dict[str, dict[str,
             out[host] = {"noop": True, "why": "already on the target: nothing to drain or install"}
         else:
             status = last.status if last else ("interrupted" if play.interrupted else "not reached")
-            failing = next((o for o in reversed(play.hosts.get(host, [])) if o.status in
+            # The first failure is the cause; later ones are the rescue's own "stop here".
+            failing = next((o for o in play.hosts.get(host, []) if o.status in
                             ("failed", "unreachable", "timeout")), last)
             out[host] = {"error": f"{status}: {failing.task if failing else '-'}: "
                                   f"{(failing.message if failing else None) or 'no message'}"}

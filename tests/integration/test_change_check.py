@@ -1,0 +1,195 @@
+"""`k3fleet upgrade --check` end to end, with no root and no testbed.
+
+The real change_night.yml runs in check mode through ansible-runner against a lab host whose
+driver view is simulated (k3fleet lab) and whose packages are a private, real dpkg/apt state:
+real `dpkg-query` (DPKG_ADMINDIR) and the real apt resolver (APT_CONFIG) over the stand-in driver
+repository, with the 575 packages installed and held. The Slurm client is a stand-in replaying
+recorded scontrol/squeue output (tests/fixtures/slurm/SOURCES.md); the real daemons are covered
+in tests/unit/test_slurm_node.py and the system tests.
+
+What it proves: the gate runs a fresh audit, the night plans the canary, the drain and the exact
+apt transaction are reported per host, and nothing changes (dpkg state, holds, Slurm, journal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from k3fleet.change import UpgradeOptions, run_upgrade
+from k3fleet.change_cli import register
+from k3fleet.errors import UsageError
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        any(shutil.which(t) is None for t in ("gcc", "dpkg-deb", "dpkg-scanpackages", "apt-ftparchive", "apt-get",
+                                               "dpkg-query")) or not os.path.exists("/usr/bin/python3"),
+        reason="needs gcc, dpkg-dev, apt-utils, apt and a system python3 with python3-apt"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+SLURM_FIX = REPO / "tests" / "fixtures" / "slurm"
+BASE = ("python3", "libc6")
+DROPPED = re.compile(r"^(Filename|Size|MD5sum|SHA1|SHA256|SHA512|Description-md5):")
+
+
+def _python_apt() -> bool:
+    done = subprocess.run(["/usr/bin/python3", "-c", "import apt_pkg"], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not _python_apt():
+        pytest.skip("the apt module needs python3-apt in the system python3")
+    from k3fleet.lab.standin import build_repo
+
+    return build_repo(tmp_path_factory.mktemp("standin") / "repo")
+
+
+def _status_file(repo: Path, pins: list[str]) -> str:
+    """A dpkg status file: the base system, the simulated hardware and these name=version, held."""
+    wanted = dict(p.split("=", 1) for p in pins)
+    blocks = [f"Package: {n}\nStatus: install ok installed\nPriority: optional\nArchitecture: amd64\nVersion: 1\n"
+              f"Maintainer: base\nDescription: base system" for n in BASE]
+    for raw in (repo / "Packages").read_text().strip().split("\n\n"):
+        fields = dict(re.findall(r"^([\w-]+): (.*)$", raw, re.M))
+        if fields["Package"] == "nvidia-sim-hardware" or wanted.get(fields["Package"]) == fields["Version"]:
+            state = "install" if fields["Package"] == "nvidia-sim-hardware" else "hold"
+            lines = [x for x in raw.splitlines() if not DROPPED.match(x)]
+            lines.insert(1, f"Status: {state} ok installed")
+            blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+@pytest.fixture
+def node(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    from k3fleet.lab.fleet import generate_fleet, load_fleet
+    from k3fleet.lab.standin import install_pins
+
+    sb = tmp_path / "apt"
+    for d in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "var/lib/apt/lists/partial",
+              "var/cache/apt/archives/partial", "dpkg/info", "dpkg/updates"):
+        (sb / d).mkdir(parents=True)
+    (sb / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
+    (sb / "dpkg/status").write_text(_status_file(repo, install_pins("575.57.08")))
+    (sb / "dpkg/available").write_text("")
+    conf = sb / "apt.conf"
+    conf.write_text("\n".join([
+        f'Dir::State "{sb}/var/lib/apt";', f'Dir::State::status "{sb}/dpkg/status";',
+        f'Dir::Cache "{sb}/var/cache/apt";', f'Dir::Etc "{sb}/etc/apt";',
+        f'Dir::Etc::sourcelist "{sb}/etc/apt/sources.list";', f'Dir::Etc::sourceparts "{sb}/etc/apt/sources.list.d";',
+        f'Dir::Etc::preferencesparts "{sb}/etc/apt/preferences.d";', f'Dir::Etc::parts "{sb}/etc/apt/apt.conf.d";',
+        'APT::Architecture "amd64";', 'Debug::NoLocking "true";', 'APT::Sandbox::User "root";',
+        f'DPkg::Options {{ "--admindir={sb}/dpkg"; }};', ""]))
+    monkeypatch.setenv("APT_CONFIG", str(conf))
+    monkeypatch.setenv("DPKG_ADMINDIR", str(sb / "dpkg"))
+    update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, check=False)
+    assert update.returncode == 0, update.stderr
+
+    # Slurm client stand-in: node01 runs job 1 (recorded output), every call is logged.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "slurm-calls"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "scontrol $*" >> {calls}\n'
+                                     f'cat {SLURM_FIX / "scontrol_node01_allocated.txt"}\n')
+    (bindir / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {calls}\necho 1\n')
+    for name in ("scontrol", "squeue"):
+        (bindir / name).chmod(0o755)
+    # Real dpkg-query ahead of the lab host's replayed one: it reads the private dpkg state.
+    (bindir / "dpkg-query").symlink_to(shutil.which("dpkg-query") or "/usr/bin/dpkg-query")
+
+    lab_inv = generate_fleet(load_fleet(None), tmp_path / "lab")
+    lab = yaml.safe_load(lab_inv.read_text())["all"]["children"]["lab"]["hosts"]
+    host = dict(lab["gpu-a01"])
+    host.update(k3fleet_path=f"{bindir}:{host['k3fleet_path']}", k3fleet_slurm_node="node01",
+                k3fleet_slurm_client="localhost", k3fleet_slurm_path=f"{bindir}:/usr/bin:/bin",
+                k3fleet_probe=False)
+    done = dict(lab["gpu-a03"])  # already on R580: the plan leaves it out
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu-a01": host, "gpu-a03": done}}}))
+    return {"inventory": inventory, "status": sb / "dpkg/status", "calls": calls, "tmp": tmp_path}
+
+
+def _selections(status: Path) -> str:
+    env = dict(os.environ, DPKG_ADMINDIR=str(status.parent))
+    return subprocess.run(["dpkg", "--get-selections"], capture_output=True, text=True, env=env,
+                          check=True).stdout
+
+
+def test_check_reports_drain_and_apt_transaction_and_changes_nothing(node: dict[str, Any]) -> None:
+    status_before = node["status"].read_bytes()
+    holds_before = _selections(node["status"])
+    assert re.search(r"^nvidia-driver-575-server\s+hold$", holds_before, re.M), holds_before
+    opts = UpgradeOptions(inventory=node["inventory"], change_id="CHG-1042", operator="alice", canary="gpu-a01",
+                          check=True, runs_dir=node["tmp"] / "runs", forks=2)
+    result = run_upgrade(opts, ["k3fleet", "upgrade", "--check"])
+    assert result.exit_code == 0, (result.message, result.check)
+    rep = result.check["gpu-a01"]
+    assert rep["drain"]["backend"] == "slurm" and rep["drain"]["decision"] == "drain"
+    assert rep["drain"]["actions"] == [
+        "scontrol update nodename=node01 state=drain reason='k3fleet:CHG-1042 alice: NVIDIA driver change'",
+        "would wait up to 3600s for 1 running job(s): 1"]
+    plan = rep["plan"]
+    assert plan["install"] == [f"{n}=580.95.05-*" for n in (
+        "nvidia-driver-580-server", "nvidia-utils-580-server", "libnvidia-compute-580", "nvidia-fabricmanager-580",
+        "cuda-drivers-fabricmanager-580")]
+    assert set(plan["remove"]) == {"nvidia-driver-575-server", "nvidia-utils-575-server", "libnvidia-compute-575",
+                                   "nvidia-kernel-sim-575", "nvidia-fabricmanager-575",
+                                   "cuda-drivers-fabricmanager-575"}
+    assert plan["reboot"] is True and plan["loaded_version"] == "575.57.08"
+    tx = rep["transaction"]
+    assert any(line.startswith("Remv nvidia-driver-575-server [575.57.08-0ubuntu1]") for line in tx), tx
+    assert any(line.startswith("Inst nvidia-driver-580-server (580.95.05-0ubuntu1") for line in tx), tx
+    assert any(line.startswith("Inst nvidia-fabricmanager-580 (580.95.05-1") for line in tx), tx
+    # Nothing changed: dpkg state and holds byte for byte, no Slurm update, no journal line.
+    assert node["status"].read_bytes() == status_before
+    assert _selections(node["status"]) == holds_before
+    calls = node["calls"].read_text().splitlines()
+    assert calls and not any(" update " in c for c in calls), calls
+    assert not (result.run_dir.path / "journal.jsonl").exists()
+    assert json.loads((result.run_dir.path / "check.json").read_text())["gpu-a01"]["plan"]["reboot"] is True
+    assert result.change["done"] == ["gpu-a03"]
+
+
+def test_check_through_the_command_line(node: dict[str, Any]) -> None:
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def _root() -> None:
+        """Two commands need a group."""
+
+    res = CliRunner().invoke(app, ["upgrade", "-i", str(node["inventory"]), "--change-id", "CHG-7", "--operator",
+                                   "bob", "--canary", "gpu-a01", "--check", "--runs-dir", str(node["tmp"] / "runs"),
+                                   "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "gpu-a01 (canary)" in res.output
+    assert "drain   (slurm): scontrol update nodename=node01 state=drain reason='k3fleet:CHG-7 bob:" in res.output
+    assert "Remv nvidia-driver-575-server" in res.output
+    assert "reboot   yes, loaded 575.57.08" in res.output
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"change_id": "bad id"}, "--change-id 'bad id' is not valid"),
+    ({"operator": " "}, "--operator ' ' is not valid"),
+    ({"canary": "gpu-a03"}, "--canary gpu-a03 is not a host the audit plans to upgrade"),
+    ({"flavour": "closed"}, "--flavour 'closed'"),
+])
+def test_bad_input_is_refused_before_anything_runs(node: dict[str, Any], kw: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"inventory": node["inventory"], "change_id": "CHG-1", "operator": "alice",
+                            "check": True, "runs_dir": node["tmp"] / "runs"}
+    args.update(kw)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        run_upgrade(UpgradeOptions(**args), ["k3fleet"])
