@@ -93,6 +93,7 @@ def ansible_env(extra_roles: Sequence[Path] = ()) -> dict[str, str]:
     return {
         "ANSIBLE_LIBRARY": str(pkg / "ansible" / "modules"),
         "ANSIBLE_MODULE_UTILS": str(pkg / "ansible" / "module_utils"),
+        "ANSIBLE_DOC_FRAGMENT_PLUGINS": str(pkg / "ansible" / "doc_fragments"),
         "ANSIBLE_ROLES_PATH": os.pathsep.join(roles),
         "ANSIBLE_HOST_KEY_CHECKING": "False",
         "ANSIBLE_GATHERING": "explicit",

@@ -18,7 +18,7 @@ import yaml
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, READER_DOC, RESULT_KEY
+from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
 from k3fleet.ansible.modules import k3fleet_driver_info, k3fleet_fabricmanager_info, k3fleet_packages_info
 from k3fleet.models.facts import DriverFacts, FabricManagerFacts, PackageFacts
 
@@ -193,20 +193,6 @@ def test_collector_bug_becomes_unknown(hgx_node: dict[str, Any], monkeypatch: py
 
 def doc(module: Any, name: str) -> Any:
     return yaml.safe_load(getattr(module, name))
-
-
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_documented_options_are_the_argument_spec(name: str) -> None:
-    module, _ = MODULES[name]
-    options = doc(module, "DOCUMENTATION")["options"]
-    reader_doc = yaml.safe_load(READER_DOC)
-    extra = {"use_nvml": {"type": "bool", "default": True}} if name == "k3fleet_driver_info" else {}
-    assert set(options) == set(READER_ARGS) | set(extra)
-    for key, spec in {**READER_ARGS, **extra}.items():
-        assert options[key]["type"] == spec["type"], key
-        assert options[key].get("default") == spec.get("default"), key
-    for key, text in reader_doc.items():
-        assert options[key] == text, f"{name}: option {key} drifted from k3fleet_module.READER_DOC"
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

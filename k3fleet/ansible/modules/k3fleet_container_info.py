@@ -42,27 +42,6 @@ options:
         I(timeout) and needs the GPUs to be free enough to create a CUDA context.
     type: bool
     default: false
-  root:
-    description:
-      - Prefix under which node files are read (C(/etc/...), C(/proc/...), C(/sys/...)).
-      - Use it for a containerised view of the host (for example C(/host)) or a simulated node.
-    type: path
-    default: /
-  procfs:
-    description: Where the node's C(/proc) is mounted. Defaults to I(root)/proc.
-    type: path
-  sysfs:
-    description: Where the node's C(/sys) is mounted. Defaults to I(root)/sys.
-    type: path
-  path:
-    description:
-      - Search path for the commands the collectors run (C(nvidia-smi), C(dpkg-query), ...).
-      - Defaults to the module's own C(PATH). Commands always run with C(LC_ALL=C).
-    type: str
-  timeout:
-    description: Seconds before any single command is killed and reported as timed out.
-    type: float
-    default: 20
 attributes:
   check_mode:
     support: full
@@ -77,6 +56,8 @@ attributes:
 seealso:
   - name: CUDA compatibility
     link: https://docs.nvidia.com/deploy/cuda-compatibility/
+extends_documentation_fragment:
+  - k3fleet_reader
 """
 
 EXAMPLES = r"""

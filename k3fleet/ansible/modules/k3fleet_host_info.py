@@ -51,29 +51,6 @@ options:
   host:
     description: Inventory name recorded in the facts (pass C(inventory_hostname)).
     type: str
-  root:
-    description:
-      - Prefix under which node files are read (C(/etc/...), C(/proc/...), C(/sys/...)).
-    type: path
-    default: /
-  procfs:
-    description: Where the node's C(/proc) is mounted. Defaults to I(root)/proc.
-    type: path
-  sysfs:
-    description: Where the node's C(/sys) is mounted. Defaults to I(root)/sys.
-    type: path
-  path:
-    description: Search path for the commands the collectors run. Commands always run with C(LC_ALL=C).
-    type: str
-  timeout:
-    description: Seconds before any single command is killed and reported as timed out.
-    type: float
-    default: 20
-  budget:
-    description:
-      - Seconds for all commands together; commands not started in time are reported as not run and the
-        module returns partial facts rather than being killed by the task timeout.
-    type: float
 attributes:
   check_mode:
     support: full
@@ -84,6 +61,8 @@ attributes:
     support: full
 author:
   - k3fleet contributors
+extends_documentation_fragment:
+  - k3fleet_reader
 """
 
 EXAMPLES = r"""
@@ -158,8 +137,13 @@ k3fleet:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.k3fleet_host import collect_host
-from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+
+try:
+    from ansible.module_utils.k3fleet_host import collect_host
+    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+except ImportError:  # imported from the controller package (unit tests)
+    from k3fleet.ansible.module_utils.k3fleet_host import collect_host
+    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
 
 
 def main():

@@ -20,28 +20,6 @@ description:
 version_added: "0.1.0"
 author:
   - k3fleet contributors
-options:
-  root:
-    description:
-      - Prefix under which node files are read (C(/etc/...), C(/proc/...), C(/sys/...)).
-      - Use it for a containerised view of the host (for example C(/host)) or a simulated node.
-    type: path
-    default: /
-  procfs:
-    description: Where the node's C(/proc) is mounted. Defaults to I(root)/proc.
-    type: path
-  sysfs:
-    description: Where the node's C(/sys) is mounted. Defaults to I(root)/sys.
-    type: path
-  path:
-    description:
-      - Search path for the commands the collectors run (C(nvidia-smi), C(dpkg-query), ...).
-      - Defaults to the module's own C(PATH). Commands always run with C(LC_ALL=C).
-    type: str
-  timeout:
-    description: Seconds before any single command is killed and reported as timed out.
-    type: float
-    default: 20
 attributes:
   check_mode:
     description: Runs unchanged in check mode; it only reads.
@@ -57,6 +35,8 @@ notes:
 seealso:
   - module: k3fleet_driver_info
   - module: k3fleet_fabricmanager_info
+extends_documentation_fragment:
+  - k3fleet_reader
 """
 
 EXAMPLES = r"""

@@ -30,27 +30,6 @@ options:
       - Slurm NodeName of this host. Defaults to the short host name from C(/etc/hostname) under I(root).
       - Set it where the Slurm NodeName differs from the host name.
     type: str
-  root:
-    description:
-      - Prefix under which node files are read (C(/etc/...), C(/proc/...), C(/sys/...)).
-      - Use it for a containerised view of the host (for example C(/host)) or a simulated node.
-    type: path
-    default: /
-  procfs:
-    description: Where the node's C(/proc) is mounted. Defaults to I(root)/proc.
-    type: path
-  sysfs:
-    description: Where the node's C(/sys) is mounted. Defaults to I(root)/sys.
-    type: path
-  path:
-    description:
-      - Search path for the commands the collectors run (C(nvidia-smi), C(dpkg-query), ...).
-      - Defaults to the module's own C(PATH). Commands always run with C(LC_ALL=C).
-    type: str
-  timeout:
-    description: Seconds before any single command is killed and reported as timed out.
-    type: float
-    default: 20
 attributes:
   check_mode:
     support: full
@@ -60,6 +39,8 @@ attributes:
   idempotent:
     support: full
     description: Never reports a change.
+extends_documentation_fragment:
+  - k3fleet_reader
 """
 
 EXAMPLES = r"""
