@@ -193,3 +193,106 @@ def test_bad_input_is_refused_before_anything_runs(node: dict[str, Any], kw: dic
     args.update(kw)
     with pytest.raises(UsageError, match=re.escape(message)):
         run_upgrade(UpgradeOptions(**args), ["k3fleet"])
+
+
+# -- k3_drain's Kubernetes backend against kmock's API emulator ---------------------------------
+# The emulator keeps Nodes and applies JSON merge patches (cordon, annotations) like an API server;
+# it has no eviction subresource, so evictions are not exercised here (roles/k3_drain/README.md).
+
+KMOCK_SERVER = """
+import asyncio
+import kmock
+
+async def main():
+    async with kmock.KubernetesEmulator() as k8s, kmock.Server(k8s) as srv:
+        print(srv.port, flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+K8S_PLAY = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: k3_drain
+      vars:
+        k3_drain_backend: kubernetes
+        k3_drain_k8s_evict: false
+        k3_drain_change_id: CHG-9
+        k3_drain_operator: carol
+    - ansible.builtin.debug:
+        var: k3_drain_result
+"""
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Any:
+    pytest.importorskip("kmock")
+    import sys
+
+    import httpx
+
+    server = subprocess.Popen([sys.executable, "-c", KMOCK_SERVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline().strip())
+        api = f"http://127.0.0.1:{port}"
+        for name, spec, annotations in (("gpu-k01", {}, {}),
+                                        ("gpu-k02", {"unschedulable": True}, {"ops/reason": "NIC swap"})):
+            r = httpx.post(f"{api}/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name, "annotations": annotations}, "spec": spec})
+            assert r.status_code in (200, 201), r.text
+        inventory = tmp_path / "k8s.yml"
+        inventory.write_text(yaml.safe_dump({"all": {"hosts": {
+            h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "k3fleet_k8s_api": api}
+            for h in ("gpu-k01", "gpu-k02")}}}))
+        play = tmp_path / "k8s_drain.yml"
+        play.write_text(K8S_PLAY)
+        yield {"api": api, "inventory": inventory, "play": play, "tmp": tmp_path}
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def _k8s_run(kube: dict[str, Any], state: str, check: bool = False) -> dict[str, dict[str, Any]]:
+    from k3fleet.runner import run_playbook
+
+    play = run_playbook(str(kube["play"]), kube["inventory"], kube["tmp"] / f"ansible-{state}-{check}",
+                        extravars={"k3_drain_state": state}, check=check, forks=2)
+    assert play.status == "successful", (play.stderr_tail, {h: play.last(h) for h in play.hosts})
+    return {h: o.result["k3_drain_result"] for h, outs in play.hosts.items() for o in outs
+            if o.result and "k3_drain_result" in o.result}
+
+
+def _node(kube: dict[str, Any], name: str) -> dict[str, Any]:
+    import httpx
+
+    data: dict[str, Any] = httpx.get(f"{kube['api']}/api/v1/nodes/{name}").json()
+    return data
+
+
+def test_kubernetes_cordon_and_uncordon_only_ours(kube: dict[str, Any]) -> None:
+    res = _k8s_run(kube, "drained", check=True)
+    assert res["gpu-k01"]["decision"] == "drain"
+    assert _node(kube, "gpu-k01")["spec"].get("unschedulable") in (None, False), "check mode cordoned the node"
+
+    res = _k8s_run(kube, "drained")
+    assert (res["gpu-k01"]["decision"], res["gpu-k01"]["drained_by_us"]) == ("drain", True)
+    assert (res["gpu-k02"]["decision"], res["gpu-k02"]["drained_by_us"]) == ("other", False)
+    node = _node(kube, "gpu-k01")
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["annotations"]["k3fleet.io/drain"] == "k3fleet:CHG-9 carol: NVIDIA driver change"
+
+    again = _k8s_run(kube, "drained")
+    assert again["gpu-k01"]["decision"] == "ours" and again["gpu-k01"]["changed"] is False
+
+    res = _k8s_run(kube, "returned")
+    assert (res["gpu-k01"]["decision"], res["gpu-k02"]["decision"]) == ("resume", "not_ours")
+    node = _node(kube, "gpu-k01")
+    assert node["spec"]["unschedulable"] is False and "k3fleet.io/drain" not in node["metadata"]["annotations"]
+    other = _node(kube, "gpu-k02")
+    assert other["spec"]["unschedulable"] is True and other["metadata"]["annotations"] == {"ops/reason": "NIC swap"}
+    assert _k8s_run(kube, "returned")["gpu-k01"]["decision"] == "not_drained"
