@@ -43,6 +43,7 @@ FLAVOURS = ("auto", "open", "proprietary")
 # Where a host's wall time goes besides k3fleet itself, by the task names of the roles.
 _EXTERNAL_TASKS: dict[str, frozenset[str]] = {
     "package_manager": frozenset({
+        "Finish a dpkg run that was interrupted",
         "Release the holds on the NVIDIA packages that change",
         "Remove the packages of the other driver branch",
         "Install the driver and Fabric Manager at exactly the target version",
@@ -181,6 +182,14 @@ class ChangeResult:
     message: str = ""
 
 
+class NothingToChange(UsageError):
+    """The audit cleared no host: all are on the target (exit 0) or the rest are blocked (exit 1)."""
+
+    def __init__(self, message: str, blocked: bool) -> None:
+        super().__init__(message)
+        self.exit_code = EXIT_FAILED if blocked else EXIT_OK
+
+
 def plan_batches(plan: Mapping[str, Any], canary: str | None, waves: bool) -> tuple[str, list[list[str]]]:
     """The canary and the waves after it, from an audit's change plan (``ChangePlan`` as JSON).
 
@@ -191,9 +200,9 @@ def plan_batches(plan: Mapping[str, Any], canary: str | None, waves: bool) -> tu
     eligible = [h for h in planned if h not in blocked]
     if not eligible:
         done = ", ".join(plan.get("done") or []) or "none"
-        why = "; ".join(f"{h}: {r}" for h, r in blocked.items()) or "no host below the target"
-        raise UsageError(f"nothing to change: no host is cleared for R{plan.get('target_branch')} "
-                         f"(already on target: {done}; blocked: {why})")
+        why = "; ".join(f"{h}: {r}" for h, r in blocked.items())
+        raise NothingToChange(f"nothing to change: no host is cleared for R{plan.get('target_branch')} "
+                              f"(already on target: {done}; blocked: {why or 'none'})", blocked=bool(blocked))
     if canary is not None:
         if canary in blocked:
             raise UsageError(f"--canary {canary} is blocked by the audit: {blocked[canary]}")
@@ -276,7 +285,10 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
     if str(target_version).split(".")[0] != str(plan["target_branch"]):
         raise UsageError(f"--target-version {target_version} is not in branch R{plan['target_branch']} that the "
                          "audit planned for")
-    canary, waves = plan_batches(plan, opts.canary, opts.waves)
+    try:
+        canary, waves = plan_batches(plan, opts.canary, opts.waves)
+    except NothingToChange as exc:
+        return _nothing(rd, opts, plan, target_version, exc)
     hosts = [canary] + [h for w in waves for h in w]
     serial = [1] + [len(w) for w in waves]
     change: dict[str, Any] = {
@@ -290,6 +302,20 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
     rd.write_json(CHANGE_FILE, change)
     ev = _extravars(change, rd, hosts, serial)
     return _execute(rd, change, opts, ev, hosts, "ansible", "events.jsonl", observer, cancel)
+
+
+def _nothing(rd: RunDir, opts: UpgradeOptions, plan: Mapping[str, Any], target_version: str,
+             exc: NothingToChange) -> ChangeResult:
+    """A second night over a done fleet changes nothing and says so (exit 0; 1 when hosts are blocked)."""
+    change = {"change_id": opts.change_id, "operator": opts.operator, "target_version": target_version,
+              "target_branch": plan["target_branch"], "canary": None, "waves": [], "check": opts.check,
+              "done": plan.get("done") or [], "blocked": plan.get("blocked") or []}
+    rd.write_json(CHANGE_FILE, change)
+    result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
+    rd.write_json("run.json", {"status": "nothing_to_do", "exit_code": result.exit_code, "message": result.message,
+                               "hosts": {}, "done": change["done"], "blocked": change["blocked"]})
+    rd.write_manifest()
+    return result
 
 
 def _resume(opts: UpgradeOptions, change_id: str, operator: str, argv: Sequence[str], observer: Observer | None,
