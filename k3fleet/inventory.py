@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 from pathlib import Path
 
@@ -15,9 +14,6 @@ def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
     """Host names of ``inventory`` (after ``limit``), parsed by Ansible's own inventory code."""
     if not inventory.exists():
         raise UsageError(f"inventory {inventory} does not exist")
-    # A source no plugin can parse must be an error, not a warning and an empty fleet.
-    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
-    os.environ.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "True")
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -33,6 +29,10 @@ def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
     except AnsibleError as exc:
         detail = _parse_reason(captured.getvalue()) or " ".join(str(exc).split())
         raise UsageError(f"inventory {inventory} cannot be parsed: {detail[:300]}") from exc
+    # By default Ansible only warns about a source no plugin could parse: here that is an error.
+    reason = _parse_reason(captured.getvalue())
+    if reason:
+        raise UsageError(f"inventory {inventory} cannot be parsed: {reason[:300]}")
     if not hosts:
         what = f" matching --limit {limit!r}" if limit else ""
         raise UsageError(f"inventory {inventory} has no hosts{what}")
