@@ -181,6 +181,27 @@ def test_check_through_the_command_line(node: dict[str, Any]) -> None:
     assert "reboot   yes, loaded 575.57.08" in res.output
 
 
+def test_check_of_a_failing_night_runs_the_rescue_and_still_changes_nothing(node: dict[str, Any]) -> None:
+    # 580.65.06 is a real R580 release (FACTS.md section 2) that the stand-in repository does not carry:
+    # the simulated transaction fails, the rescue journals, rolls back (simulated) and stops the host.
+    status_before = node["status"].read_bytes()
+    opts = UpgradeOptions(inventory=node["inventory"], change_id="CHG-1043", operator="alice", canary="gpu-a01",
+                          check=True, target_version="580.65.06", runs_dir=node["tmp"] / "runs", forks=2)
+    result = run_upgrade(opts, ["k3fleet", "upgrade", "--check"])
+    assert result.exit_code == 1
+    error = result.check["gpu-a01"]["error"]
+    assert error.startswith("failed: Simulate the package transaction:"), error
+    events = [json.loads(x) for x in (result.run_dir.path / "events.jsonl").read_text().splitlines()]
+    tasks = [e["event_data"].get("task") for e in events if e["event"] == "runner_on_ok"]
+    for expected in ("Journal the failure", "Decide what the rollback must undo", "Decide what the rollback needs",
+                     "Journal the rollback"):
+        assert expected in tasks, (expected, tasks)
+    # Nothing was really changed, so the rollback finds the node equal to its snapshot.
+    assert "Simulate the restoring transaction" not in tasks
+    assert node["status"].read_bytes() == status_before
+    assert not (result.run_dir.path / "journal.jsonl").exists()
+
+
 @pytest.mark.parametrize(("kw", "message"), [
     ({"change_id": "bad id"}, "--change-id 'bad id' is not valid"),
     ({"operator": " "}, "--operator ' ' is not valid"),
