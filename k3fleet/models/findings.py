@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from k3fleet.models.target import Strategy, StrategySetting
+
 Severity = Literal["critical", "error", "warning", "info"]
 FindingKind = Literal["fail", "unknown", "note"]
 HostStatus = Literal["pass", "warn", "fail", "unreachable"]
@@ -68,8 +70,16 @@ class PackageChange(_Out):
     )
 
 
+UpgradeScope = Literal["driver", "fabricmanager"]
+
+
 class UpgradeItem(_Out):
     host: str
+    scope: UpgradeScope = Field(
+        default="driver",
+        description="driver: the driver branch change with its Fabric Manager; fabricmanager: the driver is "
+        "already at the target, only the Fabric Manager packages move to its version",
+    )
     current_version: str
     current_branch: int
     target_version: str
@@ -99,12 +109,15 @@ class ChangePlan(_Out):
     target_branch: int
     target_version: str
     needs_upgrade: list[UpgradeItem] = Field(
-        default_factory=list, description="every host below the target, blocked or not"
+        default_factory=list,
+        description="every host with something to change (blocked or not): below the target driver, or on "
+        "it with a Fabric Manager of another version (scope fabricmanager)",
     )
     done: list[str] = Field(
         default_factory=list,
-        description="hosts already on the target branch (or newer) at or above the minimum driver; "
-        "fleet.driver_drift still shows those short of target_version",
+        description="hosts with nothing left to change: on the target branch (or newer) at or above the "
+        "minimum driver, Fabric Manager (where needed) at the driver's version; fleet.driver_drift "
+        "still shows those short of target_version",
     )
     blocked: list[BlockedHost] = Field(default_factory=list, description="fix these before changing them")
     unreachable: list[str] = Field(default_factory=list)
@@ -112,6 +125,29 @@ class ChangePlan(_Out):
     canary_note: str | None = Field(default=None, description="why there is no canary, when there is none")
     wave_size: int = 0
     waves: list[list[str]] = Field(default_factory=list, description="after the canary, in order")
+
+
+class NodeMemory(_Out):
+    gpu_model: str
+    hosts: int = Field(description="hosts of this model whose GPU memory is known")
+    gpu_memory_gib: float = Field(description="smallest per-GPU memory reported for the model")
+    node_memory_gib: float = Field(description="gpu_memory_gib x the target's GPUs per node")
+    holds_weights: bool
+
+
+class StrategyDecision(_Out):
+    """Which serving strategy the verdict used, and why (derived from GPU memory or named by the target)."""
+
+    strategy: Strategy = Field(description="the strategy capacity and RDMA checks were judged by")
+    setting: StrategySetting = Field(description="gpus.strategy in the target: auto or an explicit strategy")
+    derived: bool = Field(description="true when strategy was derived from the hosts' GPU memory")
+    reason: str
+    rdma_required: bool
+    weights_gb: float | None = None
+    weights_confirmed: bool | None = Field(default=None, description="false: the memory figure is an estimate")
+    weights_source: str | None = None
+    nodes: list[NodeMemory] = Field(default_factory=list, description="per GPU model, largest first")
+    hosts_unknown_memory: int = Field(default=0, description="hosts whose GPU memory could not be read")
 
 
 class VerdictSummary(_Out):
@@ -139,6 +175,7 @@ class FleetVerdict(_Out):
     hosts: dict[str, HostVerdict]
     fleet_findings: list[Finding] = Field(default_factory=list)
     plan: ChangePlan
+    strategy: StrategyDecision | None = Field(default=None, description="the serving strategy judged against")
     unconfirmed_matrix_rows: list[str] = Field(
         default_factory=list, description="matrix rows marked confirmed: false that a finding relied on"
     )

@@ -20,6 +20,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Strategy = Literal["single_node_tp", "multi_node_tp_dp", "multi_node_tp_pp", "multi_node_dep"]
+# "auto": derive the strategy from the fleet's GPU memory (see GpuSpec.weights_memory).
+StrategySetting = Literal["auto", "single_node_tp", "multi_node_tp_dp", "multi_node_tp_pp", "multi_node_dep"]
+
+# nvidia-smi and NVML report GPU memory in MiB.
+MIB_PER_GIB = 1024
 
 _NUM = re.compile(r"\d+")
 _CUDA_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -233,22 +238,62 @@ class CapacityOverride(_Strict):
     source: str
 
 
+class WeightsMemory(_Strict):
+    """GPU memory the model's weights need across one serving instance (data, not truth)."""
+
+    gb: float = Field(gt=0, description="GPU memory the weights need, in GB as the source states it")
+    format: str | None = Field(default=None, description="weight format the figure is for, e.g. MXFP4")
+    confirmed: bool = Field(default=False, description="false: an estimate; override gb when the real figure is known")
+    source: str
+
+
+def is_multi_node(strategy: str) -> bool:
+    return strategy.startswith("multi_node")
+
+
 class GpuSpec(_Strict):
-    strategy: Strategy = "single_node_tp"
+    strategy: StrategySetting = Field(
+        default="auto",
+        description="auto: single_node_tp where one node's GPU memory holds weights_memory, otherwise "
+        "multi_node_strategy; an explicit strategy is used as given",
+    )
+    multi_node_strategy: Strategy = Field(
+        default="multi_node_tp_dp", description="the strategy auto picks when one node cannot hold the weights"
+    )
+    weights_memory: WeightsMemory | None = None
     per_node: int = Field(gt=0)
     min_total_by_strategy: dict[Strategy, int]
     overrides: list[CapacityOverride] = Field(default_factory=list)
     source: str | None = None
 
-    def min_total(self, gpu_names: list[str]) -> tuple[int, str]:
-        """Minimum GPUs for the strategy, raised by any override whose model is present."""
-        need = self.min_total_by_strategy.get(self.strategy, self.per_node)
-        why = f"strategy {self.strategy}"
+    @model_validator(mode="after")
+    def _auto_needs_memory(self) -> GpuSpec:
+        if not is_multi_node(self.multi_node_strategy):
+            raise ValueError(f"multi_node_strategy must be a multi_node_* strategy, got {self.multi_node_strategy!r}")
+        if self.strategy == "auto" and self.weights_memory is None:
+            raise ValueError("strategy auto derives the layout from GPU memory: set weights_memory "
+                             "(or name an explicit strategy)")
+        return self
+
+    def min_total(self, gpu_names: list[str], strategy: Strategy | None = None) -> tuple[int, str]:
+        """Minimum GPUs for ``strategy`` (default: the explicit one), raised by any override whose model is present."""
+        strat = strategy or self.explicit_strategy
+        if strat is None:
+            raise ValueError("gpus.strategy is auto: pass the derived strategy")
+        need = self.min_total_by_strategy.get(strat, self.per_node)
+        why = f"strategy {strat}"
         upper = [n.upper() for n in gpu_names]
         for o in self.overrides:
             if o.min_total_gpus > need and any(o.gpu_name_contains.upper() in n for n in upper):
                 need, why = o.min_total_gpus, f"{o.gpu_name_contains} (any layout)"
         return need, why
+
+    @property
+    def explicit_strategy(self) -> Strategy | None:
+        """The strategy the target names, or None for auto."""
+        if self.strategy == "auto":
+            return None
+        return self.strategy
 
 
 class FabricManagerSpec(_Strict):
@@ -258,7 +303,9 @@ class FabricManagerSpec(_Strict):
 
 
 class RdmaSpec(_Strict):
-    required: bool | None = Field(default=None, description="None: required for multi_node_* strategies")
+    required: bool | None = Field(
+        default=None, description="None: required for multi_node_* strategies (explicit or derived)"
+    )
     rails_per_node: int = Field(default=8, ge=0)
     link_layer: Literal["InfiniBand", "Ethernet"] | None = "InfiniBand"
     min_rate_gbps: float = Field(default=400.0, ge=0)
@@ -394,10 +441,17 @@ class Target(_Strict):
     # -- derived values the rules use ---------------------------------------------------------
 
     @property
-    def rdma_required(self) -> bool:
+    def rdma_required(self) -> bool | None:
+        """Whether every node needs RDMA rails; None when that follows from a derived (auto) strategy."""
         if self.rdma.required is not None:
             return self.rdma.required
-        return self.gpus.strategy.startswith("multi_node")
+        strat = self.gpus.explicit_strategy
+        return None if strat is None else is_multi_node(strat)
+
+    def rdma_required_for(self, strategy: Strategy) -> bool:
+        if self.rdma.required is not None:
+            return self.rdma.required
+        return is_multi_node(strategy)
 
     def min_driver(self) -> tuple[str, MatrixRow | None]:
         """Minimum driver for the image's CUDA release and the matrix row it came from."""

@@ -191,6 +191,13 @@ _CHECKS: tuple[Check, ...] = (
        "warning",
        "Repair or exclude hosts with missing rails.",
        scope="fleet"),
+    _c("fleet.strategy", "Serving strategy fits the GPUs' memory",
+       "One node must hold the model's weights ({weights_memory}) to serve single-node; otherwise every "
+       "instance spans nodes, which needs more GPUs and RDMA on every node.",
+       "warning",
+       "Set gpus.strategy: auto (or a multi_node_* strategy) in the target; if the weights figure is wrong "
+       "for your checkpoint, correct gpus.weights_memory.gb.",
+       scope="fleet"),
     _c("fleet.capacity", "Enough healthy GPUs",
        "The serving strategy ({strategy}) needs a minimum number of GPUs that pass the checks.",
        "error",
@@ -230,8 +237,16 @@ def template_values(target: Target) -> dict[str, Any]:
         "gpus_per_node": target.gpus.per_node,
         "rails_per_node": target.rdma.rails_per_node,
         "runtimes": ", ".join(target.container.runtimes),
-        "strategy": target.gpus.strategy,
+        "strategy": target.gpus.strategy if target.gpus.explicit_strategy else "auto: derived from GPU memory",
+        "weights_memory": _weights(target),
     }
+
+
+def _weights(target: Target) -> str:
+    w = target.gpus.weights_memory
+    if w is None:
+        return "not set in the target"
+    return f"about {w.gb:g} GB" + ("" if w.confirmed else ", an unconfirmed estimate")
 
 
 def render(text: str, values: dict[str, Any]) -> str:

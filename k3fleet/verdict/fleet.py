@@ -1,5 +1,10 @@
 """Fleet verdict: every host's findings, fleet-wide drift and capacity, outcome and change plan.
 
+The serving strategy comes first: named by the target, or (``gpus.strategy: auto``)
+derived from the hosts' GPU memory (:mod:`k3fleet.verdict.strategy`). It sets the GPU
+minimum and whether every node needs RDMA; the verdict's ``strategy`` and its last
+reason say which strategy was used and why.
+
 Outcome precedence (first that applies):
 
 1. ``expand_capacity``: even after the planned driver change the healthy GPUs stay
@@ -25,19 +30,21 @@ from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import (
     SEVERITY_RANK,
     BlockedHost,
+    ChangePlan,
     Finding,
     FleetVerdict,
     HostStatus,
     HostVerdict,
     Outcome,
     Severity,
+    StrategyDecision,
     VerdictSummary,
 )
-from k3fleet.models.target import Target
+from k3fleet.models.target import Target, is_multi_node
 from k3fleet.verdict.catalogue import CHECKS
 from k3fleet.verdict.intake import gc_paused
 from k3fleet.verdict.plan import HostEval, build_plan
-from k3fleet.verdict.rules import CompiledTarget, rails, run_rules
+from k3fleet.verdict.rules import CompiledTarget, host_context, host_rails, run_rules
 
 _NO_HOSTS: Mapping[str, str] = MappingProxyType({})
 # Drift evidence names at most this many outlying hosts: a 10,000-host report stays readable.
@@ -90,7 +97,7 @@ def _drift(evals: list[HostEval], fl: _Fleet) -> None:
         if img is not None and img.present and (img.digest or img.id):
             images[ev.host] = img.digest or img.id or ""
         if ct.rdma_required and f.rdma.status == "ok":
-            rail_counts[ev.host] = str(len(rails(f, ct)[0]))
+            rail_counts[ev.host] = str(len(host_rails(f, ev.ctx, ct)[0]))
         if f.nccl.status == "ok":
             s = f.nccl.settings
             for k in keys:
@@ -155,10 +162,12 @@ def _evaluate_fleet(
     unconfirmed: set[str] = {r.label for r in target.unconfirmed_rows_used()}
     invalid_findings: list[Finding] = []
 
-    for name in sorted(facts):
-        if name in unreachable:
-            continue
-        findings, ctx = run_rules(facts[name], ct, name)
+    # Two passes: the strategy (RDMA or not) depends on every audited host's hardware.
+    names = [n for n in sorted(facts) if n not in unreachable]
+    contexts = [host_context(facts[n], ct, n) for n in names]
+    decision = ct.decide(contexts)
+    for name, ctx in zip(names, contexts, strict=True):
+        findings, _ = run_rules(facts[name], ct, name, ctx)
         status = host_status(findings)
         unconfirmed |= ctx.unconfirmed
         evals.append(HostEval(name, facts[name], ctx, findings, status))
@@ -179,6 +188,7 @@ def _evaluate_fleet(
             gpu_model=None, gpu_count=None)
 
     fl = _Fleet(ct)
+    _strategy_findings(decision, target, fl)
     _drift(evals, fl)
     plan, changeable = build_plan(evals, list(unreachable), ct, wave_size)
     if invalid_findings:
@@ -191,12 +201,14 @@ def _evaluate_fleet(
     healthy = sum(e.ctx.gpu_count or 0 for e in evals if e.status in ("pass", "warn"))
     after = healthy + sum(e.ctx.gpu_count or 0 for e in changeable if e.status not in ("pass", "warn"))
     models = sorted({e.ctx.gpu_model for e in evals if e.ctx.gpu_model})
-    need, basis = target.gpus.min_total(models)
+    need, basis = target.gpus.min_total(models, decision.strategy)
+    if decision.derived and basis.startswith("strategy "):
+        basis += ", derived from GPU memory"
     if healthy < need:
         fl.add("fleet.capacity",
                f"{healthy} healthy GPUs, {need} required ({basis}); {after} after the planned driver change",
                {"gpus_healthy": healthy, "gpus_after_plan": after, "gpus_required": need, "basis": basis,
-                "unreachable_hosts": len(unreachable)},
+                "strategy": decision.strategy, "unreachable_hosts": len(unreachable)},
                chain=after >= need)
     if unconfirmed:
         fl.add("target.unconfirmed",
@@ -216,15 +228,40 @@ def _evaluate_fleet(
         gpus_healthy=healthy, gpus_after_plan=after, gpus_required=need,
         evidence_incomplete=unknown_blocking > 0,
     )
-    outcome, reasons = _outcome(evals, summary, need, basis, len(plan.needs_upgrade), fl.out)
+    outcome, reasons = _outcome(evals, summary, need, basis, plan, fl.out)
+    reasons.append(f"strategy {decision.strategy} "
+                   f"({'derived from GPU memory' if decision.derived else 'named by the target'}): {decision.reason}")
     return FleetVerdict(
         target=target.name, outcome=outcome, reasons=reasons, summary=summary, hosts=dict(sorted(hosts.items())),
-        fleet_findings=fl.out, plan=plan, unconfirmed_matrix_rows=sorted(unconfirmed),
+        fleet_findings=fl.out, plan=plan, strategy=decision, unconfirmed_matrix_rows=sorted(unconfirmed),
     )
 
 
+def _strategy_findings(d: StrategyDecision, target: Target, fl: _Fleet) -> None:
+    """Say when the strategy could not be derived, or when a named one does not fit the GPUs' memory."""
+    w = target.gpus.weights_memory
+    ev: dict[str, Any] = {"strategy": d.strategy, "setting": d.setting, "weights_gb": d.weights_gb,
+                          "weights_confirmed": d.weights_confirmed,
+                          "nodes": [n.model_dump() for n in d.nodes], "hosts_unknown_memory": d.hosts_unknown_memory}
+    if d.derived and not d.nodes:
+        fl.out.append(Finding(
+            check_id="fleet.strategy", severity="warning", kind="unknown", host=None,
+            message=f"the serving strategy could not be derived: {d.reason}", evidence=ev,
+            fix="Make the GPUs' memory readable (NVML or nvidia-smi) on the hosts, or name gpus.strategy "
+                "in the target, then re-run the audit."))
+    elif w is not None and not d.derived and not is_multi_node(d.strategy):
+        short = [n for n in d.nodes if not n.holds_weights]
+        if short:
+            small = short[-1]
+            fl.add("fleet.strategy",
+                   f"the target names {d.strategy}, but one node of {target.gpus.per_node}x {small.gpu_model} has "
+                   f"{small.node_memory_gib:g} GiB of GPU memory, below the {w.gb:g} GB the weights need"
+                   + ("" if w.confirmed else " (unconfirmed estimate)"),
+                   {**ev, "short_models": [n.gpu_model for n in short]})
+
+
 def _outcome(
-    evals: list[HostEval], s: VerdictSummary, need: int, basis: str, n_upgrade: int, fleet_findings: list[Finding]
+    evals: list[HostEval], s: VerdictSummary, need: int, basis: str, plan: ChangePlan, fleet_findings: list[Finding]
 ) -> tuple[Outcome, list[str]]:
     reasons: list[str] = []
     chain_ids: Counter[str] = Counter()
@@ -243,8 +280,11 @@ def _outcome(
     if n_chain:
         listed = ", ".join(f"{k} ({n})" for k, n in sorted(chain_ids.items()))
         reasons.insert(0, f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {listed}")
-        if n_upgrade:
-            reasons.append(f"the change plan moves {n_upgrade} host(s) to the target driver")
+        n_driver = sum(1 for u in plan.needs_upgrade if u.scope == "driver")
+        n_fm = len(plan.needs_upgrade) - n_driver
+        if n_driver or n_fm:
+            reasons.append(f"the change plan moves {n_driver} host(s) to the target driver"
+                           + (f" and {n_fm} host(s) to the Fabric Manager of their driver's version" if n_fm else ""))
         return "rebuild_environment", reasons
     fleet_errors = sorted({f.check_id for f in fleet_findings if f.blocking})
     warnings = s.findings.get("warning", 0)

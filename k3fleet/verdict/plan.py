@@ -1,5 +1,15 @@
 """The change plan: who moves to the target driver, who is done, who is blocked, canary, waves.
 
+The change night installs the driver together with the Fabric Manager of exactly its
+version. A host already at the target driver whose Fabric Manager differs (or is
+missing on an NVSwitch system) still has something to change: it is planned with scope
+``fabricmanager``, only the Fabric Manager packages moving to the driver's version.
+``done`` means nothing is left to change.
+
+The canary is a host the driver change is meant for (scope ``driver``), idle, free of
+problem warnings, of the profile most hosts share: it should show how the change goes
+on an ordinary host, not on one with its own trouble.
+
 Pure and O(n log n) in hosts: one pass to classify, one sort to order the canary
 candidates and waves. Ordering is deterministic (ties broken by host name), so two
 audits of the same facts give the same plan.
@@ -14,11 +24,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from k3fleet.models.facts import HostFacts
-from k3fleet.models.findings import BlockedHost, Canary, ChangePlan, Finding, PackageChange, UpgradeItem
+from k3fleet.models.findings import (
+    BlockedHost,
+    Canary,
+    ChangePlan,
+    Finding,
+    PackageChange,
+    UpgradeItem,
+    UpgradeScope,
+)
+from k3fleet.models.target import version_tuple
 from k3fleet.verdict.rules import DRIVER_ROLES, CompiledTarget, HostContext, state_words
 
 # The change night installs and holds the packages itself, so these do not block it.
 RESOLVED_BY_CHANGE = frozenset({"packages.held", "packages.unattended_upgrades"})
+# Fabric Manager findings that installing the Fabric Manager of the driver's version settles.
+FM_MISMATCH = frozenset({"fabricmanager.version_match", "fabricmanager.present"})
+# Fabric Manager refuses to start against another driver version; without it an NVSwitch
+# system's GPUs never finish fabric training and cannot run CUDA work. On a host whose
+# Fabric Manager is the wrong version, these follow from it and the FM change settles them
+# (the change night's verify step proves it: FM active, CUDA initialises in the container).
+RESOLVED_BY_FM_CHANGE = FM_MISMATCH | {"fabricmanager.active", "gpu.fabric_state"}
 
 
 @dataclass(slots=True)
@@ -108,6 +134,55 @@ def _package_changes(facts: HostFacts, c: HostContext, ct: CompiledTarget) -> tu
     return changes, notes
 
 
+def fm_mismatch(ev: HostEval) -> bool:
+    """The host's Fabric Manager is missing or of another version than its driver (a definite failure)."""
+    return any(f.check_id in FM_MISMATCH and f.kind == "fail" for f in ev.findings)
+
+
+_FmKey = tuple[str | None, tuple[tuple[str, str, str | None], ...]]
+
+
+def fm_package_changes(
+    facts: HostFacts, c: HostContext, memo: dict[_FmKey, tuple[list[PackageChange], list[str]]]
+) -> tuple[list[PackageChange], list[str]]:
+    """Only the Fabric Manager packages, to the loaded driver's version (memoised per package set)."""
+    key: _FmKey = (c.version, tuple((p.name, p.version, p.branch) for p in facts.packages.packages
+                                    if p.role == "fabricmanager"))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _fm_package_changes(facts, c)
+    return hit
+
+
+def _fm_package_changes(facts: HostFacts, c: HostContext) -> tuple[list[PackageChange], list[str]]:
+    assert c.version is not None and c.branch is not None
+    want = version_tuple(c.version)
+    changes: list[PackageChange] = []
+    notes: list[str] = []
+    for p in facts.packages.packages:
+        if p.role != "fabricmanager":
+            continue
+        b = _branch_of(p.name, p.branch)
+        to_name = p.name
+        if b is not None and b != c.branch:
+            to_name = re.sub(rf"(?<![0-9]){b}(?![0-9])", str(c.branch), p.name, count=1)
+        if to_name == p.name and version_tuple(p.version) == want:
+            continue
+        changes.append(PackageChange(name=p.name, from_version=p.version, to_name=to_name, to_version=c.version))
+    if not changes:
+        changes.append(PackageChange(name=None, from_version=None, to_name=f"nvidia-fabricmanager-{c.branch}",
+                                     to_version=c.version))
+        notes.append("NVSwitch system without a Fabric Manager package: it is added at the driver's version")
+    notes.append(f"the driver is already at {c.version}: only Fabric Manager changes, to the driver's version")
+    return changes, notes
+
+
+def _fm_explains_probe(f: Finding, ev: HostEval) -> bool:
+    """A failed in-container CUDA start on an NVSwitch host whose Fabric Manager is not running."""
+    return (f.check_id == "container.probe" and f.kind == "fail" and ev.ctx.fm_required is True
+            and ev.facts.fabricmanager.unit.active != "active")
+
+
 def _idle_rank(v: bool | None) -> int:
     return 0 if v is True else (1 if v is None else 2)
 
@@ -127,8 +202,10 @@ def build_plan(
     needs: list[UpgradeItem] = []
     done: list[str] = []
     blocked: list[BlockedHost] = []
-    eligible: list[tuple[UpgradeItem, HostEval, int]] = []
+    # (item, host, problem warnings, all warnings)
+    eligible: list[tuple[UpgradeItem, HostEval, int, int]] = []
     memo: dict[_PkgKey, tuple[list[PackageChange], list[str]]] = {}
+    fm_memo: dict[_FmKey, tuple[list[PackageChange], list[str]]] = {}
     for ev in sorted(evals, key=lambda e: e.host):
         c = ev.ctx
         if c.version_t is None or c.branch is None:
@@ -136,28 +213,41 @@ def build_plan(
             blocked.append(BlockedHost(host=ev.host, current_version=None, check_ids=ids,
                                        reasons=["the current driver version is unknown"]))
             continue
-        if not c.below_target:
+        scope: UpgradeScope
+        if c.below_target:
+            scope, resolved = "driver", RESOLVED_BY_CHANGE
+            changes, notes = package_changes(ev.facts, c, ct, memo)
+            to_version, to_branch = t.driver.target_version, t.driver.branch
+        elif c.fm_required and fm_mismatch(ev):
+            scope, resolved = "fabricmanager", RESOLVED_BY_CHANGE | RESOLVED_BY_FM_CHANGE
+            changes, notes = fm_package_changes(ev.facts, c, fm_memo)
+            to_version, to_branch = c.version or "", c.branch
+        else:
             done.append(ev.host)
             continue
-        changes, notes = package_changes(ev.facts, c, ct, memo)
         item = UpgradeItem(
-            host=ev.host, current_version=c.version or "", current_branch=c.branch,
-            target_version=t.driver.target_version, target_branch=t.driver.branch,
+            host=ev.host, scope=scope, current_version=c.version or "", current_branch=c.branch,
+            target_version=to_version, target_branch=to_branch,
             gpu_model=c.gpu_model, gpu_count=c.gpu_count, profile=profile(c), idle=idle(ev.facts, ct),
             packages=changes, notes=notes,
         )
         needs.append(item)
-        blockers = [f for f in ev.findings if f.blocking and not f.chain and f.check_id not in RESOLVED_BY_CHANGE]
+        blockers = [f for f in ev.findings if f.blocking and not f.chain and f.check_id not in resolved
+                    and not (scope == "fabricmanager" and _fm_explains_probe(f, ev))]
         if blockers:
             blocked.append(BlockedHost(
                 host=ev.host, current_version=c.version, check_ids=sorted({f.check_id for f in blockers}),
                 reasons=[f"{f.check_id}: {f.message}" for f in blockers]))
         else:
-            warnings = sum(1 for f in ev.findings if f.severity == "warning")
-            eligible.append((item, ev, warnings))
+            warnings = [f for f in ev.findings if f.severity == "warning"]
+            problems = sum(1 for f in warnings if f.kind == "fail" and f.check_id not in resolved)
+            eligible.append((item, ev, problems, len(warnings)))
 
-    counts = Counter(i.profile for i in needs)
-    eligible.sort(key=lambda x: (_idle_rank(x[0].idle), -counts[x[0].profile], x[0].profile, x[2], x[0].host))
+    counts = Counter(i.profile for i in needs if i.scope == "driver")
+    # Driver-change hosts first (the canary proves that change), then idle, then hosts without
+    # problem warnings (a canary's trouble should be the change's), then the commonest profile.
+    eligible.sort(key=lambda x: (x[0].scope != "driver", _idle_rank(x[0].idle), x[2] > 0,
+                                 -counts[x[0].profile], x[0].profile, x[3], x[0].host))
     plan = ChangePlan(
         target_branch=t.driver.branch, target_version=t.driver.target_version, needs_upgrade=needs,
         done=done, blocked=blocked, unreachable=sorted(unreachable),
@@ -167,13 +257,22 @@ def build_plan(
             "no host needs the change" if not needs else
             f"all {len(needs)} hosts needing the change are blocked: fix their findings first")
         return plan, []
-    item, _, warns = eligible[0]
-    top_profile, top_n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    reason = (f"{item.host}: no blocking findings{'' if warns == 0 else f' ({warns} warning(s))'}, "
-              f"{_idle_text(item.idle)}, profile '{item.profile}' shared by {counts[item.profile]} of "
-              f"{len(needs)} hosts needing the change")
-    if item.profile != top_profile:
-        reason += f"; the most common profile '{top_profile}' ({top_n} hosts) has no host that is idle and unblocked"
+    item, _, problems, warns = eligible[0]
+    n_driver = sum(counts.values())
+    noted = "" if warns == 0 else f" ({warns} warning(s){f', {problems} of them problems' if problems else ''})"
+    if item.scope == "driver":
+        top_profile, top_n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        reason = (f"{item.host}: no blocking findings{noted}, "
+                  f"{_idle_text(item.idle)}, profile '{item.profile}' shared by {counts[item.profile]} of "
+                  f"{n_driver} hosts needing the driver change")
+        if item.profile != top_profile:
+            reason += (f"; the most common profile '{top_profile}' ({top_n} hosts) has no host that is idle, "
+                       "unblocked and free of problem warnings")
+    else:
+        reason = (f"{item.host}: no blocking findings{noted}, {_idle_text(item.idle)}; only Fabric Manager "
+                  "changes on it"
+                  + ("" if not n_driver else f": none of the {n_driver} hosts needing the driver change "
+                     "is unblocked"))
     plan.canary = Canary(host=item.host, profile=item.profile, reason=reason)
     size = wave_size if wave_size is not None else max(
         t.change.min_wave_size, math.ceil(t.change.wave_fraction * len(eligible)))

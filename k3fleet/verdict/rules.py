@@ -22,9 +22,10 @@ from functools import lru_cache
 from typing import Any
 
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
-from k3fleet.models.findings import Finding, FindingKind, Severity
+from k3fleet.models.findings import Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
+from k3fleet.verdict.strategy import decide_strategy
 
 # Probe failures that mean "this driver is too old for this image" (FACTS.md section 8).
 CHAIN_PROBE_FAILURES = frozenset({"requirement_error", "cuda_error_35", "driver_too_old", "error_803", "error_804"})
@@ -64,14 +65,22 @@ class HostContext:
     gpu_names: list[str]
     gpu_model: str | None
     gpu_count: int | None
+    # Smallest per-GPU memory on the host (MiB): what one tensor-parallel shard can hold.
+    gpu_memory_mib: int | None
     flavour: str | None
     fm_required: bool | None
     driver_failed: bool = False
     unconfirmed: set[str] = field(default_factory=set)
+    rails: tuple[list[tuple[str, Any]], list[str]] | None = None
 
 
 class CompiledTarget:
-    """A target with everything the rules need precomputed once per verdict."""
+    """A target with everything the rules need precomputed once per verdict.
+
+    The serving strategy (and with it whether RDMA is required) may depend on the whole
+    fleet's hardware (``gpus.strategy: auto``): compute the hosts' contexts, then
+    :meth:`use_strategy` with :func:`decide_strategy` over them, then run the rules.
+    """
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -81,7 +90,9 @@ class CompiledTarget:
         self.branch = target.driver.branch
         self.image_cuda = target.image.cuda
         self.forbidden_debug = {x.upper() for x in target.nccl.forbidden_debug}
-        self.rdma_required = target.rdma_required
+        self.decision: StrategyDecision | None = None
+        self.link_layer = target.rdma.link_layer.lower() if target.rdma.link_layer else None
+        self.rdma_required = False
         self.vllm_min = release_key(target.vllm.min_version)
         self.toolkit_min = version_tuple(target.container.toolkit_min_version) or (0,)
         self.runtimes = set(target.container.runtimes)
@@ -91,6 +102,16 @@ class CompiledTarget:
         self._rows: dict[str, tuple[MatrixRow | None, bool]] = {}
         self._max_cuda: dict[str, MatrixRow | None] = {}
         self._open_req: dict[tuple[str | None, str | None], bool] = {}
+
+    def use_strategy(self, decision: StrategyDecision) -> None:
+        self.decision = decision
+        self.rdma_required = decision.rdma_required
+
+    def decide(self, contexts: list[HostContext]) -> StrategyDecision:
+        """Decide the strategy from the hosts' contexts and use it."""
+        decision = decide_strategy(((c.gpu_model, c.gpu_memory_mib) for c in contexts), self.target)
+        self.use_strategy(decision)
+        return decision
 
     # Hosts share few distinct versions and GPU models: memoise the matrix look-ups.
     def row_for(self, cuda: str) -> tuple[MatrixRow | None, bool]:
@@ -164,6 +185,7 @@ def host_context(facts: HostFacts, ct: CompiledTarget, host: str | None = None) 
     else:
         model = Counter(names).most_common(1)[0][0]
     count = drv.gpu_count if drv.gpu_count is not None else (len(drv.gpus) if drv.gpus else None)
+    mems = [g.memory_total_mib for g in drv.gpus if g.memory_total_mib]
     flavour = km.flavour
     if flavour is None:
         for p in pk.packages:
@@ -174,7 +196,8 @@ def host_context(facts: HostFacts, ct: CompiledTarget, host: str | None = None) 
     fm_required = fm.required if fm.required is not None else fm.nvswitch_present
     return HostContext(
         host=host or facts.host, version=version, version_t=vt, version_source=source, branch=branch,
-        below_target=below, gpu_names=names, gpu_model=model, gpu_count=count, flavour=flavour,
+        below_target=below, gpu_names=names, gpu_model=model, gpu_count=count,
+        gpu_memory_mib=min(mems) if mems else None, flavour=flavour,
         fm_required=fm_required,
     )
 
@@ -456,54 +479,104 @@ def _fm_version(f: HostFacts, c: HostContext, e: _Emitter) -> None:
 # -- RDMA and NCCL ----------------------------------------------------------------------------------
 
 
-def rails(f: HostFacts, ct: CompiledTarget) -> tuple[list[tuple[str, Any]], list[str]]:
-    """(rail ports as (device/port, port), ports skipped for their link layer)."""
+Rails = tuple[list[tuple[str, Any]], list[str]]
+
+
+def rails(f: HostFacts, ct: CompiledTarget) -> Rails:
+    """(rail ports as (device, port), ports skipped for their link layer as "device/port (layer)").
+
+    :func:`rail_name` spells a rail "device/port"; names are built only for what a finding shows.
+    """
     spec = ct.target.rdma
+    ignore = bool(spec.ignore_devices)
+    want = ct.link_layer
     out: list[tuple[str, Any]] = []
     other: list[str] = []
     for d in f.rdma.devices:
-        if spec.ignored(d.name):
+        if ignore and spec.ignored(d.name):
             continue
         for p in d.ports:
-            name = f"{d.name}/{p.port}"
-            if spec.link_layer and p.link_layer and p.link_layer.lower() != spec.link_layer.lower():
-                other.append(f"{name} ({p.link_layer})")
+            if want and p.link_layer and p.link_layer.lower() != want:
+                other.append(f"{d.name}/{p.port} ({p.link_layer})")
             else:
-                out.append((name, p))
+                out.append((d.name, p))
     return out, other
 
 
+def rail_name(device: str, port: Any) -> str:
+    return f"{device}/{port.port}"
+
+
+def host_rails(f: HostFacts, c: HostContext, ct: CompiledTarget) -> Rails:
+    """:func:`rails`, computed once per host (the rules and the fleet's drift check both read them)."""
+    if c.rails is None:
+        c.rails = rails(f, ct)
+    return c.rails
+
+
 def _port_ok(p: Any) -> bool:
-    st = (p.state or "").upper()
-    ph = (p.phys_state or "").lower()
-    return (st == "ACTIVE" or p.state_code == 4) and (ph == "linkup" or p.phys_state_code == 5)
+    # The numeric codes first: sysfs gives "4: ACTIVE" / "5: LinkUp", and this runs per rail per host.
+    return ((p.state_code == 4 or (p.state or "").upper() == "ACTIVE")
+            and (p.phys_state_code == 5 or (p.phys_state or "").lower() == "linkup"))
+
+
+def _rail_problems(found: list[tuple[str, Any]], min_rate: float) -> tuple[list[str], list[str]]:
+    down: list[str] = []
+    slow: list[str] = []
+    for n, p in found:
+        if not _port_ok(p):
+            down.append(f"{rail_name(n, p)}: {p.state or '?'}/{p.phys_state or '?'}")
+        elif p.rate_gbps is not None and p.rate_gbps < min_rate:
+            slow.append(f"{rail_name(n, p)}: {p.rate or p.rate_gbps}")
+    return down, slow
+
+
+def _all_ports_good(f: HostFacts, min_rate: float) -> bool:
+    # The common case, cheaply: every port (rail or not) up at full rate leaves nothing to report.
+    for d in f.rdma.devices:
+        for p in d.ports:
+            if not _port_ok(p) or (p.rate_gbps is not None and p.rate_gbps < min_rate):
+                return False
+    return True
+
+
+def _rail_message(down: list[str], slow: list[str], min_rate: float) -> str:
+    parts = []
+    if down:
+        parts.append(f"{len(down)} rail(s) not ACTIVE/LinkUp ({'; '.join(down[:4])})")
+    if slow:
+        parts.append(f"{len(slow)} below {min_rate:g} Gb/s ({'; '.join(slow[:4])})")
+    return ", ".join(parts)
 
 
 def _rdma(f: HostFacts, c: HostContext, e: _Emitter) -> None:
-    if not e.ct.rdma_required:
-        return
     spec = e.ct.target.rdma
     rd = f.rdma
+    if not e.ct.rdma_required:
+        # Single-node serving does not use the rails, but a rail that is down is a hardware fault
+        # someone must hear about (and the next multi-node layout would trip over it).
+        if rd.status == "ok" and rd.devices and not _all_ports_good(f, spec.min_rate_gbps):
+            down, slow = _rail_problems(host_rails(f, c, e.ct)[0], spec.min_rate_gbps)
+            if down or slow:
+                e.fail("rdma.port_state",
+                       _rail_message(down, slow, spec.min_rate_gbps) + " (RDMA is not required by the strategy)",
+                       {"down": down, "slow": slow, "rdma_required": False}, severity="warning")
+        return
     if rd.status == "unknown":
         e.unknown("rdma.port_state", "RDMA port state", rd.reason, error=True)
         e.unknown("rdma.rail_count", "RDMA devices", rd.reason, error=True)
         return
-    found, other = rails(f, e.ct)
+    found, other = host_rails(f, c, e.ct)
     if len(found) < spec.rails_per_node:
         e.fail("rdma.rail_count",
                f"{len(found)} {spec.link_layer or 'RDMA'} rails found, {spec.rails_per_node} expected",
-               {"rails": [n for n, _ in found], "other_link_layer": other, "expected": spec.rails_per_node})
+               {"rails": [rail_name(n, p) for n, p in found], "other_link_layer": other,
+                "expected": spec.rails_per_node})
     if spec.require_all_active:
-        down = [f"{n}: {p.state or '?'}/{p.phys_state or '?'}" for n, p in found if not _port_ok(p)]
-        slow = [f"{n}: {p.rate or p.rate_gbps}" for n, p in found
-                if _port_ok(p) and p.rate_gbps is not None and p.rate_gbps < spec.min_rate_gbps]
+        down, slow = _rail_problems(found, spec.min_rate_gbps)
         if down or slow:
-            parts = []
-            if down:
-                parts.append(f"{len(down)} rail(s) not ACTIVE/LinkUp ({'; '.join(down[:4])})")
-            if slow:
-                parts.append(f"{len(slow)} below {spec.min_rate_gbps:g} Gb/s ({'; '.join(slow[:4])})")
-            e.fail("rdma.port_state", ", ".join(parts), {"down": down, "slow": slow})
+            e.fail("rdma.port_state", _rail_message(down, slow, spec.min_rate_gbps),
+                   {"down": down, "slow": slow, "rdma_required": True})
     _gpudirect(f, c, e)
 
 
@@ -780,8 +853,15 @@ RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
 )
 
 
-def run_rules(facts: HostFacts, ct: CompiledTarget, host: str | None = None) -> tuple[list[Finding], HostContext]:
-    ctx = host_context(facts, ct, host)
+def run_rules(
+    facts: HostFacts, ct: CompiledTarget, host: str | None = None, ctx: HostContext | None = None
+) -> tuple[list[Finding], HostContext]:
+    """Every rule over one host; ``ct`` must have its strategy decided (:meth:`CompiledTarget.decide`)."""
+    if ct.decision is None:
+        raise ValueError(f"target {ct.target.name}: the serving strategy is not decided; call "
+                         "CompiledTarget.decide(contexts) before running the rules")
+    if ctx is None:
+        ctx = host_context(facts, ct, host)
     em = _Emitter(ct, ctx.host)
     for rule in RULES:
         rule(facts, ctx, em)
@@ -789,5 +869,11 @@ def run_rules(facts: HostFacts, ct: CompiledTarget, host: str | None = None) -> 
 
 
 def evaluate_host(facts: HostFacts, target: Target) -> list[Finding]:
-    """Findings for one host against ``target`` (empty: every applicable check passed)."""
-    return run_rules(facts, CompiledTarget(target))[0]
+    """Findings for one host against ``target`` (empty: every applicable check passed).
+
+    With ``gpus.strategy: auto`` the strategy is derived from this host alone.
+    """
+    ct = CompiledTarget(target)
+    ctx = host_context(facts, ct)
+    ct.decide([ctx])
+    return run_rules(facts, ct, ctx=ctx)[0]

@@ -40,7 +40,13 @@ def test_default_target_is_the_kimi_k3_recipe() -> None:
     assert t.image.cuda == "13.0"
     assert t.vllm.min_version == "0.27.1"
     assert t.driver.branch == 580
-    assert t.gpus.strategy == "single_node_tp" and t.gpus.per_node == 8
+    # The layout follows from the hardware: one node of 8x H200 cannot hold the weights, 8x B300 can.
+    assert t.gpus.strategy == "auto" and t.gpus.explicit_strategy is None and t.gpus.per_node == 8
+    assert t.gpus.multi_node_strategy == "multi_node_tp_dp"
+    w = t.gpus.weights_memory
+    assert w is not None and w.gb == 1680 and w.format == "MXFP4"
+    # A pre-release estimate: data an operator overrides, flagged as such, with its source.
+    assert w.confirmed is False and "Kimi-K3" in w.source and "estimate" in w.source
     assert t.gpus.min_total_by_strategy == {
         "single_node_tp": 8, "multi_node_tp_dp": 16, "multi_node_tp_pp": 16, "multi_node_dep": 16}
     # The minimum comes from the matrix row for CUDA 13.0 GA, not from the target file.
@@ -48,7 +54,9 @@ def test_default_target_is_the_kimi_k3_recipe() -> None:
     assert min_driver == "580.65.06"
     assert row is not None and row.label == "13.0 GA" and row.confirmed
     assert t.unconfirmed_rows_used() == []
-    assert not t.rdma_required
+    # Whether RDMA is required follows from the derived strategy, not from the file alone.
+    assert t.rdma_required is None
+    assert t.rdma_required_for("multi_node_tp_dp") and not t.rdma_required_for("single_node_tp")
     assert t.serve.missing_flags(t.serve.flags) == []
     assert t.serve.argv()[:3] == ["vllm", "serve", "moonshotai/Kimi-K3"]
 
@@ -157,8 +165,37 @@ def test_open_modules_required(name: str | None, cc: str | None, required: bool)
 )
 def test_min_total_gpus(tmp_path: Path, strategy: str, models: list[str], need: int) -> None:
     t = load_target(_write(tmp_path, _with("gpus.strategy", strategy)))
+    assert t.gpus.explicit_strategy == strategy
     assert t.gpus.min_total(models)[0] == need
     assert t.rdma_required is strategy.startswith("multi_node")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "models", "need", "basis"),
+    [
+        ("single_node_tp", ["NVIDIA B300"], 8, "strategy single_node_tp"),
+        ("multi_node_tp_dp", ["NVIDIA H200"], 16, "strategy multi_node_tp_dp"),
+        ("single_node_tp", ["NVIDIA H100 80GB HBM3"], 32, "H100 (any layout)"),
+    ],
+)
+def test_min_total_for_a_derived_strategy(strategy: str, models: list[str], need: int, basis: str) -> None:
+    gpus = load_target(None).gpus
+    assert gpus.min_total(models, strategy) == (need, basis)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="auto: pass the derived strategy"):
+        gpus.min_total(models)
+
+
+def test_explicit_strategy_needs_no_weights_figure(tmp_path: Path) -> None:
+    data = _with("gpus.weights_memory", ...)
+    data["gpus"]["strategy"] = "multi_node_dep"
+    t = load_target(_write(tmp_path, data))
+    assert t.gpus.weights_memory is None and t.gpus.explicit_strategy == "multi_node_dep" and t.rdma_required
+
+
+def test_rdma_required_by_the_file_wins(tmp_path: Path) -> None:
+    data = _with("rdma.required", False)
+    t = load_target(_write(tmp_path, data))
+    assert t.rdma_required is False and not t.rdma_required_for("multi_node_dep")
 
 
 def test_serve_missing_flags() -> None:
@@ -173,6 +210,11 @@ def test_serve_missing_flags() -> None:
         ("gpus.per_node", "eight", "gpus.per_node", "valid integer"),
         ("gpus.per_node", 0, "gpus.per_node", "greater than 0"),
         ("gpus.strategy", "pipeline", "gpus.strategy", "single_node_tp"),
+        ("gpus.strategy", "pipeline", "gpus.strategy", "'auto'"),
+        ("gpus.weights_memory", ..., "gpus", "set weights_memory"),
+        ("gpus.weights_memory", {"gb": 1680}, "gpus.weights_memory.source", "Field required"),
+        ("gpus.weights_memory", {"gb": 0, "source": "x"}, "gpus.weights_memory.gb", "greater than 0"),
+        ("gpus.multi_node_strategy", "single_node_tp", "gpus", "must be a multi_node_* strategy"),
         ("image.cuda", "thirteen", "image.cuda", "CUDA release"),
         ("image", "vllm/vllm-openai:kimi-k3", "image", "valid dictionary"),
         ("vllm.min_version", "latest", "vllm.min_version", "version like 0.27.1"),

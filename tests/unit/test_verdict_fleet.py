@@ -1,4 +1,10 @@
-"""Fleet verdict: outcome precedence, exit codes, unreachable hosts, drift, capacity, change plan, schemas."""
+"""Fleet verdict: outcome precedence, exit codes, unreachable hosts, drift, capacity, strategy, change plan, schemas.
+
+The default target derives multi_node_tp_dp for these H200 fleets (one node cannot hold
+the weights): 16 GPUs and GPUDirect RDMA on every node. The R575 fixture host has
+proprietary modules and no nvidia_peermem; ``host()`` loads peermem on R575 hosts, as on
+the lab's healthy R575 nodes, unless a case says otherwise (NO_PEERMEM).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,13 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verdict"
 GOOD, R575, B200 = "r580_h200_hgx", "r575_h200_hgx", "r580_b200_hgx"
 TARGET = load_target(None)
 MULTI = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "multi_node_tp_dp"})})
+SINGLE = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "single_node_tp"})})
+# Per-GPU memory (MiB) at which one 8-GPU node holds the target's 1680 GB weights estimate.
+BIG = {"driver.gpus": lambda gs: [{**g, "memory_total_mib": 1680 * 1024 // 8} for g in gs]}
+NO_PEERMEM = {"rdma.nvidia_peermem_loaded": False}
+RAIL_DOWN = {"rdma.devices.3.ports.0": lambda p: {**p, "state": "DOWN", "state_code": 1, "phys_state": "Disabled",
+                                                   "phys_state_code": 3}}
+FM_82 = {"fabricmanager.version": "580.82.07", "packages.packages.4.version": "580.82.07-1"}
 H100 = {"driver.gpus": lambda gs: [{**g, "name": "NVIDIA H100 80GB HBM3"} for g in gs]}
 BUSY = {"scheduler.state": "mixed", "scheduler.jobs_running": 2}
 FM_FAILED = {"fabricmanager.unit.active": "failed"}
@@ -43,6 +56,8 @@ def set_path(data: Any, path: str, value: Any) -> None:
 def host_raw(name: str, base: str = GOOD, patch: dict[str, Any] | None = None) -> dict[str, Any]:
     data = raw(base)
     data["host"] = data["hostname"] = data["scheduler"]["node"] = name
+    if base == R575:
+        data["rdma"]["nvidia_peermem_loaded"] = True
     for path, value in (patch or {}).items():
         set_path(data, path, value)
     return data
@@ -67,8 +82,10 @@ def test_clean_fleet_goes_live() -> None:
     v = evaluate_fleet(fleet(host("g1"), host("g2")), TARGET)
     assert v.outcome == "go_live"
     assert v.exit_code == 0 and not v.checks_failed
-    assert v.summary.passed == 2 and v.summary.gpus_healthy == 16 and v.summary.gpus_required == 8
+    assert v.summary.passed == 2 and v.summary.gpus_healthy == 16 and v.summary.gpus_required == 16
     assert v.all_findings() == []
+    assert v.reasons[0] == "all 2 host(s) pass; 16 healthy GPUs, 16 required"
+    assert v.strategy is not None and v.strategy.strategy == "multi_node_tp_dp" and v.strategy.derived
     assert v.plan.done == ["g1", "g2"] and v.plan.needs_upgrade == [] and v.plan.canary is None
     assert v.plan.canary_note == "no host needs the change"
 
@@ -79,7 +96,8 @@ def test_r575_fleet_needs_the_environment_rebuilt() -> None:
     assert v.exit_code == 1
     assert "3 host(s) fail the image -> CUDA -> driver chain" in v.reasons[0]
     assert "driver.branch (3)" in v.reasons[0]
-    assert v.summary.gpus_healthy == 0 and v.summary.gpus_after_plan == 24
+    assert "the change plan moves 3 host(s) to the target driver" in v.reasons
+    assert v.summary.gpus_healthy == 0 and v.summary.gpus_after_plan == 24 and v.summary.gpus_required == 16
     cap = next(f for f in v.fleet_findings if f.check_id == "fleet.capacity")
     assert cap.chain and cap.evidence["gpus_after_plan"] == 24
     assert [u.host for u in v.plan.needs_upgrade] == ["n0", "n1", "n2"]
@@ -104,6 +122,77 @@ def test_too_few_gpus_on_the_only_host_expands_capacity() -> None:
     assert "fleet.capacity" in ids(v)
 
 
+# (case, hosts, target, outcome, GPUs required, strategy): precedence under the derived strategy.
+OUTCOMES: list[tuple[str, list[tuple[str, str, dict[str, Any] | None]], Any, str, int, str]] = [
+    ("one clean H200 node cannot serve K3 alone", [("g1", GOOD, None)], TARGET, "expand_capacity", 16,
+     "multi_node_tp_dp"),
+    ("one clean node that holds the weights", [("g1", GOOD, BIG)], TARGET, "go_live", 8, "single_node_tp"),
+    ("explicit single_node_tp on H200 is used, with a warning", [("g1", GOOD, None)], SINGLE,
+     "observe_with_limits", 8, "single_node_tp"),
+    ("two R575 H200 nodes: rebuild, the plan reaches 16", [("n1", R575, None), ("n2", R575, None)], TARGET,
+     "rebuild_environment", 16, "multi_node_tp_dp"),
+    ("two R575 nodes without GPUDirect: blocked, capacity short after the plan",
+     [("n1", R575, NO_PEERMEM), ("n2", R575, NO_PEERMEM)], TARGET, "expand_capacity", 16, "multi_node_tp_dp"),
+    ("a rail down blocks one of two: capacity short", [("n1", R575, RAIL_DOWN), ("n2", R575, None)], TARGET,
+     "expand_capacity", 16, "multi_node_tp_dp"),
+    ("a rail down on a big node only warns", [("g1", GOOD, {**BIG, **RAIL_DOWN})], TARGET, "observe_with_limits", 8,
+     "single_node_tp"),
+    ("three nodes, one rail down: left out, 16 healthy", [("g1", GOOD, None), ("g2", GOOD, None),
+                                                          ("g3", GOOD, RAIL_DOWN)], TARGET,
+     "observe_with_limits", 16, "multi_node_tp_dp"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "target", "outcome", "need", "strategy"), OUTCOMES,
+                         ids=[c[0] for c in OUTCOMES])
+def test_outcome_under_the_strategy(case: str, spec: list[tuple[str, str, dict[str, Any] | None]], target: Target,
+                                    outcome: str, need: int, strategy: str) -> None:
+    v = evaluate_fleet(fleet(*(host(n, b, p) for n, b, p in spec)), target)
+    assert (v.outcome, v.summary.gpus_required) == (outcome, need), (case, v.reasons)
+    assert v.strategy is not None and v.strategy.strategy == strategy
+    # The last reason always says which strategy was judged by, and why.
+    assert v.reasons[-1].startswith(f"strategy {strategy} (")
+    assert ("derived from GPU memory" in v.reasons[-1]) is (target is TARGET)
+
+
+def test_derived_strategy_is_named_in_reasons_and_evidence() -> None:
+    v = evaluate_fleet(fleet(host("g1"), host("g2", GOOD, RAIL_DOWN)), TARGET)
+    assert v.reasons[-1] == (
+        "strategy multi_node_tp_dp (derived from GPU memory): one node of 8x NVIDIA H200 has 1123.2 GiB of GPU "
+        "memory, below about 1680 GB that the MXFP4 weights need (unconfirmed estimate: override "
+        "gpus.weights_memory.gb): each instance spans nodes (multi_node_tp_dp: at least 16 GPUs, RDMA on every node)")
+    s = v.strategy
+    assert s is not None and s.setting == "auto" and s.rdma_required and s.weights_confirmed is False
+    assert [(n.gpu_model, n.hosts, n.holds_weights) for n in s.nodes] == [("NVIDIA H200", 2, False)]
+    cap = next(f for f in v.fleet_findings if f.check_id == "fleet.capacity")
+    assert cap.evidence["basis"] == "strategy multi_node_tp_dp, derived from GPU memory"
+    assert cap.evidence["strategy"] == "multi_node_tp_dp"
+    assert "fleet.strategy" not in ids(v)
+
+
+def test_explicit_single_node_on_too_small_nodes_warns() -> None:
+    v = evaluate_fleet(fleet(host("g1"), host("g2")), SINGLE)
+    f = next(f for f in v.fleet_findings if f.check_id == "fleet.strategy")
+    assert (f.severity, f.kind) == ("warning", "fail")
+    assert f.message == ("the target names single_node_tp, but one node of 8x NVIDIA H200 has 1123.2 GiB of GPU "
+                         "memory, below the 1680 GB the weights need (unconfirmed estimate)")
+    assert f.evidence["short_models"] == ["NVIDIA H200"]
+    assert v.summary.gpus_required == 8 and v.outcome == "observe_with_limits"
+    # Explicit strategies that fit, and multi-node ones, say nothing.
+    assert "fleet.strategy" not in ids(evaluate_fleet(fleet(host("g1", GOOD, BIG)), SINGLE))
+    assert "fleet.strategy" not in ids(evaluate_fleet(fleet(host("g1"), host("g2")), MULTI))
+
+
+def test_strategy_that_cannot_be_derived_is_unknown() -> None:
+    no_memory = {"driver.gpus": lambda gs: [{**g, "memory_total_mib": None} for g in gs]}
+    v = evaluate_fleet(fleet(host("g1", GOOD, no_memory), host("g2", GOOD, no_memory)), TARGET)
+    f = next(f for f in v.fleet_findings if f.check_id == "fleet.strategy")
+    assert (f.severity, f.kind) == ("warning", "unknown")
+    assert "no host reported its GPU memory" in f.message
+    assert v.strategy is not None and v.strategy.strategy == "multi_node_tp_dp" and v.strategy.hosts_unknown_memory == 2
+    assert v.outcome == "observe_with_limits" and v.exit_code == 0
+
+
 def test_warnings_only_observe_with_exit_0() -> None:
     debug = {"nccl.settings.NCCL_DEBUG": {"value": "INFO", "source": "env"}}
     v = evaluate_fleet(fleet(host("g1"), host("g2"), host("g3", GOOD, debug)), TARGET)
@@ -117,7 +206,7 @@ def test_failed_host_is_left_out_when_capacity_holds() -> None:
     v = evaluate_fleet(fleet(host("g1"), host("g2"), host("g3", GOOD, FM_FAILED)), TARGET)
     assert v.outcome == "observe_with_limits"
     assert v.exit_code == 1
-    assert v.reasons[0] == "1 host(s) fail checks and are left out; 16 healthy GPUs meet the 8 required"
+    assert v.reasons[0] == "1 host(s) fail checks and are left out; 16 healthy GPUs meet the 16 required"
     assert v.hosts["g3"].status == "fail"
 
 
@@ -225,7 +314,9 @@ def test_rail_drift_on_multi_node_targets_only() -> None:
     six = {"rdma.devices": lambda d: d[:6]}
     hosts = fleet(host("g1"), host("g2"), host("g3", GOOD, six))
     assert "fleet.rdma_rail_drift" in ids(evaluate_fleet(hosts, MULTI))
-    assert "fleet.rdma_rail_drift" not in ids(evaluate_fleet(hosts, TARGET))
+    assert "fleet.rdma_rail_drift" not in ids(evaluate_fleet(hosts, SINGLE))
+    # The default target derives multi-node on H200: rail counts must agree.
+    assert "fleet.rdma_rail_drift" in ids(evaluate_fleet(hosts, TARGET))
 
 
 def test_drift_evidence_is_capped() -> None:
@@ -320,7 +411,39 @@ def test_canary_prefers_an_idle_host_and_says_why_not_the_common_profile() -> No
     c = v.plan.canary
     assert c is not None and c.host == "b2"
     assert "the most common profile '8x NVIDIA H200, driver 575.57.08" in c.reason
-    assert "has no host that is idle and unblocked" in c.reason
+    assert "has no host that is idle, unblocked and free of problem warnings" in c.reason
+
+
+def test_canary_is_a_clean_host_before_one_with_its_own_trouble() -> None:
+    # The lab's story: the common (proprietary) profile has only a host with NCCL debugging left on
+    # (idle), a busy one, and blocked ones; the clean idle host of another flavour is the better canary.
+    open_ = {"driver.kernel_module.flavour": "open"}
+    debug = {"nccl.settings.NCCL_DEBUG": {"value": "INFO", "source": "/etc/nccl.conf"}}
+    v = evaluate_fleet(fleet(
+        host("a1", R575, BUSY), host("a2", R575, open_), host("a5", R575, RAIL_DOWN),
+        host("a6", R575, {**NO_PEERMEM, **BUSY}), host("a7", R575, debug),
+    ), TARGET)
+    p = v.plan
+    assert p.canary is not None and p.canary.host == "a2"
+    assert {b.host for b in p.blocked} == {"a5", "a6"}
+    assert {b.host: b.check_ids for b in p.blocked} == {"a5": ["rdma.port_state"], "a6": ["rdma.peermem"]}
+    assert "free of problem warnings" in p.canary.reason
+    # The host with a warning still changes, in the first wave, ahead of the busy one.
+    assert p.waves == [["a7"], ["a1"]]
+
+
+def test_canary_with_a_problem_warning_says_so() -> None:
+    debug = {"nccl.settings.NCCL_DEBUG": {"value": "INFO", "source": "/etc/nccl.conf"}}
+    v = evaluate_fleet(fleet(host("a1", R575, debug), host("a2", R575, {**debug, **BUSY})), TARGET)
+    assert v.plan.canary is not None and v.plan.canary.host == "a1"
+    assert v.plan.canary.reason.startswith("a1: no blocking findings (1 warning(s), 1 of them problems), idle")
+
+
+def test_canary_among_clean_hosts_is_still_of_the_common_profile() -> None:
+    open_ = {"driver.kernel_module.flavour": "open"}
+    v = evaluate_fleet(fleet(host("a1", R575), host("a2", R575, open_), host("a3", R575)), TARGET)
+    assert v.plan.canary is not None and v.plan.canary.host == "a1"
+    assert "shared by 2 of 3 hosts" in v.plan.canary.reason
 
 
 def test_canary_skips_blocked_hosts_and_notes_when_none_is_left() -> None:
@@ -329,6 +452,90 @@ def test_canary_skips_blocked_hosts_and_notes_when_none_is_left() -> None:
     none = evaluate_fleet(fleet(host("a1", R575, FM_FAILED)), TARGET)
     assert none.plan.canary is None and none.plan.waves == []
     assert none.plan.canary_note == "all 1 hosts needing the change are blocked: fix their findings first"
+
+
+# -- Fabric Manager only: the driver is at the target, its Fabric Manager is not ---------------------
+
+CUDA_FM = {"name": "cuda-drivers-fabricmanager-580", "version": "580.82.07-1", "held": True, "role": "fabricmanager",
+           "branch": "580", "flavour": None}
+FM_DOWN = {**FM_82, "fabricmanager.unit.active": "failed", "scheduler.state": "drained",
+           "scheduler.reason": "fabric manager failed after driver update",
+           "container.probe": {"ran": True, "ok": False, "failure": "runtime_error", "cuda_init": False,
+                               "visible_gpus": 0, "message": "CUDA did not initialise in the container "
+                               "(torch.cuda.is_available() is False)"}}
+
+# (case, patch on a clean R580 host, planned (needs_upgrade), blocked by, FM packages planned)
+FM_CASES: list[tuple[str, dict[str, Any], bool, list[str], list[tuple[str | None, str, str | None]]]] = [
+    ("clean host: nothing left to change", {}, False, [], []),
+    ("FM 580.82.07 under driver 580.95.05", FM_82, True, [],
+     [("nvidia-fabricmanager-580", "nvidia-fabricmanager-580", "580.95.05")]),
+    ("with cuda-drivers-fabricmanager installed", {**FM_82, "packages.packages": lambda ps: [*ps, CUDA_FM]}, True, [],
+     [("nvidia-fabricmanager-580", "nvidia-fabricmanager-580", "580.95.05"),
+      ("cuda-drivers-fabricmanager-580", "cuda-drivers-fabricmanager-580", "580.95.05")]),
+    # The lab's gpu-a04: FM refuses the other driver, the unit failed, CUDA cannot start: all settled by FM.
+    ("FM unit failed and CUDA down because of it", FM_DOWN, True, [],
+     [("nvidia-fabricmanager-580", "nvidia-fabricmanager-580", "580.95.05")]),
+    ("a fault FM does not explain still blocks", {**FM_82, "packages.dkms_used": True,
+                                                  "packages.dkms_built_for_running_kernel": False},
+     True, ["packages.dkms_kernel"], [("nvidia-fabricmanager-580", "nvidia-fabricmanager-580", "580.95.05")]),
+    ("probe failure with FM running is not FM's", {**FM_82, "container.probe": FM_DOWN["container.probe"]}, True,
+     ["container.probe"], [("nvidia-fabricmanager-580", "nvidia-fabricmanager-580", "580.95.05")]),
+    ("FM of the old branch left behind", {"fabricmanager.version": "575.57.08",
+                                          "packages.packages.4": lambda p: {**p, "name": "nvidia-fabricmanager-575",
+                                                                            "version": "575.57.08-1",
+                                                                            "branch": "575"}},
+     True, [], [("nvidia-fabricmanager-575", "nvidia-fabricmanager-580", "580.95.05")]),
+    ("NVSwitch system without FM", {"fabricmanager.status": "absent", "fabricmanager.unit.installed": False,
+                                    "fabricmanager.unit.active": "inactive", "fabricmanager.version": None,
+                                    "packages.packages": lambda ps: [p for p in ps if p["role"] != "fabricmanager"]},
+     True, [], [(None, "nvidia-fabricmanager-580", "580.95.05")]),
+    ("FM version unreadable: not planned blind", {"fabricmanager.version": "garbage",
+                                                  "fabricmanager.version_matches_driver": None}, False, [], []),
+    ("no NVSwitch: FM is not needed", {"fabricmanager": {"status": "absent", "nvswitch_present": False,
+                                                         "nvswitch_count": 0, "required": False}},
+     False, [], []),
+]
+
+
+@pytest.mark.parametrize(("case", "patch", "planned", "blockers", "packages"), FM_CASES, ids=[c[0] for c in FM_CASES])
+def test_fabric_manager_only_changes(case: str, patch: dict[str, Any], planned: bool, blockers: list[str],
+                                     packages: list[tuple[str | None, str, str | None]]) -> None:
+    v = evaluate_fleet(fleet(host("g1", GOOD, patch), host("g2")), TARGET)
+    p = v.plan
+    items = {u.host: u for u in p.needs_upgrade}
+    assert ("g1" in items) is planned and ("g1" in p.done) is not planned, case
+    assert p.done[-1] == "g2"
+    blocked = {b.host: b.check_ids for b in p.blocked}
+    assert blocked.get("g1", []) == blockers
+    if planned:
+        item = items["g1"]
+        assert item.scope == "fabricmanager"
+        assert (item.current_version, item.target_version, item.target_branch) == ("580.95.05", "580.95.05", 580)
+        assert [(c.name, c.to_name, c.to_version) for c in item.packages] == packages
+        assert any("only Fabric Manager changes" in n for n in item.notes)
+
+
+def test_fm_only_host_changes_but_is_never_the_driver_canary() -> None:
+    v = evaluate_fleet(fleet(host("a1", R575, BUSY), host("a4", GOOD, FM_82), host("a3")), TARGET)
+    p = v.plan
+    assert p.canary is not None and p.canary.host == "a1"
+    assert p.waves == [["a4"]] and p.done == ["a3"]
+    assert [(u.host, u.scope) for u in p.needs_upgrade] == [("a1", "driver"), ("a4", "fabricmanager")]
+    assert "the change plan moves 1 host(s) to the target driver and 1 host(s) to the Fabric Manager of their " \
+           "driver's version" in v.reasons
+    # Alone, it is the first host to change, and the reason says it is an FM-only change.
+    alone = evaluate_fleet(fleet(host("a4", GOOD, FM_DOWN), host("a3"), host("a5")), TARGET).plan
+    assert alone.canary is not None and alone.canary.host == "a4"
+    assert "only Fabric Manager changes on it" in alone.canary.reason
+
+
+def test_fm_only_host_counts_after_the_plan() -> None:
+    # Two healthy GPUs short of 16 until the FM-only host is fixed: the plan gets there, no expansion.
+    v = evaluate_fleet(fleet(host("a3"), host("a4", GOOD, FM_DOWN)), TARGET)
+    assert v.summary.gpus_healthy == 8 and v.summary.gpus_after_plan == 16
+    assert v.outcome == "observe_with_limits"
+    cap = next(f for f in v.fleet_findings if f.check_id == "fleet.capacity")
+    assert cap.chain and cap.evidence["gpus_after_plan"] == 16
 
 
 def test_waves_default_to_a_tenth_and_never_hold_blocked_hosts() -> None:

@@ -59,12 +59,68 @@ def test_lab_night_before_the_change(lab_verdict: tuple[FleetVerdict, dict[str, 
             assert not (f.kind == "unknown" and f.blocking and f.check_id != "gpu.count"), (name, f.message)
 
 
+def test_lab_strategy_is_derived_from_the_h200s(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
+    v, _ = lab_verdict
+    # One 8x H200 node (about 1.1 TB) cannot hold the ~1680 GB of MXFP4 weights: multi-node, RDMA.
+    s = v.strategy
+    assert s is not None and s.setting == "auto" and s.derived
+    assert s.strategy == "multi_node_tp_dp" and s.rdma_required
+    assert [(n.gpu_model, n.holds_weights) for n in s.nodes] == [("NVIDIA H200", False)]
+    assert v.summary.gpus_required == 16
+    assert v.reasons[-1].startswith("strategy multi_node_tp_dp (derived from GPU memory): one node of 8x NVIDIA H200")
+
+
 def test_lab_r580_host_serves(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
     v, profiles = lab_verdict
     for name in _by_profile(v, profiles, "h200-r580"):
         assert v.hosts[name].status in ("pass", "warn")
         assert name in v.plan.done
     assert v.summary.gpus_healthy >= 8
+    # Done means nothing left to change: only the clean R580 host.
+    assert v.plan.done == _by_profile(v, profiles, "h200-r580")
+
+
+def test_lab_outcome_and_capacity(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
+    v, _ = lab_verdict
+    # Too few healthy GPUs today, enough once the plan is through: rebuild, not expand.
+    assert v.summary.gpus_healthy < v.summary.gpus_required <= v.summary.gpus_after_plan
+    assert v.outcome == "rebuild_environment"
+    cap = next(f for f in v.fleet_findings if f.check_id == "fleet.capacity")
+    assert cap.chain
+
+
+def test_lab_rail_and_gpudirect_faults_block(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
+    v, profiles = lab_verdict
+    blocked = {b.host: b.check_ids for b in v.plan.blocked}
+    for name in _by_profile(v, profiles, "h200-r575-ib-down"):
+        f = next(f for f in v.hosts[name].findings if f.check_id == "rdma.port_state")
+        assert f.severity == "error" and "mlx5_3" in f.message
+        assert blocked[name] == ["rdma.port_state"]
+    for name in _by_profile(v, profiles, "h200-r575-no-peermem"):
+        f = next(f for f in v.hosts[name].findings if f.check_id == "rdma.peermem")
+        assert "nvidia_peermem is not loaded" in f.message and "proprietary" in f.message
+        assert blocked[name] == ["rdma.peermem"]
+    for name, hv in v.hosts.items():
+        if not profiles[name].startswith(("h200-r575-ib-down", "h200-r575-no-peermem")):
+            assert not any(f.check_id.startswith("rdma.") for f in hv.findings), name
+
+
+def test_lab_fabric_manager_only_host(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
+    v, profiles = lab_verdict
+    names = _by_profile(v, profiles, "h200-r580-fm-mismatch")
+    assert names
+    items = {u.host: u for u in v.plan.needs_upgrade}
+    for name in names:
+        assert "fabricmanager.version_match" in {f.check_id for f in v.hosts[name].findings}
+        assert name not in v.plan.done
+        item = items[name]
+        assert item.scope == "fabricmanager" and item.current_version == item.target_version == "580.95.05"
+        assert {c.to_name for c in item.packages} <= {"nvidia-fabricmanager-580", "cuda-drivers-fabricmanager-580"}
+        assert "nvidia-fabricmanager-580" in {c.to_name for c in item.packages}
+        assert all(c.to_version == "580.95.05" and c.from_version and c.from_version.startswith("580.82.07")
+                   for c in item.packages)
+        # The failed unit and CUDA start follow from the mismatch: the FM change is not blocked by them.
+        assert name not in {b.host for b in v.plan.blocked}
 
 
 def test_lab_problem_hosts(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
@@ -80,12 +136,18 @@ def test_lab_problem_hosts(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> 
 
 
 def test_lab_plan_starts_on_an_idle_host(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
-    v, _ = lab_verdict
+    v, profiles = lab_verdict
     p = v.plan
     assert p.canary is not None
     canary = next(u for u in p.needs_upgrade if u.host == p.canary.host)
     assert canary.idle is True
+    assert canary.scope == "driver"
     assert canary.current_branch == 575 and canary.target_version == "580.95.05"
+    # A plain R575 host: no fault of its own (gpu-a01/a02 style), not a host with a rail, GPUDirect,
+    # NCCL or Fabric Manager story.
+    assert profiles[p.canary.host] in ("h200-r575", "h200-r575-open")
+    own = [f for f in v.hosts[p.canary.host].findings if not f.chain and f.kind == "fail"]
+    assert own == [], own
     assert any(c.to_name.startswith("nvidia-fabricmanager-580") for c in canary.packages)
     planned = {p.canary.host, *(h for w in p.waves for h in w)}
     assert planned.isdisjoint({b.host for b in p.blocked})

@@ -4,6 +4,10 @@ Every case starts from a fixture in tests/fixtures/verdict (see its README) and 
 dotted paths; the expected value is the complete set of findings as
 "check_id/severity" (kind "fail") or "check_id/severity/unknown", so a rule that fires
 too often fails a case as surely as one that does not fire.
+
+The default target derives its strategy from GPU memory (8x H200 cannot hold the
+weights: multi-node, RDMA required). The single-node rule table pins the strategy
+explicitly (SINGLE); the multi-node one uses MULTI; AUTO_CASES pin the derivation.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def _multi(**rdma: Any) -> Target:
 
 
 MULTI = _multi()
+SINGLE = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "single_node_tp"})})
 
 
 def raw(base: str) -> dict[str, Any]:
@@ -214,13 +219,13 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
 
 
 def test_clean_host_has_no_findings() -> None:
-    assert evaluate_host(facts(GOOD), TARGET) == []
-    assert evaluate_host(facts(B200), TARGET) == []
-    assert evaluate_host(facts(GOOD), MULTI) == []
+    for t in (TARGET, SINGLE, MULTI):
+        assert evaluate_host(facts(GOOD), t) == []
+        assert evaluate_host(facts(B200), t) == []
 
 
 def test_r575_host_fails_the_version_chain_only() -> None:
-    found = evaluate_host(facts(R575), TARGET)
+    found = evaluate_host(facts(R575), SINGLE)
     assert keys(found) == CHAIN_575
     assert all(f.chain and f.kind == "fail" for f in found)
     branch = next(f for f in found if f.check_id == "driver.branch")
@@ -235,7 +240,7 @@ def test_r575_host_fails_the_version_chain_only() -> None:
 
 @pytest.mark.parametrize(("case", "base", "patch", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_rule_table(case: str, base: str, patch: dict[str, Any], expected: set[str]) -> None:
-    found = evaluate_host(facts(base, patch), TARGET)
+    found = evaluate_host(facts(base, patch), SINGLE)
     assert keys(found) == expected, case
     for f in found:
         assert f.check_id in CHECKS
@@ -280,8 +285,67 @@ def test_multi_node_rule_table(case: str, base: str, patch: dict[str, Any], expe
 
 def test_rdma_rules_are_off_for_single_node() -> None:
     f = facts(GOOD, {"rdma.devices": [], "rdma.status": "absent"})
-    assert evaluate_host(f, TARGET) == []
+    assert evaluate_host(f, SINGLE) == []
     assert keys(evaluate_host(f, MULTI)) == {"rdma.rail_count/error"}
+    # The default target derives multi-node on 8x H200: rails are required there.
+    assert keys(evaluate_host(f, TARGET)) == {"rdma.rail_count/error"}
+
+
+RAIL_DOWN = {"rdma.devices.3.ports.0": port(state="DOWN", state_code=1, phys_state="Disabled", phys_state_code=3)}
+# Per-GPU memory (MiB) at which 8 GPUs hold exactly the target's 1680 GB weights estimate (compared as GiB).
+HOLDS = 1680 * 1024 // 8
+NOT_RDMA = TARGET.model_copy(update={"rdma": TARGET.rdma.model_copy(update={"required": False})})
+
+# (case, base, patch, target, expected findings): the strategy decides whether RDMA is required,
+# and a rail that is down is reported either way (an error where required, a warning where not).
+AUTO_CASES: list[tuple[str, str, dict[str, Any], Target, set[str]]] = [
+    ("8x H200 (about 1.1 TB): multi-node, rail down is an error", GOOD, RAIL_DOWN, TARGET,
+     {"rdma.port_state/error"}),
+    ("8x B200 (about 1.4 TB): multi-node", B200, RAIL_DOWN, TARGET, {"rdma.port_state/error"}),
+    ("R575 H200, proprietary without peermem: no GPUDirect path", R575, {}, TARGET,
+     CHAIN_575 | {"rdma.peermem/error"}),
+    ("R575 H200 with peermem loaded", R575, {"rdma.nvidia_peermem_loaded": True}, TARGET, CHAIN_575),
+    ("node memory exactly the weights: single-node, rail down warns", GOOD,
+     {**RAIL_DOWN, "driver.gpus": each_gpu(memory_total_mib=HOLDS)}, TARGET, {"rdma.port_state/warning"}),
+    ("one MiB per GPU short: multi-node", GOOD,
+     {**RAIL_DOWN, "driver.gpus": each_gpu(memory_total_mib=HOLDS - 1)}, TARGET, {"rdma.port_state/error"}),
+    ("the smallest GPU decides", GOOD,
+     {**RAIL_DOWN, "driver.gpus": each_gpu(memory_total_mib=HOLDS), "driver.gpus.5.memory_total_mib": HOLDS - 1},
+     TARGET, {"rdma.port_state/error"}),
+    ("single-node, no peermem, rails absent: silent", GOOD,
+     {"driver.gpus": each_gpu(memory_total_mib=HOLDS), "rdma.devices": [], "rdma.status": "absent"}, TARGET,
+     set()),
+    ("GPU memory unknown: judged multi-node", GOOD,
+     {**RAIL_DOWN, "driver.gpus": each_gpu(memory_total_mib=None)}, TARGET, {"rdma.port_state/error"}),
+    ("explicit single_node_tp wins on H200: rail down warns", GOOD, RAIL_DOWN, SINGLE, {"rdma.port_state/warning"}),
+    ("explicit multi-node wins on a node that holds the weights", GOOD,
+     {**RAIL_DOWN, "driver.gpus": each_gpu(memory_total_mib=HOLDS)}, MULTI, {"rdma.port_state/error"}),
+    ("rdma.required false on a multi-node derivation", GOOD, RAIL_DOWN, NOT_RDMA, {"rdma.port_state/warning"}),
+    ("slow rail where RDMA is not required warns", GOOD,
+     {"rdma.devices.5.ports.0": port(rate="200 Gb/sec (4X HDR)", rate_gbps=200.0)}, SINGLE,
+     {"rdma.port_state/warning"}),
+    ("RDMA unreadable where not required: silent", GOOD,
+     {"rdma.status": "unknown", "rdma.reason": "no port state could be read"}, SINGLE, set()),
+    ("ignored bridge function down where not required: silent", GOOD,
+     {"rdma.devices.3.name": "mlx5_bridge_0", **RAIL_DOWN}, SINGLE.model_copy(
+         update={"rdma": SINGLE.rdma.model_copy(update={"ignore_devices": ["mlx5_bridge*"]})}), set()),
+]
+
+
+@pytest.mark.parametrize(("case", "base", "patch", "target", "expected"), AUTO_CASES,
+                         ids=[c[0] for c in AUTO_CASES])
+def test_strategy_decides_rdma(case: str, base: str, patch: dict[str, Any], target: Target,
+                               expected: set[str]) -> None:
+    assert keys(evaluate_host(facts(base, patch), target)) == expected, case
+
+
+def test_rail_down_where_rdma_is_not_required_names_the_rail() -> None:
+    found = evaluate_host(facts(GOOD, RAIL_DOWN), SINGLE)
+    assert len(found) == 1
+    f = found[0]
+    assert (f.check_id, f.severity, f.kind) == ("rdma.port_state", "warning", "fail")
+    assert "mlx5_3/1: DOWN/Disabled" in f.message and "not required" in f.message
+    assert f.evidence["down"] == ["mlx5_3/1: DOWN/Disabled"] and f.evidence["rdma_required"] is False
 
 
 def test_ignored_devices_are_not_rails() -> None:
