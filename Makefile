@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.k3fleet-installed
 
-.PHONY: venv demo test test-unit test-integration test-system lint bench bench-verdict wheel-check clean testbed-down
+.PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict wheel-check clean testbed-down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ test-integration: $(STAMP)
 test-system: $(STAMP)
 	bash scripts/testbed-deps.sh
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -m system tests/system
+
+# The roles' molecule scenario alone (test-system runs it too). It takes the testbed over and leaves it down;
+# `molecule reset` first drops a stale ~/.ansible/tmp/molecule.* from an interrupted run.
+molecule: $(STAMP)
+	bash scripts/testbed-deps.sh
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule reset
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule test
 
 lint: $(STAMP)
 	$(BIN)/ruff check k3fleet tests scripts
