@@ -165,6 +165,7 @@ class UpgradeOptions:
     force: bool = False
     audit_max_age: int = 3600
     target: Path | None = None
+    accept_findings: list[str] = field(default_factory=list)
     runs_dir: Path = field(default_factory=lambda: Path("runs"))
     out: Path | None = None
 
@@ -190,13 +191,26 @@ class NothingToChange(UsageError):
         self.exit_code = EXIT_FAILED if blocked else EXIT_OK
 
 
-def plan_batches(plan: Mapping[str, Any], canary: str | None, waves: bool) -> tuple[str, list[list[str]]]:
+def accepted_blocked(plan: Mapping[str, Any], accept: Sequence[str]) -> list[str]:
+    """Blocked hosts whose every blocking check id matches one of the operator's ``accept`` patterns."""
+    import fnmatch
+
+    return [b["host"] for b in plan.get("blocked") or []
+            if b.get("check_ids") and all(any(fnmatch.fnmatchcase(c, p) for p in accept) for c in b["check_ids"])]
+
+
+def plan_batches(plan: Mapping[str, Any], canary: str | None, waves: bool,
+                 accept: Sequence[str] = ()) -> tuple[str, list[list[str]]]:
     """The canary and the waves after it, from an audit's change plan (``ChangePlan`` as JSON).
 
     ``canary`` overrides the plan's choice; it must be a host the plan upgrades and did not block.
+    ``accept`` (check id patterns, e.g. ``rdma.*``) clears hosts blocked by nothing else: an explicit,
+    recorded operator decision that those findings do not stop a driver change.
     """
     planned = [item["host"] for item in plan.get("needs_upgrade") or []]
-    blocked = {b["host"]: "; ".join(b.get("reasons") or []) for b in plan.get("blocked") or []}
+    cleared = set(accepted_blocked(plan, accept))
+    blocked = {b["host"]: "; ".join(b.get("reasons") or []) for b in plan.get("blocked") or []
+               if b["host"] not in cleared}
     eligible = [h for h in planned if h not in blocked]
     if not eligible:
         done = ", ".join(plan.get("done") or []) or "none"
@@ -247,6 +261,7 @@ def _extravars(change: Mapping[str, Any], rd: RunDir, hosts: Sequence[str], seri
         "k3fleet_audit": change["audit"],
         "k3fleet_audit_max_age": change["audit_max_age"],
         "k3fleet_resume": resume,
+        "k3fleet_accepted_blocked": list(change.get("accepted_blocked") or []),
     }
     if snapshots:
         ev["k3fleet_snapshots"] = dict(snapshots)
@@ -286,7 +301,7 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
         raise UsageError(f"--target-version {target_version} is not in branch R{plan['target_branch']} that the "
                          "audit planned for")
     try:
-        canary, waves = plan_batches(plan, opts.canary, opts.waves)
+        canary, waves = plan_batches(plan, opts.canary, opts.waves, opts.accept_findings)
     except NothingToChange as exc:
         return _nothing(rd, opts, plan, target_version, exc)
     hosts = [canary] + [h for w in waves for h in w]
@@ -298,6 +313,8 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
         "drain_timeout": opts.drain_timeout, "force": opts.force, "audit_max_age": opts.audit_max_age,
         "audit": str((rd.path / "audit" / "verdict.json").resolve()), "inventory": str(opts.inventory),
         "blocked": plan.get("blocked") or [], "done": plan.get("done") or [],
+        "accept_findings": list(opts.accept_findings),
+        "accepted_blocked": accepted_blocked(plan, opts.accept_findings),
     }
     rd.write_json(CHANGE_FILE, change)
     ev = _extravars(change, rd, hosts, serial)
@@ -344,7 +361,9 @@ def _resume(opts: UpgradeOptions, change_id: str, operator: str, argv: Sequence[
     if rp.pending:
         # Hosts the night never reached are gated again by a fresh audit of just them.
         plan = _fresh_audit(opts, argv, rd.path / f"audit-resume-{n}", ",".join(rp.pending), observer, cancel)
-        cleared = {i["host"] for i in plan.get("needs_upgrade") or []} - {b["host"] for b in plan.get("blocked") or []}
+        accept = list(change.get("accept_findings") or []) + list(opts.accept_findings)
+        blocked_now = {b["host"] for b in plan.get("blocked") or []} - set(accepted_blocked(plan, accept))
+        cleared = {i["host"] for i in plan.get("needs_upgrade") or []} - blocked_now
         for h in rp.pending:
             if h in (plan.get("done") or []):
                 skipped[h] = "already on the target"

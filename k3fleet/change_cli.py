@@ -158,6 +158,9 @@ def upgrade(
     audit_max_age: Annotated[int, typer.Option("--audit-max-age", min=1,
                                                help="Seconds an audit stays fresh for the gate.")] = 3600,
     target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
+    accept_finding: Annotated[list[str] | None, typer.Option(
+        "--accept-finding", help="Check id (or pattern like 'rdma.*') that does not stop the driver change; "
+                                 "repeat it. Recorded in the run directory.")] = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
@@ -171,7 +174,8 @@ def upgrade(
     opts = UpgradeOptions(inventory=inventory, change_id=change_id, operator=operator, canary=canary, waves=waves,
                           check=check, resume=resume, target_version=target_version, flavour=flavour, limit=limit,
                           forks=forks, failure_budget=failure_budget, drain_timeout=drain_timeout, force=force,
-                          audit_max_age=audit_max_age, target=target, runs_dir=runs_dir, out=out_dir)
+                          audit_max_age=audit_max_age, target=target, accept_findings=list(accept_finding or []),
+                          runs_dir=runs_dir, out=out_dir)
     result = run_upgrade(opts, sys.argv, observer=StageProgress(err, quiet=quiet or as_json),
                          cancel=_cancel_on_signals())
     if as_json:

@@ -261,6 +261,18 @@ def test_plan_batches(canary: str | None, waves: bool, expected: tuple[str, list
     assert plan_batches(PLAN, canary, waves) == expected
 
 
+def test_accepted_findings_clear_a_blocked_host() -> None:
+    plan = dict(PLAN, blocked=[{"host": "e", "check_ids": ["rdma.rail_count", "container.runtime"], "reasons": []},
+                               {"host": "d", "check_ids": ["rdma.rail_count", "packages.dkms"], "reasons": ["dkms"]}])
+    from k3fleet.change import accepted_blocked
+
+    assert accepted_blocked(plan, ["rdma.*", "container.*"]) == ["e"]
+    assert accepted_blocked(plan, ["rdma.*"]) == []
+    assert plan_batches(plan, "e", True, ["rdma.*", "container.*"]) == ("e", [["a"], ["c", "b"]])
+    with pytest.raises(UsageError, match="--canary d is blocked by the audit: dkms"):
+        plan_batches(plan, "d", True, ["rdma.*", "container.*"])
+
+
 @pytest.mark.parametrize(
     ("plan", "canary", "message"),
     [
