@@ -311,6 +311,8 @@ def test_killed_controller_then_resume_then_rollback_of_the_run(tb: testbed.Test
     journal = out_dir / "journal.jsonl"
 
     def wave_host_upgrading() -> bool:
+        # A controller that ended on its own (refused the night, failed) fails the test at once.
+        assert controller.poll() is None, f"the controller exited with {controller.returncode} before the kill"
         return journal.exists() and any(e.host == "tb-node04" and e.stage == "upgrading"
                                         for e in read_journal(journal).entries)
 
