@@ -27,11 +27,14 @@ from k3fleet.errors import UsageError
 MANIFEST = "manifest.json"
 REDACTED = "***"
 
-_SECRET_NAME = re.compile(r"(pass(word|wd)?|secret|token|api[_-]?key|private[_-]?key|credential|auth)",
-                          re.IGNORECASE)
-# --token=abc, token=abc, TOKEN: abc
-_INLINE = re.compile(r"(?P<k>[\w.-]*(?:pass(?:word|wd)?|secret|token|api[_-]?key|private[_-]?key|credential|auth)"
-                     r"[\w.-]*)(?P<sep>=|:\s*)(?P<v>(?:(?:bearer|basic)\s+)?[^\s'\"]+)", re.IGNORECASE)
+# Key names whose values are secrets. Word edges matter: "passed", "prompt_tokens" and "author"
+# are evidence, "ansible_ssh_pass", "HF_TOKEN" and "Authorization" are not.
+_SECRET_NAME = re.compile(
+    r"(passw(or)?d|passphrase|(^|[_.-])pass($|[_.-])|secret|token(?![a-z])|api[_-]?key|private[_-]?key"
+    r"|credential|(^|[_.-])auth(orization)?($|[_.-]))",
+    re.IGNORECASE)
+# KEY=value and KEY: value forms inside free text; the key decides.
+_INLINE = re.compile(r"(?P<k>[\w.-]+)(?P<sep>=|:\s*)(?P<v>(?:(?:bearer|basic)\s+)?[^\s'\"]+)", re.IGNORECASE)
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
@@ -40,7 +43,8 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    text = _INLINE.sub(lambda m: f"{m.group('k')}{m.group('sep')}{REDACTED}", text)
+    text = _INLINE.sub(lambda m: f"{m.group('k')}{m.group('sep')}{REDACTED}" if is_secret_name(m.group("k"))
+                       else m.group(0), text)
     return _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
 
 

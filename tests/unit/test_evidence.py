@@ -25,6 +25,25 @@ def test_redact_argv(argv: list[str], expected: list[str]) -> None:
     assert redact_argv(argv) == expected
 
 
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [("password", True), ("ansible_password", True), ("ansible_ssh_pass", True), ("HF_TOKEN", True),
+     ("api_token", True), ("Authorization", True), ("auth", True), ("vault_secret", True), ("private_key", True),
+     ("passed", False), ("prompt_tokens", False), ("cached_tokens", False), ("author", False),
+     ("passthrough", False), ("host", False)],
+)
+def test_secret_names(name: str, secret: bool) -> None:
+    from k3fleet.evidence import is_secret_name
+
+    assert is_secret_name(name) is secret
+
+
+def test_evidence_counts_survive_redaction() -> None:
+    summary = {"passed": 3, "failed": 1, "usage": {"prompt_tokens": 120, "cached_tokens": 64}}
+    assert redact(summary) == summary
+    assert redact_text("passed=3 prompt_tokens=120") == "passed=3 prompt_tokens=120"
+
+
 def test_redact_structures_by_key_and_inline() -> None:
     data = {"ansible_password": "hunter2", "nested": [{"Authorization": "Bearer abc.def"}],
             "note": "token=xyz and more", "count": 3}
