@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,8 @@ class ChangeRecorder(Observer):
         self.inner = inner or Observer()
         self.tasks: dict[str, list[TaskTime]] = {}
         self.stages: list[tuple[str, str]] = []
+        # Wall-clock span of each host's tasks: first start to last end (events arrive as tasks end).
+        self.span: dict[str, tuple[float, float]] = {}
 
     def play_started(self, playbook: str, hosts: int | None) -> None:
         self.inner.play_started(playbook, hosts)
@@ -103,8 +106,11 @@ class ChangeRecorder(Observer):
         raw = res.get("k3fleet")
         k3: dict[str, Any] = raw if isinstance(raw, dict) else {}
         waited = float(k3.get("waited_s") or 0.0) if "waited_s" in k3 else 0.0
-        self.tasks.setdefault(outcome.host, []).append(
-            TaskTime(outcome.task or "", outcome.status, float(outcome.duration_s or 0.0), waited))
+        duration = float(outcome.duration_s or 0.0)
+        self.tasks.setdefault(outcome.host, []).append(TaskTime(outcome.task or "", outcome.status, duration, waited))
+        now = time.time()
+        first, _ = self.span.get(outcome.host, (now - duration, now))
+        self.span[outcome.host] = (min(first, now - duration), now)
         line = k3.get("line") if isinstance(k3.get("line"), dict) else None
         if line and k3.get("written"):
             self.stages.append((outcome.host, str(line.get("stage"))))
@@ -121,15 +127,20 @@ def _ts(text: str) -> _dt.datetime | None:
         return None
 
 
-def host_timings(history: HostHistory, tasks: Sequence[TaskTime]) -> dict[str, Any]:
-    """Wall time of one host (first to last journal line) and how much of it k3fleet itself spent.
+def host_timings(history: HostHistory, tasks: Sequence[TaskTime],
+                 span: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Wall time of one host (its first task's start to its last task's end, else first to last
+    journal line) and how much of it k3fleet itself spent.
 
     External: waiting for jobs to leave the node, the package manager, the reboot, and Fabric
     Manager starting. The rest is the tool: Ansible, SSH round trips, collectors, journal.
     """
-    first = _ts(history.entries[0].ts) if history.entries else None
-    last = _ts(history.entries[-1].ts) if history.entries else None
-    wall = (last - first).total_seconds() if first and last else 0.0
+    if span is not None:
+        wall = max(0.0, span[1] - span[0])
+    else:
+        first = _ts(history.entries[0].ts) if history.entries else None
+        last = _ts(history.entries[-1].ts) if history.entries else None
+        wall = (last - first).total_seconds() if first and last else 0.0
     external: dict[str, float] = {"drain_wait": 0.0}
     for key, names in _EXTERNAL_TASKS.items():
         external[key] = round(sum(t.duration_s for t in tasks if t.task in names), 2)
@@ -454,7 +465,7 @@ def _summarize_hosts(result: ChangeResult, hosts: Sequence[str], recorder: Chang
                 entry["outcome"] = "not_started"
                 entry["failure"] = "waves stopped: failure budget spent"
         if host in histories and not result.change.get("check"):
-            entry["timing"] = host_timings(histories[host], recorder.tasks.get(host, []))
+            entry["timing"] = host_timings(histories[host], recorder.tasks.get(host, []), recorder.span.get(host))
         summary[host] = entry
     result.hosts = {h: summary[h] for h in hosts if h in summary}
     for h, why in result.skipped.items():

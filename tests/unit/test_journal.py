@@ -312,6 +312,8 @@ def test_recorder_keeps_stages_and_waits() -> None:
                               result={"k3fleet": {"waited_s": 11.5, "decision": "drain"}}))
     assert rec.stages == [("n1", "draining")]
     assert rec.tasks["n1"][1].waited_s == 11.5
+    start, end = rec.span["n1"]
+    assert 12.0 <= end - start < 13.0  # the 12 s task started before the first one ended
 
 
 def test_check_reports_from_play_results() -> None:
