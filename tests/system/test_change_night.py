@@ -27,6 +27,7 @@ from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_up
 from k3fleet.journal import read_journal, replay
 from k3fleet.lab import testbed
 from k3fleet.lab.standin import build_repo, install_pins
+from k3fleet.runner import Observer
 
 pytestmark = pytest.mark.system
 
@@ -140,18 +141,36 @@ def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
 # -- 1. happy path ------------------------------------------------------------------------------
 
 
+class JobAtNightStart(Observer):
+    """Starts a real Slurm job on a node when the change night's playbook starts, and waits until it runs."""
+
+    def __init__(self, state: testbed.TestbedState, node: str, seconds: int) -> None:
+        self.state, self.node, self.seconds = state, node, seconds
+        self.job: int | None = None
+
+    def play_started(self, playbook: str, hosts: int | None) -> None:
+        if playbook == "change_night.yml" and self.job is None:
+            job = testbed.submit_job(self.state, self.node, seconds=self.seconds, name="k3-happy")
+            _wait(lambda: testbed.job_state(self.state, job) == "RUNNING", 30, f"job running on {self.node}")
+            self.job = job
+
+
 def test_happy_path_canary_then_wave_with_a_job_on_the_canary(tb: testbed.TestbedState, inventory: Path, runs: Path,
                                                              pytestconfig: pytest.Config) -> None:
     hosts = ["tb-node01", "tb-node02"]
     put_on_575(tb, hosts)
-    job = testbed.submit_job(tb, "node01", seconds=25, name="k3-happy")
-    _wait(lambda: testbed.job_state(tb, job) == "RUNNING", 30, "job running on node01")
     started = time.monotonic()
+    # The job starts when the night does (after the gating audit, however long that takes on a busy
+    # machine), so the canary's drain always finds it running.
+    jobs = JobAtNightStart(tb, "node01", seconds=20)
     result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-HAPPY", operator="alice",
                                         canary="tb-node01", waves=True, limit=",".join(hosts), drain_timeout=300,
-                                        runs_dir=runs, forks=4, accept_findings=ACCEPT), ["k3fleet", "upgrade"])
+                                        runs_dir=runs, forks=4, accept_findings=ACCEPT), ["k3fleet", "upgrade"],
+                         observer=jobs)
     wall = time.monotonic() - started
     assert result.exit_code == 0, (result.message, result.hosts)
+    job = jobs.job
+    assert job is not None
     assert result.change["waves"] == [["tb-node02"]]
     assert journal_stages(result.run_dir.path) == {"tb-node01": HAPPY, "tb-node02": HAPPY}
     # The drain waited for the job, which ended by itself.
