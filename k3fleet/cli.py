@@ -194,6 +194,15 @@ def schema(what: Annotated[str, typer.Argument(help="facts or verdict")] = "fact
         raise UsageError(f"unknown schema {what!r}: choose facts or verdict")
 
 
+def _register_change_commands() -> None:
+    from k3fleet import change_cli
+
+    change_cli.register(app)
+
+
+_register_change_commands()
+
+
 @lab_app.command("generate")
 def lab_generate(
     dest: Annotated[Path, typer.Argument(help="Directory to write host roots and inventory.yml into.")],
