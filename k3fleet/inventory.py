@@ -6,12 +6,40 @@ import contextlib
 import io
 import re
 from pathlib import Path
+from typing import Any
 
 from k3fleet.errors import UsageError
 
 
 def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
     """Host names of ``inventory`` (after ``limit``), parsed by Ansible's own inventory code."""
+    return [h.name for h in _hosts(inventory, limit)]
+
+
+def refuse_simulated(inventory: Path, limit: str | None = None) -> list[str]:
+    """Host names, refusing simulated lab hosts: a change on one would run apt on the controller."""
+    hosts = _hosts(inventory, limit)
+    fake = []
+    for host in hosts:
+        hv = _host_vars(host)
+        root = hv.get("k3fleet_root")
+        if hv.get("k3fleet_lab_profile") or (root not in (None, "", "/")):
+            fake.append(f"{host.name} (k3fleet_root={root})")
+    if fake:
+        raise UsageError(f"inventory {inventory} has simulated lab hosts, which cannot be changed: "
+                         f"{', '.join(fake[:5])}{' ...' if len(fake) > 5 else ''}")
+    return [h.name for h in hosts]
+
+
+def _host_vars(host: Any) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for group in sorted(host.get_groups(), key=lambda g: g.depth):
+        merged.update(group.get_vars())
+    merged.update(host.get_vars())
+    return merged
+
+
+def _hosts(inventory: Path, limit: str | None) -> list[Any]:
     if not inventory.exists():
         raise UsageError(f"inventory {inventory} does not exist")
     from ansible.errors import AnsibleError
@@ -25,7 +53,7 @@ def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
             manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
             if limit:
                 manager.subset(limit)
-            hosts = [h.name for h in manager.get_hosts()]
+            hosts = list(manager.get_hosts())
     except AnsibleError as exc:
         detail = _parse_reason(captured.getvalue()) or " ".join(str(exc).split())
         raise UsageError(f"inventory {inventory} cannot be parsed: {detail[:300]}") from exc

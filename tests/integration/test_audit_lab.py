@@ -285,3 +285,15 @@ def test_host_over_its_time_budget_returns_partial_facts(bad_fleet: Path, tmp_pa
     assert errors.get("dpkg-query") == "timeout"
     assert "budget" in errors.values()
     assert facts["duration_s"] < 5
+
+
+def test_change_commands_refuse_simulated_hosts(tmp_path: Path) -> None:
+    # A lab host runs over the local connection: a change on it would run apt on this machine.
+    inv = run_k3fleet("lab", "generate", str(tmp_path / "lab"))
+    assert inv.returncode == 0, inv.stderr
+    inventory = inv.stdout.strip()
+    for args in (["upgrade", "-i", inventory, "--change-id", "CHG-1", "--operator", "alice", "--check"],
+                 ["rollback", "-i", inventory, "--limit", "gpu-a01"]):
+        proc = run_k3fleet(*args, "--runs-dir", str(tmp_path / "runs"))
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "simulated lab hosts" in _one_error_line(proc)
