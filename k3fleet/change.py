@@ -23,7 +23,7 @@ from typing import Any
 
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
 from k3fleet.evidence import RunDir
-from k3fleet.inventory import refuse_simulated
+from k3fleet.inventory import inventory_hosts, refuse_simulated
 from k3fleet.journal import (
     JOURNAL_FILE,
     HostHistory,
@@ -303,7 +303,8 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
         raise UsageError(f"--failure-budget must be 0 or more, got {opts.failure_budget}")
     if opts.resume is not None:
         return _resume(opts, change_id, operator, argv, observer, cancel)
-    refuse_simulated(opts.inventory, opts.limit)
+    # --check only simulates (apt-get -s): a lab host may be checked, never changed.
+    (inventory_hosts if opts.check else refuse_simulated)(opts.inventory, opts.limit)
     rd = RunDir.create(opts.runs_dir, "change", argv, out=opts.out)
     rd.copy_input(opts.inventory, "inputs/inventory" + (opts.inventory.suffix or ""))
     plan = _fresh_audit(opts, argv, rd.path / "audit", opts.limit, observer, cancel)
@@ -562,7 +563,8 @@ def rollback_sources(opts: RollbackOptions) -> tuple[dict[Path, list[str]], dict
     """Which journal each host is rolled back from, and the hosts that cannot be."""
     if opts.run is None and not opts.limit:
         raise UsageError("say what to roll back: --run RUN (a whole night) or --limit HOSTS (their latest change)")
-    wanted = refuse_simulated(opts.inventory, opts.limit) if opts.limit else None
+    hosts_of = inventory_hosts if opts.check else refuse_simulated
+    wanted = hosts_of(opts.inventory, opts.limit) if opts.limit else None
     if opts.run is not None:
         rd = RunDir.open(opts.run)
         journal = rd.path / JOURNAL_FILE

@@ -292,7 +292,7 @@ def test_change_commands_refuse_simulated_hosts(tmp_path: Path) -> None:
     inv = run_k3fleet("lab", "generate", str(tmp_path / "lab"))
     assert inv.returncode == 0, inv.stderr
     inventory = inv.stdout.strip()
-    for args in (["upgrade", "-i", inventory, "--change-id", "CHG-1", "--operator", "alice", "--check"],
+    for args in (["upgrade", "-i", inventory, "--change-id", "CHG-1", "--operator", "alice"],
                  ["rollback", "-i", inventory, "--limit", "gpu-a01"]):
         proc = run_k3fleet(*args, "--runs-dir", str(tmp_path / "runs"))
         assert proc.returncode == 2, (args, proc.stderr)
