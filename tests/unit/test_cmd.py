@@ -5,16 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from nodetree import exe
+
 from k3fleet.ansible.module_utils import k3fleet_host
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader, guard
 from k3fleet.models import facts
-
-
-def _tool(bindir: Path, name: str, body: str) -> None:
-    bindir.mkdir(parents=True, exist_ok=True)
-    p = bindir / name
-    p.write_text("#!/bin/sh\n" + body + "\n")
-    p.chmod(0o755)
 
 
 def test_files_resolve_under_root_and_moved_proc(tmp_path: Path) -> None:
@@ -34,7 +29,7 @@ def test_files_resolve_under_root_and_moved_proc(tmp_path: Path) -> None:
 
 def test_commands_only_from_reader_path_with_c_locale(tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
-    _tool(bindir, "show-locale", 'echo "$LC_ALL $LANG $PATH"')
+    exe(bindir / "show-locale", 'echo "$LC_ALL $LANG $PATH"')
     r = NodeReader(root=str(tmp_path), path=str(bindir))
     res = r.run(["show-locale"])
     assert res.ok
@@ -48,7 +43,7 @@ def test_commands_only_from_reader_path_with_c_locale(tmp_path: Path) -> None:
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
     # The child sleep keeps stdout open after the shell is killed: only a group kill ends it.
-    _tool(bindir, "hang", "/bin/sleep 30\necho never")
+    exe(bindir / "hang", "/bin/sleep 30\necho never")
     r = NodeReader(path=str(bindir), timeout=0.3)
     t0 = time.monotonic()
     res = r.run(["hang"])
@@ -59,7 +54,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
 
 def test_nonzero_exit_reason_has_first_stderr_line(tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
-    _tool(bindir, "fail", 'echo "first problem" >&2\necho "second" >&2\nexit 3')
+    exe(bindir / "fail", 'echo "first problem" >&2\necho "second" >&2\nexit 3')
     res = NodeReader(path=str(bindir)).run(["fail", "--x"])
     assert not res.ok and res.rc == 3
     assert res.reason() == "fail --x: exit 3: first problem"
@@ -68,7 +63,7 @@ def test_nonzero_exit_reason_has_first_stderr_line(tmp_path: Path) -> None:
 def test_run_cached_runs_once(tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
     counter = tmp_path / "count"
-    _tool(bindir, "count", f'echo x >> "{counter}"\necho ok')
+    exe(bindir / "count", f'echo x >> "{counter}"\necho ok')
     r = NodeReader(path=str(bindir))
     assert r.run_cached(["count"]).stdout == "ok\n"
     assert r.run_cached(["count"]).stdout == "ok\n"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from nodetree import fake_command, node
 
 from k3fleet.ansible.module_utils import k3fleet_driver as drv
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
@@ -23,36 +24,6 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
 
 def fixture(name: str) -> str:
     return (FIX / name).read_text(encoding="utf-8")
-
-
-def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]], sleep: float = 0) -> None:
-    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["#!/bin/sh"]
-    if sleep:
-        lines.append(f"/bin/sleep {sleep}")
-    lines.append('case "$*" in')
-    for pos, (pattern, out, err, rc) in enumerate(cases):
-        out_file = bin_dir / f".{name}.{pos}.out"
-        err_file = bin_dir / f".{name}.{pos}.err"
-        out_file.write_text(out, encoding="utf-8")
-        err_file.write_text(err, encoding="utf-8")
-        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
-    lines.append("esac")
-    lines.append("exit 127")
-    script = bin_dir / name
-    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    script.chmod(0o755)
-
-
-def node(tmp_path: Path, files: dict[str, str] | None = None, timeout: float = 10) -> NodeReader:
-    for rel, text in (files or {}).items():
-        target = tmp_path / "root" / rel.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    (tmp_path / "root").mkdir(exist_ok=True)
-    (tmp_path / "bin").mkdir(exist_ok=True)
-    return NodeReader(root=str(tmp_path / "root"), path=str(tmp_path / "bin"), timeout=timeout)
 
 
 def smi(tmp_path: Path, csv: str, q: str, rc: int = 0, stderr: str = "") -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import nodetree
 import pytest
+from nodetree import fake_command
 
 from k3fleet.ansible.module_utils import k3fleet_fabricmanager as fmc
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
@@ -23,31 +25,10 @@ def fixture(name: str, area: str = "fabricmanager") -> str:
     return (FIXTURES / area / name).read_text(encoding="utf-8")
 
 
-def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]]) -> None:
-    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["#!/bin/sh", 'case "$*" in']
-    for pos, (pattern, out, err, rc) in enumerate(cases):
-        out_file = bin_dir / f".{name}.{pos}.out"
-        err_file = bin_dir / f".{name}.{pos}.err"
-        out_file.write_text(out, encoding="utf-8")
-        err_file.write_text(err, encoding="utf-8")
-        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
-    lines += ["esac", "exit 127"]
-    script = bin_dir / name
-    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    script.chmod(0o755)
-
-
 def node(tmp_path: Path, files: dict[str, str] | None = None, switches: list[str] | None = None,
          dev: list[str] | None = None) -> NodeReader:
+    reader = nodetree.node(tmp_path, files)
     root = tmp_path / "root"
-    root.mkdir(exist_ok=True)
-    (tmp_path / "bin").mkdir(exist_ok=True)
-    for rel, text in (files or {}).items():
-        target = root / rel.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
     if switches is not None:
         devices = root / "proc" / "driver" / "nvidia-nvswitch" / "devices"
         devices.mkdir(parents=True)
@@ -57,7 +38,7 @@ def node(tmp_path: Path, files: dict[str, str] | None = None, switches: list[str
         (root / "dev").mkdir()
         for name in dev:
             (root / "dev" / name).write_text("", encoding="utf-8")
-    return NodeReader(root=str(root), path=str(tmp_path / "bin"), timeout=10)
+    return reader
 
 
 # Real listings, turned into the names a node tree needs.

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nodetree import fake_command, node
 
 from k3fleet.ansible.module_utils import k3fleet_packages as pk
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
@@ -19,36 +20,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 def fixture(name: str, area: str = "packages") -> str:
     return (FIXTURES / area / name).read_text(encoding="utf-8")
-
-
-def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]], sleep: float = 0) -> None:
-    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["#!/bin/sh"]
-    if sleep:
-        lines.append(f"/bin/sleep {sleep}")
-    lines.append('case "$*" in')
-    for pos, (pattern, out, err, rc) in enumerate(cases):
-        out_file = bin_dir / f".{name}.{pos}.out"
-        err_file = bin_dir / f".{name}.{pos}.err"
-        out_file.write_text(out, encoding="utf-8")
-        err_file.write_text(err, encoding="utf-8")
-        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
-    lines.append("esac")
-    lines.append("exit 127")
-    script = bin_dir / name
-    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    script.chmod(0o755)
-
-
-def node(tmp_path: Path, files: dict[str, str] | None = None, timeout: float = 10) -> NodeReader:
-    (tmp_path / "root").mkdir(exist_ok=True)
-    (tmp_path / "bin").mkdir(exist_ok=True)
-    for rel, text in (files or {}).items():
-        target = tmp_path / "root" / rel.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    return NodeReader(root=str(tmp_path / "root"), path=str(tmp_path / "bin"), timeout=timeout)
 
 
 def dpkg_node(tmp_path: Path, listing: str, kernel: str = "6.8.0-51-generic\n",

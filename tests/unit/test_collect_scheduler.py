@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from nodetree import exe
 
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.ansible.module_utils.k3fleet_scheduler import (
@@ -27,22 +28,17 @@ def fixture(name: str) -> str:
     return (FIX / name).read_text()
 
 
-def write_exe(path: Path, body: str) -> None:
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-
-
 def slurm_bin(bin_dir: Path, scontrol: dict[str, str], squeue: dict[str, str] | None = None,
               scontrol_body: str | None = None, squeue_body: str | None = None) -> None:
     """scontrol/squeue replaying one fixture per node name ($3 of `scontrol show node NODE --oneliner`)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     cases = "".join(f"  {node}) /bin/cat '{FIX / name}'; exit 0;;\n" for node, name in scontrol.items())
     not_found = f"/bin/cat '{FIX / 'scontrol_not_found_slurm2205.stdout'}' | /bin/sed \"s/gpu99/$3/\"; exit 1"
-    write_exe(bin_dir / "scontrol", scontrol_body or f'case "$3" in\n{cases}  *) {not_found};;\nesac')
+    exe(bin_dir / "scontrol", scontrol_body or f'case "$3" in\n{cases}  *) {not_found};;\nesac')
     if squeue is not None or squeue_body:
         # squeue --noheader --nodelist NODE --states RUNNING --format %A: the node is $3.
         qcases = "".join(f"  {node}) /bin/cat '{FIX / name}'; exit 0;;\n" for node, name in (squeue or {}).items())
-        write_exe(bin_dir / "squeue", squeue_body or f'case "$3" in\n{qcases}  *) exit 0;;\nesac')
+        exe(bin_dir / "squeue", squeue_body or f'case "$3" in\n{qcases}  *) exit 0;;\nesac')
 
 
 def reader_for(tmp_path: Path, hostname: str | None = None, timeout: float = 5.0) -> NodeReader:

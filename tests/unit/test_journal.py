@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from nodetree import ExitJson, FailJson
 
 from k3fleet.ansible.modules import k3fleet_journal
 from k3fleet.change import ChangeRecorder, TaskTime, check_reports, host_timings, plan_batches
@@ -32,26 +32,6 @@ from k3fleet.runner import HostOutcome, PlayResult
 SNAP = {"manager": "dpkg", "packages": [
     {"name": "nvidia-driver-575-server", "version": "575.57.08-0ubuntu1", "held": True, "branch": "575"}],
     "driver": {"loaded_version": "575.57.08"}}
-
-
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
-@pytest.fixture
-def patched_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    def exit_json(self: Any, **kwargs: Any) -> None:
-        raise ExitJson(kwargs)
-
-    def fail_json(self: Any, **kwargs: Any) -> None:
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 def journal_module(args: dict[str, Any], check: bool = False) -> dict[str, Any]:

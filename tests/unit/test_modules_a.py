@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from nodetree import ExitJson, FailJson, fake_command, patch_exits, write_tree
 
 from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
 from k3fleet.ansible.modules import k3fleet_driver_info, k3fleet_fabricmanager_info, k3fleet_packages_info
@@ -31,24 +31,9 @@ MODULES = {
 }
 
 
-class AnsibleExitJson(Exception):
-    """exit_json was called."""
-
-
-class AnsibleFailJson(Exception):
-    """fail_json was called."""
-
-
 @pytest.fixture(autouse=True)
 def patched_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    def exit_json(self: basic.AnsibleModule, **kwargs: Any) -> None:
-        raise AnsibleExitJson(kwargs)
-
-    def fail_json(self: basic.AnsibleModule, **kwargs: Any) -> None:
-        raise AnsibleFailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    patch_exits(monkeypatch)
     # Nodes without nvidia-ml-py: "import pynvml" raises ImportError.
     monkeypatch.setitem(sys.modules, "pynvml", None)
 
@@ -57,33 +42,14 @@ def fixture(area: str, name: str) -> str:
     return (FIXTURES / area / name).read_text(encoding="utf-8")
 
 
-def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]]) -> None:
-    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["#!/bin/sh", 'case "$*" in']
-    for pos, (pattern, out, err, rc) in enumerate(cases):
-        out_file = bin_dir / f".{name}.{pos}.out"
-        err_file = bin_dir / f".{name}.{pos}.err"
-        out_file.write_text(out, encoding="utf-8")
-        err_file.write_text(err, encoding="utf-8")
-        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
-    lines += ["esac", "exit 127"]
-    script = bin_dir / name
-    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    script.chmod(0o755)
-
-
 @pytest.fixture
 def hgx_node(tmp_path: Path) -> dict[str, Any]:
     """A node with the 510 driver loaded, its packages held, six NVSwitches and Fabric Manager 450."""
-    root = tmp_path / "root"
-    for rel, text in {
+    root = write_tree(tmp_path / "root", {
         "proc/driver/nvidia/version": fixture("driver", "proc_version_proprietary_510.txt"),
         "proc/modules": fixture("driver", "proc_modules_talos.txt"),
         "proc/sys/kernel/osrelease": "5.11.0-36-generic\n",
-    }.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text, encoding="utf-8")
+    })
     devices = root / "proc" / "driver" / "nvidia-nvswitch" / "devices"
     devices.mkdir(parents=True)
     for bdf in fixture("fabricmanager", "nvswitch_devices_ls.txt").split():
@@ -100,7 +66,7 @@ def hgx_node(tmp_path: Path) -> dict[str, Any]:
 
 
 def run_module(module: Any, args: dict[str, Any]) -> dict[str, Any]:
-    with patch_module_args(args), pytest.raises(AnsibleExitJson) as exc:
+    with patch_module_args(args), pytest.raises(ExitJson) as exc:
         module.main()
     return exc.value.args[0]
 
@@ -173,7 +139,7 @@ def test_fabricmanager_info_compares_with_the_loaded_driver(hgx_node: dict[str, 
 def test_missing_root_fails_with_a_clear_message(name: str, tmp_path: Path) -> None:
     module, _ = MODULES[name]
     missing = str(tmp_path / "no-such-root")
-    with patch_module_args({"root": missing}), pytest.raises(AnsibleFailJson) as exc:
+    with patch_module_args({"root": missing}), pytest.raises(FailJson) as exc:
         module.main()
     msg = exc.value.args[0]["msg"]
     assert msg.startswith(f"{name}: root {missing!r} is not a directory on ")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from nodetree import ExitJson, FailJson, exe
 
 from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
 from k3fleet.ansible.modules import k3fleet_container_info, k3fleet_rdma_info, k3fleet_scheduler_info
@@ -31,24 +31,7 @@ MODULES = {"k3fleet_rdma_info": k3fleet_rdma_info, "k3fleet_container_info": k3f
            "k3fleet_scheduler_info": k3fleet_scheduler_info}
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def patched_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    def exit_json(self: Any, **kwargs: Any) -> None:
-        raise ExitJson(kwargs)
-
-    def fail_json(self: Any, **kwargs: Any) -> None:
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+pytestmark = pytest.mark.usefixtures("patched_exits")
 
 
 def run_module(module: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -61,12 +44,6 @@ def fail_module(module: Any, args: dict[str, Any]) -> dict[str, Any]:
     with patch_module_args(args), pytest.raises(FailJson) as exc:
         module.main()
     return exc.value.args[0]
-
-
-def exe(path: Path, body: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
 
 
 def rdma_node(tmp_path: Path) -> tuple[Path, Path]:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from nodetree import ExitJson, FailJson, exe
 
 from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
 from k3fleet.ansible.module_utils.k3fleet_slurm import (
@@ -200,26 +200,6 @@ def test_completing_job_keeps_the_drain_incomplete() -> None:
 # -- the module against replaying stand-in commands -----------------------------------------
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
-@pytest.fixture
-def patched_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    def exit_json(self: Any, **kwargs: Any) -> None:
-        raise ExitJson(kwargs)
-
-    def fail_json(self: Any, **kwargs: Any) -> None:
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-
 def run_module(args: dict[str, Any], *, check: bool = False, diff: bool = False) -> dict[str, Any]:
     full = dict(args, _ansible_check_mode=check, _ansible_diff=diff)
     with patch_module_args(full), pytest.raises(ExitJson) as exc:
@@ -273,9 +253,7 @@ esac""",
 : > "$FAKE_SLURM/jobs"; cp "$FAKE_SLURM/after_cancel" "$FAKE_SLURM/node" """,
     }
     for name, body in scripts.items():
-        path = bindir / name
-        path.write_text("#!/bin/sh\n" + body + "\n")
-        path.chmod(0o755)
+        exe(bindir / name, body)
     state = tmp_path / "state"
     state.mkdir()
     monkeypatch.setenv("FAKE_SLURM", str(state))
