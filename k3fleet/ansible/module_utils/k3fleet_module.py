@@ -4,6 +4,8 @@
 
 from __future__ import absolute_import, division, print_function
 
+import os
+
 try:
     from ansible.module_utils.k3fleet_cmd import DEFAULT_TIMEOUT, NodeReader
 except ImportError:  # imported from the controller package (unit tests, lab)
@@ -29,3 +31,12 @@ def reader_from_params(params):
     return NodeReader(root=params.get("root") or "/", path=params.get("path"),
                       procfs=params.get("procfs"), sysfs=params.get("sysfs"),
                       timeout=params.get("timeout") or DEFAULT_TIMEOUT, budget=params.get("budget"))
+
+
+def checked_reader(module, name):
+    """The reader for module's options; fails the module first when its root prefix is not a directory,
+    because under a missing root every file would read as absent, a false report."""
+    root = module.params["root"]
+    if not os.path.isdir(root):
+        module.fail_json(msg="%s: root %r is not a directory on %s" % (name, root, os.uname()[1]))
+    return reader_from_params(module.params)

@@ -166,29 +166,24 @@ k3fleet:
           fabric_status: success
 """
 
-import os
-
 try:
     from ansible.module_utils.basic import AnsibleModule
     from ansible.module_utils.k3fleet_cmd import guard
     from ansible.module_utils.k3fleet_driver import collect_driver
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
 except ImportError:  # imported from the controller package (unit tests)
     from ansible.module_utils.basic import AnsibleModule
 
     from k3fleet.ansible.module_utils.k3fleet_cmd import guard
     from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
 
 
 def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec["use_nvml"] = dict(type="bool", default=True)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    root = module.params["root"]
-    if not os.path.isdir(root):
-        module.fail_json(msg=f"k3fleet_driver_info: root {root!r} is not a directory on {os.uname()[1]}")
-    reader = reader_from_params(module.params)
+    reader = checked_reader(module, "k3fleet_driver_info")
     facts = guard("driver", collect_driver, reader, use_nvml=module.params["use_nvml"])
     module.exit_json(changed=False, **{RESULT_KEY: facts})
 

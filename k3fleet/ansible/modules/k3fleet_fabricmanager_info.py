@@ -128,14 +128,12 @@ k3fleet:
       sample: false
 """
 
-import os
-
 try:
     from ansible.module_utils.basic import AnsibleModule
     from ansible.module_utils.k3fleet_cmd import guard
     from ansible.module_utils.k3fleet_driver import collect_driver
     from ansible.module_utils.k3fleet_fabricmanager import collect_fabricmanager
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
     from ansible.module_utils.k3fleet_packages import collect_packages
 except ImportError:  # imported from the controller package (unit tests)
     from ansible.module_utils.basic import AnsibleModule
@@ -143,16 +141,13 @@ except ImportError:  # imported from the controller package (unit tests)
     from k3fleet.ansible.module_utils.k3fleet_cmd import guard
     from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
     from k3fleet.ansible.module_utils.k3fleet_fabricmanager import collect_fabricmanager
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
     from k3fleet.ansible.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=dict(READER_ARGS), supports_check_mode=True)
-    root = module.params["root"]
-    if not os.path.isdir(root):
-        module.fail_json(msg=f"k3fleet_fabricmanager_info: root {root!r} is not a directory on {os.uname()[1]}")
-    reader = reader_from_params(module.params)
+    reader = checked_reader(module, "k3fleet_fabricmanager_info")
     driver = guard("driver", collect_driver, reader, use_nvml=False)
     packages = guard("packages", collect_packages, reader)
     facts = guard("fabricmanager", collect_fabricmanager, reader, driver=driver, packages=packages)
