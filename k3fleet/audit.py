@@ -100,8 +100,6 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         if inventory is None:
             raise IncompleteError("no inventory given")
         hosts = inventory_hosts(inventory, opts.limit)
-        if observer is not None and hasattr(observer, "total"):
-            observer.total = len(hosts)
         rd.copy_input(inventory, "inputs/inventory" + (inventory.suffix or ""))
         if opts.target is not None:
             rd.copy_input(opts.target, "inputs/target.yaml")
@@ -115,7 +113,8 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             # Extra vars beat host vars: only force the probe on, never off (hosts may opt in).
             extravars["k3fleet_probe"] = True
         play = run_playbook("audit.yml", inventory, rd.path / "ansible", extravars=extravars,
-                            limit=opts.limit, forks=opts.forks, observer=observer, cancel=cancel)
+                            limit=opts.limit, forks=opts.forks, observer=observer, cancel=cancel,
+                            hosts=len(hosts))
     rd.write_jsonl("events.jsonl", play.events)
     facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
     for host, data in raw.items():

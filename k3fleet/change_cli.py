@@ -9,7 +9,6 @@ to stdout. Exit codes: 0 every host done, 1 a host failed (and was rolled back),
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from k3fleet.errors import UsageError
+from k3fleet.interrupt import cancel_on_signals
 from k3fleet.runner import HostOutcome, Observer, PlayResult
 
 err = Console(stderr=True, highlight=False)
@@ -61,18 +61,8 @@ class StageProgress(Observer):
 
 def _cancel_on_signals() -> threading.Event:
     """First Ctrl-C (or SIGTERM) stops the play cleanly; the journal keeps what was done."""
-    cancel = threading.Event()
-
-    def handler(signum: int, frame: Any) -> None:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        err.print("[yellow]interrupt: stopping the play; resume with --resume RUN or roll back with --run RUN"
-                  "[/yellow]")
-        cancel.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return cancel
+    return cancel_on_signals(lambda: err.print(
+        "[yellow]interrupt: stopping the play; resume with --resume RUN or roll back with --run RUN[/yellow]"))
 
 
 def _fmt_s(value: Any) -> str:

@@ -7,11 +7,10 @@ Exit codes: 0 pass / go, 1 checks failed / no-go, 2 usage or bad input,
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -20,6 +19,7 @@ from rich.table import Table
 
 from k3fleet import __version__
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError, UsageError
+from k3fleet.interrupt import cancel_on_signals
 from k3fleet.runner import HostOutcome, Observer, PlayResult
 
 app = typer.Typer(
@@ -51,6 +51,7 @@ class ProgressObserver(Observer):
         self.quiet = quiet
 
     def play_started(self, playbook: str, hosts: int | None) -> None:
+        self.total = hosts or self.total
         if not self.quiet:
             n = f" on {self.total} hosts" if self.total else ""
             self.console.print(f"[bold]running {playbook}{n}[/bold]")
@@ -71,17 +72,8 @@ class ProgressObserver(Observer):
 
 def _cancel_on_sigint() -> threading.Event:
     """First Ctrl-C asks ansible-runner to stop cleanly; evidence gathered so far is still written."""
-    cancel = threading.Event()
-
-    def handler(signum: int, frame: Any) -> None:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        err.print("[yellow]interrupt: stopping the play, writing the evidence gathered so far[/yellow]")
-        cancel.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return cancel
+    return cancel_on_signals(lambda: err.print(
+        "[yellow]interrupt: stopping the play, writing the evidence gathered so far[/yellow]"))
 
 
 @app.callback(invoke_without_command=True)

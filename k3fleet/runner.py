@@ -177,8 +177,9 @@ def run_playbook(
     keep_events: bool = True,
     timeout: int | None = None,
     cancel: threading.Event | None = None,
+    hosts: int | None = None,
 ) -> PlayResult:
-    """Run one playbook and collect per-host outcomes from its events."""
+    """Run one playbook and collect per-host outcomes from its events (``hosts``: how many, for progress)."""
     import ansible_runner  # heavy import kept off the CLI's start-up path
 
     observer = observer or Observer()
@@ -205,7 +206,7 @@ def run_playbook(
         return False
 
     cmdline = "--check" if check else None
-    observer.play_started(playbook, None)
+    observer.play_started(playbook, hosts)
     started, cpu0 = time.monotonic(), _children_cpu()
     try:
         r = ansible_runner.run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+from k3fleet.report.plan import plan_lines, plan_title
 
 _OUTCOME_TEXT = {
     "go_live": "go live",
@@ -66,20 +67,7 @@ def render_audit(result: Any, target: Any) -> str:
 
 
 def render_plan(plan: dict[str, Any]) -> list[str]:
-    lines = [f"## Change plan: R{plan['target_branch']} {plan['target_version']}", ""]
-    canary = plan.get("canary")
-    if canary:
-        lines.append(f"- Canary: **{canary['host']}** ({canary['reason']})")
-    else:
-        lines.append(f"- No canary: {plan.get('canary_note') or 'no host needs the change'}")
-    for i, wave in enumerate(plan.get("waves") or [], 1):
-        lines.append(f"- Wave {i}: {', '.join(wave)}")
-    if plan.get("done"):
-        lines.append(f"- Already on target: {', '.join(plan['done'])}")
-    for b in plan.get("blocked") or []:
-        lines.append(f"- Blocked {b['host']}: {'; '.join(b['reasons'])}")
-    if plan.get("unreachable"):
-        lines.append(f"- Unreachable (not planned): {', '.join(plan['unreachable'])}")
+    lines = [f"## {plan_title(plan)}", "", *(f"- {line}" for line in plan_lines(plan))]
     items = plan.get("needs_upgrade") or []
     if items:
         lines += ["", "| host | from | to | packages |", "|---|---|---|---|"]

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+from k3fleet.report.plan import plan_lines, plan_title
 
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "unreachable": "magenta"}
 _SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
@@ -41,17 +42,6 @@ def print_audit(console: Console, result: Any) -> None:
 
 
 def print_plan(console: Console, plan: dict[str, Any]) -> None:
-    console.print(f"[bold]change plan[/bold]: R{plan['target_branch']} {plan['target_version']}")
-    canary = plan.get("canary")
-    if canary:
-        console.print(f"  canary: {canary['host']} ({canary['reason']})")
-    else:
-        console.print(f"  no canary: {plan.get('canary_note') or 'no host needs the change'}")
-    for i, wave in enumerate(plan.get("waves") or [], 1):
-        console.print(f"  wave {i}: {', '.join(wave)}")
-    if plan.get("done"):
-        console.print(f"  already on target: {', '.join(plan['done'])}")
-    for b in plan.get("blocked") or []:
-        console.print(f"  blocked {b['host']}: {'; '.join(b['reasons'])}")
-    if plan.get("unreachable"):
-        console.print(f"  unreachable: {', '.join(plan['unreachable'])}")
+    console.print(plan_title(plan), style="bold", markup=False)
+    for line in plan_lines(plan):
+        console.print(f"  {line}", markup=False)
