@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
 from k3fleet.change import UpgradeOptions, run_upgrade
-from k3fleet.change_cli import register
+from k3fleet.cli import app
 from k3fleet.errors import UsageError
 
 pytestmark = [
@@ -164,13 +163,6 @@ def test_check_reports_drain_and_apt_transaction_and_changes_nothing(node: dict[
 
 
 def test_check_through_the_command_line(node: dict[str, Any]) -> None:
-    app = typer.Typer()
-    register(app)
-
-    @app.callback()
-    def _root() -> None:
-        """Two commands need a group."""
-
     res = CliRunner().invoke(app, ["upgrade", "-i", str(node["inventory"]), "--change-id", "CHG-7", "--operator",
                                    "bob", "--canary", "gpu-a01", "--check", "--runs-dir", str(node["tmp"] / "runs"),
                                    "--quiet"])

@@ -45,9 +45,6 @@ ACCEPT = ["rdma.*", "container.*"]
 LAUNCHER = """
 import sys
 from k3fleet import cli
-from k3fleet.change_cli import register
-if not any(getattr(c, "name", None) == "upgrade" for c in cli.app.registered_commands):
-    register(cli.app)
 sys.exit(cli.main(sys.argv[1:]))
 """
 

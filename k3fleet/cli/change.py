@@ -1,6 +1,6 @@
 """`k3fleet upgrade` and `k3fleet rollback`: the change night, its resume, and the rollback.
 
-``register(app)`` adds both commands to the main Typer app. Progress (one line per stage
+Both commands register themselves on the main Typer app when this module is imported. Progress (one line per stage
 transition of each host) goes to stderr; the result table, the ``--check`` plan or ``--json``
 to stdout. Exit codes: 0 every host done, 1 a host failed (and was rolled back), 2 bad input,
 3 interrupted or unreachable (resume or roll back).
@@ -9,8 +9,8 @@ to stdout. Exit codes: 0 every host done, 1 a host failed (and was rolled back),
 from __future__ import annotations
 
 import json
+import re
 import sys
-import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,51 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from k3fleet.cli.app import app, err, out
+from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
 from k3fleet.errors import UsageError
-from k3fleet.interrupt import cancel_on_signals
-from k3fleet.runner import HostOutcome, Observer, PlayResult
-
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False, soft_wrap=True)
 
 _OUTCOME_STYLE = {"upgraded": "green", "rolled_back": "yellow", "failed": "red", "in_progress": "magenta",
                   "not_started": "dim", "skipped": "dim", "checked": "green", "not_finished": "magenta"}
-
-
-class StageProgress(Observer):
-    """One stderr line per journaled stage transition, and every failure, as they happen."""
-
-    def __init__(self, console: Console, quiet: bool = False) -> None:
-        self.console = console
-        self.quiet = quiet
-
-    def play_started(self, playbook: str, hosts: int | None) -> None:
-        if not self.quiet:
-            self.console.print(f"[bold]running {playbook}[/bold]")
-
-    def host_done(self, outcome: HostOutcome) -> None:
-        if self.quiet:
-            return
-        res = outcome.result or {}
-        k3 = res.get("k3fleet") if isinstance(res.get("k3fleet"), dict) else None
-        line = k3.get("line") if isinstance(k3, dict) else None
-        if isinstance(line, dict) and k3 and k3.get("written"):
-            stage = str(line.get("stage"))
-            style = "red" if stage == "failed" else ("yellow" if stage == "rolled_back" else "cyan")
-            self.console.print(f"  {outcome.host:<20} [{style}]{stage}[/{style}]")
-        elif outcome.status in ("failed", "unreachable", "timeout") and outcome.status != "ignored":
-            self.console.print(f"  {outcome.host:<20} [red]{outcome.status}[/red] {outcome.task}: "
-                               f"{outcome.message or ''}", markup=False)
-
-    def play_finished(self, result: PlayResult) -> None:
-        if not self.quiet:
-            self.console.print(f"{result.playbook}: {result.status} in {result.wall_s:.1f}s")
-
-
-def _cancel_on_signals() -> threading.Event:
-    """First Ctrl-C (or SIGTERM) stops the play cleanly; the journal keeps what was done."""
-    return cancel_on_signals(lambda: err.print(
-        "[yellow]interrupt: stopping the play; resume with --resume RUN or roll back with --run RUN[/yellow]"))
+_WHAT_NEXT = "stopping the play; resume with --resume RUN or roll back with --run RUN"
 
 
 def _fmt_s(value: Any) -> str:
@@ -123,6 +85,7 @@ def print_check(console: Console, result: Any) -> None:
                 console.print(f"    {line}", markup=False)
 
 
+@app.command("upgrade")
 def upgrade(
     inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet.")],
     change_id: Annotated[str, typer.Option("--change-id", help="Change id; goes into drain reasons and the journal.")],
@@ -166,8 +129,8 @@ def upgrade(
                           forks=forks, failure_budget=failure_budget, drain_timeout=drain_timeout, force=force,
                           audit_max_age=audit_max_age, target=target, accept_findings=list(accept_finding or []),
                           runs_dir=runs_dir, out=out_dir)
-    result = run_upgrade(opts, sys.argv, observer=StageProgress(err, quiet=quiet or as_json),
-                         cancel=_cancel_on_signals())
+    result = run_upgrade(opts, sys.argv, observer=ProgressObserver(err, quiet=quiet or as_json, stages=True),
+                         cancel=cancel_on_interrupt(err, _WHAT_NEXT))
     if as_json:
         out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
                                    "message": result.message, "change": result.change, "hosts": result.hosts,
@@ -181,6 +144,7 @@ def upgrade(
     raise typer.Exit(result.exit_code)
 
 
+@app.command("rollback")
 def rollback(
     inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet.")],
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Hosts to roll back (their latest change).")
@@ -200,8 +164,6 @@ def rollback(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Roll hosts back to their journal snapshot: one host (--limit) or a whole run (--run)."""
-    import re
-
     from k3fleet.change import RollbackOptions, run_rollback
 
     if run is None and limit is None:
@@ -210,8 +172,8 @@ def rollback(
         raise UsageError(f"--serial {serial!r}: a number of hosts or a percentage like 25%")
     opts = RollbackOptions(inventory=inventory, limit=limit, run=run, operator=operator, forks=forks, serial=serial,
                            drain_timeout=drain_timeout, force=force, check=check, runs_dir=runs_dir, out=out_dir)
-    result = run_rollback(opts, sys.argv, observer=StageProgress(err, quiet=quiet or as_json),
-                          cancel=_cancel_on_signals())
+    result = run_rollback(opts, sys.argv, observer=ProgressObserver(err, quiet=quiet or as_json, stages=True),
+                          cancel=cancel_on_interrupt(err, _WHAT_NEXT))
     if as_json:
         out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
                                    "message": result.message, "hosts": result.hosts, "skipped": result.skipped,
@@ -231,9 +193,3 @@ def rollback(
     err.print(result.message, markup=False)
     err.print(f"run directory: {result.run_dir.path}")
     raise typer.Exit(result.exit_code)
-
-
-def register(app: typer.Typer) -> None:
-    """Add `upgrade` and `rollback` to the k3fleet command line."""
-    app.command("upgrade")(upgrade)
-    app.command("rollback")(rollback)

@@ -1,0 +1,98 @@
+"""The `k3fleet` command line.
+
+Exit codes: 0 pass / go, 1 checks failed / no-go, 2 usage or bad input,
+3 hosts unreachable or evidence incomplete. Progress goes to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from k3fleet import __version__
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
+
+app = typer.Typer(
+    name="k3fleet",
+    help="Audit a GPU fleet for Kimi K3 on vLLM, run the R575 -> R580 change night, roll back, decide.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+lab_app = typer.Typer(help="The simulated lab fleet, the real testbed and the serving simulator.",
+                      no_args_is_help=True)
+app.add_typer(lab_app, name="lab")
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        out.print(__version__)
+        raise typer.Exit(0)
+
+
+# Each command group registers itself on ``app`` when imported; a new group is one more name here.
+_COMMAND_MODULES = ("audit", "change", "lab")
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"k3fleet.cli.{name}")
+
+
+def _input_errors() -> tuple[type[Exception], ...]:
+    """Bad-input exceptions of the target loader and the lab, which speak in one line already."""
+    from k3fleet.lab.fleet import LabFleetError, LabProfileError
+    from k3fleet.targets import TargetError
+
+    return (TargetError, LabProfileError, LabFleetError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every failure is one line on stderr and a documented exit code."""
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        err.print("k3fleet: aborted")
+        return EXIT_INCOMPLETE
+    except typer.TyperException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            err.print(exc.format_message(), markup=False)
+        else:
+            err.print(f"k3fleet: error: {exc.format_message()}", markup=False)
+        return EXIT_USAGE
+    except K3FleetError as exc:
+        err.print(f"k3fleet: error: {exc}", markup=False)
+        return exc.exit_code
+    except _input_errors() as exc:
+        err.print(f"k3fleet: error: {exc}", markup=False)
+        return EXIT_USAGE
+    except ValidationError as exc:
+        err.print(f"k3fleet: error: invalid input ({exc.error_count()} problem(s))", markup=False)
+        for e in exc.errors():
+            loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+            err.print(f"  {loc}: {e['msg']}", markup=False)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.print("k3fleet: interrupted")
+        return EXIT_INCOMPLETE
+    return rc if isinstance(rc, int) else 0
+
+
+_register_commands()
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""`k3fleet audit`, `plan`, `checks` and `schema`: the read-only side of the fleet."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from k3fleet.cli.app import app, err, out
+from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
+from k3fleet.errors import UsageError
+
+
+@app.command()
+def audit(
+    inventory: Annotated[Path | None, typer.Option("-i", "--inventory",
+                                                   help="Ansible inventory (with --lab: a lab fleet spec).")] = None,
+    lab: Annotated[bool, typer.Option("--lab", help="Audit the simulated lab fleet.")] = False,
+    lab_count: Annotated[int | None, typer.Option("--lab-count", min=1,
+                                                  help="Scale the lab fleet to N hosts.")] = None,
+    limit: Annotated[str | None, typer.Option("--limit", "-l", help="Ansible host pattern.")] = None,
+    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
+    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON on stdout.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    probe: Annotated[bool, typer.Option("--probe", help="Run the serving image on each node (CUDA init).")] = False,
+    host_timeout: Annotated[int, typer.Option("--host-timeout", min=1, help="Seconds per host.")] = 300,
+    command_timeout: Annotated[float, typer.Option("--command-timeout", min=0.1,
+                                                   help="Seconds per command on a node.")] = 20.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-host progress.")] = False,
+) -> None:
+    """Audit every node against the target and print the verdict and change plan."""
+    from k3fleet.audit import AuditOptions, run_audit
+    from k3fleet.report import terminal
+
+    if inventory is None and not lab:
+        raise UsageError("give an inventory with -i INVENTORY, or --lab for the simulated fleet")
+    opts = AuditOptions(inventory=inventory, lab=lab, lab_count=lab_count, limit=limit, forks=forks,
+                        target=target, out=out_dir, runs_dir=runs_dir, probe=probe, host_timeout=host_timeout,
+                        command_timeout=command_timeout)
+    observer = ProgressObserver(err, quiet=quiet or as_json)
+    cancel = cancel_on_interrupt(err, "stopping the play, writing the evidence gathered so far")
+    result = run_audit(opts, sys.argv, observer=observer, cancel=cancel)
+    if as_json:
+        out.print_json(json.dumps(result.verdict.model_dump(mode="json")))
+    else:
+        terminal.print_audit(out, result)
+    err.print(f"run directory: {result.run_dir.path}")
+    if result.play.interrupted:
+        err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def plan(
+    run: Annotated[Path, typer.Option("--run", help="An audit run directory.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Print the change plan of an audit run: hosts to upgrade, canary, waves."""
+    from k3fleet.evidence import RunDir
+    from k3fleet.report import terminal
+
+    rd = RunDir.open(run)
+    verdict = rd.read_json("verdict.json")
+    plan_data = verdict.get("plan")
+    if plan_data is None:
+        raise UsageError(f"{run}/verdict.json has no change plan")
+    if as_json:
+        out.print_json(json.dumps(plan_data))
+    else:
+        terminal.print_plan(out, plan_data)
+
+
+@app.command()
+def checks(
+    target: Annotated[Path | None, typer.Option("--target", help="Render fixes for this target.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="The catalogue as a Markdown table.")] = False,
+) -> None:
+    """List every check id with its scope, severity, title and fix."""
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import catalogue_markdown, catalogue_rows
+
+    tgt = load_target(target)
+    if markdown:
+        out.print(catalogue_markdown(tgt), markup=False)
+        return
+    rows = catalogue_rows(tgt)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table(title="k3fleet checks")
+    for col in ("id", "scope", "severity", "title"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row.get("id", ""), row.get("scope", ""), row.get("severity", ""), row.get("title", ""))
+    out.print(table)
+
+
+@app.command()
+def schema(what: Annotated[str, typer.Argument(help="facts or verdict")] = "facts") -> None:
+    """Print a JSON Schema (host facts or verdict)."""
+    from k3fleet.models.facts import host_facts_json_schema
+
+    if what == "facts":
+        out.print_json(json.dumps(host_facts_json_schema()))
+    elif what == "verdict":
+        from k3fleet.models.findings import fleet_verdict_json_schema
+
+        out.print_json(json.dumps(fleet_verdict_json_schema()))
+    else:
+        raise UsageError(f"unknown schema {what!r}: choose facts or verdict")

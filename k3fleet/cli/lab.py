@@ -1,0 +1,56 @@
+"""`k3fleet lab`: the simulated lab fleet and the real testbed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from k3fleet.cli.app import lab_app, out
+
+testbed_app = typer.Typer(help="The real testbed: SSH into booted systemd guests (root).", no_args_is_help=True)
+lab_app.add_typer(testbed_app, name="testbed")
+
+
+@lab_app.command("generate")
+def lab_generate(
+    dest: Annotated[Path, typer.Argument(help="Directory to write host roots and inventory.yml into.")],
+    fleet: Annotated[Path | None, typer.Option("--fleet", help="Fleet spec (default: packaged lab).")] = None,
+    count: Annotated[int | None, typer.Option("--count", min=1)] = None,
+) -> None:
+    """Generate the simulated lab fleet and print its inventory path."""
+    from k3fleet.lab.fleet import generate_fleet, load_fleet
+
+    out.print(str(generate_fleet(load_fleet(fleet), dest, count=count)))
+
+
+@testbed_app.command("up")
+def testbed_up(
+    hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=32)] = 4,
+    workdir: Annotated[Path, typer.Option("--workdir")] = Path(".testbed"),
+) -> None:
+    """Bring up the real testbed (root)."""
+    from k3fleet.lab import testbed
+
+    state = testbed.up(n=hosts, workdir=workdir)
+    out.print(str(getattr(state, "inventory", workdir / "inventory.yml")))
+
+
+@testbed_app.command("down")
+def testbed_down(workdir: Annotated[Path, typer.Option("--workdir")] = Path(".testbed")) -> None:
+    """Tear the testbed down: no process, namespace, mount or veth left."""
+    from k3fleet.lab import testbed
+
+    testbed.down(workdir)
+
+
+@testbed_app.command("status")
+def testbed_status(workdir: Annotated[Path, typer.Option("--workdir")] = Path(".testbed")) -> None:
+    """Show the testbed's hosts and processes."""
+    from k3fleet.lab import testbed
+
+    state = testbed.status(workdir)
+    data = state.model_dump(mode="json") if hasattr(state, "model_dump") else state.__dict__
+    out.print_json(json.dumps(data, default=str))

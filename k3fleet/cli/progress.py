@@ -1,0 +1,83 @@
+"""The one progress observer: what a running play prints on stderr.
+
+Audit-style commands print one line per host as it finishes; change-night commands print one
+line per journaled stage transition and every failure. Display stays here, the core only calls
+the ``Observer`` interface (k3fleet.runner).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rich.console import Console
+
+from k3fleet.interrupt import cancel_on_signals
+from k3fleet.runner import HostOutcome, Observer, PlayResult
+
+_STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "magenta", "timeout": "magenta",
+                 "skipped": "dim", "ignored": "yellow"}
+_STAGE_STYLE = {"failed": "red", "rolled_back": "yellow"}
+_FAILURES = ("failed", "unreachable", "timeout")
+
+
+def _journal_line(outcome: HostOutcome) -> dict[str, Any] | None:
+    """The journal line a k3fleet_journal task wrote, if this outcome is one."""
+    res = outcome.result or {}
+    k3 = res.get("k3fleet")
+    if not isinstance(k3, dict) or not k3.get("written"):
+        return None
+    line = k3.get("line")
+    return line if isinstance(line, dict) else None
+
+
+class ProgressObserver(Observer):
+    """Progress lines on stderr.
+
+    ``stages=False`` (audit): one line per finished host with a running count.
+    ``stages=True`` (change night, rollback): one line per journaled stage, plus every failure.
+    """
+
+    def __init__(self, console: Console, *, quiet: bool = False, stages: bool = False,
+                 total: int | None = None) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.stages = stages
+        self.total = total
+        self.done = 0
+
+    def play_started(self, playbook: str, hosts: int | None) -> None:
+        self.total = hosts or self.total
+        if not self.quiet:
+            n = f" on {self.total} hosts" if self.total and not self.stages else ""
+            self.console.print(f"[bold]running {playbook}{n}[/bold]")
+
+    def host_done(self, outcome: HostOutcome) -> None:
+        if not self.stages:
+            self.done += 1
+        if self.quiet:
+            return
+        line = _journal_line(outcome)
+        if line is not None:
+            stage = str(line.get("stage"))
+            style = _STAGE_STYLE.get(stage, "cyan")
+            self.console.print(f"  {outcome.host:<20} [{style}]{stage}[/{style}]")
+            return
+        if self.stages:
+            if outcome.status in _FAILURES:
+                self.console.print(f"  {outcome.host:<20} [red]{outcome.status}[/red] {outcome.task}: "
+                                   f"{outcome.message or ''}", markup=False)
+            return
+        style = _STATUS_STYLE.get(outcome.status, "white")
+        count = f"[{self.done}/{self.total}] " if self.total else ""
+        msg = f" {outcome.message}" if outcome.message and outcome.status != "ok" else ""
+        self.console.print(f"{count}[{style}]{outcome.status:<11}[/{style}] {outcome.host}{msg}")
+
+    def play_finished(self, result: PlayResult) -> None:
+        if not self.quiet:
+            self.console.print(f"{result.playbook}: {result.status} in {result.wall_s:.1f}s")
+
+
+def cancel_on_interrupt(console: Console, what_next: str) -> threading.Event:
+    """First Ctrl-C (or SIGTERM) stops the play cleanly and says ``what_next``; the second aborts."""
+    return cancel_on_signals(lambda: console.print(f"[yellow]interrupt: {what_next}[/yellow]"))
