@@ -274,7 +274,7 @@ def test_host_over_its_time_budget_returns_partial_facts(bad_fleet: Path, tmp_pa
     # module stops it, skips what is left, and returns what it has before Ansible's task timeout.
     out = tmp_path / "run"
     proc, verdict = _audit_bad(bad_fleet, out, "--limit", "good-01,slow-01",
-                               "--command-timeout", "300", "--host-timeout", "5")
+                               "--command-timeout", "300", "--host-timeout", "12")
     assert proc.returncode == 1
     assert verdict["hosts"]["good-01"]["status"] in ("pass", "warn")
     slow = verdict["hosts"]["slow-01"]
@@ -284,7 +284,9 @@ def test_host_over_its_time_budget_returns_partial_facts(bad_fleet: Path, tmp_pa
     errors = {c["argv"][0]: c["error"] for c in facts["commands"] if c["error"]}
     assert errors.get("dpkg-query") == "timeout"
     assert "budget" in errors.values()
-    assert facts["duration_s"] < 5
+    # Within the host's budget (80% of 12 s), far below the 120 s the hung command wanted. The margin
+    # to Ansible's task timeout absorbs interpreter start-up on a loaded two-core controller.
+    assert facts["duration_s"] < 12
 
 
 def test_change_commands_refuse_simulated_hosts(tmp_path: Path) -> None:
