@@ -1,0 +1,512 @@
+"""`accept startup`: what a vLLM start-up log and launch command say about the serving layer.
+
+The log is the evidence of what actually ran (it wins over the launch command where they differ);
+the launch command fills in what the log does not print. Patterns and their sources are listed in
+docs/acceptance.md ("accept startup"). A model-load OOM is an environment / topology finding, never a
+traffic one: no amount of traffic limiting fixes a model that does not fit the GPUs it was given.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3fleet.accept.result import Finding, ProbeResult, Status
+from k3fleet.errors import UsageError
+from k3fleet.evidence import redact_argv, redact_text
+from k3fleet.models.target import Target, version_tuple
+
+PROBE = "startup"
+# A start-up log is text; anything far beyond this is not one (and would be read whole otherwise).
+MAX_LOG_BYTES = 512 * 1024 * 1024
+
+# Log-line prefixes vLLM and its process wrappers put before the message:
+# "(APIServer pid=1) INFO 08-14 09:12:03 [api_server.py:1351] ", "vllm-1  | ", journald's "... python3[123]: ".
+_PREFIX = re.compile(r"^(?:.*?\|\s)?(?:\([\w ,.=-]+\)\s*)*(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+"
+                     r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[?[\w.]+:\d+\]\s?)?")
+
+_VERSION_PATTERNS = (
+    re.compile(r"vLLM API server version (\S+)"),
+    re.compile(r"Initializing an? (?:V\d )?LLM engine \(v([^)\s]+)\)"),
+    re.compile(r"vLLM Version\s*:\s*(\S+)"),
+)
+_IMAGE = re.compile(r"(?<![\w./:-])((?:[\w.-]+(?::\d+)?/)*vllm-openai(?::[\w.-]+)?(?:@sha256:[0-9a-f]{64})?)")
+_DIGEST = re.compile(r"(?:Digest:\s*|@)(sha256:[0-9a-f]{64})")
+_CUDA_PATTERNS = (
+    re.compile(r"\bCUDA_VERSION[=:]\s*\"?(\d+\.\d+(?:\.\d+)?)"),
+    re.compile(r"CUDA runtime version\s*:\s*(\d+\.\d+(?:\.\d+)?)"),
+    re.compile(r"NCCL version [\d.]+\+cuda(\d+\.\d+)"),
+    re.compile(r"CUDA used to build PyTorch\s*:\s*(\d+\.\d+)"),
+)
+_TORCH = (re.compile(r"PyTorch version\s*:\s*(\S+)"), re.compile(r"\btorch(?:==|\s+)(\d+\.\d+\.\d+\S*)"))
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)\s*$")
+_KV = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,()\s]+)")
+_MAX_LEN = re.compile(r"Using max model len (\d+)")
+_EP_RANK = re.compile(r"\[EP Rank \d+/(\d+)\]")
+_DP_ENGINE = re.compile(r"EngineCore_DP(\d+)")
+_ARCH = re.compile(r"Resolved architecture: (\w+)")
+_READY = re.compile(r"Application startup complete|Available routes are|Starting vLLM API server|"
+                    r"Starting \S+ server on https?://")
+_AUTO_TOOL = re.compile(r"\"auto\" tool choice has been enabled")
+_EXCEPTION = re.compile(r"^\s*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+
+# Failure signatures, most specific first: (finding id, layer, pattern, message).
+_ENV = "environment"
+_CUDA_INIT = (
+    ("container_requirement",
+     re.compile(r"nvidia-container-cli: requirement error: unsatisfied condition: (cuda>=[\d.]+)"),
+     "the container runtime refused to start the image: the host driver does not support {0} "
+     "(upgrade the driver; NVIDIA_DISABLE_REQUIRE only hides this check)"),
+    ("driver_too_old", re.compile(r"driver on your system is too old \(found version (\d+)\)"),
+     "PyTorch in the container found a driver that supports CUDA {0} only: the host driver is too old for the image"),
+    ("error_35", re.compile(r"CUDA driver version is insufficient for CUDA runtime version|[Ee]rror 35\b"),
+     "CUDA error 35: the host driver is older than the container's CUDA runtime"),
+    ("driver_symbol", re.compile(r"undefined symbol: (cu[A-Z]\w*)"),
+     "the driver lacks the CUDA driver API symbol {0} the build was linked against: the host driver is older "
+     "than the build's CUDA"),
+    ("error_803", re.compile(r"Error 803|unsupported display driver / cuda driver combination"),
+     "CUDA error 803: the driver and the CUDA user-space libraries in the container do not match "
+     "(mounted driver libraries or the compat package)"),
+    ("error_804", re.compile(r"Error 804|forward compatibility was attempted on non supported HW"),
+     "CUDA error 804: forward compatibility (cuda-compat) used on a GPU that does not support it"),
+)
+_NCCL = re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|"
+                   r"NCCL WARN .*(?:failed|error)", re.IGNORECASE)
+_DMABUF = re.compile(r"(?:mlx5dv|ibv)_reg_dmabuf_mr.*(?:524|not supported)", re.IGNORECASE)
+_MISSING_KERNEL = re.compile(r"no kernel image is available for execution on the device|"
+                             r"undefined symbol: (?!cu[A-Z])\w+|Unknown recipe|"
+                             r"kernel .* not (?:compiled|available) for")
+_UNSUPPORTED_ARCH = re.compile(r"is not compatible with the current PyTorch installation|Unsupported architecture|"
+                               r"(?:compute capability|CUDA capability)[^.]*not supported", re.IGNORECASE)
+_FALLBACK = re.compile(r"[Ff]alling back to|[Ff]all(?:s|ing)? back to|fallback to|[Uu]sing fallback|"
+                       r"Custom allreduce is disabled", re.IGNORECASE)
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|No available memory for the cache blocks|"
+                  r"CUDA error: out of memory")
+_LOAD_START = re.compile(r"Loading (?:model )?weights|Loading safetensors|load_model|Starting to load model")
+_LOAD_DONE = re.compile(r"Loading (?:model )?weights took|Model loading took|Loading weights took")
+
+_FLAG_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
+                 "-dp": "--data-parallel-size", "-ep": "--enable-expert-parallel"}
+_BOOL_FLAGS = {"--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-expert-parallel",
+               "--enable-auto-tool-choice", "--trust-remote-code", "--enable-reasoning", "--enforce-eager",
+               "--enable-chunked-prefill", "--disable-custom-all-reduce", "--enable-prompt-tokens-details",
+               "--disable-log-requests", "--headless"}
+
+
+@dataclass
+class _Scan:
+    """What one pass over the log collected."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    seen_ids: set[str] = field(default_factory=set)
+    ready: bool = False
+    loading: bool = False
+    loaded: bool = False
+    ep_size: int | None = None
+    dp_engines: int = 0
+    first_exception: str | None = None
+    recognised: bool = False
+    saw_args: bool = False
+    oom_line: str | None = None
+    oom_after_load: bool = False
+
+    def set(self, key: str, value: Any) -> None:
+        if value is not None and self.fields.get(key) is None:
+            self.fields[key] = value
+        self.recognised = True
+
+    def add(self, fid: str, severity: str, message: str, layer: str | None, evidence: str) -> None:
+        # One finding per kind: a multi-GPU log repeats each error once per rank.
+        if fid in self.seen_ids:
+            return
+        self.seen_ids.add(fid)
+        self.recognised = True
+        self.findings.append(Finding(id=fid, severity=severity, message=message, layer=layer,  # type: ignore[arg-type]
+                                     evidence=_evidence(evidence)))
+
+
+def _evidence(line: str) -> str:
+    text = redact_text(line.strip())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _message(line: str) -> str:
+    return _PREFIX.sub("", line.rstrip("\n"), count=1)
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def _as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in ("True", "False"):
+        return value == "True"
+    return None
+
+
+def _apply_args(scan: _Scan, args: dict[str, Any]) -> None:
+    """Server arguments as vLLM printed them (non-default args, or the older Namespace form)."""
+    scan.saw_args = True
+    scan.set("model", args.get("model") or args.get("model_tag"))
+    scan.set("tensor_parallel_size", _as_int(args.get("tensor_parallel_size")))
+    scan.set("pipeline_parallel_size", _as_int(args.get("pipeline_parallel_size")))
+    scan.set("data_parallel_size", _as_int(args.get("data_parallel_size")))
+    scan.set("max_model_len", _as_int(args.get("max_model_len")))
+    if "enable_prefix_caching" in args:
+        scan.set("prefix_caching", _as_bool(args.get("enable_prefix_caching")))
+    if _as_bool(args.get("enable_expert_parallel")):
+        scan.set("enable_expert_parallel", True)
+    if _as_bool(args.get("enable_auto_tool_choice")):
+        scan.set("auto_tool_choice", True)
+    for key in ("tool_call_parser", "reasoning_parser"):
+        val = args.get(key)
+        if isinstance(val, str) and val:
+            scan.set(key, val)
+
+
+def _scan_line(scan: _Scan, raw: str) -> None:
+    line = raw.rstrip("\n")
+    msg = _message(line)
+    for pat in _VERSION_PATTERNS:
+        m = pat.search(msg)
+        if m:
+            scan.set("vllm_version", m.group(1))
+            break
+    m = _IMAGE.search(line)
+    if m:
+        scan.set("image", m.group(1).split("@", 1)[0])
+    m = _DIGEST.search(line)
+    if m and ("Digest:" in line or "vllm-openai" in line):
+        scan.set("image_digest", m.group(1))
+    for pat in _CUDA_PATTERNS:
+        m = pat.search(msg)
+        if m:
+            scan.set("cuda_version", m.group(1))
+            break
+    for pat in _TORCH:
+        m = pat.search(msg)
+        if m:
+            scan.set("torch_version", m.group(1))
+            break
+    m = _NON_DEFAULT.search(msg)
+    if m:
+        args = _literal(m.group(1))
+        if isinstance(args, dict):
+            _apply_args(scan, args)
+    m = _NAMESPACE.search(msg)
+    if m:
+        _apply_args(scan, {k: _literal(v) if v[:1] in "'\"" else v for k, v in _KV.findall(m.group(1))})
+    if "LLM engine" in msg and "with config:" in msg:
+        cfg = {k: v.strip("'\"") for k, v in _KV.findall(msg.split("with config:", 1)[1])}
+        scan.set("tensor_parallel_size", _as_int(cfg.get("tensor_parallel_size")))
+        scan.set("pipeline_parallel_size", _as_int(cfg.get("pipeline_parallel_size")))
+        scan.set("data_parallel_size", _as_int(cfg.get("data_parallel_size")))
+        scan.set("max_model_len", _as_int(cfg.get("max_seq_len")))
+        scan.set("prefix_caching", _as_bool(cfg.get("enable_prefix_caching")))
+        scan.set("model", cfg.get("model"))
+        for key in ("reasoning_parser", "reasoning_backend"):
+            val = cfg.get(key)
+            if val and val != "None":
+                scan.set("reasoning_parser", val)
+    m = _MAX_LEN.search(msg)
+    if m:
+        scan.set("max_model_len", int(m.group(1)))
+    m = _ARCH.search(msg)
+    if m:
+        scan.set("architecture", m.group(1))
+    m = _EP_RANK.search(msg)
+    if m:
+        scan.ep_size = max(scan.ep_size or 0, int(m.group(1)))
+        scan.recognised = True
+    for dp in _DP_ENGINE.findall(line):
+        scan.dp_engines = max(scan.dp_engines, int(dp) + 1)
+    if _AUTO_TOOL.search(msg):
+        scan.set("auto_tool_choice", True)
+    if _READY.search(msg):
+        scan.ready = True
+        scan.recognised = True
+    if _LOAD_START.search(msg):
+        scan.loading = True
+    if _LOAD_DONE.search(msg):
+        scan.loaded = True
+    _scan_failures(scan, line, msg)
+
+
+def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
+    for cause, pat, text in _CUDA_INIT:
+        m = pat.search(msg)
+        if m:
+            scan.add(f"accept.startup.cuda_init.{cause}", "fail",
+                     "CUDA initialisation failed: " + text.format(*m.groups()), _ENV, msg)
+            break
+    if _DMABUF.search(msg):
+        scan.add("accept.startup.nccl_dmabuf", "fail",
+                 "RDMA memory registration through DMA-BUF failed (errno 524 / not supported): set "
+                 "NCCL_DMABUF_ENABLE=0 to fall back to nvidia_peermem, which must then be loaded", _ENV, msg)
+    elif _NCCL.search(msg):
+        scan.add("accept.startup.nccl", "fail",
+                 "NCCL failed while the workers set up their communicators: a fabric / RDMA / topology problem "
+                 "on the hosts (rerun with NCCL_DEBUG=INFO), not a serving setting", _ENV, msg)
+    if _MISSING_KERNEL.search(msg):
+        scan.add("accept.startup.missing_kernel", "fail",
+                 "a GPU kernel this build needs is missing for this GPU or driver (build or image does not match "
+                 "the hardware)", _ENV, msg)
+    if _UNSUPPORTED_ARCH.search(msg):
+        scan.add("accept.startup.unsupported_arch", "fail",
+                 "the GPU architecture is not supported by the PyTorch / kernels in this image", _ENV, msg)
+    if _FALLBACK.search(msg):
+        scan.add("accept.startup.fallback", "warn",
+                 "vLLM fell back to a slower or different path at start-up: the serving layer is not the one the "
+                 "recipe measured", "config", msg)
+    if _OOM.search(msg) and scan.oom_line is None:
+        # The phase is decided at the end: a worker's "while processing method load_model" often follows the
+        # OOM line it explains.
+        scan.oom_line, scan.oom_after_load = msg, scan.loaded
+        scan.recognised = True
+    m = _EXCEPTION.match(msg)
+    if m and scan.first_exception is None and m.group(1) not in ("UserWarning", "FutureWarning"):
+        scan.first_exception = msg.strip()
+
+
+def parse_launch_command(text: str) -> dict[str, Any]:
+    """Flags of a ``vllm serve`` / ``docker run ... vllm-openai`` command (continuation lines joined)."""
+    joined = re.sub(r"\\[ \t]*\r?\n", " ", text)
+    try:
+        tokens = shlex.split(joined, comments=False, posix=True)
+    except ValueError:
+        tokens = joined.split()
+    out: dict[str, Any] = {"argv": redact_argv(tokens)}
+    flags: dict[str, Any] = {}
+    model: str | None = None
+    after_serve = False
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        m = _IMAGE.fullmatch(tok)
+        if m:
+            out["image"] = tok.split("@", 1)[0]
+            dm = _DIGEST.search(tok)
+            if dm:
+                out["image_digest"] = dm.group(1)
+            after_serve = True  # the image's entrypoint is `vllm serve`: the next positional is the model
+        elif tok == "serve" or tok.endswith("api_server") or tok.endswith("api_server.py"):
+            after_serve = True
+        elif tok.startswith("-") and after_serve:
+            name, _, value = tok.partition("=")
+            name = _FLAG_ALIASES.get(name, name)
+            name = "--" + name.lstrip("-").replace("_", "-")
+            if value:
+                flags[name] = value
+            elif name in _BOOL_FLAGS or i + 1 >= len(tokens) or tokens[i + 1].startswith("-"):
+                flags[name] = True
+            else:
+                flags[name] = tokens[i + 1]
+                i += 1
+        elif after_serve and model is None and not tok.startswith("-") and "=" not in tok:
+            model = tok
+        i += 1
+    model = flags.get("--model") if isinstance(flags.get("--model"), str) else model
+    out["flags"] = redact_argv([f"{k}={v}" if v is not True else k for k, v in flags.items()])
+    out["model"] = model
+    out["tensor_parallel_size"] = _as_int(flags.get("--tensor-parallel-size"))
+    out["pipeline_parallel_size"] = _as_int(flags.get("--pipeline-parallel-size"))
+    out["data_parallel_size"] = _as_int(flags.get("--data-parallel-size"))
+    out["enable_expert_parallel"] = bool(flags.get("--enable-expert-parallel"))
+    out["max_model_len"] = _as_int(flags.get("--max-model-len"))
+    if flags.get("--enable-prefix-caching"):
+        out["prefix_caching"] = True
+    elif flags.get("--no-enable-prefix-caching"):
+        out["prefix_caching"] = False
+    else:
+        out["prefix_caching"] = None
+    out["tool_call_parser"] = flags.get("--tool-call-parser") if isinstance(flags.get("--tool-call-parser"),
+                                                                            str) else None
+    out["reasoning_parser"] = flags.get("--reasoning-parser") if isinstance(flags.get("--reasoning-parser"),
+                                                                            str) else None
+    out["auto_tool_choice"] = bool(flags.get("--enable-auto-tool-choice"))
+    out["raw_argv"] = tokens
+    return out
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        size = path.stat().st_size
+        if size > MAX_LOG_BYTES:
+            raise UsageError(f"{what} {path} is {size} bytes: not a start-up log (limit {MAX_LOG_BYTES})")
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise UsageError(f"{what} {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise UsageError(f"{what} {path} is a directory, not a file") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    if b"\x00" in data[:65536]:
+        raise UsageError(f"{what} {path} is binary, not a text log")
+    return data.decode("utf-8", errors="replace")
+
+
+_FIELDS = ("vllm_version", "image", "image_digest", "cuda_version", "torch_version", "model", "architecture",
+           "tensor_parallel_size", "expert_parallel_size", "data_parallel_size", "pipeline_parallel_size",
+           "max_model_len", "prefix_caching", "tool_call_parser", "reasoning_parser", "auto_tool_choice")
+
+
+def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Target | None = None,
+                    source: str = "log") -> ProbeResult:
+    """Judge one start-up: extracted fields, findings, and pass / fail / inconclusive with the reason."""
+    scan = _Scan()
+    for line in log_text.splitlines():
+        _scan_line(scan, line)
+    launch = parse_launch_command(launch_text) if launch_text is not None else None
+    data: dict[str, Any] = {k: scan.fields.get(k) for k in _FIELDS}
+    if launch is not None:
+        _merge_launch(scan, data, launch)
+    _derive_parallel(scan, data)
+    if not scan.recognised and launch is None:
+        raise UsageError(f"{source} does not look like a vLLM start-up log: no version, arguments, "
+                         "readiness or known failure in it")
+    data["ready"] = scan.ready
+    data["launch_command"] = " ".join(launch["argv"]) if launch else None
+    if target is not None:
+        _check_target(scan, data, target, launch)
+    if scan.oom_line is not None:
+        during_load = scan.loading and not scan.oom_after_load
+        phase = "while loading the model weights" if during_load else "during start-up (weights, KV cache or graphs)"
+        scan.add("accept.startup.load_oom", "fail",
+                 f"GPU out of memory {phase}: an environment / topology problem (GPU memory per rank, parallel "
+                 "layout, gpu-memory-utilization, other processes on the GPUs), not a traffic one: limiting "
+                 "traffic does not fix it", _ENV, scan.oom_line)
+    if not scan.ready and scan.first_exception and not any(f.severity == "fail" for f in scan.findings):
+        scan.add("accept.startup.crash", "fail", "the server stopped with an exception before it was ready",
+                 "environment", scan.first_exception)
+    status: Status
+    failing = sorted((f for f in scan.findings if f.severity == "fail"), key=_priority)
+    if failing:
+        status, reason = "fail", failing[0].message
+    elif scan.ready:
+        status, reason = "pass", "the server reported ready and the log shows no start-up failure"
+    else:
+        status, reason = "inconclusive", ("the log ends before the server reported ready "
+                                          "(no 'Application startup complete' or route listing) and shows no failure")
+    return ProbeResult(probe=PROBE, status=status, reason=reason, findings=scan.findings, data=data)
+
+
+# The reason names the deepest cause first: a too-old driver explains a missing kernel, not the reverse.
+_CAUSE_ORDER = ("accept.startup.cuda_init", "accept.startup.unsupported_arch", "accept.startup.missing_kernel",
+                "accept.startup.nccl_dmabuf", "accept.startup.nccl", "accept.startup.load_oom", "accept.startup.crash")
+
+
+def _priority(f: Finding) -> int:
+    base = f.id.rsplit(".", 1)[0] if f.id.startswith("accept.startup.cuda_init.") else f.id
+    return _CAUSE_ORDER.index(base) if base in _CAUSE_ORDER else len(_CAUSE_ORDER)
+
+
+def _merge_launch(scan: _Scan, data: dict[str, Any], launch: dict[str, Any]) -> None:
+    """Fill gaps from the launch command; where both speak and disagree, the log wins and it is said."""
+    for key in ("image", "image_digest", "model", "tensor_parallel_size", "pipeline_parallel_size",
+                "data_parallel_size", "max_model_len", "prefix_caching", "tool_call_parser", "reasoning_parser"):
+        lv = launch.get(key)
+        if lv is None:
+            continue
+        if data.get(key) is None:
+            data[key] = lv
+        elif data[key] != lv and key not in ("model", "image"):
+            scan.add(f"accept.startup.launch_mismatch_{key}", "warn",
+                     f"the launch command says {key}={lv} but the log shows {data[key]}: the log is what ran",
+                     "config", f"{key}: launch {lv} / log {data[key]}")
+    if launch.get("enable_expert_parallel"):
+        scan.fields["enable_expert_parallel"] = True
+    if launch.get("auto_tool_choice") and not data.get("auto_tool_choice"):
+        data["auto_tool_choice"] = True
+
+
+def _derive_parallel(scan: _Scan, data: dict[str, Any]) -> None:
+    if data.get("data_parallel_size") is None and scan.dp_engines > 1:
+        data["data_parallel_size"] = scan.dp_engines
+    if scan.ep_size:
+        data["expert_parallel_size"] = scan.ep_size
+    elif scan.fields.get("enable_expert_parallel"):
+        # vLLM's expert-parallel group spans TP x DP ranks when --enable-expert-parallel is set.
+        data["expert_parallel_size"] = (data.get("tensor_parallel_size") or 1) * (data.get("data_parallel_size") or 1)
+    elif data.get("tensor_parallel_size") is not None:
+        data["expert_parallel_size"] = 1
+
+
+def _is_target_model(model: Any, target: Target) -> bool:
+    if not isinstance(model, str):
+        return False
+    want = target.serve.model.rsplit("/", 1)[-1].lower()
+    return model.rstrip("/").rsplit("/", 1)[-1].lower() == want
+
+
+def _check_target(scan: _Scan, data: dict[str, Any], target: Target, launch: dict[str, Any] | None) -> None:
+    """Compare against the target's serve flags and minimum vLLM; binding only for the target's model."""
+    binding = _is_target_model(data.get("model"), target)
+    sev = "fail" if binding else "warn"
+    scope = "" if binding else f" (the log serves {data.get('model')!r}, not {target.serve.model}: informative only)"
+    want_tool = target.serve.required_flags.get("--tool-call-parser")
+    if want_tool and data.get("tool_call_parser") not in (None, want_tool):
+        scan.add("accept.startup.tool_call_parser", sev,
+                 f"tool-call parser is {data['tool_call_parser']}, the target needs {want_tool}{scope}", "config",
+                 f"tool_call_parser={data['tool_call_parser']}")
+    elif want_tool and data.get("tool_call_parser") is None and (launch is not None or scan.saw_args):
+        scan.add("accept.startup.tool_call_parser", sev,
+                 f"no tool-call parser configured: tool_choice auto needs --tool-call-parser {want_tool}{scope}",
+                 "config", "tool_call_parser not set")
+    want_reason = target.serve.required_flags.get("--reasoning-parser")
+    if want_reason and data.get("reasoning_parser") not in (None, want_reason):
+        scan.add("accept.startup.reasoning_parser", sev,
+                 f"reasoning parser is {data['reasoning_parser']}, the target needs {want_reason}{scope}", "config",
+                 f"reasoning_parser={data['reasoning_parser']}")
+    if "--enable-prefix-caching" in target.serve.required_flags and data.get("prefix_caching") is False:
+        scan.add("accept.startup.prefix_caching_off", "warn",
+                 "prefix caching is off: for Kimi K3 it is off by default and must be turned on with "
+                 "--enable-prefix-caching" + scope, "config", "prefix_caching=False")
+    have = version_tuple(data.get("vllm_version"))
+    need = version_tuple(target.vllm.min_version)
+    if have is not None and need is not None and have < need:
+        scan.add("accept.startup.vllm_version", sev,
+                 f"vLLM {data['vllm_version']} is older than the target's minimum {target.vllm.min_version}{scope}",
+                 "config", f"vllm_version={data['vllm_version']}")
+    cuda = version_tuple(data.get("cuda_version"))
+    want_cuda = version_tuple(target.image.cuda)
+    if binding and cuda is not None and want_cuda is not None and cuda[0] < want_cuda[0]:
+        scan.add("accept.startup.unofficial_build", "warn",
+                 f"the container runs CUDA {data['cuda_version']} but the target image is CUDA {target.image.cuda}: a "
+                 "self-built stack is a separate evidence track, never equivalent to the official image",
+                 "environment", f"cuda_version={data['cuda_version']}")
+
+
+def run_startup(log: Path, launch_command: Path | None = None, *, target: Target | None = None) -> ProbeResult:
+    log_text = _read(log, "start-up log")
+    launch_text = _read(launch_command, "launch command") if launch_command is not None else None
+    return analyse_startup(log_text, launch_text, target=target, source=f"start-up log {log}")
+
+
+def summary_lines(result: ProbeResult) -> Iterable[str]:
+    """Human lines for the terminal: the extracted fields that are known."""
+    for key in _FIELDS:
+        val = result.data.get(key)
+        if val is not None:
+            yield f"{key}: {val}"
