@@ -1,4 +1,4 @@
-"""The change night, its resume, and the rollback (DESIGN.md "Flows").
+"""The change night, its resume, and the rollback (docs/architecture.md "Flows").
 
 ``run_upgrade``: a fresh audit gates the night (or, with ``resume``, the run's journal says
 what is left) -> playbooks/change_night.yml with the canary as its first batch and the waves

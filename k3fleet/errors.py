@@ -1,6 +1,6 @@
 """k3fleet's exceptions, in one place, with the exit code each one maps to.
 
-Exit codes (DESIGN.md "Contracts"): 0 pass / go, 1 checks failed / no-go, 2 usage or bad input,
+Exit codes (docs/architecture.md "Contracts"): 0 pass / go, 1 checks failed / no-go, 2 usage or bad input,
 3 hosts unreachable or evidence incomplete.
 """
 

@@ -1,4 +1,4 @@
-"""The run directory: every run leaves evidence (DESIGN.md principle 5).
+"""The run directory: every run leaves evidence (docs/architecture.md principle 5).
 
 A run directory holds the command, inputs, events, per-host facts, findings, verdict,
 journal and rendered reports, with a sha256 manifest written last. Secrets never enter

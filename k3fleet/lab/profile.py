@@ -30,7 +30,7 @@ RAW_FILE_SOURCES = tuple(name for name in sources.FILES if name not in DIRECTORY
 RAW_COMMAND_SOURCES = tuple(sources.COMMANDS) + DYNAMIC_COMMANDS
 RAW_SOURCES = RAW_FILE_SOURCES + RAW_COMMAND_SOURCES
 
-# The driver's maximum CUDA by branch (FACTS.md section 2: 575.57.08 is the 12.9 U1 minimum,
+# The driver's maximum CUDA by branch (docs/facts.md section 2: 575.57.08 is the 12.9 U1 minimum,
 # 580.65.06+ run 13.0; 590 -> 13.1; 595 -> 13.2).
 BRANCH_CUDA = {"535": "12.2", "550": "12.4", "560": "12.6", "570": "12.8", "575": "12.9",
                "580": "13.0", "590": "13.1", "595": "13.2"}

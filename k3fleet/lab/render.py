@@ -35,7 +35,7 @@ IB_PHYS_CODES = {"Sleep": 1, "Polling": 2, "Disabled": 3, "LinkUp": 5, "LinkErro
 # for NVML_ERROR_LIB_RM_VERSION_MISMATCH (the NVML return code is passed through).
 SMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
                  "Make sure that the latest NVIDIA driver is installed and running.\n\n")
-# FACTS.md section 8, verbatim.
+# docs/facts.md section 8, verbatim.
 REQUIREMENT_ERROR = ("nvidia-container-cli: requirement error: unsatisfied condition: {req}, please "
                      "update your driver to a newer version, or use an earlier cuda container")
 
@@ -124,7 +124,7 @@ class ProfileRenderer:
     def proc_driver_version(self) -> str:
         assert self.drv is not None
         v = self.drv.running_version
-        # FACTS.md section 5: the open module inserts "Open ... for x86_64" and a build tag.
+        # docs/facts.md section 5: the open module inserts "Open ... for x86_64" and a build tag.
         if self.drv.running_flavour == "open":
             first = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {v}  Release Build  "
                      f"(dvs-builder@U16-A24-9-2)  {self.drv.build_date}")

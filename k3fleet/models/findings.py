@@ -21,7 +21,7 @@ Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expa
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 
-# DESIGN.md contracts.
+# docs/architecture.md "Contracts".
 EXIT_OK = 0
 EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2

@@ -10,7 +10,7 @@ Outcome precedence (first that applies):
 1. ``expand_capacity``: even after the planned driver change the healthy GPUs stay
    below the target's minimum; no driver work reaches go-live.
 2. ``rebuild_environment``: some host fails the image -> CUDA -> driver chain (driver
-   below the branch the image's CUDA needs, or the container probe shows a FACTS.md
+   below the branch the image's CUDA needs, or the container probe shows a docs/facts.md
    section 8 failure).
 3. ``observe_with_limits``: enough healthy GPUs, but there are warnings, failed hosts
    (left out of serving), unreachable hosts or incomplete evidence.

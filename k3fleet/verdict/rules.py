@@ -27,7 +27,7 @@ from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
 from k3fleet.verdict.strategy import decide_strategy
 
-# Probe failures that mean "this driver is too old for this image" (FACTS.md section 8).
+# Probe failures that mean "this driver is too old for this image" (docs/facts.md section 8).
 CHAIN_PROBE_FAILURES = frozenset({"requirement_error", "cuda_error_35", "driver_too_old", "error_803", "error_804"})
 DRIVER_ROLES = frozenset({"driver", "utils", "compute", "fabricmanager", "dkms", "kernel_modules"})
 HOLD_ROLES = frozenset({"driver", "fabricmanager"})

@@ -174,7 +174,7 @@ def test_check_through_the_command_line(node: dict[str, Any]) -> None:
 
 
 def test_check_of_a_failing_night_runs_the_rescue_and_still_changes_nothing(node: dict[str, Any]) -> None:
-    # 580.65.06 is a real R580 release (FACTS.md section 2) that the stand-in repository does not carry:
+    # 580.65.06 is a real R580 release (docs/facts.md section 2) that the stand-in repository does not carry:
     # the simulated transaction fails, the rescue journals, rolls back (simulated) and stops the host.
     status_before = node["status"].read_bytes()
     opts = UpgradeOptions(inventory=node["inventory"], change_id="CHG-1043", operator="alice", canary="gpu-a01",

@@ -1,5 +1,5 @@
 """Installed from a wheel into a fresh venv and run from another directory, k3fleet still finds
-its playbooks, roles and modules (DESIGN.md layout)."""
+its playbooks, roles and modules (docs/architecture.md "Layout")."""
 
 from __future__ import annotations
 

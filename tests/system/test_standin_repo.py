@@ -204,7 +204,7 @@ def test_point_release_downgrade_inside_the_branch(apt: Apt) -> None:
 
 
 def test_held_driver_blocks_the_branch_swap(apt: Apt) -> None:
-    # FACTS.md section 4: a held package cannot be swapped by apt install alone.
+    # docs/facts.md section 4: a held package cannot be swapped by apt install alone.
     apt.installed(install_pins("575.57.08"), held=True)
     rc, _, _, out = apt.simulate(*install_pins("580.95.05"))
     assert rc != 0

@@ -39,7 +39,7 @@ def by_name(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-# -- names (FACTS.md sections 3-4) ---------------------------------------------------
+# -- names (docs/facts.md sections 3-4) ---------------------------------------------------
 
 
 @pytest.mark.parametrize(("name", "role", "branch", "flavour"), [
@@ -340,7 +340,7 @@ def test_collect_packages_rpm_without_systemd(tmp_path: Path) -> None:
 
 
 def test_collect_packages_transitional_name_takes_the_version_branch(tmp_path: Path) -> None:
-    # FACTS.md 4: on newer Ubuntu some -575 names are transitional packages that install 580.
+    # docs/facts.md section 4: on newer Ubuntu some -575 names are transitional packages that install 580.
     listing = "nvidia-driver-575\t580.95.05-0ubuntu1\tii \n"
     facts = pk.collect_packages(dpkg_node(tmp_path, listing))
     (entry,) = facts["packages"]

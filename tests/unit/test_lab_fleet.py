@@ -317,7 +317,7 @@ def test_proc_driver_version_forms_match_real_and_documented_lines(lab: Path) ->
     rendered_open = reader_for(lab / "hosts" / "gpu-a02").read(sources.FILES["proc_driver_version"])
     match = open_form.match(rendered_open.splitlines()[0])
     assert match and match.group(1) == "575.57.08"
-    # FACTS.md section 5, proprietary: no "Open", no "for x86_64", no build tag.
+    # docs/facts.md section 5, proprietary: no "Open", no "for x86_64", no build tag.
     rendered = reader_for(lab / "hosts" / "gpu-a01").read(sources.FILES["proc_driver_version"])
     assert re.match(r"^NVRM version: NVIDIA UNIX x86_64 Kernel Module  575\.57\.08  \w{3} ", rendered)
     assert rendered.splitlines()[1].startswith("GCC version:  gcc version ")

@@ -160,7 +160,7 @@ def test_init_reports_loaded_driver_and_branch_cuda(node: Node, nvml: ModuleType
     nvml.nvmlInit()
     assert nvml.nvmlSystemGetDriverVersion() == "580.95.05"
     assert nvml.nvmlSystemGetNVMLVersion() == "13.580.95.05"
-    # R580 reports CUDA 13.0 (FACTS.md section 2)
+    # R580 reports CUDA 13.0 (docs/facts.md section 2)
     assert nvml.nvmlSystemGetCudaDriverVersion_v2() == 13000
     assert nvml.nvmlSystemGetCudaDriverVersion() == 13000
     assert nvml.nvmlDeviceGetCount() == 8

@@ -50,7 +50,7 @@ _CTK_RE = re.compile(r"NVIDIA Container Toolkit CLI version\s+v?(\S+)")
 _VLLM_TAG_VERSION_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+){0,2}(?:(?:rc|a|b|\.post|\.dev)\d+)?)(?:[-+].*)?$")
 _NOT_FOUND_PATTERNS = ("no such image", "image not known", "no such object", "image not found")
 
-# Failure texts a too-old host produces when the image asks for a newer CUDA (FACTS.md section 8).
+# Failure texts a too-old host produces when the image asks for a newer CUDA (docs/facts.md section 8).
 # Order matters: the hook error fires before the container starts; 804/803 name their code;
 # PyTorch's "too old" message and the bare runtime error 35 come last.
 _FAILURES = (

@@ -26,7 +26,7 @@ SMI_QUERY_FIELDS = tuple(
     COMMANDS["nvidia_smi_query"][1].split("=", 1)[1].split(",")
 )
 
-# NVML error classes (pynvml names, FACTS.md section 5) -> nvml.status values.
+# NVML error classes (pynvml names, docs/facts.md section 5) -> nvml.status values.
 NVML_ERROR_STATUS = {
     "NVMLError_LibraryNotFound": "library_not_found",
     "NVMLError_DriverNotLoaded": "driver_not_loaded",
@@ -35,7 +35,7 @@ NVML_ERROR_STATUS = {
     "NVMLError_GpuIsLost": "gpu_is_lost",
 }
 
-# nvmlGpuFabricState_t values (FACTS.md section 5).
+# nvmlGpuFabricState_t values (docs/facts.md section 5).
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 
 # nvidia-smi failure texts -> the NVML status they stand for. nvidia-smi is an NVML

@@ -21,7 +21,7 @@ except ImportError:  # imported from the controller package (unit tests, lab)
     from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
     from k3fleet.ansible.module_utils.k3fleet_sources import COMMANDS, FILES
 
-# Package name patterns (FACTS.md sections 3-4), first match wins. "open" is the
+# Package name patterns (docs/facts.md sections 3-4), first match wins. "open" is the
 # flavour when the name says so; None means the name does not decide it.
 _B = r"(?P<branch>\d{3,})"
 _PACKAGE_RULES = (
@@ -255,7 +255,7 @@ def systemctl_show_problem(res: Any) -> str | None:
 
 def _branch(classified: dict[str, Any], version: str) -> tuple[str | None, str | None]:
     """(branch, name_branch). The installed version decides for driver packages:
-    some "-575" names are transitional packages that install 580 (FACTS.md 4)."""
+    some "-575" names are transitional packages that install 580 (docs/facts.md section 4)."""
     name_branch = classified["branch"]
     up = upstream_version(version) or ""
     match = _DRIVER_VERSION.match(up)

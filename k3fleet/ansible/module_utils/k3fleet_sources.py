@@ -34,7 +34,7 @@ COMMANDS = {
         "--query-gpu=index,name,uuid,driver_version,memory.total,persistence_mode,pci.bus_id,compute_cap",
         "--format=csv,noheader,nounits",
     ],
-    # The header of `-q` carries "CUDA Version" (the driver's maximum, FACTS.md section 2); the
+    # The header of `-q` carries "CUDA Version" (the driver's maximum, docs/facts.md section 2); the
     # per-GPU blocks of the full output carry the NVLink "Fabric" state and status.
     "nvidia_smi_q": ["nvidia-smi", "-q"],
     "dpkg_query": ["dpkg-query", "-W", "-f=${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"],

@@ -2,7 +2,7 @@
 
 The repository is flat (``deb [trusted=yes] file:/srv/k3fleet-repo ./``) and holds, for
 each driver release, packages named and related like Ubuntu's ``-server`` driver
-packages and NVIDIA's Fabric Manager packages (FACTS.md sections 3-4), so that apt's
+packages and NVIDIA's Fabric Manager packages (docs/facts.md sections 3-4), so that apt's
 resolver does the same work it does on a real node: a 575 -> 580 upgrade, an
 exact-version downgrade back, and Fabric Manager pinned to the exact driver version.
 
@@ -48,7 +48,7 @@ class StandinBuildError(RuntimeError):
 class DriverRelease:
     """One driver point release and the CUDA version its driver reports.
 
-    ``cuda`` is nvmlSystemGetCudaDriverVersion's integer (FACTS.md section 2: R575 is
+    ``cuda`` is nvmlSystemGetCudaDriverVersion's integer (docs/facts.md section 2: R575 is
     CUDA 12.9, R580 is CUDA 13.0). ``build_date`` only fills the date field of the
     simulated /proc/driver/nvidia/version line; it is the stand-in's stamp, not NVIDIA's.
     """

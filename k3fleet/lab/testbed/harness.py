@@ -4,7 +4,7 @@
     status(workdir) -> TestbedState
     down(workdir) -> None
 
-What `up` builds (TESTBED.md has the recipes and this machine's quirks): per host a network
+What `up` builds (docs/architecture.md has the testbed's recipes and this kind of machine's quirks): per host a network
 namespace `k3tb-<i>` with a veth pair (169.254.77.(4i+1)/30 here, .(4i+2)/30 in the guest), an
 overlay writable layer over the cached Debian image, and a booted systemd-nspawn guest
 `tb-nodeNN` with sshd; munged + slurmctld + one slurmd per host on this machine; podman images.

@@ -1,7 +1,7 @@
 """podman on the machine: two vLLM-like images made from the cached guest rootfs (no registry).
 
 crun fails here on rlimits and hybrid cgroups, so the runtime is runc with explicit default
-ulimits (TESTBED.md); containers never get a network. The image store lives in the work
+ulimits (docs/architecture.md, testbed); containers never get a network. The image store lives in the work
 directory's cache so importing happens once, and nothing is written to the machine's own store.
 
 Images are tagged `docker.io/vllm/vllm-openai:<tag>`, the name a real pull would give, so the
@@ -25,7 +25,7 @@ REPOSITORY = "vllm/vllm-openai"
 KIMI_K3_TAG = "kimi-k3"
 SELFBUILT_CU129_TAG = "k3-cu129-selfbuilt"
 
-# FACTS.md §1 and §8: the official image is a CUDA 13 (cu130) build; vLLM 0.27.1 is the minimum.
+# docs/facts.md sections 1 and 8: the official image is a CUDA 13 (cu130) build; vLLM 0.27.1 is the minimum.
 # The 12.9 image stands for the "build vLLM yourself against cu129" evidence track.
 # NVIDIA_REQUIRE_CUDA: the head of the value NVIDIA's CUDA base images set (as printed by vLLM's
 # collect_env.py from the production image in public vLLM issues), shortened to its first brand

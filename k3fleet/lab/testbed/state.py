@@ -25,7 +25,7 @@ VETH_HOST_PREFIX = "k3tbh"
 VETH_GUEST_TMP_PREFIX = "k3tbg"
 HOSTNAME_FORMAT = "tb-node{index:02d}"
 SLURM_NODE_FORMAT = "node{index:02d}"
-# Link-local only (TESTBED.md): 169.254.77.(4i+1)/30 on the machine, .(4i+2)/30 in the guest.
+# Link-local only (docs/architecture.md, testbed): 169.254.77.(4i+1)/30 on the machine, .(4i+2)/30 in the guest.
 ADDRESS_PREFIX = "169.254.77."
 MAX_HOSTS = 63
 GUEST_PROCFS = "/run/nvidia-sim/proc"

@@ -22,7 +22,7 @@ HOST_PROC = os.environ.get("NVIDIA_SIM_HOST_PROC", "/proc")
 GPUS_CONF = os.environ.get("NVIDIA_SIM_GPUS_CONF", "/etc/nvidia-sim/gpus.conf")
 MODULE_CONF = os.environ.get("NVIDIA_SIM_MODULE_CONF", "/usr/lib/nvidia-sim/kernel-module.conf")
 
-# First line of /proc/driver/nvidia/version per flavour (FACTS.md section 5). The open
+# First line of /proc/driver/nvidia/version per flavour (docs/facts.md section 5). The open
 # form inserts "for x86_64" and the builder: a parser taking "the token after Module" breaks.
 VERSION_LINE = {
     "proprietary": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  {build_date}",
