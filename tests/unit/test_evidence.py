@@ -1,98 +1,333 @@
-"""The run directory: redaction, manifest, atomic JSON, journal appends."""
+"""The run directory: the redactor (names, shapes, structure), atomic exclusive writes, safe host
+file names, the manifest and its verification."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
-from k3fleet.errors import UsageError
-from k3fleet.evidence import REDACTED, RunDir, redact, redact_argv, redact_text
+from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence import (
+    REDACTED,
+    EvidenceWriteError,
+    RunDir,
+    host_file_name,
+    host_from_file_name,
+    is_secret_name,
+    redact,
+    redact_argv,
+    redact_file_text,
+    redact_ini,
+    redact_text,
+    redact_yaml,
+    verify_run,
+)
+
+# -- names -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["k3fleet", "--token", "abc123", "audit"], ["k3fleet", "--token", REDACTED, "audit"]),
-        (["k3fleet", "--api-key=abc123"], ["k3fleet", f"--api-key={REDACTED}"]),
-        (["x", "HF_TOKEN=hf_abc"], ["x", f"HF_TOKEN={REDACTED}"]),
-        (["x", "--password", "p", "--limit", "gpu01"], ["x", "--password", REDACTED, "--limit", "gpu01"]),
-        (["k3fleet", "audit", "-i", "inv.yml"], ["k3fleet", "audit", "-i", "inv.yml"]),
-    ],
+    "name",
+    ["password", "ansible_password", "ansible_ssh_pass", "ansible_become_pass", "ANSIBLE_BECOME_PASS", "HF_TOKEN",
+     "HUGGING_FACE_HUB_TOKEN", "api_token", "Authorization", "Proxy-Authorization", "auth", "vault_secret",
+     "private_key", "NGC_API_KEY", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "SOME_PASSWORD",
+     "x-api-key", "apiKey", "APIKey", "Cookie", "Set-Cookie", "client_credentials", "dbpassword", "password_hash",
+     "secret", "SLURM_JWT", "GITHUB_PAT", "k3fleet_api_key"],
 )
-def test_redact_argv(argv: list[str], expected: list[str]) -> None:
-    assert redact_argv(argv) == expected
+def test_secret_names(name: str) -> None:
+    assert is_secret_name(name)
 
 
 @pytest.mark.parametrize(
-    ("name", "secret"),
-    [("password", True), ("ansible_password", True), ("ansible_ssh_pass", True), ("HF_TOKEN", True),
-     ("api_token", True), ("Authorization", True), ("auth", True), ("vault_secret", True), ("private_key", True),
-     ("passed", False), ("prompt_tokens", False), ("cached_tokens", False), ("author", False),
-     ("passthrough", False), ("host", False)],
+    "name",
+    ["passed", "pass_rate", "passthrough", "prompt_tokens", "cached_tokens", "max_tokens", "tokenizer", "author",
+     "keyboard", "key", "keys", "consistent_keys", "host_key_checking", "k3fleet_host_key_checking", "ssh_host_key",
+     "public_key", "sort_key", "api_key_env", "ansible_ssh_private_key_file", "ANSIBLE_VAULT_PASSWORD_FILE",
+     "secret_name", "token_url", "auth_method", "AWS_ACCESS_KEY_ID", "NCCL_IB_HCA", "host", "monkey"],
 )
-def test_secret_names(name: str, secret: bool) -> None:
-    from k3fleet.evidence import is_secret_name
-
-    assert is_secret_name(name) is secret
+def test_evidence_names(name: str) -> None:
+    assert not is_secret_name(name)
 
 
 def test_evidence_counts_survive_redaction() -> None:
-    summary = {"passed": 3, "failed": 1, "usage": {"prompt_tokens": 120, "cached_tokens": 64}}
+    summary = {"passed": 3, "failed": 1, "pass_rate": 0.75, "usage": {"prompt_tokens": 120, "cached_tokens": 64},
+               "host_key_checking": False, "api_key_env": "OPENAI_API_KEY"}
     assert redact(summary) == summary
     assert redact_text("passed=3 prompt_tokens=120") == "passed=3 prompt_tokens=120"
 
 
-def test_redact_structures_by_key_and_inline() -> None:
+# -- shapes in text ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "kept"),
+    [
+        ("vllm serve moonshotai/Kimi-K3 --api-key sk-live-abc123 --port 8000", "sk-live-abc123", "--api-key"),
+        ("vllm serve m --api-key=k3y --tensor-parallel-size 8", "k3y", "--api-key="),
+        ("curl -H 'x-api-key: XK-7781' http://127.0.0.1:8000/v1/models", "XK-7781", "x-api-key: "),
+        ('curl -H "Authorization: Bearer eyJhbGciOi.J9.x" http://h/', "eyJhbGciOi.J9.x", '"Authorization: '),
+        ("git clone https://deploy:gl-pw-42@git.example.invalid/x.git", "gl-pw-42", "https://deploy:"),
+        ("NodeName=node01 State=DRAINED Reason=BMC password Hunt3r2 [root@2026-01-05T10:00:00]", "Hunt3r2",
+         "Reason=BMC password "),
+        ("root password is s3cr3t-pw", "s3cr3t-pw", "password is "),
+        ("HF_TOKEN=hf_notarealtokenbutlongenough0123", "hf_notarealtokenbutlongenough0123", "HF_TOKEN="),
+        ('{"ansible_become_pass": "two words"}', "two words", '"ansible_become_pass": '),
+        ("export NGC_API_KEY='nv key'", "nv key", "NGC_API_KEY="),
+        ("in a log: nvapi-ABCDEFGHIJKLMNOPQRSTUVWXYZ012345", "nvapi-ABCDEFGHIJKLMNOPQRSTUVWXYZ012345", "in a log"),
+        ("Cookie: session=abc; csrftoken=def", "session=abc; csrftoken=def", "Cookie: "),
+        ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----", "b3BlbnNzaC1rZXk",
+         "BEGIN OPENSSH PRIVATE KEY"),
+    ],
+)
+def test_redact_text_shapes(text: str, secret: str, kept: str) -> None:
+    out = redact_text(text)
+    assert secret not in out
+    assert kept in out
+    assert REDACTED in out
+
+
+def test_redact_text_leaves_evidence_alone() -> None:
+    for text in ("ssh: connect to host 127.0.0.1 port 1: Connection refused",
+                 "NCCL_IB_HCA=mlx5_0,mlx5_1 NCCL_DEBUG=INFO",
+                 "http://127.0.0.1:8000/v1/models", "Permission denied (publickey,password).",
+                 "--max-num-seqs 256 --enable-prefix-caching"):
+        assert redact_text(text) == text
+
+
+def test_redact_argv() -> None:
+    assert redact_argv(["k3fleet", "--token", "abc", "audit"]) == ["k3fleet", "--token", REDACTED, "audit"]
+    assert redact_argv(["k3fleet", "--api-key=abc"]) == ["k3fleet", f"--api-key={REDACTED}"]
+    assert redact_argv(["x", "HF_TOKEN=hf_abc"]) == ["x", f"HF_TOKEN={REDACTED}"]
+    assert redact_argv(["x", "-e", "ansible_become_pass=pw"]) == ["x", "-e", f"ansible_become_pass={REDACTED}"]
+    assert redact_argv(["x", "-H", "Authorization: Basic dTpw"]) == ["x", "-H", f"Authorization: {REDACTED}"]
+    assert redact_argv(["k3fleet", "audit", "-i", "inv.yml", "--api-key-env", "OPENAI_API_KEY"]) == [
+        "k3fleet", "audit", "-i", "inv.yml", "--api-key-env", "OPENAI_API_KEY"]
+
+
+# -- structures --------------------------------------------------------------------------------
+
+
+def test_redact_structures_keep_the_key() -> None:
     data = {"ansible_password": "hunter2", "nested": [{"Authorization": "Bearer abc.def"}],
-            "note": "token=xyz and more", "count": 3}
+            "note": "token=xyz and more", "count": 3, "pin": 123456, "enabled_pass": None}
     out = redact(data)
     assert out["ansible_password"] == REDACTED
     assert out["nested"][0]["Authorization"] == REDACTED
     assert out["note"] == f"token={REDACTED} and more"
     assert out["count"] == 3
-    assert redact_text("curl -H 'Authorization: Bearer s3cr3t'") == f"curl -H 'Authorization: {REDACTED}'"
+    assert redact({"ansible_become_pass": 123456}) == {"ansible_become_pass": REDACTED}
 
 
-def test_run_dir_manifest_detects_tampering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redact_secret_setting_as_dict_value() -> None:
+    """A token in /etc/nccl.conf reaches the facts as a setting with its source: value hidden, source kept."""
+    facts = {"nccl": {"settings": {"NCCL_IB_HCA": {"value": "mlx5_0", "source": "/etc/nccl.conf"},
+                                   "NCCL_PLUGIN_TOKEN": {"value": "tok-123", "source": "/etc/nccl.conf"}}},
+             "env": [{"name": "HF_TOKEN", "value": "hf-1"}, {"name": "PATH", "value": "/usr/bin"}]}
+    out = redact(facts)
+    assert out["nccl"]["settings"]["NCCL_PLUGIN_TOKEN"] == {"value": REDACTED, "source": "/etc/nccl.conf"}
+    assert out["nccl"]["settings"]["NCCL_IB_HCA"]["value"] == "mlx5_0"
+    assert out["env"] == [{"name": "HF_TOKEN", "value": REDACTED}, {"name": "PATH", "value": "/usr/bin"}]
+
+
+YAML_INVENTORY = """\
+# production GPU nodes
+all:
+  vars:
+    ansible_become_pass: two words here
+    ansible_user: ops
+  children:
+    gpu:
+      vars: {ansible_ssh_pass: "q'uoted", k3fleet_probe: true}
+      hosts:
+        gpu-01:
+          ansible_host: 10.0.0.1
+          credentials:
+            user: svc
+            secret: |
+              line-one
+              line-two
+          vault_token: !vault |
+            $ANSIBLE_VAULT;1.1;AES256
+            6162636465
+          proxy: http://svc:pr0xy@proxy.invalid:3128
+"""
+
+
+def test_redact_yaml_inventory_structurally() -> None:
+    out = redact_yaml(YAML_INVENTORY)
+    assert out is not None
+    for secret in ("two words here", "q'uoted", "line-one", "line-two", "6162636465", "pr0xy", "svc\n"):
+        assert secret not in out, secret
+    data = yaml.safe_load(out.replace("!vault", ""))
+    assert data["all"]["vars"] == {"ansible_become_pass": REDACTED, "ansible_user": "ops"}
+    gpu = data["all"]["children"]["gpu"]
+    assert gpu["vars"] == {"ansible_ssh_pass": REDACTED, "k3fleet_probe": True}
+    host = gpu["hosts"]["gpu-01"]
+    assert host["ansible_host"] == "10.0.0.1"
+    assert host["credentials"] == {"user": REDACTED, "secret": REDACTED}
+    assert out.startswith("# production GPU nodes\n")
+
+
+INI_INVENTORY = """\
+[gpu]
+gpu-01 ansible_host=10.0.0.1 ansible_become_pass="pass with spaces" k3fleet_lspci=true
+gpu-02 ansible_host=10.0.0.2 ansible_ssh_pass='single q'
+
+[gpu:vars]
+ansible_password = rest of the line
+ansible_user=ops
+"""
+
+
+def test_redact_ini_inventory() -> None:
+    out = redact_ini(INI_INVENTORY)
+    for secret in ("pass with spaces", "single q", "rest of the line"):
+        assert secret not in out
+    assert 'ansible_become_pass="***"' in out
+    assert "ansible_password = ***" in out
+    assert "ansible_user=ops" in out and "k3fleet_lspci=true" in out
+
+
+def test_redact_file_text_by_kind() -> None:
+    assert "$ANSIBLE_VAULT;1.1;AES256\n3132" not in redact_file_text("all.yml", "$ANSIBLE_VAULT;1.1;AES256\n3132\n")
+    assert "hunter2" not in redact_file_text("hosts", "[all]\nh1 ansible_password=hunter2\n")
+    assert "hunter2" not in redact_file_text("hosts", "all:\n  vars:\n    ansible_password: hunter2\n")
+    assert "hunter2" not in redact_file_text("notes.txt", "password: hunter2")
+
+
+def test_copy_inventory_with_group_and_host_vars(tmp_path: Path) -> None:
+    inv = tmp_path / "prod"
+    (inv / "group_vars" / "gpu").mkdir(parents=True)
+    (inv / "host_vars").mkdir()
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    gpu-01: {}\n")
+    (inv / "group_vars" / "all.yml").write_text("---\nansible_become_pass: 'gv-secret'\n")
+    (inv / "group_vars" / "gpu" / "deep.yaml").write_text("a:\n  b:\n    c:\n      api_token: deep-secret\n")
+    (inv / "host_vars" / "gpu-01").write_text("ansible_ssh_pass: hv-secret\n")
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet"])
+    rd.copy_inventory(inv / "hosts.yml")
+    copied = {p.relative_to(rd.path).as_posix(): p.read_text() for p in rd.path.rglob("*") if p.is_file()}
+    assert {"inputs/inventory.yml", "inputs/group_vars/all.yml", "inputs/group_vars/gpu/deep.yaml",
+            "inputs/host_vars/gpu-01"} <= set(copied)
+    text = "\n".join(copied.values())
+    for secret in ("gv-secret", "deep-secret", "hv-secret"):
+        assert secret not in text
+    assert "api_token" in copied["inputs/group_vars/gpu/deep.yaml"]
+
+
+# -- the run directory ---------------------------------------------------------------------------
+
+
+def test_command_json_redacts_argv_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("K3FLEET_API_TOKEN", "do-not-store")
-    rd = RunDir.create(tmp_path, "audit", ["k3fleet", "audit", "--token", "t0k"])
-    rd.write_json("facts/h1.json", {"host": "h1"})
-    rd.write_text("report.md", "# report\n")
-    rd.write_manifest()
-    command = json.loads((rd.path / "command.json").read_text())
+    monkeypatch.setenv("ANSIBLE_BECOME_PASS", "do-not-store-either")
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet", "audit", "--token", "t0k"], record={"host_key_checking": True})
+    text = (rd.path / "command.json").read_text()
+    command = json.loads(text)
     assert command["argv"] == ["k3fleet", "audit", "--token", REDACTED]
     assert command["env"]["K3FLEET_API_TOKEN"] == REDACTED
-    assert "do-not-store" not in (rd.path / "command.json").read_text()
-    assert rd.verify_manifest() == []
-    (rd.path / "facts/h1.json").write_text('{"host": "h2"}')
-    assert rd.verify_manifest() == ["facts/h1.json"]
-    manifest = json.loads((rd.path / "manifest.json").read_text())
-    assert {e["path"] for e in manifest["files"]} == {"command.json", "facts/h1.json", "report.md"}
+    assert command["host_key_checking"] is True
+    assert "do-not-store" not in text
 
 
-def test_run_dir_refuses_non_empty_out(tmp_path: Path) -> None:
+def test_out_is_refused_when_not_empty_or_a_file(tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()
     (out / "keep.txt").write_text("data")
     with pytest.raises(UsageError, match="not empty"):
         RunDir.create(tmp_path, "audit", ["k3fleet"], out=out)
     assert (out / "keep.txt").read_text() == "data"
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(UsageError, match="not a directory"):
+        RunDir.create(tmp_path, "audit", ["k3fleet"], out=f)
+    with pytest.raises(UsageError, match="cannot create"):
+        RunDir.create(tmp_path, "audit", ["k3fleet"], out=f / "sub")
 
 
-def test_journal_append_survives_reopen(tmp_path: Path) -> None:
+def test_create_is_exclusive_under_a_race(tmp_path: Path) -> None:
+    """Many runs on one --out at once: exactly one claims it, every other is refused."""
+    out = tmp_path / "shared"
+    barrier = threading.Barrier(8)
+    won: list[RunDir] = []
+    refused: list[str] = []
+
+    def claim() -> None:
+        barrier.wait()
+        try:
+            won.append(RunDir.create(tmp_path, "audit", ["k3fleet"], out=out))
+        except UsageError as exc:
+            refused.append(str(exc))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    assert len(refused) == 7
+    assert all("another k3fleet run" in r or "not empty" in r for r in refused)
+
+
+@pytest.mark.parametrize("host", ["gpu-01", "../../x", "a/b", ".hidden", "..", "100%", "name with space", "é"])
+def test_host_file_names_stay_inside_and_map_back(tmp_path: Path, host: str) -> None:
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet"])
+    name = host_file_name(host)
+    assert "/" not in name and not name.startswith(".")
+    assert host_from_file_name(name) == host
+    p = rd.write_json(RunDir.host_file("facts", host), {"host": host})
+    assert p.parent == rd.path / "facts"
+    assert list(tmp_path.iterdir()) == [rd.path]
+
+
+def test_paths_leaving_the_run_dir_are_refused(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet"])
+    for rel in ("../x.json", "facts/../../x.json", "/etc/x.json"):
+        with pytest.raises(UsageError, match="leave the run directory"):
+            rd.write_json(rel, {})
+    (rd.path / "out").symlink_to(tmp_path)
+    with pytest.raises(UsageError, match="leads out"):
+        rd.write_json("out/x.json", {})
+
+
+def test_full_disk_is_one_error_and_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet"])
+    rd.write_json("verdict.json", {"outcome": "old"})
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(EvidenceWriteError, match="No space left on device"):
+        rd.write_json("verdict.json", {"outcome": "new"})
+    monkeypatch.undo()
+    assert json.loads((rd.path / "verdict.json").read_text()) == {"outcome": "old"}
+    assert [p.name for p in rd.path.rglob("*.tmp")] == []
+    assert isinstance(EvidenceWriteError("x"), IncompleteError)
+
+
+def test_journal_append_terminates_a_torn_line(tmp_path: Path) -> None:
     rd = RunDir.create(tmp_path, "upgrade", ["k3fleet"])
     rd.append_jsonl("journal.jsonl", {"host": "h1", "stage": "snapshot"})
-    rd.append_jsonl("journal.jsonl", {"host": "h1", "stage": "draining"})
-    again = RunDir.open(rd.path)
-    rows = [json.loads(x) for x in (again.path / "journal.jsonl").read_text().splitlines()]
-    assert [r["stage"] for r in rows] == ["snapshot", "draining"]
+    with (rd.path / "journal.jsonl").open("a") as fh:
+        fh.write('{"host": "h1", "sta')  # power loss mid-write
+    rd.append_jsonl("journal.jsonl", {"host": "h2", "stage": "draining"})
+    lines = (RunDir.open(rd.path).path / "journal.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["stage"] == "snapshot"
+    assert lines[1] == '{"host": "h1", "sta'
+    assert json.loads(lines[2]) == {"host": "h2", "stage": "draining"}
 
 
 def test_open_rejects_non_run_dir(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a k3fleet run directory"):
         RunDir.open(tmp_path)
+    with pytest.raises(UsageError, match="not a directory"):
+        RunDir.open(tmp_path / "nope")
 
 
 def test_read_json_errors_are_one_line(tmp_path: Path) -> None:
@@ -102,3 +337,73 @@ def test_read_json_errors_are_one_line(tmp_path: Path) -> None:
         rd.read_json("verdict.json")
     with pytest.raises(UsageError, match="missing"):
         rd.read_json("plan.json")
+    (rd.path / "bin.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff")
+    with pytest.raises(UsageError, match="not UTF-8"):
+        rd.read_json("bin.json")
+    (rd.path / "list.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="JSON list, expected an object"):
+        rd.read_object("list.json")
+
+
+# -- manifest and verify -------------------------------------------------------------------------
+
+
+def _finished(tmp_path: Path) -> RunDir:
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet"])
+    rd.write_json("facts/h1.json", {"host": "h1"})
+    rd.write_json("facts/h2.json", {"host": "h2"})
+    rd.write_text("report.md", "# report\n")
+    nested = RunDir.create(rd.path, "audit", ["k3fleet"], out=rd.path / "audit")
+    nested.write_json("verdict.json", {"outcome": "go_live"})
+    nested.write_manifest()
+    rd.write_manifest()
+    return rd
+
+
+def test_verify_intact(tmp_path: Path) -> None:
+    rd = _finished(tmp_path)
+    report = verify_run(rd.path)
+    assert report.ok, report.summary()
+    assert report.files == 7  # command, 2 facts, report, nested command + verdict + manifest
+    report.raise_if_bad()
+    manifest = json.loads((rd.path / "manifest.json").read_text())
+    assert "audit/manifest.json" in {e["path"] for e in manifest["files"]}
+
+
+def test_verify_lists_missing_changed_extra(tmp_path: Path) -> None:
+    rd = _finished(tmp_path)
+    (rd.path / "facts/h1.json").write_text('{"host": "h2"}')
+    (rd.path / "facts/h2.json").unlink()
+    (rd.path / "facts/h3.json").write_text("{}")
+    (rd.path / "audit" / "verdict.json").write_text('{"outcome": "expand_capacity"}')
+    report = verify_run(rd.path)
+    assert not report.ok
+    assert report.changed == ["audit/verdict.json", "facts/h1.json"]
+    assert report.missing == ["facts/h2.json"]
+    assert report.extra == ["facts/h3.json"]
+    with pytest.raises(IncompleteError) as exc:
+        report.raise_if_bad()
+    line = str(exc.value)
+    assert "\n" not in line
+    assert "1 missing: facts/h2.json" in line and "2 changed" in line and "1 extra: facts/h3.json" in line
+
+
+def test_verify_without_or_with_a_broken_manifest(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet"])
+    report = verify_run(rd.path)
+    assert not report.ok and not report.has_manifest
+    assert "did not finish" in report.summary()
+    (rd.path / "manifest.json").write_text('{"files": [{"path": "../../etc/passwd", "sha256": "0"}]}')
+    assert "not a k3fleet manifest" in verify_run(rd.path).summary()
+    (rd.path / "manifest.json").write_bytes(b"\xff\xfe")
+    assert "cannot be read" in verify_run(rd.path).summary()
+    with pytest.raises(UsageError, match="not a k3fleet run directory"):
+        verify_run(tmp_path)
+
+
+def test_problems_name_each_path(tmp_path: Path) -> None:
+    rd = _finished(tmp_path)
+    assert rd.verify() == []
+    (rd.path / "report.md").write_text("tampered")
+    (rd.path / "extra.txt").write_text("x")
+    assert rd.verify() == ["report.md: changed", "extra.txt: not in the manifest"]

@@ -1,0 +1,54 @@
+"""Evidence: the run directory, the one redactor, and verification (docs/safety.md).
+
+Everything written into a run directory goes through ``RunDir`` (``write_json``, ``write_text``,
+``write_jsonl``, ``append_jsonl``, ``copy_input``, ``copy_inventory``), which redacts, writes
+atomically and keeps inside the directory; ``verify_run`` checks a finished run against its
+manifest before anyone trusts it.
+"""
+
+from __future__ import annotations
+
+from k3fleet.evidence.redact import (
+    REDACTED,
+    is_secret_name,
+    redact,
+    redact_argv,
+    redact_file_text,
+    redact_ini,
+    redact_text,
+    redact_yaml,
+)
+from k3fleet.evidence.rundir import (
+    COMMAND,
+    MANIFEST,
+    EvidenceWriteError,
+    RunDir,
+    atomic_write,
+    host_file_name,
+    host_from_file_name,
+    new_run_id,
+    sha256_file,
+)
+from k3fleet.evidence.verify import VerifyReport, verify_run
+
+__all__ = [
+    "COMMAND",
+    "MANIFEST",
+    "REDACTED",
+    "EvidenceWriteError",
+    "RunDir",
+    "VerifyReport",
+    "atomic_write",
+    "host_file_name",
+    "host_from_file_name",
+    "is_secret_name",
+    "new_run_id",
+    "redact",
+    "redact_argv",
+    "redact_file_text",
+    "redact_ini",
+    "redact_text",
+    "redact_yaml",
+    "sha256_file",
+    "verify_run",
+]

@@ -1,0 +1,374 @@
+"""The run directory: every run leaves evidence, and every byte of it passes the redactor.
+
+A run directory holds the command, inputs, events, per-host facts, findings, verdict, journal
+and rendered reports, with a sha256 manifest written last (docs/safety.md). Writing rules:
+
+- created exclusively: ``command.json`` is claimed with O_EXCL, so two runs on one ``--out``
+  cannot interleave (the second is refused);
+- every file is written to a unique temporary file in the same directory, fsync'd, renamed over
+  its name, and the directory is fsync'd: a crash leaves the old file or the new one, never half;
+- nothing is written outside the directory: host names become file names by percent-encoding
+  (``host_file_name``), and a path that would leave the directory is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import getpass
+import hashlib
+import json
+import os
+import secrets
+import socket
+import tempfile
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from k3fleet import __version__
+from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
+
+MANIFEST = "manifest.json"
+COMMAND = "command.json"
+# Controller environment worth keeping as evidence (values still pass the redactor).
+_ENV_PREFIXES = ("K3FLEET_", "ANSIBLE_", "NCCL_", "VLLM_")
+_FILE_MODE = 0o644
+# Input files larger than this are recorded by size and digest only.
+_MAX_INPUT_BYTES = 8 << 20
+
+
+class EvidenceWriteError(IncompleteError):
+    """A file of the run directory could not be written (full disk, permissions): evidence is incomplete."""
+
+
+def _utcnow() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC)
+
+
+def new_run_id(kind: str) -> str:
+    return f"{_utcnow().strftime('%Y%m%dT%H%M%SZ')}-{kind}-{secrets.token_hex(3)}"
+
+
+def host_file_name(host: str) -> str:
+    """A file name for ``host`` that stays inside its directory, reversibly (percent-encoding).
+
+    Letters, digits, ``_``, ``-``, ``.`` and ``~`` stay as they are; everything else (``/``,
+    ``%``, spaces, control characters) becomes ``%XX``; a leading dot is encoded too, so ``.``,
+    ``..`` and hidden names cannot appear. ``host_from_file_name`` maps it back.
+    """
+    if not host:
+        raise UsageError("an empty host name cannot be stored in the run directory")
+    name = urllib.parse.quote(host, safe="")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    return name
+
+
+def host_from_file_name(name: str) -> str:
+    """The host name ``host_file_name`` encoded into ``name`` (without its suffix)."""
+    return urllib.parse.unquote(name)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def _write_error(path: Path, exc: OSError) -> EvidenceWriteError:
+    return EvidenceWriteError(f"cannot write {path}: {exc.strerror or exc}; the run directory is incomplete")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a unique temp file in the same directory, fsync'd, renamed."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _FILE_MODE)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _write_error(path, exc) from exc
+        raise
+    _fsync_dir(path.parent)
+
+
+def _dumps(data: Any, **kw: Any) -> str:
+    return json.dumps(redact(data), default=str, ensure_ascii=False, **kw)
+
+
+class RunDir:
+    """One run's evidence directory. Files are written through it so the redactor and the manifest see them all."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    # -- creating and opening ------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, base: Path, kind: str, argv: Sequence[str], *, out: Path | None = None,
+               record: Mapping[str, Any] | None = None) -> RunDir:
+        """Create and claim a new run directory (``out``, or a fresh ``base/<id>``).
+
+        ``record`` adds fields to command.json (choices the run was started with).
+        Refused with a one-line UsageError when ``out`` is a file, is not empty, or is claimed by
+        another run at the same moment.
+        """
+        path = Path(out) if out is not None else Path(base) / new_run_id(kind)
+        where = f"--out {path}" if out is not None else f"run directory {path}"
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{where} exists and is not a directory: choose another --out")
+        made = False
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create {where}: {path.parent}: {exc.strerror or exc}") from exc
+        try:
+            path.mkdir()
+            made = True
+        except FileExistsError:
+            if not path.is_dir():
+                raise UsageError(f"{where} exists and is not a directory: choose another --out") from None
+            if any(path.iterdir()):
+                raise UsageError(f"{where} exists and is not empty: choose another --out") from None
+        except OSError as exc:
+            raise UsageError(f"cannot create {where}: {exc.strerror or exc}") from exc
+        rd = cls(path)
+        try:
+            fd = os.open(path / COMMAND, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        except FileExistsError:
+            raise UsageError(f"{where} is being written by another k3fleet run: choose another --out") from None
+        except OSError as exc:
+            raise UsageError(f"cannot create {where}: {exc.strerror or exc}") from exc
+        command = {
+            "kind": kind,
+            "argv": redact_argv(list(argv)),
+            "cwd": str(Path.cwd()),
+            "k3fleet_version": __version__,
+            "user": _user(),
+            "controller": socket.gethostname(),
+            "started_at": _utcnow().isoformat(timespec="seconds"),
+            "env": {k: (REDACTED if is_secret_name(k) else v) for k, v in sorted(os.environ.items())
+                    if k.startswith(_ENV_PREFIXES)},
+            **dict(record or {}),
+        }
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(_dumps(command, indent=2) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            _fsync_dir(path)
+        except OSError as exc:
+            # Leave nothing behind: a half-written claim would block the next run on this --out.
+            with contextlib.suppress(OSError):
+                (path / COMMAND).unlink()
+            if made:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            raise UsageError(f"cannot create {where}: {exc.strerror or exc}") from exc
+        return rd
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        path = Path(path)
+        if not path.is_dir():
+            raise UsageError(f"{path} is not a directory: give a k3fleet run directory")
+        if not (path / COMMAND).is_file():
+            raise UsageError(f"{path} is not a k3fleet run directory (no {COMMAND})")
+        return cls(path)
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    def file(self, rel: str) -> Path:
+        """The path of ``rel`` inside the run directory (parents created); never outside it."""
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or ".." in parts:
+            raise UsageError(f"refusing to write {rel!r}: it would leave the run directory {self.path}")
+        p = self.path / rel
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(p, exc) from exc
+        base = os.path.realpath(self.path)
+        if os.path.commonpath([base, os.path.realpath(p.parent)]) != base:
+            raise UsageError(f"refusing to write {rel!r}: a link inside {self.path} leads out of it")
+        return p
+
+    @staticmethod
+    def host_file(folder: str, host: str, suffix: str = ".json") -> str:
+        """``folder/<encoded host><suffix>``: where a per-host file goes (see ``host_file_name``)."""
+        return f"{folder}/{host_file_name(host)}{suffix}"
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def write_json(self, rel: str, data: Any) -> Path:
+        p = self.file(rel)
+        atomic_write(p, (_dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+        return p
+
+    def write_text(self, rel: str, text: str) -> Path:
+        p = self.file(rel)
+        atomic_write(p, redact_text(text).encode("utf-8"))
+        return p
+
+    def write_jsonl(self, rel: str, rows: Iterable[Mapping[str, Any]]) -> Path:
+        p = self.file(rel)
+        atomic_write(p, "".join(_dumps(row) + "\n" for row in rows).encode("utf-8"))
+        return p
+
+    def append_jsonl(self, rel: str, row: Mapping[str, Any]) -> None:
+        """Append one line and fsync it: a journal must survive a killed controller.
+
+        A torn last line (power loss mid-write) is terminated first, so this line starts on a
+        line boundary and is never merged into it.
+        """
+        p = self.file(rel)
+        line = (_dumps(row) + "\n").encode("utf-8")
+        try:
+            with p.open("a+b") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() > 0:
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":
+                        line = b"\n" + line
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise _write_error(p, exc) from exc
+
+    def update_command(self, **fields: Any) -> Path:
+        """Add fields to command.json (a choice made after the run started, e.g. host-key checking)."""
+        data = self.read_json(COMMAND)
+        if not isinstance(data, dict):
+            raise UsageError(f"{self.path / COMMAND} is not a k3fleet command record")
+        data.update(fields)
+        return self.write_json(COMMAND, data)
+
+    def copy_input(self, src: Path, rel: str) -> Path | None:
+        """Copy an input file or directory tree, every file through the structural redactor.
+
+        YAML/JSON and INI inventories keep their shape with secret values replaced; vault files
+        and binary files are recorded by size and digest only.
+        """
+        src = Path(src)
+        if not src.exists():
+            return None
+        if src.is_dir():
+            dest = self.file(f"{rel}/.keep").parent
+            for dirpath, dirnames, filenames in os.walk(src):
+                dirnames[:] = sorted(d for d in dirnames if d not in (".git", "__pycache__"))
+                for name in sorted(filenames):
+                    f = Path(dirpath) / name
+                    sub = f.relative_to(src).as_posix()
+                    self._copy_file(f, f"{rel}/{sub}")
+            return dest
+        return self._copy_file(src, rel)
+
+    def copy_inventory(self, inventory: Path, rel: str = "inputs") -> None:
+        """The inventory as used: the file or directory, and a file's group_vars/ and host_vars/."""
+        inventory = Path(inventory)
+        if inventory.is_dir():
+            self.copy_input(inventory, f"{rel}/inventory")
+            return
+        self.copy_input(inventory, f"{rel}/inventory{inventory.suffix}")
+        for sub in ("group_vars", "host_vars"):
+            self.copy_input(inventory.parent / sub, f"{rel}/{sub}")
+
+    def _copy_file(self, src: Path, rel: str) -> Path | None:
+        try:
+            size = src.stat().st_size
+            raw = src.read_bytes() if size <= _MAX_INPUT_BYTES else b""
+        except OSError as exc:
+            return self.write_text(rel + ".unreadable", f"{src}: {exc.strerror or exc}\n")
+        if size > _MAX_INPUT_BYTES or b"\0" in raw[:8192]:
+            what = "larger than 8 MiB" if size > _MAX_INPUT_BYTES else "binary"
+            return self.write_text(rel + ".omitted", f"{src.name}: {what} ({size} bytes), not copied into evidence\n")
+        text = raw.decode("utf-8", errors="replace")
+        p = self.file(rel)
+        atomic_write(p, redact_file_text(src.name, text).encode("utf-8"))
+        return p
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def read_json(self, rel: str) -> Any:
+        p = self.path / rel
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError as exc:
+            raise UsageError(f"{p} is missing: the run directory is incomplete") from exc
+        except OSError as exc:
+            raise UsageError(f"{p} cannot be read: {exc.strerror or exc}") from exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{p} is not UTF-8 text (byte {exc.start}): not a k3fleet file") from exc
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+
+    def read_object(self, rel: str) -> dict[str, Any]:
+        """``read_json`` for files that must hold a JSON object."""
+        data = self.read_json(rel)
+        if not isinstance(data, dict):
+            raise UsageError(f"{self.path / rel} holds a JSON {type(data).__name__}, expected an object")
+        return data
+
+    # -- manifest ---------------------------------------------------------------------------------
+
+    def write_manifest(self) -> Path:
+        """sha256 of every file in the run directory (nested runs included), written last."""
+        entries = []
+        for p in sorted(self.path.rglob("*")):
+            rel = p.relative_to(self.path).as_posix()
+            if rel == MANIFEST or p.is_symlink() or not p.is_file():
+                continue
+            try:
+                entries.append({"path": rel, "sha256": sha256_file(p), "bytes": p.stat().st_size})
+            except OSError as exc:
+                raise EvidenceWriteError(f"cannot read {p} for the manifest: {exc.strerror or exc}") from exc
+        return self.write_json(MANIFEST, {"algorithm": "sha256", "files": entries,
+                                          "written_at": _utcnow().isoformat(timespec="seconds")})
+
+
+    def verify(self) -> list[str]:
+        """Differences from the manifest as ``path: what`` (empty: intact); see ``verify_run``."""
+        from k3fleet.evidence.verify import verify_run
+
+        return verify_run(self.path).problems
+
+    verify_manifest = verify
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
