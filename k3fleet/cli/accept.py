@@ -6,17 +6,25 @@ registers itself on ``accept_app`` from its own module. Exit codes as the audit'
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
+import httpx
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
+from k3fleet.accept.client import Endpoint
 from k3fleet.accept.result import ProbeResult
-from k3fleet.cli.app import app, out
+from k3fleet.cli.app import app, err, out
+from k3fleet.errors import UsageError
+
+T = TypeVar("T")
 
 accept_app = typer.Typer(help="Serving acceptance: start-up log, prefix cache, agent tool calls, load.",
                          no_args_is_help=True)
@@ -46,6 +54,108 @@ def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None 
             sev = _SEVERITY_STYLE.get(f.severity, "")
             table.add_row(f"[{sev}]{f.severity}[/{sev}]", f.id, f.layer or "", f.message)
         out.print(table)
+
+
+# Endpoint options every HTTP probe takes. Keys come from the environment only: there is no --api-key.
+BaseUrl = Annotated[str, typer.Option("--base-url", help="The server, e.g. http://10.0.0.5:8000 (/v1 optional).")]
+Model = Annotated[str, typer.Option("--model", help="Served model name, as in /v1/models.")]
+ApiKeyEnv = Annotated[str | None, typer.Option(
+    "--api-key-env", help="Name of the environment variable holding the API key (never the key itself).")]
+Insecure = Annotated[bool, typer.Option(
+    "--insecure", help="Turn TLS certificate verification off (recorded in the evidence).")]
+Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per request.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
+
+
+def make_endpoint(base_url: str, model: str, api_key_env: str | None, insecure: bool, timeout: float) -> Endpoint:
+    try:
+        ep = Endpoint(base_url=base_url, model=model, api_key_env=api_key_env, verify_tls=not insecure,
+                      timeout_s=timeout)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from exc
+    ep.api_key()  # an unset key variable is bad input now, not a 401 later
+    if insecure:
+        err.print("[yellow]TLS certificate verification is off (--insecure)[/yellow]")
+    return ep
+
+
+def run_probe(endpoint: Endpoint, fn: Callable[[httpx.AsyncClient, dict[str, Any]], Awaitable[T]],
+              concurrency: int = 4) -> T:
+    """Reach the server and find the model (one-line errors, exit 2 or 3), then run ``fn``."""
+    from k3fleet.accept.client import preflight
+
+    async def go() -> T:
+        async with endpoint.async_client(concurrency) as client:
+            info = await preflight(client, endpoint)
+            return await fn(client, info)
+
+    return asyncio.run(go())
+
+
+def progress_printer(quiet: bool) -> Callable[[str], None]:
+    if quiet:
+        return lambda _msg: None
+    return lambda msg: err.print(msg, markup=False, highlight=False)
+
+
+@accept_app.command("prefix-cache")
+def prefix_cache(
+    base_url: BaseUrl,
+    model: Model,
+    api_key_env: ApiKeyEnv = None,
+    insecure: Insecure = False,
+    timeout: Timeout = 120.0,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=100, help="Warm requests.")] = 5,
+    prefix_tokens: Annotated[int | None, typer.Option(
+        "--prefix-tokens", min=16, help="Shared prefix size in tokens (default: 4.4 match units).")] = None,
+    match_unit: Annotated[int | None, typer.Option(
+        "--match-unit", min=1, help="Prefix match unit when the server does not publish prefix_match_unit.")] = None,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+) -> None:
+    """Prove prefix-cache reuse: cold, warm and control requests with /metrics around each window."""
+    from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
+
+    ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit)
+    say = progress_printer(quiet or as_json)
+    result = run_probe(ep, lambda client, _info: run_prefix_cache(ep, opts, progress=say, client=client))
+    print_result(result, as_json=as_json, lines=_prefix_lines(result))
+    raise typer.Exit(result.exit_code)
+
+
+def _prefix_lines(result: ProbeResult) -> list[str]:
+    d = result.data
+    lines = []
+    if d.get("match_unit") is not None:
+        lines.append(f"match unit: {d['match_unit']} ({d.get('match_unit_source')})")
+    pt = d.get("prefix_tokens") or {}
+    if pt.get("high") is not None:
+        lines.append(f"shared prefix: {pt.get('low')}-{pt.get('high')} tokens ({pt.get('method')})")
+    ct = d.get("cached_tokens") or {}
+    if ct.get("warm"):
+        lines.append(f"cached tokens per warm request: {ct['warm']} ({ct.get('source')}), control {ct.get('control')}")
+    tt = d.get("ttft_s") or {}
+    if tt.get("cold") is not None and tt.get("warm_median") is not None:
+        lines.append(f"TTFT cold {tt['cold'] * 1000:.0f} ms, warm median {tt['warm_median'] * 1000:.0f} ms")
+    return lines
+
+
+@accept_app.command("prefix-lint")
+def prefix_lint(
+    captures: Annotated[Path, typer.Argument(help="JSON Lines of captured request bodies (before/after a gateway).")],
+    as_json: AsJson = False,
+) -> None:
+    """Name what breaks the shared prompt prefix between captured requests."""
+    from k3fleet.accept.prefix_lint import lint_captures
+
+    result = lint_captures(captures)
+    lines = [f"pair {p['a']}->{p['b']} ({p['kind']}): {', '.join(p['breaks']) or 'prefix kept'}"
+             for p in result.data.get("pairs", [])]
+    print_result(result, as_json=as_json, lines=lines)
+    raise typer.Exit(result.exit_code)
 
 
 @accept_app.command("startup")

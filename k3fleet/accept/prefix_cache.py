@@ -1,0 +1,391 @@
+"""`accept prefix-cache`: prove that the server reuses a shared prompt prefix, or say why it cannot.
+
+One run: a cold request whose prefix the server cannot have seen (a run nonce opens the system
+prompt), warm requests with the same system prompt and tools and a controlled change in the user
+turn, and a control whose system prompt differs from its first token. ``/metrics`` is read around
+each window; TTFT comes from the stream; ``usage.prompt_tokens_details.cached_tokens`` is used when
+the server reports it. Rules and sources: docs/acceptance.md ("accept prefix-cache").
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import statistics
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+
+from k3fleet.accept.client import Endpoint, Exchange, post_json, stream_chat
+from k3fleet.accept.record import Recorder
+from k3fleet.accept.result import Finding, ProbeResult, Status
+
+PROBE = "prefix_cache"
+# Kimi K3's hybrid cache hits only on prefix_match_unit boundaries: 1536 tokens unless the server sets
+# --prefix-match-unit (vLLM K3 post; open vLLM issue 50235 for the exact-multiple miss).
+DEFAULT_MATCH_UNIT = 1536
+# Chars per token used only to size the prompt before the server counts it; the judgement uses the
+# server's own counts.
+_CHARS_PER_TOKEN = 4.0
+_WINDOW_METRICS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens_cached",
+                   "vllm:prompt_tokens")
+
+Progress = Callable[[str], None]
+
+
+class PrefixOptions(BaseModel):
+    repeats: int = Field(default=5, ge=1, le=100, description="warm requests")
+    # Size of the shared prefix, in match units (crosses several, never an exact multiple) or tokens.
+    prefix_units: float = Field(default=4.4, gt=0, le=64)
+    prefix_tokens: int | None = Field(default=None, ge=16, le=2_000_000)
+    match_unit: int | None = Field(default=None, ge=1)
+    max_tokens: int = Field(default=8, ge=1, le=4096)
+    # Warm median TTFT must be below this fraction of the cold TTFT.
+    ttft_ratio: float = Field(default=0.9, gt=0, le=1)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+# Fixed tool definitions: serialised with the body, byte-identical in every request of a run.
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "lookup_runbook", "description": "Fetch the runbook section for an alert.",
+        "parameters": {"type": "object", "properties": {
+            "alert": {"type": "string", "description": "alert name"},
+            "severity": {"type": "string", "enum": ["page", "ticket", "info"]}},
+            "required": ["alert"]}}},
+    {"type": "function", "function": {
+        "name": "open_ticket", "description": "Open a ticket in the on-call queue.",
+        "parameters": {"type": "object", "properties": {
+            "title": {"type": "string"},
+            "labels": {"type": "array", "items": {"type": "string"}},
+            "owner": {"type": "object", "properties": {"team": {"type": "string"}, "user": {"type": "string"}},
+                      "required": ["team"]}},
+            "required": ["title", "owner"]}}},
+    {"type": "function", "function": {
+        "name": "drain_node", "description": "Drain a node before maintenance.",
+        "parameters": {"type": "object", "properties": {
+            "node": {"type": "string"}, "reason": {"type": "string"},
+            "wait_for_jobs": {"type": "boolean"}}, "required": ["node", "reason"]}}},
+]
+
+_WORDS = ("driver", "fabric", "manager", "node", "drain", "canary", "wave", "rollback", "snapshot", "journal",
+          "kernel", "module", "persistence", "topology", "rail", "switch", "queue", "latency", "throughput",
+          "cache", "prefix", "token", "budget", "operator", "reviewer", "evidence", "manifest", "digest",
+          "image", "container", "runtime", "scheduler", "partition", "reservation", "maintenance", "window",
+          "alert", "threshold", "baseline", "capacity", "ceiling", "envelope", "replica", "shard", "expert",
+          "tensor", "pipeline", "context", "prompt", "reasoning", "parser", "contract", "schema", "argument")
+
+
+def system_prompt(nonce: str, target_tokens: int) -> str:
+    """A long, fixed system prompt opened by the run nonce: same nonce, same bytes, always."""
+    rng = random.Random(0x4B33)  # fixed seed: the text is part of the probe, not of the run
+    parts = [f"Run {nonce}. You are the on-call assistant for a GPU serving fleet. "
+             "Follow the handbook below exactly.\n"]
+    size = len(parts[0])
+    section = 1
+    while size < target_tokens * _CHARS_PER_TOKEN:
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(18, 30)))
+        line = f"\u00a7{section}. {words.capitalize()}.\n"
+        parts.append(line)
+        size += len(line)
+        section += 1
+    return "".join(parts)
+
+
+def tools_for(nonce: str) -> list[dict[str, Any]]:
+    """The fixed tools, the first description opened by the run nonce: chat templates (Kimi's among them)
+    render tool declarations before the system prompt, so the nonce must lead there too for the cold
+    and control requests to be unseen from their first tokens."""
+    tools = json.loads(json.dumps(TOOLS))
+    fn = tools[0]["function"]
+    fn["description"] = f"[run {nonce}] " + fn["description"]
+    return tools
+
+
+def user_turn(case: int) -> str:
+    """The controlled change: only the case number and ticket differ between warm requests."""
+    return f"Case {case:02d}: give the first step for ticket OPS-{4100 + case} in one short line."
+
+
+def _messages(system: str, case: int) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user_turn(case)}]
+
+
+def _body(endpoint: Endpoint, system: str, tools: list[dict[str, Any]], case: int,
+          opts: PrefixOptions) -> dict[str, Any]:
+    return {"model": endpoint.model, "messages": _messages(system, case), "tools": tools, "tool_choice": "none",
+            "max_tokens": opts.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+def _usage(ex: Exchange) -> tuple[int | None, int | None]:
+    """prompt_tokens and cached_tokens from the stream's usage chunk (cached only when reported)."""
+    resp = ex.response if isinstance(ex.response, Mapping) else {}
+    usage = resp.get("usage") if isinstance(resp.get("usage"), Mapping) else None
+    if usage is None:
+        return None, None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return (prompt if isinstance(prompt, int) else None), (cached if isinstance(cached, int) else None)
+
+
+async def _snapshot(client: httpx.AsyncClient, endpoint: Endpoint, window: str, rec: Recorder) -> tuple[
+        Any, str | None]:
+    from k3fleet.accept.metrics import MetricsError, scrape
+
+    try:
+        snap = await scrape(client, endpoint.base_url)
+    except MetricsError as exc:
+        return None, str(exc)
+    rec.snapshot(f"{PROBE}_{window}", snap.raw)
+    return snap, None
+
+
+def _deltas(before: Any, after: Any, model: str) -> dict[str, float | None]:
+    from k3fleet.accept.metrics import delta
+
+    if before is None or after is None:
+        return {name: None for name in _WINDOW_METRICS}
+    out = {name: delta(before, after, name, model) for name in _WINDOW_METRICS}
+    if out["vllm:prompt_tokens_cached"] is None:
+        # Older V1 servers count cached prompt tokens only by source.
+        a = before.counter("vllm:prompt_tokens_by_source", model, {"source": "local_cache_hit"})
+        b = after.counter("vllm:prompt_tokens_by_source", model, {"source": "local_cache_hit"})
+        if a is not None and b is not None and b >= a:
+            out["vllm:prompt_tokens_cached"] = b - a
+    return out
+
+
+async def _shared_prefix_tokens(client: httpx.AsyncClient, endpoint: Endpoint, system: str,
+                                tools: list[dict[str, Any]], rec: Recorder) -> int | None:
+    """Exact shared prefix from vLLM's /tokenize (cold vs warm conversation), when the server has it."""
+    token_lists = []
+    for case in (0, 1):
+        ex = await post_json(client, endpoint, "/tokenize",
+                             {"model": endpoint.model, "messages": _messages(system, case), "tools": tools,
+                              "add_generation_prompt": True}, probe=PROBE, label=f"tokenize_{case}")
+        rec.exchange(ex)
+        toks = ex.response.get("tokens") if ex.ok and isinstance(ex.response, Mapping) else None
+        if not isinstance(toks, list):
+            return None
+        token_lists.append(toks)
+    common = 0
+    for a, b in zip(token_lists[0], token_lists[1], strict=False):
+        if a != b:
+            break
+        common += 1
+    return common
+
+
+async def run_prefix_cache(endpoint: Endpoint, opts: PrefixOptions | None = None, *,
+                           recorder: Recorder | None = None, progress: Progress | None = None,
+                           client: httpx.AsyncClient | None = None) -> ProbeResult:
+    opts = opts or PrefixOptions()
+    rec = recorder if recorder is not None else Recorder()
+    say = progress or (lambda _msg: None)
+    if client is None:
+        async with endpoint.async_client(2) as own:
+            return await _run(own, endpoint, opts, rec, say)
+    return await _run(client, endpoint, opts, rec, say)
+
+
+async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOptions, rec: Recorder,
+               say: Progress) -> ProbeResult:
+    findings: list[Finding] = []
+    data: dict[str, Any] = {"repeats": opts.repeats}
+    s0, metrics_error = await _snapshot(client, endpoint, "0_before", rec)
+    cfg = s0.cache_config() if s0 is not None else None
+    unit, unit_source = _match_unit(cfg, opts)
+    data.update(match_unit=unit, match_unit_source=unit_source, cache_config=cfg, metrics_error=metrics_error,
+                prefix_caching_enabled=s0.prefix_caching_enabled() if s0 is not None else None,
+                old_names=s0.old_names() if s0 is not None else [])
+    target = opts.prefix_tokens if opts.prefix_tokens is not None else int(unit * opts.prefix_units)
+    nonce, control_nonce = secrets.token_hex(8), secrets.token_hex(8)
+    system, tools = system_prompt(nonce, target), tools_for(nonce)
+    control_system, control_tools = system_prompt(control_nonce, target), tools_for(control_nonce)
+    data["nonce"] = nonce
+
+    def stream(system_text: str, tool_defs: list[dict[str, Any]], case: int, label: str) -> Any:
+        return stream_chat(client, endpoint, _body(endpoint, system_text, tool_defs, case, opts), probe=PROBE,
+                           label=label, timeout_s=opts.timeout_s)
+
+    say(f"prefix-cache: cold request (prefix about {target} tokens, match unit {unit})")
+    cold = rec.exchange(await stream(system, tools, 0, "cold"))
+    if cold.error:
+        return _error(cold, data)
+    s1, _ = await _snapshot(client, endpoint, "1_after_cold", rec)
+    warm: list[Exchange] = []
+    for case in range(1, opts.repeats + 1):
+        say(f"prefix-cache: warm request {case}/{opts.repeats}")
+        ex = rec.exchange(await stream(system, tools, case, f"warm_{case}"))
+        if ex.error:
+            return _error(ex, data)
+        warm.append(ex)
+    s2, _ = await _snapshot(client, endpoint, "2_after_warm", rec)
+    say("prefix-cache: control request (changed system prompt)")
+    control = rec.exchange(await stream(control_system, control_tools, 1, "control"))
+    if control.error:
+        return _error(control, data)
+    s3, _ = await _snapshot(client, endpoint, "3_after_control", rec)
+    exact = await _shared_prefix_tokens(client, endpoint, system, tools, rec)
+
+    windows = {"cold": _deltas(s0, s1, endpoint.model), "warm": _deltas(s1, s2, endpoint.model),
+               "control": _deltas(s2, s3, endpoint.model)}
+    cold_p, cold_c = _usage(cold)
+    warm_u = [_usage(ex) for ex in warm]
+    ctrl_p, ctrl_c = _usage(control)
+    data["windows"] = windows
+    data["prompt_tokens"] = {"cold": cold_p, "warm": [p for p, _ in warm_u], "control": ctrl_p}
+    ttft_warm = [ex.ttft_s for ex in warm if ex.ttft_s is not None]
+    data["ttft_s"] = {"cold": cold.ttft_s, "warm": ttft_warm,
+                      "warm_median": statistics.median(ttft_warm) if ttft_warm else None, "control": control.ttft_s}
+
+    # The shared prefix: exact from /tokenize, else bounded by the prompt counts (the user turn and the
+    # chat template's closing tokens are the only part that is not shared).
+    prompts = [p for p in [cold_p, *(p for p, _ in warm_u)] if p is not None]
+    low: int | None
+    high: int | None
+    if exact is not None:
+        low = high = exact
+        method = "tokenize"
+    elif prompts:
+        high = min(prompts) - 1
+        low = max(0, min(prompts) - _user_turn_allowance())
+        method = "usage_estimate"
+    else:
+        low = high = None
+        method = None
+    data["prefix_tokens"] = {"low": low, "high": high, "method": method}
+    exp_low = (low // unit) * unit if low is not None else None
+    exp_high = (high // unit) * unit if high is not None else None
+    data["expected_cached_tokens"] = {"low": exp_low, "high": exp_high}
+    excluded = [i + 1 for i, (p, _) in enumerate(warm_u) if p is not None and p % unit == 0]
+    data["excluded_exact_multiple"] = excluded
+    if excluded:
+        findings.append(Finding(
+            id="accept.prefix_cache.exact_multiple", severity="info", layer="model",
+            message=f"warm request(s) {excluded} were an exact multiple of the {unit}-token unit, a known K3 miss "
+                    "(vLLM issue 50235): left out of the judgement", evidence=f"prompt_tokens {data['prompt_tokens']}"))
+    valid = [(p, c) for i, (p, c) in enumerate(warm_u) if i + 1 not in excluded]
+    usage_cached = [c for _, c in valid if c is not None]
+    n_valid = len(valid)
+    warm_metric_cached = windows["warm"]["vllm:prompt_tokens_cached"]
+    if usage_cached and len(usage_cached) == n_valid:
+        cached_warm: list[float] = [float(c) for c in usage_cached]
+        cached_source = "usage"
+    elif warm_metric_cached is not None and n_valid and not excluded:
+        cached_warm = [warm_metric_cached / n_valid]
+        cached_source = "metrics"
+    else:
+        cached_warm, cached_source = [], None
+    ctrl_cached: float | None = float(ctrl_c) if ctrl_c is not None else windows["control"]["vllm:prompt_tokens_cached"]
+    data["cached_tokens"] = {"cold": cold_c, "warm": cached_warm, "control": ctrl_cached, "source": cached_source}
+
+    status, reason = _judge(findings, data, windows, unit, exp_low, exp_high, high, cached_warm, ctrl_cached,
+                            s0, opts)
+    return ProbeResult(probe=PROBE, status=status, reason=reason, findings=findings, data=data)
+
+
+def _user_turn_allowance() -> int:
+    # Generous: the user turn at two characters a token plus the template's role and end markers.
+    return len(user_turn(99)) // 2 + 32
+
+
+def _match_unit(cfg: Mapping[str, str] | None, opts: PrefixOptions) -> tuple[int, str]:
+    if opts.match_unit is not None:
+        return opts.match_unit, "option"
+    raw = (cfg or {}).get("prefix_match_unit")
+    if raw is not None and raw.strip().isdigit() and int(raw) > 0:
+        return int(raw), "cache_config_info"
+    return DEFAULT_MATCH_UNIT, "default"
+
+
+def _error(ex: Exchange, data: dict[str, Any]) -> ProbeResult:
+    kind = ex.error_kind or "protocol"
+    return ProbeResult(probe=PROBE, status="error", reason=ex.error or "request failed", data=data,
+                       findings=[Finding(id=f"accept.endpoint.{kind}", severity="fail", layer="http",
+                                         message=ex.error or "request failed", evidence=ex.label)])
+
+
+def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dict[str, float | None]], unit: int,
+           exp_low: int | None, exp_high: int | None, high: int | None, cached_warm: list[float],
+           ctrl_cached: float | None, s0: Any, opts: PrefixOptions) -> tuple[Status, str]:
+    def add(fid: str, severity: str, message: str, layer: str | None = None, evidence: str | None = None) -> None:
+        findings.append(Finding(id=f"accept.prefix_cache.{fid}", severity=severity,  # type: ignore[arg-type]
+                                message=message, layer=layer, evidence=evidence))
+
+    if data["prefix_caching_enabled"] is False:
+        add("caching_off", "fail", "prefix caching is off on the server (cache_config_info enable_prefix_caching="
+            "False); Kimi K3 needs --enable-prefix-caching", "config", str(data["cache_config"]))
+        return "fail", "prefix caching is off in vllm:cache_config_info"
+    if s0 is not None and s0.is_old_server:
+        add("old_server", "warn", "the server exposes only removed metric names "
+            f"({', '.join(s0.old_names())}): its cache counters cannot be read as current ones", "config")
+        return "inconclusive", "old server: only removed metric names on /metrics, the cache counters cannot be read"
+    if data["metrics_error"] is not None:
+        add("metrics_unavailable", "warn", f"/metrics could not be read: {data['metrics_error']}", "http")
+        return "inconclusive", f"no /metrics to see the cache counters ({data['metrics_error']})"
+    if exp_low is None or high is None:
+        add("no_usage", "warn", "the server reported no usage.prompt_tokens: the prefix length is unknown", "http")
+        return "inconclusive", "the prefix length is unknown (no usage in the stream)"
+    if exp_low < unit:
+        add("prefix_below_unit", "warn",
+            f"the shared prefix (about {data['prefix_tokens']['low']}-{high} tokens) is not surely one full "
+            f"{unit}-token match unit: a hit cannot be shown", None)
+        return "inconclusive", f"the shared prefix is shorter than one match unit ({unit} tokens)"
+
+    failed: list[str] = []
+    unknown: list[str] = []
+    warm_w, ctrl_w = windows["warm"], windows["control"]
+    for name, what in (("vllm:prefix_cache_queries", "queries"), ("vllm:prefix_cache_hits", "hits")):
+        d = warm_w[name]
+        if d is None:
+            unknown.append(f"{name} is not on /metrics")
+        elif d <= 0:
+            add(f"no_{what}", "fail", f"{name} did not rise over the warm requests", "model",
+                f"warm window delta {d}")
+            failed.append(f"prefix-cache {what} did not rise")
+    if not cached_warm:
+        unknown.append("cached prompt tokens are reported neither in usage nor on /metrics")
+    else:
+        low_seen = min(cached_warm)
+        if low_seen < exp_low:
+            add("cached_below_prefix", "fail",
+                f"warm requests reused {low_seen:.0f} cached prompt tokens, expected at least {exp_low} (the shared "
+                f"prefix rounded down to the {unit}-token match unit)", "model",
+                f"cached {cached_warm}, expected {exp_low}-{exp_high}")
+            failed.append(f"cached tokens {low_seen:.0f} < {exp_low}")
+        elif max(cached_warm) > high + 1:
+            add("cached_above_prefix", "warn",
+                f"warm requests report {max(cached_warm):.0f} cached tokens, more than the shared prefix ({high}): "
+                "other traffic on the server may be in the window", "model")
+    cold_t, warm_t = data["ttft_s"]["cold"], data["ttft_s"]["warm_median"]
+    if cold_t is None or warm_t is None:
+        unknown.append("TTFT was not measured (no token streamed)")
+    elif warm_t >= cold_t * opts.ttft_ratio:
+        add("ttft_not_lower", "fail",
+            f"warm TTFT {warm_t * 1000:.0f} ms is not below {opts.ttft_ratio:.0%} of the cold {cold_t * 1000:.0f} ms",
+            "model")
+        failed.append("warm TTFT did not drop")
+    hits_ctrl = ctrl_w["vllm:prefix_cache_hits"]
+    if ctrl_cached is not None and ctrl_cached >= unit:
+        add("control_hit", "fail", f"the control request (changed system prompt) reused {ctrl_cached:.0f} cached "
+            "tokens: the cache matches something other than the shared prefix, or other traffic is in the window",
+            "model")
+        failed.append("control was a hit")
+    elif ctrl_cached is None and hits_ctrl is not None and hits_ctrl >= unit:
+        add("control_hit", "fail", f"prefix-cache hits rose by {hits_ctrl:.0f} over the control request", "model")
+        failed.append("control was a hit")
+    if failed:
+        return "fail", "; ".join(failed)
+    if unknown:
+        for u in unknown:
+            add("not_measured", "warn", u)
+        return "inconclusive", "; ".join(unknown)
+    return "pass", (f"warm requests reused {min(cached_warm):.0f}+ cached tokens of a {high}-token prefix "
+                    f"(unit {unit}), hits rose, warm TTFT {warm_t * 1000:.0f} ms vs cold {cold_t * 1000:.0f} ms, "
+                    "control not a hit")
