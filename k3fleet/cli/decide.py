@@ -1,0 +1,128 @@
+"""`k3fleet decide`, `verify-evidence`, `report`, `triage` and `watch`: from evidence to a signed decision.
+
+Exit codes as everywhere: 0 go / intact, 1 no-go, 2 usage or bad input, 3 evidence missing,
+tampered or incomplete (docs/decision.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from k3fleet.cli.app import app, err, out
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
+
+_OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
+                  "rebuild_environment": "bold red", "expand_capacity": "bold magenta"}
+_ITEM_STYLE = {"pass": "green", "fail": "red", "missing": "yellow"}
+
+
+@app.command()
+def decide(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories: audit, change, accept, triage.",
+                                               show_default=False)],
+    reviewer: Annotated[str, typer.Option("--reviewer", help="Who signs the decision (required).")],
+    owner: Annotated[str | None, typer.Option("--owner", help="The service owner accountable for the limits.")] = None,
+    owners: Annotated[Path | None, typer.Option("--owners", help="YAML: owner, deadline and rollback per failed "
+                                                                 "checklist item.")] = None,
+    build: Annotated[Path | None, typer.Option("--build", help="YAML: the custom-build record (source branch, "
+                                                               "commit, lockfile, build command, digest, rollback "
+                                                               "image).")] = None,
+    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: the audit's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON on stdout.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Decision run directory to write.")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    archive: Annotated[Path | None, typer.Option("--archive", help="Evidence package path (default: the "
+                                                                   "run directory's name + .tar.gz).")] = None,
+) -> None:
+    """Decide go-live from the evidence: one of four outcomes, the checklist, one evidence package."""
+    from k3fleet.decide.flow import DecideOptions, run_decide
+
+    opts = DecideOptions(runs=list(runs), reviewer=reviewer, owner=owner, owners_file=owners, build_file=build,
+                         target=target, out=out_dir, runs_dir=runs_dir, archive=archive)
+    result = run_decide(opts, sys.argv)
+    d = result.decision
+    if as_json:
+        out.print_json(json.dumps(d.model_dump(mode="json")))
+    else:
+        _print_decision(d)
+    err.print(f"run directory: {result.run_dir.path}")
+    err.print(f"evidence package: {result.archive} (sha256 {result.archive_sha256})")
+    raise typer.Exit(d.exit_code)
+
+
+def _print_decision(d: object) -> None:
+    from k3fleet.decide.models import Decision
+
+    assert isinstance(d, Decision)
+    table = Table(title="Sign-off checklist")
+    for col in ("item", "status", "detail", "evidence"):
+        table.add_column(col)
+    for item in d.checklist:
+        st = _ITEM_STYLE.get(item.status, "white")
+        table.add_row(escape(item.title), f"[{st}]{item.status}[/{st}]", escape(item.detail),
+                      escape(", ".join(str(e) for e in item.evidence)))
+    out.print(table)
+    style = _OUTCOME_STYLE.get(d.outcome, "bold")
+    approval = "approved" if d.approved else "NOT approved"
+    out.print(f"decision: [{style}]{d.outcome}[/{style}] ({approval}, exit {d.exit_code})")
+    for r in d.reasons:
+        out.print(f"  - [{r.rule}] {r.text}", markup=False)
+    for lim in d.limits:
+        out.print(f"  limit {lim.kind}: {lim.text}" + (f" (owner {lim.owner})" if lim.owner else ""), markup=False)
+    if d.missing:
+        out.print(f"missing evidence: {', '.join(d.missing)}", markup=False)
+
+
+@app.command("verify-evidence")
+def verify_evidence(
+    archive: Annotated[Path, typer.Argument(help="An evidence package (.tar.gz) written by k3fleet decide.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Check an evidence package against its manifest: exit 0 intact, 3 on any difference (each listed)."""
+    from k3fleet.decide.package import verify_package
+    from k3fleet.evidence import sha256_file
+
+    res = verify_package(archive)
+    if as_json:
+        out.print_json(json.dumps({"archive": str(archive), "sha256": sha256_file(archive), "ok": res.ok,
+                                   "files_checked": res.checked, "problems": res.problems}))
+    else:
+        for p in res.problems:
+            out.print(f"DIFFERENT  {p}", markup=False)
+        if res.ok:
+            manifest = res.manifest or {}
+            dec = manifest.get("decision") or {}
+            out.print(f"intact: {res.checked} files match {archive.name} ({dec.get('outcome', '?')}, reviewer "
+                      f"{manifest.get('reviewer', '?')})", markup=False)
+    if not res.ok:
+        err.print(f"k3fleet: {archive}: {len(res.problems)} difference(s): the package is not intact", markup=False)
+    raise typer.Exit(EXIT_OK if res.ok else EXIT_INCOMPLETE)
+
+
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="An audit, change, accept, triage or decision run directory.")],
+    fmt: Annotated[str, typer.Option("--format", help="md, html, junit or prom.")] = "md",
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write here (atomically) instead of stdout.")] = None,
+) -> None:
+    """Render a run for people (Markdown, HTML), CI (JUnit XML) or node_exporter (Prometheus textfile)."""
+    from k3fleet.report.render import FORMATS, render, write_atomic
+    from k3fleet.report.view import load_view
+
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    view = load_view(run)
+    text = render(view, fmt)
+    if out_file is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_atomic(out_file, text)
+    err.print(f"wrote {out_file}")

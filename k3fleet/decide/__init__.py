@@ -1,0 +1,19 @@
+"""The go-live decision: evidence -> one of four outcomes, the signed checklist, one evidence package.
+
+Public API::
+
+    decide(summary: EvidenceSummary) -> Decision           pure: the decision table (rules.RULES)
+    build_checklist(summary) -> list[ChecklistItem]         pure: the sign-off checklist
+    run_decide(DecideOptions, argv) -> DecideResult         verify + read runs, decide, write, package
+    verify_package(archive) -> PackageCheck                 ``k3fleet verify-evidence``
+
+docs/decision.md describes the table, the checklist, the package and the baseline.
+"""
+
+from __future__ import annotations
+
+from k3fleet.decide.checklist import build_checklist
+from k3fleet.decide.models import Decision, EvidenceSummary
+from k3fleet.decide.rules import RULES, decide
+
+__all__ = ["RULES", "Decision", "EvidenceSummary", "build_checklist", "decide"]

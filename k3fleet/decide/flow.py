@@ -1,0 +1,289 @@
+"""``k3fleet decide``: verify and read the runs, decide, write the decision's run directory and package.
+
+The decision itself is :func:`k3fleet.decide.rules.decide` (pure); everything with I/O is here.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from k3fleet.decide.checklist import ITEM_IDS
+from k3fleet.decide.models import (
+    AcceptEvidence,
+    AuditEvidence,
+    ChangeEvidence,
+    CustomBuild,
+    Decision,
+    EvidenceSummary,
+    OwnersFile,
+    Policy,
+    Ref,
+    RunInfo,
+    TargetBrief,
+    TriageEvidence,
+)
+from k3fleet.decide.package import write_package
+from k3fleet.decide.readers import (
+    merge_accept,
+    open_run,
+    read_accept,
+    read_audit,
+    read_change,
+    read_target,
+    read_triage,
+    target_brief,
+)
+from k3fleet.decide.rules import decide
+from k3fleet.errors import UsageError
+from k3fleet.evidence import RunDir
+
+
+@dataclass
+class DecideOptions:
+    runs: list[Path]
+    reviewer: str
+    owner: str | None = None
+    owners_file: Path | None = None
+    build_file: Path | None = None
+    target: Path | None = None
+    out: Path | None = None
+    runs_dir: Path = field(default_factory=lambda: Path("runs"))
+    archive: Path | None = None
+    policy: Policy = field(default_factory=Policy)
+
+
+@dataclass
+class DecideResult:
+    decision: Decision
+    summary: EvidenceSummary
+    run_dir: RunDir
+    archive: Path
+    archive_sha256: str
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0)
+
+
+def _one_line_validation(label: str, exc: ValidationError) -> UsageError:
+    e = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        msg = "unknown key (misspelt?)"
+    return UsageError(f"{label}: {loc}: {msg}{more}")
+
+
+def _yaml_file(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise UsageError(f"{what} {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{what} {path} cannot be read: {exc}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{what} {path} is not valid YAML{where}") from exc
+
+
+def load_owners(path: Path) -> OwnersFile:
+    data = _yaml_file(path, "owners file")
+    if not isinstance(data, dict):
+        raise UsageError(f"owners file {path}: expected a mapping with 'items:'")
+    try:
+        owners = OwnersFile.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line_validation(f"owners file {path}", exc) from exc
+    unknown = sorted(set(owners.items) - set(ITEM_IDS))
+    if unknown:
+        raise UsageError(f"owners file {path}: items.{unknown[0]}: not a checklist item "
+                         f"(known: {', '.join(ITEM_IDS)})")
+    return owners
+
+
+def load_build(path: Path) -> CustomBuild:
+    data = _yaml_file(path, "build record")
+    if not isinstance(data, dict):
+        raise UsageError(f"build record {path}: expected a mapping")
+    try:
+        return CustomBuild.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line_validation(f"build record {path}", exc) from exc
+
+
+def validate_name(value: str | None, option: str) -> str | None:
+    if value is None:
+        return None
+    name = value.strip()
+    if not name or len(name) > 128 or any(ch in name for ch in "\n\r\t\x00"):
+        raise UsageError(f"{option} {value!r} is not valid: one line, at most 128 characters")
+    return name
+
+
+@dataclass
+class Sources:
+    runs: list[RunInfo] = field(default_factory=list)
+    paths: dict[str, Path] = field(default_factory=dict)
+    audits: list[AuditEvidence] = field(default_factory=list)
+    changes: list[ChangeEvidence] = field(default_factory=list)
+    accepts: list[AcceptEvidence] = field(default_factory=list)
+    triage: list[TriageEvidence] = field(default_factory=list)
+    targets: list[TargetBrief] = field(default_factory=list)
+
+
+def read_sources(paths: Sequence[Path]) -> Sources:
+    """Verify and read every run; labels stay unique (a repeated directory name gets a suffix)."""
+    src = Sources()
+    seen: set[Path] = set()
+    for path in paths:
+        real = path.resolve()
+        if real in seen:
+            raise UsageError(f"run {path} is given twice")
+        seen.add(real)
+        label = path.name
+        n = 2
+        while label in src.paths:
+            label = f"{path.name}-{n}"
+            n += 1
+        info, _ = open_run(path, label=label)
+        src.runs.append(info)
+        src.paths[label] = path
+        if info.kind == "audit":
+            src.audits.append(read_audit(path, info))
+            tb = read_target(path, label)
+            if tb is not None:
+                src.targets.append(tb)
+        elif info.kind == "change":
+            src.changes.append(read_change(path, info))
+        elif info.kind == "accept":
+            src.accepts.append(read_accept(path, info))
+        else:
+            src.triage.append(read_triage(path, info))
+    return src
+
+
+def _newest(items: Sequence[Any]) -> Any:
+    return max(items, key=lambda x: x.started_at or "") if items else None
+
+
+def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> EvidenceSummary:
+    from k3fleet.targets import load_target
+
+    if opts.target is not None:
+        target = target_brief(load_target(opts.target))
+    elif src.targets:
+        newest_audit = _newest(src.audits)
+        target = next((t for t in src.targets if t.ref and t.ref.run == newest_audit.run), src.targets[0])
+    else:
+        target = target_brief(load_target(None))
+    owners = load_owners(opts.owners_file) if opts.owners_file else None
+    build = load_build(opts.build_file) if opts.build_file else None
+    summary = EvidenceSummary(
+        runs=src.runs, target=target, audit=_newest(src.audits), change=_newest(src.changes),
+        accept=merge_accept(src.accepts), triage=src.triage, owners=owners,
+        owners_ref=Ref(run="decision", file="inputs/owners.yaml") if owners else None, build=build,
+        build_ref=Ref(run="decision", file="inputs/build.yaml") if build else None,
+        reviewer=validate_name(opts.reviewer, "--reviewer"), reviewed_at=reviewed_at,
+        service_owner=validate_name(opts.owner, "--owner"), policy=opts.policy)
+    _refuse_mixed_tracks(summary, src)
+    return summary
+
+
+def _refuse_mixed_tracks(s: EvidenceSummary, src: Sources) -> None:
+    """Official-image and custom-build results are separate tracks: never decided together."""
+    from k3fleet.decide.checklist import image_repository
+
+    repos: dict[str, list[str]] = {}
+    for acc in src.accepts:
+        if acc.startup is not None and acc.startup.image:
+            repo = image_repository(acc.startup.image) or acc.startup.image
+            repos.setdefault("official" if repo == s.target.image_repository else "custom", []).append(acc.run)
+    if len(repos) > 1:
+        raise UsageError(f"runs mix official-image evidence ({', '.join(repos['official'])}) with custom-build "
+                         f"evidence ({', '.join(repos['custom'])}): decide each track separately")
+
+
+def _jsonable(model: BaseModel) -> Any:
+    return model.model_dump(mode="json")
+
+
+def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
+    from k3fleet.report.decision_md import render_markdown
+    from k3fleet.report.view import decision_view
+
+    if not opts.runs:
+        raise UsageError("give at least one run directory (audit, change, accept or triage)")
+    validate_name(opts.reviewer, "--reviewer")
+    if not opts.reviewer or not opts.reviewer.strip():
+        raise UsageError("--reviewer NAME is required: a decision is signed by a named reviewer")
+    src = read_sources(opts.runs)
+    now = _now()
+    summary = build_summary(src, opts, now.isoformat())
+    decision = decide(summary)
+    rd = RunDir.create(opts.runs_dir, "decision", argv, out=opts.out)
+    if opts.owners_file is not None:
+        rd.copy_input(opts.owners_file, "inputs/owners.yaml")
+    if opts.build_file is not None:
+        rd.copy_input(opts.build_file, "inputs/build.yaml")
+    if opts.target is not None:
+        rd.copy_input(opts.target, "inputs/target.yaml")
+    rd.write_json("summary.json", _jsonable(summary))
+    rd.write_json("checklist.json", [_jsonable(i) for i in decision.checklist])
+    rd.write_json("decision.json", _jsonable(decision))
+    if decision.baseline is not None:
+        rd.write_json("baseline.json", _jsonable(decision.baseline))
+    curves = _curves(src)
+    if curves:
+        rd.write_json("curves.json", curves)
+    rd.write_text("report.md", render_markdown(decision_view(decision, summary, rd.path.name, curves)))
+    rd.write_manifest()
+    archive = opts.archive or rd.path.with_name(rd.path.name + ".tar.gz")
+    operators = sorted({r.user for r in src.runs if r.user} | ({c.operator for c in src.changes if c.operator}))
+    meta = {
+        "decision": {"outcome": decision.outcome, "approved": decision.approved, "exit_code": decision.exit_code,
+                     "track": decision.track},
+        "reviewer": summary.reviewer, "reviewed_at": summary.reviewed_at, "service_owner": summary.service_owner,
+        "operators": operators,
+        "target": {"name": summary.target.name, "image": summary.target.image,
+                   "file": str(summary.target.ref) if summary.target.ref else
+                   (str(opts.target) if opts.target else "packaged default")},
+        "runs": [{"label": r.label, "kind": r.kind, "started_at": r.started_at, "argv": r.argv, "user": r.user,
+                  "k3fleet_version": r.k3fleet_version, "operator_supplied": r.operator_supplied}
+                 for r in src.runs],
+        "command": _command_argv(rd),
+    }
+    write_package(archive, rd.path.name, rd.path, [(lbl, p) for lbl, p in src.paths.items()], meta, mtime=now)
+    from k3fleet.evidence import sha256_file
+
+    return DecideResult(decision=decision, summary=summary, run_dir=rd, archive=archive,
+                        archive_sha256=sha256_file(archive))
+
+
+def _curves(src: Sources) -> list[dict[str, Any]]:
+    """The load curves of the acceptance run whose load probe the decision used (for the reports)."""
+    from k3fleet.decide.readers import curve_points
+
+    merged = merge_accept(src.accepts)
+    if merged is None or merged.load is None:
+        return []
+    path = src.paths[merged.load.ref.run]
+    data = json.loads((path / merged.load.ref.file).read_text()).get("data") or {}
+    return curve_points(path, data if isinstance(data, dict) else {})
+
+
+def _command_argv(rd: RunDir) -> list[str]:
+    data = rd.read_json("command.json")
+    argv = data.get("argv") if isinstance(data, dict) else None
+    return [str(a) for a in argv] if isinstance(argv, list) else []

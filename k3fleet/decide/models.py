@@ -1,0 +1,395 @@
+"""The go-live decision's data: the evidence summary it is computed from, and what it returns.
+
+The reader layer (:mod:`k3fleet.decide.readers`) turns run directories into an
+:class:`EvidenceSummary`; :func:`k3fleet.decide.decide` is a pure function of that summary
+(docs/decision.md). Every fact carries a :class:`Ref` naming the run and the file it rests on,
+so every reason and checklist item can point at its evidence.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity"]
+ItemStatus = Literal["pass", "fail", "missing"]
+Track = Literal["official", "custom"]
+RunKind = Literal["audit", "change", "accept", "triage"]
+
+# Worst first: the decision takes the worst outcome any rule gives (docs/decision.md "Precedence").
+OUTCOME_RANK: dict[str, int] = {"go_live": 0, "observe_with_limits": 1, "expand_capacity": 2,
+                                "rebuild_environment": 3}
+
+SCHEMA_VERSION = "1.0"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Ref(_Model):
+    """A file of a run directory that a fact rests on."""
+
+    run: str = Field(description="the run's label (its directory name)")
+    file: str = Field(description="path inside the run directory")
+    operator_supplied: bool = Field(default=False, description="raw text pasted by an operator (k3fleet triage)")
+
+    def __str__(self) -> str:
+        return f"{self.run}/{self.file}" + (" (operator-supplied)" if self.operator_supplied else "")
+
+
+class RunInfo(_Model):
+    label: str
+    kind: RunKind
+    path: str
+    started_at: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    user: str | None = None
+    k3fleet_version: str | None = None
+    operator_supplied: bool = False
+    files: int = 0
+
+
+class Fact(_Model):
+    """One finding from any source, in one shape: audit check ids or ``accept.*`` ids."""
+
+    id: str
+    severity: str = Field(description="audit: critical/error/warning/info; acceptance: fail/warn/info")
+    kind: str = "fail"
+    host: str | None = None
+    message: str
+    chain: bool = False
+    layer: str | None = None
+    ref: Ref
+
+    @property
+    def blocking(self) -> bool:
+        return self.kind == "fail" and self.severity in ("critical", "error", "fail")
+
+
+# -- per source ------------------------------------------------------------------------------------
+
+
+class HostEvidence(_Model):
+    host: str
+    status: str
+    driver_version: str | None = None
+    branch: int | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    image_ref: str | None = None
+    image_digest: str | None = None
+    image_cuda: str | None = None
+    image_vllm: str | None = None
+    reason: str | None = None
+
+
+class AuditEvidence(_Model):
+    run: str
+    ref: Ref
+    started_at: str | None = None
+    outcome: str = Field(description="the audit's own outcome (its four, or incomplete)")
+    reasons: list[str] = Field(default_factory=list)
+    hosts: list[HostEvidence] = Field(default_factory=list)
+    findings: list[Fact] = Field(default_factory=list)
+    gpus_healthy: int = 0
+    gpus_after_plan: int = 0
+    gpus_required: int = 0
+    strategy: str | None = None
+    rdma_required: bool | None = None
+    unreachable: list[str] = Field(default_factory=list)
+    evidence_incomplete: bool = False
+    interrupted: bool = False
+    nccl: dict[str, str] = Field(default_factory=dict, description="NCCL settings every host agrees on")
+
+
+class TimelineEvent(_Model):
+    ts: str | None = None
+    host: str
+    stage: str
+    detail: str | None = None
+
+
+class ChangeEvidence(_Model):
+    run: str
+    ref: Ref
+    change_id: str | None = None
+    operator: str | None = None
+    check: bool = False
+    started_at: str | None = None
+    status: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    target_version: str | None = None
+    hosts: dict[str, str] = Field(default_factory=dict, description="host -> outcome (upgraded, failed, ...)")
+    timeline: list[TimelineEvent] = Field(default_factory=list)
+    journal_problems: list[str] = Field(default_factory=list)
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return sorted(h for h, o in self.hosts.items() if o in ("failed", "rolled_back", "in_progress"))
+
+
+class StartupEvidence(_Model):
+    ref: Ref
+    status: str
+    reason: str | None = None
+    vllm_version: str | None = None
+    image: str | None = None
+    image_digest: str | None = None
+    cuda_version: str | None = None
+    torch_version: str | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    expert_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    enable_expert_parallel: bool | None = None
+    max_model_len: int | None = None
+    prefix_caching: bool | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    launch_command: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    findings: list[Fact] = Field(default_factory=list)
+
+    @property
+    def model_load_oom(self) -> list[Fact]:
+        return [f for f in self.findings if f.severity == "fail" and "oom" in f.id.split(".")[-1]]
+
+
+class PrefixCacheEvidence(_Model):
+    ref: Ref
+    status: str
+    reason: str | None = None
+    cold_saved: bool = False
+    warm_saved: bool = False
+    cache_metrics: bool = Field(default=False, description="cache counters were read around the windows")
+    controlled_reuse: bool | None = Field(default=None, description="hits rose by about the shared prefix")
+    caching_enabled: bool | None = Field(default=None, description="cache_config_info enable_prefix_caching")
+    hit_ratio: float | None = None
+    findings: list[Fact] = Field(default_factory=list)
+
+
+class AgentCase(_Model):
+    name: str
+    runs: int = 0
+    passed: int = 0
+    pass_rate: float | None = None
+    defects: dict[str, int] = Field(default_factory=dict)
+    layer: str | None = None
+    critical: bool = False
+
+    @property
+    def failures(self) -> int:
+        return max(self.runs - self.passed, 0)
+
+
+class AgentEvidence(_Model):
+    ref: Ref
+    status: str
+    reason: str | None = None
+    cases: list[AgentCase] = Field(default_factory=list)
+    findings: list[Fact] = Field(default_factory=list)
+
+
+class LoadEvidence(_Model):
+    ref: Ref
+    status: str
+    reason: str | None = None
+    outcome: str | None = Field(default=None, description="stable, ceiling, adjust_config, collapse")
+    ceiling: int | None = None
+    envelope: dict[str, Any] = Field(default_factory=dict)
+    phases: list[str] = Field(default_factory=list, description="phases with saved curve points")
+    curves_ref: Ref | None = None
+    request_params_saved: bool = False
+    queue_latency_saved: bool = False
+    restarts: int | None = None
+    health_failures: int | None = None
+    oom_events: int | None = None
+    findings: list[Fact] = Field(default_factory=list)
+
+
+class AcceptEvidence(_Model):
+    run: str
+    base_url: str | None = None
+    model: str | None = None
+    started_at: str | None = None
+    startup: StartupEvidence | None = None
+    prefix_cache: PrefixCacheEvidence | None = None
+    agent: AgentEvidence | None = None
+    load: LoadEvidence | None = None
+
+
+class TriageEvidence(_Model):
+    run: str
+    ref: Ref
+    host: str | None = None
+    kinds: list[str] = Field(default_factory=list)
+    findings: list[Fact] = Field(default_factory=list)
+    driver_version: str | None = None
+    image_digest: str | None = None
+    startup: StartupEvidence | None = None
+
+
+# -- operator-filled files ---------------------------------------------------------------------------
+
+
+class OwnerEntry(_Model):
+    """Who fixes a failed item, by when, and how the service goes back if it is not fixed."""
+
+    owner: str = Field(min_length=1, max_length=128)
+    deadline: _dt.date
+    rollback: str = Field(min_length=1, description="the rollback action for this item")
+    rate_limit: str | None = Field(default=None, description="for a bounded agent defect: the traffic limit")
+    documented: str | None = Field(default=None, description="where the limited feature is documented")
+
+    @field_validator("owner", "rollback")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        v = v.strip()
+        if not v or "\n" in v:
+            raise ValueError("must be one non-empty line")
+        return v
+
+
+class OwnersFile(_Model):
+    """``--owners FILE.yaml``: an owner, deadline and rollback action per failed checklist item."""
+
+    items: dict[str, OwnerEntry] = Field(default_factory=dict)
+
+
+_HEX_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class CustomBuild(_Model):
+    """``--build FILE.yaml``: the separate evidence track of an image built by the operator."""
+
+    image: str = Field(min_length=1, description="the image reference served")
+    source_branch: str = Field(min_length=1)
+    commit: str
+    lockfile: str = Field(min_length=1, description="lockfile path and its sha256, or the lock itself")
+    build_command: str = Field(min_length=1)
+    digest: str
+    rollback_image: str = Field(min_length=1, description="image (with digest) to return to")
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, v: str) -> str:
+        if not _HEX_COMMIT.match(v.strip().lower()):
+            raise ValueError("expected a git commit id (7-40 hex digits)")
+        return v.strip().lower()
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        if not _DIGEST.match(v.strip()):
+            raise ValueError("expected sha256:<64 hex digits>")
+        return v.strip()
+
+
+class TargetBrief(_Model):
+    name: str
+    image: str
+    image_repository: str
+    image_cuda: str
+    image_digest: str | None = None
+    vllm_min: str
+    driver_branch: int
+    gpus_per_node: int
+    required_flags: dict[str, str | None] = Field(default_factory=dict)
+    ref: Ref | None = None
+
+
+class Policy(_Model):
+    """Thresholds of the rules (docs/decision.md "Thresholds")."""
+
+    max_noncritical_defect_rate: float = Field(default=0.10, ge=0, le=1)
+    critical_repeated_failures: int = Field(default=2, ge=1)
+
+
+class EvidenceSummary(_Model):
+    schema_version: str = SCHEMA_VERSION
+    runs: list[RunInfo] = Field(default_factory=list)
+    target: TargetBrief
+    audit: AuditEvidence | None = None
+    change: ChangeEvidence | None = None
+    accept: AcceptEvidence | None = None
+    triage: list[TriageEvidence] = Field(default_factory=list)
+    owners: OwnersFile | None = None
+    owners_ref: Ref | None = None
+    build: CustomBuild | None = None
+    build_ref: Ref | None = None
+    reviewer: str | None = None
+    reviewed_at: str | None = None
+    service_owner: str | None = None
+    policy: Policy = Field(default_factory=Policy)
+
+
+# -- what the decision returns ---------------------------------------------------------------------
+
+
+class ChecklistItem(_Model):
+    id: str
+    title: str
+    track: Literal["common", "official", "custom"] = "common"
+    status: ItemStatus
+    detail: str
+    evidence: list[Ref] = Field(default_factory=list)
+    owner: OwnerEntry | None = None
+
+
+class Reason(_Model):
+    rule: str = Field(description="the rule of the decision table that fired")
+    outcome: Outcome
+    approval: Literal["allows", "limits", "blocks"]
+    text: str
+    evidence: list[Ref] = Field(default_factory=list)
+
+
+class Limit(_Model):
+    kind: str = Field(description="concurrency_ceiling, max_context_tokens, rate_limit, hosts_left_out")
+    value: str
+    text: str
+    owner: str | None = None
+    evidence: list[Ref] = Field(default_factory=list)
+
+
+class Baseline(_Model):
+    """The accepted configuration: the serving side's rollback artifact (docs/decision.md)."""
+
+    image: str | None = None
+    image_digest: str | None = None
+    vllm_version: str | None = None
+    launch_command: str | None = None
+    runtime_env: dict[str, str] = Field(default_factory=dict)
+    parallel: dict[str, int | bool | None] = Field(default_factory=dict)
+    parsers: dict[str, str | None] = Field(default_factory=dict)
+    max_model_len: int | None = None
+    prefix_caching: bool | None = None
+    envelope: dict[str, Any] = Field(default_factory=dict, description="max concurrency / context / duration")
+    concurrency_ceiling: int | None = None
+    prefix_cache_hit_ratio: float | None = None
+    base_url: str | None = None
+    model: str | None = None
+    rollback_image: str | None = Field(default=None, description="custom track: the build record's rollback image")
+    evidence: list[Ref] = Field(default_factory=list)
+
+
+class Decision(_Model):
+    schema_version: str = SCHEMA_VERSION
+    outcome: Outcome
+    approved: bool
+    exit_code: int
+    track: Track
+    reasons: list[Reason]
+    limits: list[Limit] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list, description="checklist items without evidence")
+    checklist: list[ChecklistItem]
+    reviewer: str | None = None
+    reviewed_at: str | None = None
+    service_owner: str | None = None
+    baseline: Baseline | None = None

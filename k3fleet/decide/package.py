@@ -1,0 +1,261 @@
+"""The evidence package: one ``.tar.gz`` per decision, and its verification.
+
+Layout inside the archive (every name relative, under one top directory)::
+
+    <decision-id>/PACKAGE.json            sha256 + size of every other member, tool version, command
+                                          lines, target file, operators, reviewer, outcome
+    <decision-id>/decision/...            the decision's run directory
+    <decision-id>/runs/<run>/...          every run the decision used, as verified
+
+Writing never follows a symlink out of a run directory and stores regular files only; the
+archive is written to a temporary file beside its destination, fsync'd, then renamed.
+Reading refuses members that are links, devices, absolute or that climb out with ``..``
+(docs/decision.md "The evidence package").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from k3fleet import __version__
+from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence import is_secret_name
+
+PACKAGE_MANIFEST = "PACKAGE.json"
+PACKAGE_FORMAT = "k3fleet-evidence-1"
+# A secret shorter than this is too likely to occur by chance ("true", "1").
+_MIN_SECRET_LEN = 8
+
+
+@dataclass
+class PackageEntry:
+    arcname: str  # relative to the package root
+    source: Path
+
+
+def _run_files(root: Path, label: str) -> Iterator[tuple[str, Path]]:
+    """Regular files of a run directory; a symlink must resolve to a file inside the run itself."""
+    base = root.resolve()
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_symlink():
+            target = p.resolve()
+            if not target.is_relative_to(base) or not target.is_file():
+                raise IncompleteError(f"run {label}: {rel} is a symlink out of the run directory: not packaged")
+            yield rel, target
+        elif p.is_file():
+            yield rel, p
+        elif not p.is_dir():
+            raise IncompleteError(f"run {label}: {rel} is not a regular file: not packaged")
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Values of secret-named variables in the environment, long enough to search for."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if is_secret_name(k) and len(v) >= _MIN_SECRET_LEN}
+
+
+def _scan(data: bytes, secrets: Mapping[str, str]) -> str | None:
+    for name, value in secrets.items():
+        if value.encode() in data:
+            return name
+    return None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence[tuple[str, Path]],
+                  meta: Mapping[str, Any], *, mtime: _dt.datetime,
+                  environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Write the archive; returns the package manifest. Refuses a file carrying a secret's value."""
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", root_name):
+        raise UsageError(f"package name {root_name!r} is not a plain file name")
+    entries: list[PackageEntry] = [PackageEntry(f"decision/{rel}", p) for rel, p in _run_files(decision_dir,
+                                                                                                "decision")]
+    labels: set[str] = set()
+    for label, path in runs:
+        if label in labels or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", label):
+            raise UsageError(f"run label {label!r} is repeated or not a plain directory name")
+        labels.add(label)
+        entries += [PackageEntry(f"runs/{label}/{rel}", p) for rel, p in _run_files(path, label)]
+    secrets = secret_values(environ)
+    files: list[dict[str, Any]] = []
+    blobs: list[tuple[str, bytes]] = []
+    for e in entries:
+        data = e.source.read_bytes()
+        hit = _scan(data, secrets)
+        if hit is not None:
+            raise IncompleteError(f"{e.arcname} contains the value of ${hit}: redact the run before packaging it")
+        files.append({"path": e.arcname, "sha256": sha256_bytes(data), "bytes": len(data)})
+        blobs.append((e.arcname, data))
+    manifest = {"format": PACKAGE_FORMAT, "k3fleet_version": __version__, **meta, "files": files}
+    manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n").encode()
+    hit = _scan(manifest_bytes, secrets)
+    if hit is not None:
+        raise IncompleteError(f"{PACKAGE_MANIFEST} would contain the value of ${hit}: not packaged")
+    blobs.insert(0, (PACKAGE_MANIFEST, manifest_bytes))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    ts = int(mtime.timestamp())
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            # mtime=0 in the gzip header: the same content gives the same archive bytes.
+            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+                    tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for arcname, data in blobs:
+                    info = tarfile.TarInfo(f"{root_name}/{arcname}")
+                    info.size = len(data)
+                    info.mtime = ts
+                    info.mode = 0o644
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    tar.addfile(info, io.BytesIO(data))
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.chmod(tmp, 0o644)
+        tmp.replace(dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return manifest
+
+
+# -- verification -------------------------------------------------------------------------------------
+
+
+@dataclass
+class PackageCheck:
+    archive: Path
+    root: str | None = None
+    manifest: dict[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)
+    checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _unsafe(name: str) -> str | None:
+    p = PurePosixPath(name)
+    if name.startswith("/") or p.is_absolute():
+        return "absolute path"
+    if ".." in p.parts:
+        return "path climbs out with '..'"
+    if "\\" in name or "\x00" in name:
+        return "unusual characters in the name"
+    return None
+
+
+def verify_package(archive: Path) -> PackageCheck:
+    """Check every member against PACKAGE.json: changed, missing and extra files, unsafe members."""
+    res = PackageCheck(archive=archive)
+    if not archive.is_file():
+        raise UsageError(f"{archive} is not a file")
+    digests: dict[str, str] = {}
+    current: str | None = None
+    try:
+        with tarfile.open(archive, mode="r:gz") as tar:
+            while True:
+                try:
+                    member = tar.next()
+                except tarfile.ReadError as exc:
+                    res.problems.append(f"{_after(current)}: archive unreadable from here ({exc})")
+                    break
+                if member is None:
+                    break
+                current = member.name
+                why = _unsafe(member.name)
+                if why is not None:
+                    res.problems.append(f"{member.name}: refused: {why}")
+                    continue
+                if not member.isfile():
+                    kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "special"
+                    if member.isdir():
+                        continue
+                    res.problems.append(f"{member.name}: refused: a {kind} member")
+                    continue
+                top, _, rel = member.name.partition("/")
+                if res.root is None:
+                    res.root = top
+                if top != res.root or not rel:
+                    res.problems.append(f"{member.name}: outside the package directory {res.root}/")
+                    continue
+                fh = tar.extractfile(member)
+                if fh is None:
+                    res.problems.append(f"{rel}: unreadable member")
+                    continue
+                try:
+                    data = fh.read()
+                except (OSError, EOFError, tarfile.TarError, gzip.BadGzipFile) as exc:
+                    res.problems.append(f"{rel}: unreadable: the archive is damaged inside this file ({exc})")
+                    break
+                if rel in digests:
+                    res.problems.append(f"{rel}: appears twice in the archive")
+                digests[rel] = sha256_bytes(data)
+                if rel == PACKAGE_MANIFEST:
+                    try:
+                        res.manifest = json.loads(data.decode("utf-8"))
+                    except (UnicodeDecodeError, ValueError) as exc:
+                        res.problems.append(f"{PACKAGE_MANIFEST}: not valid JSON ({exc})")
+    except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+        res.problems.append(f"{_after(current)}: archive unreadable ({exc})")
+    _compare(res, digests)
+    return res
+
+
+def _after(name: str | None) -> str:
+    return f"after {name}" if name else "the archive's start"
+
+
+def _compare(res: PackageCheck, digests: dict[str, str]) -> None:
+    if res.manifest is None:
+        if not any(p.startswith(PACKAGE_MANIFEST) for p in res.problems):
+            res.problems.append(f"{PACKAGE_MANIFEST}: missing (not a k3fleet evidence package)")
+        return
+    files = res.manifest.get("files") if isinstance(res.manifest, dict) else None
+    if not isinstance(files, list) or res.manifest.get("format") != PACKAGE_FORMAT:
+        res.problems.append(f"{PACKAGE_MANIFEST}: not a {PACKAGE_FORMAT} manifest")
+        return
+    listed: dict[str, str] = {}
+    for f in files:
+        if isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("sha256"), str):
+            listed[f["path"]] = f["sha256"]
+    for rel, digest in sorted(listed.items()):
+        if rel not in digests:
+            res.problems.append(f"{rel}: missing from the archive")
+        elif digests[rel] != digest:
+            res.problems.append(f"{rel}: changed (sha256 {digests[rel][:16]}..., manifest {digest[:16]}...)")
+        else:
+            res.checked += 1
+    for rel in sorted(set(digests) - set(listed) - {PACKAGE_MANIFEST}):
+        res.problems.append(f"{rel}: not in {PACKAGE_MANIFEST}")
+
+
+def read_package_file(archive: Path, rel: str) -> bytes:
+    """One member's bytes from a verified package (the caller verifies first)."""
+    if _unsafe(rel) is not None:
+        raise UsageError(f"{rel}: not a package path")
+    with tarfile.open(archive, mode="r:gz") as tar:
+        for member in tar:
+            name = member.name.partition("/")[2]
+            if name == rel and member.isfile() and _unsafe(member.name) is None:
+                fh = tar.extractfile(member)
+                if fh is not None:
+                    return fh.read()
+    raise UsageError(f"{archive}: has no {rel}")

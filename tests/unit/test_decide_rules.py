@@ -1,0 +1,436 @@
+"""The decision table, as a table: every outcome, every rule, every missing-evidence case.
+
+The pure decision function is driven from typed evidence summaries here; the same rules over
+real run directories (lab audit, upgrade --check, the simulator) are in
+tests/integration/test_decide_runs.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from k3fleet.decide import RULES, build_checklist, decide
+from k3fleet.decide.checklist import ITEM_IDS
+from k3fleet.decide.models import (
+    AcceptEvidence,
+    AgentCase,
+    AgentEvidence,
+    AuditEvidence,
+    ChangeEvidence,
+    CustomBuild,
+    EvidenceSummary,
+    Fact,
+    HostEvidence,
+    LoadEvidence,
+    OwnerEntry,
+    OwnersFile,
+    PrefixCacheEvidence,
+    Ref,
+    StartupEvidence,
+    TargetBrief,
+    TriageEvidence,
+)
+
+DIGEST = "sha256:" + "93aead97" * 8
+OTHER = "sha256:" + "0badc0de" * 8
+
+
+def _ref(run: str, file: str, op: bool = False) -> Ref:
+    return Ref(run=run, file=file, operator_supplied=op)
+
+
+def healthy() -> EvidenceSummary:
+    """Every item in place: the go_live baseline each case changes one thing in."""
+    audit_ref = _ref("audit-1", "verdict.json")
+    hosts = [HostEvidence(host=f"gpu-b0{i}", status="pass", driver_version="580.95.05", branch=580,
+                          gpu_model="NVIDIA H200", gpu_count=8, image_ref="vllm/vllm-openai:kimi-k3",
+                          image_digest=DIGEST, image_cuda="13.0.2", image_vllm="0.27.1") for i in (1, 2)]
+    audit = AuditEvidence(run="audit-1", ref=audit_ref, started_at="2026-11-30T10:00:00+00:00", outcome="go_live",
+                          reasons=["all 2 host(s) pass"], hosts=hosts, gpus_healthy=16, gpus_after_plan=16,
+                          gpus_required=16, strategy="multi_node_tp_dp", rdma_required=True,
+                          nccl={"NCCL_IB_HCA": "mlx5_0"})
+    st_ref = _ref("accept-1", "startup.json")
+    startup = StartupEvidence(ref=st_ref, status="pass", vllm_version="0.27.1", image="vllm/vllm-openai:kimi-k3",
+                              image_digest=DIGEST, cuda_version="13.0", torch_version="2.9.0",
+                              tensor_parallel_size=8, data_parallel_size=2, expert_parallel_size=16,
+                              max_model_len=131072, prefix_caching=True, tool_call_parser="kimi_k3",
+                              reasoning_parser="kimi_k3", launch_command="vllm serve moonshotai/Kimi-K3 ...")
+    pc = PrefixCacheEvidence(ref=_ref("accept-1", "prefix_cache.json"), status="pass", cold_saved=True,
+                             warm_saved=True, cache_metrics=True, controlled_reuse=True, caching_enabled=True,
+                             hit_ratio=0.8)
+    agent_ref = _ref("accept-1", "agent.json")
+    cases = [AgentCase(name=n, runs=20, passed=20, pass_rate=1.0, critical=c) for n, c in (
+        ("one_required_argument", True), ("nested_arguments", False), ("structured_output", False),
+        ("stream_tool_call_deltas", True), ("client_contract", True), ("timeout_retry", True))]
+    agent = AgentEvidence(ref=agent_ref, status="pass", cases=cases)
+    load = LoadEvidence(ref=_ref("accept-1", "load.json"), status="pass", outcome="stable",
+                        envelope={"max_context_tokens": 65536, "max_concurrency": 64, "duration_s": 60},
+                        phases=["agent_ramp", "long_input", "sustained"],
+                        curves_ref=_ref("accept-1", "load/curves.jsonl"), request_params_saved=True,
+                        queue_latency_saved=True, restarts=0, health_failures=0, oom_events=0)
+    target = TargetBrief(name="kimi-k3", image="vllm/vllm-openai:kimi-k3", image_repository="vllm/vllm-openai",
+                         image_cuda="13.0", vllm_min="0.27.1", driver_branch=580, gpus_per_node=8,
+                         required_flags={"--enable-prefix-caching": None, "--tool-call-parser": "kimi_k3"})
+    return EvidenceSummary(target=target, audit=audit,
+                           accept=AcceptEvidence(run="accept-1", base_url="http://127.0.0.1:8000",
+                                                 model="moonshotai/Kimi-K3", startup=startup, prefix_cache=pc,
+                                                 agent=agent, load=load),
+                           reviewer="carol", reviewed_at="2026-11-30T12:00:00+00:00", service_owner="serving-team")
+
+
+def _acc(s: EvidenceSummary) -> AcceptEvidence:
+    assert s.accept is not None
+    return s.accept
+
+
+def _st(s: EvidenceSummary) -> StartupEvidence:
+    assert _acc(s).startup is not None
+    return _acc(s).startup  # type: ignore[return-value]
+
+
+def _case(s: EvidenceSummary, name: str) -> AgentCase:
+    agent = _acc(s).agent
+    assert agent is not None
+    return next(c for c in agent.cases if c.name == name)
+
+
+def _fail_case(name: str, failures: int, defects: dict[str, int] | None = None) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        c = _case(s, name)
+        c.passed = c.runs - failures
+        c.defects = defects or {}
+        c.layer = "http"
+    return mut
+
+
+def _owners(**items: dict[str, Any]) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        s.owners = OwnersFile(items={k: OwnerEntry(**v) for k, v in items.items()})
+        s.owners_ref = _ref("decision", "inputs/owners.yaml")
+    return mut
+
+
+def _chain(*muts: Callable[[EvidenceSummary], None]) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        for m in muts:
+            m(s)
+    return mut
+
+
+def _set(path: str, value: Any) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        obj: Any = s
+        *head, last = path.split(".")
+        for part in head:
+            obj = getattr(obj, part)
+        setattr(obj, last, value)
+    return mut
+
+
+def _audit_finding(check: str, host: str = "gpu-b01", chain: bool = True) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        assert s.audit is not None
+        s.audit.findings.append(Fact(id=check, severity="critical", kind="fail", host=host, chain=chain,
+                                     message=f"{check} failed on {host}", ref=s.audit.ref))
+    return mut
+
+
+def _startup_finding(fid: str, message: str) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        st = _st(s)
+        st.status = "fail"
+        st.findings.append(Fact(id=fid, severity="fail", message=message, layer="environment", ref=st.ref))
+    return mut
+
+
+def _custom(build: bool, digest: str = DIGEST) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        _st(s).image = "registry.example.internal/ml/vllm-k3-cu129:2026-11"
+        assert s.audit is not None
+        for h in s.audit.hosts:
+            h.image_ref = "registry.example.internal/ml/vllm-k3-cu129:2026-11"
+        if build:
+            s.build = CustomBuild(image="registry.example.internal/ml/vllm-k3-cu129:2026-11", source_branch="k3",
+                                  commit="0123abcd4567ef89", lockfile="uv.lock sha256:" + "ab" * 32,
+                                  build_command="docker build -f docker/Dockerfile --build-arg CUDA=12.9 .",
+                                  digest=digest, rollback_image="vllm/vllm-openai:kimi-k3@" + DIGEST)
+            s.build_ref = _ref("decision", "inputs/build.yaml")
+    return mut
+
+
+def _change(check: bool, hosts: dict[str, str], started: str) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        s.change = ChangeEvidence(run="change-1", ref=_ref("change-1", "journal.jsonl"), change_id="CHG-1042",
+                                  operator="alice", check=check, started_at=started, hosts=hosts)
+    return mut
+
+
+def _triage(check: str, chain: bool) -> Callable[[EvidenceSummary], None]:
+    def mut(s: EvidenceSummary) -> None:
+        ref = _ref("triage-1", "triage.json", op=True)
+        s.triage.append(TriageEvidence(run="triage-1", ref=ref, host="gpu-x01", kinds=["nvidia_smi"],
+                                       findings=[Fact(id=check, severity="critical", kind="fail", host="gpu-x01",
+                                                      chain=chain, message=f"{check} in a pasted capture",
+                                                      ref=ref)]))
+    return mut
+
+
+OWNER = {"owner": "dana", "deadline": dt.date(2026, 12, 15), "rollback": "pin the baseline image"}
+OWNER_LIMITED = {**OWNER, "rate_limit": "20 tool turns/min per tenant", "documented": "docs/known-issues.md#k3-tools"}
+
+# name -> (mutation, outcome, approved, exit code, rules that must fire, item -> status)
+CASES: dict[str, tuple[Callable[[EvidenceSummary], None] | None, str, bool, int, set[str], dict[str, str]]] = {
+    "healthy": (None, "go_live", True, 0, {"all.pass"}, {}),
+    "driver_below_r580": (_audit_finding("driver.branch"), "rebuild_environment", False, 1, {"chain.mismatch"},
+                          {"chain.agree": "fail"}),
+    "digest_differs_host_vs_startup": (_set("accept.startup.image_digest", OTHER), "rebuild_environment", False, 1,
+                                       {"chain.mismatch"}, {"chain.agree": "fail"}),
+    "digest_drift_across_hosts": (_set("audit.hosts", [HostEvidence(host="h1", status="pass", branch=580,
+                                                                    image_digest=DIGEST),
+                                                       HostEvidence(host="h2", status="pass", branch=580,
+                                                                    image_digest=OTHER)]),
+                                  "rebuild_environment", False, 1, {"chain.mismatch"}, {"chain.agree": "fail"}),
+    "vllm_below_minimum": (_set("accept.startup.vllm_version", "0.27.0"), "rebuild_environment", False, 1,
+                           {"chain.mismatch"}, {"vllm.version_channel": "fail"}),
+    "cuda12_in_container": (_set("accept.startup.cuda_version", "12.9"), "rebuild_environment", False, 1,
+                            {"chain.mismatch"}, {"container.cuda13": "fail"}),
+    "model_load_oom": (_startup_finding("accept.startup.load_oom", "GPU out of memory while loading the weights"),
+                       "rebuild_environment", False, 1, {"startup.model_load_oom"},
+                       {"startup.model_load_memory": "fail"}),
+    "startup_nccl_failure": (_startup_finding("accept.startup.nccl", "NCCL error: unhandled system error"),
+                             "rebuild_environment", False, 1, {"startup.failed"}, {}),
+    "world_size_beyond_healthy_gpus": (_set("accept.startup.data_parallel_size", 4), "rebuild_environment", False, 1,
+                                       {"topology.mismatch"}, {"topology.parallel": "fail"}),
+    "pasted_interconnect_failure": (_triage("rdma.port_state", chain=False), "rebuild_environment", False, 1,
+                                    {"topology.mismatch"}, {"topology.parallel": "fail"}),
+    "gpus_short_after_plan": (_chain(_set("audit.gpus_after_plan", 8), _set("audit.gpus_healthy", 8)),
+                              "expand_capacity", False, 1, {"capacity.short"}, {"topology.parallel": "fail"}),
+    "queue_collapse_under_limits": (_set("accept.load.outcome", "collapse"), "expand_capacity", False, 1,
+                                    {"load.collapse"}, {}),
+    "sustained_oom_restarts": (_chain(_set("accept.load.restarts", 2), _set("accept.load.oom_events", 1)),
+                               "expand_capacity", False, 1, {"load.collapse"}, {"load.no_termination": "fail"}),
+    "concurrency_ceiling": (_chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 48)),
+                            "observe_with_limits", True, 0, {"load.ceiling"}, {"load.agent_queue": "pass"}),
+    "context_envelope": (_set("accept.load.outcome", "adjust_config"), "observe_with_limits", True, 0,
+                         {"load.context_envelope"}, {}),
+    "prefix_flag_without_reuse": (_chain(_set("accept.prefix_cache.status", "fail"),
+                                         _set("accept.prefix_cache.controlled_reuse", False),
+                                         _set("accept.prefix_cache.reason", "hits did not rise")),
+                                  "rebuild_environment", False, 1, {"prefix_cache.flag_without_reuse"},
+                                  {"prefix_cache.warm": "fail"}),
+    "prefix_caching_off": (_chain(_set("accept.startup.prefix_caching", False),
+                                  _set("accept.prefix_cache.caching_enabled", False),
+                                  _set("accept.prefix_cache.status", "fail")),
+                           "rebuild_environment", False, 1, {"prefix_cache.off"}, {"prefix_cache.warm": "fail"}),
+    "bounded_noncritical_defect_with_owner": (
+        _chain(_fail_case("nested_arguments", 1, {"empty_tool_calls": 1}), _owners(**{"agent.tool_schema":
+                                                                                      OWNER_LIMITED})),
+        "observe_with_limits", True, 0, {"agent.bounded_defect"},
+        {"agent.tool_schema": "fail", "owners.failed_items": "pass"}),
+    "bounded_noncritical_defect_without_owner": (
+        _fail_case("nested_arguments", 1, {"empty_tool_calls": 1}), "observe_with_limits", False, 3,
+        {"agent.bounded_defect", "evidence.missing"}, {"owners.failed_items": "missing"}),
+    "bounded_defect_owner_without_rate_limit": (
+        _chain(_fail_case("nested_arguments", 1), _owners(**{"agent.tool_schema": OWNER})),
+        "observe_with_limits", False, 3, {"agent.bounded_defect", "evidence.missing"},
+        {"owners.failed_items": "missing"}),
+    "noncritical_defect_unbounded": (_fail_case("structured_output", 5, {"invalid_arguments": 5}),
+                                     "rebuild_environment", False, 1, {"agent.noncritical_unbounded"}, {}),
+    "critical_path_repeated_parser_failure": (
+        _fail_case("stream_tool_call_deltas", 3, {"merged_stream_calls": 3}), "rebuild_environment", False, 1,
+        {"agent.critical_repeated"}, {"agent.client_contract": "fail"}),
+    "critical_path_single_failure_with_owner": (
+        _chain(_fail_case("one_required_argument", 1), _owners(**{"agent.tool_schema": OWNER})),
+        "observe_with_limits", True, 0, {"agent.critical_single"}, {"agent.tool_schema": "fail"}),
+    "audit_hosts_left_out": (_chain(_set("audit.outcome", "observe_with_limits"),
+                                    _set("audit.reasons", ["1 host(s) fail checks and are left out"]),
+                                    _set("audit.hosts", [HostEvidence(host="h1", status="pass", branch=580,
+                                                                      image_digest=DIGEST),
+                                                         HostEvidence(host="h2", status="pass", branch=580,
+                                                                      image_digest=DIGEST),
+                                                         HostEvidence(host="h3", status="fail", branch=580)])),
+                             "observe_with_limits", True, 0, {"audit.limits"}, {}),
+    "custom_build_with_record": (_custom(build=True), "go_live", True, 0, {"all.pass"},
+                                 {"build.commit": "pass", "build.rollback_image": "pass"}),
+    "custom_build_digest_mismatch": (_custom(build=True, digest=OTHER), "rebuild_environment", False, 1,
+                                     {"chain.mismatch"}, {"build.digest": "fail"}),
+    "change_night_rolled_back": (_change(False, {"gpu-b01": "upgraded", "gpu-b02": "rolled_back"},
+                                         "2026-11-30T08:00:00+00:00"),
+                                 "rebuild_environment", False, 1, {"change.incomplete"}, {}),
+    "change_check_only_after_audit": (_change(True, {"gpu-b01": "not_started"}, "2026-11-30T11:00:00+00:00"),
+                                      "go_live", True, 0, {"all.pass"}, {"hosts.driver_branch": "pass"}),
+    "pasted_capture_driver_too_old": (_triage("driver.branch", chain=True), "rebuild_environment", False, 1,
+                                      {"chain.mismatch"}, {"hosts.driver_branch": "fail"}),
+    "load_ceiling_not_recorded": (_set("accept.load.outcome", "ceiling"), "observe_with_limits", True, 0,
+                                  {"load.ceiling"}, {}),
+}
+
+# Missing evidence: never a pass. name -> (mutation, items that must be missing)
+MISSING: dict[str, tuple[Callable[[EvidenceSummary], None], set[str]]] = {
+    "no_audit": (_set("audit", None), {"hosts.driver_branch", "chain.agree", "topology.parallel"}),
+    "no_acceptance_run": (_set("accept", None), {"image.tag_digest", "vllm.version_channel", "chain.agree",
+                                                 "topology.parallel", "startup.model_load_memory", "load.long_input",
+                                                 "load.agent_queue", "load.no_termination", "prefix_cache.cold",
+                                                 "prefix_cache.warm", "agent.tool_schema", "agent.client_contract",
+                                                 "agent.retry"}),
+    "no_cuda_anywhere": (_chain(_set("accept.startup.cuda_version", None),
+                                lambda s: [setattr(h, "image_cuda", None) for h in s.audit.hosts]),  # type: ignore
+                         {"container.cuda13"}),
+    "no_startup": (_set("accept.startup", None), {"image.tag_digest", "vllm.version_channel", "chain.agree",
+                                                  "topology.parallel", "startup.model_load_memory"}),
+    "startup_without_digest": (_set("accept.startup.image_digest", None), {"image.tag_digest", "chain.agree"}),
+    "startup_inconclusive": (_set("accept.startup.status", "inconclusive"), {"startup.model_load_memory"}),
+    "no_parallel_sizes": (_set("accept.startup.tensor_parallel_size", None), {"topology.parallel"}),
+    "no_prefix_cache": (_set("accept.prefix_cache", None), {"prefix_cache.cold", "prefix_cache.warm"}),
+    "prefix_cache_inconclusive": (_chain(_set("accept.prefix_cache.status", "inconclusive"),
+                                         _set("accept.prefix_cache.controlled_reuse", None)), {"prefix_cache.warm"}),
+    "no_cold_window": (_set("accept.prefix_cache.cold_saved", False), {"prefix_cache.cold"}),
+    "no_agent": (_set("accept.agent", None), {"agent.tool_schema", "agent.client_contract", "agent.retry"}),
+    "no_retry_case": (lambda s: setattr(_acc(s).agent, "cases", [c for c in _acc(s).agent.cases  # type: ignore
+                                                                  if "retry" not in c.name]), {"agent.retry"}),
+    "no_load": (_set("accept.load", None), {"load.long_input", "load.agent_queue", "load.no_termination"}),
+    "no_long_input_params": (_set("accept.load.request_params_saved", False), {"load.long_input"}),
+    "no_queue_curves": (_set("accept.load.queue_latency_saved", False), {"load.agent_queue"}),
+    "no_sustained_phase": (_set("accept.load.phases", ["agent_ramp", "long_input"]), {"load.no_termination"}),
+    "restarts_not_counted": (_set("accept.load.restarts", None), {"load.no_termination"}),
+    "no_reviewer": (_set("reviewer", None), {"signoff.reviewer"}),
+    "custom_image_without_build_record": (_custom(build=False), {"build.source_branch", "build.commit",
+                                                                  "build.lockfile", "build.command", "build.digest",
+                                                                  "build.rollback_image"}),
+    "failed_item_without_owner": (_fail_case("one_required_argument", 1), {"owners.failed_items"}),
+    "audit_older_than_change_night": (_change(False, {"gpu-b01": "upgraded", "gpu-b02": "upgraded"},
+                                              "2026-11-30T11:00:00+00:00"), {"hosts.driver_branch"}),
+    "audit_interrupted": (_set("audit.interrupted", True), {"hosts.driver_branch"}),
+    "driver_unknown_on_a_host": (lambda s: setattr(s.audit.hosts[0], "branch", None),  # type: ignore[union-attr]
+                                 {"hosts.driver_branch"}),
+}
+
+
+def _apply(mut: Callable[[EvidenceSummary], None] | None) -> EvidenceSummary:
+    s = healthy()
+    if mut is not None:
+        mut(s)
+    return EvidenceSummary.model_validate(s.model_dump())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decision_table(name: str) -> None:
+    mut, outcome, approved, code, rules, items = CASES[name]
+    d = decide(_apply(mut))
+    fired = {r.rule for r in d.reasons}
+    assert d.outcome == outcome, (d.outcome, [r.text for r in d.reasons])
+    assert d.approved is approved
+    assert d.exit_code == code
+    assert rules <= fired, (rules, fired)
+    status = {i.id: i.status for i in d.checklist}
+    for item, want in items.items():
+        assert status[item] == want, (item, status[item], [i.detail for i in d.checklist if i.id == item])
+    for r in d.reasons:
+        if r.rule not in ("all.pass",):
+            assert (r.text and r.evidence) or r.rule == "evidence.missing", r
+    if approved:
+        assert d.baseline is not None and d.baseline.image_digest == DIGEST
+        assert not d.missing
+    else:
+        assert d.baseline is None
+
+
+@pytest.mark.parametrize("name", sorted(MISSING))
+def test_missing_evidence_is_never_a_pass(name: str) -> None:
+    mut, missing = MISSING[name]
+    d = decide(_apply(mut))
+    assert d.outcome != "go_live"
+    assert not d.approved
+    assert missing <= set(d.missing), (missing, d.missing)
+    assert d.exit_code in (1, 3)
+    texts = [r.text for r in d.reasons if r.rule == "evidence.missing"]
+    for item in missing:
+        title = next(i.title for i in d.checklist if i.id == item)
+        assert any(title in t for t in texts), (item, texts)
+
+
+def test_missing_evidence_alone_exits_3_and_a_definite_failure_wins() -> None:
+    only_missing = decide(_apply(_set("accept.load", None)))
+    assert (only_missing.outcome, only_missing.exit_code) == ("observe_with_limits", 3)
+    both = decide(_apply(_chain(_set("accept.load", None), _audit_finding("driver.branch"))))
+    assert (both.outcome, both.exit_code) == ("rebuild_environment", 1)
+
+
+def test_every_rule_and_every_item_is_exercised_by_the_table() -> None:
+    fired: set[str] = set()
+    for mut, *_ in CASES.values():
+        fired |= {r.rule for r in decide(_apply(mut)).reasons}
+    for mut, _ in MISSING.values():
+        fired |= {r.rule for r in decide(_apply(mut)).reasons}
+    assert {r.id for r in RULES} - {"checklist.failed"} <= fired
+    missing_items = set().union(*(m for _, m in MISSING.values()))
+    assert set(ITEM_IDS) | {"owners.failed_items", "signoff.reviewer"} <= missing_items
+
+
+def test_a_failed_item_no_rule_explains_still_blocks_approval(monkeypatch: pytest.MonkeyPatch) -> None:
+    from k3fleet.decide import checklist
+
+    extra = checklist._Item("new.item", "A future item", "common",
+                            lambda s: ("fail", "measured and failed", [_ref("accept-1", "new.json")]))
+    monkeypatch.setattr(checklist, "ITEMS", (*checklist.ITEMS, extra))
+    d = decide(_apply(None))
+    assert not d.approved and d.exit_code == 1
+    # The failed item also needs an owner (missing), but the failure itself is what stops approval.
+    assert [r.rule for r in d.reasons] == ["checklist.failed", "evidence.missing"]
+    assert d.reasons[0].evidence == [_ref("accept-1", "new.json")]
+    assert d.missing == ["owners.failed_items"]
+
+
+def test_outcome_precedence_rebuild_over_capacity_over_limits() -> None:
+    d = decide(_apply(_chain(_set("accept.load.outcome", "collapse"), _set("accept.startup.vllm_version", "0.26.0"),
+                             _set("accept.load.ceiling", 8))))
+    assert d.outcome == "rebuild_environment"
+    assert {"chain.mismatch", "load.collapse"} <= {r.rule for r in d.reasons}
+
+
+def test_ceiling_is_named_and_becomes_the_baseline_envelope() -> None:
+    d = decide(_apply(_chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 48))))
+    assert [(lim.kind, lim.value) for lim in d.limits] == [("concurrency_ceiling", "48")]
+    assert "48 concurrent" in next(r.text for r in d.reasons if r.rule == "load.ceiling")
+    assert d.baseline is not None and d.baseline.concurrency_ceiling == 48
+    assert d.baseline.parsers == {"tool_call_parser": "kimi_k3", "reasoning_parser": "kimi_k3"}
+    assert d.baseline.runtime_env == {"NCCL_IB_HCA": "mlx5_0"}
+    assert d.baseline.parallel["world_size"] == 16
+
+
+def test_bounded_defect_limit_carries_rate_limit_owner_and_documentation() -> None:
+    d = decide(_apply(_chain(_fail_case("nested_arguments", 1, {"empty_tool_calls": 1}),
+                             _owners(**{"agent.tool_schema": OWNER_LIMITED}))))
+    lim = next(lim for lim in d.limits if lim.kind == "rate_limit")
+    assert lim.owner == "dana" and "20 tool turns/min" in lim.text and "known-issues" in lim.text
+    item = next(i for i in d.checklist if i.id == "agent.tool_schema")
+    assert item.owner is not None and item.owner.rollback == "pin the baseline image"
+
+
+def test_official_and_custom_tracks_are_separate_items() -> None:
+    official = {i.id: i.track for i in build_checklist(_apply(None))}
+    custom = {i.id: i.track for i in build_checklist(_apply(_custom(build=True)))}
+    assert not any(k.startswith("build.") for k in official)
+    assert {k for k, t in custom.items() if t == "custom"} == {i for i in ITEM_IDS if i.startswith("build.")}
+    d = decide(_apply(_custom(build=True)))
+    assert d.track == "custom" and d.baseline is not None
+    assert d.baseline.rollback_image == "vllm/vllm-openai:kimi-k3@" + DIGEST
+    channel = next(i for i in d.checklist if i.id == "vllm.version_channel")
+    assert "custom build of k3 at 0123abcd4567" in channel.detail
+
+
+def test_operator_supplied_evidence_is_marked_in_reasons() -> None:
+    d = decide(_apply(_triage("driver.branch", chain=True)))
+    refs = [e for r in d.reasons if r.rule == "chain.mismatch" for e in r.evidence]
+    assert any(e.operator_supplied and "operator-supplied" in str(e) for e in refs)
+
+
+def test_decide_is_pure_same_summary_same_decision() -> None:
+    s = _apply(_chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 32)))
+    before = s.model_dump_json()
+    assert decide(s).model_dump() == decide(s).model_dump()
+    assert s.model_dump_json() == before
