@@ -229,7 +229,8 @@ async def get_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, *, 
 
 
 async def post_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, body: Mapping[str, Any], *,
-                    probe: str = "", label: str = "", timeout_s: float | None = None) -> Exchange:
+                    probe: str = "", label: str = "", timeout_s: float | None = None,
+                    headers: Mapping[str, str] | None = None) -> Exchange:
     """POST a JSON body (non-streaming); transport and HTTP failures land in ``error``, never raised."""
     ex = Exchange(probe=probe, label=label, path=path, request=dict(body), started_at=time.time())
     url = endpoint.display_url + path
@@ -239,7 +240,7 @@ async def post_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, bo
         if timeout_s is not None:
             kwargs["timeout"] = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
         resp = await client.post(endpoint.url(path), content=dumps_body(body),
-                                 headers={"Content-Type": "application/json"}, **kwargs)
+                                 headers={"Content-Type": "application/json", **(headers or {})}, **kwargs)
     except httpx.HTTPError as exc:
         err = error_from_exception(exc, url)
         ex.error, ex.error_kind, ex.elapsed_s = err.message, err.kind, time.perf_counter() - t0
@@ -333,7 +334,8 @@ def _has_token(chunk: Mapping[str, Any]) -> bool:
 
 
 async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mapping[str, Any], *,
-                      probe: str = "", label: str = "", timeout_s: float | None = None) -> Exchange:
+                      probe: str = "", label: str = "", timeout_s: float | None = None,
+                      headers: Mapping[str, str] | None = None) -> Exchange:
     """POST a streaming chat completion; TTFT is the first chunk that carries a token.
 
     A stream that ends without ``[DONE]`` (cut half-way) is an error, with the chunks kept.
@@ -349,7 +351,7 @@ async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mappi
         kwargs["timeout"] = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
     try:
         async with client.stream("POST", endpoint.url(path), content=dumps_body(req),
-                                 headers={"Content-Type": "application/json"}, **kwargs) as resp:
+                                 headers={"Content-Type": "application/json", **(headers or {})}, **kwargs) as resp:
             ex.status = resp.status_code
             if not 200 <= resp.status_code < 300:
                 await resp.aread()

@@ -143,6 +143,60 @@ def _prefix_lines(result: ProbeResult) -> list[str]:
     return lines
 
 
+@accept_app.command("agent")
+def agent(
+    base_url: BaseUrl,
+    model: Model,
+    api_key_env: ApiKeyEnv = None,
+    insecure: Insecure = False,
+    timeout: Timeout = 300.0,
+    repeats: Annotated[int, typer.Option("--repeats", "-n", min=1, max=1000, help="Runs per case.")] = 20,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=256, help="Runs in flight.")] = 4,
+    case: Annotated[list[str] | None, typer.Option("--case", help="Run only this case (repeatable).")] = None,
+    critical: Annotated[str | None, typer.Option(
+        "--critical", help="Comma-separated cases that gate the result (default: all but structured_output).")] = None,
+    min_pass_rate: Annotated[float, typer.Option("--min-pass-rate", min=0, max=1,
+                                                 help="Pass rate a critical case needs.")] = 0.95,
+    temperature: Annotated[float | None, typer.Option("--temperature", min=0, max=2,
+                                                      help="Sampling temperature (default: the server's).")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", min=0, max=1)] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1)] = None,
+    extra_body: Annotated[str | None, typer.Option(
+        "--extra-body", help="JSON object merged into every request (e.g. chat_template_kwargs).")] = None,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+) -> None:
+    """Run the agent tool-call contract suite, each case repeated, and report pass rates and defects."""
+    from k3fleet.accept.agent import CASES, CRITICAL, AgentOptions, run_agent
+
+    ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    try:
+        extra = json.loads(extra_body) if extra_body else {}
+    except ValueError as exc:
+        raise UsageError(f"--extra-body is not JSON: {exc}") from exc
+    if not isinstance(extra, dict):
+        raise UsageError("--extra-body must be a JSON object")
+    crit = [c.strip() for c in critical.split(",") if c.strip()] if critical is not None else list(CRITICAL)
+    opts = AgentOptions(repeats=repeats, concurrency=concurrency, cases=case or list(CASES), critical=crit,
+                        min_pass_rate=min_pass_rate, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                        extra_body=extra)
+    say = progress_printer(quiet or as_json)
+    result = run_probe(ep, lambda client, _info: run_agent(ep, opts, progress=say, client=client),
+                       concurrency=concurrency)
+    print_result(result, as_json=as_json, lines=_agent_lines(result))
+    raise typer.Exit(result.exit_code)
+
+
+def _agent_lines(result: ProbeResult) -> list[str]:
+    lines = []
+    for case, v in (result.data.get("cases") or {}).items():
+        defects = ", ".join(f"{d} {n}" for d, n in sorted(v["defects"].items())) or "no defect"
+        mark = "*" if v["critical"] else " "
+        lines.append(f"{mark} {case:20s} {v['passed']:>4}/{v['runs']:<4} {defects}"
+                     + (f" [{v['layer']}]" if v["layer"] else ""))
+    return lines
+
+
 @accept_app.command("prefix-lint")
 def prefix_lint(
     captures: Annotated[Path, typer.Argument(help="JSON Lines of captured request bodies (before/after a gateway).")],

@@ -1,0 +1,465 @@
+"""`accept agent`: the agent tool-call contract suite, each case repeated under the intended sampling.
+
+Every run is judged twice, on the same bytes: as the raw HTTP response says it and as the official
+``openai`` SDK reads it (``toolcheck``). The result is a pass rate per case with counts, the defects
+seen in each case and the layer each sits at. Which cases are critical is data (``CRITICAL``,
+overridable). Cases, rules and sources: docs/acceptance.md ("accept agent").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+
+from k3fleet.accept import toolcheck
+from k3fleet.accept.client import (
+    Endpoint,
+    Exchange,
+    assemble_stream,
+    dumps_body,
+    error_from_exception,
+    post_json,
+    stream_chat,
+)
+from k3fleet.accept.record import Recorder
+from k3fleet.accept.result import Finding, ProbeResult, Status
+from k3fleet.accept.toolcheck import Expect, View
+
+PROBE = "agent"
+Progress = Callable[[str], None]
+
+# --- tools the cases offer (fixed, so a run is comparable with the next) --------------------------
+TOOLS: dict[str, dict[str, Any]] = {
+    "get_node_status": {
+        "description": "Return the health of one GPU node.",
+        "parameters": {"type": "object", "properties": {"node": {"type": "string", "minLength": 1}},
+                       "required": ["node"], "additionalProperties": False}},
+    "open_ticket": {
+        "description": "Open an incident ticket.",
+        "parameters": {"type": "object", "properties": {
+            "title": {"type": "string", "minLength": 1},
+            "labels": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "owner": {"type": "object", "properties": {"team": {"type": "string"}, "user": {"type": "string"}},
+                      "required": ["team", "user"], "additionalProperties": False},
+            "impact": {"type": "object", "properties": {
+                "nodes": {"type": "array", "items": {"type": "string"}},
+                "severity": {"type": "string", "enum": ["sev1", "sev2", "sev3"]}},
+                "required": ["severity"]}},
+            "required": ["title", "labels", "owner", "impact"], "additionalProperties": False}},
+    "scale_replicas": {
+        "description": "Scale a serving deployment.",
+        "parameters": {"type": "object", "properties": {
+            "deployment": {"type": "string", "pattern": "^[a-z0-9-]+$"},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": 64},
+            "mode": {"type": "string", "enum": ["rolling", "recreate"]}},
+            "required": ["deployment", "replicas", "mode"], "additionalProperties": False}},
+    "drain_node": {
+        "description": "Drain a node before maintenance.",
+        "parameters": {"type": "object", "properties": {"node": {"type": "string"}, "reason": {"type": "string"}},
+                       "required": ["node", "reason"], "additionalProperties": False}},
+    "lookup_runbook": {
+        "description": "Fetch the runbook section for an alert.",
+        "parameters": {"type": "object", "properties": {"alert": {"type": "string"}}, "required": ["alert"],
+                       "additionalProperties": False}},
+}
+
+INCIDENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"node": {"type": "string"}, "severity": {"type": "string", "enum": ["sev1", "sev2", "sev3"]},
+                   "actions": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
+    "required": ["node", "severity", "actions"], "additionalProperties": False}
+
+SYSTEM = "You are the on-call agent for a GPU serving fleet. Use the tools when asked; answer briefly."
+
+# Cases a go-live depends on; the rest are reported, not gating. Operators override with --critical.
+CRITICAL = ("one_required_arg", "nested_args", "call_then_result", "no_tool_turn", "invalid_args",
+            "timeout_retry", "multi_turn", "streaming_deltas", "reasoning_contract")
+CASES = ("one_required_arg", "nested_args", "call_then_result", "no_tool_turn", "invalid_args", "structured_output",
+         "timeout_retry", "multi_turn", "streaming_deltas", "reasoning_contract")
+
+
+def tool_defs(*names: str) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": n, **copy.deepcopy(TOOLS[n])}} for n in names]
+
+
+class AgentOptions(BaseModel):
+    repeats: int = Field(default=20, ge=1, le=1000)
+    concurrency: int = Field(default=4, ge=1, le=256)
+    cases: list[str] = Field(default_factory=lambda: list(CASES))
+    critical: list[str] = Field(default_factory=lambda: list(CRITICAL))
+    min_pass_rate: float = Field(default=0.95, ge=0, le=1)
+    # The intended sampling settings: sent only when given, so the server's own defaults apply otherwise.
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    # The first attempt of timeout_retry is abandoned after its first streamed chunk.
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+@dataclass
+class RunOutcome:
+    passed: bool
+    defects: dict[str, str] = field(default_factory=dict)  # defect -> layer
+    evidence: dict[str, str] = field(default_factory=dict)
+    reasoning_field: str | None = None
+
+
+@dataclass
+class Ctx:
+    client: httpx.AsyncClient
+    endpoint: Endpoint
+    opts: AgentOptions
+    rec: Recorder
+
+    def body(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.endpoint.model, "messages": messages}
+        for key in ("temperature", "top_p", "max_tokens"):
+            val = getattr(self.opts, key)
+            if val is not None:
+                body[key] = val
+        body.update(extra)
+        body.update(self.opts.extra_body)
+        return body
+
+
+# --- one exchange, judged at both layers ----------------------------------------------------------
+async def _turn(ctx: Ctx, case: str, label: str, body: dict[str, Any], expect: Expect, *, stream: bool,
+                outcome: RunOutcome, headers: Mapping[str, str] | None = None) -> tuple[View | None, Exchange]:
+    if stream:
+        ex = await stream_chat(ctx.client, ctx.endpoint, body, probe=PROBE, label=f"{case}/{label}",
+                               timeout_s=ctx.opts.timeout_s, headers=headers)
+    else:
+        ex = await post_json(ctx.client, ctx.endpoint, "/v1/chat/completions", body, probe=PROBE,
+                             label=f"{case}/{label}", timeout_s=ctx.opts.timeout_s, headers=headers)
+    ctx.rec.exchange(ex)
+    if ex.error is not None:
+        _add(outcome, "malformed_response" if ex.error_kind == "bad_response" else "http_error", "http",
+             _short(ex.error))
+        return None, ex
+    if stream:
+        raw = toolcheck.raw_stream_view(assemble_stream(ex.chunks).model_dump())
+        sdk, sdk_err = toolcheck.sdk_stream_view(ex.chunks)
+    else:
+        raw_or_none = toolcheck.raw_view(ex.response)
+        if raw_or_none is None:
+            _add(outcome, "malformed_response", "http", _short(json.dumps(ex.response)[:200]))
+            return None, ex
+        raw = raw_or_none
+        sdk, sdk_err = toolcheck.sdk_view(ex.response)
+    raw_defects = toolcheck.classify(raw, expect)
+    for d, ev in raw_defects.items():
+        _add(outcome, d, "http", ev)
+    if sdk_err is not None:
+        _add(outcome, "sdk_error", "client", sdk_err)
+    elif sdk is not None:
+        for d, ev in toolcheck.classify(sdk, expect).items():
+            if d not in raw_defects:
+                _add(outcome, d, "client", ev)
+    outcome.reasoning_field = outcome.reasoning_field or raw.reasoning_field
+    return raw, ex
+
+
+def _add(outcome: RunOutcome, defect: str, layer: str, evidence: str) -> None:
+    outcome.defects.setdefault(defect, layer)
+    outcome.evidence.setdefault(defect, evidence)
+    outcome.passed = False
+
+
+def _short(text: str, n: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _assistant_msg(view: View) -> dict[str, Any]:
+    return {"role": "assistant", "content": view.content or None,
+            "tool_calls": [{"id": c.get("id") or f"call_{i}", "type": "function",
+                            "function": {"name": c.get("name"), "arguments": c.get("arguments") or "{}"}}
+                           for i, c in enumerate(view.tool_calls)]}
+
+
+def _tool_result(call: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call.get("id") or "call_0", "content": json.dumps(result)}
+
+
+# --- the cases ------------------------------------------------------------------------------------
+def _expect(*names: str, values: dict[str, dict[str, Any]] | None = None) -> Expect:
+    return Expect(calls=list(names), schemas={n: TOOLS[n]["parameters"] for n in names}, values=values or {})
+
+
+async def case_one_required_arg(ctx: Ctx, out: RunOutcome) -> None:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": 'Check one node: call get_node_status with node="gpu-017".'}]
+    await _turn(ctx, "one_required_arg", "call",
+                ctx.body(msgs, tools=tool_defs("get_node_status", "lookup_runbook"), tool_choice="auto"),
+                _expect("get_node_status", values={"get_node_status": {"node": "gpu-017"}}), stream=False, outcome=out)
+
+
+async def case_nested_args(ctx: Ctx, out: RunOutcome) -> None:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Call open_ticket for 'NCCL timeouts on rail 3': labels nccl and rail-3, "
+                                        "owner team infra and user ana, impact on nodes gpu-017 and gpu-018 at "
+                                        "severity sev2."}]
+    await _turn(ctx, "nested_args", "call", ctx.body(msgs, tools=tool_defs("open_ticket"), tool_choice="auto"),
+                _expect("open_ticket"), stream=False, outcome=out)
+
+
+async def case_call_then_result(ctx: Ctx, out: RunOutcome) -> None:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": 'Call get_node_status with node="gpu-002", then tell me '
+                                                              'what you found.'}]
+    tools = tool_defs("get_node_status")
+    view, _ = await _turn(ctx, "call_then_result", "call", ctx.body(msgs, tools=tools, tool_choice="auto"),
+                          _expect("get_node_status"), stream=False, outcome=out)
+    if view is None or not view.tool_calls:
+        return
+    msgs += [_assistant_msg(view),
+             _tool_result(view.tool_calls[0], {"node": "gpu-002", "state": "healthy", "xid_errors": 0})]
+    await _turn(ctx, "call_then_result", "answer", ctx.body(msgs, tools=tools, tool_choice="auto"),
+                Expect(content=True), stream=False, outcome=out)
+
+
+async def case_no_tool_turn(ctx: Ctx, out: RunOutcome) -> None:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "In one sentence, what does a canary host prove before a driver change? "
+                                        "Answer from your own knowledge."}]
+    await _turn(ctx, "no_tool_turn", "answer",
+                ctx.body(msgs, tools=tool_defs("get_node_status", "drain_node"), tool_choice="auto"),
+                Expect(content=True), stream=False, outcome=out)
+
+
+async def case_invalid_args(ctx: Ctx, out: RunOutcome) -> None:
+    # Tight schema (pattern, range, enum, no extra properties): invalid or incomplete arguments show.
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": 'Call scale_replicas with deployment="kimi-k3-prod", replicas=12, '
+                                        'mode="rolling".'}]
+    await _turn(ctx, "invalid_args", "call", ctx.body(msgs, tools=tool_defs("scale_replicas"), tool_choice="required"),
+                _expect("scale_replicas", values={"scale_replicas": {"replicas": 12}}), stream=False, outcome=out)
+
+
+async def case_structured_output(ctx: Ctx, out: RunOutcome) -> None:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Summarise this incident as JSON: node gpu-017 lost its NVLink, severity "
+                                        "sev2, actions: drain, open a ticket."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "incident", "schema": INCIDENT_SCHEMA, "strict": True}}
+    await _turn(ctx, "structured_output", "answer", ctx.body(msgs, response_format=fmt),
+                Expect(structured_schema=INCIDENT_SCHEMA), stream=False, outcome=out)
+
+
+async def case_timeout_retry(ctx: Ctx, out: RunOutcome) -> None:
+    """A client gives up mid-stream, then retries with the same request id: one call, executed once."""
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": 'Call drain_node with node="gpu-031" reason="xid 79".'}]
+    body = ctx.body(msgs, tools=tool_defs("drain_node"), tool_choice="auto")
+    request_id = f"accept-{uuid.uuid4().hex[:16]}"
+    headers = {"X-Request-Id": request_id}
+    abandoned = await _abandon_after_first_chunk(ctx, body, headers)
+    if abandoned is not None:
+        _add(out, "http_error", "http", abandoned)
+        return
+    view, _ = await _turn(ctx, "timeout_retry", "retry", body, _expect("drain_node"), stream=True, outcome=out,
+                           headers=headers)
+    if view is None:
+        return
+    ledger: dict[str, list[str]] = {}
+    for call in view.tool_calls:
+        key = json.dumps([call.get("name"), call.get("arguments")])
+        ledger.setdefault(request_id, []).append(key)
+    executed = ledger.get(request_id, [])
+    if len(executed) != len(set(executed)):
+        _add(out, "duplicate_tool_call", "http", f"request {request_id}: {len(executed)} calls, "
+                                                 f"{len(set(executed))} distinct")
+
+
+async def _abandon_after_first_chunk(ctx: Ctx, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+    """Start the stream and drop the connection at its first data line (a client-side timeout)."""
+    req = dict(body)
+    req["stream"] = True
+    url = ctx.endpoint.url("/v1/chat/completions")
+    t0 = time.time()
+    try:
+        async with ctx.client.stream("POST", url, content=dumps_body(req),
+                                     headers={"Content-Type": "application/json", **headers}) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                return f"first attempt answered {resp.status_code}"
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    break
+    except httpx.HTTPError as exc:
+        return error_from_exception(exc, ctx.endpoint.display_url + "/v1/chat/completions").message
+    ctx.rec.exchange(Exchange(probe=PROBE, label="timeout_retry/abandoned", path="/v1/chat/completions", request=req,
+                              stream=True, started_at=t0, error="abandoned by the client after the first chunk",
+                              error_kind="client_abort"))
+    return None
+
+
+async def case_multi_turn(ctx: Ctx, out: RunOutcome) -> None:
+    tools = tool_defs("get_node_status", "drain_node")
+    first_call = {"id": "functions.get_node_status:0", "type": "function",
+                  "function": {"name": "get_node_status", "arguments": json.dumps({"node": "gpu-044"})}}
+    msgs: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": 'Call get_node_status with node="gpu-044".'},
+            {"role": "assistant", "content": None, "tool_calls": [first_call]},
+            {"role": "tool", "tool_call_id": first_call["id"],
+             "content": json.dumps({"node": "gpu-044", "state": "degraded", "xid_errors": 3})},
+            {"role": "user", "content": 'It is degraded: call drain_node with node="gpu-044" reason="xid errors".'}]
+    view, _ = await _turn(ctx, "multi_turn", "call", ctx.body(msgs, tools=tools, tool_choice="auto"),
+                          _expect("drain_node", values={"drain_node": {"node": "gpu-044"}}), stream=False, outcome=out)
+    if view is not None and any(c.get("id") == first_call["id"] for c in view.tool_calls):
+        _add(out, "duplicate_tool_call", "http", "the new call reuses the earlier call's id")
+
+
+async def case_streaming_deltas(ctx: Ctx, out: RunOutcome) -> None:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": 'Two calls: get_node_status with node="gpu-001", then lookup_runbook with '
+                                        'alert="XidError79".'}]
+    await _turn(ctx, "streaming_deltas", "call",
+                ctx.body(msgs, tools=tool_defs("get_node_status", "lookup_runbook"), tool_choice="auto"),
+                _expect("get_node_status", "lookup_runbook"), stream=True, outcome=out)
+
+
+async def case_reasoning_contract(ctx: Ctx, out: RunOutcome) -> None:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": 'Think it through, then call lookup_runbook with alert="NVLinkDown".'}]
+    await _turn(ctx, "reasoning_contract", "call",
+                ctx.body(msgs, tools=tool_defs("lookup_runbook"), tool_choice="auto"),
+                _expect("lookup_runbook"), stream=True, outcome=out)
+
+
+CASE_FUNCS: dict[str, Callable[[Ctx, RunOutcome], Awaitable[None]]] = {
+    "one_required_arg": case_one_required_arg, "nested_args": case_nested_args,
+    "call_then_result": case_call_then_result, "no_tool_turn": case_no_tool_turn, "invalid_args": case_invalid_args,
+    "structured_output": case_structured_output, "timeout_retry": case_timeout_retry, "multi_turn": case_multi_turn,
+    "streaming_deltas": case_streaming_deltas, "reasoning_contract": case_reasoning_contract,
+}
+
+
+# --- the suite ------------------------------------------------------------------------------------
+async def run_agent(endpoint: Endpoint, opts: AgentOptions | None = None, *, recorder: Recorder | None = None,
+                    progress: Progress | None = None, client: httpx.AsyncClient | None = None) -> ProbeResult:
+    opts = opts or AgentOptions()
+    unknown = [c for c in [*opts.cases, *opts.critical] if c not in CASE_FUNCS]
+    if unknown:
+        from k3fleet.errors import UsageError
+
+        raise UsageError(f"unknown agent case(s): {', '.join(unknown)} (known: {', '.join(CASES)})")
+    rec = recorder if recorder is not None else Recorder()
+    say = progress or (lambda _m: None)
+    if client is None:
+        async with endpoint.async_client(opts.concurrency) as own:
+            return await _suite(Ctx(own, endpoint, opts, rec), say)
+    return await _suite(Ctx(client, endpoint, opts, rec), say)
+
+
+async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
+    opts = ctx.opts
+    outcomes: dict[str, list[RunOutcome]] = {c: [] for c in opts.cases}
+    sem = asyncio.Semaphore(opts.concurrency)
+
+    async def one(case: str) -> None:
+        async with sem:
+            out = RunOutcome(passed=True)
+            await CASE_FUNCS[case](ctx, out)
+            outcomes[case].append(out)
+
+    await _reference_client(ctx, say)
+    for case in opts.cases:
+        say(f"agent: {case} x{opts.repeats}")
+        await asyncio.gather(*(one(case) for _ in range(opts.repeats)))
+    return _result(outcomes, opts, ctx.rec)
+
+
+async def _reference_client(ctx: Ctx, say: Progress) -> None:
+    """One call through the official SDK's own HTTP path on the same endpoint: the reference client must
+    work end to end before its reading of the raw bytes means anything."""
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient, OpenAIError
+
+    say("agent: reference client (openai SDK) on the same endpoint")
+    # The SDK brings its own HTTP stack; it gets the same TLS setting and the same key, from the environment.
+    sdk = AsyncOpenAI(base_url=ctx.endpoint.url("/v1"), api_key=ctx.endpoint.api_key() or "unused",
+                      http_client=DefaultAsyncHttpxClient(verify=ctx.endpoint.verify_tls),
+                      timeout=ctx.endpoint.timeout_s, max_retries=0)
+    t0 = time.time()
+    body = ctx.body([{"role": "user", "content": 'Call get_node_status with node="gpu-001".'}],
+                    tools=tool_defs("get_node_status"), tool_choice="auto")
+    kwargs = {k: v for k, v in body.items() if k not in ("model", "messages")}
+    extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("tools", "tool_choice", "temperature", "top_p",
+                                                                 "max_tokens")}
+    try:
+        completion = await sdk.chat.completions.create(model=body["model"], messages=body["messages"],
+                                                       extra_body=extra or None, **kwargs)
+        ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,
+                                  status=200, response=completion.model_dump(mode="json"), started_at=t0))
+    except OpenAIError as exc:
+        ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,
+                                  started_at=t0, error=f"{type(exc).__name__}: {_short(str(exc))}",
+                                  error_kind="sdk_error"))
+    finally:
+        await sdk.close()
+
+
+def _result(outcomes: dict[str, list[RunOutcome]], opts: AgentOptions, rec: Recorder) -> ProbeResult:
+    cases: dict[str, Any] = {}
+    findings: list[Finding] = []
+    total_runs = 0
+    errored = 0
+    for case, runs in outcomes.items():
+        n = len(runs)
+        passed = sum(1 for r in runs if r.passed)
+        total_runs += n
+        errored += sum(1 for r in runs if set(r.defects) <= {"http_error", "malformed_response"} and r.defects)
+        counts: Counter[str] = Counter()
+        layers: dict[str, str] = {}
+        evidence: dict[str, str] = {}
+        for r in runs:
+            for d, layer in r.defects.items():
+                counts[d] += 1
+                # A defect seen in any raw response is the server's, whatever the SDK also did.
+                layers[d] = "http" if layer == "http" or layers.get(d) == "http" else layer
+                evidence.setdefault(d, r.evidence.get(d, ""))
+        case_layer = "http" if "http" in layers.values() else ("client" if layers else None)
+        critical = case in opts.critical
+        cases[case] = {"runs": n, "passed": passed, "pass_rate": round(passed / n, 4) if n else None,
+                       "defects": dict(counts), "defect_layers": layers, "layer": case_layer, "critical": critical,
+                       "reasoning_fields": dict(Counter(r.reasoning_field or "none" for r in runs))}
+        for d, count in sorted(counts.items()):
+            sev = "fail" if critical and (passed / n if n else 0) < opts.min_pass_rate else "warn"
+            findings.append(Finding(
+                id=f"accept.agent.{d}", severity=sev, layer=layers[d],  # type: ignore[arg-type]
+                message=f"{case}: {toolcheck.DEFECTS.get(d, d)}: {count}/{n} runs ({layers[d]} layer)",
+                evidence=_short(evidence.get(d, ""), 300)))
+    ref = next((e for e in rec.exchanges.get(PROBE, []) if e.get("label") == "reference_client"), None)
+    if ref is not None and ref.get("error"):
+        findings.append(Finding(id="accept.agent.reference_client", severity="warn", layer="client",
+                                message=f"the openai SDK's own request failed on this endpoint: {ref['error']}"))
+    data = {"cases": cases, "repeats": opts.repeats, "min_pass_rate": opts.min_pass_rate,
+            "sampling": {k: getattr(opts, k) for k in ("temperature", "top_p", "max_tokens")} | {
+                "extra_body": opts.extra_body}}
+    status: Status
+    if total_runs == 0 or errored == total_runs:
+        status, reason = "error", "no run reached the model (every request failed)"
+        findings.insert(0, Finding(id="accept.endpoint.unreachable", severity="fail", layer="http",
+                                   message=reason))
+    else:
+        low = [c for c, v in cases.items() if v["critical"] and v["pass_rate"] is not None
+               and v["pass_rate"] < opts.min_pass_rate]
+        if low:
+            status = "fail"
+            reason = f"critical case(s) below the {opts.min_pass_rate:.0%} pass rate: " + ", ".join(
+                f"{c} {cases[c]['passed']}/{cases[c]['runs']}" for c in low)
+        else:
+            status = "pass"
+            reason = f"every critical case at or above {opts.min_pass_rate:.0%} over {opts.repeats} runs"
+    return ProbeResult(probe=PROBE, status=status, reason=reason, findings=findings, data=data)
