@@ -29,6 +29,8 @@ class AuditOptions:
     probe: bool = False
     host_timeout: int = 300
     command_timeout: float = 20.0
+    # False: connect without checking host keys (an explicit choice, recorded in command.json).
+    host_key_checking: bool = True
 
 
 @dataclass
@@ -100,7 +102,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         if inventory is None:
             raise IncompleteError("no inventory given")
         hosts = inventory_hosts(inventory, opts.limit)
-        rd.copy_input(inventory, "inputs/inventory" + (inventory.suffix or ""))
+        rd.copy_inventory(inventory)
         if opts.target is not None:
             rd.copy_input(opts.target, "inputs/target.yaml")
         rd.write_json("inputs/target.json", target.model_dump(mode="json"))
@@ -112,13 +114,13 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         if opts.probe:
             # Extra vars beat host vars: only force the probe on, never off (hosts may opt in).
             extravars["k3fleet_probe"] = True
-        play = run_playbook("audit.yml", inventory, rd.path / "ansible", extravars=extravars,
-                            limit=opts.limit, forks=opts.forks, observer=observer, cancel=cancel,
-                            hosts=len(hosts))
+        play = run_playbook("audit.yml", inventory, rd, extravars=extravars, limit=opts.limit, forks=opts.forks,
+                            observer=observer, cancel=cancel, hosts=len(hosts),
+                            host_key_checking=opts.host_key_checking)
     rd.write_jsonl("events.jsonl", play.events)
     facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
     for host, data in raw.items():
-        rd.write_json(f"facts/{host}.json", data)
+        rd.write_json(RunDir.host_file("facts", host), data)
     verdict = evaluate_fleet(facts, target, unreachable=unreachable, invalid=invalid)
     result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
     _write_outputs(result, target)

@@ -3,6 +3,12 @@
 Nothing here parses Ansible's stdout: results come from structured events, matched by
 host and by the one stable key (``k3fleet``) that every k3fleet module returns.
 Display stays out of this module: callers pass an observer.
+
+Safety (docs/safety.md): ansible-runner's private data directory is a private temporary
+directory (mode 0700, removed after the play), never the run directory; the play gets a minimal
+environment; only evidence (the redacted Ansible output and a summary of the run) is copied into
+the run directory, through the redactor. Host keys are checked unless the caller or the
+inventory turns checking off, and that choice is recorded in command.json.
 """
 
 from __future__ import annotations
@@ -12,15 +18,19 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3fleet.errors import UsageError
 from k3fleet.paths import data_dir
+
+if TYPE_CHECKING:
+    from k3fleet.evidence import RunDir
 
 RESULT_KEY = "k3fleet"
 
@@ -84,29 +94,71 @@ class Observer:
         """Called once after the play ran."""
 
 
-def ansible_env(extra_roles: Sequence[Path] = ()) -> dict[str, str]:
-    """Where Ansible finds k3fleet's modules, module_utils and roles, from a checkout or a wheel."""
+# ssh arguments for every host; ssh takes the first value of an option, and these come first.
+_SSH_BASE = "-o ControlMaster=auto -o ControlPersist=60s"
+_SSH_CHECKED = f"{_SSH_BASE} -o StrictHostKeyChecking=yes"
+# Unchecked connections do not write unverified keys into known_hosts, and keep their master
+# connections apart so that a later checked run never reuses one.
+_SSH_UNCHECKED = f"{_SSH_BASE} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+_UNCHECKED_CONTROL_DIR = "~/.ansible/cp-unchecked"
+
+
+def ansible_env(extra_roles: Sequence[Path] = (), *, host_key_checking: bool = True) -> dict[str, str]:
+    """Where Ansible finds k3fleet's modules, module_utils and roles (from a checkout or a wheel),
+    and how it connects: host keys checked unless ``host_key_checking`` is False."""
     pkg = Path(__file__).resolve().parent
     roles = [str(p) for p in extra_roles]
     with contextlib.suppress(FileNotFoundError):  # no roles shipped: playbooks without roles still run
         roles.insert(0, str(data_dir("roles")))
-    return {
+    env = {
         "ANSIBLE_LIBRARY": str(pkg / "ansible" / "modules"),
         "ANSIBLE_MODULE_UTILS": str(pkg / "ansible" / "module_utils"),
         "ANSIBLE_DOC_FRAGMENT_PLUGINS": str(pkg / "ansible" / "doc_fragments"),
         "ANSIBLE_ROLES_PATH": os.pathsep.join(roles),
-        "ANSIBLE_HOST_KEY_CHECKING": "False",
+        # Set either way: a value inherited from the operator's shell must not decide silently.
+        "ANSIBLE_HOST_KEY_CHECKING": str(bool(host_key_checking)),
         "ANSIBLE_GATHERING": "explicit",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_INTERPRETER_PYTHON": "auto_silent",
         "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=60s",
+        "ANSIBLE_SSH_ARGS": _SSH_CHECKED if host_key_checking else _SSH_UNCHECKED,
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "ANSIBLE_LOCALHOST_WARNING": "False",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
         # ansible-core refuses a world-writable cwd's ansible.cfg; ours is passed explicitly instead.
         "ANSIBLE_CONFIG": str(data_dir("ansible.cfg")),
     }
+    if not host_key_checking:
+        env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = _UNCHECKED_CONTROL_DIR
+    return env
+
+
+# What the play inherits from the controller's environment (docs/safety.md "Play environment"):
+# what ssh and Ansible need, nothing else. Tokens and passwords of other tools stay out, also
+# out of ansible-runner's own record of the environment.
+_ENV_KEEP = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                       "SSH_AUTH_SOCK", "SSH_AGENT_PID", "KRB5CCNAME", "KRB5_CONFIG", "VIRTUAL_ENV"})
+_ENV_KEEP_PREFIXES = ("ANSIBLE_", "LC_")
+# Names of further variables the operator passes on to the play (comma-separated), e.g. one an
+# inventory reads with lookup('env', ...).
+PASS_ENV = "K3FLEET_PASS_ENV"
+
+
+def passed_env_names() -> set[str]:
+    return {n.strip() for n in os.environ.get(PASS_ENV, "").split(",") if n.strip()}
+
+
+def play_environment(prepared: Mapping[str, str], ours: Mapping[str, str]) -> dict[str, str]:
+    """The play's environment: ansible-runner's prepared one without what the controller's shell
+    carried beyond the allowed names (runner's own additions and ``ours`` stay)."""
+    passed = passed_env_names()
+    env = {}
+    for name, value in prepared.items():
+        inherited = os.environ.get(name) == value
+        if (not inherited or name in ours or name in _ENV_KEEP or name.startswith(_ENV_KEEP_PREFIXES)
+                or name in passed):
+            env[name] = value
+    return env
 
 
 def playbook_path(name: str) -> Path:
@@ -134,6 +186,37 @@ def _ansible_playbook_on_path() -> str:
 _TASK_TIMEOUT = re.compile(r"(?i)timed out after \d+ second")
 
 
+# What OpenSSH prints when it refuses a host key (docs/safety.md "Host keys"; real outputs in
+# tests/fixtures/ssh/SOURCES.md).
+_KEY_CHANGED = re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED|host key for (?P<addr>\S+) has changed", re.I)
+_KEY_UNKNOWN = re.compile(r"No \S+ host key is known for (?P<addr>\S+) and you have requested strict checking", re.I)
+_KEY_FAILED = re.compile(r"Host key verification failed", re.I)
+_OFFENDING = re.compile(r"Offending \S+ key in (?P<file>\S+?):(?P<line>\d+)")
+_CHANGED_ADDR = re.compile(r"host key for (?P<addr>\S+) has changed", re.I)
+_OPT_OUT = "or, as a recorded choice, --no-host-key-checking or the host's k3fleet_host_key_checking set to false"
+
+
+def host_key_message(host: str, text: str) -> str | None:
+    """One line naming the host and the fix when ``text`` is ssh refusing its host key, else None."""
+    text = " ".join(text.split())
+    if not _KEY_FAILED.search(text) and not _KEY_CHANGED.search(text) and not _KEY_UNKNOWN.search(text):
+        return None
+    changed = _KEY_CHANGED.search(text)
+    if changed:
+        m = _CHANGED_ADDR.search(text)
+        addr = m.group("addr") if m else host
+        where = _OFFENDING.search(text)
+        known = where.group("file") if where else "~/.ssh/known_hosts"
+        return (f"{host}: host key verification failed: the SSH host key of {addr} has CHANGED since {known} "
+                f"recorded it (a reinstalled node, or someone in the middle); the play did not connect. If the "
+                f"change is expected: ssh-keygen -f {known} -R {addr}, then ssh-keyscan {addr} >> {known} after "
+                f"checking the fingerprint")
+    unknown = _KEY_UNKNOWN.search(text)
+    addr = unknown.group("addr") if unknown else host
+    return (f"{host}: host key verification failed: the SSH host key of {addr} is not in known_hosts; the play did "
+            f"not connect. Check its fingerprint, then: ssh-keyscan {addr} >> ~/.ssh/known_hosts ({_OPT_OUT})")
+
+
 def _outcome(event: Mapping[str, Any]) -> HostOutcome | None:
     name = event.get("event")
     data = event.get("event_data") or {}
@@ -147,28 +230,32 @@ def _outcome(event: Mapping[str, Any]) -> HostOutcome | None:
         status = "timeout"
     if status == "failed" and data.get("ignore_errors"):
         status = "ignored"
+    message = _one_line(msg) if msg else None
+    if status == "unreachable" and isinstance(msg, str):
+        message = host_key_message(str(host), msg) or message
     return HostOutcome(
         host=str(host),
         status=status,
         task=data.get("task"),
         result=res if isinstance(res, dict) else None,
-        message=_one_line(msg) if msg else None,
+        message=message,
         duration_s=data.get("duration"),
     )
 
 
-def _one_line(text: Any) -> str:
+def _one_line(text: Any, limit: int = 400) -> str:
     text = " ".join(str(text).split())
     # ansible-core 2.19 prefixes every task error with this; it says nothing the status does not.
     text = text.removeprefix("Task failed: ")
-    return text[:400]
+    return text[:limit]
 
 
 def run_playbook(
     playbook: str,
     inventory: Path,
-    private_dir: Path,
+    artifacts_to: RunDir | Path | None = None,
     *,
+    artifacts_name: str = "ansible",
     extravars: Mapping[str, Any] | None = None,
     limit: str | None = None,
     forks: int = 20,
@@ -178,19 +265,31 @@ def run_playbook(
     timeout: int | None = None,
     cancel: threading.Event | None = None,
     hosts: int | None = None,
+    host_key_checking: bool = True,
 ) -> PlayResult:
-    """Run one playbook and collect per-host outcomes from its events (``hosts``: how many, for progress)."""
-    import ansible_runner  # heavy import kept off the CLI's start-up path
+    """Run one playbook and collect per-host outcomes from its events (``hosts``: how many, for progress).
+
+    ansible-runner works in a private temporary directory that is removed afterwards. What is
+    evidence goes, redacted, to ``artifacts_to``: a RunDir (into ``<run>/<artifacts_name>/``), or
+    the directory inside a run directory where it should go (``rd.path / "ansible"``); None keeps
+    nothing. ``host_key_checking`` given as False turns checking off for every host (a recorded
+    choice); an inventory's ``k3fleet_host_key_checking`` set to false turns it off for its hosts.
+    """
+    import ansible_runner.interface  # heavy import kept off the CLI's start-up path
+
+    from k3fleet.inventory import load_inventory
 
     observer = observer or Observer()
     pb = playbook_path(playbook)
-    if not inventory.exists():
-        raise UsageError(f"inventory {inventory} does not exist")
-    private_dir.mkdir(parents=True, exist_ok=True)
-    env = ansible_env()
-    env["PATH"] = _ansible_playbook_on_path()
+    inv = load_inventory(inventory, limit)
     result = PlayResult(playbook=playbook, status="error", rc=None)
     cancel = cancel or threading.Event()
+    ours = ansible_env(host_key_checking=host_key_checking)
+    ours["PATH"] = _ansible_playbook_on_path()
+    unchecked = sorted(inv.hosts) if not host_key_checking else sorted(inv.host_key_opt_outs)
+    evidence = _evidence_dir(artifacts_to, artifacts_name)
+    if evidence is not None:
+        _record_host_keys(*evidence, host_key_checking, inv.host_key_opt_outs)
 
     def on_event(event: dict[str, Any]) -> bool:
         if keep_events:
@@ -205,44 +304,116 @@ def run_playbook(
         # False: ansible-runner need not write every event to disk; the run directory keeps ours.
         return False
 
-    cmdline = "--check" if check else None
     observer.play_started(playbook, hosts)
     started, cpu0 = time.monotonic(), _children_cpu()
-    try:
-        r = ansible_runner.run(
-            private_data_dir=str(private_dir),
-            playbook=str(pb),
-            inventory=str(inventory.resolve()),
-            extravars=dict(extravars or {}),
-            limit=limit,
-            forks=forks,
-            cmdline=cmdline,
-            envvars=env,
-            quiet=True,
-            event_handler=on_event,
-            cancel_callback=cancel.is_set,
-            timeout=timeout,
-            rotate_artifacts=1,
-            suppress_env_files=True,
-        )
-    except KeyboardInterrupt:
-        result.interrupted = True
-        result.status = "canceled"
+    # mkdtemp: mode 0700, a fresh name; ansible-runner's command record holds the environment.
+    with tempfile.TemporaryDirectory(prefix="k3fleet-runner-") as private:
+        sources = [str(inv.path)]
+        if host_key_checking and inv.host_key_opt_outs:
+            sources.append(str(_unchecked_overlay(Path(private), inv.host_key_opt_outs)))
+        runner_cmd: list[str] = []
+        try:
+            r = ansible_runner.interface.init_runner(
+                private_data_dir=private,
+                playbook=str(pb),
+                inventory=sources if len(sources) > 1 else sources[0],
+                extravars=dict(extravars or {}),
+                limit=limit,
+                forks=forks,
+                cmdline="--check" if check else None,
+                envvars=ours,
+                quiet=True,
+                event_handler=on_event,
+                cancel_callback=cancel.is_set,
+                timeout=timeout,
+                suppress_env_files=True,
+            )
+            r.config.env = play_environment(r.config.env, ours)
+            runner_cmd = list(r.config.command or [])
+            r.run()
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.status = "canceled"
+            result.wall_s = time.monotonic() - started
+            observer.play_finished(result)
+            return result
         result.wall_s = time.monotonic() - started
-        observer.play_finished(result)
-        return result
-    result.wall_s = time.monotonic() - started
-    result.cpu_s = _children_cpu() - cpu0
-    result.status = r.status
-    result.rc = r.rc
-    if r.status == "canceled":
-        result.interrupted = True
-    try:
-        result.stderr_tail = _tail(r.stdout.read() if r.stdout else "")
-    except (OSError, ValueError):
-        result.stderr_tail = ""
+        result.cpu_s = _children_cpu() - cpu0
+        result.status = r.status
+        result.rc = r.rc
+        if r.status == "canceled":
+            result.interrupted = True
+        try:
+            stdout = r.stdout.read() if r.stdout else ""
+        except (OSError, ValueError):
+            stdout = ""
+        result.stderr_tail = _tail(stdout)
+        if evidence is not None:
+            rd, rel = evidence
+            rd.write_text(f"{rel}/stdout.txt", stdout)
+            rd.write_json(f"{rel}/runner.json", {
+                "playbook": playbook, "inventory": str(inventory), "limit": limit, "check": check, "forks": forks,
+                "argv": [_private_ref(a, private) for a in runner_cmd], "status": result.status, "rc": result.rc,
+                "wall_s": round(result.wall_s, 3), "host_key_checking": host_key_checking,
+                "host_key_unchecked_hosts": unchecked,
+            })
     observer.play_finished(result)
     return result
+
+
+def _private_ref(arg: str, private: str) -> str:
+    """An argument with the (already removed) private directory's path replaced by a name."""
+    return arg.replace(private, "<private-data-dir>")
+
+
+def _evidence_dir(artifacts_to: RunDir | Path | None, name: str) -> tuple[RunDir, str] | None:
+    """The run directory and the relative folder a play's evidence goes to."""
+    from k3fleet.evidence import COMMAND, RunDir
+
+    if artifacts_to is None:
+        return None
+    if isinstance(artifacts_to, RunDir):
+        return artifacts_to, name
+    target = Path(artifacts_to)
+    # The nearest run directory above (or at) the given path receives the files, so the
+    # redactor and the manifest see them; a path outside any run directory is its own root.
+    for parent in (target, *target.parents):
+        if (parent / COMMAND).is_file():
+            return RunDir(parent), target.relative_to(parent).as_posix() if parent != target else name
+    return RunDir(target.parent), target.name
+
+
+def _record_host_keys(rd: RunDir, play: str, checking: bool, opt_outs: Mapping[str, str]) -> None:
+    """Write the host-key policy of this play into the run's command.json (an explicit, kept
+    choice), under the play's evidence folder: a resumed night adds its own entry."""
+    from k3fleet.evidence import COMMAND
+
+    if not (rd.path / COMMAND).is_file():
+        return
+    recorded = rd.read_object(COMMAND).get("host_key_checking")
+    policy = dict(recorded) if isinstance(recorded, dict) else {}
+    policy[play] = {
+        "default": "checked" if checking else "unchecked (--no-host-key-checking)",
+        # host -> the inventory setting that turned checking off for it
+        "unchecked_hosts": dict(sorted(opt_outs.items())) if checking else {},
+    }
+    rd.update_command(host_key_checking=policy)
+
+
+def _unchecked_overlay(private: Path, opt_outs: Mapping[str, str]) -> Path:
+    """A second inventory source that turns checking off for the hosts whose inventory asks so.
+
+    Per-host ssh arguments beat the environment's, so only these hosts connect unchecked (and
+    through their own control sockets); ssh is what checks the key, Ansible only passes the option.
+    """
+    import json
+
+    hostvars = {h: {"ansible_ssh_args": _SSH_UNCHECKED, "ansible_control_path_dir": _UNCHECKED_CONTROL_DIR}
+                for h in sorted(opt_outs)}
+    path = private / "k3fleet-unchecked-hosts.yml"
+    # JSON is YAML: no dumper needed, and host names with odd characters stay exact.
+    path.write_text(json.dumps({"all": {"hosts": hostvars}}))
+    return path
 
 
 def _children_cpu() -> float:

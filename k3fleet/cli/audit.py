@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -33,6 +33,9 @@ def audit(
     command_timeout: Annotated[float, typer.Option("--command-timeout", min=0.1,
                                                    help="Seconds per command on a node.")] = 20.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-host progress.")] = False,
+    no_host_key_checking: Annotated[bool, typer.Option(
+        "--no-host-key-checking",
+        help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
 ) -> None:
     """Audit every node against the target and print the verdict and change plan."""
     from k3fleet.audit import AuditOptions, run_audit
@@ -42,7 +45,7 @@ def audit(
         raise UsageError("give an inventory with -i INVENTORY, or --lab for the simulated fleet")
     opts = AuditOptions(inventory=inventory, lab=lab, lab_count=lab_count, limit=limit, forks=forks,
                         target=target, out=out_dir, runs_dir=runs_dir, probe=probe, host_timeout=host_timeout,
-                        command_timeout=command_timeout)
+                        command_timeout=command_timeout, host_key_checking=not no_host_key_checking)
     observer = ProgressObserver(err, quiet=quiet or as_json)
     cancel = cancel_on_interrupt(err, "stopping the play, writing the evidence gathered so far")
     result = run_audit(opts, sys.argv, observer=observer, cancel=cancel)
@@ -61,19 +64,50 @@ def plan(
     run: Annotated[Path, typer.Option("--run", help="An audit run directory.")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Print the change plan of an audit run: hosts to upgrade, canary, waves."""
-    from k3fleet.evidence import RunDir
+    """Print the change plan of an audit run: hosts to upgrade, canary, waves (verified first)."""
     from k3fleet.report import terminal
 
-    rd = RunDir.open(run)
-    verdict = rd.read_json("verdict.json")
-    plan_data = verdict.get("plan")
-    if plan_data is None:
-        raise UsageError(f"{run}/verdict.json has no change plan")
+    plan_data = read_audit_plan(run)
     if as_json:
         out.print_json(json.dumps(plan_data))
     else:
         terminal.print_plan(out, plan_data)
+
+
+def read_audit_plan(run: Path) -> dict[str, Any]:
+    """The change plan of a finished, intact audit run, or one line saying why there is none.
+
+    Exit 3 when the evidence cannot be trusted or is incomplete (manifest missing or not
+    matching, the audit interrupted, no host measured); exit 2 when it is not an audit run or
+    its verdict is not a k3fleet verdict.
+    """
+    from pydantic import ValidationError
+
+    from k3fleet.errors import IncompleteError
+    from k3fleet.evidence import COMMAND, RunDir, verify_run
+    from k3fleet.models.findings import FleetVerdict
+
+    rd = RunDir.open(run)
+    verify_run(rd.path).raise_if_bad()
+    kind = rd.read_object(COMMAND).get("kind")
+    if kind != "audit":
+        hint = f" (its gating audit is {run / 'audit'})" if (run / "audit" / COMMAND).is_file() else ""
+        raise UsageError(f"{run} is a {kind!r} run, not an audit{hint}")
+    status = rd.read_object("run.json").get("status")
+    if status == "interrupted":
+        raise IncompleteError(f"the audit in {run} was interrupted: its plan covers only the hosts that answered; "
+                              "run the audit again")
+    data = rd.read_object("verdict.json")
+    try:
+        verdict = FleetVerdict.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(top)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise UsageError(f"{run}/verdict.json is not a k3fleet verdict: {loc}: {first['msg']}{more}") from None
+    if verdict.outcome == "incomplete":
+        raise IncompleteError(f"the audit in {run} measured no host: {'; '.join(verdict.reasons[:1])}")
+    return verdict.plan.model_dump(mode="json")
 
 
 @app.command()

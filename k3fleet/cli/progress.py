@@ -11,8 +11,10 @@ import threading
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from k3fleet.interrupt import cancel_on_signals
+from k3fleet.report.escapes import safe_text
 from k3fleet.runner import HostOutcome, Observer, PlayResult
 
 _STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "magenta", "timeout": "magenta",
@@ -57,25 +59,26 @@ class ProgressObserver(Observer):
             self.done += 1
         if self.quiet:
             return
+        # Host names, task names and messages are node text: plain, without terminal escapes.
+        host = safe_text(outcome.host)
         line = _journal_line(outcome)
         if line is not None:
-            stage = str(line.get("stage"))
-            style = _STAGE_STYLE.get(stage, "cyan")
-            self.console.print(f"  {outcome.host:<20} [{style}]{stage}[/{style}]")
+            stage = safe_text(line.get("stage"))
+            self.console.print(Text(f"  {host:<20} ").append(stage, style=_STAGE_STYLE.get(stage, "cyan")))
             return
         if self.stages:
             if outcome.status in _FAILURES:
-                self.console.print(f"  {outcome.host:<20} [red]{outcome.status}[/red] {outcome.task}: "
-                                   f"{outcome.message or ''}", markup=False)
+                self.console.print(Text(f"  {host:<20} ").append(outcome.status, style="red").append(
+                    f" {safe_text(outcome.task)}: {safe_text(outcome.message)}"))
             return
-        style = _STATUS_STYLE.get(outcome.status, "white")
         count = f"[{self.done}/{self.total}] " if self.total else ""
-        msg = f" {outcome.message}" if outcome.message and outcome.status != "ok" else ""
-        self.console.print(f"{count}[{style}]{outcome.status:<11}[/{style}] {outcome.host}{msg}")
+        msg = f" {safe_text(outcome.message)}" if outcome.message and outcome.status != "ok" else ""
+        self.console.print(Text(count).append(f"{outcome.status:<11}", style=_STATUS_STYLE.get(outcome.status, "white"))
+                           .append(f" {host}{msg}"))
 
     def play_finished(self, result: PlayResult) -> None:
         if not self.quiet:
-            self.console.print(f"{result.playbook}: {result.status} in {result.wall_s:.1f}s")
+            self.console.print(f"{result.playbook}: {result.status} in {result.wall_s:.1f}s", markup=False)
 
 
 def cancel_on_interrupt(console: Console, what_next: str) -> threading.Event:

@@ -17,7 +17,8 @@ from k3fleet.models.target import Strategy, StrategySetting
 Severity = Literal["critical", "error", "warning", "info"]
 FindingKind = Literal["fail", "unknown", "note"]
 HostStatus = Literal["pass", "warn", "fail", "unreachable"]
-Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity"]
+# incomplete: no host was measured (every host unreachable or without readable facts): nothing to judge.
+Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity", "incomplete"]
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 

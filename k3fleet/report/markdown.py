@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+from k3fleet.report.escapes import safe_text
 from k3fleet.report.plan import plan_lines, plan_title
 
 _OUTCOME_TEXT = {
@@ -12,12 +13,12 @@ _OUTCOME_TEXT = {
     "observe_with_limits": "observe with limits",
     "rebuild_environment": "rebuild the environment",
     "expand_capacity": "expand capacity",
+    "incomplete": "incomplete: no host was measured",
 }
 
 
 def _cell(value: Any) -> str:
-    text = "" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return safe_text(value).replace("|", "\\|")
 
 
 def render_audit(result: Any, target: Any) -> str:
@@ -35,7 +36,7 @@ def render_audit(result: Any, target: Any) -> str:
         "",
         "## Why",
         "",
-        *[f"- {r}" for r in v.reasons],
+        *[f"- {safe_text(r)}" for r in v.reasons],
         "",
     ]
     if v.unconfirmed_matrix_rows:
@@ -61,13 +62,13 @@ def render_audit(result: Any, target: Any) -> str:
     if result.unreachable or result.invalid:
         lines += ["", "## Hosts without evidence", ""]
         for host, why in sorted({**result.unreachable, **result.invalid}.items()):
-            lines.append(f"- {host}: {why}")
+            lines.append(f"- {safe_text(host)}: {safe_text(why)}")
     lines.append("")
     return "\n".join(lines)
 
 
 def render_plan(plan: dict[str, Any]) -> list[str]:
-    lines = [f"## {plan_title(plan)}", "", *(f"- {line}" for line in plan_lines(plan))]
+    lines = [f"## {plan_title(plan)}", "", *(f"- {safe_text(line)}" for line in plan_lines(plan))]
     items = plan.get("needs_upgrade") or []
     if items:
         lines += ["", "| host | from | to | packages |", "|---|---|---|---|"]

@@ -1,4 +1,8 @@
-"""Human tables on the terminal (Rich). The run directory holds the full evidence."""
+"""Human tables on the terminal (Rich). The run directory holds the full evidence.
+
+Everything a node said is printed as plain text (never Rich markup) and without terminal
+escapes (k3fleet.report.escapes).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,16 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+from k3fleet.report.escapes import safe_text
 from k3fleet.report.plan import plan_lines, plan_title
 
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "unreachable": "magenta"}
 _SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
 _OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
-                  "rebuild_environment": "bold red", "expand_capacity": "bold magenta"}
+                  "rebuild_environment": "bold red", "expand_capacity": "bold magenta", "incomplete": "bold magenta"}
 
 
 def print_audit(console: Console, result: Any) -> None:
@@ -28,20 +34,22 @@ def print_audit(console: Console, result: Any) -> None:
                      key=lambda c: c)
         detail = ", ".join(ids) if ids else (h.reason or "")
         gpus = f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else ""
-        table.add_row(name, f"[{style}]{h.status}[/{style}]", h.driver_version or "", gpus, detail)
+        table.add_row(Text(safe_text(name)), Text(h.status, style=style), Text(safe_text(h.driver_version)),
+                      Text(safe_text(gpus)), Text(safe_text(detail)))
     console.print(table)
     fleet = sorted(v.fleet_findings, key=lambda f: -SEVERITY_RANK[f.severity])
     for f in fleet:
-        st = _SEV_STYLE[f.severity]
-        console.print(f"[{st}]{f.severity:<8}[/{st}] {f.check_id}: {f.message}")
+        line = Text(f"{f.severity:<8}", style=_SEV_STYLE[f.severity])
+        line.append(f" {f.check_id}: {safe_text(f.message)}")
+        console.print(line)
     print_plan(console, v.plan.model_dump(mode="json"))
     style = _OUTCOME_STYLE.get(v.outcome, "bold")
-    console.print(f"verdict: [{style}]{v.outcome}[/{style}] (exit {result.exit_code})")
+    console.print(Text("verdict: ").append(v.outcome, style=style).append(f" (exit {result.exit_code})"))
     for r in v.reasons:
-        console.print(f"  - {r}")
+        console.print(f"  - {safe_text(r)}", markup=False)
 
 
 def print_plan(console: Console, plan: dict[str, Any]) -> None:
-    console.print(plan_title(plan), style="bold", markup=False)
+    console.print(safe_text(plan_title(plan)), style="bold", markup=False)
     for line in plan_lines(plan):
-        console.print(f"  {line}", markup=False)
+        console.print(f"  {safe_text(line)}", markup=False)

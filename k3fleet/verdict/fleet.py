@@ -5,7 +5,7 @@ derived from the hosts' GPU memory (:mod:`k3fleet.verdict.strategy`). It sets th
 minimum and whether every node needs RDMA; the verdict's ``strategy`` and its last
 reason say which strategy was used and why.
 
-Outcome precedence (first that applies):
+Outcome precedence (first that applies; ``incomplete`` before all when no host was measured):
 
 1. ``expand_capacity``: even after the planned driver change the healthy GPUs stay
    below the target's minimum; no driver work reaches go-live.
@@ -204,7 +204,7 @@ def _evaluate_fleet(
     need, basis = target.gpus.min_total(models, decision.strategy)
     if decision.derived and basis.startswith("strategy "):
         basis += ", derived from GPU memory"
-    if healthy < need:
+    if healthy < need and evals:  # with no host measured there is no capacity to judge
         fl.add("fleet.capacity",
                f"{healthy} healthy GPUs, {need} required ({basis}); {after} after the planned driver change",
                {"gpus_healthy": healthy, "gpus_after_plan": after, "gpus_required": need, "basis": basis,
@@ -264,6 +264,9 @@ def _outcome(
     evals: list[HostEval], s: VerdictSummary, need: int, basis: str, plan: ChangePlan, fleet_findings: list[Finding]
 ) -> tuple[Outcome, list[str]]:
     reasons: list[str] = []
+    if not evals:
+        return "incomplete", [f"no host was measured ({s.unreachable} unreachable, {s.failed} without readable "
+                              "facts): nothing can be judged; reach the hosts and audit again"]
     chain_ids: Counter[str] = Counter()
     n_chain = 0
     for e in evals:

@@ -94,6 +94,8 @@ def node(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[st
         f'DPkg::Options {{ "--admindir={sb}/dpkg"; }};', ""]))
     monkeypatch.setenv("APT_CONFIG", str(conf))
     monkeypatch.setenv("DPKG_ADMINDIR", str(sb / "dpkg"))
+    # The play gets a minimal environment (docs/safety.md): these two are passed on by name.
+    monkeypatch.setenv("K3FLEET_PASS_ENV", "APT_CONFIG,DPKG_ADMINDIR")
     update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, check=False)
     assert update.returncode == 0, update.stderr
 
