@@ -197,6 +197,90 @@ def _agent_lines(result: ProbeResult) -> list[str]:
     return lines
 
 
+@accept_app.command("all")
+def accept_all(
+    base_url: BaseUrl,
+    model: Model,
+    api_key_env: ApiKeyEnv = None,
+    insecure: Insecure = False,
+    timeout: Timeout = 300.0,
+    log: Annotated[Path | None, typer.Option("--log", help="vLLM start-up log: adds the startup probe.")] = None,
+    launch_command: Annotated[Path | None, typer.Option("--launch-command", help="File with the launch command.")
+                              ] = None,
+    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    skip: Annotated[list[str] | None, typer.Option(
+        "--skip", help="Leave a probe out (prefix_cache, agent, load, startup); it is then reported as not run.")
+                    ] = None,
+    agent_repeats: Annotated[int, typer.Option("--agent-repeats", min=1, max=1000, help="Runs per agent case.")] = 20,
+    agent_concurrency: Annotated[int, typer.Option("--agent-concurrency", min=1, max=256)] = 4,
+    prefix_repeats: Annotated[int, typer.Option("--prefix-repeats", min=1, max=100)] = 5,
+    match_unit: Annotated[int | None, typer.Option("--match-unit", min=1)] = None,
+    load_option: Annotated[list[str] | None, typer.Option(
+        "--load-option", help="KEY=VALUE for the load probe's options (repeatable).")] = None,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+) -> None:
+    """Run every probe against one endpoint and write the evidence into one run directory."""
+    import sys
+
+    from k3fleet.accept.agent import AgentOptions
+    from k3fleet.accept.prefix_cache import PrefixOptions
+    from k3fleet.accept.run import AllOptions, run_all
+
+    known = ("prefix_cache", "agent", "load", "startup")
+    bad = [p for p in skip or [] if p not in known]
+    if bad:
+        raise UsageError(f"--skip {bad[0]}: not a probe (one of {', '.join(known)})")
+    for path, flag in ((log, "--log"), (launch_command, "--launch-command")):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{flag} {path} is not a readable file")
+    ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    opts = AllOptions(runs_dir=runs_dir, out=out_dir, log=log, launch_command=launch_command, target=target,
+                      skip=list(skip or []), prefix=PrefixOptions(repeats=prefix_repeats, match_unit=match_unit),
+                      agent=AgentOptions(repeats=agent_repeats, concurrency=agent_concurrency),
+                      load_overrides=_key_values(load_option or [], "--load-option"))
+    say = progress_printer(quiet or as_json)
+    res = asyncio.run(run_all(ep, opts, sys.argv, progress=say))
+    if as_json:
+        out.print_json(json.dumps(res.summary, default=str))
+    else:
+        _print_summary(res.summary, res.results)
+    err.print(f"run directory: {res.run_dir.path}", markup=False)
+    if res.summary.get("error"):
+        err.print(f"k3fleet: error: {res.summary['error']}", markup=False)
+    if res.summary.get("interrupted"):
+        err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
+    raise typer.Exit(res.exit_code)
+
+
+def _key_values(items: list[str], flag: str) -> dict[str, Any]:
+    outd: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} {item!r}: expected KEY=VALUE")
+        try:
+            outd[key] = json.loads(value)
+        except ValueError:
+            outd[key] = value
+    return outd
+
+
+def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> None:
+    out.print(f"[bold]accept[/bold] {summary['base_url']} model {summary['model']}"
+              + ("" if summary["tls_verify"] else "  [yellow](TLS verification off)[/yellow]"), markup=True)
+    for name, result in results.items():
+        style = _STATUS_STYLE.get(result.status, "")
+        out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {result.reason}", markup=True)
+    for name, why in (summary.get("not_run") or {}).items():
+        out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {why}", markup=True)
+    failing = [f for r in results.values() for f in r.findings if f.severity == "fail"]
+    for f in failing[:20]:
+        out.print(f"    [red]{f.id}[/red] {f.message}", markup=True)
+
+
 @accept_app.command("prefix-lint")
 def prefix_lint(
     captures: Annotated[Path, typer.Argument(help="JSON Lines of captured request bodies (before/after a gateway).")],
