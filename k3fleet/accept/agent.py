@@ -398,10 +398,18 @@ async def _reference_client(ctx: Ctx, say: Progress) -> None:
     extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("tools", "tool_choice", "temperature", "top_p",
                                                                  "max_tokens")}
     try:
-        completion = await sdk.chat.completions.create(model=body["model"], messages=body["messages"],
-                                                       extra_body=extra or None, **kwargs)
-        ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,
-                                  status=200, response=completion.model_dump(mode="json"), started_at=t0))
+        completion: Any = await sdk.chat.completions.create(model=body["model"], messages=body["messages"],
+                                                            extra_body=extra or None, **kwargs)
+        if isinstance(completion, BaseModel):
+            ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions",
+                                      request=body, status=200, response=completion.model_dump(mode="json"),
+                                      started_at=t0))
+        else:
+            # The SDK hands back the body as text when it is not JSON.
+            ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions",
+                                      request=body, status=200, response=_short(str(completion), 2000),
+                                      started_at=t0, error="the SDK got a body that is not a chat completion",
+                                      error_kind="sdk_error"))
     except OpenAIError as exc:
         ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,
                                   started_at=t0, error=f"{type(exc).__name__}: {_short(str(exc))}",

@@ -58,6 +58,11 @@ class Endpoint(BaseModel):
             _ = parts.port
         except ValueError as exc:
             raise ValueError(f"{value!r} has an invalid port") from exc
+        if parts.username is not None or parts.password is not None:
+            # Credentials on the command line end up in shell history and process lists: keys come from
+            # the environment (--api-key-env). The URL is not echoed, it holds the secret.
+            raise ValueError("must not carry credentials (user:password@host): put the key in an environment "
+                             "variable and pass --api-key-env")
         path = parts.path.rstrip("/")
         if path.endswith("/v1"):
             path = path[: -len("/v1")]
