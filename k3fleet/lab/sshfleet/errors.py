@@ -1,0 +1,17 @@
+"""Exceptions of the SSH lab fleet: one line each, with the exit code the CLI maps it to."""
+
+from __future__ import annotations
+
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
+
+
+class SshFleetError(K3FleetError):
+    """The SSH lab fleet could not be brought up, inspected or torn down."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+class SshFleetUsageError(SshFleetError):
+    """Not root, a program missing, a fleet already up, a size out of range."""
+
+    exit_code = EXIT_USAGE

@@ -1,0 +1,381 @@
+"""Merge audit slices into one run directory with one verdict over the whole fleet.
+
+A fleet too large for one controller is audited in slices: several `k3fleet audit` runs, or an
+AWX / Automation Controller sliced job (each slice an ansible-runner job). Inputs, any mix:
+
+- a k3fleet audit run directory (facts/, run.json): verified against its manifest first; a
+  slice that does not match is refused (exit 3), one without a manifest never finished (exit 3);
+- an ansible-runner artifact directory (``artifacts/<ident>/`` with ``job_events/``, or the
+  private data directory above it, or ``artifacts/``): the facts the audit play published with
+  ``set_stats`` (``k3fleet_audit`` in the stats event's artifact data) or, failing that, the
+  module results in the job events; unreachable and failed hosts from the events;
+- a JSON file of job artifacts as AWX shows them (``{"k3fleet_audit": {...}}``).
+
+A host seen in more than one slice: the newest observation wins (the facts' ``collected_at``,
+else the slice's start), ties go to the later argument; every such choice is recorded in
+``merge.json``. The verdict is the same pure function the audit uses, over the union.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3fleet.errors import EXIT_INCOMPLETE, IncompleteError, UsageError
+from k3fleet.evidence import MANIFEST, RunDir, host_from_file_name, verify_run
+from k3fleet.models.facts import SCHEMA_VERSION
+from k3fleet.runner import RESULT_KEY
+
+# What the audit play publishes with set_stats (playbooks/audit.yml).
+ARTIFACT_KEY = "k3fleet_audit"
+_RUNNER_OK = "runner_on_ok"
+_RUNNER_FAILED = "runner_on_failed"
+_RUNNER_UNREACHABLE = "runner_on_unreachable"
+_STATS = "playbook_on_stats"
+_EPOCH = "1970-01-01T00:00:00+00:00"
+
+
+@dataclass
+class Observation:
+    """What one slice says about one host."""
+
+    host: str
+    kind: str  # facts | unreachable | invalid
+    when: str  # ISO 8601, UTC
+    source: str
+    facts: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+@dataclass
+class Slice:
+    """One input: where it came from, whether it was verified, what it says per host."""
+
+    source: str
+    kind: str  # run | runner | artifacts
+    verified: str  # "manifest ok" or why no manifest could be checked
+    status: str
+    started_at: str
+    observations: list[Observation] = field(default_factory=list)
+    target: dict[str, Any] | None = None
+    wall_s: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.status in ("successful", "failed")
+
+
+def _iso(value: Any, fallback: str) -> str:
+    """A comparable UTC timestamp; ``fallback`` when ``value`` is missing or not a time."""
+    if isinstance(value, int | float):
+        return _dt.datetime.fromtimestamp(value, _dt.UTC).isoformat(timespec="seconds")
+    if not isinstance(value, str) or not value:
+        return fallback
+    try:
+        parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return fallback
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.UTC)
+    return parsed.astimezone(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _facts_observation(host: str, data: Any, when: str, source: str) -> Observation:
+    """Facts as the node returned them, or invalid evidence when the schema's major version differs."""
+    if not isinstance(data, Mapping):
+        return Observation(host, "invalid", when, source,
+                           reason=f"host {host}: facts are {type(data).__name__}, not an object")
+    major = str(data.get("schema_version", "")).split(".")[0]
+    stamp = _iso(data.get("collected_at"), when)
+    if major != SCHEMA_VERSION.split(".")[0]:
+        return Observation(host, "invalid", stamp, source, reason=(
+            f"host {host}: facts schema {data.get('schema_version')!r} from the node, "
+            f"controller expects {SCHEMA_VERSION}"))
+    return Observation(host, "facts", stamp, source, facts=dict(data))
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError as exc:
+        raise UsageError(f"{what}: {path} is missing") from exc
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{what}: {path} is not readable JSON: {exc}") from exc
+
+
+# -- a k3fleet audit run directory -------------------------------------------------------------
+
+
+def read_run(path: Path) -> Slice:
+    report = verify_run(path)
+    # A tampered or unfinished slice must not vote in the fleet's verdict.
+    report.raise_if_bad()
+    rd = RunDir.open(path)
+    command = rd.read_json("command.json")
+    if not isinstance(command, dict) or command.get("kind") not in ("audit", "merge"):
+        raise UsageError(f"{path} is a {command.get('kind') if isinstance(command, dict) else '?'} run, "
+                         "not an audit: only audit runs can be merged")
+    run = rd.read_json("run.json")
+    if not isinstance(run, dict):
+        raise UsageError(f"{path}/run.json is not an object")
+    started = _iso(command.get("started_at"), _EPOCH)
+    src = str(path)
+    sl = Slice(source=src, kind="run", verified=f"{MANIFEST} ok", status=str(run.get("status", "unknown")),
+               started_at=started, wall_s=run.get("wall_s") if isinstance(run.get("wall_s"), int | float) else None)
+    facts_dir = path / "facts"
+    if facts_dir.is_dir():
+        for p in sorted(facts_dir.glob("*.json")):
+            host = host_from_file_name(p.stem)
+            sl.observations.append(_facts_observation(host, _read_json(p, f"slice {src}"), started, src))
+    for key, kind in (("unreachable", "unreachable"), ("invalid_evidence", "invalid")):
+        entries = run.get(key) or {}
+        if not isinstance(entries, dict):
+            raise UsageError(f"{path}/run.json: {key} is not an object")
+        for host, why in entries.items():
+            sl.observations.append(Observation(str(host), kind, started, src, reason=str(why)))
+    target = path / "inputs" / "target.json"
+    if target.is_file():
+        data = _read_json(target, f"slice {src}")
+        sl.target = data if isinstance(data, dict) else None
+    return sl
+
+
+# -- ansible-runner artifacts ------------------------------------------------------------------
+
+
+def _runner_job_dirs(path: Path) -> list[Path]:
+    """The ``artifacts/<ident>`` directories under ``path`` (itself one, ``artifacts/``, or the private data dir)."""
+    if (path / "job_events").is_dir():
+        return [path]
+    base = path / "artifacts" if (path / "artifacts").is_dir() else path
+    return sorted(p for p in base.iterdir() if p.is_dir() and (p / "job_events").is_dir())
+
+
+def _events(job: Path) -> list[dict[str, Any]]:
+    events = []
+    for p in (job / "job_events").glob("*.json"):
+        try:
+            data = json.loads(p.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"runner artifacts {job}: event {p.name} is not readable JSON: {exc}") from exc
+        if isinstance(data, dict):
+            events.append(data)
+    return sorted(events, key=lambda e: int(e.get("counter") or 0))
+
+
+def _artifact_observations(artifact: Any, when: str, src: str) -> list[Observation]:
+    if not isinstance(artifact, Mapping) or not isinstance(artifact.get("facts"), Mapping):
+        raise UsageError(f"{src}: {ARTIFACT_KEY} has no facts object (was it published by playbooks/audit.yml?)")
+    return [_facts_observation(str(host), data, when, src) for host, data in artifact["facts"].items()]
+
+
+def read_runner_job(job: Path) -> Slice:
+    src = str(job)
+    events = _events(job)
+    if not events:
+        raise UsageError(f"runner artifacts {job}: no job events (ansible-runner wrote none, or they were removed)")
+    status_file = job / "status"
+    status = status_file.read_text().strip() if status_file.is_file() else "unknown"
+    started = _iso(events[0].get("created"), _EPOCH)
+    sl = Slice(source=src, kind="runner", verified="no manifest: ansible-runner artifacts (not verifiable)",
+               status=status, started_at=started)
+    published: Any = None
+    from_events: dict[str, Observation] = {}
+    for event in events:
+        name = event.get("event")
+        data = event.get("event_data") or {}
+        when = _iso(event.get("created"), started)
+        if name == _STATS:
+            artifact = (data.get("artifact_data") or {}).get(ARTIFACT_KEY)
+            if artifact is not None:
+                published = artifact
+            continue
+        host = data.get("host")
+        if not host:
+            continue
+        host = str(host)
+        raw_res = data.get("res")
+        res: dict[str, Any] = raw_res if isinstance(raw_res, dict) else {}
+        msg = " ".join(str(res.get("msg") or "").split())[:400] or None
+        if name == _RUNNER_OK and RESULT_KEY in res:
+            from_events[host] = _facts_observation(host, res[RESULT_KEY], when, src)
+        elif name == _RUNNER_UNREACHABLE:
+            from_events[host] = Observation(host, "unreachable", when, src, reason=msg or "unreachable")
+        elif name == _RUNNER_FAILED and not data.get("ignore_errors"):
+            kind = "unreachable" if msg and "timed out after" in msg.lower() else "invalid"
+            reason = f"timed out: {msg}" if kind == "unreachable" else f"host {host}: failed: {msg or 'no message'}"
+            from_events[host] = Observation(host, kind, when, src, reason=reason)
+    if published is not None:
+        observed = {o.host: o for o in _artifact_observations(published, started, src)}
+        # Hosts without published facts keep what their events said (unreachable, failed).
+        for host, obs in from_events.items():
+            observed.setdefault(host, obs)
+        sl.observations = list(observed.values())
+    else:
+        sl.observations = list(from_events.values())
+    return sl
+
+
+def read_artifacts_file(path: Path) -> Slice:
+    """A JSON file of job artifacts, as AWX shows a job's `artifacts`."""
+    data = _read_json(path, "artifacts file")
+    if not isinstance(data, Mapping) or ARTIFACT_KEY not in data:
+        raise UsageError(f"{path}: not k3fleet job artifacts (no {ARTIFACT_KEY} key)")
+    artifact = data[ARTIFACT_KEY]
+    src = str(path)
+    started = _iso(artifact.get("published_at") if isinstance(artifact, Mapping) else None,
+                   _iso(path.stat().st_mtime, _EPOCH))
+    sl = Slice(source=src, kind="artifacts", verified="no manifest: job artifacts (not verifiable)",
+               status="successful", started_at=started)
+    sl.observations = _artifact_observations(artifact, started, src)
+    return sl
+
+
+def read_slice(path: Path) -> list[Slice]:
+    """Every slice found at ``path`` (an ansible-runner private data dir can hold several jobs)."""
+    if not path.exists():
+        raise UsageError(f"{path} does not exist: give audit run directories or ansible-runner artifact directories")
+    if path.is_file():
+        return [read_artifacts_file(path)]
+    if (path / "command.json").is_file() or (path / MANIFEST).is_file():
+        return [read_run(path)]
+    jobs = _runner_job_dirs(path)
+    if jobs:
+        return [read_runner_job(job) for job in jobs]
+    raise UsageError(f"{path}: neither a k3fleet audit run directory (command.json) nor ansible-runner "
+                     "artifacts (job_events/)")
+
+
+# -- merging -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Merged:
+    slices: list[Slice]
+    chosen: dict[str, Observation]
+    duplicates: list[dict[str, Any]]
+
+
+def merge_slices(slices: Sequence[Slice]) -> Merged:
+    chosen: dict[str, Observation] = {}
+    seen: dict[str, list[Observation]] = {}
+    for sl in slices:
+        for obs in sl.observations:
+            seen.setdefault(obs.host, []).append(obs)
+            current = chosen.get(obs.host)
+            # Newer wins; on a tie the later input wins (the operator listed it last).
+            if current is None or obs.when >= current.when:
+                chosen[obs.host] = obs
+    duplicates = []
+    for host, all_obs in sorted(seen.items()):
+        if len(all_obs) < 2:
+            continue
+        kept = chosen[host]
+        duplicates.append({
+            "host": host,
+            "kept": {"source": kept.source, "kind": kept.kind, "when": kept.when},
+            "dropped": [{"source": o.source, "kind": o.kind, "when": o.when} for o in all_obs if o is not kept],
+            "rule": "newest observation wins (facts collected_at, else the slice's start); ties: later input",
+        })
+    return Merged(list(slices), chosen, duplicates)
+
+
+def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
+    from k3fleet.models.target import Target
+    from k3fleet.targets import load_target
+
+    if target_path is not None:
+        return load_target(target_path)
+    recorded = [(sl.source, sl.target) for sl in slices if sl.target is not None]
+    if not recorded:
+        return load_target(None)
+    first_src, first = recorded[0]
+    for src, other in recorded[1:]:
+        if other != first:
+            raise UsageError(f"slices were audited against different targets ({first_src} and {src}): "
+                             "give --target to judge them all by one")
+    return Target.model_validate(first)
+
+
+@dataclass
+class MergeResult:
+    run_dir: RunDir
+    verdict: Any
+    merged: Merged
+    unreachable: dict[str, str]
+    invalid: dict[str, str]
+    exit_code: int
+
+
+def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None = None,
+              runs_dir: Path = Path("runs"), target: Path | None = None) -> MergeResult:
+    """Read, verify and merge the slices; write one run directory with one verdict."""
+    from k3fleet.audit import AuditResult
+    from k3fleet.report import markdown
+    from k3fleet.runner import PlayResult
+    from k3fleet.verdict import evaluate_fleet, validate_facts
+
+    if not inputs:
+        raise UsageError("give at least one audit run directory or ansible-runner artifact directory")
+    slices = [sl for path in inputs for sl in read_slice(Path(path))]
+    tgt = _target_of(slices, target)
+    merged = merge_slices(slices)
+    candidates = {h: {**(o.facts or {}), "host": h} for h, o in merged.chosen.items() if o.kind == "facts"}
+    unreachable = {h: o.reason or "unreachable" for h, o in merged.chosen.items() if o.kind == "unreachable"}
+    invalid = {h: o.reason or "invalid evidence" for h, o in merged.chosen.items() if o.kind == "invalid"}
+    facts, bad = validate_facts(candidates)
+    invalid.update(bad)
+    verdict = evaluate_fleet(facts, tgt, unreachable=unreachable, invalid=invalid)
+
+    rd = RunDir.create(runs_dir, "merge", argv, out=out)
+    sources = [{"source": sl.source, "kind": sl.kind, "verified": sl.verified, "status": sl.status,
+                "started_at": sl.started_at, "hosts": len(sl.observations),
+                "facts": sum(1 for o in sl.observations if o.kind == "facts")} for sl in slices]
+    rd.write_json("inputs/sources.json", sources)
+    rd.write_json("inputs/target.json", tgt.model_dump(mode="json"))
+    for host, obs in sorted(merged.chosen.items()):
+        if obs.kind == "facts":
+            rd.write_json(RunDir.host_file("facts", host), obs.facts)
+    rd.write_json("merge.json", {
+        "slices": len(slices),
+        "hosts": len(merged.chosen),
+        "duplicates": merged.duplicates,
+        "source_of": {h: o.source for h, o in sorted(merged.chosen.items())},
+    })
+    incomplete = [sl.source for sl in slices if not sl.complete]
+    code = int(verdict.exit_code)
+    if invalid or incomplete:
+        code = max(code, EXIT_INCOMPLETE)
+    wall = sum(sl.wall_s for sl in slices if sl.wall_s is not None)
+    play = PlayResult(playbook="audit.yml", status="merged", rc=None, wall_s=wall, interrupted=bool(incomplete))
+    result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
+    rd.write_json("verdict.json", verdict.model_dump(mode="json"))
+    rd.write_json("run.json", {
+        "status": "merged",
+        "slices": sources,
+        "incomplete_slices": incomplete,
+        "hosts_total": len(merged.chosen),
+        "hosts_with_facts": len(facts),
+        "unreachable": unreachable,
+        "invalid_evidence": invalid,
+        "duplicates": len(merged.duplicates),
+        "slices_wall_s": round(wall, 3),
+        "exit_code": code,
+    })
+    rd.write_text("report.md", markdown.render_audit(result, tgt))
+    rd.write_manifest()
+    return MergeResult(rd, verdict, merged, unreachable, invalid, code)
+
+
+def check_inputs_exist(inputs: Sequence[Path]) -> None:
+    missing = [str(p) for p in inputs if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"no such slice: {', '.join(missing)}")
+
+
+__all__ = ["ARTIFACT_KEY", "IncompleteError", "MergeResult", "Observation", "Slice", "check_inputs_exist",
+           "merge_slices", "read_slice", "run_merge"]
