@@ -72,9 +72,11 @@ class ProgressObserver(Observer):
                     f" {safe_text(outcome.task)}: {safe_text(outcome.message)}"))
             return
         count = f"[{self.done}/{self.total}] " if self.total else ""
-        msg = f" {safe_text(outcome.message)}" if outcome.message and outcome.status != "ok" else ""
+        msg = safe_text(outcome.message) if outcome.message and outcome.status != "ok" else ""
+        # Messages that name their host already (a refused host key) are printed as they are.
+        shown = msg if msg.startswith(f"{host}: ") else f"{host} {msg}".rstrip()
         self.console.print(Text(count).append(f"{outcome.status:<11}", style=_STATUS_STYLE.get(outcome.status, "white"))
-                           .append(f" {host}{msg}"))
+                           .append(f" {shown}"))
 
     def play_finished(self, result: PlayResult) -> None:
         if not self.quiet:

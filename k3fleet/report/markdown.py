@@ -62,7 +62,8 @@ def render_audit(result: Any, target: Any) -> str:
     if result.unreachable or result.invalid:
         lines += ["", "## Hosts without evidence", ""]
         for host, why in sorted({**result.unreachable, **result.invalid}.items()):
-            lines.append(f"- {safe_text(host)}: {safe_text(why)}")
+            why = safe_text(why)
+            lines.append(f"- {why}" if why.startswith(f"{host}: ") else f"- {safe_text(host)}: {why}")
     lines.append("")
     return "\n".join(lines)
 

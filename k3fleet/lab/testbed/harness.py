@@ -57,12 +57,11 @@ from k3fleet.lab.testbed.teardown import SUPERVISOR_MODULE, down, supervisor_ali
 
 BOOT_TIMEOUT = 120.0
 SLURM_TIMEOUT = 60.0
-SSH_OPTIONS: tuple[str, ...] = (
-    "-o",
-    "StrictHostKeyChecking=no",
-    "-o",
-    "UserKnownHostsFile=/dev/null",
-)
+
+
+def ssh_options(state: TestbedState) -> tuple[str, ...]:
+    """Host keys checked against the known_hosts the testbed wrote from its guests' own keys."""
+    return ("-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={state.known_hosts}")
 
 
 def _has_pynvml(index: int) -> bool:
@@ -137,7 +136,7 @@ def ssh_argv(state: TestbedState, host: str, *command: str, connect_timeout: int
         "ssh",
         "-i",
         str(state.ssh_key),
-        *SSH_OPTIONS,
+        *ssh_options(state),
         "-o",
         "BatchMode=yes",
         "-o",
@@ -363,7 +362,8 @@ def _inventory(state: TestbedState) -> dict[str, Any]:
                     "vars": {
                         "ansible_user": "root",
                         "ansible_ssh_private_key_file": str(state.ssh_key),
-                        "ansible_ssh_common_args": " ".join(SSH_OPTIONS),
+                        # Checked (k3fleet's default): against the guests' keys, written at `up`.
+                        "ansible_ssh_common_args": f"-o UserKnownHostsFile={state.known_hosts}",
                         "ansible_python_interpreter": "/usr/bin/python3",
                         "k3fleet_procfs": GUEST_PROCFS,
                         "k3fleet_slurm_conf": str(state.slurm.conf),
@@ -494,6 +494,7 @@ def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: 
     save_state(state)
 
     state.phase = "starting"
+    known_hosts = []
     for h in state.hosts:
         h.overlay.lower = rootfs
         save_state(state)  # before creating: down must know about it even if the next line dies
@@ -506,6 +507,9 @@ def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: 
             machine_id=secrets.token_hex(16),
             pynvml_source=pynvml_source if h.has_pynvml else None,
         )
+        known_hosts += [f"{h.address} {key}" for key in image_mod.guest_host_keys(h.overlay.merged)]
+    # The guests' own keys, read from their disks before they boot: every connection checks them.
+    state.known_hosts.write_text("\n".join(known_hosts) + "\n")
 
     slurm_state = slurm.plan_slurm(layout.slurm_dir, [h.slurm_node for h in state.hosts])
     state.slurm = slurm_state

@@ -275,6 +275,22 @@ def prepare_image(rootfs: Path, *, public_key: str) -> None:
     _write(rootfs / "etc" / "machine-id", "")
 
 
+def guest_host_keys(merged: Path) -> list[str]:
+    """A fresh set of SSH host keys for one guest (each machine has its own, as in a fleet), written
+    into its writable layer; returns the public keys as ``type base64`` for known_hosts."""
+    ssh = merged / "etc" / "ssh"
+    for old in ssh.glob("ssh_host_*"):
+        old.unlink()
+    run(["ssh-keygen", "-A", "-f", str(merged)], what=f"testbed: host keys for {merged}")
+    keys = []
+    for pub in sorted(ssh.glob("ssh_host_*_key.pub")):
+        kind, blob = pub.read_text().split()[:2]
+        keys.append(f"{kind} {blob}")
+    if not keys:
+        raise TestbedError(f"testbed: ssh-keygen -A wrote no host keys under {ssh}")
+    return keys
+
+
 def prepare_guest(merged: Path, *, hostname: str, address: str, machine_id: str, pynvml_source: Path | None) -> None:
     """Per-guest files, written into the guest's own writable layer before its first boot."""
     _write(merged / "etc" / "hostname", hostname + "\n")

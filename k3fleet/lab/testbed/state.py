@@ -53,6 +53,11 @@ def resolve_workdir(workdir: Path | None) -> Path:
     return (workdir if workdir is not None else default_workdir()).expanduser().resolve()
 
 
+def known_hosts_of(ssh_key: Path) -> Path:
+    """The known_hosts file the testbed writes for its guests, beside its client key."""
+    return ssh_key.parent / "known_hosts"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Every path under the work directory, in one place."""
@@ -78,6 +83,10 @@ class Layout:
     @property
     def ssh_key(self) -> Path:
         return self.ssh_dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return known_hosts_of(self.ssh_key)
 
     @property
     def inventory(self) -> Path:
@@ -181,6 +190,10 @@ class TestbedState(BaseModel):
     supervisor_start_time: int | None = Field(default=None, description="guards against pid reuse")
     up_seconds: float | None = None
     error: str | None = None
+
+    @property
+    def known_hosts(self) -> Path:
+        return known_hosts_of(self.ssh_key)
 
     def host(self, name: str) -> HostState:
         for host in self.hosts:
