@@ -126,3 +126,52 @@ def report(
         return
     write_atomic(out_file, text)
     err.print(f"wrote {out_file}")
+
+
+@app.command()
+def triage(
+    files: Annotated[list[Path], typer.Argument(help="Captured text: nvidia-smi (table or -q), "
+                                                     "/proc/driver/nvidia/version, Fabric Manager status or "
+                                                     "journal, ibstat, ibv_devinfo, docker inspect, container "
+                                                     "start errors, vLLM start-up logs, /metrics.",
+                                                show_default=False)],
+    host: Annotated[str, typer.Option("--host", help="The node the captures come from.")] = "capture",
+    kind: Annotated[str | None, typer.Option("--kind", help="Read every file as this kind instead of "
+                                                             "sniffing it.")] = None,
+    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print triage.json on stdout.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+) -> None:
+    """Judge raw captured text with the audit's parsers and rules; the run can enter decide."""
+    from k3fleet.targets import load_target
+    from k3fleet.triage import KINDS, write_run
+    from k3fleet.triage import triage as run_triage
+
+    if kind is not None and kind not in KINDS:
+        raise UsageError(f"--kind {kind!r}: choose one of {', '.join(KINDS)}")
+    if not host.strip() or any(ch in host for ch in "\n\r\t/"):
+        raise UsageError(f"--host {host!r} is not a host name")
+    result = run_triage(files, host=host.strip(), target=load_target(target), kinds=[kind] * len(files))
+    rd = write_run(result, sys.argv, runs_dir=runs_dir, out=out_dir)
+    if as_json:
+        out.print_json(json.dumps(result.to_json()))
+    else:
+        table = Table(title=f"triage: {result.host} (operator-supplied)")
+        for col in ("file", "kind", "finding", "severity", "message"):
+            table.add_column(col)
+        by_file: dict[str, list[dict[str, object]]] = {}
+        for f in result.findings:
+            by_file.setdefault(str(f["file"]), []).append(f)
+        from k3fleet.triage import stored_name
+
+        for i, c in enumerate(result.captures):
+            found = by_file.get(stored_name(i, c), [])
+            if not found:
+                table.add_row(escape(c.name), c.kind, "-", "", "nothing wrong in this capture")
+            for f in found:
+                table.add_row(escape(c.name), c.kind, escape(str(f["id"])), str(f["severity"]),
+                              escape(str(f["message"])))
+        out.print(table)
+    err.print(f"run directory: {rd.path}")
+    raise typer.Exit(result.exit_code)

@@ -225,9 +225,9 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
 
     if not opts.runs:
         raise UsageError("give at least one run directory (audit, change, accept or triage)")
-    validate_name(opts.reviewer, "--reviewer")
     if not opts.reviewer or not opts.reviewer.strip():
         raise UsageError("--reviewer NAME is required: a decision is signed by a named reviewer")
+    validate_name(opts.reviewer, "--reviewer")
     src = read_sources(opts.runs)
     now = _now()
     summary = build_summary(src, opts, now.isoformat())

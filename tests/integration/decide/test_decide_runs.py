@@ -128,3 +128,22 @@ def test_not_a_run_a_wrong_kind_and_a_run_given_twice(healthy_audit: Path, tmp_p
     assert k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(first)).returncode == 3
     proc = k3fleet("decide", str(first), "--reviewer", "carol", "--runs-dir", str(tmp_path / "r"))
     assert proc.returncode == 2 and "of kind 'decision'" in proc.stderr
+
+
+def test_pasted_captures_enter_the_decision_marked_operator_supplied(healthy_audit: Path, tmp_path: Path) -> None:
+    fix = Path(__file__).resolve().parents[2] / "fixtures"
+    tri = tmp_path / "triage"
+    proc = k3fleet("triage", str(fix / "vllm_startup" / "oom_load_model.log"),
+                   str(fix / "triage" / "nvidia_smi_h100x8_565.txt"), "--host", "gpu-x01", "--out", str(tri))
+    assert proc.returncode == 1, proc.stderr
+    code, d, _ = _decide(tmp_path, str(healthy_audit), str(tri), "--reviewer", "carol")
+    assert code == 1 and d["outcome"] == "rebuild_environment"
+    rules = {r["rule"]: r for r in d["reasons"]}
+    oom = rules["startup.model_load_oom"]
+    assert oom["evidence"] == [{"run": "triage", "file": "triage.json", "operator_supplied": True}]
+    chain = [r for r in d["reasons"] if r["rule"] == "chain.mismatch"]
+    assert any(e["operator_supplied"] and e["file"] == "inputs/02-nvidia_smi_h100x8_565.txt"
+               for r in chain for e in r["evidence"]), chain
+    items = {i["id"]: i for i in d["checklist"]}
+    assert items["startup.model_load_memory"]["status"] == "fail"
+    assert "(operator-supplied)" in (tmp_path / "decision" / "report.md").read_text()
