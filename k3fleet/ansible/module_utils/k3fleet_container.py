@@ -8,7 +8,8 @@ The host driver only matters through what the serving image asks of it:
 ``CUDA_VERSION`` / ``NVIDIA_REQUIRE_CUDA`` in the image config, and whether
 CUDA actually initialises inside a container started from it. The probe is
 the only step that starts a container; it is opt-in and leaves nothing behind
-(``--rm``, no network).
+(``--rm``, no network, a fixed name: a probe that times out is removed with ``rm -f``, since
+killing the runtime client does not stop a container that holds the GPUs).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -21,6 +22,7 @@ try:
     from ansible.module_utils.k3fleet_sources import (
         COMMANDS,
         CONTAINER_RUNTIMES,
+        PROBE_CONTAINER,
         PROBE_MARKER,
         image_inspect_argv,
         probe_argv,
@@ -31,6 +33,7 @@ except ImportError:  # imported from the controller package (unit tests, lab)
     from k3fleet.ansible.module_utils.k3fleet_sources import (
         COMMANDS,
         CONTAINER_RUNTIMES,
+        PROBE_CONTAINER,
         PROBE_MARKER,
         image_inspect_argv,
         probe_argv,
@@ -43,6 +46,11 @@ DEFAULT_IMAGE = "vllm/vllm-openai:kimi-k3"
 # Starting a container (image layers, hooks, CUDA init) takes far longer than a query.
 PROBE_TIMEOUT_FACTOR = 6
 TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
+# Removing a timed-out probe container: seconds, spent even when the node's budget is gone.
+PROBE_CLEANUP_TIMEOUT = 30
+# docker: 'Conflict. The container name "/k3fleet-probe" is already in use by container ...';
+# podman: 'the container name "k3fleet-probe" is already in use by ...'.
+_NAME_IN_USE = re.compile(r"container name \"?/?%s\"? is already in use" % re.escape(PROBE_CONTAINER))
 
 _VERSION_RE = re.compile(r"\bversion\s+v?(\d+(?:\.\d+)+(?:[-+~][0-9A-Za-z.\-+~]+)?)", re.IGNORECASE)
 _CTK_RE = re.compile(r"NVIDIA Container Toolkit CLI version\s+v?(\S+)")
@@ -356,5 +364,28 @@ def collect_container(reader, image=DEFAULT_IMAGE, runtime="auto", probe=False, 
     else:
         timeout = reader.timeout * PROBE_TIMEOUT_FACTOR
         run = reader.run(probe_argv(rt, image), timeout=timeout)
+        if _NAME_IN_USE.search(run.stderr or ""):
+            out["probe"]["message"] = (
+                "not run: a container named %s already exists on this node (another audit's probe, or one an "
+                "interrupted audit left holding the GPUs); when no audit runs: %s rm -f %s"
+                % (PROBE_CONTAINER, rt, PROBE_CONTAINER))
+            return out
         out["probe"] = parse_probe_output(run.rc, run.stdout, run.stderr, run.error, run.duration)
+        if run.error == "timeout":
+            out["probe"]["message"] += "; " + remove_probe_container(reader, rt)
     return out
+
+
+def remove_probe_container(reader, runtime):
+    """Remove the probe container after a timeout; say what happened (for the probe's message)."""
+    # The node's time budget may be spent by now: the removal runs regardless, else the
+    # container outlives the audit holding every GPU.
+    deadline, reader.deadline = reader.deadline, None
+    try:
+        res = reader.run([runtime, "rm", "-f", PROBE_CONTAINER], timeout=PROBE_CLEANUP_TIMEOUT)
+    finally:
+        reader.deadline = deadline
+    if res.ok:
+        return "container %s removed" % PROBE_CONTAINER
+    return "removing container %s failed (%s): remove it by hand: %s rm -f %s" % (
+        PROBE_CONTAINER, res.reason(), runtime, PROBE_CONTAINER)

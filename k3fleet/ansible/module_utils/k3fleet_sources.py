@@ -77,12 +77,17 @@ def image_inspect_argv(runtime, image):
     return [runtime, "image", "inspect", image]
 
 
+# The probe container's name: a probe that times out is removed by it (the runtime client's
+# death does not stop the container), and two probes never hold a node's GPUs at once.
+PROBE_CONTAINER = "k3fleet-probe"
+
+
 def probe_argv(runtime, image):
     """Run the serving image with every GPU, no network, and ask CUDA to initialise."""
     # podman reaches GPUs through CDI; docker and nerdctl through --gpus.
     gpu = ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
     return [runtime, "run", "--rm", "--network", "none"] + gpu + [
-        "--entrypoint", "python3", image, "-c", PROBE_SCRIPT]
+        "--name", PROBE_CONTAINER, "--entrypoint", "python3", image, "-c", PROBE_SCRIPT]
 
 
 def scontrol_show_node_argv(node):
