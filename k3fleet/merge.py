@@ -200,7 +200,8 @@ def read_runner_job(job: Path) -> Slice:
         host = str(host)
         raw_res = data.get("res")
         res: dict[str, Any] = raw_res if isinstance(raw_res, dict) else {}
-        msg = " ".join(str(res.get("msg") or "").split())[:400] or None
+        # ansible-core 2.19 prefixes task errors with this; the audit drops it too (k3fleet.runner).
+        msg = " ".join(str(res.get("msg") or "").split()).removeprefix("Task failed: ")[:400] or None
         if name == _RUNNER_OK and RESULT_KEY in res:
             from_events[host] = _facts_observation(host, res[RESULT_KEY], when, src)
         elif name == _RUNNER_UNREACHABLE:
