@@ -34,6 +34,8 @@ RAW_SOURCES = RAW_FILE_SOURCES + RAW_COMMAND_SOURCES
 # 580.65.06+ run 13.0; 590 -> 13.1; 595 -> 13.2).
 BRANCH_CUDA = {"535": "12.2", "550": "12.4", "560": "12.6", "570": "12.8", "575": "12.9",
                "580": "13.0", "590": "13.1", "595": "13.2"}
+# nvidia-smi prints "KMD Version" / "CUDA UMD Version" from this branch on (docs/facts.md section 12).
+KMD_HEADER_BRANCH = 610
 
 _DRIVER_VERSION = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2})?$")
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -100,6 +102,37 @@ class DriverSpec(_Spec):
         return self.loaded and self.loaded_version is not None and self.loaded_version != self.version
 
 
+class GpuProcessSpec(_Spec):
+    """A process holding GPU memory, as nvidia-smi -q lists it under each GPU it runs on."""
+
+    pid: int = Field(gt=0)
+    name: str = "/usr/bin/python3"
+    type: Literal["C", "G", "C+G"] = "C"
+    used_mib: int = Field(gt=0)
+    # None: on every GPU of the host (a tensor-parallel server holds all of them).
+    gpus: list[int] | None = None
+
+
+HealthFlag = Literal["True", "False", "N/A"]
+
+
+class FabricHealthSpec(_Spec):
+    """The Fabric > Health block of R580-and-newer nvidia-smi -q (docs/facts.md section 9).
+
+    ``gpus`` names the GPUs that print these values; the others print a healthy fabric. Without a
+    fabric_health entry the lab prints R565's one-line block (Bandwidth N/A).
+    """
+
+    summary: Literal["Healthy", "Unhealthy", "Limited Capacity", "N/A"] = "Healthy"
+    bandwidth: Literal["Full", "Degraded", "N/A"] = "Full"
+    route_recovery_in_progress: HealthFlag = "False"
+    route_unhealthy: HealthFlag = "False"
+    access_timeout_recovery: HealthFlag = "False"
+    incorrect_configuration: str = "None"
+    partition_assigned: HealthFlag = "N/A"
+    gpus: list[int] | None = None
+
+
 class GpuSpec(_Spec):
     model: str = "NVIDIA H200"
     count: int = Field(default=8, ge=0, le=64)
@@ -110,6 +143,10 @@ class GpuSpec(_Spec):
     # PCI device id as lspci prints it when pci.ids has no name for it (H200 SXM: 2335).
     pci_device_id: str = "2335"
     pci_bus_ids: list[str] | None = None
+    # Memory in use on a GPU no process holds (driver contexts); processes add theirs.
+    memory_used_mib: int = Field(default=0, ge=0)
+    processes: list[GpuProcessSpec] = Field(default_factory=list)
+    fabric_health: FabricHealthSpec | None = None
 
     @field_validator("pci_bus_ids")
     @classmethod
@@ -126,7 +163,23 @@ class GpuSpec(_Spec):
     def _bus_id_count(self) -> GpuSpec:
         if self.pci_bus_ids is not None and len(self.pci_bus_ids) != self.count:
             raise ValueError(f"pci_bus_ids lists {len(self.pci_bus_ids)} GPUs but count is {self.count}")
+        named = [i for spec in self.processes for i in (spec.gpus or [])]
+        if self.fabric_health is not None:
+            named += self.fabric_health.gpus or []
+        beyond = sorted({i for i in named if not 0 <= i < self.count})
+        if beyond:
+            raise ValueError(f"GPU index {', '.join(map(str, beyond))} does not exist (count is {self.count})")
+        for index in range(self.count):
+            used = self.used_mib(index)
+            if used > self.memory_mib:
+                raise ValueError(f"GPU {index} would use {used} MiB of {self.memory_mib} MiB")
         return self
+
+    def processes_on(self, index: int) -> list[GpuProcessSpec]:
+        return [p for p in self.processes if p.gpus is None or index in p.gpus]
+
+    def used_mib(self, index: int) -> int:
+        return self.memory_used_mib + sum(p.used_mib for p in self.processes_on(index))
 
 
 class FabricManagerSpec(_Spec):
@@ -351,6 +404,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise LabProfileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise LabProfileError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                              f"{exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -392,6 +448,11 @@ def _resolve_raw_files(path: Path, data: dict[str, Any]) -> dict[str, Any]:
         except OSError as exc:
             raise LabProfileError(f"{path}: raw_file.{name}: cannot read {target}: "
                                   f"{exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            # A capture is replayed as the tool's text output: re-save it as UTF-8 (iconv -f ... -t UTF-8).
+            raise LabProfileError(f"{path}: raw_file.{name}: {target} is not UTF-8 text (byte "
+                                  f"0x{exc.object[exc.start]:02x} at offset {exc.start}); convert it to "
+                                  "UTF-8") from None
 
     for name, entry in raw_file.items():
         if isinstance(entry, dict):

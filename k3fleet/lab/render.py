@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from k3fleet.ansible.module_utils import k3fleet_sources as sources
 from k3fleet.lab.osdata import OS_INFO, OsInfo, kernel_package_rows
-from k3fleet.lab.profile import BRANCH_CUDA, DYNAMIC_COMMANDS, RAW_FILE_SOURCES, Profile, RawCapture
+from k3fleet.lab.profile import (
+    BRANCH_CUDA,
+    DYNAMIC_COMMANDS,
+    KMD_HEADER_BRANCH,
+    RAW_FILE_SOURCES,
+    FabricHealthSpec,
+    Profile,
+    RawCapture,
+)
 
 # The lab's fixed clock: rendered output must be identical on every generation.
 LAB_TIMESTAMP = "Mon Sep 15 09:00:00 2025"
@@ -377,13 +386,57 @@ class ProfileRenderer:
         # siderolabs/extensions#717: "In Progress ... FabricManager is likely not running").
         return "In Progress"
 
+    def _smi_header(self, version: str) -> str:
+        def row(label: str, value: str) -> str:
+            return f"{label:<42}: {value}\n"
+
+        cuda = self.cuda_of(version)
+        out = row("Timestamp", LAB_TIMESTAMP)
+        branch = version.split(".", 1)[0]
+        if branch.isdigit() and int(branch) >= KMD_HEADER_BRANCH:
+            # R610 keeps the old lines, marked deprecated, and adds the new names after them
+            # (docs/facts.md section 12; tests/fixtures/driver/smi_q_610_header_kmd.txt).
+            gone = "[Deprecated; will be removed in CUDA 14.0. Use {} instead]"
+            out += row("Driver Version", f"{version} {gone.format('KMD Version')}")
+            out += row("CUDA Version", f"{cuda} {gone.format('CUDA UMD Version')}")
+            return out + row("KMD Version", version) + row("CUDA UMD Version", cuda)
+        return out + row("Driver Version", version) + row("CUDA Version", cuda)
+
+    @staticmethod
+    def _health_rows(spec: FabricHealthSpec | None, index: int, completed: bool,
+                     row: Callable[[str, str, int], str]) -> str:
+        """The Fabric > Health lines: R565's one line without a spec, R580's seven with one."""
+        if spec is None:
+            return row("Bandwidth", "N/A", 12)
+        faulty = spec if spec.gpus is None or index in spec.gpus else FabricHealthSpec()
+        values = [("Summary", faulty.summary), ("Bandwidth", faulty.bandwidth),
+                  ("Route Recovery in progress", faulty.route_recovery_in_progress),
+                  ("Route Unhealthy", faulty.route_unhealthy),
+                  ("Access Timeout Recovery", faulty.access_timeout_recovery),
+                  ("Incorrect Configuration", faulty.incorrect_configuration),
+                  ("Partition Assigned", faulty.partition_assigned)]
+        # Before registration completes nothing is known about the fabric's health.
+        return "".join(row(label, value if completed else "N/A", 12) for label, value in values)
+
+    def _process_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        procs = self.p.gpus.processes_on(index)
+        if not procs:
+            return row("Processes", "None", 4)
+        # The layout of a real busy node (tests/fixtures/driver/smi_q_535_rtx4090x8_fabric_na.txt).
+        out = "    Processes\n"
+        for proc in procs:
+            out += row("GPU instance ID", "N/A", 8) + row("Compute instance ID", "N/A", 8)
+            out += row("Process ID", str(proc.pid), 8) + row("Type", proc.type, 12) + row("Name", proc.name, 12)
+            out += row("Used GPU Memory", f"{proc.used_mib} MiB", 12)
+        return out
+
     def nvidia_smi_q(self, hostname: str) -> Recording:
         """Full `nvidia-smi -q`: the header, then one block per GPU in nvidia-smi's key order.
 
         The blocks carry the sections a collector reads (identity, PCI, memory, compute mode,
-        Fabric) in the order and nesting of a real 8x H100 HGX capture
+        Fabric with its Health, Processes) in the order and nesting of a real 8x H100 HGX capture
         (tests/fixtures/lab/nvidia_smi_q_gpu_h100_565.txt); sections with sensor readings are
-        left out rather than invented.
+        left out rather than invented. R610-and-newer drivers print the KMD header.
         """
         failure = self._smi_failure()
         if failure:
@@ -396,13 +449,14 @@ class ProfileRenderer:
             return f"{' ' * indent}{label:<{42 - indent}}: {value}\n"
 
         out = "\n==============NVSMI LOG==============\n\n"
-        out += row("Timestamp", LAB_TIMESTAMP) + row("Driver Version", v) + row("CUDA Version", self.cuda_of(v))
+        out += self._smi_header(v)
         out += "\n" + row("Attached GPUs", str(g.count))
         state = self.fabric_state()
         completed = state == "Completed"
         for index, bus_id in enumerate(self.bus_ids()):
             _domain, bus, dev_fn = bus_id.split(":")
             device = dev_fn.split(".", 1)[0]
+            used = g.used_mib(index)
             out += f"GPU {bus_id}\n"
             out += row("Product Name", g.model, 4) + row("Product Brand", "NVIDIA", 4)
             out += row("Persistence Mode", "Enabled" if g.persistence_mode else "Disabled", 4)
@@ -413,13 +467,14 @@ class ProfileRenderer:
             out += row("Domain", "0x0000", 8) + row("Device Id", f"0x{g.pci_device_id.upper()}10DE", 8)
             out += row("Bus Id", bus_id, 8)
             out += "    FB Memory Usage\n" + row("Total", f"{g.memory_mib} MiB", 8)
+            out += row("Used", f"{used} MiB", 8) + row("Free", f"{g.memory_mib - used} MiB", 8)
             out += row("Compute Mode", g.compute_mode, 4)
             # A single-node NVSwitch fabric has clique 0 and a zero cluster UUID (the H100 capture).
             out += "    Fabric\n" + row("State", state, 8) + row("Status", "Success" if completed else "N/A", 8)
             out += row("CliqueId", "0" if completed else "N/A", 8)
             out += row("ClusterUUID", "00000000-0000-0000-0000-000000000000" if completed else "N/A", 8)
-            out += "        Health\n" + row("Bandwidth", "N/A", 12)
-            out += row("Processes", "None", 4) + "\n"
+            out += "        Health\n" + self._health_rows(g.fabric_health, index, completed, row)
+            out += self._process_rows(index, row) + "\n"
         return Recording(stdout=out)
 
     def dkms_status(self) -> Recording:

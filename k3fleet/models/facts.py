@@ -35,7 +35,17 @@ class KernelModule(_Model):
     loaded: bool | None = None
     version: str | None = None
     flavour: Literal["open", "proprietary"] | None = None
+    arch: str | None = Field(default=None, description="x86_64, aarch64: the module's architecture")
     raw: str | None = Field(default=None, description="first line of /proc/driver/nvidia/version")
+
+
+class Platform(_Model):
+    """Data-center driver platform or a Jetson (Tegra, L4T) board (docs/facts.md section 10)."""
+
+    kind: Literal["discrete", "tegra"] | None = Field(
+        default=None, description="tegra: Jetson / L4T, no data-center driver branch; None: not known")
+    l4t_release: str | None = Field(default=None, description="L4T release, e.g. 35.3.1, on Jetson")
+    evidence: str | None = None
 
 
 class NvmlStatus(_Model):
@@ -43,6 +53,30 @@ class NvmlStatus(_Model):
     # no_permission, gpu_is_lost, error, not_installed (pynvml absent)
     status: str = "skipped"
     error: str | None = None
+
+
+class FabricHealth(_Model):
+    """NVLink fabric health of one GPU: nvidia-smi -q "Fabric" > "Health", NVML's health mask
+    and summary (docs/facts.md section 9). None in a field: not reported (N/A, not supported)."""
+
+    summary: str | None = Field(default=None, description="healthy, unhealthy, limited_capacity")
+    bandwidth: str | None = Field(default=None, description="full or degraded")
+    route_recovery_in_progress: bool | None = None
+    route_unhealthy: bool | None = None
+    access_timeout_recovery: bool | None = None
+    incorrect_configuration: str | None = Field(default=None, description="none, or the condition's name")
+    partition_assigned: bool | None = None
+    gfm_state: str | None = Field(default=None, description="connected or disconnected")
+    other: dict[str, str] = Field(default_factory=dict,
+                                  description="fields or values this collector does not know, as reported")
+    mask: int | None = Field(default=None, description="NVML healthMask, when NVML answered")
+
+
+class GpuProcess(_Model):
+    pid: int | None = None
+    type: str | None = Field(default=None, description="C compute, G graphics, C+G")
+    name: str | None = None
+    used_memory_mib: int | None = None
 
 
 class Gpu(_Model):
@@ -58,10 +92,16 @@ class Gpu(_Model):
     # The fabric probe's error status, snake_case ("success", "insufficient_resources"); only
     # meaningful once fabric_state is completed (NVML), None when not reported.
     fabric_status: str | None = None
+    # None: no Health section (older driver, no fabric) or not read.
+    fabric_health: FabricHealth | None = None
+    memory_used_mib: int | None = None
+    # None: not read (the call is missing or refused); []: no compute process on the GPU.
+    processes: list[GpuProcess] | None = None
 
 
 class DriverFacts(Section):
     kernel_module: KernelModule = Field(default_factory=KernelModule)
+    platform: Platform = Field(default_factory=Platform)
     nvml: NvmlStatus = Field(default_factory=NvmlStatus)
     source: Literal["nvml", "nvidia-smi"] | None = None
     driver_version: str | None = None

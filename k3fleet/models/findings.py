@@ -149,6 +149,10 @@ class StrategyDecision(_Out):
     weights_source: str | None = None
     nodes: list[NodeMemory] = Field(default_factory=list, description="per GPU model, largest first")
     hosts_unknown_memory: int = Field(default=0, description="hosts whose GPU memory could not be read")
+    tensor_parallel_size: int | None = Field(default=None, description="the tensor-parallel size of the strategy")
+    serve_command: list[str] = Field(
+        default_factory=list, description="the vLLM serve command for the strategy (serve.flags, tensor-parallel "
+        "size set from the strategy)")
 
 
 class VerdictSummary(_Out):

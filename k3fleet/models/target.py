@@ -69,6 +69,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TargetConflict(ValueError):
+    """Two parts of a target that contradict each other; ``field`` is the one to change.
+
+    Raised from validators so the loader can name the field, not the top level, in its one line.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(problem)
+
+
+# vLLM flags that set the tensor-parallel size (long form and vLLM's short alias).
+TP_FLAGS = ("--tensor-parallel-size", "-tp")
+
+
+def tensor_parallel_for(strategy: Strategy, per_node: int) -> int:
+    """The tensor-parallel size a strategy serves with (docs/facts.md section 13).
+
+    Tensor parallelism spans one node's GPUs for the single-node layout and for the multi-node
+    layouts that add data or pipeline parallelism across nodes; the DEP layout shards the
+    experts with data parallelism and runs no tensor parallelism (size 1).
+    """
+    return 1 if strategy == "multi_node_dep" else per_node
+
+
 # -- CUDA -> driver matrix -------------------------------------------------------------------
 
 
@@ -359,6 +384,10 @@ class ServeSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     # flag -> required value (None: the flag takes no value); a serving command lacking any is wrong.
     required_flags: dict[str, str | None] = Field(default_factory=dict)
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1,
+        description="vLLM's --gpu-memory-utilization (0.9 by default): the share of each GPU's memory the engine "
+        "claims at start-up; a GPU with less free memory fails the start")
 
     @model_validator(mode="after")
     def _required_present(self) -> ServeSpec:
@@ -367,18 +396,32 @@ class ServeSpec(_Strict):
             raise ValueError(f"serve.flags lacks required flags: {', '.join(missing)}")
         return self
 
-    def missing_flags(self, argv: list[str]) -> list[str]:
-        """Required flags absent from ``argv`` (or present with another value), as "flag[ value]"."""
+    @staticmethod
+    def given_flags(argv: list[str]) -> dict[str, str | None]:
+        """flag -> value for every ``--flag value``, ``--flag=value`` and ``-x value`` in ``argv``."""
         given: dict[str, str | None] = {}
         for i, tok in enumerate(argv):
-            if not tok.startswith("--"):
+            if not tok.startswith("-") or tok == "-":
                 continue
             if "=" in tok:
                 k, v = tok.split("=", 1)
                 given[k] = v
             else:
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
-                given[tok] = nxt if nxt is not None and not nxt.startswith("--") else None
+                given[tok] = nxt if nxt is not None and not nxt.startswith("-") else None
+        return given
+
+    def tensor_parallel_size(self) -> tuple[str, str | None] | None:
+        """(flag as written, its value) when the flags set the tensor-parallel size, else None."""
+        given = self.given_flags(self.flags)
+        for flag in TP_FLAGS:
+            if flag in given:
+                return flag, given[flag]
+        return None
+
+    def missing_flags(self, argv: list[str]) -> list[str]:
+        """Required flags absent from ``argv`` (or present with another value), as "flag[ value]"."""
+        given = self.given_flags(argv)
         out: list[str] = []
         for flag, value in self.required_flags.items():
             if flag not in given or (value is not None and given[flag] != value):
@@ -388,10 +431,30 @@ class ServeSpec(_Strict):
     def argv(self) -> list[str]:
         return ["vllm", "serve", self.model, *self.flags]
 
+    def argv_for(self, tensor_parallel: int) -> list[str]:
+        """The serve command with the tensor-parallel size set to ``tensor_parallel`` (the strategy's)."""
+        flags = list(self.flags)
+        for i, tok in enumerate(flags):
+            name = tok.split("=", 1)[0]
+            if name in TP_FLAGS:
+                if "=" in tok:
+                    flags[i] = f"{name}={tensor_parallel}"
+                elif i + 1 < len(flags):
+                    flags[i + 1] = str(tensor_parallel)
+                return ["vllm", "serve", self.model, *flags]
+        return ["vllm", "serve", self.model, "--tensor-parallel-size", str(tensor_parallel), *flags]
+
 
 class ChangeSpec(_Strict):
     wave_fraction: float = Field(default=0.1, gt=0, le=1)
     min_wave_size: int = Field(default=1, ge=1)
+    # The change night's timeouts: the one place they are set (docs/change-night.md "Timeouts").
+    drain_timeout_s: int = Field(default=3600, ge=0, description="wait for running jobs before the package change")
+    reboot_timeout_s: int = Field(default=1200, gt=0, description="wait for a rebooted node to come back")
+    fabricmanager_settle_s: int = Field(default=60, ge=0, description="Fabric Manager's start after the driver")
+    command_timeout_s: int = Field(default=20, gt=0, description="one collector command on a node")
+    audit_max_age_s: int = Field(default=3600, gt=0, description="how long the gating audit stays fresh")
+    lease_ttl_s: int = Field(default=14400, gt=0, description="how long a Kubernetes lease says it holds a node")
 
 
 class Source(_Strict):
@@ -425,18 +488,60 @@ class Target(_Strict):
     def _consistent(self) -> Target:
         row, _ = self.matrix.row_for(self.image.cuda)
         if row is None:
-            raise ValueError(f"image.cuda {self.image.cuda} has no row in the CUDA driver matrix")
+            raise TargetConflict("image.cuda", f"{self.image.cuda} has no row in the CUDA driver matrix")
         if self.driver.min_version is None and row.min_driver is None:
-            raise ValueError(
-                f"image.cuda {self.image.cuda}: the matrix row {row.label} has no minimum driver; "
-                "set driver.min_version"
+            raise TargetConflict(
+                "image.cuda",
+                f"{self.image.cuda}: the matrix row {row.label} has no minimum driver; set driver.min_version",
             )
         tv = version_tuple(self.driver.target_version)
         if tv is not None and tv[0] != self.driver.branch:
-            raise ValueError(
-                f"driver.target_version {self.driver.target_version} is not on branch {self.driver.branch}"
+            raise TargetConflict(
+                "driver.target_version",
+                f"{self.driver.target_version} is not on branch {self.driver.branch} (driver.branch)",
             )
+        self._check_target_meets_minimum(row, tv)
+        self._check_tensor_parallel()
         return self
+
+    def _check_target_meets_minimum(self, row: MatrixRow, tv: tuple[int, ...] | None) -> None:
+        """The change must install a driver the image can run on (docs/facts.md section 13)."""
+        minimum = self.driver.min_version if self.driver.min_version is not None else row.min_driver
+        mt = version_tuple(minimum)
+        if tv is None or mt is None or tv >= mt:
+            return
+        basis = ("driver.min_version" if self.driver.min_version is not None else
+                 f"the CUDA driver matrix minimum for image.cuda {self.image.cuda} ({row.label}"
+                 + ("" if row.confirmed else ", unconfirmed row") + ")")
+        raise TargetConflict(
+            "driver.target_version",
+            f"{self.driver.target_version} is below {minimum}, {basis}: the change would install a driver "
+            "the image still cannot run on; raise driver.target_version (and driver.branch) or use an image "
+            "built for an older CUDA")
+
+    def _check_tensor_parallel(self) -> None:
+        """A --tensor-parallel-size in serve.flags must be the one the serving strategy uses."""
+        given = self.serve.tensor_parallel_size()
+        if given is None:
+            return
+        flag, value = given
+        if value is None or not value.isdigit():
+            raise TargetConflict("serve.flags", f"{flag} needs a number, got {value!r}")
+        explicit = self.gpus.explicit_strategy
+        candidates: list[Strategy] = [explicit] if explicit is not None else ["single_node_tp",
+                                                                            self.gpus.multi_node_strategy]
+        for strategy in candidates:
+            want = tensor_parallel_for(strategy, self.gpus.per_node)
+            if int(value) != want:
+                how = ("gpus.strategy names it" if explicit is not None else
+                       "gpus.strategy auto derives it when "
+                       + ("one node holds the weights" if strategy == "single_node_tp" else
+                          "one node cannot hold the weights"))
+                raise TargetConflict(
+                    "serve.flags",
+                    f"{flag} {value} does not match strategy {strategy} ({how}), which serves with tensor "
+                    f"parallel size {want}; drop the flag (the verdict's serve command sets it from the "
+                    "strategy) or make it agree")
 
     # -- derived values the rules use ---------------------------------------------------------
 
@@ -460,6 +565,13 @@ class Target(_Strict):
             return self.driver.min_version, None
         assert row is not None and row.min_driver is not None  # checked in _consistent
         return row.min_driver, row
+
+    def tensor_parallel_size(self, strategy: Strategy) -> int:
+        return tensor_parallel_for(strategy, self.gpus.per_node)
+
+    def serve_argv(self, strategy: Strategy) -> list[str]:
+        """The vLLM serve command for ``strategy``: serve.flags with the strategy's tensor-parallel size."""
+        return self.serve.argv_for(self.tensor_parallel_size(strategy))
 
     def unconfirmed_rows_used(self) -> list[MatrixRow]:
         row, _ = self.matrix.row_for(self.image.cuda)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from k3fleet.models.target import CudaDriverMatrix, Target
+from k3fleet.models.target import CudaDriverMatrix, Target, TargetConflict
 
 DEFAULT_TARGET = "kimi-k3.yaml"
 DEFAULT_MATRIX = "cuda_driver_matrix.yaml"
@@ -56,6 +56,10 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 def _from_validation(label: str, exc: ValidationError) -> TargetError:
     errors = exc.errors(include_url=False)
     first = errors[0]
+    conflict = (first.get("ctx") or {}).get("error")
+    if isinstance(conflict, TargetConflict):
+        # A contradiction between fields: name the field to change, not the top level.
+        return TargetError(label, conflict.field, str(conflict))
     field = _loc(first["loc"])
     problem = str(first["msg"]).removeprefix("Value error, ")
     # Our own validators already quote the bad value; pydantic's built-in messages do not.

@@ -28,15 +28,84 @@ class Check(BaseModel):
     fix: str
     # True: a failure here is part of the image -> CUDA -> driver chain (rebuild_environment).
     chain: bool = False
+    # Where the facts the check relies on come from (a docs/facts.md section and its upstream source).
+    source: str = ""
 
 
 Scope = Literal["host", "fleet"]
+
+# Check id -> where its facts come from; docs/checks.md shows it for every check.
+SOURCES: dict[str, str] = {
+    "facts.schema": 'docs/architecture.md "Contracts" (host facts schema)',
+    "driver.loaded": 'docs/facts.md section 5 (/proc/driver/nvidia/version exists only while nvidia.ko is loaded)',
+    "nvml.status": 'docs/facts.md section 5 (nvidia-ml-py 13.615.71 NVMLError classes)',
+    "driver.branch": (
+        'docs/facts.md sections 1-2 (vLLM Kimi K3 recipe: cu130 image, R580 or newer; CUDA compatibility '
+        'guide)'
+    ),
+    "driver.version_min": 'docs/facts.md section 2 (CUDA 13.2 U2 release notes, table 3: 13.0 GA needs 580.65.06)',
+    "driver.platform": 'docs/facts.md section 10 (Jetson L4T: nixGL issue 139, anduril/jetpack-nixos)',
+    "driver.flavour": (
+        'docs/facts.md section 4 (NVIDIA driver installation guide: open modules required on Grace Hopper and '
+        'Blackwell)'
+    ),
+    "driver.pending_reboot": (
+        'docs/facts.md section 4 (NVML_ERROR_LIB_RM_VERSION_MISMATCH after an upgrade without reboot)'
+    ),
+    "gpu.count": 'docs/facts.md section 1 (Kimi K3 recipe: GPUs per strategy)',
+    "gpu.persistence_mode": 'docs/facts.md section 5 (NVML nvmlDeviceGetPersistenceMode)',
+    "gpu.fabric_state": (
+        'docs/facts.md section 3 (fabric state Not Started -> In Progress -> Completed; NVSentinel issues '
+        '883, 889)'
+    ),
+    "gpu.fabric_health": (
+        'docs/facts.md section 9 (NVML nvmlGpuFabricInfo_v3_t health mask and summary; nvidia-smi -q Fabric > '
+        'Health)'
+    ),
+    "gpu.in_use": (
+        'docs/facts.md section 11 (vLLM start-up check: free memory >= gpu_memory_utilization x total, '
+        'default 0.9)'
+    ),
+    "packages.held": 'docs/facts.md section 3 (the GPU Operator holds driver and Fabric Manager) and section 4',
+    "packages.unattended_upgrades": 'docs/facts.md section 4',
+    "packages.dkms_kernel": 'docs/facts.md section 4 (DKMS or prebuilt linux-modules-nvidia packages)',
+    "fabricmanager.present": 'docs/facts.md section 3 (Fabric Manager on NVSwitch systems)',
+    "fabricmanager.active": 'docs/facts.md section 3 (nvidia-fabricmanager.service)',
+    "fabricmanager.version_match": (
+        'docs/facts.md section 3 (cuda-drivers-fabricmanager-580 depends on nvidia-fabricmanager-580 (= '
+        'exact))'
+    ),
+    "rdma.port_state": 'docs/facts.md section 6 (sysfs 4: ACTIVE, 5: LinkUp, 400 Gb/sec (4X NDR))',
+    "rdma.rail_count": 'docs/facts.md section 6',
+    "rdma.peermem": 'docs/facts.md sections 1 and 6 (NCCL_DMABUF_ENABLE=0 falls back to nvidia_peermem)',
+    "rdma.acs": 'docs/facts.md section 6 (lspci -vvv ACSCtl SrcValid+)',
+    "nccl.debug": 'docs/facts.md section 6 (debug settings should not stay in production)',
+    "nccl.settings": 'docs/facts.md sections 1 and 6 (MNNVL settings, NCCL_IB_HCA)',
+    "container.runtime": 'docs/facts.md section 8',
+    "container.toolkit": 'docs/facts.md section 8 (CVE-2025-23266: nvidia-container-toolkit <= 1.17.7)',
+    "container.image_present": 'docs/facts.md section 1 (image vllm/vllm-openai:kimi-k3)',
+    "container.cuda_runtime": (
+        'docs/facts.md sections 2 and 8 (CUDA minor-version compatibility; nvidia-smi CUDA Version is the '
+        "driver's maximum)"
+    ),
+    "container.probe": "docs/facts.md section 8 (requirement error, CUDA errors 35/803/804, PyTorch 'driver too old')",
+    "container.vllm_version": 'docs/facts.md section 1 (Kimi K3 recipe: vLLM 0.27.1 or newer)',
+    "scheduler.state": 'docs/architecture.md "Flows" (drain reason k3fleet:<change-id>)',
+    "fleet.driver_drift": 'docs/facts.md section 2',
+    "fleet.image_digest_drift": 'docs/facts.md section 1',
+    "fleet.nccl_drift": 'docs/facts.md section 6',
+    "fleet.rdma_rail_drift": 'docs/facts.md section 6',
+    "fleet.strategy": 'docs/facts.md section 1 (MXFP4 weights about 1680 GB, unconfirmed; GPUs per strategy)',
+    "fleet.capacity": 'docs/facts.md section 1 (Kimi K3 recipe: GPUs per strategy, 32 on H100)',
+    "target.unconfirmed": 'docs/facts.md section 2 (rows marked confirmed: false)',
+}
 
 
 def _c(
     id: str, title: str, why: str, severity: Severity, fix: str, chain: bool = False, scope: Scope = "host"
 ) -> Check:
-    return Check(id=id, scope=scope, title=title, why=why, severity=severity, fix=fix, chain=chain)
+    return Check(id=id, scope=scope, title=title, why=why, severity=severity, fix=fix, chain=chain,
+                 source=SOURCES[id])
 
 
 _CHECKS: tuple[Check, ...] = (
@@ -65,6 +134,13 @@ _CHECKS: tuple[Check, ...] = (
        "error",
        "Upgrade the driver to {target_version}.",
        chain=True),
+    _c("driver.platform", "A data-center driver platform",
+       "A Jetson (Tegra, L4T) board reports its L4T release or a Tegra driver as the module version: that "
+       "is no data-center driver branch, the image's CUDA {image_cuda} build and the R{target_branch} change "
+       "night do not apply to it.",
+       "critical",
+       "Take the board out of the serving inventory; Kimi K3 with {image} needs data-center GPUs on an "
+       "R{target_branch}-or-newer driver."),
     _c("driver.flavour", "Open kernel modules where required",
        "Open kernel modules are required on Grace Hopper and Blackwell GPUs.",
        "critical",
@@ -88,6 +164,19 @@ _CHECKS: tuple[Check, ...] = (
        "On NVSwitch systems a GPU whose fabric state is not Completed cannot run CUDA work.",
        "error",
        "Check nvidia-fabricmanager is active and at the driver's version, then restart it or reboot."),
+    _c("gpu.fabric_health", "NVLink fabric healthy",
+       "A GPU can finish fabric registration (State Completed, Status Success) and still report its fabric "
+       "health Unhealthy or Limited Capacity, its bandwidth Degraded, a route or access-timeout recovery, or "
+       "an incorrect configuration: NCCL traffic over that GPU's NVLinks is slow or fails.",
+       "error",
+       "Drain the node, check the NVLink/NVSwitch errors (SXid/Xid 74, nvidia-smi nvlink -e) and the fabric "
+       "manager log, reset or service the GPU's links, then re-audit."),
+    _c("gpu.in_use", "GPUs free for the serving engine",
+       "A GPU that another process already holds memory on fails vLLM's start-up check (free memory at least "
+       "{gpu_memory_utilization} of the total), and draining or upgrading the node ends that workload.",
+       "warning",
+       "Find the owner of the processes (the evidence lists pid, name and memory); stop or move the workload "
+       "before the change night or before starting vLLM on this node."),
     _c("packages.held", "Driver packages held",
        "An unheld driver can be moved by a routine upgrade, which silently breaks the version chain.",
        "warning",
@@ -239,6 +328,7 @@ def template_values(target: Target) -> dict[str, Any]:
         "runtimes": ", ".join(target.container.runtimes),
         "strategy": target.gpus.strategy if target.gpus.explicit_strategy else "auto: derived from GPU memory",
         "weights_memory": _weights(target),
+        "gpu_memory_utilization": f"{target.serve.gpu_memory_utilization:g}",
     }
 
 
@@ -261,7 +351,7 @@ def fixes_for(target: Target) -> dict[str, str]:
 
 
 def catalogue_rows(target: Target | None = None) -> list[dict[str, str]]:
-    """The catalogue as plain rows (id, scope, severity, title, why, fix) for tables and JSON."""
+    """The catalogue as plain rows (id, scope, severity, title, why, fix, source) for tables and JSON."""
     values = template_values(target) if target is not None else {}
     return [
         {
@@ -271,15 +361,26 @@ def catalogue_rows(target: Target | None = None) -> list[dict[str, str]]:
             "title": c.title,
             "why": render(c.why, values),
             "fix": render(c.fix, values),
+            "source": c.source,
         }
         for c in _CHECKS
     ]
 
 
 def catalogue_markdown(target: Target | None = None) -> str:
-    """The catalogue as a Markdown table, for docs."""
-    lines = ["| check | severity | title | why | fix |", "|---|---|---|---|---|"]
+    """The catalogue as a Markdown page, without a final newline (the printer adds it): docs/checks.md
+    is ``k3fleet checks --markdown`` for the default target."""
+    name = target.name if target is not None else "no target (templates unrendered)"
+    lines = [
+        "# Check catalogue",
+        "",
+        f"Every check the verdict runs, rendered for the target `{name}`. Generated by",
+        "`k3fleet checks --markdown`; the sources point into [facts.md](facts.md).",
+        "",
+        "| check | scope | severity | title | why | fix | source |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in catalogue_rows(target):
-        cells = [f"`{r['id']}`", r["severity"], r["title"], r["why"], r["fix"]]
+        cells = [f"`{r['id']}`", r["scope"], r["severity"], r["title"], r["why"], r["fix"], r["source"]]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)

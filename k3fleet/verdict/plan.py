@@ -8,7 +8,9 @@ missing on an NVSwitch system) still has something to change: it is planned with
 
 The canary is a host the driver change is meant for (scope ``driver``), idle, free of
 problem warnings, of the profile most hosts share: it should show how the change goes
-on an ordinary host, not on one with its own trouble.
+on an ordinary host, not on one with its own trouble. A host whose GPUs other processes
+hold (``gpu.in_use``) is never the canary and never idle: the scheduler may not know the
+workload, and the reboot would end it.
 
 Pure and O(n log n) in hosts: one pass to classify, one sort to order the canary
 candidates and waves. Ordering is deterministic (ties broken by host name), so two
@@ -56,8 +58,11 @@ class HostEval:
     status: str
 
 
-def idle(facts: HostFacts, ct: CompiledTarget) -> bool | None:
-    """Idle per scheduler facts: no running jobs and a state the target calls idle; None if unknown."""
+def idle(facts: HostFacts, ct: CompiledTarget, ctx: HostContext | None = None) -> bool | None:
+    """Idle: no GPU held by a process (``ctx``), no running jobs and a state the target calls idle;
+    None if unknown."""
+    if ctx is not None and ctx.gpus_in_use:
+        return False
     sc = facts.scheduler
     if sc.jobs_running:
         return False
@@ -188,8 +193,16 @@ def _idle_rank(v: bool | None) -> int:
 
 
 def _idle_text(v: bool | None) -> str:
-    return "idle per the scheduler" if v is True else (
+    return "idle per the scheduler and the GPUs" if v is True else (
         "idle state unknown (no scheduler facts)" if v is None else "busy: the drain will wait for its jobs")
+
+
+def _in_use_note(c: HostContext) -> str:
+    pids = sorted({p.pid for g in c.gpus_in_use for p in g.processes or () if p.pid is not None})
+    held = f"compute process(es) {', '.join(map(str, pids[:4]))}" if pids else "memory another process holds"
+    return (f"GPU {','.join(str(g.index) for g in c.gpus_in_use[:8])}{'...' if len(c.gpus_in_use) > 8 else ''} "
+            f"in use ({held}), not a scheduler job the drain waits for: stop that workload first, the reboot "
+            "ends it")
 
 
 def build_plan(
@@ -210,8 +223,10 @@ def build_plan(
         c = ev.ctx
         if c.version_t is None or c.branch is None:
             ids = sorted({f.check_id for f in ev.findings if f.blocking}) or ["driver.branch"]
-            blocked.append(BlockedHost(host=ev.host, current_version=None, check_ids=ids,
-                                       reasons=["the current driver version is unknown"]))
+            # A Jetson has a version but no branch: say what it is, never plan a driver change for it.
+            why = c.platform_note or "the current driver version is unknown"
+            blocked.append(BlockedHost(host=ev.host, current_version=c.version if c.platform_note else None,
+                                       check_ids=ids, reasons=[why]))
             continue
         scope: UpgradeScope
         if c.below_target:
@@ -225,10 +240,12 @@ def build_plan(
         else:
             done.append(ev.host)
             continue
+        if c.gpus_in_use:
+            notes = [*notes, _in_use_note(c)]
         item = UpgradeItem(
             host=ev.host, scope=scope, current_version=c.version or "", current_branch=c.branch,
             target_version=to_version, target_branch=to_branch,
-            gpu_model=c.gpu_model, gpu_count=c.gpu_count, profile=profile(c), idle=idle(ev.facts, ct),
+            gpu_model=c.gpu_model, gpu_count=c.gpu_count, profile=profile(c), idle=idle(ev.facts, ct, c),
             packages=changes, notes=notes,
         )
         needs.append(item)
@@ -257,7 +274,14 @@ def build_plan(
             "no host needs the change" if not needs else
             f"all {len(needs)} hosts needing the change are blocked: fix their findings first")
         return plan, []
-    item, _, problems, warns = eligible[0]
+    pick = next((x for x in eligible if not x[1].ctx.gpus_in_use), None)
+    if pick is None:
+        plan.canary_note = (f"every one of the {len(eligible)} unblocked hosts has GPUs in use by processes "
+                            "outside the scheduler: free one before the night, the canary must be idle")
+        return plan, [x[1] for x in eligible]
+    eligible.remove(pick)
+    eligible.insert(0, pick)
+    item, _, problems, warns = pick
     n_driver = sum(counts.values())
     noted = "" if warns == 0 else f" ({warns} warning(s){f', {problems} of them problems' if problems else ''})"
     if item.scope == "driver":

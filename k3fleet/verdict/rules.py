@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts
 from k3fleet.models.findings import Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
@@ -72,6 +72,11 @@ class HostContext:
     driver_failed: bool = False
     unconfirmed: set[str] = field(default_factory=set)
     rails: tuple[list[tuple[str, Any]], list[str]] | None = None
+    # Why this is no data-center driver platform (a Jetson), or None: then there is no branch.
+    platform_note: str | None = None
+    # GPUs other processes hold (memory or compute processes); usage_known: any GPU reported either.
+    gpus_in_use: list[Gpu] = field(default_factory=list)
+    usage_known: bool = False
 
 
 class CompiledTarget:
@@ -99,6 +104,7 @@ class CompiledTarget:
         self.idle_states = {s.lower() for s in target.scheduler.idle_states}
         self.oos_states = {s.lower() for s in target.scheduler.out_of_service_states}
         self.down_states = {s.lower() for s in target.scheduler.down_states}
+        self.gpu_util = target.serve.gpu_memory_utilization
         self._rows: dict[str, tuple[MatrixRow | None, bool]] = {}
         self._max_cuda: dict[str, MatrixRow | None] = {}
         self._open_req: dict[tuple[str | None, str | None], bool] = {}
@@ -175,8 +181,10 @@ def host_context(facts: HostFacts, ct: CompiledTarget, host: str | None = None) 
             version, source = cand, src
             break
     vt = version_tuple(version)
-    branch = vt[0] if vt else None
-    below = vt is not None and (vt[0] < ct.branch or vt < ct.min_driver_t)
+    platform_note = platform_problem(facts, version, vt)
+    # A Jetson's L4T release or Tegra driver is no branch: never read "35.3.1" as an R35.
+    branch = vt[0] if vt and platform_note is None else None
+    below = branch is not None and vt is not None and (vt[0] < ct.branch or vt < ct.min_driver_t)
     names = [g.name for g in drv.gpus if g.name]
     if not names:
         model = None
@@ -194,12 +202,52 @@ def host_context(facts: HostFacts, ct: CompiledTarget, host: str | None = None) 
                 break
     fm = facts.fabricmanager
     fm_required = fm.required if fm.required is not None else fm.nvswitch_present
+    in_use, usage_known = gpus_in_use(drv.gpus, ct.gpu_util)
     return HostContext(
         host=host or facts.host, version=version, version_t=vt, version_source=source, branch=branch,
         below_target=below, gpu_names=names, gpu_model=model, gpu_count=count,
         gpu_memory_mib=min(mems) if mems else None, flavour=flavour,
-        fm_required=fm_required,
+        fm_required=fm_required, driver_failed=platform_note is not None, platform_note=platform_note,
+        gpus_in_use=in_use, usage_known=usage_known,
     )
+
+
+def platform_problem(facts: HostFacts, version: str | None, vt: tuple[int, ...] | None) -> str | None:
+    """Why the host is no data-center driver platform (docs/facts.md section 10), or None."""
+    plat = facts.driver.platform
+    if plat.kind == "tegra":
+        release = f"L4T {plat.l4t_release}" if plat.l4t_release else "L4T"
+        shown = f"the kernel module reports {version}" if version else "no driver version"
+        # The evidence (an L4T release line such as "# R35 (release)") stays in the finding's evidence: in
+        # the message it would read like a branch name.
+        return (f"NVIDIA Jetson (Tegra, {release}) board: {shown}, which is no data-center driver branch "
+                "(unsupported platform, unknown branch)")
+    if vt is not None and vt[0] < 100:
+        return (f"driver version {version} is no data-center driver branch (unsupported platform, unknown "
+                "branch): data-center branches are three-digit (R535 ... R620)")
+    return None
+
+
+def gpus_in_use(gpus: list[Gpu], util: float) -> tuple[list[Gpu], bool]:
+    """(GPUs another process holds, whether any GPU reported its use).
+
+    In use: a compute process runs on it, or its free memory is below ``util`` of the total, the
+    share vLLM claims at start-up (docs/facts.md section 11).
+    """
+    busy: list[Gpu] = []
+    known = False
+    for g in gpus:
+        used = g.memory_used_mib
+        procs = g.processes
+        if used is None and procs is None:
+            continue
+        known = True
+        compute = bool(procs) and any(p.type is None or "C" in p.type for p in procs or ())
+        total = g.memory_total_mib
+        short = used is not None and total is not None and total > 0 and total - used < util * total
+        if compute or short:
+            busy.append(g)
+    return busy, known
 
 
 # -- driver ------------------------------------------------------------------------------------
@@ -264,6 +312,12 @@ def _branch_label(ct: CompiledTarget, branch: int) -> str:
 
 def _driver_version(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     ct = e.ct
+    if c.platform_note is not None:
+        plat = f.driver.platform
+        e.fail("driver.platform", c.platform_note,
+               {"driver_version": c.version, "platform": plat.kind, "l4t_release": plat.l4t_release,
+                "evidence": plat.evidence, "arch": f.driver.kernel_module.arch, "image": ct.target.image.ref})
+        return
     if c.version_t is None:
         if not c.driver_failed:
             e.unknown("driver.branch", "the loaded driver version", f.driver.reason, error=True)
@@ -302,6 +356,8 @@ def _flavour(f: HostFacts, c: HostContext, e: _Emitter) -> None:
 
 
 def _pending_reboot(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if c.platform_note is not None:
+        return  # an L4T release compared with data-center package versions means nothing
     nv = f.driver.nvml
     pkg_v = f.packages.driver_version
     loaded = f.driver.kernel_module.version or f.driver.driver_version
@@ -368,6 +424,84 @@ def _fabric_state(f: HostFacts, c: HostContext, e: _Emitter) -> None:
         why = ("GPU facts came from nvidia-smi, whose query does not report it" if f.driver.source == "nvidia-smi"
                else f.driver.nvml.error)
         e.unknown("gpu.fabric_state", "GPU fabric state", why)
+
+
+_SUMMARY_TEXT = {"unhealthy": "Unhealthy", "limited_capacity": "Limited Capacity"}
+
+
+def fabric_health_faults(g: Gpu) -> list[str]:
+    """The fields of one GPU's fabric health that fail it, as nvidia-smi names them (docs/facts.md section 9)."""
+    h = g.fabric_health
+    if h is None:
+        return []
+    out: list[str] = []
+    if h.summary in _SUMMARY_TEXT:
+        out.append(f"Summary {_SUMMARY_TEXT[h.summary]}")
+    if h.bandwidth == "degraded":
+        out.append("Bandwidth Degraded")
+    if h.route_recovery_in_progress:
+        out.append("Route Recovery in progress True")
+    if h.route_unhealthy:
+        out.append("Route Unhealthy True")
+    if h.access_timeout_recovery:
+        out.append("Access Timeout Recovery True")
+    if h.incorrect_configuration not in (None, "none"):
+        out.append(f"Incorrect Configuration {h.incorrect_configuration}")
+    return out
+
+
+def _fabric_health(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    bad: dict[str, list[int]] = {}
+    detail: dict[str, Any] = {}
+    for g in f.driver.gpus:
+        faults = fabric_health_faults(g)
+        if not faults:
+            continue
+        bad.setdefault(", ".join(faults), []).append(g.index)
+        h = g.fabric_health
+        assert h is not None
+        detail[str(g.index)] = {k: v for k, v in h.model_dump().items() if v not in (None, {})}
+    if not bad:
+        return
+    parts = [f"GPU {_idx(indices)}: {faults}" for faults, indices in bad.items()]
+    fields = sorted({fault.rsplit(" ", 1)[0] for faults in bad for fault in faults.split(", ")})
+    e.fail("gpu.fabric_health", f"NVLink fabric health fails on {'; '.join(parts)}",
+           {"gpus": detail, "fields": fields})
+
+
+def _gpu_in_use(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not c.gpus_in_use:
+        if f.driver.gpus and not c.usage_known and not c.driver_failed:
+            e.unknown("gpu.in_use", "GPU memory in use and compute processes", f.driver.reason)
+        return
+    util = e.ct.gpu_util
+    pids: dict[int | None, str] = {}
+    short: list[int] = []
+    listed: list[dict[str, Any]] = []
+    for g in c.gpus_in_use:
+        total, used = g.memory_total_mib, g.memory_used_mib
+        if used is not None and total and total - used < util * total:
+            short.append(g.index)
+        for p in g.processes or ():
+            pids.setdefault(p.pid, p.name or "?")
+        if len(listed) < 16:
+            listed.append({"index": g.index, "memory_used_mib": used, "memory_total_mib": total,
+                           "processes": [p.model_dump() for p in (g.processes or ())[:8]]})
+    used_text = ""
+    first = c.gpus_in_use[0]
+    if first.memory_used_mib is not None and first.memory_total_mib:
+        used_text = f" ({first.memory_used_mib} of {first.memory_total_mib} MiB in use on GPU {first.index})"
+    procs = ", ".join(f"pid {pid} {name}" for pid, name in list(pids.items())[:4])
+    held = f"; {len(pids)} compute process(es): {procs}" if pids else ""
+    effects = []
+    if short:
+        effects.append(f"vLLM's start-up memory check (gpu_memory_utilization {util:g}) would fail on GPU "
+                       f"{_idx(short)}")
+    effects.append("a drain or driver change would end this workload")
+    e.fail("gpu.in_use",
+           f"GPU {_idx([g.index for g in c.gpus_in_use])} in use{used_text}{held}: {'; '.join(effects)}",
+           {"gpus": listed, "gpus_in_use": len(c.gpus_in_use), "processes": len(pids),
+            "gpu_memory_utilization": util, "vllm_start_fails_on": short})
 
 
 # -- packages ----------------------------------------------------------------------------------
@@ -731,6 +865,8 @@ def image_cuda(f: HostFacts, ct: CompiledTarget) -> tuple[str, str]:
 
 def _cuda_runtime(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     ct = e.ct
+    if c.platform_note is not None:
+        return  # driver.platform says why: no data-center driver, so no CUDA chain to judge
     cuda, src = image_cuda(f, ct)
     want = cuda_tuple(cuda)
     assert want is not None
@@ -783,6 +919,8 @@ def _probe(f: HostFacts, c: HostContext, e: _Emitter) -> None:
         return
     ct = f.container
     pr = ct.probe
+    if c.platform_note is not None:
+        return  # driver.platform says why; no driver change would make CUDA start here
     if ct.image is None or ct.image.present is False or ct.runtime is None:
         # No image or runtime: container.image_present / container.runtime already say why.
         return
@@ -844,7 +982,7 @@ def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
 
 RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
     _schema, _driver_loaded, _nvml, _driver_version, _flavour, _pending_reboot,
-    _gpu_count, _persistence, _fabric_state,
+    _gpu_count, _persistence, _fabric_state, _fabric_health, _gpu_in_use,
     _held, _unattended, _dkms,
     _fabricmanager,
     _rdma, _acs, _nccl,

@@ -88,7 +88,8 @@ def decide_strategy(hosts: Iterable[tuple[str | None, int | None]], target: Targ
             strategy=strategy, setting=gpus.strategy, derived=derived, reason=reason,
             rdma_required=target.rdma_required_for(strategy), nodes=nodes, hosts_unknown_memory=unknown,
             weights_gb=w.gb if w else None, weights_confirmed=w.confirmed if w else None,
-            weights_source=w.source if w else None)
+            weights_source=w.source if w else None, tensor_parallel_size=target.tensor_parallel_size(strategy),
+            serve_command=target.serve_argv(strategy))
 
     explicit = gpus.explicit_strategy
     if explicit is not None:

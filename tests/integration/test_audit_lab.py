@@ -65,7 +65,7 @@ def test_exit_code_and_outcome(lab_audit: tuple[subprocess.CompletedProcess[str]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert verdict["outcome"] == "rebuild_environment"
     assert "Traceback" not in proc.stderr
-    assert verdict["summary"]["hosts"] == 9
+    assert verdict["summary"]["hosts"] == 10
     assert verdict["summary"]["unreachable"] == 1
 
 
@@ -125,13 +125,18 @@ def test_plan_canary_is_a_healthy_r575_host(verdict: dict[str, Any]) -> None:
     assert canary not in waved
     assert len(waved) == len(set(waved))
     assert "gpu-a09" not in waved and "gpu-a03" not in waved
+    # The node a model server outside Slurm holds is changed in a wave, never first, and never "idle".
+    assert canary != "gpu-a10" and "gpu-a10" in waved
+    busy = next(u for u in plan["needs_upgrade"] if u["host"] == "gpu-a10")
+    assert busy["idle"] is False
+    assert "gpu.in_use" in _ids(verdict, "gpu-a10")
 
 
 def test_run_directory_holds_the_evidence(lab_audit: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     _, out = lab_audit
     rd = RunDir.open(out)
     assert rd.verify_manifest() == []
-    for host in [f"gpu-a0{i}" for i in range(1, 9)]:
+    for host in [*(f"gpu-a0{i}" for i in range(1, 9)), "gpu-a10"]:
         facts = HostFacts.model_validate(json.loads((out / "facts" / f"{host}.json").read_text()))
         assert facts.host == host
         assert facts.driver.status in ("ok", "unknown")
@@ -139,7 +144,7 @@ def test_run_directory_holds_the_evidence(lab_audit: tuple[subprocess.CompletedP
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     assert {e["event"] for e in events} >= {"runner_on_ok", "runner_on_unreachable", "playbook_on_stats"}
     run = json.loads((out / "run.json").read_text())
-    assert run["exit_code"] == 1 and run["hosts_with_facts"] == 8
+    assert run["exit_code"] == 1 and run["hosts_with_facts"] == 9
     report = (out / "report.md").read_text()
     assert report.startswith("# k3fleet audit: rebuild the environment")
     assert "gpu-a09" in report and "Change plan" in report
@@ -299,3 +304,66 @@ def test_change_commands_refuse_simulated_hosts(tmp_path: Path) -> None:
         proc = run_k3fleet(*args, "--runs-dir", str(tmp_path / "runs"))
         assert proc.returncode == 2, (args, proc.stderr)
         assert "simulated lab hosts" in _one_error_line(proc)
+
+
+# -- what an expert reads: fabric health, a Jetson, R610's header, a self-contradicting target -----------
+
+
+@pytest.fixture(scope="module")
+def truth_audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    root = tmp_path_factory.mktemp("truthfleet")
+    shutil.copytree(data_dir("inventories/lab/profiles"), root / "profiles")
+    (root / "fleet.yaml").write_text(yaml.safe_dump({"hosts": {
+        "gpu-b01": "b200-r580-fabric-unhealthy", "gpu-b02": "b200-r580", "gpu-j01": "jetson-orin-l4t35",
+        "gpu-k01": "h200-r610-kmd", "gpu-u01": "h200-r575-busy", "gpu-r01": "h200-r575"}}))
+    proc = run_k3fleet("audit", "--lab", "-i", str(root / "fleet.yaml"), "--json", "--out", str(root / "run"))
+    assert proc.stdout, proc.stderr[-3000:]
+    return proc, json.loads(proc.stdout)
+
+
+def test_truth_fleet_fabric_health_fails_the_gpu_naming_the_field(
+        truth_audit: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    _, verdict = truth_audit
+    (f,) = [f for f in verdict["hosts"]["gpu-b01"]["findings"] if f["check_id"] == "gpu.fabric_health"]
+    assert f["message"] == "NVLink fabric health fails on GPU 3: Summary Unhealthy, Route Unhealthy True"
+    assert verdict["hosts"]["gpu-b01"]["status"] == "fail"
+    assert "gpu.fabric_health" not in _ids(verdict, "gpu-b02")
+
+
+def test_truth_fleet_jetson_is_an_unsupported_platform(
+        truth_audit: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    _, verdict = truth_audit
+    findings = verdict["hosts"]["gpu-j01"]["findings"]
+    (f,) = [f for f in findings if f["check_id"] == "driver.platform"]
+    assert "unsupported platform, unknown branch" in f["message"] and "L4T 35.3.1" in f["message"]
+    assert not any("R35" in x["message"] for x in findings)
+    assert "gpu-j01" not in {u["host"] for u in verdict["plan"]["needs_upgrade"]}
+    assert "gpu-j01" in {b["host"] for b in verdict["plan"]["blocked"]}
+
+
+def test_truth_fleet_reads_the_kmd_header(
+        truth_audit: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    _, verdict = truth_audit
+    assert verdict["hosts"]["gpu-k01"]["driver_version"] == "610.43.02"
+    assert "gpu-k01" in verdict["plan"]["done"]
+    assert "driver.branch" not in _ids(verdict, "gpu-k01")
+
+
+def test_truth_fleet_busy_host_is_not_the_canary(
+        truth_audit: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    _, verdict = truth_audit
+    assert "gpu.in_use" in _ids(verdict, "gpu-u01")
+    assert verdict["plan"]["canary"]["host"] == "gpu-r01"
+
+
+def test_self_contradicting_target_is_refused_before_the_audit(tmp_path: Path) -> None:
+    target = yaml.safe_load((TARGETS / "kimi-k3.yaml").read_text())
+    target["gpus"]["strategy"] = "multi_node_dep"
+    target["serve"]["flags"] = ["--tensor-parallel-size", "8", *target["serve"]["flags"]]
+    bad = tmp_path / "dep-target.yaml"
+    bad.write_text(yaml.safe_dump(target))
+    proc = run_k3fleet("audit", "--lab", "--target", str(bad), "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    line = _one_error_line(proc)
+    assert ": serve.flags: --tensor-parallel-size 8 does not match strategy multi_node_dep" in line
+    assert not (tmp_path / "run").exists()

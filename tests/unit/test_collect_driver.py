@@ -430,14 +430,20 @@ def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
     assert got["nvml"] == {"status": "ok", "error": None}
     assert got["driver_version"] == "580.95.05"
     assert got["cuda_driver_version"] == "13.0"
+    # The v2 struct's health mask reads 0 (every condition "not supported"); this fake has no
+    # process listing, so processes stay unknown rather than "none".
+    no_health = drv.decode_fabric_health(0, None)
     assert got["gpus"] == [
         {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165",
-         "memory_total_mib": 143771, "persistence_mode": True, "compute_capability": "9.0",
-         "pci_bus_id": "00000000:1B:00.0", "fabric_state": "completed", "fabric_status": "success"},
+         "memory_total_mib": 143771, "memory_used_mib": 0, "persistence_mode": True, "compute_capability": "9.0",
+         "pci_bus_id": "00000000:1B:00.0", "fabric_state": "completed", "fabric_status": "success",
+         "fabric_health": no_health, "processes": None},
         {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-50404ee7-1d50-1d0c-6780-806cf66543b8",
-         "memory_total_mib": 143771, "persistence_mode": False, "compute_capability": "9.0",
-         "pci_bus_id": "00000000:43:00.0", "fabric_state": "not_supported", "fabric_status": None},
+         "memory_total_mib": 143771, "memory_used_mib": 0, "persistence_mode": False, "compute_capability": "9.0",
+         "pci_bus_id": "00000000:43:00.0", "fabric_state": "not_supported", "fabric_status": None,
+         "fabric_health": None, "processes": None},
     ]
+    assert got["note"] == "GPU compute processes unknown: GPU 0-1: bindings lack nvmlDeviceGetComputeRunningProcesses"
     assert nv.calls == ["init", "shutdown"]
 
 
@@ -523,8 +529,9 @@ def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyP
     DriverFacts.model_validate(facts)
     assert facts["status"] == "ok"
     assert facts["source"] == "nvml"
-    assert facts["kernel_module"] == {"loaded": True, "version": "565.57.01", "flavour": "open",
+    assert facts["kernel_module"] == {"loaded": True, "version": "565.57.01", "flavour": "open", "arch": "x86_64",
                                       "raw": fixture("proc_version_open_x86_64.txt").splitlines()[0].strip()}
+    assert facts["platform"] == {"kind": "discrete", "l4t_release": None, "evidence": None}
     assert facts["gpu_count"] == 2
     assert facts["cuda_driver_version"] == "13.0"
     assert reader.commands == []  # nvidia-smi not needed
@@ -669,7 +676,9 @@ def test_collect_driver_nvidia_smi_q_failure_keeps_gpus(tmp_path: Path, monkeypa
     facts = drv.collect_driver(reader)
     assert facts["status"] == "ok" and facts["gpu_count"] == 8
     assert all(g["fabric_state"] is None for g in facts["gpus"])
-    assert facts["reason"].startswith("CUDA version and GPU fabric state unknown: nvidia-smi -q: exit 9")
+    assert all(g["processes"] is None and g["memory_used_mib"] is None for g in facts["gpus"])
+    assert facts["reason"].startswith(
+        "CUDA version, GPU fabric state, memory use and processes unknown: nvidia-smi -q: exit 9")
 
 
 def test_kernel_module_truncated_version_file(tmp_path: Path) -> None:

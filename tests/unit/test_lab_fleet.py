@@ -61,7 +61,7 @@ def make_fleet(tmp_path: Path, hosts: dict[str, object], profiles: dict[str, str
 
 def test_default_fleet_tells_the_change_night_story(fleet: FleetSpec) -> None:
     names = [h.name for h in fleet.hosts]
-    assert names == [f"gpu-a0{i}" for i in range(1, 10)]
+    assert names == [f"gpu-a{i:02d}" for i in range(1, 11)]
     by_name = {h.name: h.profile for h in fleet.hosts}
     on_r575 = [n for n, p in by_name.items() if p.driver and p.driver.running_version == "575.57.08"]
     assert len(on_r575) > len(names) / 2, "most hosts are on R575"
@@ -76,6 +76,10 @@ def test_default_fleet_tells_the_change_night_story(fleet: FleetSpec) -> None:
     assert by_name["gpu-a06"].nvidia_peermem is False
     assert (by_name["gpu-a07"].nccl_conf or {}).get("NCCL_DEBUG") == "INFO"
     assert [n for n, p in by_name.items() if not p.reachable] == ["gpu-a09"]
+    # A model server outside Slurm holds every GPU of gpu-a10 while Slurm calls the node idle.
+    busy = by_name["gpu-a10"]
+    assert busy.slurm is not None and busy.slurm.state == "idle" and not busy.slurm.jobs
+    assert [busy.gpus.used_mib(i) for i in range(8)] == [131072] * 8
     for profile in by_name.values():
         # Otherwise representative: 8x H200 HGX with NVSwitch, 8 NDR 400 rails.
         assert (profile.gpus.model, profile.gpus.count, profile.nvswitches) == ("NVIDIA H200", 8, 4)
@@ -85,7 +89,7 @@ def test_default_fleet_tells_the_change_night_story(fleet: FleetSpec) -> None:
 def test_inventory_points_each_host_at_its_root(lab: Path) -> None:
     inventory = yaml.safe_load((lab / "inventory.yml").read_text())
     hosts = inventory["all"]["children"]["lab"]["hosts"]
-    assert len(hosts) == 9
+    assert len(hosts) == 10
     for name, hv in hosts.items():
         root = Path(hv["k3fleet_root"])
         assert root == lab / "hosts" / name and root.is_dir()
@@ -101,7 +105,7 @@ def test_inventory_points_each_host_at_its_root(lab: Path) -> None:
     assert [h["profile"] for h in manifest["hosts"]][:3] == ["h200-r575", "h200-r575-open", "h200-r580"]
 
 
-@pytest.mark.parametrize("host", [f"gpu-a0{i}" for i in range(1, 10)])
+@pytest.mark.parametrize("host", [f"gpu-a{i:02d}" for i in range(1, 11)])
 def test_every_source_replays_exactly_what_was_rendered(lab: Path, fleet: FleetSpec, host: str) -> None:
     spec = fleet.host(host)
     shared, own = ProfileRenderer(spec.profile, IMAGE).host_image(host)
@@ -126,9 +130,10 @@ def test_every_source_replays_exactly_what_was_rendered(lab: Path, fleet: FleetS
 
 
 def test_fleet_covers_every_named_source(tmp_path: Path, fleet: FleetSpec) -> None:
-    # The default fleet plus the RHEL and podman profiles answer every file and command the
-    # collectors ask for (rpm, dnf versionlock and podman only exist there).
-    fleet_file = make_fleet(tmp_path, {"r1": "h200-r575-rhel9", "b1": "b200-r580",
+    # The default fleet plus the RHEL, podman and Jetson profiles answer every file and command the
+    # collectors ask for (rpm, dnf versionlock and podman only exist there; the L4T release file and
+    # the device tree only on the Jetson).
+    fleet_file = make_fleet(tmp_path, {"r1": "h200-r575-rhel9", "b1": "b200-r580", "j1": "jetson-orin-l4t35",
                                        **{h.name: h.profile_name for h in fleet.hosts}}, {})
     spec = load_fleet(fleet_file)
     seen_argv: set[tuple[str, ...]] = set()
@@ -280,7 +285,7 @@ def test_generation_refuses_a_foreign_directory_and_replaces_a_previous_lab(tmp_
     generate_fleet(fleet, dest, count=12)
     (dest / "run-001").mkdir()  # something of the user's next to the lab survives regeneration
     inventory = generate_fleet(fleet, dest)
-    assert len(yaml.safe_load(inventory.read_text())["all"]["children"]["lab"]["hosts"]) == 9
+    assert len(yaml.safe_load(inventory.read_text())["all"]["children"]["lab"]["hosts"]) == 10
     assert not (dest / "hosts" / "gpu-0012").exists() and (dest / "run-001").is_dir()
 
 
@@ -292,14 +297,15 @@ def test_count_scales_the_fleet_keeping_its_proportions(tmp_path: Path, fleet: F
     hosts = yaml.safe_load(inventory.read_text())["all"]["children"]["lab"]["hosts"]
     assert len(hosts) == 1000 and "gpu-0001" in hosts and "gpu-1000" in hosts
     unreachable = [n for n, hv in hosts.items() if hv["ansible_connection"] == "ssh"]
-    # Host i takes the profile of fleet host i mod 9: gpu-a09 (unreachable) is the 9th, gpu-a03 the 3rd.
-    assert len(unreachable) == len(range(8, 1000, 9)) == 111
+    # Host i takes the profile of fleet host i mod 10: gpu-a09 (unreachable) is the 9th, gpu-a03 the 3rd.
+    assert len(unreachable) == len(range(8, 1000, 10)) == 100
     profiles = [hv["k3fleet_lab_profile"] for hv in hosts.values()]
-    assert profiles.count("h200-r580") == len(range(2, 1000, 9))
+    assert profiles.count("h200-r580") == len(range(2, 1000, 10))
+    assert profiles.count("h200-r575-busy") == 100
     # A scaled host answers with its own name, and identical trees are shared, not copied.
-    root = tmp_path / "lab" / "hosts" / "gpu-0731"
-    res = reader_for(root).run(sources.scontrol_show_node_argv("gpu-0731"))
-    assert res.ok and res.stdout.startswith("NodeName=gpu-0731 ")
+    root = tmp_path / "lab" / "hosts" / "gpu-0732"
+    res = reader_for(root).run(sources.scontrol_show_node_argv("gpu-0732"))
+    assert res.ok and res.stdout.startswith("NodeName=gpu-0732 ")
     assert os.path.realpath(root / "proc") == os.path.realpath(tmp_path / "lab" / "hosts" / "gpu-0002" / "proc")
     assert [n for n, _h in expand_hosts(fleet, 3)] == ["gpu-0001", "gpu-0002", "gpu-0003"]
     with pytest.raises(LabFleetError, match="at least 1"):
@@ -460,7 +466,7 @@ def test_collectors_see_the_story(lab: Path, fleet: FleetSpec) -> None:
             continue
         raw = collect_host(reader_for(lab / "hosts" / host.name), host.name, IMAGE, use_nvml=False, probe=True)
         facts[host.name] = HostFacts.model_validate(raw)
-    assert len(facts) == 8
+    assert len(facts) == 9
     for name in ("gpu-a01", "gpu-a05", "gpu-a06", "gpu-a07"):
         f = facts[name]
         assert (f.driver.driver_version, f.driver.kernel_module.flavour) == ("575.57.08", "proprietary"), name

@@ -102,7 +102,10 @@ def test_driver_info_fabric_state_unknown_is_said(hgx_node: dict[str, Any]) -> N
     # The 535 capture of the hgx node has no Fabric section and none of the CSV's bus ids.
     facts = DriverFacts.model_validate(run_module(k3fleet_driver_info, hgx_node)[RESULT_KEY])
     assert all(g.fabric_state is None for g in facts.gpus)
-    assert facts.reason == "GPU fabric state unknown: GPU 0-1: bus id not in nvidia-smi -q"
+    # Memory use and processes come from the same blocks: unknown too, and said, never "idle".
+    assert facts.reason == ("GPU fabric state unknown: GPU 0-1: bus id not in nvidia-smi -q; "
+                            "GPU memory use and processes unknown: GPU 0-1: bus id not in nvidia-smi -q")
+    assert all(g.processes is None and g.memory_used_mib is None for g in facts.gpus)
 
 
 def test_driver_info_use_nvml_false_is_skipped(hgx_node: dict[str, Any]) -> None:

@@ -222,10 +222,10 @@ def test_serve_missing_flags() -> None:
         ("change.wave_fraction", 1.5, "change.wave_fraction", "less than or equal to 1"),
         ("image.ref", ..., "image.ref", "Field required"),
         ("imagee", {"ref": "x"}, "imagee", "unknown key"),
-        # Cross-field rules name the section they are about.
-        ("driver.target_version", "575.57.08", "(top level)", "not on branch 580"),
-        ("image.cuda", "14.0", "(top level)", "no row in the CUDA driver matrix"),
-        ("image.cuda", "13.4", "(top level)", "has no minimum driver"),
+        # Cross-field rules name the field to change.
+        ("driver.target_version", "575.57.08", "driver.target_version", "not on branch 580"),
+        ("image.cuda", "14.0", "image.cuda", "no row in the CUDA driver matrix"),
+        ("image.cuda", "13.4", "image.cuda", "has no minimum driver"),
         ("serve.flags", ["--trust-remote-code"], "serve", "lacks required flags"),
         ("matrix", {"rows": []}, "matrix", "read from matrix_file"),
         ("matrix_file", 7, "matrix_file", "expected a file name"),
@@ -315,6 +315,9 @@ def test_matrix_rejects_duplicate_rows(tmp_path: Path) -> None:
 
 
 def test_unconfirmed_row_is_reported_when_the_target_uses_it(tmp_path: Path) -> None:
-    t = load_target(_write(tmp_path, _with("image.cuda", "13.3")))
+    # A CUDA 13.3 image needs the (unconfirmed) 610.43.02: the target must move to R610 to be coherent.
+    data = _with("image.cuda", "13.3")
+    data["driver"].update(branch=610, target_version="610.43.02")
+    t = load_target(_write(tmp_path, data))
     assert [r.label for r in t.unconfirmed_rows_used()] == ["13.3"]
     assert t.min_driver()[0] == "610.43.02"

@@ -152,3 +152,24 @@ def test_lab_plan_starts_on_an_idle_host(lab_verdict: tuple[FleetVerdict, dict[s
     planned = {p.canary.host, *(h for w in p.waves for h in w)}
     assert planned.isdisjoint({b.host for b in p.blocked})
     assert planned.isdisjoint(p.unreachable)
+
+
+def test_lab_busy_host_is_in_use_never_canary_never_idle(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
+    v, profiles = lab_verdict
+    (name,) = _by_profile(v, profiles, "h200-r575-busy")
+    f = next(f for f in v.hosts[name].findings if f.check_id == "gpu.in_use")
+    # Slurm calls the node idle; the GPUs say otherwise.
+    assert f.kind == "fail" and f.severity == "warning"
+    assert f.message.startswith("GPU 0,1,2,3,4,5,6,7 in use (131072 of 143771 MiB in use on GPU 0); "
+                                "1 compute process(es): pid 48311 /usr/bin/python3")
+    assert "vLLM's start-up memory check (gpu_memory_utilization 0.9) would fail" in f.message
+    assert f.evidence["vllm_start_fails_on"] == list(range(8))
+    item = next(u for u in v.plan.needs_upgrade if u.host == name)
+    assert item.idle is False
+    assert any("not a scheduler job the drain waits for" in n for n in item.notes)
+    assert v.plan.canary is not None and v.plan.canary.host != name
+    assert name in {h for w in v.plan.waves for h in w}
+    # Every other reachable lab host reports its GPUs free.
+    for other, hv in v.hosts.items():
+        if other != name:
+            assert "gpu.in_use" not in {x.check_id for x in hv.findings}, other

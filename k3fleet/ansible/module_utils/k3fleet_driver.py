@@ -173,6 +173,9 @@ def parse_smi_csv(text: str, fields: tuple[str, ...] = SMI_QUERY_FIELDS) -> list
                 else:
                     raise ValueError(f"nvidia-smi CSV line {line_no}: compute_cap is not major.minor: "
                                      f"{value!r}")
+            elif field == "driver_version":
+                # R610 annotates its deprecated version fields ("610.43.02 [Deprecated; ...]").
+                row[field] = None if _na(value) else strip_annotation(value)
             else:
                 row[field] = None if _na(value) else value
         rows.append(row)
@@ -181,28 +184,53 @@ def parse_smi_csv(text: str, fields: tuple[str, ...] = SMI_QUERY_FIELDS) -> list
     return rows
 
 
-def parse_smi_q_cuda(text: str) -> dict[str, str | None]:
-    """Read "Driver Version" and "CUDA Version" from the header of ``nvidia-smi -q``.
+_ANNOTATION_RE = re.compile(r"\s*\[[^\]]*\]\s*$")
 
-    The CUDA version is the driver's maximum supported CUDA. A value that is not
-    a version (vGPU hosts print "Not Found") becomes None. R610 headers call the
-    fields "KMD Version" and "CUDA UMD Version"; both spellings are accepted.
-    Raises ValueError when neither field is present.
+
+def strip_annotation(value: str) -> str:
+    """ "610.57.04 [Deprecated; will be removed in CUDA 14.0. Use KMD Version instead]" -> "610.57.04".
+
+    R610's nvidia-smi keeps the old header lines with a bracketed deprecation note after the
+    value (docs/facts.md section 12); a bare "[N/A]" stays as it is, it is the value.
     """
-    driver = cuda = None
-    found = False
+    stripped = _ANNOTATION_RE.sub("", value)
+    return stripped if stripped else value.strip()
+
+
+# Header labels, newest spelling first: R610 prints "KMD Version" / "CUDA UMD Version" and keeps the
+# deprecated "Driver Version" / "CUDA Version" lines beside them (docs/facts.md section 12).
+_DRIVER_LABELS = ("KMD Version", "Driver Version")
+_CUDA_LABELS = ("CUDA UMD Version", "CUDA Version")
+_HEADER_LINE_RE = re.compile(r"^(KMD Version|Driver Version|CUDA UMD Version|CUDA Version)\s*:\s*(.*?)\s*$")
+
+
+def parse_smi_q_cuda(text: str) -> dict[str, str | None]:
+    """Read the driver and the maximum CUDA version from the header of ``nvidia-smi -q``.
+
+    Reads both layouts: "Driver Version" / "CUDA Version" (up to R595) and R610's
+    "KMD Version" / "CUDA UMD Version", preferring the new spelling when both are printed and
+    dropping a bracketed deprecation note after a value. The CUDA version is the driver's
+    maximum supported CUDA. A value that is not a version (vGPU hosts print "Not Found")
+    becomes None. Raises ValueError when no such line is present.
+    """
+    seen: dict[str, str] = {}
     for line in (text or "").splitlines():
-        match = re.match(r"^\s*(Driver|KMD) Version\s*:\s*(.*?)\s*$", line)
-        if match:
-            found = True
-            driver = match.group(2) if _VERSION_RE.fullmatch(match.group(2)) else None
-            continue
-        match = re.match(r"^\s*CUDA(?: UMD)? Version\s*:\s*(.*?)\s*$", line)
-        if match:
-            found = True
-            cuda = match.group(1) if re.fullmatch(r"\d+\.\d+", match.group(1)) else None
-    if not found:
-        raise ValueError("nvidia-smi -q output has no 'Driver Version' or 'CUDA Version' line")
+        match = _HEADER_LINE_RE.match(line.strip())
+        if match and match.group(1) not in seen:
+            seen[match.group(1)] = strip_annotation(match.group(2))
+    if not seen:
+        raise ValueError("nvidia-smi -q output has no 'Driver Version', 'KMD Version' or 'CUDA Version' line")
+    driver = cuda = None
+    for label in _DRIVER_LABELS:
+        value = seen.get(label)
+        if value is not None and _VERSION_RE.fullmatch(value):
+            driver = value
+            break
+    for label in _CUDA_LABELS:
+        value = seen.get(label)
+        if value is not None and re.fullmatch(r"\d+\.\d+", value):
+            cuda = value
+            break
     return {"driver_version": driver, "cuda_version": cuda}
 
 
@@ -242,63 +270,168 @@ SMI_FABRIC_STATES = {
 _GPU_BLOCK_RE = re.compile(r"^GPU\s+(\S+)\s*$")
 
 
-def parse_smi_q_fabric(text: str) -> dict[str, dict[str, str | None]]:
-    """Per-GPU "Fabric" State and Status from ``nvidia-smi -q``, keyed by normalised bus id.
+def parse_smi_q_blocks(text: str) -> dict[str, list[list[Any]]]:
+    """The GPU blocks of ``nvidia-smi -q`` as trees, keyed by normalised bus id.
 
-    Each GPU block ("GPU 00000000:18:00.0" at column 0) maps to ``{"state", "status",
-    "note"}``: ``state`` is a FABRIC_STATES name or None, ``status`` the Status text in
-    snake_case (None for "N/A"), and ``note`` says why ``state`` is None: the driver printed
-    "N/A" (no fabric on this board, or the query failed), the block has no Fabric section
-    (older driver, or the output was cut), or a State text this parser does not know.
-    Nesting is read from the indentation, never from column widths (they differ between
-    driver releases), so a "State" elsewhere in the block is not mistaken for the fabric's.
+    Each line ``Key : value`` (or a section title ``Key``) becomes a node ``[key, value, children]``
+    (value None for a section title); a line indented deeper than the one before it is that
+    line's child. Nesting is read from the indentation, never from column widths (they differ
+    between driver releases: 42 characters up to R565, 55 on R580.159), and a key this parser
+    has never seen is kept like any other, so new fields never break parsing. Lines at column 0
+    that are not "GPU <bus id>" (the header, foreign log lines) neither open nor close a block.
     Raises ValueError when the text has no GPU block at all.
     """
-    gpus: dict[str, dict[str, str | None]] = {}
-    current: str | None = None
-    sections: list[tuple[int, str]] = []
+    blocks: dict[str, list[list[Any]]] = {}
+    stack: list[tuple[int, list[list[Any]]]] = []
     for line in (text or "").splitlines():
-        if not line.strip():
+        stripped = line.strip()
+        if not stripped:
             continue
         indent = len(line) - len(line.lstrip(" "))
         if indent == 0:
             match = _GPU_BLOCK_RE.match(line)
             bus = normalize_bus_id(match.group(1)) if match else None
             if bus is not None:
-                current = bus
-                sections = []
-                gpus[bus] = {"state": None, "status": None, "note": "no Fabric section"}
-            # Header lines and foreign log lines at column 0 neither open nor close a GPU block.
+                root: list[list[Any]] = []
+                blocks[bus] = root
+                stack = [(-1, root)]
             continue
-        if current is None:
+        if not stack:
             continue
-        while sections and sections[-1][0] >= indent:
-            sections.pop()
-        key, sep, value = line.strip().partition(":")
-        key = key.strip()
-        if not sep:
-            sections.append((indent, key))
-            if [name for _, name in sections] == ["Fabric"]:
-                gpus[current]["note"] = "Fabric section has no State line"
-            continue
-        if [name for _, name in sections] != ["Fabric"]:
-            continue
-        value = value.strip()
-        entry = gpus[current]
-        if key == "State":
-            state = SMI_FABRIC_STATES.get(value.lower())
-            entry["state"] = state
-            if state is not None:
-                entry["note"] = None
-            elif _na(value):
-                entry["note"] = "State N/A"
-            else:
-                entry["note"] = f"unrecognised State {value[:60]!r}"
-        elif key == "Status":
-            entry["status"] = fabric_status_name(value)
-    if not gpus:
+        while len(stack) > 1 and stack[-1][0] >= indent:
+            stack.pop()
+        key, sep, value = stripped.partition(":")
+        node: list[Any] = [key.strip(), value.strip() if sep else None, []]
+        stack[-1][1].append(node)
+        stack.append((indent, node[2]))
+    if not blocks:
         raise ValueError("nvidia-smi -q output has no 'GPU <bus id>' block")
-    return gpus
+    return blocks
+
+
+def _child(nodes: list[list[Any]] | None, key: str) -> list[Any] | None:
+    want = key.lower()
+    for node in nodes or ():
+        if node[0].lower() == want:
+            return node
+    return None
+
+
+def _fabric_entry(block: list[list[Any]]) -> dict[str, str | None]:
+    entry: dict[str, str | None] = {"state": None, "status": None, "note": "no Fabric section"}
+    fabric = _child(block, "Fabric")
+    if fabric is None:
+        return entry
+    state_node = _child(fabric[2], "State")
+    if state_node is None or state_node[1] is None:
+        entry["note"] = "Fabric section has no State line"
+    else:
+        value = state_node[1]
+        state = SMI_FABRIC_STATES.get(value.lower())
+        entry["state"] = state
+        if state is not None:
+            entry["note"] = None
+        elif _na(value):
+            entry["note"] = "State N/A"
+        else:
+            entry["note"] = f"unrecognised State {value[:60]!r}"
+    status_node = _child(fabric[2], "Status")
+    if status_node is not None and status_node[1] is not None:
+        entry["status"] = fabric_status_name(status_node[1])
+    return entry
+
+
+def parse_smi_q_fabric(text: str) -> dict[str, dict[str, str | None]]:
+    """Per-GPU "Fabric" State and Status from ``nvidia-smi -q``, keyed by normalised bus id.
+
+    Each GPU block maps to ``{"state", "status", "note"}``: ``state`` is a FABRIC_STATES name or
+    None, ``status`` the Status text in snake_case (None for "N/A"), and ``note`` says why
+    ``state`` is None: the driver printed "N/A" (no fabric on this board, or the query failed),
+    the block has no Fabric section (older driver, or the output was cut), or a State text this
+    parser does not know. Only the Fabric section's own State counts, never a "State" elsewhere.
+    Raises ValueError when the text has no GPU block at all.
+    """
+    return {bus: _fabric_entry(block) for bus, block in parse_smi_q_blocks(text).items()}
+
+
+# nvidia-smi -q "Fabric" > "Health" labels -> (FabricHealth field, kind). Summary and the named
+# conditions are snake_case names, the rest True/False (docs/facts.md section 9).
+SMI_FABRIC_HEALTH_FIELDS = {
+    "summary": ("summary", "name"),
+    "bandwidth": ("bandwidth", "name"),
+    "route recovery in progress": ("route_recovery_in_progress", "bool"),
+    "route unhealthy": ("route_unhealthy", "bool"),
+    "access timeout recovery": ("access_timeout_recovery", "bool"),
+    "incorrect configuration": ("incorrect_configuration", "name"),
+    "partition assigned": ("partition_assigned", "bool"),
+    "gfm state": ("gfm_state", "name"),
+}
+
+
+def _health_value(kind: str, text: str) -> tuple[bool, Any]:
+    """(understood, value) of one Health line; N/A is understood as None."""
+    if _na(text):
+        return True, None
+    if kind == "bool":
+        low = text.strip().lower()
+        if low in ("true", "yes"):
+            return True, True
+        if low in ("false", "no"):
+            return True, False
+        return False, None
+    return True, fabric_status_name(text)
+
+
+def parse_fabric_health(nodes: list[list[Any]]) -> dict[str, Any]:
+    """A ``Fabric`` > ``Health`` section as FabricHealth data.
+
+    Known labels fill their field (None for N/A); a label this parser does not know, or a value
+    it cannot read, is kept verbatim under ``other`` so the verdict can show it. Never raises.
+    """
+    health: dict[str, Any] = {field: None for field, _ in SMI_FABRIC_HEALTH_FIELDS.values()}
+    health["other"] = {}
+    for key, value, _children in nodes:
+        if value is None:
+            continue
+        spec = SMI_FABRIC_HEALTH_FIELDS.get(" ".join(key.lower().split()))
+        understood, parsed = _health_value(spec[1], value) if spec else (False, None)
+        if spec is not None and understood:
+            health[spec[0]] = parsed
+        elif not _na(value):
+            health["other"][key[:80]] = value[:120]
+    return health
+
+
+def _mib(text: str | None) -> int | None:
+    """ "21602 MiB" -> 21602; None for N/A and text that is not a MiB figure."""
+    if text is None or _na(text):
+        return None
+    match = re.match(r"^(\d+)\s*MiB$", text.strip())
+    return int(match.group(1)) if match else None
+
+
+def parse_smi_q_processes(node: list[Any] | None) -> list[dict[str, Any]] | None:
+    """The ``Processes`` section of one GPU block: [] for "None", None when the section is missing.
+
+    Each "Process ID" line carries Type, Name and Used GPU Memory as its children
+    (tests/fixtures/driver: the RTX 4090 capture of 535.154.05).
+    """
+    if node is None:
+        return None
+    out: list[dict[str, Any]] = []
+    for key, value, children in node[2]:
+        if key.lower() != "process id":
+            continue
+        proc_type = _child(children, "Type")
+        name = _child(children, "Name")
+        used = _child(children, "Used GPU Memory")
+        out.append({
+            "pid": int(value) if value and value.isdigit() else None,
+            "type": None if proc_type is None or proc_type[1] is None or _na(proc_type[1]) else proc_type[1],
+            "name": None if name is None or not name[1] else name[1][:200],
+            "used_memory_mib": _mib(used[1]) if used is not None else None,
+        })
+    return out
 
 
 def _index_ranges(indices: list[Any]) -> str:
@@ -319,32 +452,54 @@ def _index_ranges(indices: list[Any]) -> str:
     return ",".join(parts)
 
 
-def apply_smi_fabric(gpus: list[dict[str, Any]], text: str) -> str | None:
-    """Fill ``fabric_state``/``fabric_status`` of the CSV GPUs from ``nvidia-smi -q`` by bus id.
+def _notes(prefix: str, why: dict[str, list[Any]]) -> str | None:
+    if not why:
+        return None
+    return prefix + "; ".join(f"GPU {_index_ranges(indices)}: {note}" for note, indices in why.items())
 
-    Returns a one-line note naming the GPUs whose fabric state stays unknown and why, or
-    None when every GPU got a state.
+
+def apply_smi_q(gpus: list[dict[str, Any]], text: str) -> tuple[str | None, str | None]:
+    """Fill the CSV GPUs from ``nvidia-smi -q`` by bus id: fabric state, status and health,
+    memory in use and compute processes.
+
+    Returns ``(fabric note, usage note)``: one line each naming the GPUs whose fabric state, or
+    whose memory use and processes, stay unknown and why; None when nothing is missing.
     """
     try:
-        fabric = parse_smi_q_fabric(text)
+        blocks = parse_smi_q_blocks(text)
     except ValueError as exc:
-        return f"GPU fabric state unknown: {exc}"
-    why: dict[str, list[Any]] = {}
+        return f"GPU fabric state unknown: {exc}", f"GPU memory use and processes unknown: {exc}"
+    fabric_why: dict[str, list[Any]] = {}
+    usage_why: dict[str, list[Any]] = {}
     for gpu in gpus:
         bus = normalize_bus_id(gpu.get("pci_bus_id"))
-        entry = fabric.get(bus) if bus is not None else None
-        if entry is None:
+        block = blocks.get(bus) if bus is not None else None
+        if block is None:
             missing = "bus id not in nvidia-smi -q" if bus is not None else "no PCI bus id to match -q by"
-            why.setdefault(missing, []).append(gpu.get("index"))
+            fabric_why.setdefault(missing, []).append(gpu.get("index"))
+            usage_why.setdefault(missing, []).append(gpu.get("index"))
             continue
+        entry = _fabric_entry(block)
         gpu["fabric_state"] = entry["state"]
         gpu["fabric_status"] = entry["status"]
         if entry["note"]:
-            why.setdefault(entry["note"], []).append(gpu.get("index"))
-    if not why:
-        return None
-    return "GPU fabric state unknown: " + "; ".join(
-        f"GPU {_index_ranges(indices)}: {note}" for note, indices in why.items())
+            fabric_why.setdefault(entry["note"], []).append(gpu.get("index"))
+        fabric = _child(block, "Fabric")
+        health = _child(fabric[2], "Health") if fabric is not None else None
+        gpu["fabric_health"] = parse_fabric_health(health[2]) if health is not None else None
+        memory = _child(block, "FB Memory Usage")
+        used = _child(memory[2], "Used") if memory is not None else None
+        gpu["memory_used_mib"] = _mib(used[1]) if used is not None else None
+        gpu["processes"] = parse_smi_q_processes(_child(block, "Processes"))
+        if gpu["memory_used_mib"] is None and gpu["processes"] is None:
+            usage_why.setdefault("no FB Memory Usage or Processes section", []).append(gpu.get("index"))
+    return (_notes("GPU fabric state unknown: ", fabric_why),
+            _notes("GPU memory use and processes unknown: ", usage_why))
+
+
+def apply_smi_fabric(gpus: list[dict[str, Any]], text: str) -> str | None:
+    """:func:`apply_smi_q`, returning only the note on fabric state."""
+    return apply_smi_q(gpus, text)[0]
 
 
 def classify_smi_failure(text: str) -> tuple[str, str]:
@@ -430,42 +585,147 @@ def _nvml_return_name(nv: Any, code: int) -> str:
     return f"nvml_return_{code}"
 
 
-def _fabric_info(nv: Any, handle: Any) -> tuple[str | None, str | None]:
-    """(fabric_state, fabric_status) of one GPU through NVML."""
+# nvmlGpuFabricInfo healthMask: (field, shift, width, {value: meaning}); value 0 is "not supported"
+# and reads as None. Bit layout and values are nvidia-ml-py's NVML_GPU_FABRIC_HEALTH_MASK_*
+# constants (docs/facts.md section 9).
+_TRUE_FALSE = {1: True, 2: False}
+FABRIC_HEALTH_MASK = (
+    ("bandwidth", 0, 0x3, {1: "degraded", 2: "full"}),
+    ("route_recovery_in_progress", 2, 0x3, _TRUE_FALSE),
+    ("route_unhealthy", 4, 0x3, _TRUE_FALSE),
+    ("access_timeout_recovery", 6, 0x3, _TRUE_FALSE),
+    ("incorrect_configuration", 8, 0xF, {1: "none", 2: "incorrect_sysguid", 3: "incorrect_chassis_sn",
+                                         4: "no_partition", 5: "insufficient_nvlinks",
+                                         6: "incompatible_gpu_fw", 7: "invalid_location",
+                                         8: "gpu_state_invalid"}),
+    ("partition_assigned", 12, 0x3, _TRUE_FALSE),
+    ("gfm_state", 14, 0x3, {1: "connected", 2: "disconnected"}),
+)
+# nvmlGpuFabricInfo_v3_t healthSummary.
+FABRIC_HEALTH_SUMMARY = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+
+
+def decode_fabric_health(mask: int, summary: int | None) -> dict[str, Any]:
+    """FabricHealth data from NVML's healthMask (v2+) and healthSummary (v3; None before v3).
+
+    A field value the table does not know is kept under ``other`` rather than guessed.
+    """
+    health: dict[str, Any] = {"summary": None, "other": {}, "mask": mask}
+    for field, shift, width, values in FABRIC_HEALTH_MASK:
+        raw = (mask >> shift) & width
+        health[field] = values.get(raw)
+        if raw and raw not in values:
+            health["other"][field] = f"unknown value {raw}"
+    if summary is not None:
+        health["summary"] = FABRIC_HEALTH_SUMMARY.get(summary)
+        if summary and summary not in FABRIC_HEALTH_SUMMARY:
+            health["other"]["summary"] = f"unknown value {summary}"
+    return health
+
+
+def _fabric_struct(nv: Any) -> tuple[Any, bool] | None:
+    """The newest fabric info struct the bindings offer: (struct class, carries healthSummary)."""
+    v3 = getattr(nv, "c_nvmlGpuFabricInfo_v3_t", None)
+    if v3 is not None:
+        return v3, True
+    v_t = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+    return (v_t, False) if v_t is not None else None
+
+
+def _fabric_info(nv: Any, handle: Any) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """(fabric_state, fabric_status, fabric_health) of one GPU through NVML.
+
+    Asks with the v3 struct (health summary) first; a driver that does not know v3 answers with a
+    version mismatch, and the v2 struct (health mask only) is tried next.
+    """
     import ctypes  # only needed when NVML is in use
 
-    info_type = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
     getter = getattr(nv, "nvmlDeviceGetGpuFabricInfoV", None)
-    if info_type is None or getter is None:
-        return None, None  # bindings older than the fabric API
-    info = info_type()
-    try:
-        getter(handle, ctypes.byref(info))
-    except nv.NVMLError as exc:
-        if type(exc).__name__ == "NVMLError_NotSupported":
-            return "not_supported", None
-        if type(exc).__name__ == "NVMLError_GpuIsLost":
-            raise
-        return None, None
+    first = _fabric_struct(nv)
+    if getter is None or first is None:
+        return None, None, None  # bindings older than the fabric API
+    candidates = [first]
+    v_t = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+    if first[0] is not v_t and v_t is not None:
+        candidates.append((v_t, False))
+    info = None
+    has_summary = False
+    for struct, with_summary in candidates:
+        attempt = struct()
+        try:
+            getter(handle, ctypes.byref(attempt))
+        except nv.NVMLError as exc:
+            name = type(exc).__name__
+            if name == "NVMLError_NotSupported":
+                return "not_supported", None, None
+            if name == "NVMLError_GpuIsLost":
+                raise
+            if name != "NVMLError_ArgumentVersionMismatch":
+                return None, None, None
+            continue
+        info, has_summary = attempt, with_summary
+        break
+    if info is None:
+        return None, None, None
     state = FABRIC_STATES.get(int(info.state))
     status = None
     # NVML: the status "must be checked only if state returns complete"; nvidia-smi prints N/A before.
     if state == "completed" and hasattr(info, "status"):
         status = _nvml_return_name(nv, int(info.status))
-    return state, status
+    health = None
+    if hasattr(info, "healthMask"):
+        summary = int(info.healthSummary) if has_summary and hasattr(info, "healthSummary") else None
+        health = decode_fabric_health(int(info.healthMask), summary)
+    return state, status, health
 
 
-def _nvml_gpu(nv: Any, index: int) -> dict[str, Any]:
+_PROCESS_SKIP = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
+
+
+def _nvml_processes(nv: Any, handle: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(compute processes, why unknown) of one GPU. A driver or bindings without the call, or
+    without permission, leave the list unknown (None) with the reason: never read as "none"."""
+    getter = getattr(nv, "nvmlDeviceGetComputeRunningProcesses", None)
+    if getter is None:
+        return None, "bindings lack nvmlDeviceGetComputeRunningProcesses"
+    try:
+        procs = getter(handle)
+    except nv.NVMLError as exc:
+        if type(exc).__name__ == "NVMLError_GpuIsLost":
+            raise
+        return None, _nvml_message(exc)
+    out: list[dict[str, Any]] = []
+    namer = getattr(nv, "nvmlSystemGetProcessName", None)
+    for proc in procs or ():
+        pid = getattr(proc, "pid", None)
+        used = getattr(proc, "usedGpuMemory", None)
+        name = None
+        if namer is not None and pid is not None:
+            # A process may exit between the listing and this call; its name is then just unknown.
+            with contextlib.suppress(nv.NVMLError):
+                name = _text(namer(pid))
+        out.append({"pid": int(pid) if pid is not None else None, "type": "C", "name": name,
+                    "used_memory_mib": int(used) // (1024 * 1024) if isinstance(used, int) else None})
+    return out, None
+
+
+def _nvml_gpu(nv: Any, index: int, notes: dict[str, list[Any]]) -> dict[str, Any]:
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     gpu: dict[str, Any] = {"index": index}
     gpu["name"] = _text(nv.nvmlDeviceGetName(handle))
     gpu["uuid"] = _text(nv.nvmlDeviceGetUUID(handle))
-    gpu["memory_total_mib"] = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+    memory = nv.nvmlDeviceGetMemoryInfo(handle)
+    gpu["memory_total_mib"] = int(memory.total) // (1024 * 1024)
+    used = getattr(memory, "used", None)
+    gpu["memory_used_mib"] = int(used) // (1024 * 1024) if used is not None else None
     gpu["persistence_mode"] = int(nv.nvmlDeviceGetPersistenceMode(handle)) == 1
     major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
     gpu["compute_capability"] = f"{int(major)}.{int(minor)}"
     gpu["pci_bus_id"] = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
-    gpu["fabric_state"], gpu["fabric_status"] = _fabric_info(nv, handle)
+    gpu["fabric_state"], gpu["fabric_status"], gpu["fabric_health"] = _fabric_info(nv, handle)
+    gpu["processes"], why = _nvml_processes(nv, handle)
+    if why:
+        notes.setdefault(why, []).append(index)
     return gpu
 
 
@@ -473,12 +733,14 @@ def collect_nvml(nv: Any) -> dict[str, Any]:
     """Query NVML through the pynvml module ``nv``.
 
     Returns ``{"nvml": {"status", "error"}, "driver_version", "cuda_driver_version",
-    "gpus"}``. NVML failures are reported as status values, never raised; a GPU
-    that is lost mid-query is kept with its index and the status says so.
+    "gpus", "note"}``; ``note`` names the GPUs whose compute processes could not be listed,
+    and why. NVML failures are reported as status values, never raised; a GPU that is lost
+    mid-query is kept with its index and the status says so.
     nvmlShutdown always runs once nvmlInit succeeded.
     """
     result: dict[str, Any] = {"nvml": {"status": "ok", "error": None}, "driver_version": None,
-                              "cuda_driver_version": None, "gpus": []}
+                              "cuda_driver_version": None, "gpus": [], "note": None}
+    process_notes: dict[str, list[Any]] = {}
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:
@@ -490,7 +752,7 @@ def collect_nvml(nv: Any) -> dict[str, Any]:
         count = int(nv.nvmlDeviceGetCount())
         for index in range(count):
             try:
-                result["gpus"].append(_nvml_gpu(nv, index))
+                result["gpus"].append(_nvml_gpu(nv, index, process_notes))
             except nv.NVMLError as exc:
                 # One lost GPU must not hide the others.
                 result["gpus"].append({"index": index})
@@ -501,6 +763,7 @@ def collect_nvml(nv: Any) -> dict[str, Any]:
     except Exception as exc:  # bindings/library disagreement (missing symbol, ctypes error)
         result["nvml"] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
     finally:
+        result["note"] = _notes("GPU compute processes unknown: ", process_notes)
         # Shutting down a half-initialised library has nothing left to report.
         with contextlib.suppress(nv.NVMLError):
             nv.nvmlShutdown()
@@ -521,14 +784,18 @@ def _gpu_from_smi(row: dict[str, Any]) -> dict[str, Any]:
         "pci_bus_id": row.get("pci.bus_id"),
         "fabric_state": None,
         "fabric_status": None,
+        "fabric_health": None,
+        "memory_used_mib": None,
+        "processes": None,
     }
 
 
 def collect_smi(reader: NodeReader) -> dict[str, Any]:
     """Query nvidia-smi (COMMANDS nvidia_smi_query and nvidia_smi_q).
 
-    The CSV lists the GPUs; ``-q`` adds the CUDA version from its header and each GPU's
-    fabric state and status, matched to the CSV rows by PCI bus id.
+    The CSV lists the GPUs; ``-q`` adds the CUDA version from its header (old or R610 layout)
+    and each GPU's fabric state, status and health, memory in use and compute processes,
+    matched to the CSV rows by PCI bus id.
 
     Returns ``{"ok", "reason", "failure", "driver_version", "cuda_driver_version",
     "gpus", "not_found"}``; ``failure`` is an NVML status when nvidia-smi reported an
@@ -568,11 +835,9 @@ def collect_smi(reader: NodeReader) -> dict[str, Any]:
         else:
             out["cuda_driver_version"] = header["cuda_version"]
             out["driver_version"] = out["driver_version"] or header["driver_version"]
-        fabric_note = apply_smi_fabric(out["gpus"], q.stdout)
-        if fabric_note:
-            notes.append(fabric_note)
+        notes.extend(note for note in apply_smi_q(out["gpus"], q.stdout) if note)
     else:
-        notes.append(f"CUDA version and GPU fabric state unknown: {q.reason()}")
+        notes.append(f"CUDA version, GPU fabric state, memory use and processes unknown: {q.reason()}")
     out["reason"] = "; ".join(notes) or None
     return out
 
@@ -588,7 +853,7 @@ def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:
     kernels are built without it). Adds ``reason`` when the file is unreadable
     or not understood.
     """
-    km: dict[str, Any] = {"loaded": None, "version": None, "flavour": None, "raw": None}
+    km: dict[str, Any] = {"loaded": None, "version": None, "flavour": None, "arch": None, "raw": None}
     modules_text = reader.read(FILES["proc_modules"])
     in_modules = None if modules_text is None else "nvidia" in parse_proc_modules(modules_text)
     # A small read size: procfs handlers may refuse to allocate a multi-megabyte read buffer.
@@ -610,8 +875,54 @@ def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:
         km["raw"] = first[:300] or None
         km["reason"] = str(exc)
         return km
-    km.update(version=parsed["version"], flavour=parsed["flavour"], raw=parsed["raw"])
+    km.update(version=parsed["version"], flavour=parsed["flavour"], arch=parsed["arch"], raw=parsed["raw"])
     return km
+
+
+# -- platform ---------------------------------------------------------------------
+
+_TEGRA_RELEASE_RE = re.compile(r"^#\s*R(\d+)\s*\(release\),\s*REVISION:\s*(\d+(?:\.\d+)*)")
+
+
+def parse_nv_tegra_release(text: str) -> str | None:
+    """ "# R35 (release), REVISION: 3.1, GCID: ..." -> "35.3.1" (the L4T release); None otherwise."""
+    for line in (text or "").splitlines():
+        match = _TEGRA_RELEASE_RE.match(line.strip())
+        if match:
+            return f"{match.group(1)}.{match.group(2)}"
+    return None
+
+
+def platform_facts(reader: NodeReader, km: dict[str, Any]) -> dict[str, Any]:
+    """Whether the node is a data-center driver platform or a Jetson (Tegra, L4T) board.
+
+    On Jetson the kernel module's version is the L4T release (35.3.1, JetPack 5) or a Tegra
+    driver (540.4.0, JetPack 6): neither is a driver branch the target's matrix knows
+    (docs/facts.md section 10). Evidence, strongest first: /etc/nv_tegra_release, a device tree
+    naming nvidia,tegra*, a module version that is not a three-digit branch. Returns
+    ``{"kind": "tegra" | "discrete" | None, "l4t_release", "evidence"}``.
+    """
+    out: dict[str, Any] = {"kind": None, "l4t_release": None, "evidence": None}
+    release_text = reader.read(FILES["nv_tegra_release"], limit=16 * 1024)
+    if release_text:
+        first = next((ln.strip() for ln in release_text.splitlines() if ln.strip()), "")
+        out.update(kind="tegra", l4t_release=parse_nv_tegra_release(release_text),
+                   evidence=f"{FILES['nv_tegra_release']}: {first[:160]}")
+        return out
+    compatible = reader.read(FILES["device_tree_compatible"], limit=16 * 1024)
+    tegra = [c for c in (compatible or "").split("\0") if c.strip().startswith("nvidia,tegra")]
+    if tegra:
+        out.update(kind="tegra", evidence=f"device tree compatible: {tegra[-1].strip()[:80]}")
+        return out
+    version = km.get("version")
+    major = version.split(".", 1)[0] if version else ""
+    if major.isdigit() and int(major) < 100:
+        out.update(kind="tegra", l4t_release=version,
+                   evidence=f"kernel module version {version} ({km.get('arch') or 'unknown arch'}) is an L4T "
+                            "release, not a driver branch")
+    elif major.isdigit():
+        out["kind"] = "discrete"
+    return out
 
 
 # -- the collector -------------------------------------------------------------------
@@ -634,7 +945,8 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "status": "unknown",
         "reason": None,
-        "kernel_module": {k: km[k] for k in ("loaded", "version", "flavour", "raw")},
+        "kernel_module": {k: km[k] for k in ("loaded", "version", "flavour", "arch", "raw")},
+        "platform": platform_facts(reader, km),
         "nvml": {"status": "skipped", "error": None},
         "source": None,
         "driver_version": None,
@@ -658,6 +970,8 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
                 nvml_answered = True
                 facts.update(source="nvml", driver_version=got["driver_version"],
                              cuda_driver_version=got["cuda_driver_version"], gpus=got["gpus"])
+                if got["note"]:
+                    reasons.append(got["note"])
             else:
                 reasons.append(f"NVML: {got['nvml']['error']}")
 
@@ -687,24 +1001,35 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
 
 
 __all__ = [
+    "FABRIC_HEALTH_MASK",
+    "FABRIC_HEALTH_SUMMARY",
     "FABRIC_STATES",
     "NVML_ERROR_STATUS",
+    "SMI_FABRIC_HEALTH_FIELDS",
     "SMI_FABRIC_STATES",
     "SMI_QUERY_FIELDS",
     "apply_smi_fabric",
+    "apply_smi_q",
     "classify_smi_failure",
     "collect_driver",
     "collect_nvml",
     "collect_smi",
     "cuda_version_from_int",
+    "decode_fabric_health",
     "fabric_status_name",
     "kernel_module_facts",
     "load_pynvml",
     "normalize_bus_id",
     "nvml_error_status",
+    "parse_fabric_health",
+    "parse_nv_tegra_release",
     "parse_proc_modules",
     "parse_proc_version",
     "parse_smi_csv",
+    "parse_smi_q_blocks",
     "parse_smi_q_cuda",
     "parse_smi_q_fabric",
+    "parse_smi_q_processes",
+    "platform_facts",
+    "strip_annotation",
 ]

@@ -15,6 +15,9 @@ __metaclass__ = type
 # name -> absolute node path (read through NodeReader.resolve: /proc and /sys may be moved)
 FILES = {
     "proc_driver_version": "/proc/driver/nvidia/version",
+    # Jetson (L4T) boards: the L4T release, and the SoC in the device tree (docs/facts.md section 10).
+    "nv_tegra_release": "/etc/nv_tegra_release",
+    "device_tree_compatible": "/proc/device-tree/compatible",
     "proc_modules": "/proc/modules",
     "kernel_release": "/proc/sys/kernel/osrelease",
     "nvswitch_devices_dir": "/proc/driver/nvidia-nvswitch/devices",
@@ -34,8 +37,9 @@ COMMANDS = {
         "--query-gpu=index,name,uuid,driver_version,memory.total,persistence_mode,pci.bus_id,compute_cap",
         "--format=csv,noheader,nounits",
     ],
-    # The header of `-q` carries "CUDA Version" (the driver's maximum, docs/facts.md section 2); the
-    # per-GPU blocks of the full output carry the NVLink "Fabric" state and status.
+    # The header of `-q` carries "CUDA Version" ("CUDA UMD Version" from R610: the driver's maximum,
+    # docs/facts.md sections 2 and 12); the per-GPU blocks of the full output carry the NVLink
+    # "Fabric" state, status and health, "FB Memory Usage" and the running "Processes".
     "nvidia_smi_q": ["nvidia-smi", "-q"],
     "dpkg_query": ["dpkg-query", "-W", "-f=${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"],
     "rpm_query": ["rpm", "-qa", "--qf", "%{NAME}\\t%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"],

@@ -12,6 +12,10 @@ description:
     and C(/proc/modules).
   - Lists the GPUs through NVML (C(pynvml)) when it imports and O(use_nvml=true), otherwise or after
     an NVML failure through C(nvidia-smi). RV(k3fleet.source) names the one that answered.
+  - Per GPU it also reports the NVLink fabric state, status and health (NVML's health mask and summary, or the
+    C(Fabric) > C(Health) block of C(nvidia-smi -q)), the memory in use and the compute processes; reads both
+    the old C(Driver Version) / C(CUDA Version) header and R610's C(KMD Version) / C(CUDA UMD Version).
+  - Tells a Jetson (Tegra, L4T) board from a data-center driver platform (RV(k3fleet.platform)).
   - NVML failures such as C(Driver/library version mismatch) are reported as data in
     RV(k3fleet.nvml.status), never as a module failure. Output that cannot be read or understood
     makes RV(k3fleet.status) V(unknown) with a reason.
@@ -88,6 +92,7 @@ k3fleet:
         loaded: true
         version: "580.95.05"
         flavour: open
+        arch: x86_64
         raw: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  ..."
       contains:
         loaded:
@@ -105,11 +110,25 @@ k3fleet:
           returned: always
           type: str
           sample: open
+        arch:
+          description: The module's architecture (V(x86_64), V(aarch64)).
+          returned: always
+          type: str
+          sample: x86_64
         raw:
           description: First line of C(/proc/driver/nvidia/version).
           returned: always
           type: str
           sample: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  ..."
+    platform:
+      description: V(discrete) for a data-center driver platform, V(tegra) for a Jetson (L4T) board, with the
+        L4T release and the evidence; kind null when no module is loaded.
+      returned: always
+      type: dict
+      sample:
+        kind: tegra
+        l4t_release: "35.3.1"
+        evidence: "kernel module version 35.3.1 (aarch64) is an L4T release, not a driver branch"
     nvml:
       description: How NVML answered.
       returned: always
@@ -164,6 +183,18 @@ k3fleet:
           pci_bus_id: "00000000:1B:00.0"
           fabric_state: completed
           fabric_status: success
+          fabric_health:
+            summary: healthy
+            bandwidth: full
+            route_recovery_in_progress: false
+            route_unhealthy: false
+            access_timeout_recovery: false
+            incorrect_configuration: none
+            partition_assigned: null
+            gfm_state: null
+            other: {}
+          memory_used_mib: 0
+          processes: []
 """
 
 try:

@@ -1,0 +1,121 @@
+"""Lab hosts that carry what an expert reads: unhealthy fabric health, a Jetson, busy GPUs, R610's header.
+
+Each profile is rendered, replayed through the production NodeReader and read by the real collector;
+the rendered layouts are held to real captures (tests/fixtures/driver/SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k3fleet.ansible.module_utils import k3fleet_sources as sources
+from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+from k3fleet.ansible.module_utils.k3fleet_host import collect_host
+from k3fleet.lab.fleet import DEFAULT_IMAGE, generate_fleet, load_fleet
+from k3fleet.lab.profile import LabProfileError, load_fleet_file
+from k3fleet.models.facts import HostFacts
+from k3fleet.paths import data_dir
+
+DRIVER_FIX = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
+PROFILES = data_dir("inventories/lab") / "profiles"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("truth")
+    fleet_dir = root / "fleet"
+    shutil.copytree(PROFILES, fleet_dir / "profiles")
+    (fleet_dir / "fleet.yaml").write_text(yaml.safe_dump({"hosts": {
+        "gpu-t01": "b200-r580-fabric-unhealthy", "gpu-t02": "jetson-orin-l4t35", "gpu-t03": "h200-r575-busy",
+        "gpu-t04": "h200-r610-kmd"}}))
+    generate_fleet(load_fleet(fleet_dir / "fleet.yaml"), root / "lab")
+    return root / "lab" / "hosts"
+
+
+def reader(lab: Path, host: str) -> NodeReader:
+    return NodeReader(root=str(lab / host), path=str(lab / host / "bin"), timeout=10)
+
+
+def facts_of(lab: Path, host: str) -> HostFacts:
+    raw = collect_host(reader(lab, host), host, DEFAULT_IMAGE, use_nvml=False, probe=True)
+    return HostFacts.model_validate(raw)
+
+
+def keys(text: str) -> list[str]:
+    return [line.split(":", 1)[0].strip() for line in text.splitlines() if line.strip()]
+
+
+def test_unhealthy_fabric_health_reaches_the_facts(lab: Path) -> None:
+    f = facts_of(lab, "gpu-t01")
+    assert [g.fabric_state for g in f.driver.gpus] == ["completed"] * 8
+    health = {g.index: g.fabric_health for g in f.driver.gpus}
+    assert health[3] is not None and (health[3].summary, health[3].route_unhealthy) == ("unhealthy", True)
+    assert all(h is not None and h.summary == "healthy" and h.bandwidth == "full" for i, h in health.items() if i != 3)
+
+
+def test_r580_health_block_has_the_real_labels_in_order(lab: Path) -> None:
+    text = reader(lab, "gpu-t01").run(sources.COMMANDS["nvidia_smi_q"]).stdout
+    real = (DRIVER_FIX / "smi_q_580_fabric_in_progress_block.txt").read_text()
+    real_health = keys(real[real.index("Health"):])
+    block = text[text.index("GPU 00000000:5D:00.0"):]
+    ours = keys(block[block.index("        Health"):block.index("    Processes")])
+    assert ours == real_health
+
+
+def test_jetson_is_tegra_with_its_l4t_release(lab: Path) -> None:
+    f = facts_of(lab, "gpu-t02")
+    assert (f.driver.kernel_module.version, f.driver.kernel_module.arch) == ("35.3.1", "aarch64")
+    assert f.driver.platform.kind == "tegra" and f.driver.platform.l4t_release == "35.3.1"
+    assert f.driver.platform.evidence == "/etc/nv_tegra_release: # R35 (release), REVISION: 3.1"
+    assert f.driver.status == "unknown" and "nvidia-smi" in (f.driver.reason or "")
+    # The real /proc line replays byte for byte.
+    assert reader(lab, "gpu-t02").read(sources.FILES["proc_driver_version"]) == (
+        DRIVER_FIX / "proc_version_open_aarch64.txt").read_text()
+
+
+def test_busy_gpus_reach_the_facts_in_the_real_layout(lab: Path) -> None:
+    f = facts_of(lab, "gpu-t03")
+    assert f.scheduler.state == "idle" and f.scheduler.jobs_running == 0
+    for gpu in f.driver.gpus:
+        assert gpu.memory_used_mib == 131072
+        assert gpu.processes is not None and [(p.pid, p.type, p.name, p.used_memory_mib) for p in gpu.processes] == [
+            (48311, "C", "/usr/bin/python3", 131072)]
+    text = reader(lab, "gpu-t03").run(sources.COMMANDS["nvidia_smi_q"]).stdout
+    real = (DRIVER_FIX / "smi_q_535_rtx4090x8_fabric_na.txt").read_text()
+    real_procs = real[real.index("    Processes\n"):]
+    real_procs = real_procs[:real_procs.index("\nGPU ")]
+    ours = text[text.index("    Processes\n"):]
+    ours = ours[:ours.index("\n\n")]
+    assert keys(ours) == keys(real_procs)
+    assert [len(line) - len(line.lstrip()) for line in ours.splitlines()] == [
+        len(line) - len(line.lstrip()) for line in real_procs.splitlines() if line.strip()]
+
+
+def test_r610_prints_the_kmd_header_and_the_collector_reads_it(lab: Path) -> None:
+    text = reader(lab, "gpu-t04").run(sources.COMMANDS["nvidia_smi_q"]).stdout
+    real = (DRIVER_FIX / "smi_q_610_header_kmd.txt").read_text()
+    header = text[:text.index("Attached GPUs")]
+    assert keys(header) == keys(real[:real.index("Attached GPUs")])
+    assert "610.43.02 [Deprecated; will be removed in CUDA 14.0. Use KMD Version instead]" in header
+    f = facts_of(lab, "gpu-t04")
+    assert (f.driver.driver_version, f.driver.cuda_driver_version) == ("610.43.02", "13.3")
+
+
+@pytest.mark.parametrize(("gpus", "detail"), [
+    ({"processes": [{"pid": 1, "used_mib": 10, "gpus": [9]}]}, "GPU index 9 does not exist"),
+    ({"processes": [{"pid": 1, "used_mib": 200000}]}, "would use 200000 MiB of 143771 MiB"),
+    ({"fabric_health": {"summary": "Sick"}}, "fabric_health.summary"),
+    ({"processes": [{"pid": 0, "used_mib": 10}]}, "processes.0.pid"),
+])
+def test_bad_usage_and_health_specs(tmp_path: Path, gpus: dict[str, object], detail: str) -> None:
+    fleet_dir = tmp_path / "fleet"
+    shutil.copytree(PROFILES, fleet_dir / "profiles")
+    (fleet_dir / "fleet.yaml").write_text(yaml.safe_dump({"hosts": {"gpu-x01": {"profile": "h200-r575",
+                                                                                 "set": {"gpus": gpus}}}}))
+    with pytest.raises(LabProfileError, match="gpus") as info:
+        load_fleet_file(fleet_dir / "fleet.yaml")
+    assert detail in str(info.value) and "\n" not in str(info.value)
