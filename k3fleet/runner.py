@@ -306,8 +306,9 @@ def run_playbook(
 
     observer.play_started(playbook, hosts)
     started, cpu0 = time.monotonic(), _children_cpu()
+    _sweep_private_dirs()
     # mkdtemp: mode 0700, a fresh name; ansible-runner's command record holds the environment.
-    with tempfile.TemporaryDirectory(prefix="k3fleet-runner-") as private:
+    with tempfile.TemporaryDirectory(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-") as private:
         sources = [str(inv.path)]
         if host_key_checking and inv.host_key_opt_outs:
             sources.append(str(_unchecked_overlay(Path(private), inv.host_key_opt_outs)))
@@ -359,6 +360,27 @@ def run_playbook(
             })
     observer.play_finished(result)
     return result
+
+
+_PRIVATE_PREFIX = "k3fleet-runner-"
+
+
+def _sweep_private_dirs() -> None:
+    """Remove private data directories a killed controller left behind (its pid is in the name):
+    ansible-runner's record of the play's environment must not outlive the play."""
+    base = Path(tempfile.gettempdir())
+    for d in base.glob(f"{_PRIVATE_PREFIX}*-*"):
+        pid = d.name[len(_PRIVATE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (PermissionError, OSError):
+            continue
 
 
 def _private_ref(arg: str, private: str) -> str:
