@@ -32,10 +32,10 @@ INTERCONNECT_CHECKS = frozenset({"rdma.port_state", "rdma.rail_count", "rdma.pee
 # Agent contract cases by checklist item: a case name containing any of these words belongs to
 # the item (the acceptance suite's case names, docs/acceptance.md).
 AGENT_ITEMS: dict[str, tuple[str, ...]] = {
-    "agent.tool_schema": ("required", "nested", "invalid", "structured", "schema", "tool_result", "multi_turn",
-                          "arguments"),
-    "agent.client_contract": ("contract", "stream", "no_tool", "reasoning"),
     "agent.retry": ("retry", "timeout"),
+    "agent.client_contract": ("contract", "stream", "no_tool", "reasoning"),
+    "agent.tool_schema": ("required", "nested", "invalid", "structured", "schema", "result", "multi_turn",
+                          "arg"),
 }
 
 

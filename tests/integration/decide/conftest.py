@@ -141,10 +141,9 @@ def change_check(runs_root: Path) -> Path:
 
 
 def simulator_available() -> bool:
-    try:
-        import k3fleet.lab.vllm_sim.server
-        from k3fleet.cli import accept  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("k3fleet.lab.vllm_sim.server") is None:
         return False
     proc = k3fleet("accept", "all", "--help")
     return proc.returncode == 0
@@ -167,3 +166,43 @@ def simulator() -> Iterator[Any]:
     yield start
     for h in handles:
         h.stop()
+
+
+# A lab fleet whose image digest is the one the acceptance start-up names (its launch command pulls
+# vllm/vllm-openai:kimi-k3 by digest): host, container and start-up then agree on the chain.
+STARTUP_DIGEST = "4f6c3a9a1d0b8e2f7c5d9e1a3b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b2c"
+DECIDE_FIX = REPO / "tests" / "fixtures" / "decide"
+
+
+@pytest.fixture(scope="session")
+def matched_audit(runs_root: Path) -> Path:
+    same = {"profile": "h200-r580", "set": {"container": {"image": {"digest": STARTUP_DIGEST}}}}
+    fleet = runs_root / "matched-fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"description": "two R580 nodes holding the accepted image",
+                                     "profiles_dir": str(PROFILES), "hosts": {"gpu-m01": same, "gpu-m02": same}}))
+    return _audit(runs_root, "audit-matched", fleet)
+
+
+@pytest.fixture(scope="session")
+def accept_run(runs_root: Path, simulator: Any) -> Any:
+    """``accept_run(name, **knobs)``: ``k3fleet accept all`` against a simulator with these knobs,
+    with the TP 8 x DP 2 start-up log and launch command; each name runs once per session."""
+    made: dict[str, Path] = {}
+
+    def run(name: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = (), **knobs: Any) -> Path:
+        if name in made:
+            return made[name]
+        handle = simulator(**knobs)
+        out = runs_root / f"accept-{name}"
+        proc = k3fleet("accept", "all", "--base-url", handle.base_url, "--model", "moonshotai/Kimi-K3",
+                       "--log", str(DECIDE_FIX / "startup_kimi_k3_tp8_dp2.log"),
+                       "--launch-command", str(DECIDE_FIX / "launch_kimi_k3_tp8_dp2.txt"),
+                       "--agent-repeats", "6", "--prefix-repeats", "3", "--out", str(out), "--quiet", *extra,
+                       env=env)
+        assert proc.returncode in (0, 1, 3), proc.stderr[-3000:]
+        assert (out / "manifest.json").is_file(), proc.stderr[-3000:]
+        made[name] = out
+        return out
+
+    return run
+

@@ -1,0 +1,89 @@
+"""``k3fleet decide`` over real acceptance runs: ``k3fleet accept all`` against the vLLM simulator made
+healthy, cache-less and defective, beside a real lab audit of the hosts that serve the image."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from decide_helpers import k3fleet, load_probe_ran
+
+pytestmark = pytest.mark.integration
+
+STARTUP_DIGEST = "4f6c3a9a1d0b8e2f7c5d9e1a3b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b2c"
+LOAD_ITEMS = {"load.long_input", "load.agent_queue", "load.no_termination"}
+
+
+def _decide(tmp: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = k3fleet("decide", *args, "--reviewer", "carol", "--owner", "serving-team", "--out", str(tmp / "d"),
+                   "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_healthy_server_on_matched_hosts(matched_audit: Path, accept_run: Any, tmp_path: Path) -> None:
+    run = accept_run("healthy")
+    code, d = _decide(tmp_path, str(matched_audit), str(run))
+    items = {i["id"]: i for i in d["checklist"]}
+    for item in ("image.tag_digest", "vllm.version_channel", "container.cuda13", "hosts.driver_branch",
+                 "chain.agree", "topology.parallel", "startup.model_load_memory", "prefix_cache.cold",
+                 "prefix_cache.warm", "agent.tool_schema", "agent.client_contract", "agent.retry",
+                 "owners.failed_items", "signoff.reviewer"):
+        assert items[item]["status"] == "pass", (item, items[item]["detail"])
+    assert items["prefix_cache.warm"]["evidence"][0]["file"] == "prefix_cache.json"
+    if load_probe_ran(run):
+        assert (code, d["outcome"], d["approved"]) == (0, "go_live", True)
+        baseline = d["baseline"]
+        assert baseline["image_digest"] == "sha256:" + STARTUP_DIGEST
+        assert baseline["parallel"]["world_size"] == 16
+    else:
+        # The load probe is not in this build: its three items are missing, named, and nothing else.
+        assert (code, d["outcome"], d["approved"]) == (3, "observe_with_limits", False)
+        assert set(d["missing"]) == LOAD_ITEMS
+        assert {r["rule"] for r in d["reasons"]} == {"evidence.missing"}
+
+
+def test_caching_switched_off_on_the_server_is_no_approval(matched_audit: Path, accept_run: Any,
+                                                          tmp_path: Path) -> None:
+    run = accept_run("no-prefix-caching", prefix_caching=False)
+    code, d = _decide(tmp_path, str(matched_audit), str(run))
+    assert (code, d["outcome"], d["approved"]) == (1, "rebuild_environment", False)
+    rules = {r["rule"] for r in d["reasons"]}
+    # The launch command asks for --enable-prefix-caching, the server measures no reuse.
+    assert {"prefix_cache.flag_without_reuse", "prefix_cache.off"} <= rules
+    warm = next(i for i in d["checklist"] if i["id"] == "prefix_cache.warm")
+    assert warm["status"] == "fail" and "caching is off" in warm["detail"]
+
+
+def test_repeated_parser_failures_on_critical_paths_are_no_go_live(matched_audit: Path, accept_run: Any,
+                                                                   tmp_path: Path) -> None:
+    run = accept_run("defects", defects={"empty_tool_calls": 0.6})
+    code, d = _decide(tmp_path, str(matched_audit), str(run))
+    assert (code, d["outcome"], d["approved"]) == (1, "rebuild_environment", False)
+    repeated = [r for r in d["reasons"] if r["rule"] == "agent.critical_repeated"]
+    assert repeated and all("empty_tool_calls" in r["text"] and "(critical path)" in r["text"] for r in repeated)
+    assert all(r["evidence"][0]["file"] == "agent.json" for r in repeated)
+
+
+def test_hosts_and_server_on_different_builds_must_rebuild(healthy_audit: Path, accept_run: Any,
+                                                           tmp_path: Path) -> None:
+    # The default lab hosts hold another digest of the same tag than the server started.
+    code, d = _decide(tmp_path, str(healthy_audit), str(accept_run("healthy")))
+    assert (code, d["outcome"]) == (1, "rebuild_environment")
+    chain = [r["text"] for r in d["reasons"] if r["rule"] == "chain.mismatch"]
+    assert any("the server started sha256:4f6c3a9a" in t for t in chain), chain
+
+
+@pytest.mark.parametrize(("name", "knobs", "outcome", "rule"), [
+    ("small", {"max_num_seqs": 4, "kv_blocks": 4096}, "observe_with_limits", "load.ceiling"),
+    ("crashing", {"crash_above_kv": 0.3, "kv_blocks": 2048}, "expand_capacity", "load.collapse"),
+])
+def test_load_outcomes(name: str, knobs: dict[str, Any], outcome: str, rule: str, matched_audit: Path,
+                       accept_run: Any, tmp_path: Path) -> None:
+    if not load_probe_ran(accept_run("healthy")):
+        pytest.skip("the load probe is not in this build: accept all reports it as not run")
+    run = accept_run(name, **knobs)
+    _, d = _decide(tmp_path, str(matched_audit), str(run))
+    assert d["outcome"] == outcome and rule in {r["rule"] for r in d["reasons"]}
