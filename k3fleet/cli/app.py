@@ -41,7 +41,7 @@ def _root(
 
 
 # Each command group registers itself on ``app`` when imported; a new group is one more name here.
-_COMMAND_MODULES = ("audit", "change", "lab", "accept", "sshfleet", "merge", "decide", "evidence")
+_COMMAND_MODULES = ("audit", "change", "lab", "accept", "sshfleet", "merge", "serve_vllm", "decide", "evidence")
 
 
 def _register_commands() -> None:

@@ -1,0 +1,87 @@
+"""The simulator's knobs: one pydantic model, one field per ``k3fleet lab serve-vllm`` flag.
+
+Defaults describe a healthy Kimi K3 server as the recipe runs it (prefix caching on, match unit
+1536, block size 16); the model, knobs and their meaning are in docs/acceptance-load.md.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments")
+
+
+class SimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    model: str = "moonshotai/Kimi-K3"
+    vllm_version: str = "0.28.0"
+    max_model_len: int = Field(default=262144, ge=64)
+
+    # Prefix cache (vLLM: --enable-prefix-caching, --block-size; K3: --prefix-match-unit).
+    prefix_caching: bool = True
+    prefix_match_unit: int = Field(default=1536, ge=0)
+    block_size: int = Field(default=16, ge=1, le=4096)
+    kv_blocks: int = Field(default=65536, ge=4)
+
+    # Scheduler (vLLM: --max-num-seqs, --max-num-batched-tokens).
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int = Field(default=8192, ge=16)
+
+    # Latency model: each engine step costs itl_ms plus prefill_ms_per_token per prompt token computed.
+    prefill_ms_per_token: float = Field(default=0.05, ge=0)
+    itl_ms: float = Field(default=20.0, ge=0.1)
+
+    # Faults.
+    defects: dict[str, float] = Field(default_factory=dict)
+    crash_above_kv: float | None = Field(default=None, gt=0, le=1)
+    restart_after_s: float | None = Field(default=None, ge=0)
+    old_metric_names: bool = False
+    metrics_format: str = Field(default="prometheus", pattern="^(prometheus|openmetrics)$")
+
+    enable_prompt_tokens_details: bool = False
+    api_key_env: str | None = None
+    seed: int = 0
+
+    @field_validator("defects")
+    @classmethod
+    def _known_defects(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, rate in value.items():
+            if name not in DEFECTS:
+                raise ValueError(f"unknown defect {name!r} (known: {', '.join(DEFECTS)})")
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"defect {name} rate {rate} is not within 0..1")
+        return value
+
+    @model_validator(mode="after")
+    def _unit_on_blocks(self) -> SimConfig:
+        if self.prefix_match_unit and self.prefix_match_unit % self.block_size:
+            raise ValueError(f"prefix_match_unit {self.prefix_match_unit} is not a multiple of "
+                             f"block_size {self.block_size}")
+        return self
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+    @property
+    def effective_max_model_len(self) -> int:
+        """vLLM refuses to start when one max-length request cannot fit the KV cache; the simulator
+        serves the largest length that fits instead, and says so at start."""
+        return min(self.max_model_len, self.kv_capacity_tokens)
+
+
+def parse_defects(items: list[str]) -> dict[str, float]:
+    """``NAME=RATE`` strings (CLI ``--defect``) to a dict; bad items raise ValueError with one line."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, rate = item.partition("=")
+        if not sep:
+            raise ValueError(f"--defect {item!r}: expected NAME=RATE, e.g. empty_tool_calls=0.05")
+        try:
+            out[name.strip()] = float(rate)
+        except ValueError as exc:
+            raise ValueError(f"--defect {item!r}: rate {rate!r} is not a number") from exc
+    return out

@@ -1,0 +1,299 @@
+"""The simulated engine: continuous batching in timed steps over a paged, prefix-cached KV cache.
+
+One asyncio task runs engine steps, as vLLM's engine core does:
+
+1. admit waiting requests (first come, first served) while fewer than ``max_num_seqs`` run and the
+   KV cache can hold the prompt; a request that does not fit waits at the head of the queue;
+2. spend the step's token budget (``max_num_batched_tokens``): one token for each decoding
+   sequence, the rest on prompt chunks (chunked prefill) of sequences still prefilling;
+3. a decoding sequence that needs a new block when none is free preempts the most recently admitted
+   sequence (recompute: its blocks are freed and it goes back to the head of the queue);
+4. the step takes ``itl_ms`` plus ``prefill_ms_per_token`` for each prompt token computed, so cache
+   hits shorten time to first token and long prompts slow every stream in the batch;
+5. every sequence that finished its prompt emits one token at the end of the step.
+
+Above ``crash_above_kv`` usage the engine dies like an out-of-memory engine core: every request
+fails, ``/health`` fails, and (with ``restart_after_s``) it comes back empty after that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from k3fleet.lab.vllm_sim.config import SimConfig
+from k3fleet.lab.vllm_sim.generate import Plan
+from k3fleet.lab.vllm_sim.kv_cache import Holding, KVCache
+
+# Bucket bounds after vLLM's Prometheus loggers (docs/acceptance-load.md, "Metric names").
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class EngineDead(RuntimeError):
+    """The engine core died (KV pressure above the crash threshold)."""
+
+
+class Hist:
+    """Cumulative-bucket histogram as Prometheus exposes it."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
+            acc += n
+            out.append((bound, float(acc)))
+        return out
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    prompt_tokens_cached: int = 0
+    prompt_tokens_computed: int = 0
+    success: dict[str, int] = field(default_factory=dict)
+    ttft: Hist = field(default_factory=lambda: Hist(TTFT_BUCKETS))
+    itl: Hist = field(default_factory=lambda: Hist(ITL_BUCKETS))
+    e2e: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
+    queue: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
+    prefill: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
+
+
+_ids = itertools.count(1)
+
+
+class SimRequest:
+    """One request's life in the engine; its handler waits on ``wake`` and reads ``emitted``."""
+
+    def __init__(self, token_ids: list[int], hashes: list[int], plan: Plan, max_tokens: int) -> None:
+        self.seq = next(_ids)
+        self.token_ids = token_ids
+        self.hashes = hashes
+        self.prompt_len = len(token_ids)
+        self.plan = plan
+        self.max_tokens = max_tokens
+        self.arrival = time.monotonic()
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.computed = 0          # prompt (+ recomputed output) tokens computed so far
+        self.to_compute = self.prompt_len
+        self.hit_tokens = 0        # cached tokens at first admission (what usage reports)
+        self.emitted = 0           # output tokens generated
+        self.holding: Holding | None = None
+        self.done = False
+        self.error: str | None = None
+        self.finish_reason: str | None = None
+        self.wake = asyncio.Event()
+
+    @property
+    def target_tokens(self) -> int:
+        return min(len(self.plan.items), self.max_tokens)
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.kv = KVCache(cfg.kv_blocks, cfg.block_size, prefix_caching=cfg.prefix_caching,
+                          match_unit=cfg.prefix_match_unit if cfg.prefix_caching else 0)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = Stats()
+        self.started_at = time.time()
+        self.dead = False
+        self.dead_since: float | None = None
+        self.restarts = 0
+        self._arrived = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="vllm-sim-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._fail_all("server shutting down")
+
+    def submit(self, req: SimRequest) -> None:
+        if self.dead:
+            raise EngineDead("EngineCore encountered an issue. See stack trace for the root cause.")
+        self.waiting.append(req)
+        self._arrived.set()
+
+    def abort(self, req: SimRequest) -> None:
+        """The client went away: free what the request holds."""
+        if req.done:
+            return
+        req.done = True
+        req.finish_reason = "abort"
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(req)
+        self._release(req)
+
+    # -- the step loop ---------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            if self.dead:
+                if self.cfg.restart_after_s is None:
+                    await asyncio.sleep(3600)
+                    continue
+                await asyncio.sleep(self.cfg.restart_after_s)
+                self._restart()
+                continue
+            if not self.running and not self.waiting:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            prefill_tokens, emitting = self._schedule()
+            step = self.cfg.itl_ms / 1000.0 + prefill_tokens * self.cfg.prefill_ms_per_token / 1000.0
+            await asyncio.sleep(step)
+            if self.cfg.crash_above_kv is not None and self.kv.usage > self.cfg.crash_above_kv:
+                self._crash()
+                continue
+            self._emit(emitting)
+
+    def _schedule(self) -> tuple[int, list[SimRequest]]:
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        decoding = [r for r in self.running if r.computed >= r.to_compute]
+        budget -= len(decoding)
+        # Blocks for the next token of every decoding sequence; preempt the newest when short.
+        for req in list(decoding):
+            if req.done or req.holding is None:
+                continue
+            while not self.kv.grow(req.holding, req.prompt_len + req.emitted + 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is req:
+                    break
+        decoding = [r for r in self.running if r.computed >= r.to_compute]
+        # Admit from the head of the queue while a sequence slot and the prompt's blocks are free.
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            total = req.to_compute + 1
+            hit = self.kv.lookup(req.hashes, req.prompt_len)
+            holding = self.kv.admit(req.hashes, hit, total)
+            if holding is None:
+                self.kv.queries -= req.prompt_len
+                self.kv.hits -= hit
+                break
+            self.waiting.popleft()
+            req.holding = holding
+            req.computed = hit
+            if req.admitted_at is None:
+                req.admitted_at = time.monotonic()
+                req.hit_tokens = hit
+                self.stats.queue.observe(req.admitted_at - req.arrival)
+            self.stats.prompt_tokens_cached += hit
+            self.running.append(req)
+        # Chunked prefill with what is left of the budget.
+        prefill_tokens = 0
+        finishing: list[SimRequest] = []
+        for req in self.running:
+            if req.computed >= req.to_compute or budget <= 0:
+                continue
+            chunk = min(req.to_compute - req.computed, budget)
+            req.computed += chunk
+            budget -= chunk
+            prefill_tokens += chunk
+            if req.computed >= req.to_compute:
+                finishing.append(req)
+                if req.holding is not None:
+                    self.kv.commit(req.holding, req.hashes)
+        self.stats.prompt_tokens_computed += prefill_tokens
+        return prefill_tokens, decoding + finishing
+
+    def _emit(self, emitting: list[SimRequest]) -> None:
+        now = time.monotonic()
+        for req in emitting:
+            if req.done:
+                continue
+            if req.first_token_at is None:
+                req.first_token_at = now
+                self.stats.ttft.observe(now - req.arrival)
+                if req.admitted_at is not None:
+                    self.stats.prefill.observe(now - req.admitted_at)
+                self.stats.prompt_tokens += req.prompt_len
+            elif req.last_token_at is not None:
+                self.stats.itl.observe(now - req.last_token_at)
+            req.last_token_at = now
+            req.emitted += 1
+            self.stats.generation_tokens += 1
+            if req.emitted >= req.target_tokens:
+                self._finish(req, "length" if req.target_tokens < len(req.plan.items) else req.plan.finish_reason)
+            req.wake.set()
+
+    def _finish(self, req: SimRequest, reason: str) -> None:
+        req.done = True
+        req.finish_reason = reason
+        self.stats.success[reason] = self.stats.success.get(reason, 0) + 1
+        self.stats.e2e.observe(time.monotonic() - req.arrival)
+        with contextlib.suppress(ValueError):
+            self.running.remove(req)
+        self._release(req)
+
+    def _preempt(self, req: SimRequest) -> None:
+        self.running.remove(req)
+        self._release(req)
+        # Recompute: the prompt and everything generated so far are computed again on re-admission.
+        req.computed = 0
+        req.to_compute = req.prompt_len + req.emitted
+        self.waiting.appendleft(req)
+        self.stats.preemptions += 1
+
+    def _release(self, req: SimRequest) -> None:
+        if req.holding is not None:
+            self.kv.release(req.holding)
+            req.holding = None
+
+    def _fail_all(self, why: str) -> None:
+        for req in [*self.running, *self.waiting]:
+            req.done = True
+            req.error = why
+            self._release(req)
+            req.wake.set()
+        self.running.clear()
+        self.waiting.clear()
+
+    def _crash(self) -> None:
+        self.dead = True
+        self.dead_since = time.time()
+        self._fail_all(f"EngineCore died: KV cache usage {self.kv.usage:.2f} above {self.cfg.crash_above_kv} "
+                       "(simulated CUDA out of memory)")
+
+    def _restart(self) -> None:
+        self.kv.reset()
+        self.stats = Stats()
+        self.started_at = time.time()
+        self.dead = False
+        self.dead_since = None
+        self.restarts += 1
