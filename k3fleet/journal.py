@@ -6,30 +6,34 @@ The journal alone is enough to continue an interrupted night or to put every hos
 where it was: the ``snapshot`` line carries the host's pre-change packages, holds,
 services and scheduler state.
 
-A controller killed mid-write leaves at most one truncated last line; it is reported
-as a problem, never an exception, and everything before it still counts.
+A line torn by a writer that died mid-line is reported with its byte offset and, when its
+text still names one, the host it belonged to; the line after it is never lost (the format
+rules are in ``k3fleet_journal_format``, shared with the writer; docs/change-night.md). A host
+whose snapshot cannot be read is never taken for one that "changed nothing".
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
+from k3fleet.ansible.module_utils.k3fleet_journal_format import STAGES as _STAGES
+from k3fleet.ansible.module_utils.k3fleet_journal_format import split_lines
 from k3fleet.errors import UsageError
 
 JOURNAL_FILE = "journal.jsonl"
 Stage = Literal["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned", "failed",
-                "rolled_back"]
-STAGES: tuple[str, ...] = ("snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned",
-                           "failed", "rolled_back")
+                "rolled_back", "held"]
+STAGES: tuple[str, ...] = tuple(_STAGES)
 # Stages after which the host's packages or loaded driver may differ from the snapshot.
 _TOUCHED = ("upgrading", "rebooting", "verifying")
-Outcome = Literal["not_started", "in_progress", "upgraded", "failed", "rolled_back"]
+# Stages that say this change did something to the host (so its snapshot matters).
+_CHANGED = ("draining", "drained", "upgrading", "rebooting", "verifying", "failed", "rolled_back")
+Outcome = Literal["not_started", "in_progress", "upgraded", "failed", "rolled_back", "held"]
 
 
 class JournalEntry(BaseModel):
@@ -42,13 +46,40 @@ class JournalEntry(BaseModel):
     stage: Stage
     detail: Any = None
     snapshot: dict[str, Any] | None = None
+    _offset: int = PrivateAttr(default=-1)
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of the line in its journal (-1 for a line that did not come from a file)."""
+        return self._offset
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A line that could not be used: torn (not a whole JSON object) or not a journal line."""
+
+    offset: int
+    length: int
+    why: str
+    host: str | None = None
+    stage: str | None = None
+    change_id: str | None = None
+
+    def describe(self) -> str:
+        who = f", host {self.host}" if self.host else ""
+        what = f", stage {self.stage}" if self.stage else ""
+        return f"byte {self.offset}: {self.why} ({self.length} bytes{who}{what})"
 
 
 @dataclass
 class Journal:
     path: Path
     entries: list[JournalEntry] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    unreadable: list[Unreadable] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{self.path}: {u.describe()}" for u in self.unreadable]
 
     @property
     def change_ids(self) -> list[str]:
@@ -58,32 +89,57 @@ class Journal:
     def runs(self) -> list[str]:
         return sorted({e.run for e in self.entries})
 
+    def unattributed(self) -> list[Unreadable]:
+        """Unreadable lines that name no host: any host's line may be among them."""
+        return [u for u in self.unreadable if u.host is None]
+
+    def extend(self, lines: Iterable[dict[str, Any]]) -> None:
+        """Lines a play reported writing (the module returns each line it appended): the journal
+        as it is now, without reading the file again."""
+        for data in lines:
+            try:
+                self.entries.append(JournalEntry.model_validate(data))
+            except ValidationError as exc:
+                self.unreadable.append(Unreadable(-1, 0, f"line reported by the play: {_first_error(exc)}",
+                                                  host=str(data.get("host")) if data.get("host") else None))
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "(line)"
+    return f"{loc}: {err['msg']}"
+
+
+def parse_journal(raw: bytes, path: Path) -> Journal:
+    journal = Journal(path=path)
+    for offset, kind, value in split_lines(raw):
+        if kind == "torn":
+            journal.unreadable.append(Unreadable(offset, int(value["length"]), str(value["why"]), value["host"],
+                                                 value["stage"], value["change_id"]))
+            continue
+        try:
+            entry = JournalEntry.model_validate(value)
+        except ValidationError as exc:
+            host = value.get("host") if isinstance(value.get("host"), str) else None
+            stage = value.get("stage") if value.get("stage") in STAGES else None
+            journal.unreadable.append(Unreadable(offset, 0, f"not a journal line: {_first_error(exc)}", host, stage))
+            continue
+        entry._offset = offset
+        journal.entries.append(entry)
+    return journal
+
 
 def read_journal(path: Path) -> Journal:
-    """Every well-formed line of ``path``; malformed ones become ``problems`` (line number and why)."""
+    """Every usable line of ``path``; unusable ones become ``unreadable`` (byte offset and why)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise UsageError(f"journal {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise UsageError(f"journal {path} is a directory, not a journal") from exc
     except OSError as exc:
         raise UsageError(f"journal {path} cannot be read: {exc.strerror or exc}") from exc
-    journal = Journal(path=path)
-    lines = raw.split(b"\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        last_unterminated = number == len(lines) and not raw.endswith(b"\n")
-        try:
-            data = json.loads(line.decode("utf-8"))
-            journal.entries.append(JournalEntry.model_validate(data))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            why = "truncated last line (the writer was killed mid-line)" if last_unterminated else f"not JSON: {exc}"
-            journal.problems.append(f"{path}:{number}: {why}")
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"]) or "(line)"
-            journal.problems.append(f"{path}:{number}: {loc}: {err['msg']}")
-    return journal
+    return parse_journal(raw, path)
 
 
 @dataclass
@@ -92,6 +148,7 @@ class HostHistory:
 
     host: str
     entries: list[JournalEntry] = field(default_factory=list)
+    unreadable: list[Unreadable] = field(default_factory=list)
 
     @property
     def stage(self) -> str | None:
@@ -120,7 +177,30 @@ class HostHistory:
     @property
     def touched(self) -> bool:
         """Packages or the loaded driver may have changed since the snapshot."""
-        return any(e.stage in _TOUCHED for e in self.entries)
+        return any(e.stage in _TOUCHED for e in self.entries) or any(u.stage in _TOUCHED for u in self.unreadable)
+
+    @property
+    def changed_something(self) -> bool:
+        return any(e.stage in _CHANGED for e in self.entries) or bool(self.unreadable)
+
+    @property
+    def snapshot_problem(self) -> str | None:
+        """Why this host's 'before' cannot be trusted: a change is recorded but no snapshot can be read."""
+        if self.snapshot is not None or not self.changed_something:
+            return None
+        torn = "; ".join(u.describe() for u in self.unreadable)
+        last = self.stage or (self.unreadable[-1].stage if self.unreadable else None) or "unknown"
+        if torn:
+            return f"its snapshot cannot be read (unreadable journal line at {torn}); last readable stage {last}"
+        return f"no snapshot line, yet its last stage was {last}"
+
+    @property
+    def held_by(self) -> str | None:
+        """The change that held the node when this change reached it (the last ``held`` line)."""
+        held = self.last("held")
+        if held is None or (self.entries and self.entries[-1].stage != "held"):
+            return None
+        return str(held.detail.get("holder") or "another change") if isinstance(held.detail, dict) else "another change"
 
     @property
     def failure(self) -> str | None:
@@ -136,13 +216,18 @@ class HostHistory:
     def outcome(self) -> Outcome:
         stages = [e.stage for e in self.entries]
         if not stages:
-            return "not_started"
+            return "in_progress" if self.unreadable else "not_started"
         if "rolled_back" in stages:
             return "rolled_back"
         if "failed" in stages:
             return "failed"
+        if self.unreadable and max(u.offset for u in self.unreadable) > self.entries[-1].offset >= 0:
+            # The last thing the host did is the line that cannot be read.
+            return "in_progress"
         if stages[-1] == "returned":
             return "upgraded"
+        if stages[-1] == "held":
+            return "held"
         return "in_progress"
 
     def last(self, stage: str) -> JournalEntry | None:
@@ -152,12 +237,19 @@ class HostHistory:
         return None
 
 
-def replay(entries: Iterable[JournalEntry]) -> dict[str, HostHistory]:
-    """Per host, in the order hosts first appear."""
+def replay(entries: Iterable[JournalEntry], unreadable: Iterable[Unreadable] = ()) -> dict[str, HostHistory]:
+    """Per host, in the order hosts first appear; unreadable lines go to the host they name."""
     out: dict[str, HostHistory] = {}
     for e in entries:
         out.setdefault(e.host, HostHistory(e.host)).entries.append(e)
+    for u in unreadable:
+        if u.host is not None:
+            out.setdefault(u.host, HostHistory(u.host)).unreadable.append(u)
     return out
+
+
+def replay_journal(journal: Journal) -> dict[str, HostHistory]:
+    return replay(journal.entries, journal.unreadable)
 
 
 @dataclass
@@ -168,6 +260,7 @@ class ResumePlan:
     resume: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
     snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -175,10 +268,20 @@ class ResumePlan:
         return self.resume + self.pending
 
 
-def resume_plan(histories: dict[str, HostHistory], planned: Sequence[str]) -> ResumePlan:
+def _hidden(journal: Journal | None) -> str | None:
+    lost = journal.unattributed() if journal is not None else []
+    if not lost:
+        return None
+    return "; ".join(u.describe() for u in lost)
+
+
+def resume_plan(histories: dict[str, HostHistory], planned: Sequence[str], journal: Journal | None = None
+                ) -> ResumePlan:
     """Hosts that returned are done and not touched again; hosts half-way continue from their
-    first snapshot; hosts never reached are still to do; failed or rolled-back hosts stop the resume."""
+    first snapshot; hosts never reached are still to do; failed or rolled-back hosts stop the resume.
+    A host whose snapshot cannot be read, or that may hide in a line naming no host, is refused."""
     plan = ResumePlan()
+    hidden = _hidden(journal)
     for host in planned:
         h = histories.get(host)
         outcome = h.outcome if h else "not_started"
@@ -186,12 +289,15 @@ def resume_plan(histories: dict[str, HostHistory], planned: Sequence[str]) -> Re
             plan.done.append(host)
         elif h is not None and outcome in ("failed", "rolled_back"):
             plan.failed[host] = h.failure or outcome.replace("_", " ")
-        elif h is not None and outcome == "in_progress":
+        elif h is not None and h.snapshot_problem:
+            plan.refused[host] = h.snapshot_problem
+        elif h is not None and outcome == "in_progress" and h.snapshot is not None:
             plan.resume.append(host)
-            snap = h.snapshot
-            if snap is not None:
-                plan.snapshots[host] = snap
+            plan.snapshots[host] = h.snapshot
+        elif hidden and (h is None or not h.entries):
+            plan.refused[host] = f"not in the readable journal, and a line naming no host cannot be read ({hidden})"
         else:
+            # Never reached, stopped before its slot, or held by another change then: do it now.
             plan.pending.append(host)
     return plan
 
@@ -206,31 +312,54 @@ class RollbackTarget:
     stage: str | None
 
 
-def rollback_targets(histories: dict[str, HostHistory], hosts: Sequence[str] | None = None
-                     ) -> tuple[list[RollbackTarget], dict[str, str]]:
-    """Hosts that can be rolled back (they have a snapshot), and why the others cannot."""
+def rollback_targets(histories: dict[str, HostHistory], hosts: Sequence[str] | None = None,
+                     journal: Journal | None = None
+                     ) -> tuple[list[RollbackTarget], dict[str, str], dict[str, str]]:
+    """Hosts that can be rolled back (they have a snapshot), those with nothing to roll back, and
+    those refused: a change is recorded (or may hide in an unreadable line) but no snapshot can be read."""
     wanted = list(hosts) if hosts is not None else list(histories)
+    hidden = _hidden(journal)
     targets: list[RollbackTarget] = []
     skipped: dict[str, str] = {}
+    refused: dict[str, str] = {}
     for host in wanted:
         h = histories.get(host)
-        if h is None or not h.entries:
-            skipped[host] = "not in the journal"
+        if h is None or (not h.entries and not h.unreadable):
+            if hidden:
+                refused[host] = f"not in the readable journal, and a line naming no host cannot be read ({hidden})"
+            else:
+                skipped[host] = "not in the journal"
+            continue
+        if h.snapshot_problem:
+            refused[host] = h.snapshot_problem
             continue
         snap = h.snapshot
         if snap is None:
-            skipped[host] = f"no snapshot line (last stage {h.stage}): nothing was changed on it"
+            if h.held_by is not None:
+                skipped[host] = f"held by change {h.held_by} when this change reached it: never changed by it"
+            elif hidden:
+                refused[host] = (f"no snapshot line (last stage {h.stage}), and a line naming no host cannot be "
+                                 f"read ({hidden})")
+            else:
+                skipped[host] = f"no snapshot line (last stage {h.stage}): nothing was changed on it"
+            continue
+        if not h.changed_something:
+            skipped[host] = f"snapshot only (last stage {h.stage}): the night stopped before touching it"
+            continue
+        if h.stage == "held" and not h.touched:
+            skipped[host] = f"held by change {h.held_by} before anything changed on it"
             continue
         first = h.entries[0]
         targets.append(RollbackTarget(host=host, change_id=first.change_id, run=first.run, snapshot=snap,
                                       drained_by_us=h.drained_by_us, stage=h.stage))
-    return targets, skipped
+    return targets, skipped, refused
 
 
 def summarize(histories: dict[str, HostHistory]) -> dict[str, dict[str, Any]]:
     """A JSON-able per-host summary for run.json and the terminal."""
-    return {
-        host: {
+    out: dict[str, dict[str, Any]] = {}
+    for host, h in histories.items():
+        row: dict[str, Any] = {
             "outcome": h.outcome,
             "stage": h.stage,
             "drained_by_us": h.drained_by_us,
@@ -239,5 +368,9 @@ def summarize(histories: dict[str, HostHistory]) -> dict[str, dict[str, Any]]:
             "started": h.entries[0].ts if h.entries else None,
             "ended": h.entries[-1].ts if h.entries else None,
         }
-        for host, h in histories.items()
-    }
+        if h.unreadable:
+            row["unreadable"] = [u.describe() for u in h.unreadable]
+        if h.outcome == "held":
+            row["failure"] = f"held by change {h.held_by}: not touched by this one"
+        out[host] = row
+    return out

@@ -16,14 +16,17 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from k3fleet.cli.app import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
 from k3fleet.errors import UsageError
+from k3fleet.report.escapes import safe_text
 
 _OUTCOME_STYLE = {"upgraded": "green", "rolled_back": "yellow", "failed": "red", "in_progress": "magenta",
-                  "not_started": "dim", "skipped": "dim", "checked": "green", "not_finished": "magenta"}
+                  "not_started": "dim", "skipped": "dim", "checked": "green", "not_finished": "magenta",
+                  "held": "yellow", "refused": "red"}
 _WHAT_NEXT = "stopping the play; resume with --resume RUN or roll back with --run RUN"
 
 
@@ -37,7 +40,7 @@ def print_change(console: Console, result: Any) -> None:
                         f"{change['target_version']} ({change['operator']})")
     for col in ("host", "batch", "outcome", "last stage", "wall", "k3fleet", "note"):
         table.add_column(col)
-    batch_of = {change["canary"]: "canary"}
+    batch_of = {change["canary"]: "canary"} if change.get("canary") else {}
     for i, wave in enumerate(change.get("waves") or [], 1):
         for h in wave:
             batch_of.setdefault(h, f"wave {i}")
@@ -47,42 +50,44 @@ def print_change(console: Console, result: Any) -> None:
         timing = h.get("timing") or {}
         share = timing.get("tool_share")
         note = h.get("failure") or ""
-        table.add_row(host, batch_of.get(host, ""), f"[{style}]{outcome}[/{style}]", str(h.get("stage") or ""),
-                      _fmt_s(timing.get("wall_s")), f"{share:.0%}" if isinstance(share, float) else "", note)
+        table.add_row(escape(safe_text(host)), batch_of.get(host, ""), f"[{style}]{outcome}[/{style}]",
+                      escape(str(h.get("stage") or "")), _fmt_s(timing.get("wall_s")),
+                      f"{share:.0%}" if isinstance(share, float) else "", escape(safe_text(note)))
     console.print(table)
-    for host, why in (result.skipped or {}).items():
-        console.print(f"  skipped {host}: {why}")
+    for problem in result.problems:
+        console.print(f"  journal: {safe_text(problem)}", markup=False)
 
 
 def print_check(console: Console, result: Any) -> None:
     """Per host: the drain and the package transaction the night would run."""
     change = result.change
     console.print(f"[bold]check[/bold] change {change['change_id']} -> {change['target_version']}: nothing was changed")
-    batch_of = {change["canary"]: "canary"}
+    batch_of = {change["canary"]: "canary"} if change.get("canary") else {}
     for i, wave in enumerate(change.get("waves") or [], 1):
         for h in wave:
             batch_of.setdefault(h, f"wave {i}")
     for host, rep in result.check.items():
-        console.print(f"[bold]{host}[/bold] ({batch_of.get(host, '?')})")
+        console.print(f"[bold]{escape(safe_text(host))}[/bold] ({batch_of.get(host, '?')})")
         if "error" in rep:
-            console.print(f"  [red]cannot plan[/red]: {rep['error']}", markup=False)
+            console.print(f"  cannot plan: {safe_text(rep['error'])}", markup=False)
             continue
         if rep.get("noop"):
-            console.print(f"  nothing to do: {rep.get('why')}")
+            console.print(f"  nothing to do: {safe_text(rep.get('why'))}", markup=False)
             continue
         drain = rep.get("drain") or {}
         actions = drain.get("actions") or [f"{drain.get('backend', '?')}: {drain.get('decision', '?')}"]
-        console.print(f"  drain   ({drain.get('backend', '?')}): " + "\n           ".join(actions), markup=False)
+        console.print(f"  drain   ({drain.get('backend', '?')}): "
+                      + "\n           ".join(safe_text(a) for a in actions), markup=False)
         plan = rep.get("plan") or {}
         for key in ("remove", "unhold", "install", "hold"):
             if plan.get(key):
-                console.print(f"  {key:<8} " + " ".join(plan[key]), markup=False)
+                console.print(f"  {key:<8} " + " ".join(safe_text(p) for p in plan[key]), markup=False)
         console.print(f"  reboot   {'yes, loaded ' + str(plan.get('loaded_version')) if plan.get('reboot') else 'no'}")
         lines = rep.get("transaction") or []
         if lines:
             console.print("  package transaction:")
             for line in lines:
-                console.print(f"    {line}", markup=False)
+                console.print(f"    {safe_text(line)}", markup=False)
 
 
 @app.command("upgrade")
@@ -99,21 +104,27 @@ def upgrade(
     target_version: Annotated[str | None, typer.Option("--target-version",
                                                        help="Exact driver version (default: the audit plan's).")
                               ] = None,
-    flavour: Annotated[str, typer.Option("--flavour", help="auto, open or proprietary kernel modules.")] = "auto",
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Ansible host pattern for the audit.")] = None,
     forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
     failure_budget: Annotated[int, typer.Option("--failure-budget", min=0,
-                                                help="Failed hosts tolerated before the waves stop.")] = 0,
-    drain_timeout: Annotated[int, typer.Option("--drain-timeout", min=0,
-                                               help="Seconds to wait for running jobs.")] = 3600,
+                                                help="Failed hosts tolerated before further drains stop.")] = 0,
+    max_unavailable: Annotated[str | None, typer.Option(
+        "--max-unavailable", help="Most nodes this change has out of service at any moment: a number, or a "
+                                  "percentage of the audited fleet like 10% (default: the largest wave).")] = None,
+    drain_timeout: Annotated[int | None, typer.Option(
+        "--drain-timeout", min=0, help="Seconds to wait for running jobs (default: the target's).")] = None,
     force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
                      ] = False,
-    audit_max_age: Annotated[int, typer.Option("--audit-max-age", min=1,
-                                               help="Seconds an audit stays fresh for the gate.")] = 3600,
+    audit_max_age: Annotated[int | None, typer.Option(
+        "--audit-max-age", min=1, help="Seconds an audit stays fresh for the gate (default: the target's).")] = None,
     target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
     accept_finding: Annotated[list[str] | None, typer.Option(
-        "--accept-finding", help="Check id (or pattern like 'rdma.*') that does not stop the driver change; "
-                                 "repeat it. Recorded in the run directory.")] = None,
+        "--accept-finding", help="Check id (or pattern like 'rdma.*') that does not stop the driver change; it must "
+                                 "name known checks and match a finding of the audit; repeat it. Recorded in the "
+                                 "run directory.")] = None,
+    no_host_key_checking: Annotated[bool, typer.Option(
+        "--no-host-key-checking",
+        help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
@@ -122,19 +133,22 @@ def upgrade(
     """Run the change night: canary, then (with --waves) the waves; or --resume an interrupted one."""
     from k3fleet.change import UpgradeOptions, run_upgrade
 
-    if resume is not None and (canary is not None or target_version is not None):
-        raise UsageError("--resume continues a run as it was planned: drop --canary and --target-version")
+    if resume is not None and (canary is not None or target_version is not None or max_unavailable is not None):
+        raise UsageError("--resume continues a run as it was planned: drop --canary, --target-version and "
+                         "--max-unavailable")
     opts = UpgradeOptions(inventory=inventory, change_id=change_id, operator=operator, canary=canary, waves=waves,
-                          check=check, resume=resume, target_version=target_version, flavour=flavour, limit=limit,
-                          forks=forks, failure_budget=failure_budget, drain_timeout=drain_timeout, force=force,
-                          audit_max_age=audit_max_age, target=target, accept_findings=list(accept_finding or []),
+                          check=check, resume=resume, target_version=target_version, limit=limit,
+                          forks=forks, failure_budget=failure_budget, max_unavailable=max_unavailable,
+                          drain_timeout=drain_timeout, force=force, audit_max_age=audit_max_age, target=target,
+                          accept_findings=list(accept_finding or []), host_key_checking=not no_host_key_checking,
                           runs_dir=runs_dir, out=out_dir)
     result = run_upgrade(opts, sys.argv, observer=ProgressObserver(err, quiet=quiet or as_json, stages=True),
                          cancel=cancel_on_interrupt(err, _WHAT_NEXT))
     if as_json:
         out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
                                    "message": result.message, "change": result.change, "hosts": result.hosts,
-                                   "check": result.check, "skipped": result.skipped}, default=str))
+                                   "check": result.check, "skipped": result.skipped,
+                                   "journal_problems": result.problems}, default=str))
     elif check:
         print_check(out, result)
     else:
@@ -153,11 +167,15 @@ def rollback(
     operator: Annotated[str | None, typer.Option("--operator", help="Who runs the rollback.")] = None,
     forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
     serial: Annotated[str, typer.Option("--serial", help="Hosts at a time (a number or a percentage).")] = "100%",
-    drain_timeout: Annotated[int, typer.Option("--drain-timeout", min=0,
-                                               help="Seconds to wait for running jobs.")] = 3600,
+    drain_timeout: Annotated[int | None, typer.Option(
+        "--drain-timeout", min=0, help="Seconds to wait for running jobs (default: the target's).")] = None,
     force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
                      ] = False,
     check: Annotated[bool, typer.Option("--check", help="Say what would be restored; change nothing.")] = False,
+    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
+    no_host_key_checking: Annotated[bool, typer.Option(
+        "--no-host-key-checking",
+        help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories are.")] = Path("runs"),
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
@@ -171,25 +189,28 @@ def rollback(
     if not re.match(r"^([1-9][0-9]*|[1-9][0-9]?%|100%)$", serial):
         raise UsageError(f"--serial {serial!r}: a number of hosts or a percentage like 25%")
     opts = RollbackOptions(inventory=inventory, limit=limit, run=run, operator=operator, forks=forks, serial=serial,
-                           drain_timeout=drain_timeout, force=force, check=check, runs_dir=runs_dir, out=out_dir)
+                           drain_timeout=drain_timeout, force=force, check=check, target=target,
+                           host_key_checking=not no_host_key_checking, runs_dir=runs_dir, out=out_dir)
     result = run_rollback(opts, sys.argv, observer=ProgressObserver(err, quiet=quiet or as_json, stages=True),
                           cancel=cancel_on_interrupt(err, _WHAT_NEXT))
     if as_json:
         out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
                                    "message": result.message, "hosts": result.hosts, "skipped": result.skipped,
-                                   "sources": result.sources}, default=str))
+                                   "refused": result.refused, "sources": result.sources}, default=str))
     else:
         table = Table(title="rollback")
         for col in ("host", "outcome", "stages", "back in service", "from", "note"):
             table.add_column(col)
         for host, h in result.hosts.items():
             style = _OUTCOME_STYLE.get(h["outcome"], "white")
-            table.add_row(host, f"[{style}]{h['outcome']}[/{style}]", " ".join(h["stages"]),
-                          "yes" if h.get("returned_to_service") else "no", Path(h["from"]).parent.name,
-                          h.get("failure") or "")
+            table.add_row(escape(safe_text(host)), f"[{style}]{h['outcome']}[/{style}]", " ".join(h["stages"]),
+                          "yes" if h.get("returned_to_service") else "no", escape(Path(h["from"]).parent.name),
+                          escape(safe_text(h.get("failure") or "")))
         out.print(table)
         for host, why in result.skipped.items():
-            out.print(f"  not rolled back {host}: {why}", markup=False)
+            out.print(f"  not rolled back {host}: {safe_text(why)}", markup=False)
+        for host, why in result.refused.items():
+            out.print(f"  refused {host}: {safe_text(why)}", markup=False)
     err.print(result.message, markup=False)
     err.print(f"run directory: {result.run_dir.path}")
     raise typer.Exit(result.exit_code)

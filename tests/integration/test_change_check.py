@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,13 @@ def test_check_reports_drain_and_apt_transaction_and_changes_nothing(node: dict[
         "scontrol update nodename=node01 state=drain reason='k3fleet:CHG-1042 alice: NVIDIA driver change'",
         "would wait up to 3600s for 1 running job(s): 1"]
     plan = rep["plan"]
-    assert plan["install"] == [f"{n}=580.95.05-*" for n in (
+    # The audit's plan (the one package planner) names what changes; the role only applies it.
+    audit_plan = json.loads((result.run_dir.path / "audit" / "verdict.json").read_text())["plan"]
+    item = next(i for i in audit_plan["needs_upgrade"] if i["host"] == "gpu-a01")
+    assert sorted(plan["install"]) == sorted(f"{p['to_name']}=580.95.05-*" for p in item["packages"])
+    assert set(plan["install"]) == {f"{n}=580.95.05-*" for n in (
         "nvidia-driver-580-server", "nvidia-utils-580-server", "libnvidia-compute-580", "nvidia-fabricmanager-580",
-        "cuda-drivers-fabricmanager-580")]
+        "cuda-drivers-fabricmanager-580")}
     assert set(plan["remove"]) == {"nvidia-driver-575-server", "nvidia-utils-575-server", "libnvidia-compute-575",
                                    "nvidia-kernel-sim-575", "nvidia-fabricmanager-575",
                                    "cuda-drivers-fabricmanager-575"}
@@ -200,7 +205,11 @@ def test_check_of_a_failing_night_runs_the_rescue_and_still_changes_nothing(node
     ({"change_id": "bad id"}, "--change-id 'bad id' is not valid"),
     ({"operator": " "}, "--operator ' ' is not valid"),
     ({"canary": "gpu-a03"}, "--canary gpu-a03 is not a host the audit plans to upgrade"),
-    ({"flavour": "closed"}, "--flavour 'closed'"),
+    ({"max_unavailable": "0"}, "--max-unavailable '0': give a number of nodes"),
+    ({"max_unavailable": "150%"}, "--max-unavailable '150%'"),
+    ({"accept_findings": ["*"]}, "--accept-finding '*' would accept every finding"),
+    ({"accept_findings": ["rdma.no_such_check"]}, "--accept-finding 'rdma.no_such_check' matches no known check"),
+    ({"failure_budget": -1}, "--failure-budget must be 0 or more"),
 ])
 def test_bad_input_is_refused_before_anything_runs(node: dict[str, Any], kw: dict[str, Any], message: str) -> None:
     args: dict[str, Any] = {"inventory": node["inventory"], "change_id": "CHG-1", "operator": "alice",
@@ -235,8 +244,7 @@ K8S_PLAY = """
       vars:
         k3_drain_backend: kubernetes
         k3_drain_k8s_evict: false
-        k3_drain_change_id: CHG-9
-        k3_drain_operator: carol
+        k3_drain_timeout: 60
     - ansible.builtin.debug:
         var: k3_drain_result
 """
@@ -272,11 +280,15 @@ def kube(tmp_path: Path) -> Any:
         server.wait(10)
 
 
-def _k8s_run(kube: dict[str, Any], state: str, check: bool = False) -> dict[str, dict[str, Any]]:
+def _k8s_run(kube: dict[str, Any], state: str, check: bool = False, change_id: str = "CHG-9"
+             ) -> dict[str, dict[str, Any]]:
+    from k3fleet.change.lease import DRAIN_TEXT, Lease
     from k3fleet.runner import run_playbook
 
-    play = run_playbook(str(kube["play"]), kube["inventory"], kube["tmp"] / f"ansible-{state}-{check}",
-                        extravars={"k3_drain_state": state}, check=check, forks=2)
+    # The lease as the controller builds it and hands it in: the role never rebuilds it.
+    lease = Lease.build(change_id, "carol", DRAIN_TEXT, ttl_s=3600)
+    play = run_playbook(str(kube["play"]), kube["inventory"], kube["tmp"] / f"ansible-{state}-{check}-{change_id}",
+                        extravars={"k3_drain_state": state, "k3fleet_lease": lease.extravar()}, check=check, forks=2)
     assert play.status == "successful", (play.stderr_tail, {h: play.last(h) for h in play.hosts})
     return {h: o.result["k3_drain_result"] for h, outs in play.hosts.items() for o in outs
             if o.result and "k3_drain_result" in o.result}
@@ -299,15 +311,25 @@ def test_kubernetes_cordon_and_uncordon_only_ours(kube: dict[str, Any]) -> None:
     assert (res["gpu-k02"]["decision"], res["gpu-k02"]["drained_by_us"]) == ("other", False)
     node = _node(kube, "gpu-k01")
     assert node["spec"]["unschedulable"] is True
-    assert node["metadata"]["annotations"]["k3fleet.io/drain"] == "k3fleet:CHG-9 carol: NVIDIA driver change"
+    annotations = node["metadata"]["annotations"]
+    assert annotations["k3fleet.io/drain"] == "k3fleet:CHG-9 carol: NVIDIA driver change"
+    assert annotations["k3fleet.io/lease-expires"] > time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     again = _k8s_run(kube, "drained")
     assert again["gpu-k01"]["decision"] == "ours" and again["gpu-k01"]["changed"] is False
 
+    # Another change finds the node leased: held, never cordoned, evicted or uncordoned by it.
+    other = _k8s_run(kube, "drained", change_id="CHG-10")
+    assert (other["gpu-k01"]["decision"], other["gpu-k01"]["holder"]) == ("held", "CHG-9")
+    assert other["gpu-k01"]["drained_by_us"] is False and other["gpu-k01"]["changed"] is False
+    assert _k8s_run(kube, "returned", change_id="CHG-10")["gpu-k01"]["decision"] == "not_ours"
+    assert _node(kube, "gpu-k01")["metadata"]["annotations"]["k3fleet.io/drain"].startswith("k3fleet:CHG-9 ")
+
     res = _k8s_run(kube, "returned")
     assert (res["gpu-k01"]["decision"], res["gpu-k02"]["decision"]) == ("resume", "not_ours")
     node = _node(kube, "gpu-k01")
-    assert node["spec"]["unschedulable"] is False and "k3fleet.io/drain" not in node["metadata"]["annotations"]
+    assert node["spec"]["unschedulable"] is False
+    assert not {"k3fleet.io/drain", "k3fleet.io/lease-expires"} & set(node["metadata"]["annotations"])
     other = _node(kube, "gpu-k02")
     assert other["spec"]["unschedulable"] is True and other["metadata"]["annotations"] == {"ops/reason": "NIC swap"}
     assert _k8s_run(kube, "returned")["gpu-k01"]["decision"] == "not_drained"

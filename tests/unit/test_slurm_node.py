@@ -25,24 +25,30 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from nodetree import ExitJson, FailJson, exe
 
+from k3fleet.ansible.module_utils.k3fleet_lease import (
+    adopted_text,
+    lease_holder,
+    lease_owner,
+    lease_text,
+    previous_reason,
+    valid_change_id,
+)
 from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
 from k3fleet.ansible.module_utils.k3fleet_slurm import (
     drain_complete,
-    drain_reason,
     parse_job_ids,
     plan_drain,
     plan_resume,
-    reason_owner,
     split_stamp,
     status_from_scontrol,
     status_from_sinfo_json,
-    valid_change_id,
 )
 from k3fleet.ansible.modules import k3fleet_slurm_node
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 CHANGE = "CHG-1042"
 OUR_REASON = "k3fleet:CHG-1042 alice: R580 driver change"
+ADOPTED = OUR_REASON + " [was: disk replacement INC-7731]"
 
 
 def fixture(name: str) -> str:
@@ -59,11 +65,11 @@ def fixture(name: str) -> str:
         ("scontrol_node01_draining.txt", "node01", "draining", True, OUR_REASON, "root", "ours", "resume"),
         ("scontrol_node01_drained_ours.txt", "node01", "drained", True, OUR_REASON, "root", "ours", "resume"),
         ("scontrol_node02_drained_other.txt", "node02", "drained", True, "disk replacement INC-7731", "root",
-         "other", "not_ours"),
-        ("scontrol_node02_down.txt", "node02", "down", True, "hw failure INC-7740", "root", "other", "not_ours"),
+         "adopt", "not_ours"),
+        ("scontrol_node02_down.txt", "node02", "down", True, "hw failure INC-7740", "root", "adopt", "not_ours"),
         ("scontrol_node01_idle_after_resume.txt", "node01", "idle", False, None, None, "drain", "not_drained"),
         ("scontrol_two_nodes.txt", "node01", "drained", True, OUR_REASON, "root", "ours", "resume"),
-        ("scontrol_two_nodes.txt", "node02", "drained", True, "disk replacement INC-7731", "root", "other",
+        ("scontrol_two_nodes.txt", "node02", "drained", True, "disk replacement INC-7731", "root", "adopt",
          "not_ours"),
     ],
 )
@@ -80,11 +86,11 @@ def test_scontrol_status(name: str, node: str, state: str, drain: bool, reason: 
     [
         ("sinfo_node01_draining.json", "node01", "draining", ["drain"], OUR_REASON, "root", "ours"),
         ("sinfo_node01_draining.json", "node02", "idle", [], None, None, "drain"),
-        ("sinfo_drained_both.json", "node02", "drained", ["drain"], "disk replacement INC-7731", "root", "other"),
-        ("sinfo_node02_down.json", "node02", "down", ["drain"], "hw failure INC-7740", "root", "other"),
+        ("sinfo_drained_both.json", "node02", "drained", ["drain"], "disk replacement INC-7731", "root", "adopt"),
+        ("sinfo_node02_down.json", "node02", "down", ["drain"], "hw failure INC-7740", "root", "adopt"),
         # Slurm 24.11: state is a list, reason_changed_at an object.
         ("sinfo_24.11_trinityx.json", "node001", "down", ["drain", "not_responding"],
-         "TRIX-DRAINER: Multiple reasons for drained node, check AlertX for more information", "root", "other"),
+         "TRIX-DRAINER: Multiple reasons for drained node, check AlertX for more information", "root", "adopt"),
         ("sinfo_24.11_trinityx.json", "node003", "idle", [], None, None, "drain"),
     ],
 )
@@ -145,14 +151,18 @@ def test_sinfo_json_garbage_is_an_error(text: str, error: str) -> None:
     ],
 )
 def test_reason_owner(reason: str | None, change: str, owner: str | None) -> None:
-    assert reason_owner(reason, change) == owner
+    assert lease_owner(reason, change) == owner
 
 
-def test_drain_reason_round_trip() -> None:
-    reason = drain_reason(CHANGE, "R580 driver change", "alice")
+def test_lease_round_trip() -> None:
+    reason = lease_text(CHANGE, "alice", "R580 driver change")
     assert reason == OUR_REASON
-    assert reason_owner(reason, CHANGE) == "ours"
-    assert drain_reason(CHANGE) == "k3fleet:CHG-1042"
+    assert lease_owner(reason, CHANGE) == "ours" and lease_holder(reason) == CHANGE
+    assert lease_text(CHANGE) == "k3fleet:CHG-1042"
+    assert lease_holder("k3fleet: manual note") is None and lease_owner("k3fleet: manual note", CHANGE) == "other"
+    adopted = adopted_text(OUR_REASON, "disk replacement INC-7731")
+    assert adopted == ADOPTED and lease_owner(adopted, CHANGE) == "ours"
+    assert previous_reason(adopted + " ") == "disk replacement INC-7731" and previous_reason(OUR_REASON) is None
     assert split_stamp(OUR_REASON + " [root@2026-11-29T17:18:53]") == (OUR_REASON, "root", "2026-11-29T17:18:53")
     assert split_stamp("no stamp here") == ("no stamp here", None, None)
 
@@ -243,10 +253,23 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, patched_exits: None) -
 case "$1" in
   show) if grep -q "not found" "$FAKE_SLURM/node"; then cat "$FAKE_SLURM/node" >&2; exit 1; fi
         cat "$FAKE_SLURM/node";;
-  update) for a in "$@"; do case "$a" in
-            state=drain) cp "$FAKE_SLURM/after_drain" "$FAKE_SLURM/node";;
-            state=resume) cp "$FAKE_SLURM/after_resume" "$FAKE_SLURM/node";;
-          esac; done;;
+  update) node=""; reason=""; state=""
+          for a in "$@"; do case "$a" in
+            nodename=*) node="${a#nodename=}";;
+            reason=*) reason="${a#reason=}";;
+            state=*) state="${a#state=}";;
+          esac; done
+          case "$state" in
+            # Slurm keeps one reason per node: a drain with a reason replaces it (as the daemons do).
+            drain) if [ -f "$FAKE_SLURM/after_drain" ]; then cp "$FAKE_SLURM/after_drain" "$FAKE_SLURM/node"
+                   else REASON="$reason" NODE="$node" python3 -c 'import os, re, sys
+p = os.environ["FAKE_SLURM"] + "/node"
+lines = open(p).read().splitlines()
+out = [re.sub(r"Reason=.*$", "Reason=" + os.environ["REASON"] + " [root@2026-11-29T17:18:53]", line)
+       if line.startswith("NodeName=" + os.environ["NODE"] + " ") else line for line in lines]
+open(p, "w").write("\\n".join(out) + "\\n")'; fi;;
+            resume) cp "$FAKE_SLURM/after_resume" "$FAKE_SLURM/node";;
+          esac;;
 esac""",
         "squeue": 'cat "$FAKE_SLURM/jobs"',
         "scancel": """echo "scancel $*" >> "$FAKE_SLURM/calls"
@@ -261,8 +284,7 @@ esac""",
     return FakeSlurm(state)
 
 
-ARGS = {"node": "node01", "change_id": CHANGE, "operator": "alice", "reason": "R580 driver change",
-        "poll_interval": 0.05}
+ARGS = {"node": "node01", "change_id": CHANGE, "reason": OUR_REASON, "poll_interval": 0.05, "settle": 0}
 
 
 def test_drain_idle_node(fake: FakeSlurm) -> None:
@@ -296,17 +318,41 @@ def test_drain_is_idempotent(fake: FakeSlurm) -> None:
     assert not any(c.startswith("scontrol update") for c in fake.calls())
 
 
-def test_node_drained_by_someone_else_is_left_alone(fake: FakeSlurm) -> None:
+def test_node_drained_by_someone_else_is_leased_on_top_and_given_back(fake: FakeSlurm) -> None:
     fake.set(node="scontrol_two_nodes.txt")
     res = run_module(dict(ARGS, node="node02"))
     k = res[RESULT_KEY]
-    assert res["changed"] is False
-    assert (k["decision"], k["drained_by_us"], k["owner"]) == ("other", False, "other")
-    assert k["after"]["reason"] == "disk replacement INC-7731"
-    assert res["actions"] == ["left as it is: drained by someone else (reason: disk replacement INC-7731)"]
+    assert res["changed"] is True
+    assert (k["decision"], k["drained_by_us"], k["leased"], k["owner"]) == ("adopt", False, True, "ours")
+    assert k["after"]["reason"] == ADOPTED
+    assert res["actions"][0] == f"scontrol update nodename=node02 state=drain reason='{ADOPTED}'"
+    # The lease comes off again and the operator's own reason is back; the node is never resumed.
     res = run_module(dict(ARGS, node="node02", state="resumed"))
-    assert res["changed"] is False and res[RESULT_KEY]["decision"] == "not_ours"
+    assert res["changed"] is True and res[RESULT_KEY]["decision"] == "restore"
+    assert res[RESULT_KEY]["after"]["reason"] == "disk replacement INC-7731"
+    assert res[RESULT_KEY]["after"]["drain"] is True
+    assert not any("state=resume" in c for c in fake.calls())
+
+
+def test_node_held_by_another_change_is_never_touched(fake: FakeSlurm) -> None:
+    fake.set(node="scontrol_two_nodes.txt")
+    theirs = dict(ARGS, node="node01", change_id="CHG-2000", reason="k3fleet:CHG-2000 bob: NVIDIA driver change")
+    for args in (theirs, dict(theirs, state="resumed"), dict(theirs, state="query")):
+        res = run_module(args)
+        k = res[RESULT_KEY]
+        assert res["changed"] is False and k["holder"] == "CHG-1042", k
+        assert k["decision"] in ("held", "not_ours", "query") and k["drained_by_us"] is False
     assert not any(c.startswith("scontrol update") for c in fake.calls())
+
+
+def test_a_change_that_loses_the_race_for_a_node_reports_it_held(fake: FakeSlurm) -> None:
+    # Both read the node idle; the other change's drain lands last, so its reason is what Slurm keeps.
+    fake.set(node="scontrol_node01_idle_after_resume.txt", after_drain="scontrol_node01_drained_ours.txt")
+    res = run_module(dict(ARGS, change_id="CHG-2000", reason="k3fleet:CHG-2000 bob: NVIDIA driver change"))
+    k = res[RESULT_KEY]
+    assert (k["decision"], k["holder"], k["drained_by_us"], k["leased"]) == ("held", "CHG-1042", False, False)
+    assert res["changed"] is True  # it did write its reason, which the other change's then replaced
+    assert res["actions"][-1].startswith("left as it is: another change took the node at the same moment")
 
 
 def test_drain_timeout_keeps_drain_and_jobs(fake: FakeSlurm) -> None:
@@ -379,7 +425,11 @@ def test_garbage_from_squeue_fails_clearly(fake: FakeSlurm) -> None:
     ("args", "msg"),
     [
         ({"node": "node01", "state": "drained"}, "state is drained but all of the following are missing: change_id"),
-        (dict(ARGS, change_id="bad id"), "change_id 'bad id' is not valid"),
+        (dict(ARGS, change_id="bad id"), "change id 'bad id' is not valid"),
+        (dict(ARGS, reason="k3fleet:CHG-1 alice: x"), "lease 'k3fleet:CHG-1 alice: x' does not start with "
+                                                      "k3fleet:CHG-1042"),
+        ({"node": "node01", "change_id": CHANGE}, "state is drained but all of the following are missing: reason"),
+        (dict(ARGS, settle=-1), "settle must be 0 or more"),
         (dict(ARGS, node="node[01-02]"), "node must be one Slurm NodeName"),
         (dict(ARGS, poll_interval=0), "poll_interval must be positive"),
     ],
@@ -527,22 +577,61 @@ def test_real_drain_waits_for_the_running_job_then_resume(real: Cluster) -> None
 
 
 @pytest.mark.integration
-def test_real_node_drained_by_someone_else_stays_drained(real: Cluster) -> None:
+def test_real_node_drained_by_someone_else_is_leased_then_given_back(real: Cluster) -> None:
     real.sh("scontrol", "update", "nodename=node02", "state=drain", "reason=disk replacement INC-7731")
     res = run_module(real_args(real, node="node02"))
-    assert res["changed"] is False and res[RESULT_KEY]["drained_by_us"] is False
+    assert res[RESULT_KEY]["decision"] == "adopt" and res[RESULT_KEY]["drained_by_us"] is False
+    assert real.node("node02")["reason"] == ADOPTED
     res = run_module(real_args(real, node="node02", state="resumed"))
-    assert res["changed"] is False and res[RESULT_KEY]["decision"] == "not_ours"
+    assert res["changed"] is True and res[RESULT_KEY]["decision"] == "restore"
     node = real.node("node02")
     assert (node["state"], node["reason"]) == ("drained", "disk replacement INC-7731")
+    again = run_module(real_args(real, node="node02", state="resumed"))
+    assert again["changed"] is False and again[RESULT_KEY]["decision"] == "not_ours"
+
+
+@pytest.mark.integration
+def test_real_two_changes_racing_for_one_node_one_wins(real: Cluster) -> None:
+    """Two controllers drain the same idle node at once (two processes): exactly one keeps it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(real_args(real, change_id=cid, reason=f"k3fleet:{cid} x: NVIDIA driver "
+                                                       "change", settle=2), results)) for cid in ("CHG-A", "CHG-B")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    got = sorted((results.get(timeout=5) for _ in procs), key=lambda r: r["decision"])
+    decisions = [r["decision"] for r in got]
+    assert decisions in (["drain", "held"], ["held", "drain"]), got
+    winner = next(r for r in got if r["decision"] == "drain")
+    loser = next(r for r in got if r["decision"] == "held")
+    assert loser["holder"] == winner["change_id"] and loser["drained_by_us"] is False
+    assert real.node("node01")["reason"] == f"k3fleet:{winner['change_id']} x: NVIDIA driver change"
+
+
+def _race(args: dict[str, Any], out: Any) -> None:
+    from nodetree import patch_exits
+
+    mp = pytest.MonkeyPatch()
+    patch_exits(mp)
+    try:
+        res = run_module(args)[RESULT_KEY]
+        out.put({"change_id": args["change_id"], "decision": res["decision"], "holder": res["holder"],
+                 "drained_by_us": res["drained_by_us"]})
+    finally:
+        mp.undo()
 
 
 @pytest.mark.integration
 def test_real_check_mode_changes_nothing(real: Cluster) -> None:
-    before = real.sh("sinfo", "-N", "-h", "-o", "%N %T %E")
+    before = real.sh("sinfo", "-N", "-h", "-o", "%N %T %E").replace("*", "")
     res = run_module(real_args(real), check=True, diff=True)
     assert res["changed"] is True and res[RESULT_KEY]["after"]["reason"] == OUR_REASON
-    assert real.sh("sinfo", "-N", "-h", "-o", "%N %T %E") == before
+    # A "*" (not responding for a ping) comes and goes on its own under load: not a change.
+    assert real.sh("sinfo", "-N", "-h", "-o", "%N %T %E").replace("*", "") == before
 
 
 @pytest.mark.integration
@@ -565,6 +654,8 @@ def test_real_sinfo_json_query(real: Cluster) -> None:
     k = res[RESULT_KEY]
     assert (k["before"]["state"], k["before"]["reason"], k["owner"]) == ("drained", "disk replacement INC-7731",
                                                                         "other")
+    theirs = run_module(real_args(real, node="node02", state="query", change_id="CHG-OTHER", reason=None))
+    assert theirs[RESULT_KEY]["holder"] is None
     assert json.dumps(k)  # the result is plain JSON
 
 

@@ -4,15 +4,21 @@
 # ruff: noqa: UP001, UP009, UP010, UP031
 """Drain and resume one Slurm node on behalf of a k3fleet change, and read its state.
 
-The rule that keeps this safe comes from LBNL NHC's node-mark-online: a node is
-only ever resumed when the drain reason on it is ours. Ours means the reason's
-first word is ``k3fleet:<change-id>``; a node drained or downed by anyone else
-(an operator, a health check, Slurm itself) is never touched, and is reported
-as such so the caller never returns it to service.
+The drain reason is the change's lease (k3fleet_lease; docs/change-night.md "Lease"): its first
+word ``k3fleet:<change-id>`` says which change holds the node. The rule that keeps this safe
+comes from LBNL NHC's node-mark-online: a node is only ever resumed when the drain reason on it
+is ours. A node held by another change is never drained, changed or resumed by this one
+(``held``). A node drained by anyone else (an operator, a health check) is leased on top of
+their reason, which is kept and put back when the change is done (``adopt`` / ``restore``); it
+is never resumed. Down or failed nodes without a drain are left as they are.
+
+Slurm has no compare-and-set for a drain: after setting the reason the drain reads it back
+after ``settle`` seconds, so that of two controllers racing for one node only the one whose
+reason stayed goes on; the other reports the node as held.
 
 Parsing is in pure functions (``status_from_scontrol``, ``status_from_sinfo_json``,
-``reason_owner``, ``plan_drain``, ``plan_resume``) tested against recorded real
-output; ``SlurmNode`` runs the commands through the shared ``NodeReader``.
+``plan_drain``, ``plan_resume``) tested against recorded real output; ``SlurmNode`` runs the
+commands through the shared ``NodeReader``.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -22,17 +28,16 @@ import re
 import time
 
 try:
+    from ansible.module_utils.k3fleet_lease import lease_owner, previous_reason
     from ansible.module_utils.k3fleet_scheduler import normalize_slurm_state, parse_scontrol_nodes
     from ansible.module_utils.k3fleet_sources import scontrol_show_node_argv
 except ImportError:  # imported from the controller package (unit tests)
+    from k3fleet.ansible.module_utils.k3fleet_lease import lease_owner, previous_reason
     from k3fleet.ansible.module_utils.k3fleet_scheduler import normalize_slurm_state, parse_scontrol_nodes
     from k3fleet.ansible.module_utils.k3fleet_sources import scontrol_show_node_argv
 
 __metaclass__ = type
 
-REASON_PREFIX = "k3fleet:"
-# Change ids end up in Slurm reasons, file names and Kubernetes annotations: keep them plain.
-CHANGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # scontrol appends "[user@time]" to a reason; sinfo --json gives user and time as fields.
 _STAMP_RE = re.compile(r"\s*\[([^\]\s@]+)@([^\]\s]+)\]\s*$")
 _NO_REASON = ("", "(null)", "none", "None")
@@ -62,21 +67,6 @@ def scancel_argv(job_ids):
     return ["scancel"] + [str(j) for j in job_ids]
 
 
-def valid_change_id(change_id):
-    return bool(change_id) and bool(CHANGE_ID_RE.match(change_id))
-
-
-def drain_reason(change_id, text=None, operator=None):
-    """``k3fleet:CHG-1042 alice: R580 driver change``: the first word identifies tool and change."""
-    head = REASON_PREFIX + change_id
-    words = []
-    if operator:
-        words.append("%s:" % operator)
-    if text:
-        words.append(text)
-    return " ".join([head] + words)
-
-
 def split_stamp(reason):
     """``"text [root@2026-11-29T17:18:53]"`` -> ``("text", "root", "2026-11-29T17:18:53")``."""
     if reason is None:
@@ -85,18 +75,6 @@ def split_stamp(reason):
     if not match:
         return reason.strip(), None, None
     return reason[:match.start()].strip(), match.group(1), match.group(2)
-
-
-def reason_owner(reason, change_id):
-    """Who holds a drain: ``ours``, ``k3fleet`` (another change), ``other``, or None (no reason)."""
-    if not reason or reason.strip() in _NO_REASON:
-        return None
-    first = reason.strip().split(None, 1)[0]
-    if change_id and first == REASON_PREFIX + change_id:
-        return "ours"
-    if first.startswith(REASON_PREFIX):
-        return "k3fleet"
-    return "other"
 
 
 def _status(node, raw_state, reason, reason_user, reason_time, source):
@@ -202,24 +180,30 @@ def drain_complete(status):
 def plan_drain(status, change_id):
     """What a drain request does to a node in ``status``.
 
-    ``drain``: not out of service, we drain it. ``ours``: already drained for this change
-    (a resumed night). ``other``: drained, downed or failed by someone else (or by another
-    k3fleet change): left exactly as it is, and never returned to service by us.
+    ``drain``: in service, we drain it. ``ours``: already drained for this change (a resumed
+    night). ``held``: another change's lease is on it: never touched. ``adopt``: drained by
+    someone else, we lease it on top of their reason (kept, restored afterwards). ``other``:
+    down or failed without a drain, left exactly as it is.
     """
     if not status["unavailable"]:
         return "drain"
-    owner = reason_owner(status["reason"], change_id)
+    owner = lease_owner(status["reason"], change_id)
     if owner == "ours" and status["drain"]:
         return "ours"
+    if owner == "k3fleet":
+        return "held"
+    if owner == "other" and status["drain"]:
+        return "adopt"
     return "other"
 
 
 def plan_resume(status, change_id):
-    """``resume`` only when the drain is ours; ``not_drained`` or ``not_ours`` otherwise."""
+    """``resume`` or ``restore`` (a reason we adopted) only when the lease is ours; else
+    ``not_drained`` or ``not_ours``."""
     if not status["unavailable"]:
         return "not_drained"
-    if reason_owner(status["reason"], change_id) == "ours":
-        return "resume"
+    if lease_owner(status["reason"], change_id) == "ours":
+        return "restore" if previous_reason(status["reason"]) is not None else "resume"
     return "not_ours"
 
 

@@ -11,16 +11,21 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: k3fleet_slurm_node
-short_description: Drain a Slurm node for a k3fleet change, wait for its jobs, and resume only what k3fleet drained
+short_description: Lease and drain a Slurm node for a k3fleet change, wait for its jobs, give back only its lease
 description:
-  - With I(state=drained), drains the node with the reason C(k3fleet:<change_id> [operator:] reason), then waits
+  - The drain reason is the change's lease, given whole in I(reason); its first word is C(k3fleet:<change_id>)
+    (docs/change-night.md "Lease").
+  - With I(state=drained), drains the node with that reason, reads it back after I(settle) seconds (Slurm has no
+    compare-and-set, so of two controllers racing for a node only the one whose reason stayed goes on), then waits
     until no job runs on it (C(scontrol show node) and C(squeue) polled every I(poll_interval) seconds, up to
     I(wait_timeout)). Running jobs are never cancelled unless I(force=true).
-  - A node that is already drained, down or failed with a reason that is not this change's (an operator, a
-    health check, Slurm itself, another k3fleet change) is left exactly as it is; the result says
-    C(drained_by_us=false) so the caller never returns it to service.
-  - With I(state=resumed), resumes the node only when its drain reason starts with C(k3fleet:<change_id>)
-    (the LBNL NHC node-mark-online rule). A node drained by anyone else stays drained.
+  - A node whose reason is another change's lease is C(held) by that change and left exactly as it is, also when
+    that change takes it while this one waits. A node drained by someone else (an operator, a health check) is
+    leased on top of their reason, which the lease keeps at its end (C(adopt)); C(drained_by_us) stays false so the
+    caller never returns it to service. A down or failed node without a drain is left as it is (C(other)).
+  - With I(state=resumed), resumes the node only when its reason is this change's lease (the LBNL NHC
+    node-mark-online rule); a lease that adopted someone's drain puts their reason back and leaves the node drained
+    (C(restore)). A node drained by anyone else stays drained.
   - With I(state=query), only reads the node (the scheduler part of a pre-change snapshot).
   - The Slurm client commands run on the host executing the module, the node itself or a login or controller
     host through C(delegate_to). I(slurm_conf) points them at a cluster's C(slurm.conf).
@@ -34,25 +39,23 @@ options:
     required: true
   state:
     description:
-      - C(drained) drain (or confirm this change's drain) and wait for running jobs to end.
-      - C(resumed) resume the node if, and only if, this change drained it.
+      - C(drained) lease and drain (or confirm this change's lease) and wait for running jobs to end.
+      - C(resumed) give the node back if, and only if, this change holds its lease.
       - C(query) read the node's state, drain reason and running jobs; never changes anything.
     type: str
     choices: [drained, resumed, query]
     default: drained
   change_id:
     description:
-      - The change id; the drain reason starts with C(k3fleet:<change_id>), which is how a later resume knows
-        the drain is ours. Letters, digits, C(.), C(_) and C(-), at most 64 characters.
+      - The change id; the lease starts with C(k3fleet:<change_id>). Letters, digits, C(.), C(_) and C(-), at most
+        64 characters.
       - Required unless I(state=query); with C(query) it decides the reported I(owner).
     type: str
-  operator:
-    description: Who runs the change; written into the drain reason after the prefix.
-    type: str
   reason:
-    description: Free text after the prefix (and operator) in the drain reason.
+    description:
+      - The lease, whole, as the controller wrote it, for example C(k3fleet:CHG-1042 alice - NVIDIA driver change)
+        with the change id after C(k3fleet:). Required with I(state=drained).
     type: str
-    default: NVIDIA driver change
   wait:
     description: Wait for running jobs to end after draining. Without it the module returns once the drain is set.
     type: bool
@@ -67,6 +70,10 @@ options:
     description: Seconds between two reads of the node while waiting.
     type: float
     default: 10
+  settle:
+    description: Seconds between setting the lease and reading it back to confirm that no other change took the node.
+    type: float
+    default: 2
   force:
     description:
       - Cancel (C(scancel)) the jobs still running on the node when I(wait_timeout) has passed, then wait up to
@@ -110,17 +117,17 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Drain the node for change CHG-1042, waiting up to an hour for its jobs
+- name: Lease and drain the node for change CHG-1042, waiting up to an hour for its jobs
   k3fleet_slurm_node:
     node: gpu017
     state: drained
     change_id: CHG-1042
-    operator: alice
+    reason: "k3fleet:CHG-1042 alice: NVIDIA driver change"
     wait_timeout: 3600
   delegate_to: slurm-login01
   register: drain
 
-- name: Return the node to service only if this change drained it
+- name: Return the node to service only if this change holds its lease
   k3fleet_slurm_node:
     node: gpu017
     state: resumed
@@ -148,8 +155,9 @@ k3fleet:
       sample: gpu017
     decision:
       description:
-        - C(drain) (drained now), C(ours) (already drained for this change), C(other) (drained, down or failed
-          by someone else, left alone), C(resume), C(not_drained), C(not_ours), or C(query).
+        - C(drain) (leased and drained now), C(ours) (already leased by this change), C(adopt) (drained by someone
+          else, leased on top of their reason), C(held) (another change's lease, left alone), C(other) (down or
+          failed without a drain, left alone), C(resume), C(restore), C(not_drained), C(not_ours), or C(query).
       returned: always
       type: str
       sample: drain
@@ -158,14 +166,24 @@ k3fleet:
       returned: always
       type: str
       sample: ours
+    holder:
+      description: The change id holding the node when it is another change's (C(held)), else null.
+      returned: always
+      type: str
+      sample: null
     drained_by_us:
-      description: True when the node is drained for this change, so that this change may resume it later.
+      description: True when this change took the node out of service, so that it may return it later.
+      returned: always
+      type: bool
+      sample: true
+    leased:
+      description: True when the node carries this change's lease (C(drain), C(ours), C(adopt)).
       returned: always
       type: bool
       sample: true
     reason:
-      description: The drain reason this change uses.
-      returned: when change_id is given
+      description: The lease this change uses.
+      returned: when reason is given
       type: str
       sample: "k3fleet:CHG-1042 alice: NVIDIA driver change"
     before:
@@ -205,29 +223,33 @@ from ansible.module_utils.basic import AnsibleModule
 
 try:
     from ansible.module_utils.k3fleet_cmd import NodeReader
-    from ansible.module_utils.k3fleet_module import RESULT_KEY
-    from ansible.module_utils.k3fleet_slurm import (
-        SlurmError,
-        SlurmNode,
-        drain_complete,
-        drain_reason,
-        plan_drain,
-        plan_resume,
-        reason_owner,
-        valid_change_id,
+    from ansible.module_utils.k3fleet_lease import (
+        adopted_text,
+        check_lease,
+        lease_holder,
+        lease_id,
+        lease_owner,
+        previous_reason,
     )
+    from ansible.module_utils.k3fleet_module import RESULT_KEY
+    from ansible.module_utils.k3fleet_slurm import SlurmError, SlurmNode, drain_complete, plan_drain, plan_resume
 except ImportError:  # imported from the controller package (unit tests)
     from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+    from k3fleet.ansible.module_utils.k3fleet_lease import (
+        adopted_text,
+        check_lease,
+        lease_holder,
+        lease_id,
+        lease_owner,
+        previous_reason,
+    )
     from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
     from k3fleet.ansible.module_utils.k3fleet_slurm import (
         SlurmError,
         SlurmNode,
         drain_complete,
-        drain_reason,
         plan_drain,
         plan_resume,
-        reason_owner,
-        valid_change_id,
     )
 
 # After `state=resume` slurmctld may show IDLE+NOT_RESPONDING for a ping or two; DRAIN goes at once.
@@ -257,14 +279,16 @@ class Run:
         self.reader = NodeReader(path=p["path"], timeout=p["timeout"], env=env)
         self.slurm = SlurmNode(self.reader, p["node"], query=p["query"])
         self.change_id = p["change_id"]
+        # True once this run wrote the node's reason: a lease lost afterwards is still a change made.
+        self.wrote = False
         self.actions = []
         self.result = {
-            "node": p["node"], "decision": None, "owner": None, "drained_by_us": False,
-            "before": None, "after": None, "waited_s": 0.0, "jobs_cancelled": [],
+            "node": p["node"], "decision": None, "owner": None, "holder": None, "drained_by_us": False,
+            "leased": False, "before": None, "after": None, "waited_s": 0.0, "jobs_cancelled": [],
             "commands": self.reader.commands,
         }
-        if self.change_id:
-            self.result["reason"] = drain_reason(self.change_id, p["reason"], p["operator"])
+        if p["reason"]:
+            self.result["reason"] = p["reason"]
 
     def fail(self, msg):
         self.module.fail_json(msg=msg, actions=self.actions, **{RESULT_KEY: self.result})
@@ -283,12 +307,20 @@ class Run:
 
     def done(self, changed):
         r = self.result
-        r["owner"] = reason_owner((r["after"] or {}).get("reason"), self.change_id)
+        r["owner"] = lease_owner((r["after"] or {}).get("reason"), self.change_id)
         kwargs = {"changed": changed, "actions": self.actions, RESULT_KEY: r}
         if self.module._diff:
             kwargs["diff"] = {"before_header": "slurm node %s" % r["node"], "after_header": "slurm node %s" % r["node"],
                               "before": _show(r["before"]), "after": _show(r["after"])}
         self.module.exit_json(**kwargs)
+
+    def held(self, status, why):
+        """Another change holds the node: report it and touch nothing more."""
+        r = self.result
+        r.update(decision="held", holder=lease_holder(status["reason"]), drained_by_us=False, leased=False,
+                 after=status)
+        self.actions.append("left as it is: %s (reason: %s)" % (why, status["reason"]))
+        self.done(self.wrote)
 
     # -- drained ---------------------------------------------------------
     def drain(self):
@@ -298,27 +330,42 @@ class Run:
         decision = plan_drain(before, self.change_id)
         r["decision"] = decision
         r["drained_by_us"] = decision in ("drain", "ours")
-        changed = False
-        if decision == "drain":
-            self.actions.append("scontrol update nodename=%s state=drain reason=%s" % (p["node"], _quote(r["reason"])))
-            if not self.module.check_mode:
-                self.act(self.slurm.drain, r["reason"])
-            changed = True
+        r["leased"] = decision in ("drain", "ours", "adopt")
+        if decision == "held":
+            self.held(before, "held by change %s" % lease_holder(before["reason"]))
+        changed = decision in ("drain", "adopt")
+        lease = p["reason"] if decision != "adopt" else adopted_text(p["reason"], before["reason"])
+        if changed:
+            self.actions.append("scontrol update nodename=%s state=drain reason=%s" % (p["node"], _quote(lease)))
         elif decision == "other":
             self.actions.append("left as it is: %s by someone else (reason: %s)" % (
                 before["state"], before["reason"] or "none"))
         if self.module.check_mode:
             after = dict(before)
-            if decision == "drain":
-                after.update(drain=True, unavailable=True, reason=r["reason"],
-                             state="draining" if before["jobs_running"] else "drained")
+            if changed:
+                after.update(drain=True, unavailable=True, reason=lease,
+                             state=before["state"] if decision == "adopt" else (
+                                 "draining" if before["jobs_running"] else "drained"))
             if before["jobs_running"] and p["wait"]:
                 self.actions.append("would wait up to %ss for %d running job(s): %s" % (
                     p["wait_timeout"], before["jobs_running"], ",".join(before["job_ids"] or [])))
             r["after"] = after
             self.done(changed)
+        if changed:
+            self.act(self.slurm.drain, lease)
+            self.wrote = True
+            self.confirm()
         r["after"] = self.wait() if p["wait"] else self.read()
         self.done(changed)
+
+    def confirm(self):
+        """Read the lease back once the other controllers' writes would have landed."""
+        time.sleep(max(0.0, self.module.params["settle"]))
+        status = self.read(with_jobs=False)
+        if lease_owner(status["reason"], self.change_id) == "k3fleet":
+            self.held(status, "another change took the node at the same moment (held by change %s)"
+                      % lease_holder(status["reason"]))
+        return status
 
     def wait(self):
         p, r = self.module.params, self.result
@@ -332,6 +379,13 @@ class Run:
             if not status["unavailable"]:
                 self.fail("node %s was returned to service (state %s) while k3fleet waited for its jobs; "
                           "someone resumed it: drain it again or find out who" % (p["node"], status["state"]))
+            owner = lease_owner(status["reason"], self.change_id)
+            if owner == "k3fleet":
+                self.held(status, "another change took the node while this one waited for its jobs (held by "
+                                  "change %s)" % lease_holder(status["reason"]))
+            if r["leased"] and owner != "ours":
+                self.fail("node %s: the drain reason changed to %r while k3fleet waited for its jobs; someone "
+                          "else took the node: find out who before changing it" % (p["node"], status["reason"]))
             if drain_complete(status):
                 if r["waited_s"] >= 1:
                     self.actions.append("waited %ds for running jobs to end" % r["waited_s"])
@@ -363,6 +417,8 @@ class Run:
         decision = plan_resume(before, self.change_id)
         r["decision"] = decision
         r["drained_by_us"] = decision == "resume"
+        r["holder"] = lease_holder(before["reason"]) if lease_owner(before["reason"], self.change_id) == "k3fleet" \
+            else None
         if decision == "not_drained":
             r["after"] = before
             self.done(False)
@@ -370,6 +426,16 @@ class Run:
             self.actions.append("left drained: the reason is not this change's (%s)" % (before["reason"] or "none"))
             r["after"] = before
             self.done(False)
+        if decision == "restore":
+            previous = previous_reason(before["reason"])
+            self.actions.append("scontrol update nodename=%s state=drain reason=%s (the drain was someone else's: "
+                                "their reason is put back, the node stays drained)" % (p["node"], _quote(previous)))
+            if self.module.check_mode:
+                r["after"] = dict(before, reason=previous)
+                self.done(True)
+            self.act(self.slurm.drain, previous)
+            r["after"] = self.read(with_jobs=False)
+            self.done(True)
         self.actions.append("scontrol update nodename=%s state=resume" % p["node"])
         if self.module.check_mode:
             after = dict(before)
@@ -391,7 +457,10 @@ class Run:
 
     def query(self):
         status = self.read()
+        owner = lease_owner(status["reason"], self.change_id)
         self.result.update(decision="query", before=status, after=status,
+                           holder=lease_holder(status["reason"]) if owner == "k3fleet" else None,
+                           leased=owner == "ours",
                            drained_by_us=plan_resume(status, self.change_id) == "resume" if self.change_id else False)
         self.done(False)
 
@@ -400,11 +469,11 @@ ARGUMENT_SPEC = dict(
     node=dict(type="str", required=True),
     state=dict(type="str", default="drained", choices=["drained", "resumed", "query"]),
     change_id=dict(type="str"),
-    operator=dict(type="str"),
-    reason=dict(type="str", default="NVIDIA driver change"),
+    reason=dict(type="str"),
     wait=dict(type="bool", default=True),
     wait_timeout=dict(type="int", default=3600),
     poll_interval=dict(type="float", default=10.0),
+    settle=dict(type="float", default=2.0),
     force=dict(type="bool", default=False),
     cancel_grace=dict(type="int", default=120),
     query=dict(type="str", default="scontrol", choices=["scontrol", "sinfo_json"]),
@@ -417,18 +486,21 @@ ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        required_if=[("state", "drained", ("change_id",)), ("state", "resumed", ("change_id",))],
+        required_if=[("state", "drained", ("change_id", "reason")), ("state", "resumed", ("change_id",))],
         supports_check_mode=True,
     )
     p = module.params
     node = (p["node"] or "").strip()
     if not node or any(ch.isspace() or ch in ",[]" for ch in node):
         module.fail_json(msg="node must be one Slurm NodeName, got %r" % p["node"])
-    if p["change_id"] is not None and not valid_change_id(p["change_id"]):
-        module.fail_json(msg="change_id %r is not valid: letters, digits, '.', '_' and '-', at most 64 characters, "
-                             "starting with a letter or digit" % p["change_id"])
+    if p["change_id"] is not None:
+        why = check_lease(p["change_id"], p["reason"] if p["reason"] is not None else lease_id(p["change_id"]))
+        if why:
+            module.fail_json(msg=why)
     if p["poll_interval"] <= 0:
         module.fail_json(msg="poll_interval must be positive, got %s" % p["poll_interval"])
+    if p["settle"] < 0:
+        module.fail_json(msg="settle must be 0 or more, got %s" % p["settle"])
     run = Run(module)
     if p["state"] == "drained":
         run.drain()

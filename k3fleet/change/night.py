@@ -1,0 +1,334 @@
+"""The change night: gate -> playbooks/change_night.yml (canary, then the waves) -> run directory.
+
+``run_upgrade`` validates the request, takes the state directory's lock, runs a fresh audit,
+plans the batches and hands the playbook everything as values (lease, per-host package plans,
+slot gate, timeouts from the target). ``execute`` runs the play (shared with the resume) and
+reads the journal once, afterwards, to say what happened to every host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3fleet.change.gate import (
+    NothingToChange,
+    UpgradeOptions,
+    accepted_blocked,
+    audit_reasons,
+    check_accept_found,
+    check_accept_patterns,
+    check_max_unavailable,
+    finding_ids,
+    fresh_audit,
+    held_by_others,
+    host_plans,
+    plan_batches,
+    resolve_max_unavailable,
+)
+from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
+from k3fleet.change.lock import NightLock, PlayGuard
+from k3fleet.change.record import CHANGE_FILE, ChangeRecord
+from k3fleet.change.timing import ChangeRecorder, host_timings
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.evidence import RunDir, sha256_file, verify_run
+from k3fleet.inventory import inventory_hosts, refuse_simulated
+from k3fleet.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, summarize
+from k3fleet.runner import Observer, PlayResult, run_playbook
+
+
+@dataclass
+class ChangeResult:
+    run_dir: RunDir
+    change: dict[str, Any]
+    play: PlayResult | None
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    check: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    exit_code: int = EXIT_OK
+    message: str = ""
+
+
+def change_timeouts(target: Any, opts: UpgradeOptions) -> dict[str, int]:
+    """Every timeout of the night, in seconds, from the target (``change`` section) unless the
+    command line says otherwise."""
+    c = target.change
+    out = {"drain": opts.drain_timeout if opts.drain_timeout is not None else c.drain_timeout_s,
+           "reboot": c.reboot_timeout_s, "fabricmanager_settle": c.fabricmanager_settle_s,
+           "command": c.command_timeout_s,
+           "audit_max_age": opts.audit_max_age if opts.audit_max_age is not None else c.audit_max_age_s,
+           "lease_ttl": c.lease_ttl_s}
+    # How long a host waits for a slot: one other host's whole change, with room for Ansible itself.
+    out["slot_wait"] = out["drain"] + out["reboot"] + out["fabricmanager_settle"] + 10 * out["command"]
+    return {k: int(v) for k, v in out.items()}
+
+
+def real_ansible_playbook() -> str:
+    """The ansible-playbook the play would start (the running interpreter's first)."""
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("ansible-playbook")
+    if found is None:
+        raise UsageError("ansible-playbook not found on PATH: install ansible-core in this environment")
+    return found
+
+
+@contextlib.contextmanager
+def night_lock(opts: UpgradeOptions, kind: str, change_id: str | None, operator: str | None
+               ) -> Iterator[NightLock | None]:
+    """The state directory's lock for a night that changes nodes; none for --check (it changes nothing)."""
+    if opts.check:
+        yield None
+        return
+    with NightLock(opts.runs_dir, kind=kind, change_id=change_id, operator=operator) as lock:
+        yield lock
+
+
+def validate_request(opts: UpgradeOptions) -> tuple[str, str, str | None, list[str]]:
+    """Everything about the command line that can be refused before anything runs."""
+    from k3fleet.verdict.catalogue import CHECKS
+
+    change_id = validate_change_id(opts.change_id)
+    operator = validate_operator(opts.operator)
+    if opts.failure_budget < 0:
+        raise UsageError(f"--failure-budget must be 0 or more, got {opts.failure_budget}")
+    max_arg = check_max_unavailable(opts.max_unavailable)
+    accept = check_accept_patterns(opts.accept_findings, CHECKS) if opts.accept_findings else []
+    return change_id, operator, max_arg, accept
+
+
+def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | None = None,
+                cancel: threading.Event | None = None) -> ChangeResult:
+    """The change night, or its continuation with ``opts.resume``. Never raises for host failures:
+    they are in the result, the journal and the exit code."""
+    from k3fleet.targets import load_target
+
+    change_id, operator, max_arg, accept = validate_request(opts)
+    target = load_target(opts.target)
+    if opts.resume is not None:
+        from k3fleet.change.resume import run_resume
+
+        return run_resume(opts, change_id, operator, accept, argv, observer, cancel, target)
+    # --check only simulates (apt-get -s): a lab host may be checked, never changed.
+    (inventory_hosts if opts.check else refuse_simulated)(opts.inventory, opts.limit)
+    with night_lock(opts, "change night", change_id, operator) as lock:
+        rd = RunDir.create(opts.runs_dir, "change", argv, out=opts.out)
+        if lock is not None:
+            lock.set_run(rd.path)
+        rd.copy_inventory(opts.inventory)
+        audit = fresh_audit(opts, argv, rd.path / "audit", opts.limit, observer, cancel)
+        plan: dict[str, Any] = audit.verdict.plan.model_dump(mode="json")
+        check_accept_found(accept, finding_ids(audit.verdict), f"the audit {rd.path / 'audit'}")
+        target_version = opts.target_version or plan["target_version"]
+        if str(target_version).split(".")[0] != str(plan["target_branch"]):
+            raise UsageError(f"--target-version {target_version} is not in branch R{plan['target_branch']} that "
+                             "the audit planned for")
+        held = held_by_others(audit_reasons(audit), change_id)
+        try:
+            canary, waves = plan_batches(plan, opts.canary, opts.waves, accept, held)
+        except NothingToChange as exc:
+            return _nothing(rd, opts, operator, plan, target_version, held, exc)
+        hosts = [canary] + [h for w in waves for h in w]
+        serial = [1] + [len(w) for w in waves]
+        timeouts = change_timeouts(target, opts)
+        record = ChangeRecord(
+            change_id=change_id, operator=operator, target_version=target_version,
+            target_branch=plan["target_branch"], canary=canary, waves=waves, with_waves=opts.waves, check=opts.check,
+            failure_budget=opts.failure_budget, max_unavailable_arg=max_arg,
+            max_unavailable=resolve_max_unavailable(max_arg, len(audit.verdict.hosts), serial),
+            drain_timeout=int(timeouts["drain"]), force=opts.force, audit_max_age=int(timeouts["audit_max_age"]),
+            audit=str((rd.path / "audit" / "verdict.json").resolve()), inventory=str(opts.inventory),
+            blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
+            accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
+            timeouts=timeouts, image=target.image.ref)
+        rd.write_json(CHANGE_FILE, record.model_dump(mode="json"))
+        skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
+        ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / "audit")
+        # What the night is planned from, fixed before the play: a resume checks it.
+        rd.write_manifest()
+        return execute(rd, record, opts, ev, hosts, "ansible", "events.jsonl", observer, cancel,
+                       journal=None, skipped=skipped)
+
+
+def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Sequence[int], *, audit_dir: Path,
+              snapshots: Mapping[str, Any] | None = None, resume: bool = False,
+              operator: str | None = None) -> dict[str, Any]:
+    """Everything the playbook needs, as values: nothing in it is worked out again in Jinja."""
+    verify_run(audit_dir).raise_if_bad()
+    t = record.timeouts
+    lease = Lease.build(record.change_id, operator or record.operator, DRAIN_TEXT, int(t["lease_ttl"]))
+    ev: dict[str, Any] = {
+        "k3fleet_change_id": record.change_id,
+        "k3fleet_operator": operator or record.operator,
+        "k3fleet_run_id": rd.path.name,
+        "k3fleet_journal": str((rd.path / JOURNAL_FILE).resolve()),
+        "k3fleet_change_hosts": list(hosts),
+        "k3fleet_serial": list(serial),
+        "k3fleet_canary": record.canary,
+        "k3fleet_lease": lease.extravar(),
+        "k3fleet_gate": {"max_unavailable": record.max_unavailable, "failure_budget": record.failure_budget,
+                         "canary": record.canary, "wait_timeout": t["slot_wait"]},
+        "k3fleet_hosts": {h: record.hosts[h].model_dump(mode="json") for h in hosts},
+        "k3fleet_timeouts": {k: t[k] for k in ("drain", "reboot", "fabricmanager_settle", "command")},
+        "k3fleet_drain_force": record.force,
+        "k3fleet_image": record.image,
+        "k3fleet_audit": str((audit_dir / "verdict.json").resolve()),
+        "k3fleet_audit_sha256": sha256_file(audit_dir / "verdict.json"),
+        "k3fleet_audit_max_age": record.audit_max_age,
+        "k3fleet_resume": resume,
+        "k3fleet_accepted_blocked": list(record.accepted_blocked),
+    }
+    if snapshots:
+        ev["k3fleet_snapshots"] = dict(snapshots)
+    return ev
+
+
+def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str, Any], target_version: str,
+             held: Mapping[str, str], exc: NothingToChange) -> ChangeResult:
+    """A second night over a done fleet changes nothing and says so (exit 0; 1 when hosts are blocked)."""
+    change = {"change_id": opts.change_id, "operator": operator, "target_version": target_version,
+              "target_branch": plan["target_branch"], "canary": None, "waves": [], "check": opts.check,
+              "done": plan.get("done") or [], "blocked": plan.get("blocked") or [], "held": dict(held)}
+    rd.write_json(CHANGE_FILE, change)
+    result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
+    rd.write_json("run.json", {"status": "nothing_to_do", "exit_code": result.exit_code, "message": result.message,
+                               "hosts": {}, "done": change["done"], "blocked": change["blocked"],
+                               "held": change["held"]})
+    rd.write_manifest()
+    return result
+
+
+def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str, Any], hosts: Sequence[str],
+            private: str, events_file: str, observer: Observer | None, cancel: threading.Event | None, *,
+            journal: Journal | None, skipped: Mapping[str, str] | None = None,
+            report_hosts: Sequence[str] | None = None) -> ChangeResult:
+    """Run change_night.yml and sum it up. ``journal`` is the journal as read before the play (a
+    resume); the play's own lines are added from its events, so the file is read once per run."""
+    recorder = ChangeRecorder(inner=observer or Observer())
+    with PlayGuard(opts.runs_dir, f"{rd.path.name}-{private}", real_ansible_playbook()):
+        play = run_playbook("change_night.yml", opts.inventory, rd.path / private, extravars=ev,
+                            forks=opts.forks, check=opts.check, observer=recorder, cancel=cancel,
+                            host_key_checking=opts.host_key_checking)
+    rd.write_jsonl(events_file, play.events)
+    change = record.model_dump(mode="json")
+    result = ChangeResult(run_dir=rd, change=change, play=play, skipped=dict(skipped or {}))
+    if opts.check:
+        result.check = check_reports(play, hosts)
+        rd.write_json("check.json", result.check)
+    path = rd.path / JOURNAL_FILE
+    if journal is None:
+        journal = read_journal(path) if path.exists() else Journal(path=path)
+    else:
+        journal.extend(recorder.lines)
+    summarize_hosts(result, report_hosts or hosts, recorder, journal)
+    finish(result, journal)
+    return result
+
+
+def check_reports(play: PlayResult, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per host, what ``--check`` says the night would do (the playbook's ``k3fleet.check``), or why not."""
+    found = {h: data["check"] for h, data in play.results_with_key().items()
+             if isinstance(data, dict) and isinstance(data.get("check"), dict)}
+    out: dict[str, dict[str, Any]] = {}
+    for host in hosts:
+        if host in found:
+            out[host] = found[host]
+            continue
+        last = play.last(host)
+        if last is not None and last.status == "ok":
+            out[host] = {"noop": True, "why": "already on the target: nothing to drain or install"}
+        else:
+            status = last.status if last else ("interrupted" if play.interrupted else "not reached")
+            # The first failure is the cause; later ones are the rescue's own "stop here".
+            failing = next((o for o in play.hosts.get(host, []) if o.status in
+                            ("failed", "unreachable", "timeout")), last)
+            out[host] = {"error": f"{status}: {failing.task if failing else '-'}: "
+                                  f"{(failing.message if failing else None) or 'no message'}"}
+    return out
+
+
+def summarize_hosts(result: ChangeResult, hosts: Sequence[str], recorder: ChangeRecorder, journal: Journal) -> None:
+    play = result.play
+    histories = replay_journal(journal)
+    result.problems.extend(journal.problems)
+    result.problems.extend(f"{journal.path}: byte {t['offset']}: a torn line ({t['length']} bytes) was "
+                           "terminated before the next append" for t in recorder.torn)
+    summary = summarize(histories)
+    failed_any = any(h.outcome in ("failed", "rolled_back") for h in histories.values())
+    for host in hosts:
+        entry = summary.get(host) or {"outcome": "not_started", "stage": None, "stages": []}
+        last = play.last(host) if play else None
+        if host in recorder.gate and entry["outcome"] in ("not_started", "upgraded", "held"):
+            entry = {"outcome": "not_started", "stage": entry.get("stage"), "stages": entry.get("stages", []),
+                     "failure": f"stopped before its drain: {recorder.gate[host]}"}
+        elif entry["outcome"] == "not_started" and last is not None and last.status in ("failed", "unreachable",
+                                                                                            "timeout"):
+            entry["failure"] = f"{last.status}: {last.task}: {last.message or 'no message'}"
+        elif entry["outcome"] == "not_started" and failed_any:
+            entry["failure"] = "not started: the waves stopped after a failure"
+        if host in histories and histories[host].entries:
+            entry["timing"] = host_timings(histories[host], recorder.span.get(host))
+        summary[host] = entry
+    result.hosts = {h: summary[h] for h in hosts if h in summary}
+    for h, why in result.skipped.items():
+        kind = why.split(" ", 1)[0].rstrip(":")
+        outcome = {"held": "held", "refused": "refused"}.get(kind, "skipped")
+        row = result.hosts.get(h) or {"stage": None, "stages": []}
+        result.hosts[h] = {**row, "outcome": outcome, "failure": why}
+
+
+def finish(result: ChangeResult, journal: Journal | None) -> None:
+    rd, play = result.run_dir, result.play
+    outcomes = [h.get("outcome") for h in result.hosts.values()]
+    held = [h for h, s in result.hosts.items() if s.get("outcome") == "held"]
+    if play is not None and play.interrupted:
+        result.exit_code = EXIT_INCOMPLETE
+        result.message = result.message or "interrupted: resume with --resume " + str(rd.path)
+    elif result.change.get("check"):
+        bad = [h for h, r in result.check.items() if "error" in r]
+        unreachable = [h for h, r in result.check.items() if str(r.get("error", "")).startswith("unreachable")]
+        result.exit_code = EXIT_INCOMPLETE if unreachable else (EXIT_FAILED if bad else EXIT_OK)
+        result.message = result.message or (f"check: {len(result.check) - len(bad)} host(s) planned, "
+                                             f"{len(bad)} could not be planned")
+    elif any(o in ("failed", "rolled_back") for o in outcomes):
+        result.exit_code = EXIT_FAILED
+        failed = [h for h, s in result.hosts.items() if s.get("outcome") in ("failed", "rolled_back")]
+        result.message = f"change failed on {', '.join(failed)}: waves stopped, see {rd.path / JOURNAL_FILE}"
+    elif held:
+        result.exit_code = EXIT_INCOMPLETE
+        holders = ", ".join(f"{h} ({result.hosts[h].get('failure')})" for h in held)
+        result.message = result.message or f"{len(held)} host(s) held by other changes, not touched: {holders}"
+    elif any(o in ("in_progress", "not_started", "refused") for o in outcomes) or (
+            play is not None and play.status != "successful" and not outcomes):
+        result.exit_code = EXIT_INCOMPLETE
+        result.message = result.message or "some hosts did not finish: resume with --resume " + str(rd.path)
+    else:
+        result.exit_code = EXIT_OK
+        result.message = result.message or f"{len(outcomes)} host(s) on {result.change.get('target_version')}"
+    rd.write_json("run.json", {
+        "status": ("interrupted" if play is not None and play.interrupted else
+                   (play.status if play is not None else "nothing_to_do")),
+        "ansible_rc": play.rc if play is not None else None,
+        "exit_code": result.exit_code,
+        "message": result.message,
+        "hosts": result.hosts,
+        "skipped": result.skipped,
+        "journal_problems": result.problems,
+        "wall_s": round(play.wall_s, 3) if play is not None else 0.0,
+        "controller_cpu_s": round(play.cpu_s, 3) if play is not None else 0.0,
+        "ansible_stats": play.stats if play is not None else {},
+    })
+    if journal is not None:
+        # Each host's pre-change snapshot as its own file too: readable without parsing the journal.
+        for host, h in replay_journal(journal).items():
+            if h.snapshot is not None:
+                rd.write_json(RunDir.host_file("snapshots", host), h.snapshot)
+    rd.write_manifest()
