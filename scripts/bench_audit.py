@@ -1,66 +1,265 @@
 """Benchmark: the full audit against a one-command Ansible baseline on the same lab hosts.
 
-For each fleet size, generate the lab fleet once, then time, side by side:
+Two modes, figures only (no assertions), side by side in one run with the ratio:
+
+local (default): the simulated lab over Ansible's local connection. For each size, time
   baseline: ansible -m ansible.builtin.command -a 'cat <root>/proc/driver/nvidia/version'
   audit:    k3fleet audit --lab (same hosts, same forks)
-and print wall time, controller CPU per host (user+sys of the whole process tree, which on the
-local connection includes the module runs) and the audit/baseline ratio. No assertions: figures.
+  controller CPU is the whole process tree, which on the local connection includes the modules.
+
+--ssh (root): the SSH lab fleet (k3fleet lab ssh-fleet: one network namespace and sshd per host).
+  For each size the fleet comes up once (its start-up time and memory are reported), then the
+  same two runs go through real SSH with pipelining and ControlPersist, each from cold
+  connections (every ControlPersist master of the previous run is closed first). Per run:
+    controller CPU: the run's process tree plus its ssh ControlPersist masters (this process is a
+      child subreaper, so the masters that detach are reparented here and reaped when closed);
+    node CPU: the sshd listeners with their reaped sessions and modules (read from /proc);
+  both include nothing of the other side. --mitogen adds the same two runs under Mitogen's
+  mitogen_linear strategy. Use the same --forks for every run: the ratio is at equal forks.
 
     python scripts/bench_audit.py --sizes 50 200 1000 --forks 10
+    python scripts/bench_audit.py --ssh --sizes 50 200 --forks 20 --mitogen
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import json
 import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from k3fleet.lab.fleet import generate_fleet, load_fleet
 from k3fleet.runner import ansible_env
 
+PR_SET_CHILD_SUBREAPER = 36
 
-def _measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float
+    rc: int
+    node_cpu: float | None = None
+    detail: str = ""
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _reap_adopted() -> None:
+    """Collect exited orphans adopted as subreaper (their CPU then counts in RUSAGE_CHILDREN)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
+    before = _children_cpu()
     t0 = time.monotonic()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          check=False)
+    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     wall = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    after = _children_cpu()
     if proc.returncode not in (0, 1, 3, 4):
         sys.stderr.write(f"{argv[0]} exited {proc.returncode}: {proc.stderr[-800:]}\n")
-    return wall, cpu, proc.returncode
+    return wall, after - before, proc.returncode, proc.stderr
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000])
-    ap.add_argument("--forks", type=int, default=10)
-    args = ap.parse_args()
+def _baseline_argv(bindir: Path, inventory: Path, forks: int) -> list[str]:
+    return [str(bindir / "ansible"), "all", "-i", str(inventory), "-f", str(forks), "-o",
+            "-m", "ansible.builtin.command", "-a", "cat {{ k3fleet_root }}/proc/driver/nvidia/version"]
+
+
+def _row(n: int, name: str, r: Run) -> None:
+    node = f"{r.node_cpu:>8.1f} {r.node_cpu / n:>9.3f}" if r.node_cpu is not None else f"{'':>8} {'':>9}"
+    util = r.cpu / r.wall if r.wall else 0.0
+    print(f"{n:>6} {name:<17} {r.wall:>7.1f} {r.cpu:>8.1f} {r.cpu / n:>9.3f} {util:>5.2f} {node} {r.rc:>3}  {r.detail}")
+    sys.stdout.flush()
+
+
+def _header() -> None:
+    print(f"{'hosts':>6} {'run':<17} {'wall s':>7} {'ctl cpu':>8} {'ctl/host':>9} {'util':>5} "
+          f"{'node cpu':>8} {'node/host':>9} {'rc':>3}")
+
+
+def _ratio(n: int, name: str, audit: Run, base: Run) -> None:
+    print(f"{n:>6} {name:<17} {audit.wall / base.wall:>7.2f} {audit.cpu / base.cpu:>8.2f}   "
+          "(audit / baseline: wall, controller CPU)")
+    sys.stdout.flush()
+
+
+def bench_local(sizes: list[int], forks: int) -> None:
     bindir = Path(sys.executable).parent
     env = {**os.environ, **ansible_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     spec = load_fleet(None)
-    print(f"{'hosts':>6} {'run':<9} {'wall s':>8} {'cpu s':>8} {'cpu/host s':>10} {'rc':>3}")
-    for n in args.sizes:
+    _header()
+    for n in sizes:
         with tempfile.TemporaryDirectory(prefix="k3fleet-bench-") as tmp:
             t0 = time.monotonic()
             inv = generate_fleet(spec, Path(tmp) / "fleet", count=n)
             gen = time.monotonic() - t0
-            base = _measure([str(bindir / "ansible"), "all", "-i", str(inv), "-f", str(args.forks), "-o",
-                             "-m", "ansible.builtin.command",
-                             "-a", "cat {{ k3fleet_root }}/proc/driver/nvidia/version"], env)
-            audit = _measure([str(bindir / "k3fleet"), "audit", "--lab", "--lab-count", str(n), "--forks",
-                              str(args.forks), "--quiet", "--out", str(Path(tmp) / "run")], env)
-            for name, (wall, cpu, rc) in (("baseline", base), ("audit", audit)):
-                print(f"{n:>6} {name:<9} {wall:>8.1f} {cpu:>8.1f} {cpu / n:>10.3f} {rc:>3}")
-            print(f"{n:>6} {'ratio':<9} {audit[0] / base[0]:>8.2f} {audit[1] / base[1]:>8.2f}"
-                  f"   (lab generation {gen:.1f}s, inside the audit run too)")
-            sys.stdout.flush()
+            w, c, rc, _ = _measure(_baseline_argv(bindir, inv, forks), env)
+            base = Run(w, c, rc)
+            w, c, rc, _ = _measure([str(bindir / "k3fleet"), "audit", "--lab", "--lab-count", str(n), "--forks",
+                                    str(forks), "--quiet", "--out", str(Path(tmp) / "run")], env)
+            audit = Run(w, c, rc, detail=f"lab generation {gen:.1f}s, inside the audit run too")
+            _row(n, "baseline", base)
+            _row(n, "audit", audit)
+            _ratio(n, "ratio", audit, base)
+
+
+# -- SSH mode -----------------------------------------------------------------------------------
+
+
+def _mitogen_strategy_dir() -> str | None:
+    try:
+        import ansible_mitogen  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    path = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return str(path) if path.is_dir() else None
+
+
+def _sessions_closed(workdir: Path, timeout: float = 20.0) -> None:
+    """Wait until no sshd listener has a live child: their sessions' CPU is then in its cutime."""
+    from k3fleet.lab import sshfleet
+    from k3fleet.lab.testbed import proc
+
+    listeners = set(sshfleet.sshd_pids(workdir).values())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = False
+        for pid in proc.all_pids():
+            stat = proc.read_stat(pid)
+            if stat is not None and stat[1] in listeners and stat[0] not in ("Z", "X"):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.2)
+
+
+def _ssh_run(argv: list[str], env: dict[str, str], workdir: Path) -> Run:
+    from k3fleet.lab import sshfleet
+
+    sshfleet.close_ssh_clients()
+    _reap_adopted()
+    _sessions_closed(workdir)
+    node0 = sshfleet.node_cpu_seconds(workdir)
+    cpu0 = _children_cpu()
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    # The run's ControlPersist masters are part of its controller cost: close them, reap them here.
+    sshfleet.close_ssh_clients()
+    _reap_adopted()
+    cpu = _children_cpu() - cpu0
+    _sessions_closed(workdir)
+    node = sshfleet.node_cpu_seconds(workdir) - node0
+    if proc.returncode not in (0, 1, 3, 4):
+        sys.stderr.write(f"{argv[0]} exited {proc.returncode}: {proc.stderr[-800:]}\n")
+    return Run(wall, cpu, proc.returncode, node, detail=proc.stdout)
+
+
+def _baseline_detail(stdout: str) -> str:
+    ok = sum(1 for line in stdout.splitlines() if " | CHANGED | rc=0 " in line)
+    unreachable = sum(1 for line in stdout.splitlines() if " | UNREACHABLE!" in line)
+    return f"{ok} answered, {unreachable} unreachable"
+
+
+def _audit_detail(run_dir: Path) -> str:
+    try:
+        run = json.loads((run_dir / "run.json").read_text())
+        verdict = json.loads((run_dir / "verdict.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"no run.json/verdict.json: {exc}"
+    return (f"{run.get('hosts_with_facts')} with facts, {len(run.get('unreachable') or {})} unreachable, "
+            f"verdict {verdict.get('outcome')}")
+
+
+def _mem_available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None) -> int:
+    from k3fleet.lab import sshfleet
+
+    if os.geteuid() != 0:
+        sys.stderr.write("bench --ssh: root required (network namespaces, sshd)\n")
+        return 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    strategies = [("linear", None)]
+    if mitogen:
+        sdir = _mitogen_strategy_dir()
+        if sdir is None:
+            sys.stderr.write("bench --ssh --mitogen: mitogen is not installed (pip install -e '.[bench]')\n")
+            return 2
+        strategies.append(("mitogen", sdir))
+    bindir = Path(sys.executable).parent
+    base_env = {**os.environ, **ansible_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="k3fleet-bench-ssh-"))
+    print(f"controller: {os.cpu_count()} CPUs; forks {forks}; node side on the same machine (its CPU apart)")
+    try:
+        for n in sizes:
+            mem0 = _mem_available_mib()
+            state = sshfleet.up(n, wd)
+            st = sshfleet.status(wd)
+            mem = mem0 - _mem_available_mib()
+            print(f"\n{n} SSH hosts up in {state.up_seconds:.1f}s: {st.sshd_running} sshd "
+                  f"({n - st.sshd_expected} hosts unreachable by profile), {mem:.0f} MiB of memory "
+                  f"(sshd resident {st.sshd_rss_mib:.0f} MiB, shared pages counted per process)")
+            _header()
+            for name, sdir in strategies:
+                env = dict(base_env)
+                if sdir is not None:
+                    env.update({"ANSIBLE_STRATEGY_PLUGINS": sdir, "ANSIBLE_STRATEGY": "mitogen_linear"})
+                base = _ssh_run(_baseline_argv(bindir, state.inventory, forks), env, wd)
+                base.detail = _baseline_detail(base.detail)
+                with tempfile.TemporaryDirectory(prefix="k3fleet-bench-run-") as tmp:
+                    out = Path(tmp) / "run"
+                    audit = _ssh_run([str(bindir / "k3fleet"), "audit", "-i", str(state.inventory), "--forks",
+                                      str(forks), "--quiet", "--out", str(out)], env, wd)
+                    audit.detail = _audit_detail(out)
+                _row(n, f"baseline {name}", base)
+                _row(n, f"audit {name}", audit)
+                _ratio(n, f"ratio {name}", audit, base)
+            sshfleet.down(wd)
+    finally:
+        with contextlib.suppress(Exception):
+            sshfleet.down(wd)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="fleet sizes (local: 50 200 1000; ssh: 50 200)")
+    ap.add_argument("--forks", type=int, default=None, help="forks for every run (local: 10; ssh: 20)")
+    ap.add_argument("--ssh", action="store_true", help="the SSH lab fleet instead of the local connection (root)")
+    ap.add_argument("--mitogen", action="store_true", help="with --ssh: also under Mitogen's mitogen_linear strategy")
+    ap.add_argument("--workdir", type=Path, default=None, help="with --ssh: the fleet's work directory")
+    args = ap.parse_args()
+    if args.ssh:
+        return bench_ssh(args.sizes or [50, 200], args.forks or 20, args.mitogen, args.workdir)
+    if args.mitogen:
+        ap.error("--mitogen needs --ssh")
+    bench_local(args.sizes or [50, 200, 1000], args.forks or 10)
     return 0
 
 
