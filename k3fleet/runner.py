@@ -330,6 +330,9 @@ def run_playbook(
                 suppress_env_files=True,
             )
             r.config.env = play_environment(r.config.env, ours)
+            # The play runs where the operator is, as ansible-playbook by hand would: relative paths in
+            # the inventory and on PATH mean what they say (ansible-runner would use its private dir).
+            r.config.cwd = os.getcwd()
             runner_cmd = list(r.config.command or [])
             r.run()
         except KeyboardInterrupt:
@@ -354,7 +357,7 @@ def run_playbook(
             rd.write_text(f"{rel}/stdout.txt", stdout)
             rd.write_json(f"{rel}/runner.json", {
                 "playbook": playbook, "inventory": str(inventory), "limit": limit, "check": check, "forks": forks,
-                "argv": [_private_ref(a, private) for a in runner_cmd], "status": result.status, "rc": result.rc,
+                "argv": _argv_evidence(runner_cmd, private), "status": result.status, "rc": result.rc,
                 "wall_s": round(result.wall_s, 3), "host_key_checking": host_key_checking,
                 "host_key_unchecked_hosts": unchecked,
             })
@@ -383,9 +386,22 @@ def _sweep_private_dirs() -> None:
             continue
 
 
-def _private_ref(arg: str, private: str) -> str:
-    """An argument with the (already removed) private directory's path replaced by a name."""
-    return arg.replace(private, "<private-data-dir>")
+def _argv_evidence(argv: Sequence[str], private: str) -> list[str]:
+    """ansible-playbook's command line as evidence: the private directory named, not pathed, and
+    extra vars by name only (their values are the run's own files: change.json, snapshots/)."""
+    import json
+
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i > 0 and argv[i - 1] in ("-e", "--extra-vars") and arg.lstrip().startswith("{"):
+            try:
+                names = sorted(json.loads(arg))
+            except (ValueError, TypeError):
+                names = []
+            out.append(f"<extra vars: {', '.join(names) or 'not JSON'}>")
+            continue
+        out.append(arg.replace(private, "<private-data-dir>"))
+    return out
 
 
 def _evidence_dir(artifacts_to: RunDir | Path | None, name: str) -> tuple[RunDir, str] | None:

@@ -39,6 +39,7 @@ def audit(
 ) -> None:
     """Audit every node against the target and print the verdict and change plan."""
     from k3fleet.audit import AuditOptions, run_audit
+    from k3fleet.evidence import redact
     from k3fleet.report import terminal
 
     if inventory is None and not lab:
@@ -50,10 +51,11 @@ def audit(
     cancel = cancel_on_interrupt(err, "stopping the play, writing the evidence gathered so far")
     result = run_audit(opts, sys.argv, observer=observer, cancel=cancel)
     if as_json:
-        out.print_json(json.dumps(result.verdict.model_dump(mode="json")))
+        # What stdout shows passes the evidence's redactor: terminals end up in CI logs.
+        out.print_json(json.dumps(redact(result.verdict.model_dump(mode="json"))))
     else:
         terminal.print_audit(out, result)
-    err.print(f"run directory: {result.run_dir.path}")
+    err.print(f"run directory: {result.run_dir.path}", markup=False)
     if result.play.interrupted:
         err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
     raise typer.Exit(result.exit_code)
@@ -69,7 +71,9 @@ def plan(
 
     plan_data = read_audit_plan(run)
     if as_json:
-        out.print_json(json.dumps(plan_data))
+        from k3fleet.evidence import redact
+
+        out.print_json(json.dumps(redact(plan_data)))
     else:
         terminal.print_plan(out, plan_data)
 

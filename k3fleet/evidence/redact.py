@@ -104,9 +104,11 @@ def _keep_quotes(value: str) -> str:
 
 
 def _pair(m: re.Match[str]) -> str:
-    if not is_secret_name(m.group("k")):
-        return m.group(0)
-    return f"{m.group('q')}{m.group('k')}{m.group('q')}{m.group('sep')}{_keep_quotes(m.group('v'))}"
+    head = f"{m.group('q')}{m.group('k')}{m.group('q')}{m.group('sep')}"
+    if is_secret_name(m.group("k")):
+        return head + _keep_quotes(m.group("v"))
+    # A quoted value may carry pairs of its own ({"operator": "alice token=X"}).
+    return head + _PAIR.sub(_pair, m.group("v"))
 
 
 def _option(m: re.Match[str]) -> str:

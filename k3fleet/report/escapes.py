@@ -1,13 +1,16 @@
-"""Node text made safe to display: terminal escapes and control characters removed.
+"""Node text made safe to display: secrets redacted, terminal escapes and control characters removed.
 
 Host names, reasons, messages and versions come from the nodes; a node (or whoever controls
 its output) must not be able to move the cursor, recolour, retitle or hide text on the
-operator's terminal, nor inject Markdown table rows into the report (docs/safety.md).
+operator's terminal, nor inject Markdown table rows into the report; and what the terminal
+shows (often kept in CI logs) passes the same redactor as the evidence (docs/safety.md).
 """
 
 from __future__ import annotations
 
 import re
+
+from k3fleet.evidence.redact import redact_text
 
 # ESC [ ... final (CSI), ESC ] ... BEL/ST (OSC), ESC P/X/^/_ ... ST (DCS, SOS, PM, APC), two-byte ESC
 # sequences, the 8-bit CSI/OSC forms, then every other C0/C1 control and the bidi overrides.
@@ -24,10 +27,10 @@ _NEWLINES = re.compile(r"[\t\n]+")
 
 
 def safe_text(text: object, *, one_line: bool = True) -> str:
-    """``text`` without terminal escapes or control characters (newlines and tabs become spaces
-    when ``one_line``)."""
+    """``text`` redacted, without terminal escapes or control characters (newlines and tabs become
+    spaces when ``one_line``)."""
     s = "" if text is None else str(text)
-    s = _CONTROLS.sub("", _ESCAPES.sub("", s))
+    s = redact_text(_CONTROLS.sub("", _ESCAPES.sub("", s)))
     if one_line:
         s = _NEWLINES.sub(" ", s)
     return s

@@ -407,3 +407,9 @@ def test_problems_name_each_path(tmp_path: Path) -> None:
     (rd.path / "report.md").write_text("tampered")
     (rd.path / "extra.txt").write_text("x")
     assert rd.verify() == ["report.md: changed", "extra.txt: not in the manifest"]
+
+
+def test_pairs_inside_quoted_values_are_redacted() -> None:
+    text = '-e {"k3fleet_operator": "alice token=s3cr3t", "k3fleet_change_id": "CHG-1"}'
+    out = redact_text(text)
+    assert "s3cr3t" not in out and '"k3fleet_change_id": "CHG-1"' in out and "token=***" in out
