@@ -1,0 +1,208 @@
+"""`k3fleet accept load`: the load schedule against an endpoint, with a progress bar and a run directory.
+
+The run directory has the layout of ``accept all`` with only the load probe (docs/acceptance-load.md,
+"Run directory"), so ``decide`` reads it as acceptance evidence. The first Ctrl-C stops the run and
+writes what was measured (exit 3); a second aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from k3fleet.accept.client import Endpoint
+from k3fleet.accept.load import LoadObserver, LoadOptions, run_load
+from k3fleet.accept.record import Recorder
+from k3fleet.accept.result import ProbeResult
+from k3fleet.cli.accept import (
+    ApiKeyEnv,
+    AsJson,
+    BaseUrl,
+    Insecure,
+    Model,
+    Quiet,
+    accept_app,
+    make_endpoint,
+    print_result,
+)
+from k3fleet.cli.app import err
+from k3fleet.errors import UsageError
+from k3fleet.evidence import REDACTED, RunDir
+from k3fleet.interrupt import cancel_on_signals
+
+SCHEMA_VERSION = "1.0"
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"{flag}: {text!r} is not a comma-separated list of integers") from None
+    if not values:
+        raise UsageError(f"{flag}: give at least one value")
+    return values
+
+
+class _Bar(LoadObserver):
+    """A rich progress bar on stderr: one bar per phase, a line per finished step."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.p = progress
+        self.task: Any = None
+        self.counts = "0 requests"
+        self.label = ""
+        self._last = 0.0
+
+    def phase_started(self, phase: str, steps: int) -> None:
+        if self.task is not None:
+            self.p.update(self.task, visible=False)
+        self.task = self.p.add_task(phase, total=steps, status="")
+
+    def step_started(self, phase: str, label: str, seconds: float | None) -> None:
+        self.label = f"{phase}: {label}"
+        self.p.update(self.task, description=self.label)
+
+    def requests(self, done: int, errors: int) -> None:
+        now = time.monotonic()
+        if now - self._last < 0.2:
+            return
+        self._last = now
+        self.p.update(self.task, status=f"{done} requests, {errors} errors")
+
+    def step_finished(self, row: Mapping[str, Any]) -> None:
+        self.p.advance(self.task)
+        ttft = row.get("ttft_p95_s")
+        tt = f"TTFT p95 {ttft:.3f}s" if isinstance(ttft, float) else "TTFT -"
+        wait = row.get("waiting_max")
+        self.p.console.print(f"  {row['phase']:<11} {row['step']:<28} {row['ok']}/{row['requests']} ok  {tt}  "
+                             f"waiting max {wait if wait is not None else '-'}  {row['verdict']}", markup=False,
+                             highlight=False)
+
+    def note(self, message: str) -> None:
+        self.p.console.print(f"  [yellow]{message}[/yellow]")
+
+
+def _scrub(obj: Any, secret: str | None) -> Any:
+    """The key's value out of everything written (the run directory's redactor does names and forms)."""
+    if not secret or len(secret) < 4:
+        return obj
+    if isinstance(obj, str):
+        return obj.replace(secret, REDACTED)
+    if isinstance(obj, Mapping):
+        return {k: _scrub(v, secret) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_scrub(v, secret) for v in obj]
+    return obj
+
+
+def write_run(rd: RunDir, endpoint: Endpoint, result: ProbeResult, recorder: Recorder, started_at: str,
+              secret: str | None) -> None:
+    """load.json, load/*.jsonl, metrics/*.txt, accept.json, then the manifest."""
+    data = _scrub(result.model_dump(mode="json"), secret)
+    rd.write_json("load.json", data)
+    for name in ("curves", "samples", "failures"):
+        rows = data["data"].get(name)
+        if isinstance(rows, list):
+            rd.write_jsonl(f"load/{name}.jsonl", [r for r in rows if isinstance(r, Mapping)])
+    for window, raw in recorder.metrics.items():
+        rd.write_text(f"metrics/{window}.txt", _scrub(raw, secret))
+    rd.write_json("accept.json", {
+        "schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url, "model": endpoint.model,
+        "tls_verify": endpoint.verify_tls, "started_at": started_at,
+        "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "server": {},
+        "probes": {"load": data}, "not_run": {p: "accept load runs the load probe only"
+                                              for p in ("startup", "prefix_cache", "agent")},
+        "interrupted": bool(result.data.get("interrupted")), "error": None, "exit_code": result.exit_code})
+    rd.write_manifest()
+
+
+def _safe_argv(argv: Sequence[str]) -> list[str]:
+    from k3fleet.accept.run import safe_argv
+
+    return safe_argv(argv)
+
+
+@accept_app.command("load")
+def load(
+    base_url: BaseUrl,
+    model: Model,
+    api_key_env: ApiKeyEnv = None,
+    insecure: Insecure = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per request.")] = 120.0,
+    phases: Annotated[str, typer.Option("--phases", help="Comma list of long_input, agent_ramp, sustained.")]
+    = "long_input,agent_ramp,sustained",
+    ladder: Annotated[str, typer.Option("--ladder", help="Context lengths (tokens) of the long-input ladder.")]
+    = "1024,4096,16384",
+    ladder_output: Annotated[int, typer.Option("--ladder-output", min=1, help="Output tokens per ladder request.")]
+    = 32,
+    ramp: Annotated[str, typer.Option("--ramp", help="Concurrent agent sessions per ramp step.")] = "1,2,4,8,16",
+    step_s: Annotated[float, typer.Option("--step-seconds", min=0.5, help="Seconds per ramp step.")] = 10.0,
+    turns: Annotated[int, typer.Option("--turns", min=1, max=50, help="Turns per agent conversation.")] = 4,
+    turn_output: Annotated[int, typer.Option("--turn-output", min=1, help="Output tokens per agent turn.")] = 64,
+    system_tokens: Annotated[int, typer.Option("--system-tokens", min=0, help="Shared system prompt size.")] = 2048,
+    sustained_concurrency: Annotated[int | None, typer.Option(
+        "--sustained-concurrency", min=1, help="Default: the highest concurrency the ramp held.")] = None,
+    sustained_s: Annotated[float, typer.Option("--sustained-seconds", min=1.0)] = 20.0,
+    ttft_slo: Annotated[float, typer.Option("--ttft-slo", min=0.001, help="TTFT p95 limit per step (s).")] = 5.0,
+    itl_slo: Annotated[float, typer.Option("--itl-slo", min=0.001, help="Inter-token p95 limit per step (s).")]
+    = 0.25,
+    max_requests: Annotated[int, typer.Option("--max-requests", min=1, help="Hard bound on requests.")] = 5000,
+    max_duration: Annotated[float, typer.Option("--max-duration", min=1.0, help="Hard bound in seconds.")] = 600.0,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+) -> None:
+    """Long-input ladder, agent-session ramp and a sustained run, with /metrics sampled throughout."""
+    wanted = [p.strip() for p in phases.split(",") if p.strip()]
+    try:
+        opts = LoadOptions.model_validate(dict(phases=wanted, ladder_tokens=_ints(ladder, "--ladder"),
+                           ladder_output_tokens=ladder_output,
+                           ramp=_ints(ramp, "--ramp"), step_s=step_s, session_turns=turns,
+                           turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
+                           sustained_concurrency=sustained_concurrency, sustained_s=sustained_s,
+                           max_requests=max_requests, max_duration_s=max_duration, request_timeout_s=timeout,
+                           ttft_p95_slo_s=ttft_slo, itl_p95_slo_s=itl_slo))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "options"
+        raise UsageError(f"accept load: {where}: {first['msg']}") from exc
+    endpoint = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    secret = endpoint.api_key()
+    rd = RunDir.create(runs_dir, "accept", _safe_argv(sys.argv), out=out_dir)
+    started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    stop = cancel_on_signals(lambda: err.print("[yellow]interrupt: stopping the load; writing what was measured "
+                                               "(Ctrl-C again to abort)[/yellow]"))
+    recorder = Recorder()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=err, disable=quiet,
+                        transient=False)
+    try:
+        with progress:
+            result = asyncio.run(run_load(endpoint, opts, _Bar(progress), stop=stop, recorder=recorder))
+    except BaseException:
+        # Nothing measured to keep (the first request failed, or a second Ctrl-C): the run directory
+        # still says what was attempted.
+        rd.write_json("accept.json", {"schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url,
+                                      "model": endpoint.model, "tls_verify": endpoint.verify_tls,
+                                      "started_at": started_at, "probes": {}, "error": "no load measured",
+                                      "exit_code": 3})
+        rd.write_manifest()
+        raise
+    write_run(rd, endpoint, result, recorder, started_at, secret)
+    data = result.data
+    lines = [f"outcome: {data.get('outcome')}" + (f" (ceiling {data['ceiling']})" if data.get("ceiling") else ""),
+             f"requests: {data['counts']['requests']} ({data['counts']['ok']} ok), health failures "
+             f"{data['counts']['health_failures']}, restarts {data['counts']['restarts']}",
+             f"run directory: {rd.path}"]
+    print_result(result, as_json=as_json, lines=lines)
+    raise typer.Exit(result.exit_code)
