@@ -18,6 +18,8 @@ demo: $(STAMP)
 	$(BIN)/k3fleet audit --lab; rc=$$?; test $$rc -le 1 -o $$rc -eq 3 || exit $$rc
 
 test: $(STAMP)
+	# Headless Chromium for the HTML report test (root only: apt; without it that one test skips).
+	if [ "$$(id -u)" -eq 0 ]; then bash scripts/report-deps.sh; fi
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -m "not system" tests
 
 test-unit: $(STAMP)

@@ -175,3 +175,83 @@ def triage(
         out.print(table)
     err.print(f"run directory: {rd.path}")
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def watch(
+    base_url: Annotated[str, typer.Option("--base-url", help="The serving endpoint, e.g. http://10.0.0.5:8000.")],
+    baseline: Annotated[Path, typer.Option("--baseline", help="The approved decision: its run directory or "
+                                                              "its .tar.gz evidence package.")],
+    duration: Annotated[str, typer.Option("--for", help="Length of the watch window (90s, 15m, 2h).")] = "15m",
+    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between samples.")] = 15.0,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Bad intervals in a row before a trigger "
+                                                                "fires.")] = 2,
+    cache_tolerance: Annotated[float, typer.Option("--cache-tolerance", min=0.0, max=1.0,
+                                                   help="Allowed drop of the cache hit ratio (0.5: half).")] = 0.5,
+    agent_every: Annotated[int, typer.Option("--agent-every", min=0, help="Sample the critical tool-call cases "
+                                                                          "every N intervals (0: never).")] = 1,
+    agent_case: Annotated[list[str] | None, typer.Option("--agent-case", help="Critical case to sample "
+                                                                              "(repeatable).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Served model (default: the baseline's).")] = None,
+    api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="Environment variable holding the "
+                                                                          "API key.")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Turn TLS verification off.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+) -> None:
+    """Watch a served model after approval; exit 1 with the trigger and the rollback artifact when one fires."""
+    from k3fleet.evidence import RunDir
+    from k3fleet.watch import (
+        DEFAULT_AGENT_CASES,
+        Sample,
+        Trigger,
+        WatchOptions,
+        load_baseline,
+        parse_duration,
+        rollback_artifact,
+        run_watch,
+    )
+
+    opts = WatchOptions(base_url=base_url, baseline=baseline, duration_s=parse_duration(duration),
+                        interval_s=interval, repeat=repeat, cache_tolerance=cache_tolerance, agent_every=agent_every,
+                        agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES), api_key_env=api_key_env,
+                        verify_tls=not insecure, model=model)
+    load_baseline(baseline)  # refuse an unapproved or tampered decision before anything is written
+    rd = RunDir.create(runs_dir, "watch", sys.argv, out=out_dir, record={"baseline": str(baseline)})
+
+    def show(s: Sample, fired: list[Trigger]) -> None:
+        rd.append_jsonl("samples.jsonl", s.model_dump(mode="json"))
+
+        def num(v: float | None, fmt: str = "g") -> str:
+            return "-" if v is None else format(v, fmt)
+
+        agent = "-" if s.agent is None else ("ok" if all(v == "pass" for v in s.agent.values()) else "FAIL")
+        state = "TRIGGER " + ", ".join(t.id for t in fired) if fired else "ok"
+        err.print(f"[{s.t_s:7.1f}s] health={s.health or s.health_error or '-'} running={num(s.running)} "
+                  f"waiting={num(s.waiting)} kv={num(s.kv_usage, '.2f')} caching={s.caching_enabled} "
+                  f"agent={agent} -> {state}", markup=False)
+
+    try:
+        result = run_watch(opts, show)
+    except BaseException:
+        rd.write_manifest()
+        raise
+    artifact = rollback_artifact(result.baseline)
+    data = {"samples": len(result.samples), "triggers": [t.model_dump(mode="json") for t in result.triggers],
+            "rollback": artifact if result.triggers else None, "exit_code": result.exit_code}
+    rd.write_json("watch.json", data)
+    rd.write_manifest()
+    if as_json:
+        out.print_json(json.dumps(data))
+    elif result.triggers:
+        for t in result.triggers:
+            out.print(f"TRIGGER {t.id} at {t.t_s:.1f}s: {t.message}", markup=False)
+        out.print("roll back to the accepted configuration:", markup=False)
+        for key, value in artifact.items():
+            if value not in (None, {}, []):
+                out.print(f"  {key}: {value}", markup=False)
+    else:
+        out.print(f"no trigger in {len(result.samples)} samples over the window", markup=False)
+    err.print(f"run directory: {rd.path}")
+    raise typer.Exit(result.exit_code)

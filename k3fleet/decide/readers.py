@@ -341,7 +341,7 @@ def _load_evidence(path: Path, label: str, result: Any, ref: Ref) -> LoadEvidenc
     curves_ref = Ref(run=label, file="load/curves.jsonl") if (path / "load" / "curves.jsonl").is_file() else None
     points = curve_points(path, d)
     phases = sorted({str(p.get("phase")) for p in points if p.get("phase")})
-    params = any(_has_any(p, ("max_tokens", "input_tokens", "context_tokens", "request")) for p in points
+    params = any(_has_any(p, ("prompt_tokens", "max_tokens", "input_tokens", "context_tokens")) for p in points
                  if p.get("phase") == "long_input")
     queue = any(_has_any(p, ("waiting", "num_requests_waiting", "queue")) and
                 _has_any(p, ("ttft_p50_s", "ttft_p95_s", "latency", "e2e_p50_s", "ttft_p50")) for p in points

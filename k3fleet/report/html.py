@@ -109,6 +109,8 @@ def svg_chart(chart: Chart, width: int = 560, height: int = 300) -> str:
                      f'{xv:.3g}</text>')
     parts.append(f'<text x="{pad_l + w / 2:.1f}" y="{height - 6}" font-size="11" text-anchor="middle">'
                  f'{escape(chart.x_label)}</text>')
+    parts.append(f'<text x="12" y="{pad_t + h / 2:.1f}" font-size="11" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {pad_t + h / 2:.1f})">{escape(chart.y_label)}</text>')
     for i, s in enumerate(chart.series):
         color = _PALETTE[i % len(_PALETTE)]
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
@@ -134,13 +136,14 @@ def render_html(view: ReportView) -> str:
                    f'<span>exit code {view.exit_code}</span></div>')
     elif view.exit_code is not None:
         verdict = f'<div class="verdict" id="decision"><span>exit code {view.exit_code}</span></div>'
-    controls = ('<label><input type="checkbox" id="only-problems"> show only what needs attention</label> '
+    controls = ('<label><input type="checkbox" id="only-problems" checked> show only what needs attention</label> '
                 '<span id="problem-count"></span>')
     sections.append(f'<section><h2>Summary</h2>{verdict}<p>{controls}</p></section>')
     if view.reasons:
         rows = [f'<li data-rule="{escape(r["rule"])}"><code>{escape(r["rule"])}</code> &rarr; '
                 f'{escape(r["outcome"])}{" (" + escape(r["approval"]) + ")" if r.get("approval") else ""}: '
-                f'{escape(r["text"])} <span class="evidence">[{escape(r.get("evidence") or "")}]</span></li>'
+                f'{escape(r["text"])}'
+                + (f' <span class="evidence">[{escape(r["evidence"])}]</span>' if r.get("evidence") else "") + "</li>"
                 for r in view.reasons]
         sections.append(f'<section id="reasons"><h2>Why</h2><ul>{"".join(rows)}</ul></section>')
     if view.limits:

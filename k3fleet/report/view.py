@@ -237,29 +237,34 @@ def _accept_view(path: Path, cmd: dict[str, Any]) -> ReportView:
     return view
 
 
-_CURVE_Y = (("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p95_s", "TTFT p95 (s)"), ("e2e_p50_s", "end-to-end p50 (s)"),
-            ("waiting", "requests waiting"), ("running", "requests running"), ("kv_cache_usage", "KV cache usage"))
-_CURVE_X = ("concurrency", "context_tokens", "input_tokens", "t_s", "elapsed_s", "step")
+# Per phase: the x axis, then the charts as (title, unit, [(row key, label)]) (docs/acceptance.md, load rows).
+_PHASE_X = {"long_input": ("prompt_tokens_mean", "prompt tokens"), "agent_ramp": ("concurrency", "concurrent sessions"),
+            "sustained": ("t_start_s", "seconds into the run")}
+_CHARTS = (
+    ("latency", "seconds", (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("e2e_p50_s", "end-to-end p50"),
+                            ("itl_p50_s", "inter-token p50"))),
+    ("queue", "requests", (("running_max", "running (max)"), ("waiting_max", "waiting (max)"))),
+    ("KV cache", "fraction used", (("kv_usage_max", "KV usage (max)"),)),
+)
 
 
 def load_charts(points: Sequence[dict[str, Any]]) -> list[Chart]:
-    """One chart per phase: each numeric measure against the phase's x axis."""
+    """Per load phase, latency, queue and KV-cache charts against the phase's x axis."""
     charts: list[Chart] = []
     phases: dict[str, list[dict[str, Any]]] = {}
     for p in points:
         phases.setdefault(str(p.get("phase") or "load"), []).append(p)
     for phase, pts in phases.items():
-        x_key = next((k for k in _CURVE_X if any(_num(p.get(k)) is not None for p in pts)), None)
-        if x_key is None:
-            continue
-        series = []
-        for key, label in _CURVE_Y:
-            xy = [(float(p[x_key]), float(p[key])) for p in pts if _num(p.get(x_key)) is not None
-                  and _num(p.get(key)) is not None]
-            if xy:
-                series.append(Series(label, sorted(xy)))
-        if series:
-            charts.append(Chart(title=f"load: {phase}", x_label=x_key, y_label="value", series=series))
+        x_key, x_label = _PHASE_X.get(phase, ("t_start_s", "seconds into the run"))
+        for title, unit, keys in _CHARTS:
+            series = []
+            for key, label in keys:
+                xy = [(float(p[x_key]), float(p[key])) for p in pts
+                      if _num(p.get(x_key)) is not None and _num(p.get(key)) is not None]
+                if xy:
+                    series.append(Series(label, sorted(xy)))
+            if series:
+                charts.append(Chart(title=f"{phase}: {title}", x_label=x_label, y_label=unit, series=series))
     return charts
 
 

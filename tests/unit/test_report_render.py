@@ -1,0 +1,98 @@
+"""The renderers on one view built from load rows shaped as ``accept load`` writes them (docs/acceptance.md):
+charts per phase in the HTML, a schema-valid JUnit file, a textfile prometheus-client parses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from k3fleet.report.html import render_html
+from k3fleet.report.junit import render_junit
+from k3fleet.report.prom import render_prom
+from k3fleet.report.render import write_atomic
+from k3fleet.report.view import CheckRow, ReportView, load_charts
+
+XSD = Path(__file__).resolve().parents[1] / "fixtures" / "report" / "junit-10.xsd"
+
+
+def _rows() -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for ctx in (256, 1024, 4096):
+        rows.append({"phase": "long_input", "step": f"{ctx} tokens", "concurrency": 1, "prompt_tokens_mean": ctx,
+                     "ttft_p50_s": ctx / 20000, "ttft_p95_s": ctx / 15000, "e2e_p50_s": 0.2, "itl_p50_s": 0.01,
+                     "running_max": 1, "waiting_max": 0, "kv_usage_max": ctx / 65536})
+    for c in (1, 2, 4, 8):
+        rows.append({"phase": "agent_ramp", "step": f"{c} sessions", "concurrency": c, "t_start_s": 10 + c,
+                     "ttft_p50_s": 0.05 * c, "ttft_p95_s": 0.08 * c, "running_max": min(c, 4),
+                     "waiting_max": max(0, c - 4), "kv_usage_max": None})
+    return rows
+
+
+def _view() -> ReportView:
+    v = ReportView(kind="decision", run="20261201T000000Z-decision-abc123", title="k3fleet decision: <go_live>",
+                   outcome="observe_with_limits", approved=True, exit_code=0)
+    v.checks = [CheckRow("gpu-a01", "driver.branch", "fail", "driver 575.57.08 is on R575 & old", "critical"),
+                CheckRow("gpu-a01", "gpu.count", "pass"),
+                CheckRow("gpu-a09", "driver.branch", "skipped", "unreachable"),
+                CheckRow("checklist", "load.long_input", "error", "missing evidence\x07 with a control character"),
+                CheckRow("gpu-a01", "driver.branch", "fail", "the same check twice keeps a unique name")]
+    v.checklist = [{"id": "load.long_input", "title": "Long-input curves", "status": "missing", "detail": "none"}]
+    v.charts = load_charts(_rows())
+    return v
+
+
+def test_load_rows_become_charts_per_phase() -> None:
+    charts = {c.title: c for c in load_charts(_rows())}
+    assert set(charts) == {"long_input: latency", "long_input: queue", "long_input: KV cache", "agent_ramp: latency",
+                           "agent_ramp: queue"}
+    assert charts["long_input: latency"].x_label == "prompt tokens"
+    assert [x for x, _ in charts["agent_ramp: queue"].series[1].points] == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_html_is_escaped_self_contained_and_draws_every_series() -> None:
+    html = render_html(_view())
+    assert "&lt;go_live&gt;" in html and "<go_live>" not in html
+    assert "R575 &amp; old" in html
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html)
+    assert html.count('class="chart"') == 5 and html.count("<polyline") == 4 + 2 + 1 + 2 + 2
+    assert 'data-outcome="observe_with_limits"' in html
+
+
+def test_junit_is_valid_and_counts_each_status() -> None:
+    import xml.etree.ElementTree as ET
+
+    import xmlschema
+
+    text = render_junit(_view())
+    xmlschema.XMLSchema(XSD).validate(text)
+    root = ET.fromstring(text)
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("5", "2", "1")
+    names = [(c.get("classname"), c.get("name")) for c in root.iter("testcase")]
+    assert len(names) == len(set(names))
+    assert "\x07" not in text
+
+
+def test_prom_textfile_parses_and_is_written_atomically(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = render_prom(_view())
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    status = {(s.labels["host"], s.labels["check"]): s.labels["status"] for s in fams["k3fleet_check_status"].samples}
+    assert status[("gpu-a09", "driver.branch")] == "skipped"
+    assert {s.labels["outcome"]: s.value for s in fams["k3fleet_decision_outcome"].samples}["observe_with_limits"] == 1
+    dest = tmp_path / "k3fleet.prom"
+    write_atomic(dest, text)
+    write_atomic(dest, text)
+    assert dest.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["k3fleet.prom"]
+    assert oct(dest.stat().st_mode & 0o777) == "0o644"
+
+
+def test_atomic_write_refuses_a_directory_and_a_missing_parent(tmp_path: Path) -> None:
+    from k3fleet.errors import UsageError
+
+    with pytest.raises(UsageError, match="is a directory"):
+        write_atomic(tmp_path, "x")
+    with pytest.raises(UsageError, match="does not exist"):
+        write_atomic(tmp_path / "no" / "f.prom", "x")
