@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 SCHEMA_VERSION = "1.0"
 
@@ -274,6 +274,9 @@ class HostFacts(_Model):
     container: ContainerFacts = Field(default_factory=ContainerFacts)
     scheduler: SchedulerFacts = Field(default_factory=SchedulerFacts)
     commands: list[dict[str, Any]] = Field(default_factory=list)
+    # Set by k3fleet.verdict.validate_facts: equal for hosts whose facts the host rules read alike
+    # (everything but identity, timing and scheduler state), so the verdict judges each kind once.
+    _rule_key: tuple[Any, ...] | None = PrivateAttr(default=None)
 
 
 def host_facts_json_schema() -> dict[str, Any]:

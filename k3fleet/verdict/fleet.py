@@ -21,7 +21,7 @@ Drift checks count values with Counters: one pass over the hosts, nothing quadra
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -44,7 +44,7 @@ from k3fleet.models.target import Target, is_multi_node
 from k3fleet.verdict.catalogue import CHECKS
 from k3fleet.verdict.intake import gc_paused
 from k3fleet.verdict.plan import HostEval, build_plan
-from k3fleet.verdict.rules import CompiledTarget, host_context, host_rails, run_rules
+from k3fleet.verdict.rules import CompiledTarget, RuleCache, host_rails
 
 _NO_HOSTS: Mapping[str, str] = MappingProxyType({})
 # Drift evidence names at most this many outlying hosts: a 10,000-host report stays readable.
@@ -52,7 +52,10 @@ MAX_LISTED = 50
 
 
 def host_status(findings: Iterable[Finding]) -> HostStatus:
-    worst = max((SEVERITY_RANK[f.severity] for f in findings), default=0)
+    return status_of(max((SEVERITY_RANK[f.severity] for f in findings), default=0))
+
+
+def status_of(worst: int) -> HostStatus:
     if worst >= SEVERITY_RANK["error"]:
         return "fail"
     if worst == SEVERITY_RANK["warning"]:
@@ -87,7 +90,8 @@ def _drift(evals: list[HostEval], fl: _Fleet) -> None:
     versions: dict[str, str] = {}
     images: dict[str, str] = {}
     rail_counts: dict[str, str] = {}
-    nccl: dict[str, dict[str, str]] = defaultdict(dict)
+    # Hosts validated together share one NCCL section object: read its values once per object.
+    nccl_groups: dict[int, tuple[tuple[str, ...], list[str]]] = {}
     keys = ct.target.nccl.consistent_keys
     for ev in evals:
         f = ev.facts
@@ -99,10 +103,12 @@ def _drift(evals: list[HostEval], fl: _Fleet) -> None:
         if ct.rdma_required and f.rdma.status == "ok":
             rail_counts[ev.host] = str(len(host_rails(f, ev.ctx, ct)[0]))
         if f.nccl.status == "ok":
-            s = f.nccl.settings
-            for k in keys:
-                v = s.get(k)
-                nccl[k][ev.host] = v.value if v is not None else "<unset>"
+            group = nccl_groups.get(id(f.nccl))
+            if group is None:
+                s = f.nccl.settings
+                group = nccl_groups[id(f.nccl)] = (
+                    tuple(s[k].value if k in s else "<unset>" for k in keys), [])
+            group[1].append(ev.host)
 
     for check, values, what in (
         ("fleet.driver_drift", versions, "driver versions"),
@@ -116,17 +122,19 @@ def _drift(evals: list[HostEval], fl: _Fleet) -> None:
                    {"values": dict(counter.most_common(20)), "majority": majority, **_outliers(values, majority)})
 
     drifting: dict[str, Any] = {}
-    for k in keys:
-        counter = Counter(nccl[k].values())
-        if len(counter) > 1:
-            majority = min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-            drifting[k] = {"values": dict(counter.most_common(10)), "majority": majority,
-                           **_outliers(nccl[k], majority)}
+    spreads: list[str] = []
+    for i, k in enumerate(keys):
+        seen: Counter[str] = Counter()
+        for row, members in nccl_groups.values():
+            seen[row[i]] += len(members)
+        if len(seen) > 1:
+            top = min(seen.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            odd = sorted(h for row, members in nccl_groups.values() if row[i] != top for h in members)
+            drifting[k] = {"values": dict(seen.most_common(10)), "majority": top,
+                           "outliers": odd[:MAX_LISTED], "outlier_count": len(odd)}
+            spreads.append(f"{k}: {_spread(seen)}")
     if drifting:
-        fl.add("fleet.nccl_drift",
-               "NCCL settings differ between hosts: " + "; ".join(
-                   f"{k}: {_spread(Counter(nccl[k].values()))}" for k in drifting),
-               {"keys": drifting})
+        fl.add("fleet.nccl_drift", "NCCL settings differ between hosts: " + "; ".join(spreads), {"keys": drifting})
 
 
 def evaluate_fleet(
@@ -162,13 +170,15 @@ def _evaluate_fleet(
     unconfirmed: set[str] = {r.label for r in target.unconfirmed_rows_used()}
     invalid_findings: list[Finding] = []
 
-    # Two passes: the strategy (RDMA or not) depends on every audited host's hardware.
+    # Two passes: the strategy (RDMA or not) depends on every audited host's hardware. Hosts of one
+    # kind (validate_facts' rule key) share their context and rule results.
     names = [n for n in sorted(facts) if n not in unreachable]
-    contexts = [host_context(facts[n], ct, n) for n in names]
+    cache = RuleCache(ct)
+    contexts = [cache.context(facts[n], n) for n in names]
     decision = ct.decide(contexts)
     for name, ctx in zip(names, contexts, strict=True):
-        findings, _ = run_rules(facts[name], ct, name, ctx)
-        status = host_status(findings)
+        findings = cache.run(facts[name], name, ctx)
+        status = status_of(cache.worst(findings, ctx))
         unconfirmed |= ctx.unconfirmed
         evals.append(HostEval(name, facts[name], ctx, findings, status))
         hosts[name] = HostVerdict(
@@ -269,8 +279,13 @@ def _outcome(
                               "facts): nothing can be judged; reach the hosts and audit again"]
     chain_ids: Counter[str] = Counter()
     n_chain = 0
+    # Chain findings come from the rules hosts of one kind share (their context): read once per kind.
+    per_kind: dict[int, set[str]] = {}
     for e in evals:
-        ids = {f.check_id for f in e.findings if f.chain and f.kind == "fail" and f.blocking}
+        ids = per_kind.get(id(e.ctx))
+        if ids is None:
+            ids = per_kind[id(e.ctx)] = {f.check_id for f in e.findings if f.chain and f.kind == "fail"
+                                          and f.blocking}
         if ids:
             n_chain += 1
             chain_ids.update(ids)

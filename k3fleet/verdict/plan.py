@@ -89,7 +89,8 @@ def _branch_of(name: str, branch_field: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-_PkgKey = tuple[int | None, bool | None, tuple[tuple[str, str, str, str | None], ...]]
+_PkgKey = (tuple[int | None, bool | None, tuple[tuple[str, str, str, str | None], ...]]
+           | tuple[int, int | None, bool | None])
 
 
 def package_changes(
@@ -100,11 +101,18 @@ def package_changes(
     Hosts of one profile carry identical package sets: ``memo`` computes each set once
     and the plan shares the (read-only) results.
     """
+    # Hosts validated together share one package section object (validate_facts): its identity is
+    # the cheap key; the content key catches equal sets validated apart.
+    fast = (id(facts.packages), c.branch, c.fm_required)
+    hit = memo.get(fast)
+    if hit is not None:
+        return hit
     key: _PkgKey = (c.branch, c.fm_required,
                     tuple((p.name, p.version, p.role, p.branch) for p in facts.packages.packages))
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = _package_changes(facts, c, ct)
+    memo[fast] = hit
     return hit
 
 

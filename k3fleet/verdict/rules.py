@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts
-from k3fleet.models.findings import Finding, FindingKind, Severity, StrategyDecision
+from k3fleet.models.findings import SEVERITY_RANK, Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
 from k3fleet.verdict.strategy import decide_strategy
@@ -955,11 +955,15 @@ def _vllm(f: HostFacts, c: HostContext, e: _Emitter) -> None:
                {"vllm_version": img.vllm_version, "min": e.ct.target.vllm.min_version})
 
 
-def state_words(state: str | None) -> set[str]:
-    """Slurm writes "IDLE+DRAIN", "idle*", "mixed-": the base words, lower case, flags stripped."""
+@lru_cache(maxsize=256)
+def state_words(state: str | None) -> frozenset[str]:
+    """Slurm writes "IDLE+DRAIN", "idle*", "mixed-": the base words, lower case, flags stripped.
+
+    A fleet repeats a handful of states: each is split once.
+    """
     if not state:
-        return set()
-    return {w.strip("*~#!%$@^-") for w in state.lower().split("+") if w.strip("*~#!%$@^-")}
+        return frozenset()
+    return frozenset(w.strip("*~#!%$@^-") for w in state.lower().split("+") if w.strip("*~#!%$@^-"))
 
 
 def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
@@ -969,14 +973,19 @@ def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     if sc.status == "unknown" or not sc.state:
         e.unknown("scheduler.state", f"the {sc.kind or 'scheduler'} node state", sc.reason)
         return
-    st = state_words(sc.state) | {x.lower() for x in sc.state_flags}
+    st = state_words(sc.state)
+    if sc.state_flags:
+        st = st | {x.lower() for x in sc.state_flags}
+    down = bool(st & e.ct.down_states)
+    if not down and not st & e.ct.oos_states:
+        return  # in service: the common case, nothing to build
     # The collector already folds DRAIN into "drained"/"draining": show only flags that add something.
     shown = "+".join([sc.state, *(x for x in sc.state_flags if x.lower() not in sc.state.lower())])
     ev = {"kind": sc.kind, "node": sc.node, "state": sc.state, "flags": sc.state_flags, "reason": sc.reason}
     reason = f" ({sc.reason})" if sc.reason else ""
-    if st & e.ct.down_states:
+    if down:
         e.fail("scheduler.state", f"{sc.kind} reports the node {shown}{reason}", ev, severity="error")
-    elif st & e.ct.oos_states:
+    else:
         e.fail("scheduler.state", f"{sc.kind} reports the node {shown}{reason}: not serving", ev)
 
 
@@ -991,6 +1000,87 @@ RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
 )
 
 
+# Rules that read what differs between hosts of one kind (schema version aside, the scheduler's
+# state); every other rule reads only what validate_facts' rule key covers.
+PER_HOST_RULES = (_schema, _scheduler)
+SHARED_RULES = tuple(rule for rule in RULES if rule not in PER_HOST_RULES)
+
+
+def rule_key(facts: HostFacts) -> tuple[Any, ...] | None:
+    """The rule key validate_facts set (None otherwise), read without pydantic's attribute hook,
+    which costs more than the rules of a cached host."""
+    private = facts.__pydantic_private__
+    return private.get("_rule_key") if private else None
+
+
+def _for_host(f: Finding, host: str) -> Finding:
+    """``f`` for another host of the same kind.
+
+    A plain copy of the validated fields with the host replaced: pydantic's model_copy costs twice
+    as much, and this runs for every finding of every host. Evidence stays shared (read-only).
+    """
+    new = Finding.__new__(Finding)
+    fields = f.__dict__.copy()
+    fields["host"] = host
+    object.__setattr__(new, "__dict__", fields)
+    object.__setattr__(new, "__pydantic_fields_set__", f.__pydantic_fields_set__)
+    object.__setattr__(new, "__pydantic_extra__", None)
+    object.__setattr__(new, "__pydantic_private__", None)
+    return new
+
+
+class RuleCache:
+    """Host rules once per node kind: hosts with one rule key (validate_facts) share their context
+    and the findings of SHARED_RULES, stamped with each host's name; PER_HOST_RULES run per host."""
+
+    __slots__ = ("contexts", "ct", "findings", "ranks")
+
+    def __init__(self, ct: CompiledTarget) -> None:
+        self.ct = ct
+        self.contexts: dict[tuple[Any, ...], HostContext] = {}
+        self.findings: dict[int, list[Finding]] = {}
+        self.ranks: dict[int, int] = {}
+
+    def worst(self, findings: list[Finding], ctx: HostContext) -> int:
+        """The highest SEVERITY_RANK in ``findings``, from the cache when they are the kind's own."""
+        shared = self.findings.get(id(ctx))
+        if shared is not None and len(findings) == len(shared):
+            rank = self.ranks.get(id(ctx))
+            if rank is None:
+                rank = self.ranks[id(ctx)] = max((SEVERITY_RANK[f.severity] for f in shared), default=0)
+            return rank
+        return max((SEVERITY_RANK[f.severity] for f in findings), default=0)
+
+    def context(self, facts: HostFacts, host: str) -> HostContext:
+        key = rule_key(facts)
+        if key is None:
+            return host_context(facts, self.ct, host)
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            ctx = self.contexts[key] = host_context(facts, self.ct, host)
+        return ctx
+
+    def run(self, facts: HostFacts, host: str, ctx: HostContext) -> list[Finding]:
+        key = rule_key(facts)
+        if key is None or self.contexts.get(key) is not ctx:
+            return run_rules(facts, self.ct, host, ctx)[0]
+        shared = self.findings.get(id(ctx))
+        if shared is None:
+            em = _Emitter(self.ct, host)
+            for rule in SHARED_RULES:
+                rule(facts, ctx, em)
+            shared = self.findings[id(ctx)] = em.out
+            stamped = list(shared)
+        else:
+            stamped = [f if f.host == host else _for_host(f, host) for f in shared]
+        em = _Emitter(self.ct, host)
+        _schema(facts, ctx, em)
+        head = em.out
+        em.out = []
+        _scheduler(facts, ctx, em)
+        return [*head, *stamped, *em.out] if head or em.out else stamped
+
+
 def run_rules(
     facts: HostFacts, ct: CompiledTarget, host: str | None = None, ctx: HostContext | None = None
 ) -> tuple[list[Finding], HostContext]:
@@ -1000,7 +1090,7 @@ def run_rules(
                          "CompiledTarget.decide(contexts) before running the rules")
     if ctx is None:
         ctx = host_context(facts, ct, host)
-    em = _Emitter(ct, ctx.host)
+    em = _Emitter(ct, host or ctx.host)
     for rule in RULES:
         rule(facts, ctx, em)
     return em.out, ctx
