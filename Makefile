@@ -5,6 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.k3fleet-installed
 
 .PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict wheel-check clean testbed-down
+.PHONY: bench-ssh collection collection-check ee-check ssh-fleet-down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +47,29 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --sizes 50 200 1000
+
+# The same comparison over real SSH: one network namespace and sshd per lab host (root; docs/scale.md).
+# Mitogen's strategy is measured beside Ansible's default.
+bench-ssh: $(STAMP)
+	bash scripts/sshfleet-deps.sh
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --ssh --sizes 50 200 --forks 20 --mitogen
+
+ssh-fleet-down: $(STAMP)
+	$(BIN)/k3fleet lab ssh-fleet down
+
+# The Ansible collection k3fleet.gpu, built from this repository into dist/ (docs/scale.md "Collection").
+collection: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/build_collection.py
+
+# CI: build, install, ansible-doc, a user's FQCN playbook on the lab, ansible-test sanity (no containers).
+collection-check: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/collection_check.py --sanity
+
+# CI: the execution environment definition is accepted by ansible-builder (no container engine here).
+ee-check: $(STAMP)
+	rm -rf build/ee
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/ansible-builder create -f execution-environment.yml -c build/ee
 
 bench-verdict: $(STAMP)
 	$(BIN)/python scripts/bench_verdict.py

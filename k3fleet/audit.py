@@ -110,6 +110,9 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             "k3fleet_image": target.image.ref,
             "k3fleet_host_timeout": opts.host_timeout,
             "k3fleet_command_timeout": opts.command_timeout,
+            # The CLI reads every host's facts from the events; the job-artifact copy is for AWX
+            # (docs/scale.md) and costs the controller CPU per host.
+            "k3fleet_publish_artifacts": False,
         }
         if opts.probe:
             # Extra vars beat host vars: only force the probe on, never off (hosts may opt in).
