@@ -119,7 +119,7 @@ def stage(staging: Path) -> Path:
         shutil.rmtree(staging)
     for sub in ("plugins/modules", "plugins/module_utils", "plugins/doc_fragments", "meta"):
         (root / sub).mkdir(parents=True)
-    galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
+    galaxy = yaml.safe_load((REPO / "collection" / "galaxy.yml").read_text())
     galaxy["version"] = _version()
     (root / "galaxy.yml").write_text("---\n" + yaml.safe_dump(galaxy, sort_keys=False))
     shutil.copy2(REPO / "collection" / "README.md", root / "README.md")
