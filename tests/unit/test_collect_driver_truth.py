@@ -439,3 +439,45 @@ def test_smi_path_reads_r610_header_and_usage(tmp_path: Path, monkeypatch: pytes
     assert facts.cuda_driver_version == "13.3"
     assert [g.processes for g in facts.gpus] == [[]] * 8
     assert all(g.memory_used_mib == 1 for g in facts.gpus)  # an idle H100 shows 1 MiB in use
+
+
+# -- a recorded H200 node, idle and with a process holding 100 GiB ---------------------------------------
+
+
+@pytest.mark.parametrize(("name", "used", "procs"), [
+    ("smi_q_580_h200_idle.txt", 0, []),
+    ("smi_q_580_h200_busy_100gib.txt", 103019, [{"pid": 443, "type": "C", "name": "python3",
+                                                 "used_memory_mib": 103010}]),
+])
+def test_recorded_h200_idle_and_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, used: int,
+                                     procs: list[dict[str, Any]]) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    fake_command(tmp_path / "bin", "nvidia-smi", [("*--query-gpu*", fixture("smi_query_h200_580.csv"), "", 0),
+                                                  ("-q*", fixture(name), "", 0)])
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    facts = drv.collect_driver(reader)
+    DriverFacts.model_validate(facts)
+    assert (facts["driver_version"], facts["cuda_driver_version"]) == ("580.159.04", "13.0")
+    (gpu,) = facts["gpus"]
+    assert (gpu["memory_total_mib"], gpu["memory_used_mib"], gpu["processes"]) == (143771, used, procs)
+    # A GPU without an NVLink fabric: State N/A and the whole R580.159 Health block N/A.
+    assert gpu["fabric_state"] is None
+    assert gpu["fabric_health"] == {field: None for field, _ in drv.SMI_FABRIC_HEALTH_FIELDS.values()} | {"other": {}}
+    assert facts["reason"] == "GPU fabric state unknown: GPU 0: State N/A"
+
+
+def test_recorded_busy_h200_is_judged_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from k3fleet.models.facts import HostFacts
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import evaluate_host
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    fake_command(tmp_path / "bin", "nvidia-smi", [("*--query-gpu*", fixture("smi_query_h200_580.csv"), "", 0),
+                                                  ("-q*", fixture("smi_q_580_h200_busy_100gib.txt"), "", 0)])
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
+    facts = HostFacts.model_validate({"host": "h200-1", "driver": drv.collect_driver(reader)})
+    (f,) = [f for f in evaluate_host(facts, load_target(None)) if f.check_id == "gpu.in_use"]
+    assert f.message == (
+        "GPU 0 in use (103019 of 143771 MiB in use on GPU 0); 1 compute process(es): pid 443 python3: vLLM's "
+        "start-up memory check (gpu_memory_utilization 0.9) would fail on GPU 0; a drain or driver change would "
+        "end this workload")
