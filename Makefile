@@ -74,6 +74,15 @@ ee-check: $(STAMP)
 bench-verdict: $(STAMP)
 	$(BIN)/python scripts/bench_verdict.py
 
+# accept load's generator beside guidellm on the vLLM simulator at 64, 256, 1024 streams (docs/acceptance-load.md).
+# guidellm brings torch and transformers: it gets its own venv, never the test venv.
+.PHONY: bench-load
+BENCH_VENV ?= .venv-bench
+bench-load:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench-load]'
+	$(BENCH_VENV)/bin/python scripts/bench_load.py --streams 64 256 1024
+
 testbed-down: $(STAMP)
 	$(BIN)/k3fleet lab testbed down
 

@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""k3fleet's load generator against guidellm, side by side, on the vLLM simulator.
+
+For each concurrency (default 64, 256, 1024 streams) both tools send the same number of streamed
+chat completions (``--requests-per-stream`` per stream), with the same prompt size (in the
+simulator's tokens) and the same output length, to the same simulator process:
+
+1. guidellm (``guidellm run``, profile ``concurrent``, synthetic text, a ``max_requests`` constraint);
+2. ``k3fleet.accept.load.run_constant`` at the same concurrency and count, its prompt sized to the
+   median prompt tokens guidellm's requests had on the server.
+
+Each tool runs in its own process. Its CPU (user + system, its whole process tree, read from
+/proc) is taken over its measured window only: guidellm's own ``measure_start_time`` /
+``measure_end_time`` from its JSON report, k3fleet's the span of its requests; start-up (importing
+torch and transformers, building workers) is left out for both. Printed per concurrency: achieved
+requests/s and client CPU seconds per request for both, and the ratios (k3fleet / guidellm).
+Nothing is asserted (machines differ); the aim is at least guidellm's throughput at no more than
+its CPU per request.
+
+Offline: guidellm's synthetic data needs a Hugging Face tokenizer. This script builds one locally
+(a byte-level BPE trained with the ``tokenizers`` library on text that ships with Python, saved
+with transformers' ``PreTrainedTokenizerFast``) and passes its directory, with HF_HUB_OFFLINE=1:
+nothing is downloaded. guidellm's HTML report (which fetches a template) is not used.
+
+    make bench-load                       # creates .venv-bench with the bench extra, then runs this
+    .venv-bench/bin/python scripts/bench_load.py [--streams 64 256 1024] [--requests-per-stream 2]
+        [--prompt-tokens 256] [--output-tokens 32] [--itl-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, utime+stime+cutime+cstime in seconds) of a live process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    # After the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15), 0-based from state.
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and every live descendant; reaped children are in their parent's c-times."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                stats[int(entry)] = st
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+class CpuSampler:
+    """Samples a process tree's CPU every 50 ms, so a window's CPU can be read afterwards."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.points: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.points.append((time.time(), tree_cpu(self.pid)))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, when: float) -> float:
+        pts = self.points
+        if not pts:
+            return 0.0
+        if when <= pts[0][0]:
+            return pts[0][1]
+        for (t0, c0), (t1, c1) in itertools.pairwise(pts):
+            if t0 <= when <= t1:
+                return c0 + (c1 - c0) * (when - t0) / max(t1 - t0, 1e-9)
+        return max(c for _, c in pts)
+
+    def window(self, start: float, end: float) -> float:
+        return max(self.at(end) - self.at(start), 0.0)
+
+
+def build_tokenizer(dest: Path) -> Path:
+    """A local byte-level BPE tokenizer directory that transformers' AutoTokenizer loads offline."""
+    import json as _json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    # English prose and code that ship with every Python: enough to learn a 2000-piece vocabulary.
+    corpus = [Path(m.__file__).read_text(errors="replace") for m in (os, _json, argparse, subprocess) if m.__file__]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["[UNK]", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>")
+    fast.save_pretrained(str(dest))
+    return dest
+
+
+def start_simulator(itl_ms: float) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-c", "import sys; from k3fleet.cli import main; sys.exit(main(sys.argv[1:]))",
+           "lab", "serve-vllm", "--port", "0", "--max-num-seqs", "4096",
+           "--itl-ms", str(itl_ms), "--prefill-ms-per-token", "0.01", "--max-num-batched-tokens", "65536"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise SystemExit(f"simulator did not start: {line.strip()}")
+    # Keep reading its stderr so a chatty simulator never blocks on a full pipe.
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc, line.split("listening on", 1)[1].strip()
+
+
+def run_guidellm(exe: str, url: str, streams: int, count: int, prompt_tokens: int, output_tokens: int,
+                 tokenizer: Path, workdir: Path) -> dict[str, Any]:
+    out = workdir / f"guidellm-{streams}.json"
+    cmd = [exe, "run", "--backend", f"kind=openai_http,target={url},model=moonshotai/Kimi-K3",
+           "--profile", f"kind=concurrent,streams={streams}", "--constraint", f"kind=max_requests,count={count}",
+           "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={output_tokens}",
+           "--tokenizer", f"kind=hf_auto,model={tokenizer}", "--output", f"kind=json,path={out}",
+           "--disable-console"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    sampler = CpuSampler(proc.pid)
+    output, _ = proc.communicate()
+    sampler.stop()
+    if proc.returncode != 0 or not out.is_file():
+        tail = " | ".join(output.strip().splitlines()[-3:])
+        raise RuntimeError(f"guidellm exited {proc.returncode}: {tail}")
+    bench = json.loads(out.read_text())["benchmarks"][0]
+    stats = bench.get("scheduler_metrics") or {}
+    start, end = float(stats["measure_start_time"]), float(stats["measure_end_time"])
+    made = stats.get("requests_made") or {}
+    ok = int(made.get("successful", 0))
+    prompt = bench["metrics"]["prompt_token_count"]["successful"]["median"]
+    return {"ok": ok, "requests": int(made.get("total", ok)), "wall_s": end - start, "rps": ok / (end - start),
+            "cpu_s": sampler.window(start, end), "prompt_tokens": prompt}
+
+
+def words_for(tokens: int) -> int:
+    """Prompt words whose rendered chat has ``tokens`` simulator tokens (as guidellm's prompts had)."""
+    from k3fleet.accept.load import filler
+    from k3fleet.lab.vllm_sim.generate import render_prompt
+    from k3fleet.lab.vllm_sim.tokenizer import count
+
+    def size(words: int) -> int:
+        body = {"messages": [{"role": "user", "content": "request 100: " + filler(words, 100)}]}
+        return count(render_prompt(body))
+
+    lo, hi = 1, max(8, tokens * 2)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if size(mid) < tokens:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def run_k3fleet(url: str, streams: int, count: int, words: int, output_tokens: int) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", url, str(streams), str(count), str(words),
+           str(output_tokens)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = CpuSampler(proc.pid)
+    out, errtext = proc.communicate()
+    sampler.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"k3fleet worker exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
+    res = json.loads(out)
+    res["cpu_s"] = sampler.window(res["start"], res["end"])
+    return res
+
+
+def worker(url: str, streams: int, count: int, words: int, output_tokens: int) -> None:
+    from k3fleet.accept.client import Endpoint
+    from k3fleet.accept.load import run_constant
+
+    ep = Endpoint(base_url=url, model="moonshotai/Kimi-K3", timeout_s=600)
+    start = time.time()
+    res = asyncio.run(run_constant(ep, concurrency=streams, requests=count, prompt_words=words,
+                                   output_tokens=output_tokens, timeout_s=600))
+    end = time.time()
+    print(json.dumps({"ok": res.ok, "requests": res.requests, "wall_s": end - start, "rps": res.ok / (end - start),
+                      "errors": res.errors, "start": start, "end": end}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--itl-ms", type=float, default=20.0)
+    ap.add_argument("--worker", nargs=5, metavar=("URL", "STREAMS", "COUNT", "WORDS", "OUTPUT"))
+    args = ap.parse_args()
+    if args.worker:
+        url, streams, count, words, out = args.worker
+        worker(url, int(streams), int(count), int(words), int(out))
+        return 0
+
+    exe = shutil.which("guidellm", path=str(Path(sys.executable).parent)) or shutil.which("guidellm")
+    if exe is None:
+        print("guidellm is not installed in this environment: run `make bench-load` (it installs the bench "
+              "extra into .venv-bench)", file=sys.stderr)
+        return 2
+    sim, url = start_simulator(args.itl_ms)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
+            work = Path(tmp)
+            tokenizer = build_tokenizer(work / "tokenizer")
+            print(f"simulator {url} (itl {args.itl_ms:g} ms); {args.requests_per_stream} requests per stream, "
+                  f"prompt ~{args.prompt_tokens} tokens, {args.output_tokens} out; machine {os.cpu_count()} CPUs")
+            for n in args.streams:
+                count = n * args.requests_per_stream
+                g = run_guidellm(exe, url, n, count, args.prompt_tokens, args.output_tokens, tokenizer, work)
+                words = words_for(round(g["prompt_tokens"]))
+                k = run_k3fleet(url, n, count, words, args.output_tokens)
+                rows.append((n, count, g, k))
+                print(f"  {n:>5} streams: guidellm {g['rps']:.1f} req/s, {g['cpu_s'] / max(g['ok'], 1) * 1000:.2f} "
+                      f"ms CPU/req | k3fleet {k['rps']:.1f} req/s, {k['cpu_s'] / max(k['ok'], 1) * 1000:.2f} ms "
+                      f"CPU/req", flush=True)
+    finally:
+        sim.terminate()
+        sim.wait(10)
+
+    print()
+    print(f"{'streams':>7} {'requests':>8} | {'tool':<8} {'ok':>5} {'req/s':>8} {'CPU s/req':>10} | "
+          f"{'req/s ratio':>11} {'CPU ratio':>9}")
+    for n, count, g, k in rows:
+        g_cpu = g["cpu_s"] / max(g["ok"], 1)
+        k_cpu = k["cpu_s"] / max(k["ok"], 1)
+        print(f"{n:>7} {count:>8} | {'guidellm':<8} {g['ok']:>5} {g['rps']:>8.1f} {g_cpu:>10.5f} |")
+        print(f"{'':>7} {'':>8} | {'k3fleet':<8} {k['ok']:>5} {k['rps']:>8.1f} {k_cpu:>10.5f} | "
+              f"{k['rps'] / max(g['rps'], 1e-9):>11.2f} {k_cpu / max(g_cpu, 1e-9):>9.2f}")
+    print("ratios are k3fleet / guidellm: req/s >= 1 and CPU <= 1 meet the aim")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
