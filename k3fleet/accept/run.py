@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from k3fleet.accept.client import Endpoint, EndpointError, preflight
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, UsageError
 from k3fleet.evidence import REDACTED, RunDir
 
 SCHEMA_VERSION = "1.0"
@@ -98,6 +100,17 @@ class _Evidence:
 
 def load_available() -> bool:
     return importlib.util.find_spec("k3fleet.accept.load") is not None
+
+
+def load_options(overrides: Mapping[str, Any]) -> Any:
+    """The load probe's options with the operator's overrides; bad ones are one usage line, found
+    before anything runs or is written."""
+    load_mod: Any = importlib.import_module("k3fleet.accept.load")
+    try:
+        return load_mod.LoadOptions(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"--load-option {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc
 
 
 async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
@@ -185,8 +198,22 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
         # Imported by name: the load probe is its own module and may be absent from a build.
         load_mod: Any = importlib.import_module("k3fleet.accept.load")
         say("load: phases (long-input ladder, agent ramp, sustained)")
-        load_opts = load_mod.LoadOptions(**opts.load_overrides)
-        results["load"] = await load_mod.run_load(endpoint, load_opts, None)
+        load_opts = load_options(opts.load_overrides)
+        results["load"] = await load_mod.run_load(endpoint, load_opts, _load_observer(load_mod.LoadObserver, say),
+                                                  recorder=rec)
+
+
+def _load_observer(base: type, say: Progress) -> Any:
+    """The load probe's observer, reporting phases and notes as progress lines."""
+
+    class Lines(base):  # type: ignore[misc, valid-type]
+        def phase_started(self, phase: str, steps: int) -> None:
+            say(f"load: {phase} ({steps} steps)")
+
+        def note(self, message: str) -> None:
+            say(f"load: {message}")
+
+    return Lines()
 
 
 def _copy_input(ev: _Evidence, src: Path, rel: str) -> None:
@@ -203,8 +230,11 @@ def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeRes
         data = result.model_dump(mode="json")
         ev.json(f"{name}.json", data)
         summary["probes"][name] = data
-        if name == "load" and isinstance(result.data.get("curves"), list):
-            ev.jsonl("load/curves.jsonl", [c for c in result.data["curves"] if isinstance(c, Mapping)])
+        if name == "load":
+            for part in ("curves", "samples", "failures"):
+                rows = result.data.get(part)
+                if isinstance(rows, list):
+                    ev.jsonl(f"load/{part}.jsonl", [r for r in rows if isinstance(r, Mapping)])
     for probe, rows in rec.exchanges.items():
         ev.jsonl(f"requests/{probe}.jsonl", rows)
     for window, raw in rec.metrics.items():

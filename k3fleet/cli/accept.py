@@ -227,7 +227,7 @@ def accept_all(
 
     from k3fleet.accept.agent import AgentOptions
     from k3fleet.accept.prefix_cache import PrefixOptions
-    from k3fleet.accept.run import AllOptions, run_all
+    from k3fleet.accept.run import AllOptions, load_available, load_options, run_all
 
     known = ("prefix_cache", "agent", "load", "startup")
     bad = [p for p in skip or [] if p not in known]
@@ -237,10 +237,13 @@ def accept_all(
         if path is not None and not path.is_file():
             raise UsageError(f"{flag} {path} is not a readable file")
     ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    overrides = _key_values(load_option or [], "--load-option")
+    if "load" not in (skip or []) and load_available():
+        load_options(overrides)
     opts = AllOptions(runs_dir=runs_dir, out=out_dir, log=log, launch_command=launch_command, target=target,
                       skip=list(skip or []), prefix=PrefixOptions(repeats=prefix_repeats, match_unit=match_unit),
                       agent=AgentOptions(repeats=agent_repeats, concurrency=agent_concurrency),
-                      load_overrides=_key_values(load_option or [], "--load-option"))
+                      load_overrides=overrides)
     say = progress_printer(quiet or as_json)
     res = asyncio.run(run_all(ep, opts, sys.argv, progress=say))
     if as_json:
