@@ -688,12 +688,19 @@ def _nvml_processes(nv: Any, handle: Any) -> tuple[list[dict[str, Any]] | None, 
     getter = getattr(nv, "nvmlDeviceGetComputeRunningProcesses", None)
     if getter is None:
         return None, "bindings lack nvmlDeviceGetComputeRunningProcesses"
+    # Bindings newer than the driver raise their own mismatch error (not an NVMLError) when the
+    # library lacks the call's versioned entry point: the list is unknown, NVML itself still answers.
+    mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
     try:
         procs = getter(handle)
     except nv.NVMLError as exc:
         if type(exc).__name__ == "NVMLError_GpuIsLost":
             raise
         return None, _nvml_message(exc)
+    except Exception as exc:
+        if mismatch is None or not isinstance(exc, mismatch):
+            raise
+        return None, f"{type(exc).__name__}: {exc}"
     out: list[dict[str, Any]] = []
     namer = getattr(nv, "nvmlSystemGetProcessName", None)
     for proc in procs or ():
