@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.change.lease import lease_holder, lease_owner
-from k3fleet.errors import EXIT_FAILED, EXIT_OK, UsageError
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
 from k3fleet.runner import Observer
 
 
@@ -49,11 +49,12 @@ class UpgradeOptions:
 
 
 class NothingToChange(UsageError):
-    """The audit cleared no host: all are on the target (exit 0) or the rest are blocked (exit 1)."""
+    """The audit cleared no host: all are on the target (exit 0), the rest are blocked (exit 1) or
+    held by other changes (exit 3)."""
 
-    def __init__(self, message: str, blocked: bool) -> None:
+    def __init__(self, message: str, blocked: bool, held: bool = False) -> None:
         super().__init__(message)
-        self.exit_code = EXIT_FAILED if blocked else EXIT_OK
+        self.exit_code = EXIT_FAILED if blocked else (EXIT_INCOMPLETE if held else EXIT_OK)
 
 
 # -- accepted findings ------------------------------------------------------------------------------
@@ -102,8 +103,8 @@ def plan_batches(plan: Mapping[str, Any], canary: str | None, waves: bool, accep
     recorded operator decision that those findings do not stop a driver change. Cleared hosts join
     the waves in waves of the plan's size. Hosts in ``held`` (another change's lease) are left out.
     """
-    held = held or {}
     planned = [item["host"] for item in plan.get("needs_upgrade") or []]
+    held = {h: c for h, c in (held or {}).items() if h in planned}
     cleared = set(accepted_blocked(plan, accept))
     blocked = {b["host"]: "; ".join(b.get("reasons") or []) for b in plan.get("blocked") or []
                if b["host"] not in cleared}
@@ -114,7 +115,7 @@ def plan_batches(plan: Mapping[str, Any], canary: str | None, waves: bool, accep
                         + [f"{h}: held by change {c}" for h, c in held.items()])
         raise NothingToChange(f"nothing to change: no host is cleared for R{plan.get('target_branch')} "
                               f"(already on target: {done}; blocked: {why or 'none'})",
-                              blocked=bool(blocked) or bool(held))
+                              blocked=bool(blocked), held=bool(held))
     if canary is not None:
         if canary in held:
             raise UsageError(f"--canary {canary} is held by change {held[canary]}: choose another canary")

@@ -131,7 +131,8 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
         if str(target_version).split(".")[0] != str(plan["target_branch"]):
             raise UsageError(f"--target-version {target_version} is not in branch R{plan['target_branch']} that "
                              "the audit planned for")
-        held = held_by_others(audit_reasons(audit), change_id)
+        planned = {i["host"] for i in plan.get("needs_upgrade") or []}
+        held = {h: c for h, c in held_by_others(audit_reasons(audit), change_id).items() if h in planned}
         try:
             canary, waves = plan_batches(plan, opts.canary, opts.waves, accept, held)
         except NothingToChange as exc:

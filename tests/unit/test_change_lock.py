@@ -169,3 +169,51 @@ def test_a_run_without_a_manifest_never_reached_its_play(tmp_path: Path) -> None
         verified(rd.path)
     with pytest.raises(UsageError, match="is not a directory"):
         verified(tmp_path / "nope")
+
+
+# -- the command line on a run that cannot be trusted ----------------------------------------------------
+
+GOOD = {"change_id": "CHG-1", "operator": "o", "target_version": "580.95.05", "target_branch": 580,
+        "canary": "gpu-a01", "hosts": {"gpu-a01": {"target_version": "580.95.05", "target_branch": 580,
+                                                   "packages": [{"name": "nvidia-driver-575-server",
+                                                                 "to_name": "nvidia-driver-580-server",
+                                                                 "to_version": "580.95.05"}]}}}
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from k3fleet.cli.app import main
+
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("change", "code", "message"), [
+    ({}, 3, "is not a change record"),
+    ([], 3, "holds a JSON list, not a change record"),
+    (dict(GOOD, failure_budget="lots"), 3, "first failure_budget: Input should be a valid integer"),
+    (GOOD, 2, "has simulated lab hosts, which cannot be changed"),
+])
+def test_resume_and_rollback_of_a_bad_run_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       change: object, code: int, message: str) -> None:
+    from k3fleet.lab.fleet import generate_fleet, load_fleet
+
+    lab = generate_fleet(load_fleet(None), tmp_path / "lab")
+    rd = _run(tmp_path, change)
+    rc, err = _cli(["upgrade", "-i", str(lab), "--change-id", "CHG-1", "--operator", "o",
+                    "--resume", str(rd.path), "--runs-dir", str(tmp_path / "runs")], capsys)
+    assert (rc, len(err.strip().splitlines())) == (code, 1), err
+    assert message in err and "Traceback" not in err
+
+
+def test_rollback_of_a_tampered_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rd = _run(tmp_path, GOOD)
+    (rd.path / "journal.jsonl").write_text(json.dumps({"ts": "t", "run": "r", "change_id": "CHG-1",
+                                                       "host": "gpu-a01", "stage": "snapshot", "detail": {},
+                                                       "snapshot": {"packages": []}}) + "\n")
+    rd.write_manifest()
+    (rd.path / "change.json").write_text("{}")
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu-a01: {ansible_host: 192.0.2.10}\n")
+    rc, err = _cli(["rollback", "-i", str(inventory), "--run", str(rd.path), "--runs-dir",
+                    str(tmp_path / "runs")], capsys)
+    assert rc == 3 and "change.json: changed" in err and len(err.strip().splitlines()) == 1, err
