@@ -44,6 +44,8 @@ molecule: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check k3fleet tests scripts
 	$(BIN)/mypy k3fleet
+	# Playbooks and roles, production profile (.ansible-lint: kinds, extra vars for syntax-check).
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/ansible-lint -q playbooks roles
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --sizes 50 200 1000
