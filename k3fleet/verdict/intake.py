@@ -41,6 +41,7 @@ from k3fleet.models.facts import (
     NcclFacts,
     PackageFacts,
     RdmaFacts,
+    replaced,
 )
 
 # Sections whose content repeats across a fleet's hosts: validated once per distinct content.
@@ -135,8 +136,8 @@ def _with_own_uuids(template: DriverFacts, driver: Any) -> DriverFacts:
         return template
     if any(u is not None and not isinstance(u, str) for u in uuids):
         raise TypeError("GPU uuid is not a string")
-    own = [g if g.uuid == u else g.model_copy(update={"uuid": u}) for g, u in zip(template.gpus, uuids, strict=True)]
-    return template.model_copy(update={"gpus": own})
+    own = [g if g.uuid == u else replaced(g, uuid=u) for g, u in zip(template.gpus, uuids, strict=True)]
+    return replaced(template, gpus=own)
 
 
 def _validate_shared(data: Mapping[str, Any], shared: dict[tuple[str, bytes], Any]) -> HostFacts | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts
+from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, replaced
 from k3fleet.models.findings import SEVERITY_RANK, Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
@@ -1014,19 +1014,8 @@ def rule_key(facts: HostFacts) -> tuple[Any, ...] | None:
 
 
 def _for_host(f: Finding, host: str) -> Finding:
-    """``f`` for another host of the same kind.
-
-    A plain copy of the validated fields with the host replaced: pydantic's model_copy costs twice
-    as much, and this runs for every finding of every host. Evidence stays shared (read-only).
-    """
-    new = Finding.__new__(Finding)
-    fields = f.__dict__.copy()
-    fields["host"] = host
-    object.__setattr__(new, "__dict__", fields)
-    object.__setattr__(new, "__pydantic_fields_set__", f.__pydantic_fields_set__)
-    object.__setattr__(new, "__pydantic_extra__", None)
-    object.__setattr__(new, "__pydantic_private__", None)
-    return new
+    """``f`` for another host of the same kind; the evidence stays shared (read-only)."""
+    return replaced(f, host=host)
 
 
 class RuleCache:
