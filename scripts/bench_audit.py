@@ -101,6 +101,17 @@ def _ratio(n: int, name: str, audit: Run, base: Run) -> None:
     sys.stdout.flush()
 
 
+def _saturation(n: int, audit: Run) -> None:
+    """Where the controller's CPU, not the nodes, sets the pace: its cores over its CPU per host."""
+    cores = os.cpu_count() or 1
+    per_host = audit.cpu / n
+    rate = cores / per_host if per_host else float("inf")
+    print(f"{'':>6} controller-bound: {rate:.1f} hosts/s at most on {cores} cores "
+          f"({per_host:.3f} CPU s/host); saturated once forks / node time per host > {rate:.1f}/s; "
+          f"1000 hosts >= {1000 / rate:.0f}s, 10000 hosts >= {10000 / rate:.0f}s")
+    sys.stdout.flush()
+
+
 def bench_local(sizes: list[int], forks: int) -> None:
     bindir = Path(sys.executable).parent
     env = {**os.environ, **ansible_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -240,6 +251,7 @@ def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None)
                 _row(n, f"baseline {name}", base)
                 _row(n, f"audit {name}", audit)
                 _ratio(n, f"ratio {name}", audit, base)
+                _saturation(n, audit)
             sshfleet.down(wd)
     finally:
         with contextlib.suppress(Exception):
