@@ -110,7 +110,8 @@ def change_check(runs_root: Path) -> Path:
         f'Dir::Etc::preferencesparts "{sb}/etc/apt/preferences.d";', f'Dir::Etc::parts "{sb}/etc/apt/apt.conf.d";',
         'APT::Architecture "amd64";', 'Debug::NoLocking "true";', 'APT::Sandbox::User "root";',
         f'DPkg::Options {{ "--admindir={sb}/dpkg"; }};', ""]))
-    env = {"APT_CONFIG": str(conf), "DPKG_ADMINDIR": str(sb / "dpkg")}
+    # The play gets a minimal environment; the private apt and dpkg state are passed on by name.
+    env = {"APT_CONFIG": str(conf), "DPKG_ADMINDIR": str(sb / "dpkg"), "K3FLEET_PASS_ENV": "APT_CONFIG,DPKG_ADMINDIR"}
     update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, check=False,
                             env={**os.environ, **env})
     assert update.returncode == 0, update.stderr
@@ -132,7 +133,7 @@ def change_check(runs_root: Path) -> Path:
     proc = k3fleet("upgrade", "-i", str(inventory), "--change-id", "CHG-1042", "--operator", "alice", "--canary",
                    "gpu-a01", "--check", "--runs-dir", str(runs), "--quiet", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    made = sorted(p for p in runs.iterdir() if p.is_dir())
+    made = sorted(p for p in runs.iterdir() if p.is_dir() and (p / "change.json").is_file())
     assert len(made) == 1, made
     return made[0]
 
@@ -183,26 +184,37 @@ def matched_audit(runs_root: Path) -> Path:
     return _audit(runs_root, "audit-matched", fleet)
 
 
+# A short load schedule (tests/unit/test_accept_load.py's): two ladder rungs, a ramp of 1-2-4, short steps.
+QUICK_LOAD = {"ladder_tokens": [256, 1024], "ladder_output_tokens": 8, "ladder_repeats": 1, "ramp": [1, 2, 4],
+              "step_s": 1.5, "sustained_s": 1.5, "system_prompt_tokens": 2000, "turn_output_tokens": 24,
+              "sample_interval_s": 0.25}
+FAST_SIM = {"itl_ms": 2.0, "prefill_ms_per_token": 0.005}
+
+
 @pytest.fixture(scope="session")
 def accept_run(runs_root: Path, simulator: Any) -> Any:
-    """``accept_run(name, **knobs)``: ``k3fleet accept all`` against a simulator with these knobs,
-    with the TP 8 x DP 2 start-up log and launch command; each name runs once per session."""
+    """``accept_run(name, load={...}, skip=(...), **knobs)``: ``k3fleet accept all`` against a simulator
+    with these knobs, with the TP 8 x DP 2 start-up log and launch command; each name runs once."""
+    import json
+
     made: dict[str, Path] = {}
 
-    def run(name: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = (), **knobs: Any) -> Path:
+    def run(name: str, load: dict[str, Any] | None = None, skip: tuple[str, ...] = (), **knobs: Any) -> Path:
         if name in made:
             return made[name]
-        handle = simulator(**knobs)
+        handle = simulator(**{**FAST_SIM, **knobs})
         out = runs_root / f"accept-{name}"
+        options = [x for k, v in {**QUICK_LOAD, **(load or {})}.items()
+                   for x in ("--load-option", f"{k}={json.dumps(v)}")]
+        skips = [x for probe in skip for x in ("--skip", probe)]
         proc = k3fleet("accept", "all", "--base-url", handle.base_url, "--model", "moonshotai/Kimi-K3",
                        "--log", str(DECIDE_FIX / "startup_kimi_k3_tp8_dp2.log"),
                        "--launch-command", str(DECIDE_FIX / "launch_kimi_k3_tp8_dp2.txt"),
-                       "--agent-repeats", "6", "--prefix-repeats", "3", "--out", str(out), "--quiet", *extra,
-                       env=env)
+                       "--agent-repeats", "6", "--prefix-repeats", "3", "--out", str(out), "--quiet",
+                       *options, *skips)
         assert proc.returncode in (0, 1, 3), proc.stderr[-3000:]
         assert (out / "manifest.json").is_file(), proc.stderr[-3000:]
         made[name] = out
         return out
 
     return run
-

@@ -76,14 +76,25 @@ def test_hosts_and_server_on_different_builds_must_rebuild(healthy_audit: Path, 
     assert any("the server started sha256:4f6c3a9a" in t for t in chain), chain
 
 
-@pytest.mark.parametrize(("name", "knobs", "outcome", "rule"), [
-    ("small", {"max_num_seqs": 4, "kv_blocks": 4096}, "observe_with_limits", "load.ceiling"),
-    ("crashing", {"crash_above_kv": 0.3, "kv_blocks": 2048}, "expand_capacity", "load.collapse"),
+@pytest.mark.parametrize(("name", "knobs", "load", "outcome", "rule"), [
+    # tests/unit/test_accept_load.py's small and crashing servers, through accept all.
+    ("small", {"itl_ms": 8.0, "max_num_seqs": 2}, {"ramp": [1, 2, 4, 8], "ttft_p95_slo_s": 0.25,
+                                                   "turn_output_tokens": 32}, "observe_with_limits", "load.ceiling"),
+    ("crashing", {"itl_ms": 3.0, "kv_blocks": 512, "max_model_len": 4096, "crash_above_kv": 0.5},
+     {"ramp": [1, 4, 16], "turn_output_tokens": 64}, "expand_capacity", "load.collapse"),
 ])
-def test_load_outcomes(name: str, knobs: dict[str, Any], outcome: str, rule: str, matched_audit: Path,
-                       accept_run: Any, tmp_path: Path) -> None:
+def test_load_outcomes(name: str, knobs: dict[str, Any], load: dict[str, Any], outcome: str, rule: str,
+                       matched_audit: Path, accept_run: Any, tmp_path: Path) -> None:
     if not load_probe_ran(accept_run("healthy")):
         pytest.skip("the load probe is not in this build: accept all reports it as not run")
-    run = accept_run(name, **knobs)
-    _, d = _decide(tmp_path, str(matched_audit), str(run))
-    assert d["outcome"] == outcome and rule in {r["rule"] for r in d["reasons"]}
+    run = accept_run(name, load=load, skip=("prefix_cache", "agent"), **knobs)
+    code, d = _decide(tmp_path, str(matched_audit), str(run))
+    assert d["outcome"] == outcome and rule in {r["rule"] for r in d["reasons"]}, d["reasons"]
+    skipped = {"prefix_cache.cold", "prefix_cache.warm", "agent.tool_schema", "agent.client_contract", "agent.retry"}
+    if rule == "load.collapse":
+        assert code == 1 and not d["approved"]
+    else:
+        # The ceiling alone would be approved with its limit; the probes left out are missing evidence.
+        assert code == 3 and not d["approved"] and set(d["missing"]) == skipped
+        ceiling = json.loads((run / "load.json").read_text())["data"]["ceiling"]
+        assert [(lim["kind"], lim["value"]) for lim in d["limits"]] == [("concurrency_ceiling", str(ceiling))]
