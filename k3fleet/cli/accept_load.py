@@ -144,6 +144,8 @@ def load(
     = "1024,4096,16384",
     ladder_output: Annotated[int, typer.Option("--ladder-output", min=1, help="Output tokens per ladder request.")]
     = 32,
+    ladder_repeats: Annotated[int, typer.Option("--ladder-repeats", min=1, max=20, help="Requests per ladder length.")]
+    = 2,
     ramp: Annotated[str, typer.Option("--ramp", help="Concurrent agent sessions per ramp step.")] = "1,2,4,8,16",
     step_s: Annotated[float, typer.Option("--step-seconds", min=0.5, help="Seconds per ramp step.")] = 10.0,
     turns: Annotated[int, typer.Option("--turns", min=1, max=50, help="Turns per agent conversation.")] = 4,
@@ -166,7 +168,7 @@ def load(
     wanted = [p.strip() for p in phases.split(",") if p.strip()]
     try:
         opts = LoadOptions.model_validate(dict(phases=wanted, ladder_tokens=_ints(ladder, "--ladder"),
-                           ladder_output_tokens=ladder_output,
+                           ladder_output_tokens=ladder_output, ladder_repeats=ladder_repeats,
                            ramp=_ints(ramp, "--ramp"), step_s=step_s, session_turns=turns,
                            turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
                            sustained_concurrency=sustained_concurrency, sustained_s=sustained_s,

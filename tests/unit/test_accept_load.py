@@ -90,8 +90,9 @@ def test_small_server_names_a_ceiling() -> None:
 
 def test_crash_under_pressure_is_collapse() -> None:
     opts = LoadOptions(**{**QUICK, "phases": ["agent_ramp", "sustained"], "ramp": [1, 4, 16],
-                          "turn_output_tokens": 64})
-    # 512 blocks of 16: four sessions of about 750 tokens fit under half the cache, sixteen do not.
+                          "turn_output_tokens": 64, "session_turns": 2})
+    # 512 blocks of 16: four two-turn sessions (at most about 660 tokens each) stay under half the
+    # cache; sixteen first turns (about 450 tokens each) do not.
     with start_simulator(itl_ms=3.0, prefill_ms_per_token=0.005, kv_blocks=512, max_model_len=4096,
                          crash_above_kv=0.5) as sim:
         res = asyncio.run(run_load(ep(sim.base_url), opts))

@@ -126,11 +126,10 @@ class KVCache:
             if h in held or holding.private <= 0:
                 continue
             if h in self._refs:
-                # Computed twice concurrently: keep the cached copy, return our private block.
-                self._refs[h] += 1
-                self._evictable.pop(h, None)
-            else:
-                self._refs[h] = 1
+                # Computed twice concurrently: as in vLLM, the duplicate stays this request's own
+                # block (it is not merged into the cached copy), so both occupy the cache.
+                continue
+            self._refs[h] = 1
             holding.private -= 1
             self._private -= 1
             holding.cached.append(h)
