@@ -153,8 +153,6 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
         rd.write_json(CHANGE_FILE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / "audit")
-        # What the night is planned from, fixed before the play: a resume checks it.
-        rd.write_manifest()
         return execute(rd, record, opts, ev, hosts, "ansible", "events.jsonl", observer, cancel,
                        journal=None, skipped=skipped)
 
@@ -213,7 +211,9 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
             report_hosts: Sequence[str] | None = None) -> ChangeResult:
     """Run change_night.yml and sum it up. ``journal`` is the journal as read before the play (a
     resume); the play's own lines are added from its events, so the file is read once per run."""
-    recorder = ChangeRecorder(inner=observer or Observer())
+    # What the night is planned from is fixed by a manifest as the play starts: a resume or a
+    # rollback of a night killed mid-play checks it.
+    recorder = ChangeRecorder(inner=observer or Observer(), started=rd.write_manifest)
     with PlayGuard(opts.runs_dir, f"{rd.path.name}-{private}", real_ansible_playbook()):
         play = run_playbook("change_night.yml", opts.inventory, rd.path / private, extravars=ev,
                             forks=opts.forks, check=opts.check, observer=recorder, cancel=cancel,

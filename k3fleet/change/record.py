@@ -2,8 +2,8 @@
 
 ``change.json`` is written once when the night starts: the plan the playbook was given. A resume
 and a rollback read it back through ``load_change``, after the run directory has been checked
-against its manifest (``verified``; the manifest is written before the play, so a killed night
-has one): a tampered or malformed file is one line and exit 3, never a traceback and never
+against its manifest (``verified``; the manifest is written as the play starts, so a killed
+night has one): a tampered or malformed file is one line and exit 3, never a traceback and never
 trusted.
 """
 

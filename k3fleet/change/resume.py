@@ -113,7 +113,6 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
         record.with_waves = with_waves
         ev = extravars(record, rd, hosts, serial, audit_dir=audit_dir, snapshots=rp.snapshots, resume=True,
                        operator=operator)
-        rd.write_manifest()
         result = execute(rd, record, opts, ev, hosts, f"ansible-resume-{n}", f"events-resume-{n}.jsonl", observer,
                          cancel, journal=journal, skipped=skipped, report_hosts=planned)
         result.change.update(operator_resume=operator)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ class ChangeRecorder(Observer):
     what the slot gate said, and the wall-clock span of its tasks."""
 
     inner: Observer = field(default_factory=Observer)
+    # Called when the play is about to start (after the runner recorded its choices in command.json).
+    started: Callable[[], object] | None = None
     lines: list[dict[str, Any]] = field(default_factory=list)
     gate: dict[str, str] = field(default_factory=dict)
     torn: list[dict[str, Any]] = field(default_factory=list)
@@ -39,6 +42,8 @@ class ChangeRecorder(Observer):
     span: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def play_started(self, playbook: str, hosts: int | None) -> None:
+        if self.started is not None:
+            self.started()
         self.inner.play_started(playbook, hosts)
 
     def host_done(self, outcome: HostOutcome) -> None:

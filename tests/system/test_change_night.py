@@ -1,10 +1,20 @@
 """The change night and rollback on the real testbed: booted guests over SSH, real apt with the
 stand-in driver packages, real reboots, real slurmctld/slurmd drains.
 
-Four guests: tb-node01/02 carry the happy path (canary + one wave, a job on the canary) and the
-"drained by someone else" case; tb-node03/04 the broken Fabric Manager (rollback, waves stop),
-then the killed controller (resume, then rollback of the whole run). --check is compared
-before/after. Every test first puts its guests on the R575 packages, held and loaded.
+Four guests, in an order that never needs a guest put back by an extra reboot:
+1. tb-node03/04: broken Fabric Manager (canary rolled back, waves stop).
+2. tb-node03/04: --check changes nothing.
+3. tb-node03/04: controller killed with SIGKILL mid-wave: no play survives it; the journal torn
+   mid-line, then resume (which appends after the torn line) and rollback of the whole run.
+4. all four: a node drained by someone else is the canary (leased on top of that drain, its reason
+   given back), then a wave where every host fails, bounded by --max-unavailable (from the
+   journal and from Slurm sampled during the run).
+5. tb-node03: two nights started at once (two processes, two runs directories) on the same canary:
+   one changes it, the other reports the first one's lease; a third on the first one's runs
+   directory is refused by its lock.
+6. tb-node01/04: the happy path (canary + one wave, a job on the canary), then a second night and
+   the playbook itself change nothing.
+Every test first puts its guests on the R575 packages, held and loaded.
 
 Timings (wall time per host, share spent in k3fleet itself) are printed, not asserted.
 """
@@ -16,9 +26,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -135,90 +147,72 @@ def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-# -- 1. happy path ------------------------------------------------------------------------------
+def controller(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """`k3fleet ARGS` as its own process (as an operator starts it), in its own session."""
+    launcher = tmp_path / "k3fleet_cli.py"
+    if not launcher.exists():
+        launcher.write_text(LAUNCHER)
+    return subprocess.Popen([sys.executable, str(launcher), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=dict(os.environ))
 
 
-class JobAtNightStart(Observer):
-    """Starts a real Slurm job on a node when the change night's playbook starts, and waits until it runs."""
-
-    def __init__(self, state: testbed.TestbedState, node: str, seconds: int) -> None:
-        self.state, self.node, self.seconds = state, node, seconds
-        self.job: int | None = None
-
-    def play_started(self, playbook: str, hosts: int | None) -> None:
-        if playbook == "change_night.yml" and self.job is None:
-            job = testbed.submit_job(self.state, self.node, seconds=self.seconds, name="k3-happy")
-            _wait(lambda: testbed.job_state(self.state, job) == "RUNNING", 30, f"job running on {self.node}")
-            self.job = job
-
-
-def test_happy_path_canary_then_wave_with_a_job_on_the_canary(tb: testbed.TestbedState, inventory: Path, runs: Path,
-                                                             pytestconfig: pytest.Config) -> None:
-    hosts = ["tb-node01", "tb-node02"]
-    put_on_575(tb, hosts)
-    started = time.monotonic()
-    # The job starts when the night does (after the gating audit, however long that takes on a busy
-    # machine), so the canary's drain always finds it running.
-    jobs = JobAtNightStart(tb, "node01", seconds=20)
-    result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-HAPPY", operator="alice",
-                                        canary="tb-node01", waves=True, limit=",".join(hosts), drain_timeout=300,
-                                        runs_dir=runs, forks=4, accept_findings=ACCEPT), ["k3fleet", "upgrade"],
-                         observer=jobs)
-    wall = time.monotonic() - started
-    assert result.exit_code == 0, (result.message, result.hosts)
-    job = jobs.job
-    assert job is not None
-    assert result.change["waves"] == [["tb-node02"]]
-    assert journal_stages(result.run_dir.path) == {"tb-node01": HAPPY, "tb-node02": HAPPY}
-    # The drain waited for the job, which ended by itself.
-    assert testbed.job_state(tb, job) == "COMPLETED"
-    drained = next(e for e in read_journal(result.run_dir.path / "journal.jsonl").entries
-                   if e.host == "tb-node01" and e.stage == "drained")
-    assert drained.detail["waited_s"] >= 5 and drained.detail["drained_by_us"] is True
-    for host in hosts:
-        assert loaded(tb, host) == NEW
-        assert ssh(tb, host, "systemctl is-active nvidia-fabricmanager").strip() == "active"
-        assert ssh(tb, host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip() == NEW
-        held = ssh(tb, host, "apt-mark showhold").split()
-        assert set(NEW_HELD) <= set(held) and not set(OLD_NAMES) & set(held), held
-        status = testbed.node_state(tb, tb.host(host).slurm_node)
-        assert not status.drained, f"{host} not returned to service: {status}"
-    # NVML itself reports the new driver where pynvml is installed (tb-node01).
-    nvml = ssh(tb, "tb-node01",
-               "python3 -c 'import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlSystemGetDriverVersion())'")
-    assert nvml.strip() == NEW
-    for host in hosts:
-        t = result.hosts[host]["timing"]
-        report(pytestconfig, f"happy path {host}: wall {t['wall_s']}s, k3fleet itself {t['tool_s']}s "
-                             f"({t['tool_share']:.0%}), external {t['external_s']}")
-    report(pytestconfig, f"happy path, both hosts incl. the gating audit: {wall:.1f}s")
-    run_json = json.loads((result.run_dir.path / "run.json").read_text())
-    assert run_json["exit_code"] == 0 and set(run_json["hosts"]) == set(hosts)
-    assert (result.run_dir.path / "snapshots" / "tb-node01.json").is_file()
-    assert result.run_dir.verify_manifest() == []
-
-    # A second night changes nothing: the audit plans no host ...
-    before = {h: packages(tb, h) for h in hosts}
-    again = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-HAPPY-2", operator="alice", waves=True,
-                                       limit=",".join(hosts), runs_dir=runs, accept_findings=ACCEPT),
-                        ["k3fleet", "upgrade"])
-    assert again.exit_code == 0 and again.message.startswith("nothing to change"), again.message
-    # ... and the playbook itself, forced onto the same hosts, reports no change on them.
-    from k3fleet.runner import run_playbook
-
-    rd = result.run_dir.path
-    play = run_playbook("change_night.yml", inventory, runs / "again", extravars={
-        "k3fleet_change_id": "CHG-HAPPY", "k3fleet_operator": "alice", "k3fleet_target_version": NEW,
-        "k3fleet_run_id": "again", "k3fleet_journal": str(runs / "again" / "journal.jsonl"),
-        "k3fleet_change_hosts": hosts, "k3fleet_serial": [1, 1], "k3fleet_audit": str(rd / "audit" / "verdict.json"),
-        "k3fleet_audit_max_age": 86400, "k3fleet_accepted_blocked": hosts})
-    assert play.status == "successful", play.stderr_tail
-    changed = {h: [o.task for o in outs if o.result and o.result.get("changed")] for h, outs in play.hosts.items()}
-    assert all(not tasks for tasks in changed.values()), changed
-    assert {h: packages(tb, h) for h in hosts} == before
+def session_members(sid: int) -> list[int]:
+    """Processes whose session is ``sid`` (a play's workers and ssh clients are in its session)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # A zombie has ended; it only waits to be reaped (the tests are the subreaper of the testbed).
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            members.append(int(entry.name))
+    return members
 
 
-# -- 2. failure after the reboot: broken Fabric Manager ---------------------------------------------
+class SlurmSampler(threading.Thread):
+    """Samples Slurm while a night runs: the most nodes drained under the change's lease at once."""
+
+    def __init__(self, state: testbed.TestbedState, change_id: str) -> None:
+        super().__init__(daemon=True)
+        self.state, self.prefix = state, f"k3fleet:{change_id} "
+        self.stop = threading.Event()
+        self.samples = 0
+        self.most: tuple[int, list[str]] = (0, [])
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            done = subprocess.run(["sinfo", "-N", "-h", "-o", "%N|%T|%E"], env=testbed.slurm_env(self.state),
+                                  capture_output=True, text=True, check=False)
+            out = sorted({line.split("|")[0] for line in done.stdout.splitlines()
+                          if line.count("|") >= 2 and line.split("|", 2)[2].startswith(self.prefix)})
+            self.samples += 1
+            if len(out) > self.most[0]:
+                self.most = (len(out), out)
+            self.stop.wait(0.3)
+
+
+def most_out_from_journal(run_dir: Path) -> tuple[int, list[str]]:
+    """The most hosts out of service at once by the journal: from a host's slot (snapshot line) to
+    its return, or to a rollback that gave it back."""
+    events: list[tuple[str, int, str]] = []
+    for e in read_journal(run_dir / "journal.jsonl").entries:
+        if e.stage == "snapshot":
+            events.append((e.ts, 1, e.host))
+        elif e.stage == "returned" or (e.stage == "rolled_back" and not (e.detail or {}).get("left_drained")):
+            events.append((e.ts, -1, e.host))
+    out: set[str] = set()
+    most: tuple[int, list[str]] = (0, [])
+    for _, step, host in sorted(events, key=lambda x: (x[0], x[1])):
+        (out.add if step > 0 else out.discard)(host)
+        if len(out) > most[0]:
+            most = (len(out), sorted(out))
+    return most
+
+
+# -- 1. failure after the reboot: broken Fabric Manager ---------------------------------------------
 
 
 @pytest.fixture
@@ -251,7 +245,7 @@ def test_broken_fabricmanager_rolls_the_canary_back_and_stops_the_waves(
     assert packages(tb, "tb-node03") == before
     assert loaded(tb, "tb-node03") == OLD
     assert ssh(tb, "tb-node03", "systemctl is-active nvidia-fabricmanager").strip() == "active"
-    # Left drained, with our reason, for someone to look at.
+    # Left drained, under the change's lease, for someone to look at.
     status = testbed.node_state(tb, "node03")
     assert status.drained and status.reason.startswith("k3fleet:CHG-BROKEN "), status
     run_json = json.loads((result.run_dir.path / "run.json").read_text())
@@ -259,31 +253,7 @@ def test_broken_fabricmanager_rolls_the_canary_back_and_stops_the_waves(
     testbed.update_node(tb, "node03", "resume")
 
 
-# -- 3. a node drained beforehand by someone else --------------------------------------------------
-
-
-def test_node_drained_by_someone_else_stays_drained(tb: testbed.TestbedState, inventory: Path, runs: Path) -> None:
-    put_on_575(tb, ["tb-node02"])
-    testbed.update_node(tb, "node02", "drain", reason="disk replacement INC-7731")
-    try:
-        result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-OTHER", operator="carol",
-                                            canary="tb-node02", limit="tb-node02", runs_dir=runs,
-                                            accept_findings=ACCEPT),
-                             ["k3fleet", "upgrade"])
-        assert result.exit_code == 0, (result.message, result.hosts)
-        entries = read_journal(result.run_dir.path / "journal.jsonl").entries
-        drained = next(e for e in entries if e.stage == "drained")
-        assert (drained.detail["decision"], drained.detail["drained_by_us"]) == ("other", False)
-        returned = [e for e in entries if e.stage == "returned"][-1]
-        assert returned.detail["returned_to_service"] is False and returned.detail["decision"] == "not_ours"
-        assert loaded(tb, "tb-node02") == NEW
-        status = testbed.node_state(tb, "node02")
-        assert status.drained and status.reason == "disk replacement INC-7731", status
-    finally:
-        testbed.update_node(tb, "node02", "resume")
-
-
-# -- 4. --check changes nothing ---------------------------------------------------------------
+# -- 2. --check changes nothing ---------------------------------------------------------------
 
 
 def test_check_changes_nothing(tb: testbed.TestbedState, inventory: Path, runs: Path) -> None:
@@ -311,46 +281,63 @@ def test_check_changes_nothing(tb: testbed.TestbedState, inventory: Path, runs: 
         subprocess.run(["scancel", str(job)], env=testbed.slurm_env(tb), check=False)
 
 
-# -- 5. the controller killed mid-wave: resume, then roll the whole run back -------------------------
+# -- 3. the controller killed mid-wave, the journal torn: resume, then roll the whole run back -------
 
 
-def test_killed_controller_then_resume_then_rollback_of_the_run(tb: testbed.TestbedState, inventory: Path,
-                                                                runs: Path, tmp_path: Path) -> None:
+def tear_last_line(journal: Path, keep: int) -> int:
+    """Cut the journal's last line after ``keep`` bytes, as power lost mid-write leaves it."""
+    raw = journal.read_bytes()
+    start = raw.rstrip(b"\n").rfind(b"\n") + 1
+    journal.write_bytes(raw[:start + keep])
+    return start
+
+
+def test_killed_controller_leaves_no_play_then_torn_journal_resume_and_rollback(
+        tb: testbed.TestbedState, inventory: Path, runs: Path, tmp_path: Path) -> None:
     hosts = ["tb-node03", "tb-node04"]
     put_on_575(tb, hosts)
     before = {h: packages(tb, h) for h in hosts}
-    launcher = tmp_path / "k3fleet_cli.py"
-    launcher.write_text(LAUNCHER)
     out_dir = runs / "night"
-    argv = [sys.executable, str(launcher), "upgrade", "-i", str(inventory), "--change-id", "CHG-KILL", "--operator",
-            "erin", "--canary", "tb-node03", "--waves", "--limit", ",".join(hosts), "--out", str(out_dir), "-q",
-            *[x for a in ACCEPT for x in ("--accept-finding", a)]]
-    controller = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                  env=dict(os.environ))
+    proc = controller(tmp_path, "upgrade", "-i", str(inventory), "--change-id", "CHG-KILL", "--operator", "erin",
+                      "--canary", "tb-node03", "--waves", "--limit", ",".join(hosts), "--out", str(out_dir),
+                      "--runs-dir", str(runs), "-q", *[x for a in ACCEPT for x in ("--accept-finding", a)])
     journal = out_dir / "journal.jsonl"
 
     def wave_host_upgrading() -> bool:
         # A controller that ended on its own (refused the night, failed) fails the test at once.
-        assert controller.poll() is None, f"the controller exited with {controller.returncode} before the kill"
+        assert proc.poll() is None, f"the controller exited with {proc.returncode} before the kill"
         return journal.exists() and any(e.host == "tb-node04" and e.stage == "upgrading"
                                         for e in read_journal(journal).entries)
 
+    plays: list[dict[str, Any]] = []
     try:
         _wait(wave_host_upgrading, 600, "the wave host reaching the package change")
+        plays = [json.loads(p.read_text()) for p in (runs / ".k3fleet" / "plays").glob("*/pid.json")]
     finally:
-        os.killpg(controller.pid, signal.SIGKILL)
-        controller.wait(30)
+        # The controller alone, as `kill -9 PID` does: not its process group, not the play's session.
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert len(plays) == 1, plays
+    play = plays[0]["pid"]
+    _wait(lambda: not session_members(play), 30, f"the play (pid {play}) and its workers ending with the controller")
     stages = journal_stages(out_dir)
     assert stages["tb-node03"] == HAPPY and stages["tb-node04"][-1] in ("upgrading", "rebooting")
 
+    # Power lost mid-write: the last line is torn; the resume's first append must not merge with it.
+    offset = tear_last_line(journal, 110)
     resumed = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-KILL", operator="erin",
                                          resume=out_dir, runs_dir=runs, accept_findings=ACCEPT),
                           ["k3fleet", "upgrade", "--resume"])
     assert resumed.exit_code == 0, (resumed.message, resumed.hosts)
+    assert any(f"byte {offset}" in p for p in resumed.problems), resumed.problems
+    back = read_journal(journal)
+    torn = [u for u in back.unreadable if u.offset == offset]
+    assert len(torn) == 1 and torn[0].host == "tb-node04", back.unreadable
     stages = journal_stages(out_dir)
     assert stages["tb-node03"] == HAPPY, "the canary was touched again"
     assert stages["tb-node04"].count("snapshot") == 1 and stages["tb-node04"][-1] == "returned"
-    assert stages["tb-node04"].count("draining") == 2, "the resumed host is drained (confirmed) once more, not more"
+    assert "draining" in stages["tb-node04"][stages["tb-node04"].index("drained") + 1:], \
+        "the resumed host is drained (confirmed) once more"
     for h in hosts:
         assert loaded(tb, h) == NEW
 
@@ -365,3 +352,191 @@ def test_killed_controller_then_resume_then_rollback_of_the_run(tb: testbed.Test
                          ["k3fleet", "rollback"])
     assert again.exit_code == 0 and again.hosts["tb-node04"]["stages"][-2:] == ["rolled_back", "returned"]
     assert packages(tb, "tb-node04") == before["tb-node04"]
+
+
+# -- 4. a canary someone else drained, then a wave where every host fails, bounded ----------------------
+
+
+def test_foreign_drain_canary_then_a_failing_wave_never_exceeds_max_unavailable(
+        tb: testbed.TestbedState, inventory: Path, runs: Path) -> None:
+    wave = ["tb-node01", "tb-node03", "tb-node04"]
+    put_on_575(tb, ["tb-node02", *wave])
+    testbed.update_node(tb, "node02", "drain", reason="disk replacement INC-7731")
+    # Jobs that outlast the drain timeout: every wave host fails at its drain (nothing else changes).
+    jobs = [testbed.submit_job(tb, tb.host(h).slurm_node, seconds=900, name="k3-busy") for h in wave]
+    sampler = SlurmSampler(tb, "CHG-BLAST")
+    try:
+        _wait(lambda: all(testbed.job_state(tb, j) == "RUNNING" for j in jobs), 60, "the wave's jobs running")
+        sampler.start()
+        result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-BLAST", operator="carol",
+                                            canary="tb-node02", waves=True, limit=",".join(["tb-node02", *wave]),
+                                            runs_dir=runs, forks=4, drain_timeout=5, failure_budget=3,
+                                            max_unavailable="2", accept_findings=ACCEPT), ["k3fleet", "upgrade"])
+        sampler.stop.set()
+        sampler.join(10)
+        assert result.exit_code == 1, (result.message, result.hosts)
+        assert result.change["waves"] == [wave]
+        entries = read_journal(result.run_dir.path / "journal.jsonl").entries
+
+        # The canary: the drain was someone else's, so it was leased on top and their reason given back.
+        drained = next(e for e in entries if e.host == "tb-node02" and e.stage == "drained")
+        assert (drained.detail["decision"], drained.detail["drained_by_us"]) == ("adopt", False)
+        returned = [e for e in entries if e.host == "tb-node02" and e.stage == "returned"][-1]
+        assert returned.detail["returned_to_service"] is False and returned.detail["decision"] == "restore"
+        assert loaded(tb, "tb-node02") == NEW
+        status = testbed.node_state(tb, "node02")
+        assert status.drained and status.reason == "disk replacement INC-7731", status
+
+        # Every wave host failed at its drain, had its drain undone, and kept its job and packages.
+        for h in wave:
+            assert result.hosts[h]["outcome"] == "rolled_back", result.hosts[h]
+            failed = next(e for e in entries if e.host == h and e.stage == "failed")
+            assert failed.detail["at"] == "draining" and "still runs 1 job(s)" in failed.detail["msg"]
+            assert loaded(tb, h) == OLD and not testbed.node_state(tb, tb.host(h).slurm_node).drained
+        assert all(testbed.job_state(tb, j) == "RUNNING" for j in jobs), "a job was cancelled"
+
+        # Never more than two out at once: the slots the journal granted, its timeline, and Slurm itself.
+        slots = [e.detail["slot"]["out"] for e in entries if e.stage == "snapshot"]
+        assert max(len(s) for s in slots) == 2 and all(len(s) <= 2 for s in slots), slots
+        most, when = most_out_from_journal(result.run_dir.path)
+        assert most == 2, when
+        assert sampler.samples > 10 and 1 <= sampler.most[0] <= 2, sampler.most
+    finally:
+        sampler.stop.set()
+        subprocess.run(["scancel", *map(str, jobs)], env=testbed.slurm_env(tb), check=False)
+        testbed.update_node(tb, "node02", "resume")
+
+
+# -- 5. two nights at once on the same node -----------------------------------------------------------
+
+
+def test_two_nights_at_once_change_a_node_once_and_report_the_lease(
+        tb: testbed.TestbedState, inventory: Path, tmp_path: Path) -> None:
+    put_on_575(tb, ["tb-node03", "tb-node04"])
+    common = ["-i", str(inventory), "--canary", "tb-node03", "--limit", "tb-node03,tb-node04", "--json", "-q",
+              *[x for a in ACCEPT for x in ("--accept-finding", a)]]
+    runs_a, runs_b = tmp_path / "runs-a", tmp_path / "runs-b"
+    a = controller(tmp_path, "upgrade", "--change-id", "CHG-A", "--operator", "alice", "--runs-dir", str(runs_a),
+                   *common)
+    b = controller(tmp_path, "upgrade", "--change-id", "CHG-B", "--operator", "bob", "--runs-dir", str(runs_b),
+                   *common)
+    try:
+        # A third night on A's runs directory is refused by its lock, naming who holds it.
+        lock = runs_a / ".k3fleet" / "night.lock"
+        _wait(lambda: lock.exists() and b"CHG-A" in lock.read_bytes(), 60, "night A holding its lock")
+        c = controller(tmp_path, "upgrade", "--change-id", "CHG-C", "--operator", "carol", "--runs-dir",
+                       str(runs_a), *common)
+        _, c_err = c.communicate(timeout=120)
+        assert c.returncode == 2, c_err
+        assert "CHG-A" in c_err and "alice" in c_err and f"pid {a.pid}" in c_err
+        assert len(c_err.strip().splitlines()) == 1, c_err
+        outs = {name: p.communicate(timeout=900) for name, p in (("CHG-A", a), ("CHG-B", b))}
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
+    codes = {"CHG-A": a.returncode, "CHG-B": b.returncode}
+    winner = next((c for c, rc in codes.items() if rc == 0), None)
+    assert winner is not None and sorted(codes.values())[0] == 0, (codes, outs)
+    loser = "CHG-B" if winner == "CHG-A" else "CHG-A"
+    won = json.loads(outs[winner][0])
+    assert won["hosts"]["tb-node03"]["outcome"] == "upgraded", won["hosts"]
+    # The other one reports the winner's lease: refused at its gate (its audit already saw the lease,
+    # exit 2) or the node found held at its drain (exit 3). It never drained or changed the node.
+    if codes[loser] == 2:
+        assert f"held by change {winner}" in outs[loser][1], outs[loser]
+    else:
+        assert codes[loser] == 3, (codes, outs[loser])
+        lost = json.loads(outs[loser][0])
+        assert lost["hosts"]["tb-node03"]["outcome"] == "held", lost["hosts"]
+        assert winner in lost["hosts"]["tb-node03"]["failure"]
+        stages = journal_stages(Path(lost["run_dir"])).get("tb-node03", [])
+        assert not {"drained", "upgrading"} & set(stages), stages
+    assert journal_stages(Path(won["run_dir"]))["tb-node03"] == HAPPY
+    assert loaded(tb, "tb-node03") == NEW
+    assert not testbed.node_state(tb, "node03").drained
+
+
+# -- 6. happy path ------------------------------------------------------------------------------
+
+
+class JobAtNightStart(Observer):
+    """Starts a real Slurm job on a node when the change night's playbook starts, and waits until it runs."""
+
+    def __init__(self, state: testbed.TestbedState, node: str, seconds: int) -> None:
+        self.state, self.node, self.seconds = state, node, seconds
+        self.job: int | None = None
+
+    def play_started(self, playbook: str, hosts: int | None) -> None:
+        if playbook == "change_night.yml" and self.job is None:
+            job = testbed.submit_job(self.state, self.node, seconds=self.seconds, name="k3-happy")
+            _wait(lambda: testbed.job_state(self.state, job) == "RUNNING", 30, f"job running on {self.node}")
+            self.job = job
+
+
+def test_happy_path_canary_then_wave_with_a_job_on_the_canary(tb: testbed.TestbedState, inventory: Path, runs: Path,
+                                                             pytestconfig: pytest.Config) -> None:
+    hosts = ["tb-node01", "tb-node04"]
+    put_on_575(tb, hosts)
+    started = time.monotonic()
+    # The job starts when the night does (after the gating audit, however long that takes on a busy
+    # machine), so the canary's drain always finds it running.
+    jobs = JobAtNightStart(tb, "node01", seconds=20)
+    result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-HAPPY", operator="alice",
+                                        canary="tb-node01", waves=True, limit=",".join(hosts), drain_timeout=300,
+                                        runs_dir=runs, forks=4, accept_findings=ACCEPT), ["k3fleet", "upgrade"],
+                         observer=jobs)
+    wall = time.monotonic() - started
+    assert result.exit_code == 0, (result.message, result.hosts)
+    job = jobs.job
+    assert job is not None
+    assert result.change["waves"] == [["tb-node04"]]
+    assert journal_stages(result.run_dir.path) == {"tb-node01": HAPPY, "tb-node04": HAPPY}
+    # The drain waited for the job, which ended by itself.
+    assert testbed.job_state(tb, job) == "COMPLETED"
+    drained = next(e for e in read_journal(result.run_dir.path / "journal.jsonl").entries
+                   if e.host == "tb-node01" and e.stage == "drained")
+    assert drained.detail["waited_s"] >= 5 and drained.detail["drained_by_us"] is True
+    for host in hosts:
+        assert loaded(tb, host) == NEW
+        assert ssh(tb, host, "systemctl is-active nvidia-fabricmanager").strip() == "active"
+        assert ssh(tb, host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip() == NEW
+        held = ssh(tb, host, "apt-mark showhold").split()
+        assert set(NEW_HELD) <= set(held) and not set(OLD_NAMES) & set(held), held
+        status = testbed.node_state(tb, tb.host(host).slurm_node)
+        assert not status.drained, f"{host} not returned to service: {status}"
+    # NVML itself reports the new driver where pynvml is installed (tb-node01).
+    nvml = ssh(tb, "tb-node01",
+               "python3 -c 'import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlSystemGetDriverVersion())'")
+    assert nvml.strip() == NEW
+    for host in hosts:
+        t = result.hosts[host]["timing"]
+        report(pytestconfig, f"happy path {host}: wall {t['wall_s']}s, k3fleet itself {t['tool_s']}s "
+                             f"({t['tool_share']:.0%}), external {t['external_s']}")
+    report(pytestconfig, f"happy path, both hosts incl. the gating audit: {wall:.1f}s")
+    run_json = json.loads((result.run_dir.path / "run.json").read_text())
+    assert run_json["exit_code"] == 0 and set(run_json["hosts"]) == set(hosts)
+    assert (result.run_dir.path / "snapshots" / "tb-node01.json").is_file()
+    assert result.run_dir.verify() == []
+
+    # A second night changes nothing: the audit plans no host ...
+    before = {h: packages(tb, h) for h in hosts}
+    again = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-HAPPY-2", operator="alice", waves=True,
+                                       limit=",".join(hosts), runs_dir=runs, accept_findings=ACCEPT),
+                        ["k3fleet", "upgrade"])
+    assert again.exit_code == 0 and again.message.startswith("nothing to change"), again.message
+    # ... and the playbook itself, forced onto the same hosts with the night's own values, changes nothing.
+    from k3fleet.change.night import extravars
+    from k3fleet.change.record import load_change, verified
+    from k3fleet.runner import run_playbook
+
+    rd = verified(result.run_dir.path)
+    record = load_change(rd)
+    ev = extravars(record, rd, hosts, [1, 1], audit_dir=rd.path / "audit")
+    ev.update(k3fleet_run_id="again", k3fleet_journal=str(runs / "again" / "journal.jsonl"), k3fleet_resume=True)
+    play = run_playbook("change_night.yml", inventory, runs / "again", extravars=ev)
+    assert play.status == "successful", play.stderr_tail
+    changed = {h: [o.task for o in outs if o.result and o.result.get("changed")] for h, outs in play.hosts.items()}
+    assert all(not tasks for tasks in changed.values()), changed
+    assert {h: packages(tb, h) for h in hosts} == before
