@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3fleet.errors import UsageError
+from k3fleet.evidence.redact import redact_text
 from k3fleet.paths import data_dir
 
 if TYPE_CHECKING:
@@ -351,7 +352,8 @@ def run_playbook(
             stdout = r.stdout.read() if r.stdout else ""
         except (OSError, ValueError):
             stdout = ""
-        result.stderr_tail = _tail(stdout)
+        # Callers quote the tail in one-line errors: it is shown, so it is redacted.
+        result.stderr_tail = redact_text(_tail(stdout))
         if evidence is not None:
             rd, rel = evidence
             rd.write_text(f"{rel}/stdout.txt", stdout)

@@ -97,6 +97,12 @@ _KNOWN_TOKEN = re.compile(
     r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,})")
 
 
+# Every shape above needs one of these; most evidence strings (versions, names, states) have
+# none, and skip the rules at the cost of one scan.
+_TRIGGER = re.compile(r"[=:@]|(?<![\w-])-[A-Za-z-]|bearer|passw|passphrase|PRIVATE KEY|hf_|sk-|nvapi-|gh[pousr]_"
+                      r"|github_pat_|glpat-|xox", re.IGNORECASE)
+
+
 def _keep_quotes(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
         return value[0] + REDACTED + value[0]
@@ -123,7 +129,7 @@ def _masked(m: re.Match[str]) -> str:
 
 def redact_text(text: str) -> str:
     """``text`` with every secret-shaped value replaced by ``***`` (the key or option is kept)."""
-    if not text:
+    if not text or not _TRIGGER.search(text):
         return text
     text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}\n{REDACTED}\n{m.group(2)}", text)
     text = _URL_USERINFO.sub(_masked, text)
@@ -176,6 +182,10 @@ def _secret_value(value: Any) -> Any:
 
 def redact(obj: Any) -> Any:
     """A JSON-like structure with secrets redacted by key name and by value shape."""
+    if isinstance(obj, str):  # the most common node first: facts are mostly strings
+        return redact_text(obj)
+    if isinstance(obj, int | float | bool) or obj is None:
+        return obj
     if isinstance(obj, Mapping):
         named = next((obj[n] for n in _PAIR_NAMES if isinstance(obj.get(n), str)), None)
         pair_secret = named is not None and is_secret_name(named)
@@ -188,8 +198,6 @@ def redact(obj: Any) -> Any:
         return out
     if isinstance(obj, list | tuple):
         return [redact(v) for v in obj]
-    if isinstance(obj, str):
-        return redact_text(obj)
     return obj
 
 
