@@ -136,7 +136,9 @@ def _state(inventory: Path) -> tuple[int, ...]:
     """Modification times of the inventory and the vars directories next to it (the cache key)."""
     base = inventory if inventory.is_dir() else inventory.parent
     stamps = []
-    for p in (inventory, base / "group_vars", base / "host_vars"):
+    # An inventory directory is all inventory: every file in it counts.
+    watched = (inventory,) if inventory.is_dir() else (inventory, base / "group_vars", base / "host_vars")
+    for p in watched:
         with contextlib.suppress(OSError):
             stamps.append(p.stat().st_mtime_ns)
         if p.is_dir():
