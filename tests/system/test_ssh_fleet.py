@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -157,13 +158,16 @@ def test_down_after_sigkill_leaves_nothing(fleet: sshfleet.SshFleetState, workdi
     assert fleet.supervisor_pid is not None
     # Leave an ssh ControlPersist master and its sshd session behind, then kill the supervisor hard.
     h = next(h for h in fleet.hosts if h.sshd)
+    # A unix socket path has at most 107 bytes: pytest's tmp_path is too deep for one.
+    sockets = Path(tempfile.mkdtemp(prefix="k3sf-cm-", dir="/tmp"))
     argv = ["ssh", "-i", str(fleet.client_key), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
             "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "ControlMaster=yes", "-o", "ControlPersist=60", "-o", f"ControlPath={tmp_path}/cm-%C",
+            "-o", "ControlMaster=yes", "-o", "ControlPersist=60", "-o", f"ControlPath={sockets}/%C",
             f"root@{h.address}", "true"]
     # No pipes: the master that stays behind would hold them open.
-    master = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
-    assert master.returncode == 0
+    with open(tmp_path / "ssh.err", "wb") as err:
+        master = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, timeout=60, check=False)
+    assert master.returncode == 0, (tmp_path / "ssh.err").read_text()
     assert sshfleet.ssh_clients(), "the ControlPersist master did not stay"
     os.kill(fleet.supervisor_pid, signal.SIGKILL)
     proc.wait_gone([fleet.supervisor_pid], 5.0)
@@ -172,6 +176,8 @@ def test_down_after_sigkill_leaves_nothing(fleet: sshfleet.SshFleetState, workdi
     left = sshfleet.leftovers(workdir)
     assert left.empty, left.describe()
     assert not harness.list_netns() and not harness.list_links() and not sshfleet.ssh_clients()
+    assert not list(sockets.iterdir()), "the killed master's control socket was left behind"
+    sockets.rmdir()
     status = k3fleet("lab", "ssh-fleet", "status", "--workdir", str(workdir))
     assert status.returncode == 2 and "nothing is up" in status.stderr
 
