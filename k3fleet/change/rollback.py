@@ -22,7 +22,7 @@ from k3fleet.change.night import real_ansible_playbook
 from k3fleet.change.record import verified
 from k3fleet.change.timing import ChangeRecorder
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
-from k3fleet.evidence import RunDir
+from k3fleet.evidence import COMMAND, RunDir
 from k3fleet.inventory import inventory_hosts, refuse_simulated
 from k3fleet.journal import (
     JOURNAL_FILE,
@@ -78,9 +78,15 @@ class Source:
 
 
 def _journals_under(runs_dir: Path) -> list[Path]:
+    """The journals of the change runs under ``runs_dir`` (a rollback run keeps a copy of its own
+    lines, which the change's journal has too)."""
     if not runs_dir.is_dir():
         raise UsageError(f"runs directory {runs_dir} does not exist: give --run RUN")
-    return sorted(p for p in runs_dir.glob(f"*/{JOURNAL_FILE}") if p.is_file())
+    out = []
+    for p in sorted(runs_dir.glob(f"*/{JOURNAL_FILE}")):
+        if p.is_file() and RunDir.open(p.parent).read_object(COMMAND).get("kind") == "change":
+            out.append(p)
+    return out
 
 
 def rollback_sources(opts: RollbackOptions) -> tuple[list[Source], dict[str, str], dict[str, str]]:

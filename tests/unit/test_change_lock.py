@@ -217,3 +217,25 @@ def test_rollback_of_a_tampered_run_is_refused(tmp_path: Path, capsys: pytest.Ca
     rc, err = _cli(["rollback", "-i", str(inventory), "--run", str(rd.path), "--runs-dir",
                     str(tmp_path / "runs")], capsys)
     assert rc == 3 and "change.json: changed" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_rollback_of_a_host_takes_its_latest_change_not_a_rollback_copy(tmp_path: Path) -> None:
+    from k3fleet.change import RollbackOptions, rollback_sources
+
+    runs = tmp_path / "runs"
+    line = {"ts": "2026-11-29T21:00:00Z", "run": "night", "change_id": "CHG-1", "host": "gpu-a01", "detail": {}}
+    night = RunDir.create(runs, "change", ["k3fleet", "upgrade"])
+    for stage in ("snapshot", "draining", "drained", "upgrading", "returned"):
+        night.append_jsonl("journal.jsonl", dict(line, stage=stage, **({"snapshot": {"packages": []}}
+                                                                         if stage == "snapshot" else {})))
+    night.write_manifest()
+    # The rollback run keeps a copy of its own lines (no snapshot), later than the night's.
+    back = RunDir.create(runs, "rollback", ["k3fleet", "rollback"])
+    for stage in ("draining", "rolled_back", "returned"):
+        back.append_jsonl("journal.jsonl", dict(line, ts="2026-11-29T22:00:00Z", run=back.path.name, stage=stage))
+    back.write_manifest()
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu-a01: {ansible_host: 192.0.2.10}\n")
+    sources, skipped, refused = rollback_sources(RollbackOptions(inventory=inventory, limit="gpu-a01", runs_dir=runs))
+    assert [(s.journal.path, s.hosts) for s in sources] == [(night.path / "journal.jsonl", ["gpu-a01"])]
+    assert (skipped, refused) == ({}, {})
