@@ -16,7 +16,6 @@ from k3fleet.decide.checklist import (
     OWNERS_ITEM,
     REVIEWER_ITEM,
     agent_item_of,
-    audit_fresh,
     bounded_agent_defects,
     build_checklist,
     chain_problems,
@@ -366,10 +365,6 @@ def baseline_of(s: EvidenceSummary, limits: list[Limit]) -> Baseline | None:
         rollback_image=s.build.rollback_image if s.build else None,
         evidence=_refs(st.ref, ld.ref if ld else None, pc.ref if pc else None, s.audit.ref if s.audit else None),
     )
-
-
-def audit_is_fresh(s: EvidenceSummary) -> bool:
-    return audit_fresh(s)[0]
 
 
 __all__ = ["OWNERS_ITEM", "REVIEWER_ITEM", "RULES", "Rule", "baseline_of", "decide"]
