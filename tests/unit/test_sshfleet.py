@@ -103,6 +103,9 @@ def test_sshd_accepts_the_generated_configuration(planned: tuple[state.SshFleetS
     layout.authorized_keys.write_text(harness._keypair()[1] + "\n")
     known: list[str] = []
     files = harness._write_host_files(layout, st.hosts[0], known)
+    # sshd -t wants its privilege separation directory, as `up` makes it when missing. It stays: a
+    # fleet brought up meanwhile by another test may be using it.
+    harness.PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     check = subprocess.run([sshd, "-t", "-f", files["conf"]], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
     assert known[0].startswith(f"{st.hosts[0].address} ssh-ed25519 ")
