@@ -239,3 +239,18 @@ def test_rollback_of_a_host_takes_its_latest_change_not_a_rollback_copy(tmp_path
     sources, skipped, refused = rollback_sources(RollbackOptions(inventory=inventory, limit="gpu-a01", runs_dir=runs))
     assert [(s.journal.path, s.hosts) for s in sources] == [(night.path / "journal.jsonl", ["gpu-a01"])]
     assert (skipped, refused) == ({}, {})
+
+
+def test_the_lease_is_built_once_and_handed_in() -> None:
+    import datetime as dt
+
+    from k3fleet.change.lease import DRAIN_TEXT, Lease, lease_holder
+
+    lease = Lease.build("CHG-7", "alice", DRAIN_TEXT, ttl_s=3600,
+                        now=dt.datetime(2026, 11, 29, 21, 0, tzinfo=dt.UTC))
+    assert lease.extravar() == {"change_id": "CHG-7", "operator": "alice", "id": "k3fleet:CHG-7",
+                                "text": "k3fleet:CHG-7 alice: NVIDIA driver change", "prefix": "k3fleet:",
+                                "expires": "2026-11-29T22:00:00Z"}
+    assert lease_holder(lease.text) == "CHG-7"
+    with pytest.raises(UsageError, match="--change-id 'CHG 7' is not valid"):
+        Lease.build("CHG 7", "alice", DRAIN_TEXT, ttl_s=1)

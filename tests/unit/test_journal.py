@@ -326,6 +326,11 @@ def slot(path: Path, host: str, gate: dict[str, Any] = GATE) -> tuple[bool, str]
         ([("b", "upgrading"), ("d", "returned")], "a", GATE, True, "2 of 2 node(s) out of service"),
         ([("b", "rolled_back")], "a", dict(GATE, max_unavailable=1, failure_budget=5), False,
          "max-unavailable 1 reached by node(s) left out of service: b"),
+        # A host that failed is still rolling back: wait for it, do not give up.
+        ([("b", "failed")], "a", dict(GATE, max_unavailable=1, failure_budget=5), False,
+         "max-unavailable 1 reached (b): no slot within 0s"),
+        ([("b", "failed"), ("b", "failed_rollback")], "a", dict(GATE, max_unavailable=1, failure_budget=5), False,
+         "max-unavailable 1 reached by node(s) left out of service: b"),
         ([("b", "upgrading"), ("b", "failed")], "a", GATE, False,
          "failure budget spent: 1 host(s) failed (b), budget 0"),
         ([("b", "upgrading"), ("b", "failed")], "a", dict(GATE, failure_budget=1), True,
@@ -343,7 +348,8 @@ def test_slot_gate(tmp_path: Path, history: list[tuple[str, str]], host: str, ga
                    granted: bool, why: str) -> None:
     path = tmp_path / "journal.jsonl"
     other = why == "1 of 2 node(s) out of service" and history
-    write(path, [dict(line(h, st, f"t{i}", detail={"left_drained": True} if st == "rolled_back" else {}),
+    details = {"rolled_back": {"left_drained": True}, "failed_rollback": {"at": "rollback"}}
+    write(path, [dict(line(h, st.replace("failed_rollback", "failed"), f"t{i}", detail=details.get(st, {})),
                       change_id="CHG-OTHER" if other else "CHG-1") for i, (h, st) in enumerate(history)])
     size = path.stat().st_size if path.exists() else 0
     assert slot(path, host, gate) == (granted, why)

@@ -232,13 +232,18 @@ def slot_state(raw, change_id):
         if stage == "failed" and host not in failed:
             failed.append(host)
         last[host] = (stage, value.get("detail"))
-    out = dict((h, st) for h, (st, detail) in last.items() if _is_out(st, detail))
+    out = {}
+    for h, (st, detail) in last.items():
+        if _is_out(st, detail):
+            # A failure outside the rollback is followed by the rollback, still under way.
+            rolling = st == "failed" and not (isinstance(detail, dict) and detail.get("at") == "rollback")
+            out[h] = "failed, rolling back" if rolling else st
     return out, failed
 
 
-# Stages a host that holds its slot may still be moving through; the others (failed, rolled back
-# and left drained, unreadable) will not give their slot back during this night.
-_IN_FLIGHT = ("snapshot", "draining", "drained", "upgrading", "rebooting", "verifying")
+# Stages a host that holds its slot may still be moving through; the others (a failed rollback,
+# rolled back and left drained, unreadable) will not give their slot back during this night.
+_IN_FLIGHT = ("snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "failed, rolling back")
 
 
 def slot_decision(out, failed, host, gate):
