@@ -41,6 +41,7 @@ from k3fleet.models.facts import HostFacts  # noqa: E402
 from k3fleet.models.findings import FleetVerdict  # noqa: E402
 from k3fleet.targets import load_target  # noqa: E402
 from k3fleet.verdict import evaluate_fleet, validate_facts  # noqa: E402
+from k3fleet.verdict.intake import gc_paused  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "verdict"
 # What the issue asks of this machine: validation + verdict + plan.
@@ -134,7 +135,9 @@ def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, fl
 
 
 def _plain_validate(raw: dict[str, dict[str, Any]]) -> dict[str, HostFacts]:
-    return {k: HostFacts.model_validate(v) for k, v in raw.items()}
+    # The previous controller path: each host validated whole, the cyclic GC paused as validate_facts does.
+    with gc_paused(freeze=True):
+        return {k: HostFacts.model_validate(v) for k, v in raw.items()}
 
 
 def run_size(n: int, args: argparse.Namespace, target: Any) -> dict[str, Any]:

@@ -299,6 +299,31 @@ def replaced(model: _M, **changes: Any) -> _M:
     return new
 
 
+_FIELDS: dict[type[BaseModel], dict[str, Any]] = {}
+
+
+def unchecked(cls: type[_M], **fields: Any) -> _M:
+    """A model built from values the verdict itself computed, without validating them again.
+
+    For the verdict's per-host outputs (a host's verdict, a plan item) at fleet size: the values
+    come from validated facts and typed code, and validating them once more costs as much as the
+    rest of the host's verdict. Fields left out take their defaults.
+    """
+    known = _FIELDS.get(cls)
+    if known is None:
+        known = _FIELDS[cls] = dict(cls.model_fields)
+    if len(fields) != len(known):
+        for name, info in known.items():
+            if name not in fields:
+                fields[name] = info.get_default(call_default_factory=True)
+    new = cls.__new__(cls)
+    object.__setattr__(new, "__dict__", fields)
+    object.__setattr__(new, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(new, "__pydantic_extra__", None)
+    object.__setattr__(new, "__pydantic_private__", None)
+    return new
+
+
 def host_facts_json_schema() -> dict[str, Any]:
     schema = HostFacts.model_json_schema()
     schema["$id"] = f"https://k3fleet.invalid/schema/host-facts-{SCHEMA_VERSION}.json"

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from k3fleet.models.facts import HostFacts
+from k3fleet.models.facts import HostFacts, unchecked
 from k3fleet.models.findings import (
     SEVERITY_RANK,
     BlockedHost,
@@ -177,12 +177,14 @@ def _evaluate_fleet(
     contexts = [cache.context(facts[n], n) for n in names]
     decision = ct.decide(contexts)
     for name, ctx in zip(names, contexts, strict=True):
-        findings = cache.run(facts[name], name, ctx)
-        status = status_of(cache.worst(findings, ctx))
-        unconfirmed |= ctx.unconfirmed
-        evals.append(HostEval(name, facts[name], ctx, findings, status))
-        hosts[name] = HostVerdict(
-            host=name, status=status, reason=None, findings=findings, driver_version=ctx.version,
+        findings, worst, of_kind = cache.run(facts[name], name, ctx)
+        status = status_of(worst)
+        if ctx.unconfirmed:
+            unconfirmed |= ctx.unconfirmed
+        evals.append(HostEval(name, facts[name], ctx, findings, status, id(ctx) if of_kind else None))
+        # Built from the verdict's own typed values: validating them again would cost more than the host's rules.
+        hosts[name] = unchecked(
+            HostVerdict, host=name, status=status, reason=None, findings=findings, driver_version=ctx.version,
             gpu_model=ctx.gpu_model, gpu_count=ctx.gpu_count)
     for name in sorted(invalid):
         if name in unreachable or name in hosts:

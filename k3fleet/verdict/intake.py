@@ -37,6 +37,7 @@ from k3fleet.models.facts import (
     ContainerFacts,
     DriverFacts,
     FabricManagerFacts,
+    Gpu,
     HostFacts,
     NcclFacts,
     PackageFacts,
@@ -108,36 +109,59 @@ def validate_facts(
 
 
 def _driver_key(driver: Any) -> bytes | None:
-    """The driver section without the GPUs' UUIDs (no host rule reads them), as marshal bytes."""
-    if not isinstance(driver, Mapping):
+    """The driver section without the GPUs' UUIDs (no host rule reads them), as marshal bytes.
+
+    Facts arrive as JSON, so exact type checks (cheaper than the abstract Mapping) suffice; other
+    shapes get no key and take the plain path.
+    """
+    if type(driver) is not dict:
         return None
     gpus = driver.get("gpus")
-    if not isinstance(gpus, list):
-        return marshal.dumps(dict(driver))
-    rest = dict(driver)
+    if type(gpus) is not list:
+        return marshal.dumps(driver)
+    rest = driver.copy()
     del rest["gpus"]
     stripped = []
     for g in gpus:
-        if isinstance(g, dict):
-            g = g.copy()  # a C-level copy and a pop cost a fraction of a filtering comprehension
-            g.pop("uuid", None)
+        if type(g) is dict and "uuid" in g:
+            g = g.copy()  # a C-level copy and a delete cost a fraction of a filtering comprehension
+            del g["uuid"]
         stripped.append(g)
     return marshal.dumps((rest, stripped))
 
 
-def _with_own_uuids(template: DriverFacts, driver: Any) -> DriverFacts:
+_set = object.__setattr__
+
+
+def _with_own_uuids(template: DriverFacts, driver: dict[str, Any]) -> DriverFacts:
     """The validated driver section of a host whose driver equals ``template`` but for GPU UUIDs.
 
-    Raises TypeError for a UUID that is not a string, so the host takes the plain path.
+    Each differing GPU is a copy of the template's with the host's UUID (the copy of
+    :func:`k3fleet.models.facts.replaced`, inlined: this runs for every GPU of the fleet). Raises
+    TypeError for a UUID that is not a string, so the host takes the plain path.
     """
-    gpus = driver.get("gpus")
-    uuids = [g.get("uuid") if isinstance(g, Mapping) else None for g in gpus] if isinstance(gpus, list) else []
-    if uuids == [g.uuid for g in template.gpus]:
+    raw: list[Any] = driver["gpus"]
+    if not template.gpus:
         return template
-    if any(u is not None and not isinstance(u, str) for u in uuids):
-        raise TypeError("GPU uuid is not a string")
-    own = [g if g.uuid == u else replaced(g, uuid=u) for g, u in zip(template.gpus, uuids, strict=True)]
-    return replaced(template, gpus=own)
+    own: list[Gpu] = []
+    changed = False
+    for gpu, entry in zip(template.gpus, raw, strict=True):
+        uuid = entry.get("uuid") if type(entry) is dict else None
+        if uuid == gpu.uuid:
+            own.append(gpu)
+            continue
+        if uuid is not None and type(uuid) is not str:
+            raise TypeError("GPU uuid is not a string")
+        fields = gpu.__dict__.copy()
+        fields["uuid"] = uuid
+        copy = Gpu.__new__(Gpu)
+        _set(copy, "__dict__", fields)
+        _set(copy, "__pydantic_fields_set__", gpu.__pydantic_fields_set__)
+        _set(copy, "__pydantic_extra__", None)
+        _set(copy, "__pydantic_private__", None)
+        own.append(copy)
+        changed = True
+    return replaced(template, gpus=own) if changed else template
 
 
 def _validate_shared(data: Mapping[str, Any], shared: dict[tuple[str, bytes], Any]) -> HostFacts | None:
@@ -147,21 +171,30 @@ def _validate_shared(data: Mapping[str, Any], shared: dict[tuple[str, bytes], An
     """
     fast = dict(data)
     try:
-        ids: list[int] = []
-        for name, model in SHARED_SECTIONS.items():
-            section = data.get(name)
-            if section is None:
-                ids.append(0)
-                continue
-            key = (name, marshal.dumps(section))
-            hit = shared.get(key)
-            if hit is None:
-                hit = shared[key] = model.model_validate(section)
-            fast[name] = hit
-            ids.append(id(hit))
+        sections = tuple(data.get(name) for name in SHARED_SECTIONS)
+        # All shared sections at once first (one key for the common case of a whole node kind
+        # repeating); on a miss each section on its own, so kinds still share equal sections.
+        combined = ("*", marshal.dumps(sections))
+        validated = shared.get(combined)
+        if validated is None:
+            parts: list[Any] = []
+            for (name, model), section in zip(SHARED_SECTIONS.items(), sections, strict=True):
+                if section is None:
+                    parts.append(None)
+                    continue
+                key = (name, marshal.dumps(section))
+                hit = shared.get(key)
+                if hit is None:
+                    hit = shared[key] = model.model_validate(section)
+                parts.append(hit)
+            validated = shared[combined] = tuple(parts)
+        ids = [id(part) if part is not None else 0 for part in validated]
+        for name, part in zip(SHARED_SECTIONS, validated, strict=True):
+            if part is not None:
+                fast[name] = part
         driver = data.get("driver")
         driver_key = _driver_key(driver)
-        if driver_key is not None:
+        if driver_key is not None and isinstance(driver, dict) and type(driver.get("gpus")) is list:
             template = shared.get(("driver", driver_key))
             if template is None:
                 template = shared[("driver", driver_key)] = DriverFacts.model_validate(driver)
@@ -171,5 +204,8 @@ def _validate_shared(data: Mapping[str, Any], shared: dict[tuple[str, bytes], An
         # ValueError / TypeError: a value marshal cannot take (not plain JSON data).
         return None
     if driver_key is not None:
-        facts._rule_key = (facts.schema_version, driver_key, *ids)
+        # The private attribute's own dict: pydantic's attribute hook costs more than the assignment.
+        private = facts.__pydantic_private__
+        if private is not None:
+            private["_rule_key"] = (facts.schema_version, driver_key, *ids)
     return facts

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3fleet.models.facts import HostFacts
+from k3fleet.models.facts import HostFacts, unchecked
 from k3fleet.models.findings import (
     BlockedHost,
     Canary,
@@ -56,6 +56,9 @@ class HostEval:
     ctx: HostContext
     findings: list[Finding]
     status: str
+    # The node kind (validate_facts' rule key) whose findings these exactly are, or None: then what
+    # the plan reads from them holds for every host of the kind.
+    kind: int | None = None
 
 
 def idle(facts: HostFacts, ct: CompiledTarget, ctx: HostContext | None = None) -> bool | None:
@@ -213,6 +216,20 @@ def _in_use_note(c: HostContext) -> str:
             "ends it")
 
 
+# (blocking check ids, their reasons, problem warnings, all warnings) of one host's findings.
+_Judged = tuple[list[str], list[str], int, int]
+
+
+def _judge(ev: HostEval, scope: UpgradeScope, resolved: frozenset[str]) -> _Judged:
+    blockers = [f for f in ev.findings if f.blocking and not f.chain and f.check_id not in resolved
+                and not (scope == "fabricmanager" and _fm_explains_probe(f, ev))]
+    if blockers:
+        return sorted({f.check_id for f in blockers}), [f"{f.check_id}: {f.message}" for f in blockers], 0, 0
+    warnings = [f for f in ev.findings if f.severity == "warning"]
+    problems = sum(1 for f in warnings if f.kind == "fail" and f.check_id not in resolved)
+    return [], [], problems, len(warnings)
+
+
 def build_plan(
     evals: Sequence[HostEval], unreachable: Sequence[str], ct: CompiledTarget, wave_size: int | None = None
 ) -> tuple[ChangePlan, list[HostEval]]:
@@ -227,6 +244,10 @@ def build_plan(
     eligible: list[tuple[UpgradeItem, HostEval, int, int]] = []
     memo: dict[_PkgKey, tuple[list[PackageChange], list[str]]] = {}
     fm_memo: dict[_FmKey, tuple[list[PackageChange], list[str]]] = {}
+    # Hosts of one kind share their context: its profile text, and what its findings say for the
+    # plan, are worked out once.
+    profiles: dict[int, str] = {}
+    judgements: dict[tuple[int, str], _Judged] = {}
     for ev in sorted(evals, key=lambda e: e.host):
         c = ev.ctx
         if c.version_t is None or c.branch is None:
@@ -250,23 +271,25 @@ def build_plan(
             continue
         if c.gpus_in_use:
             notes = [*notes, _in_use_note(c)]
-        item = UpgradeItem(
-            host=ev.host, scope=scope, current_version=c.version or "", current_branch=c.branch,
+        item = unchecked(
+            UpgradeItem, host=ev.host, scope=scope, current_version=c.version or "", current_branch=c.branch,
             target_version=to_version, target_branch=to_branch,
-            gpu_model=c.gpu_model, gpu_count=c.gpu_count, profile=profile(c), idle=idle(ev.facts, ct, c),
+            gpu_model=c.gpu_model, gpu_count=c.gpu_count, profile=profiles.get(id(c)) or profiles.setdefault(
+                id(c), profile(c)), idle=idle(ev.facts, ct, c),
             packages=changes, notes=notes,
         )
         needs.append(item)
-        blockers = [f for f in ev.findings if f.blocking and not f.chain and f.check_id not in resolved
-                    and not (scope == "fabricmanager" and _fm_explains_probe(f, ev))]
-        if blockers:
-            blocked.append(BlockedHost(
-                host=ev.host, current_version=c.version, check_ids=sorted({f.check_id for f in blockers}),
-                reasons=[f"{f.check_id}: {f.message}" for f in blockers]))
+        judged = judgements.get((ev.kind, scope)) if ev.kind is not None else None
+        if judged is None:
+            judged = _judge(ev, scope, resolved)
+            if ev.kind is not None:
+                judgements[(ev.kind, scope)] = judged
+        check_ids, reasons, problems, warns = judged
+        if check_ids:
+            blocked.append(BlockedHost(host=ev.host, current_version=c.version, check_ids=check_ids,
+                                       reasons=reasons))
         else:
-            warnings = [f for f in ev.findings if f.severity == "warning"]
-            problems = sum(1 for f in warnings if f.kind == "fail" and f.check_id not in resolved)
-            eligible.append((item, ev, problems, len(warnings)))
+            eligible.append((item, ev, problems, warns))
 
     counts = Counter(i.profile for i in needs if i.scope == "driver")
     # Driver-change hosts first (the canary proves that change), then idle, then hosts without

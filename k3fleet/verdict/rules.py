@@ -254,6 +254,8 @@ def gpus_in_use(gpus: list[Gpu], util: float) -> tuple[list[Gpu], bool]:
 
 
 def _schema(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if f.schema_version == SCHEMA_VERSION:
+        return
     if f.schema_version.split(".", 1)[0] != SCHEMA_VERSION.split(".", 1)[0]:
         e.unknown("facts.schema", f"facts of schema {f.schema_version} (controller reads {SCHEMA_VERSION})",
                   "the collector on this host is from another major version", error=True)
@@ -1022,23 +1024,15 @@ class RuleCache:
     """Host rules once per node kind: hosts with one rule key (validate_facts) share their context
     and the findings of SHARED_RULES, stamped with each host's name; PER_HOST_RULES run per host."""
 
-    __slots__ = ("contexts", "ct", "findings", "ranks")
+    __slots__ = ("contexts", "ct", "findings", "kinds", "ranks")
 
     def __init__(self, ct: CompiledTarget) -> None:
         self.ct = ct
         self.contexts: dict[tuple[Any, ...], HostContext] = {}
+        # Contexts shared by a kind (by id), with the kind's findings and their worst severity rank.
+        self.kinds: set[int] = set()
         self.findings: dict[int, list[Finding]] = {}
         self.ranks: dict[int, int] = {}
-
-    def worst(self, findings: list[Finding], ctx: HostContext) -> int:
-        """The highest SEVERITY_RANK in ``findings``, from the cache when they are the kind's own."""
-        shared = self.findings.get(id(ctx))
-        if shared is not None and len(findings) == len(shared):
-            rank = self.ranks.get(id(ctx))
-            if rank is None:
-                rank = self.ranks[id(ctx)] = max((SEVERITY_RANK[f.severity] for f in shared), default=0)
-            return rank
-        return max((SEVERITY_RANK[f.severity] for f in findings), default=0)
 
     def context(self, facts: HostFacts, host: str) -> HostContext:
         key = rule_key(facts)
@@ -1047,27 +1041,35 @@ class RuleCache:
         ctx = self.contexts.get(key)
         if ctx is None:
             ctx = self.contexts[key] = host_context(facts, self.ct, host)
+            self.kinds.add(id(ctx))
         return ctx
 
-    def run(self, facts: HostFacts, host: str, ctx: HostContext) -> list[Finding]:
-        key = rule_key(facts)
-        if key is None or self.contexts.get(key) is not ctx:
-            return run_rules(facts, self.ct, host, ctx)[0]
+    def run(self, facts: HostFacts, host: str, ctx: HostContext) -> tuple[list[Finding], int, bool]:
+        """The host's findings, the highest SEVERITY_RANK among them, and whether they are exactly its
+        kind's (no finding of its own): then whatever follows from the findings holds for the kind."""
+        if id(ctx) not in self.kinds:
+            findings = run_rules(facts, self.ct, host, ctx)[0]
+            return findings, max((SEVERITY_RANK[f.severity] for f in findings), default=0), False
         shared = self.findings.get(id(ctx))
         if shared is None:
             em = _Emitter(self.ct, host)
             for rule in SHARED_RULES:
                 rule(facts, ctx, em)
             shared = self.findings[id(ctx)] = em.out
+            self.ranks[id(ctx)] = max((SEVERITY_RANK[f.severity] for f in shared), default=0)
             stamped = list(shared)
         else:
             stamped = [f if f.host == host else _for_host(f, host) for f in shared]
+        rank = self.ranks[id(ctx)]
         em = _Emitter(self.ct, host)
         _schema(facts, ctx, em)
         head = em.out
         em.out = []
         _scheduler(facts, ctx, em)
-        return [*head, *stamped, *em.out] if head or em.out else stamped
+        if not head and not em.out:
+            return stamped, rank, True
+        own = [*head, *em.out]
+        return [*head, *stamped, *em.out], max(rank, *(SEVERITY_RANK[f.severity] for f in own)), False
 
 
 def run_rules(
