@@ -32,7 +32,7 @@ from k3fleet.decide.models import (
     TriageEvidence,
 )
 from k3fleet.errors import IncompleteError, UsageError
-from k3fleet.evidence import verify_run
+from k3fleet.evidence import RunDir, verify_run
 
 KINDS = ("audit", "change", "accept", "triage")
 
@@ -135,9 +135,9 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
         he = HostEvidence(host=name, status=hv.status, driver_version=hv.driver_version, gpu_model=hv.gpu_model,
                           gpu_count=hv.gpu_count, reason=hv.reason)
         he.branch = _branch(hv.driver_version)
-        fp = path / "facts" / f"{name}.json"
-        if fp.is_file():
-            facts = _load_json(path, f"facts/{name}.json", label)
+        rel = RunDir.host_file("facts", name)
+        if (path / rel).is_file():
+            facts = _load_json(path, rel, label)
             if isinstance(facts, dict):
                 facts_hosts += 1
                 image = ((facts.get("container") or {}).get("image") or {}) if isinstance(
