@@ -195,18 +195,16 @@ class SlurmSampler(threading.Thread):
 
 
 def most_out_from_journal(run_dir: Path) -> tuple[int, list[str]]:
-    """The most hosts out of service at once by the journal: from a host's slot (snapshot line) to
-    its return, or to a rollback that gave it back."""
-    events: list[tuple[str, int, str]] = []
-    for e in read_journal(run_dir / "journal.jsonl").entries:
-        if e.stage == "snapshot":
-            events.append((e.ts, 1, e.host))
-        elif e.stage == "returned" or (e.stage == "rolled_back" and not (e.detail or {}).get("left_drained")):
-            events.append((e.ts, -1, e.host))
+    """The most hosts out of service at once by the journal, in the order its lines were appended
+    (under its lock): from a host's slot (snapshot line) to its return, or to a rollback that gave
+    it back."""
     out: set[str] = set()
     most: tuple[int, list[str]] = (0, [])
-    for _, step, host in sorted(events, key=lambda x: (x[0], x[1])):
-        (out.add if step > 0 else out.discard)(host)
+    for e in read_journal(run_dir / "journal.jsonl").entries:
+        if e.stage == "snapshot":
+            out.add(e.host)
+        elif e.stage == "returned" or (e.stage == "rolled_back" and not (e.detail or {}).get("left_drained")):
+            out.discard(e.host)
         if len(out) > most[0]:
             most = (len(out), sorted(out))
     return most

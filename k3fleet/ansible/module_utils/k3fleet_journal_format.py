@@ -267,7 +267,7 @@ def slot_decision(out, failed, host, gate):
     return "wait", "max-unavailable %d reached (%s)" % (limit, ", ".join(sorted(out)))
 
 
-def take_slot(path, line, gate, now=time.time, sleep=time.sleep):
+def take_slot(path, line, gate, now=time.time, sleep=time.sleep, stamp=None):
     """Append ``line`` only when ``gate`` allows this host out of service; wait while the change's
     other hosts hold every slot. Returns ``(granted, why, torn, waited_s, line)``: the line as
     written (with the slot it took in its detail)."""
@@ -279,7 +279,8 @@ def take_slot(path, line, gate, now=time.time, sleep=time.sleep):
             out, failed = slot_state(journal.read(), line["change_id"])
             verdict, why = slot_decision(out, failed, line["host"], gate)
             if verdict == "grant":
-                line = dict(line)
+                # The line says when the slot was taken, not when the host started asking for it.
+                line = dict(line, ts=stamp()) if stamp is not None else dict(line)
                 detail = line.get("detail") if isinstance(line.get("detail"), dict) else {}
                 detail = dict(detail, slot={"out": sorted(set(out) | set([line["host"]])),
                                             "max_unavailable": int(gate["max_unavailable"]),

@@ -200,7 +200,7 @@ def main():
     if not module.check_mode:
         try:
             if p["gate"] is not None:
-                granted, why, torn, waited, written = take_slot(p["path"], line, p["gate"])
+                granted, why, torn, waited, written = take_slot(p["path"], line, p["gate"], stamp=now_utc)
                 result.update(line=written, granted=granted, why=why, waited_s=waited)
             else:
                 torn = append_line(p["path"], line)
