@@ -254,3 +254,19 @@ def test_the_lease_is_built_once_and_handed_in() -> None:
     assert lease_holder(lease.text) == "CHG-7"
     with pytest.raises(UsageError, match="--change-id 'CHG 7' is not valid"):
         Lease.build("CHG 7", "alice", DRAIN_TEXT, ttl_s=1)
+
+
+def test_rollback_of_a_run_on_simulated_lab_hosts_is_refused(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from k3fleet.lab.fleet import generate_fleet, load_fleet
+
+    lab = generate_fleet(load_fleet(None), tmp_path / "lab")
+    rd = _run(tmp_path, GOOD)
+    line = {"ts": "t", "run": "r", "change_id": "CHG-1", "host": "gpu-a01", "detail": {}}
+    for stage in ("snapshot", "draining", "drained", "upgrading"):
+        rd.append_jsonl("journal.jsonl", dict(line, stage=stage, **({"snapshot": {"packages": []}}
+                                                                      if stage == "snapshot" else {})))
+    rd.write_manifest()
+    rc, err = _cli(["rollback", "-i", str(lab), "--run", str(rd.path), "--runs-dir", str(tmp_path / "runs")], capsys)
+    assert rc == 2 and "simulated lab hosts, which cannot be changed" in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("*-rollback-*"))
