@@ -28,6 +28,11 @@ import os
 import re
 import time
 
+try:
+    from ansible.module_utils.k3fleet_redact import redact
+except ImportError:  # imported from the controller package
+    from k3fleet.ansible.module_utils.k3fleet_redact import redact
+
 __metaclass__ = type
 
 STAGES = ("snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned", "failed",
@@ -181,8 +186,9 @@ class Journal:
 
     def append(self, line):
         """Append one whole line and make it durable. Returns the torn tail it terminated first
-        (``{"offset", "length"}``), or None."""
-        data = (json.dumps(line, sort_keys=False, default=str) + "\n").encode("utf-8")
+        (``{"offset", "length"}``), or None. The journal is evidence: the line passes the redactor
+        (a drain reason or a snapshot may carry a secret), keys and their order kept."""
+        data = (json.dumps(redact(line), sort_keys=False, default=str) + "\n").encode("utf-8")
         size = os.fstat(self.fd).st_size
         torn = None
         if size > 0:
