@@ -3,7 +3,7 @@
 Public API (the CLI's ``k3fleet lab generate`` and ``k3fleet audit --lab`` call these):
 
     load_fleet(path=None) -> FleetSpec
-    generate_fleet(spec, dest, *, count=None, image=..., python=sys.executable) -> Path
+    generate_fleet(spec, dest, *, count=None, image=None, python=sys.executable) -> Path
 
 A generated lab is a directory::
 
@@ -32,9 +32,15 @@ from k3fleet.lab.render import HostImage, ProfileRenderer, Recording
 from k3fleet.lab.replay import REPLAY_DIR, Store, recording_files, replay_script
 from k3fleet.paths import data_dir
 
-__all__ = ["DEFAULT_IMAGE", "FleetSpec", "LabFleetError", "LabProfileError", "generate_fleet", "load_fleet"]
+__all__ = ["FleetSpec", "LabFleetError", "LabProfileError", "default_image", "generate_fleet", "load_fleet"]
 
-DEFAULT_IMAGE = "vllm/vllm-openai:kimi-k3"
+
+
+def default_image() -> str:
+    """The serving image the lab's recordings are made for: the default target's ``image.ref``
+    (the one place the image is named)."""
+    from k3fleet.targets import load_target
+    return load_target().image.ref
 MARKER = "k3fleet-lab.json"
 INVENTORY = "inventory.yml"
 # What generate_fleet owns inside dest; only these are removed when a lab is regenerated.
@@ -176,7 +182,7 @@ def _record(argv: tuple[str, ...], rec: Recording) -> dict[str, bytes | None]:
     return dict(recording_files(argv, rec.stdout, rec.stderr, rec.rc, rec.sleep))
 
 
-def generate_fleet(spec: FleetSpec, dest: Path, *, count: int | None = None, image: str = DEFAULT_IMAGE,
+def generate_fleet(spec: FleetSpec, dest: Path, *, count: int | None = None, image: str | None = None,
                    python: str = sys.executable) -> Path:
     """Generate the lab hosts of ``spec`` under ``dest`` and return the inventory file path.
 
@@ -185,6 +191,7 @@ def generate_fleet(spec: FleetSpec, dest: Path, *, count: int | None = None, ima
     ``dest`` must be new, empty, or a previous lab (only the lab's own entries are replaced).
     """
     dest = Path(dest).absolute()
+    image = image or default_image()
     hosts = expand_hosts(spec, count)
     try:
         _prepare(dest)

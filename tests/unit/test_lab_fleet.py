@@ -19,7 +19,7 @@ import yaml
 
 from k3fleet.ansible.module_utils import k3fleet_sources as sources
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.lab.fleet import DEFAULT_IMAGE, LabFleetError, expand_hosts, generate_fleet, load_fleet
+from k3fleet.lab.fleet import LabFleetError, default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.lab.profile import FleetSpec, LabProfileError, load_fleet_file
 from k3fleet.lab.render import ProfileRenderer
 from k3fleet.lab.replay import replay_key
@@ -27,7 +27,7 @@ from k3fleet.paths import data_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lab"
 PROFILES = data_dir("inventories/lab") / "profiles"
-IMAGE = DEFAULT_IMAGE
+IMAGE = default_image()
 
 
 def reader_for(root: Path, timeout: float = 10.0) -> NodeReader:

@@ -15,7 +15,7 @@ import yaml
 from k3fleet.ansible.module_utils import k3fleet_sources as sources
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.ansible.module_utils.k3fleet_host import collect_host
-from k3fleet.lab.fleet import DEFAULT_IMAGE, generate_fleet, load_fleet
+from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
 from k3fleet.lab.profile import LabProfileError, load_fleet_file
 from k3fleet.models.facts import HostFacts
 from k3fleet.paths import data_dir
@@ -41,7 +41,7 @@ def reader(lab: Path, host: str) -> NodeReader:
 
 
 def facts_of(lab: Path, host: str) -> HostFacts:
-    raw = collect_host(reader(lab, host), host, DEFAULT_IMAGE, use_nvml=False, probe=True)
+    raw = collect_host(reader(lab, host), host, default_image(), use_nvml=False, probe=True)
     return HostFacts.model_validate(raw)
 
 

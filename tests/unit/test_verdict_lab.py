@@ -15,7 +15,7 @@ import pytest
 
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.ansible.module_utils.k3fleet_host import collect_host
-from k3fleet.lab.fleet import DEFAULT_IMAGE, expand_hosts, generate_fleet, load_fleet
+from k3fleet.lab.fleet import default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.models.findings import FleetVerdict
 from k3fleet.targets import load_target
 from k3fleet.verdict import evaluate_fleet, validate_facts
@@ -36,7 +36,7 @@ def lab_verdict(tmp_path_factory: pytest.TempPathFactory) -> tuple[FleetVerdict,
             continue
         root = Path(lab / "fleet" / "hosts" / name)
         reader = NodeReader(root=str(root), path=str(root / "bin"), timeout=10)
-        raw[name] = collect_host(reader, name, DEFAULT_IMAGE, use_nvml=False, probe=True)
+        raw[name] = collect_host(reader, name, default_image(), use_nvml=False, probe=True)
     facts, invalid = validate_facts(raw, freeze=False)
     assert invalid == {}
     return evaluate_fleet(facts, load_target(None), unreachable), profiles

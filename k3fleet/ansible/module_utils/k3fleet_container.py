@@ -42,7 +42,6 @@ except ImportError:  # imported from the controller package (unit tests, lab)
 
 __metaclass__ = type
 
-DEFAULT_IMAGE = "vllm/vllm-openai:kimi-k3"
 # Starting a container (image layers, hooks, CUDA init) takes far longer than a query.
 PROBE_TIMEOUT_FACTOR = 6
 TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
@@ -314,10 +313,11 @@ def _toolkit(reader, packages):
     return None, None, res.reason() if not res.ok else "nvidia-ctk --version: no version in output"
 
 
-def collect_container(reader, image=DEFAULT_IMAGE, runtime="auto", probe=False, packages=None):
+def collect_container(reader, image, runtime="auto", probe=False, packages=None):
     """Runtime, toolkit, serving-image facts and (``probe=True``) a CUDA-init probe (``ContainerFacts``).
 
-    ``runtime="auto"`` picks the first of docker, podman, nerdctl found on the
+    ``image`` is the target's image reference; ``None`` (a state read that does not need it) leaves
+    the image uninspected. ``runtime="auto"`` picks the first of docker, podman, nerdctl found on the
     reader's path. ``packages`` is the PackageFacts dict, used for the toolkit
     version when ``nvidia-ctk`` is not on the path.
     """
@@ -346,6 +346,9 @@ def collect_container(reader, image=DEFAULT_IMAGE, runtime="auto", probe=False, 
     out["runtime"] = {"name": chosen["name"], "version": chosen["version"]}
     rt = chosen["name"]
 
+    if not image:
+        out["probe"]["message"] = "not run: no serving image asked for"
+        return out
     res = reader.run_cached(image_inspect_argv(rt, image))
     if res.error:
         image_facts, problem = {"ref": image, "present": None}, res.reason()

@@ -27,9 +27,12 @@ author:
   - k3fleet maintainers
 options:
   image:
-    description: Image reference of the serving image, as the serving unit runs it.
+    description:
+      - Image reference of the serving image, as the serving unit runs it.
+      - The target file's C(image.ref) (docs/facts.md); there is no default of its own, so the
+        image is named in one place, the target.
     type: str
-    default: vllm/vllm-openai:kimi-k3
+    required: true
   runtime:
     description:
       - Container runtime to use. C(auto) picks the first of docker, podman, nerdctl on the search path.
@@ -158,18 +161,18 @@ from ansible.module_utils.basic import AnsibleModule
 
 try:
     from ansible.module_utils.k3fleet_cmd import guard
-    from ansible.module_utils.k3fleet_container import DEFAULT_IMAGE, collect_container
+    from ansible.module_utils.k3fleet_container import collect_container
     from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
 except ImportError:  # imported from the controller package (unit tests)
     from k3fleet.ansible.module_utils.k3fleet_cmd import guard
-    from k3fleet.ansible.module_utils.k3fleet_container import DEFAULT_IMAGE, collect_container
+    from k3fleet.ansible.module_utils.k3fleet_container import collect_container
     from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
 
 
 def main():
     argument_spec = dict(READER_ARGS)
     argument_spec.update(
-        image=dict(type="str", default=DEFAULT_IMAGE),
+        image=dict(type="str", required=True),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
     )

@@ -18,9 +18,13 @@ description:
   - The result is plain JSON under the C(k3fleet) key, versioned by C(schema_version); the controller validates it.
 options:
   image:
-    description: Serving image whose metadata is inspected (and, with I(probe), run).
+    description:
+      - Serving image whose metadata is inspected (and, with I(probe), run).
+      - The target file's C(image.ref) (docs/facts.md); the audit playbook passes it. There is no
+        default of its own, so the image is named in one place, the target.
+      - Without it the image is not inspected (C(container.image) is null); the change night's
+        state reads, which do not need the image, leave it out.
     type: str
-    default: vllm/vllm-openai:kimi-k3
   runtime:
     description: Container runtime to use; C(auto) takes the first of docker, podman, nerdctl found.
     type: str
@@ -148,7 +152,7 @@ except ImportError:  # imported from the controller package (unit tests)
 
 def main():
     argument_spec = dict(
-        image=dict(type="str", default="vllm/vllm-openai:kimi-k3"),
+        image=dict(type="str"),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
         use_nvml=dict(type="bool", default=True),
