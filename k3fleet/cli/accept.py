@@ -21,7 +21,7 @@ from rich.table import Table
 
 from k3fleet.accept.client import Endpoint
 from k3fleet.accept.result import ProbeResult
-from k3fleet.cli.app import app, err, out
+from k3fleet.cli.base import app, err, out
 from k3fleet.errors import UsageError
 
 T = TypeVar("T")

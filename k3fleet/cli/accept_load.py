@@ -34,7 +34,7 @@ from k3fleet.cli.accept import (
     make_endpoint,
     print_result,
 )
-from k3fleet.cli.app import err
+from k3fleet.cli.base import err
 from k3fleet.errors import UsageError
 from k3fleet.evidence import REDACTED, RunDir
 from k3fleet.interrupt import cancel_on_signals

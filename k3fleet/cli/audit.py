@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from k3fleet.cli.app import app, err, out
+from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
 from k3fleet.errors import UsageError
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from k3fleet.cli.app import app, err, out
+from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
 from k3fleet.errors import UsageError
 from k3fleet.report.escapes import safe_text

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from k3fleet.cli.app import app, err, out
+from k3fleet.cli.base import app, err, out
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
 
 _OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",

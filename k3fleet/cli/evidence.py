@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from k3fleet.cli.app import app, err, out
+from k3fleet.cli.base import app, err, out
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK
 
 

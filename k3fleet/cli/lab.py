@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from k3fleet.cli.app import lab_app, out
+from k3fleet.cli.base import lab_app, out
 
 testbed_app = typer.Typer(help="The real testbed: SSH into booted systemd guests (root).", no_args_is_help=True)
 lab_app.add_typer(testbed_app, name="testbed")

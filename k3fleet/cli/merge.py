@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from k3fleet.cli.app import app, err, out
+from k3fleet.cli.base import app, err, out
 
 
 @app.command()

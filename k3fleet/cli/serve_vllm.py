@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from k3fleet.cli.app import err, lab_app
+from k3fleet.cli.base import err, lab_app
 from k3fleet.errors import UsageError
 
 

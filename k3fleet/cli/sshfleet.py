@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from k3fleet.cli.app import err, lab_app, out
+from k3fleet.cli.base import err, lab_app, out
 
 ssh_fleet_app = typer.Typer(
     help="The lab fleet over real SSH: one network namespace and one sshd per host (root).",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k3fleet.cli.app import main
+from k3fleet.cli.base import main
 from k3fleet.evidence import RunDir
 from k3fleet.lab.vllm_sim.server import start_simulator
 

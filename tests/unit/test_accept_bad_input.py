@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from accept_servers import MODEL, bad_server, self_signed
 
-from k3fleet.cli.app import main
+from k3fleet.cli.base import main
 from k3fleet.lab.vllm_sim.server import start_simulator
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load import LoadObserver, LoadOptions, filler, percentile, run_load
 from k3fleet.accept.record import Recorder
-from k3fleet.cli.app import main
+from k3fleet.cli.base import main
 from k3fleet.evidence import RunDir
 from k3fleet.lab.vllm_sim import SimConfig, start_simulator
 

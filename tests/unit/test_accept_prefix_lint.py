@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from k3fleet.accept.prefix_lint import lint_captures
-from k3fleet.cli.app import main
+from k3fleet.cli.base import main
 from k3fleet.errors import UsageError
 
 SYSTEM = "You are the fleet assistant. Follow the runbook.\n" * 40

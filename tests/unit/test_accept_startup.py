@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from k3fleet.accept.startup import analyse_startup, parse_launch_command, run_startup
-from k3fleet.cli.app import main
+from k3fleet.cli.base import main
 from k3fleet.errors import UsageError
 from k3fleet.targets import load_target
 

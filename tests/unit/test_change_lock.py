@@ -181,7 +181,7 @@ GOOD = {"change_id": "CHG-1", "operator": "o", "target_version": "580.95.05", "t
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    from k3fleet.cli.app import main
+    from k3fleet.cli.base import main
 
     rc = main(argv)
     return rc, capsys.readouterr().err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from k3fleet.cli.app import main
+from k3fleet.cli.base import main
 from k3fleet.targets import load_target
 from k3fleet.verdict import CHECKS, catalogue_markdown
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from k3fleet.cli.app import main
+from k3fleet.cli.base import main
 from k3fleet.targets import TargetError, default_target_path, load_target
 from k3fleet.verdict import evaluate_fleet, validate_facts
 

@@ -40,15 +40,37 @@ def _root(
         raise typer.Exit(0)
 
 
-# Each command group registers itself on ``app`` when imported; a new group is one more name here.
+# Each command group registers itself on ``app`` when imported; a new group is one more name here,
+# and its top-level command names go into COMMAND_OWNERS.
 _COMMAND_MODULES = ("audit", "change", "lab", "accept", "sshfleet", "merge", "serve_vllm", "decide", "evidence")
 
+# Which modules define a top-level command: `k3fleet audit ...` imports only k3fleet.cli.audit, so a
+# command does not pay for the others' imports (the accept group's HTTP clients alone cost about
+# 0.4 s of CPU per start). tests/unit/test_cli_registry.py checks this table against the commands.
+COMMAND_OWNERS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("audit", "plan", "checks", "schema"), ("audit",)),
+    **dict.fromkeys(("upgrade", "rollback"), ("change",)),
+    **dict.fromkeys(("decide", "verify-evidence", "report", "triage", "watch"), ("decide",)),
+    "merge": ("merge",),
+    "verify": ("evidence",),
+    "lab": ("lab", "serve_vllm", "sshfleet"),
+    "accept": ("accept",),
+}
 
-def _register_commands() -> None:
+
+def register_commands(names: tuple[str, ...] = _COMMAND_MODULES) -> None:
+    """Import the command modules ``names`` (all by default); importing one registers its commands."""
     import importlib
 
-    for name in _COMMAND_MODULES:
+    for name in names:
         importlib.import_module(f"k3fleet.cli.{name}")
+
+
+def _modules_for(argv: list[str]) -> tuple[str, ...]:
+    """The command modules a command line needs: its command's owners, or all of them (help, an
+    unknown command, which Typer then names)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return COMMAND_OWNERS.get(first or "", _COMMAND_MODULES)
 
 
 def _input_errors() -> tuple[type[Exception], ...]:
@@ -61,7 +83,10 @@ def _input_errors() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a documented exit code."""
+    if argv is None:
+        argv = sys.argv[1:]
     try:
+        register_commands(_modules_for(argv))
         rc = app(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -91,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INCOMPLETE
     return rc if isinstance(rc, int) else 0
 
-
-_register_commands()
 
 if __name__ == "__main__":
     sys.exit(main())
