@@ -18,16 +18,15 @@ module runs through real SSH (pipelining, ControlPersist) and reads the same gen
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-import k3fleet
 from k3fleet.errors import K3FleetError
+from k3fleet.lab.common import processes
+from k3fleet.lab.common.workdir import locked
 from k3fleet.lab.sshfleet.errors import SshFleetError, SshFleetUsageError
 from k3fleet.lab.sshfleet.state import (
     MARK_ENV,
@@ -60,6 +60,7 @@ PRIVSEP_DIR = Path("/run/sshd")
 MAX_FLEET = 2000
 READY_TIMEOUT = 60.0
 SUPERVISOR_STOP_GRACE = 20.0
+LOG_TAIL = 3  # lines of the supervisor log quoted in an error
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 Progress = Callable[[str], None]
@@ -95,18 +96,8 @@ def _tools() -> dict[str, str]:
     }
 
 
-@contextmanager
-def _locked(layout: Layout) -> Iterator[None]:
-    layout.workdir.mkdir(parents=True, exist_ok=True)
-    with open(layout.lock_file, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise SshFleetUsageError(f"ssh fleet: another up/down is running on {layout.workdir}") from exc
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _locked(layout: Layout) -> AbstractContextManager[None]:
+    return locked(layout, SshFleetUsageError(f"ssh fleet: another up/down is running on {layout.workdir}"))
 
 
 def _run(argv: list[str], what: str, *, input_text: str | None = None, check: bool = True,
@@ -238,15 +229,14 @@ def netns_pids(names: list[str]) -> dict[str, list[int]]:
     return found
 
 
+def _inside(names: list[str]) -> list[int]:
+    return [pid for pids in netns_pids(names).values() for pid in pids]
+
+
 def _clear_netns(names: list[str]) -> None:
-    for _ in range(10):
-        inside = [pid for pids in netns_pids(names).values() for pid in pids]
-        if not inside:
-            break
-        # Kill before `ip netns del`: a process inside (an sshd session kept by ControlPersist)
-        # keeps the namespace alive and the next `up` fails with "File exists".
-        proc.signal_pids(inside, signal.SIGKILL)
-        proc.wait_gone(inside, 5.0)
+    # Kill before `ip netns del`: a process inside (an sshd session kept by ControlPersist)
+    # keeps the namespace alive and the next `up` fails with "File exists".
+    processes.kill_until_gone(functools.partial(_inside, names))
     existing = [n for n in names if (NETNS_RUN_DIR / n).exists()]
     if existing:
         _run(["ip", "-batch", "-"], "ssh fleet teardown: deleting namespaces",
@@ -257,44 +247,12 @@ def _clear_netns(names: list[str]) -> None:
 # processes
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
-
-
 def _marked_processes(wd: Path) -> dict[int, str]:
     """Live processes of the fleet in ``wd`` (by mark or by the supervisor's spec) and their descendants."""
     marker = str(wd)
     spec = str(Layout(wd).supervisor_spec)
-    skip = proc.own_lineage()
-    parent_of: dict[int, int] = {}
-    found: dict[int, str] = {}
-    for pid in proc.all_pids():
-        stat = proc.read_stat(pid)
-        if stat is None or stat[0] in ("Z", "X"):
-            continue
-        parent_of[pid] = stat[1]
-        if pid in skip:
-            continue
-        argv = proc.cmdline(pid)
-        if argv and (spec in argv or _environ(pid).get(MARK_ENV) == marker):
-            found[pid] = " ".join(argv)[:120]
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parent_of.items():
-            if ppid in found and pid not in found and pid not in skip:
-                found[pid] = " ".join(proc.cmdline(pid))[:120]
-                changed = True
-    return found
+    return processes.marked_processes(
+        lambda pid, argv: spec in argv or processes.environ(pid).get(MARK_ENV) == marker)
 
 
 def ssh_clients() -> dict[int, str]:
@@ -303,38 +261,7 @@ def ssh_clients() -> dict[int, str]:
     Ansible's ControlPersist masters (`ssh: ~/.ansible/cp/XXXX [mux]`) outlive the play; left
     running after `down` they would be handed the next fleet's connections to the same address.
     """
-    inodes: set[str] = set()
-    try:
-        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    except OSError:
-        lines = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 10:
-            continue
-        try:
-            remote = ".".join(str(b) for b in reversed(bytes.fromhex(fields[2].split(":")[0])))
-        except ValueError:
-            continue
-        if is_fleet_address(remote):
-            inodes.add(f"socket:[{fields[9]}]")
-    if not inodes:
-        return {}
-    skip = proc.own_lineage()
-    found: dict[int, str] = {}
-    for pid in proc.all_pids():
-        if pid in skip:
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    found[pid] = " ".join(proc.cmdline(pid))[:160]
-                    break
-    return found
+    return processes.tcp_clients(is_fleet_address, width=160)
 
 
 def close_ssh_clients() -> int:
@@ -347,11 +274,7 @@ def close_ssh_clients() -> int:
         # A mux master's argv is rewritten to "ssh: <control path> [mux]".
         if cmd.startswith("ssh: ") and cmd.endswith(" [mux]"):
             sockets.append(Path(cmd[len("ssh: "):-len(" [mux]")]))
-    proc.signal_pids(clients, signal.SIGTERM)
-    left = proc.wait_gone(list(clients), 3.0)
-    if left:
-        proc.signal_pids(left, signal.SIGKILL)
-        proc.wait_gone(left, 5.0)
+    processes.stop(list(clients), 3.0)
     for sock in sockets:
         with contextlib.suppress(OSError):
             if sock.is_socket():
@@ -360,14 +283,7 @@ def close_ssh_clients() -> int:
 
 
 def _supervisor_pids(wd: Path, state: SshFleetState | None) -> list[int]:
-    pids = []
-    if state is not None and state.supervisor_pid is not None and proc.pid_alive(state.supervisor_pid) and (
-            state.supervisor_start_time is None or proc.start_time(state.supervisor_pid) ==
-            state.supervisor_start_time):
-        pids.append(state.supervisor_pid)
-    spec = str(Layout(wd).supervisor_spec)
-    pids += proc.find_pids(lambda argv: SUPERVISOR_MODULE in argv and spec in argv)
-    return sorted(set(pids))
+    return processes.supervisor_pids(SUPERVISOR_MODULE, Layout(wd), state)
 
 
 def _other_fleets(wd: Path) -> list[str]:
@@ -442,52 +358,26 @@ def ssh_argv(state: SshFleetState, host: str, *command: str, connect_timeout: in
 
 
 def _start_supervisor(layout: Layout, daemons: list[dict[str, Any]]) -> tuple[int, int | None]:
-    layout.run_dir.mkdir(parents=True, exist_ok=True)
     spec = {"mark_env": MARK_ENV, "workdir": str(layout.workdir), "live_file": str(layout.supervisor_live),
             "log_file": str(layout.supervisor_log), "daemons": daemons}
-    layout.supervisor_spec.write_text(json.dumps(spec))
-    env = dict(os.environ)
-    package_root = str(Path(k3fleet.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env[MARK_ENV] = str(layout.workdir)
-    with open(layout.supervisor_log, "ab") as log:
-        child = subprocess.Popen([sys.executable, "-m", SUPERVISOR_MODULE, str(layout.supervisor_spec)],
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/",
-                                 start_new_session=True, close_fds=True)
-    return child.pid, proc.start_time(child.pid)
-
-
-def _read_live(layout: Layout) -> dict[str, Any]:
-    try:
-        data = json.loads(layout.supervisor_live.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _log_tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return " | ".join(text.strip().splitlines()[-lines:])
+    return processes.spawn_supervisor(SUPERVISOR_MODULE, layout, json.dumps(spec), {MARK_ENV: str(layout.workdir)})
 
 
 def _wait_running(state: SshFleetState, expected: int) -> None:
     layout = Layout(state.workdir)
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
-        live = _read_live(layout)
+        live = processes.read_live(layout)
         sshd = live.get("sshd") or {}
         dead = sorted(name for name, info in sshd.items() if not info.get("running"))
         if dead:
             raise SshFleetError(f"ssh fleet: sshd of {', '.join(dead[:5])} exited at start: "
-                                f"{_log_tail(layout.supervisor_log) or 'no log'}")
+                                f"{processes.log_tail(layout.supervisor_log, LOG_TAIL) or 'no log'}")
         if live.get("phase") == "running" and len(sshd) == expected:
             return
         if state.supervisor_pid is None or not proc.pid_alive(state.supervisor_pid):
             raise SshFleetError(f"ssh fleet: supervisor exited during start: "
-                                f"{_log_tail(layout.supervisor_log) or 'no log'}")
+                                f"{processes.log_tail(layout.supervisor_log, LOG_TAIL) or 'no log'}")
         if time.monotonic() > deadline:
             raise SshFleetError(f"ssh fleet: sshd not ready after {READY_TIMEOUT:.0f}s "
                                 f"({len(sshd)}/{expected} started, phase {live.get('phase')})")
@@ -611,7 +501,7 @@ def _rss_kib(pid: int) -> int:
 
 def sshd_pids(workdir: Path | None = None) -> dict[str, int]:
     """The live sshd listener of each host, from the supervisor's live view."""
-    live = _read_live(Layout(resolve_workdir(workdir)))
+    live = processes.read_live(Layout(resolve_workdir(workdir)))
     return {name: int(info["pid"]) for name, info in (live.get("sshd") or {}).items()
             if info.get("running") and isinstance(info.get("pid"), int) and proc.pid_alive(int(info["pid"]))}
 
@@ -701,19 +591,9 @@ def _down_locked(wd: Path) -> None:
         state = load_state(wd)
     except SshFleetError:
         state = None  # unreadable: the prefix and mark scans below still find everything
-    sup = _supervisor_pids(wd, state)
-    if sup:
-        proc.signal_pids(sup, signal.SIGTERM)  # it stops every sshd and reaps their sessions
-        left = proc.wait_gone(sup, SUPERVISOR_STOP_GRACE)
-        if left:
-            proc.signal_pids(left, signal.SIGKILL)
-            proc.wait_gone(left, 5.0)
-    for _ in range(10):
-        marked = _marked_processes(wd)
-        if not marked:
-            break
-        proc.signal_pids(marked, signal.SIGKILL)
-        proc.wait_gone(list(marked), 5.0)
+    # SIGTERM: it stops every sshd and reaps their sessions.
+    processes.stop(_supervisor_pids(wd, state), SUPERVISOR_STOP_GRACE)
+    processes.kill_until_gone(functools.partial(_marked_processes, wd))
     close_ssh_clients()
     names = set(list_netns())
     if state is not None:

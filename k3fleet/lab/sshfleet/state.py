@@ -6,15 +6,11 @@ Names and addresses are disjoint from the real testbed's (``k3tb-`` namespaces o
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-import k3fleet
+from k3fleet.lab.common import workdir as common
 from k3fleet.lab.sshfleet.errors import SshFleetError
 
 STATE_VERSION = 1
@@ -47,40 +43,19 @@ def is_fleet_address(address: str) -> bool:
 
 def default_workdir() -> Path:
     """<checkout>/.lab/ssh-fleet from a checkout, else ./.lab/ssh-fleet (installed from a wheel)."""
-    checkout = Path(k3fleet.__file__).resolve().parent.parent
-    base = checkout if (checkout / "pyproject.toml").exists() else Path.cwd()
-    return base / ".lab" / "ssh-fleet"
+    return common.default_workdir(".lab", "ssh-fleet")
 
 
 def resolve_workdir(workdir: Path | None) -> Path:
-    return (workdir if workdir is not None else default_workdir()).expanduser().resolve()
+    return common.resolve_workdir(workdir, default_workdir)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Every path under the work directory, in one place."""
-
-    workdir: Path
-
-    @property
-    def state_file(self) -> Path:
-        return self.workdir / "state.json"
-
-    @property
-    def lock_file(self) -> Path:
-        return self.workdir / ".lock"
+class Layout(common.WorkdirLayout):
+    """Every path under the work directory, in one place (the shared ones in WorkdirLayout)."""
 
     @property
     def fleet_dir(self) -> Path:
         return self.workdir / "fleet"
-
-    @property
-    def inventory(self) -> Path:
-        return self.workdir / "inventory.yml"
-
-    @property
-    def ssh_dir(self) -> Path:
-        return self.workdir / "ssh"
 
     @property
     def client_key(self) -> Path:
@@ -89,33 +64,6 @@ class Layout:
     @property
     def authorized_keys(self) -> Path:
         return self.ssh_dir / "authorized_keys"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.ssh_dir / "known_hosts"
-
-    @property
-    def hosts_dir(self) -> Path:
-        return self.workdir / "hosts"
-
-    def host_dir(self, name: str) -> Path:
-        return self.hosts_dir / name
-
-    @property
-    def run_dir(self) -> Path:
-        return self.workdir / "run"
-
-    @property
-    def supervisor_spec(self) -> Path:
-        return self.run_dir / "supervisor-spec.json"
-
-    @property
-    def supervisor_live(self) -> Path:
-        return self.run_dir / "supervisor-live.json"
-
-    @property
-    def supervisor_log(self) -> Path:
-        return self.run_dir / "supervisor.log"
 
     @property
     def owned(self) -> tuple[Path, ...]:
@@ -152,20 +100,8 @@ class SshFleetState(BaseModel):
 
 def save_state(state: SshFleetState) -> None:
     """Atomic write: `status` and a `down` after kill -9 never see half a file."""
-    state.workdir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=state.workdir)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(state.model_dump_json(indent=2))
-    os.replace(tmp, Layout(state.workdir).state_file)
+    common.save_state(state, state.workdir)
 
 
 def load_state(workdir: Path) -> SshFleetState | None:
-    path = Layout(workdir).state_file
-    try:
-        raw = path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        return SshFleetState.model_validate(json.loads(raw))
-    except (ValueError, TypeError) as exc:
-        raise SshFleetError(f"ssh fleet: state file {path} is unreadable: {exc}") from exc
+    return common.load_state(workdir, SshFleetState, SshFleetError, "ssh fleet")

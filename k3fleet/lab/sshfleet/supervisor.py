@@ -19,24 +19,27 @@ Every child carries the MARK_ENV mark in its environment: after a SIGKILL of thi
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-PR_SET_CHILD_SUBREAPER = 36
+from k3fleet.lab.common import supervise
+
+MODULE = "k3fleet.lab.sshfleet.supervisor"
+LABEL = "ssh-fleet supervisor"
 STOP_GRACE = 5.0
 READY_TIMEOUT = 60.0
 
 
-class Supervisor:
+class Supervisor(supervise.BaseSupervisor):
+    label = LABEL
+
     def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__()
         self.mark_env = str(spec["mark_env"])
         self.workdir = str(spec["workdir"])
         self.live_file = Path(spec["live_file"])
@@ -45,11 +48,6 @@ class Supervisor:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.exits: dict[str, int] = {}
         self.by_pid: dict[int, str] = {}
-        self.stopping = False
-        self.phase = "starting"
-
-    def log(self, message: str) -> None:
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ssh-fleet supervisor[{os.getpid()}]: {message}", flush=True)
 
     def write_live(self) -> None:
         data = {
@@ -59,10 +57,7 @@ class Supervisor:
             "sshd": {name: {"pid": p.pid, "running": name not in self.exits, "exit": self.exits.get(name)}
                      for name, p in self.procs.items()},
         }
-        fd, tmp = tempfile.mkstemp(prefix=".live-", dir=self.live_file.parent)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, self.live_file)
+        supervise.write_live(self.live_file, data)
 
     def start_all(self) -> None:
         env = dict(os.environ)
@@ -95,37 +90,16 @@ class Supervisor:
     def reap(self) -> bool:
         """Collect every exited child, ours or adopted; True when one of our sshds exited."""
         changed = False
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return changed
-            if pid == 0:
-                return changed
+        for pid, code in supervise.exited_children():
             name = self.by_pid.pop(pid, None)
             if name is None:
                 continue
-            code = os.waitstatus_to_exitcode(status)
             self.exits[name] = code
             self.procs[name].returncode = code
             changed = True
             if not self.stopping:
                 self.log(f"sshd of {name} (pid {pid}) exited with {code}")
-
-    def _children(self) -> list[int]:
-        me = os.getpid()
-        kids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                raw = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rfind(")") + 2 :].split()
-            if len(fields) > 1 and int(fields[1]) == me and fields[0] != "Z":
-                kids.append(int(entry))
-        return kids
+        return changed
 
     def shutdown(self) -> None:
         self.phase = "stopping"
@@ -139,55 +113,24 @@ class Supervisor:
             self.reap()
             time.sleep(0.05)
         # Stragglers and adopted orphans (sessions of a killed listener): SIGKILL until none is left.
-        for _ in range(50):
-            self.reap()
-            kids = self._children()
-            if not kids:
-                break
-            for pid in kids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        supervise.kill_adopted_children(self.reap)
         self.reap()
         self.phase = "stopped"
         self.write_live()
         self.log("stopped")
 
-    def request_stop(self, signum: int, _frame: object) -> None:
-        self.stopping = True
-
-    def run(self) -> int:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            self.log(f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def start_children(self) -> None:
         self.start_all()
         self.write_live()
         self.wait_ready()
-        if not self.stopping:
-            self.phase = "running"
+
+    def tick(self) -> None:
+        if self.reap():
             self.write_live()
-        while not self.stopping:
-            if self.reap():
-                self.write_live()
-            time.sleep(0.2)
-        self.shutdown()
-        return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m k3fleet.lab.sshfleet.supervisor SPEC.json", file=sys.stderr)
-        return 2
-    try:
-        spec = json.loads(Path(args[0]).read_text())
-    except (OSError, ValueError) as exc:
-        print(f"ssh-fleet supervisor: cannot read spec {args[0]}: {exc}", file=sys.stderr)
-        return 2
-    return Supervisor(spec).run()
+    return supervise.main(argv, module=MODULE, label=LABEL, run=lambda spec: Supervisor(spec).run())
 
 
 if __name__ == "__main__":

@@ -15,23 +15,19 @@ Teardown (`down`, `leftovers`) lives in teardown.py.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-import k3fleet
+from k3fleet.lab.common import processes
+from k3fleet.lab.common.workdir import locked
 from k3fleet.lab.testbed import image as image_mod
 from k3fleet.lab.testbed import network, podman, proc, slurm
 from k3fleet.lab.testbed.errors import TestbedError
@@ -57,6 +53,7 @@ from k3fleet.lab.testbed.teardown import SUPERVISOR_MODULE, down, supervisor_ali
 
 BOOT_TIMEOUT = 120.0
 SLURM_TIMEOUT = 60.0
+LOG_TAIL = 5  # lines of a log quoted in an error
 
 
 def ssh_options(state: TestbedState) -> tuple[str, ...]:
@@ -67,20 +64,6 @@ def ssh_options(state: TestbedState) -> tuple[str, ...]:
 def _has_pynvml(index: int) -> bool:
     # Hosts 1 and 3 (odd) get pynvml, 2 and 4 (even) do not: both collector paths get exercised.
     return index % 2 == 1
-
-
-@contextmanager
-def _locked(layout: Layout) -> Iterator[None]:
-    layout.workdir.mkdir(parents=True, exist_ok=True)
-    with open(layout.lock_file, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise TestbedError(f"testbed: another `up` is running on {layout.workdir}") from exc
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,17 +216,9 @@ def wait_host_ready(
 # status
 
 
-def _read_live(layout: Layout) -> dict[str, Any]:
-    try:
-        data = json.loads(layout.supervisor_live.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _refresh(state: TestbedState) -> TestbedState:
     layout = Layout(state.workdir)
-    live = _read_live(layout)
+    live = processes.read_live(layout)
     services = live.get("services", {}) if isinstance(live.get("services"), dict) else {}
     supervisor_ok = supervisor_alive(state)
     for h in state.hosts:
@@ -378,34 +353,8 @@ def _inventory(state: TestbedState) -> dict[str, Any]:
 
 
 def _start_supervisor(layout: Layout, spec: dict[str, Any]) -> tuple[int, int | None]:
-    layout.run_dir.mkdir(parents=True, exist_ok=True)
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
-    layout.supervisor_spec.write_text(json.dumps(spec, indent=2))
-    env = dict(os.environ)
-    # The supervisor imports this package: make sure it finds the same copy we run from.
-    package_root = str(Path(k3fleet.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env["LC_ALL"] = "C"
-    with open(layout.supervisor_log, "ab") as log:
-        child = subprocess.Popen(
-            [sys.executable, "-m", SUPERVISOR_MODULE, str(layout.supervisor_spec)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-        )
-    return child.pid, proc.start_time(child.pid)
-
-
-def _log_tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return " | ".join(text.strip().splitlines()[-lines:])
+    return processes.spawn_supervisor(SUPERVISOR_MODULE, layout, json.dumps(spec, indent=2), {"LC_ALL": "C"})
 
 
 def _wait_slurm(state: TestbedState) -> None:
@@ -427,7 +376,8 @@ def _wait_slurm(state: TestbedState) -> None:
         timeout=SLURM_TIMEOUT,
         what=f"testbed slurm: nodes {', '.join(state.slurm.nodes)} idle",
         interval=0.5,
-        detail=lambda: _log_tail(layout.logs_dir / "slurmctld.log") or _log_tail(layout.logs_dir / "munged.log"),
+        detail=lambda: (processes.log_tail(layout.logs_dir / "slurmctld.log", LOG_TAIL)
+                        or processes.log_tail(layout.logs_dir / "munged.log", LOG_TAIL)),
     )
 
 
@@ -445,7 +395,7 @@ def up(n: int = 4, workdir: Path | None = None, repo: Path | None = None) -> Tes
     wd = resolve_workdir(workdir)
     layout = Layout(wd)
     started = time.monotonic()
-    with _locked(layout):
+    with locked(layout, TestbedError(f"testbed: another `up` is running on {layout.workdir}")):
         down(wd)
         state = _plan(wd, n)
         save_state(state)
@@ -534,7 +484,7 @@ def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: 
     for h in state.hosts:
         remaining = max(5.0, deadline - time.monotonic())
         if not supervisor_alive(state):
-            raise TestbedError(f"testbed: supervisor exited: {_log_tail(layout.supervisor_log)}")
+            raise TestbedError(f"testbed: supervisor exited: {processes.log_tail(layout.supervisor_log, LOG_TAIL)}")
         wait_host_ready(layout.workdir, h.name, timeout=remaining)
     _wait_slurm(state)
 

@@ -6,15 +6,11 @@ knows what to remove even when `up` died half-way or everything was killed with 
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-import k3fleet
+from k3fleet.lab.common import workdir as common
 from k3fleet.lab.testbed.errors import TestbedError
 
 STATE_VERSION = 1
@@ -42,15 +38,12 @@ def guest_address(index: int) -> str:
 
 def default_workdir() -> Path:
     """<checkout>/.testbed when running from a checkout, else ./.testbed (installed from a wheel)."""
-    checkout = Path(k3fleet.__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").exists():
-        return checkout / ".testbed"
-    return Path.cwd() / ".testbed"
+    return common.default_workdir(".testbed")
 
 
 def resolve_workdir(workdir: Path | None) -> Path:
     """Absolute work directory; the default one when None."""
-    return (workdir if workdir is not None else default_workdir()).expanduser().resolve()
+    return common.resolve_workdir(workdir, default_workdir)
 
 
 def known_hosts_of(ssh_key: Path) -> Path:
@@ -58,66 +51,20 @@ def known_hosts_of(ssh_key: Path) -> Path:
     return ssh_key.parent / "known_hosts"
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Every path under the work directory, in one place."""
-
-    workdir: Path
-
-    @property
-    def state_file(self) -> Path:
-        return self.workdir / "state.json"
-
-    @property
-    def lock_file(self) -> Path:
-        return self.workdir / ".lock"
+class Layout(common.WorkdirLayout):
+    """Every path under the work directory, in one place (the shared ones in WorkdirLayout)."""
 
     @property
     def cache(self) -> Path:
         return self.workdir / "cache"
 
     @property
-    def ssh_dir(self) -> Path:
-        return self.workdir / "ssh"
-
-    @property
     def ssh_key(self) -> Path:
         return self.ssh_dir / "id_ed25519"
 
     @property
-    def known_hosts(self) -> Path:
-        return known_hosts_of(self.ssh_key)
-
-    @property
-    def inventory(self) -> Path:
-        return self.workdir / "inventory.yml"
-
-    @property
-    def hosts_dir(self) -> Path:
-        return self.workdir / "hosts"
-
-    def host_dir(self, name: str) -> Path:
-        return self.hosts_dir / name
-
-    @property
     def slurm_dir(self) -> Path:
         return self.workdir / "slurm"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.workdir / "run"
-
-    @property
-    def supervisor_spec(self) -> Path:
-        return self.run_dir / "supervisor-spec.json"
-
-    @property
-    def supervisor_live(self) -> Path:
-        return self.run_dir / "supervisor-live.json"
-
-    @property
-    def supervisor_log(self) -> Path:
-        return self.run_dir / "supervisor.log"
 
     @property
     def logs_dir(self) -> Path:
@@ -204,22 +151,8 @@ class TestbedState(BaseModel):
 
 def save_state(state: TestbedState) -> None:
     """Write atomically: a reader (status, down after kill -9) never sees half a file."""
-    layout = Layout(state.workdir)
-    layout.workdir.mkdir(parents=True, exist_ok=True)
-    data = state.model_dump_json(indent=2)
-    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=layout.workdir)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(data)
-    os.replace(tmp, layout.state_file)
+    common.save_state(state, state.workdir)
 
 
 def load_state(workdir: Path) -> TestbedState | None:
-    path = Layout(workdir).state_file
-    try:
-        raw = path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        return TestbedState.model_validate(json.loads(raw))
-    except (ValueError, TypeError) as exc:
-        raise TestbedError(f"testbed: state file {path} is unreadable: {exc}") from exc
+    return common.load_state(workdir, TestbedState, TestbedError, "testbed")

@@ -20,21 +20,21 @@ Every child carries K3FLEET_TESTBED_WORKDIR in its environment: after a SIGKILL 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.lab.common import supervise
+
+MODULE = "k3fleet.lab.testbed.supervisor"
+LABEL = "supervisor"
 # systemd-nspawn exits 133 when the container's init asked for a reboot.
 NSPAWN_REBOOT_EXIT = 133
-PR_SET_CHILD_SUBREAPER = 36
 MARK_ENV = "K3FLEET_TESTBED_WORKDIR"
 GUEST_HALT_GRACE = 25.0
 DAEMON_STOP_GRACE = 10.0
@@ -62,8 +62,11 @@ class Service:
         return None if self.proc is None else self.proc.pid
 
 
-class Supervisor:
+class Supervisor(supervise.BaseSupervisor):
+    label = LABEL
+
     def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__()
         self.workdir = Path(spec["workdir"])
         self.live_file = Path(spec["live_file"])
         self.log_dir = Path(spec["log_dir"])
@@ -79,15 +82,9 @@ class Supervisor:
             for s in spec["services"]
         ]
         self.by_pid: dict[int, Service] = {}
-        self.stopping = False
-        self.phase = "starting"
         self.events: list[str] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def log(self, message: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        print(f"{stamp} supervisor[{os.getpid()}]: {message}", flush=True)
-
     def write_live(self) -> None:
         data = {
             "pid": os.getpid(),
@@ -105,10 +102,7 @@ class Supervisor:
                 for s in self.services
             },
         }
-        fd, tmp = tempfile.mkstemp(prefix=".live-", dir=self.live_file.parent)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2)
-        os.replace(tmp, self.live_file)
+        supervise.write_live(self.live_file, data, indent=2)
 
     # -- starting ----------------------------------------------------------------------------
     def start(self, service: Service) -> None:
@@ -153,17 +147,10 @@ class Supervisor:
     # -- reaping and restarts ------------------------------------------------------------------
     def reap(self) -> None:
         """Collect every exited child: our services and any orphan reparented to us."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in supervise.exited_children():
             service = self.by_pid.pop(pid, None)
             if service is None:
                 continue
-            code = os.waitstatus_to_exitcode(status)
             if service.proc is not None:
                 service.proc.returncode = code
             service.last_exit = code
@@ -213,29 +200,6 @@ class Supervisor:
                 return
             time.sleep(0.1)
 
-    def _kill_leftover_children(self) -> None:
-        """Orphans adopted as subreaper (slurmstepd, job processes): kill and reap them all."""
-        me = os.getpid()
-        for _ in range(50):
-            kids = []
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                try:
-                    raw = Path(f"/proc/{name}/stat").read_text()
-                except OSError:
-                    continue
-                fields = raw[raw.rfind(")") + 2 :].split()
-                if len(fields) > 1 and int(fields[1]) == me and fields[0] != "Z":
-                    kids.append(int(name))
-            self.reap()
-            if not kids:
-                return
-            for pid in kids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
-
     def shutdown(self) -> None:
         self.phase = "stopping"
         self.write_live()
@@ -245,48 +209,28 @@ class Supervisor:
         # Reverse start order: slurmd before slurmctld before munged.
         for service in reversed(daemons):
             self._stop_group([service], DAEMON_STOP_GRACE)
-        self._kill_leftover_children()
+        # Orphans adopted as subreaper (slurmstepd, job processes): kill and reap them all.
+        supervise.kill_adopted_children(self.reap)
         self.reap()
         self.phase = "stopped"
         self.write_live()
         self.log("stopped")
 
     # -- main ----------------------------------------------------------------------------------
-    def run(self) -> int:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            self.log(f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def start_children(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for service in self.services:
             if self.stopping:
                 break
             self.start(service)
             self.wait_ready(service)
-        if not self.stopping:
-            self.phase = "running"
-            self.write_live()
-        while not self.stopping:
-            self.reap()
-            time.sleep(0.2)
-        self.shutdown()
-        return 0
+
+    def tick(self) -> None:
+        self.reap()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m k3fleet.lab.testbed.supervisor SPEC.json", file=sys.stderr)
-        return 2
-    spec_path = Path(args[0])
-    try:
-        spec = json.loads(spec_path.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"supervisor: cannot read spec {spec_path}: {exc}", file=sys.stderr)
-        return 2
-    return Supervisor(spec).run()
+    return supervise.main(argv, module=MODULE, label=LABEL, run=lambda spec: Supervisor(spec).run())
 
 
 if __name__ == "__main__":

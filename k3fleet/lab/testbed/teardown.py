@@ -9,12 +9,14 @@ runtime files, then the overlay mounts and the veths.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k3fleet.lab.common import processes
 from k3fleet.lab.testbed import network, proc
 from k3fleet.lab.testbed.errors import TestbedError
 from k3fleet.lab.testbed.state import (
@@ -26,17 +28,13 @@ from k3fleet.lab.testbed.state import (
     resolve_workdir,
 )
 from k3fleet.lab.testbed.supervisor import MARK_ENV
+from k3fleet.lab.testbed.supervisor import MODULE as SUPERVISOR_MODULE
 
-SUPERVISOR_MODULE = "k3fleet.lab.testbed.supervisor"
 SUPERVISOR_STOP_GRACE = 60.0
 
 
 def supervisor_alive(state: TestbedState) -> bool:
-    pid = state.supervisor_pid
-    if pid is None or not proc.pid_alive(pid):
-        return False
-    # Guard against pid reuse after a crash: same start time as when we launched it.
-    return state.supervisor_start_time is None or proc.start_time(pid) == state.supervisor_start_time
+    return processes.supervisor_alive(state)
 
 
 @dataclass
@@ -68,19 +66,6 @@ class Leftovers:
         return "; ".join(parts) or "nothing"
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
-
-
 def _root_of(pid: int) -> str:
     try:
         return os.readlink(f"/proc/{pid}/root")
@@ -92,85 +77,19 @@ def _marked_processes(wd: Path) -> dict[int, str]:
     """Live processes that belong to the testbed in `wd`, and all their descendants."""
     marker = str(wd)
     conf = str(Layout(wd).slurm_dir / "slurm.conf")
-    skip = proc.own_lineage()
-    found: dict[int, str] = {}
-    parent_of: dict[int, int] = {}
-    for pid in proc.all_pids():
-        stat = proc.read_stat(pid)
-        if stat is None or stat[0] in ("Z", "X"):
-            continue
-        parent_of[pid] = stat[1]
-        if pid in skip:
-            continue
-        argv = proc.cmdline(pid)
-        if not argv:
-            continue  # kernel threads
-        env = _environ(pid)
-        if (
+
+    def ours(pid: int, argv: list[str]) -> bool:
+        env = processes.environ(pid)
+        return (
             env.get(MARK_ENV) == marker
             or env.get("SLURM_CONF") == conf
             or any(marker + os.sep in arg or arg == marker for arg in argv)
             # A guest's processes live in its overlay, even once their nspawn and netns are gone.
             or _root_of(pid).startswith(marker + os.sep)
-        ):
-            found[pid] = " ".join(argv)[:120]
-    found.update(_guest_ssh_clients())
-    # Descendants (a guest's processes, job steps) belong to it too.
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parent_of.items():
-            if ppid in found and pid not in found and pid not in skip:
-                found[pid] = " ".join(proc.cmdline(pid))[:120]
-                changed = True
-    return found
+        )
 
-
-def _guest_ssh_clients() -> dict[int, str]:
-    """Processes on this machine holding a TCP connection to a testbed guest address.
-
-    Ansible's ControlPersist masters rename themselves (`ssh: ~/.ansible/cp/... [mux]`) and
-    outlive the play; left running after `down` they are reused by the next run's connection
-    to the same address and hang it.
-    """
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp",):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10:
-                continue
-            remote_hex = fields[2].split(":")[0]
-            try:
-                remote = ".".join(str(b) for b in reversed(bytes.fromhex(remote_hex)))
-            except ValueError:
-                continue
-            if remote.startswith(ADDRESS_PREFIX):
-                inodes.add(fields[9])
-    if not inodes:
-        return {}
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    skip = proc.own_lineage()
-    found: dict[int, str] = {}
-    for pid in proc.all_pids():
-        if pid in skip:
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target in wanted:
-                found[pid] = " ".join(proc.cmdline(pid))[:120]
-                break
-    return found
+    # Ansible's ControlPersist masters to guest addresses outlive the play: ours too.
+    return processes.marked_processes(ours, seed=processes.tcp_clients(lambda a: a.startswith(ADDRESS_PREFIX)))
 
 
 def _mounts_under(wd: Path) -> list[str]:
@@ -208,20 +127,8 @@ def leftovers(workdir: Path | None = None) -> Leftovers:
 
 
 def _stop_supervisor(state: TestbedState | None, wd: Path) -> None:
-    candidates = []
-    if state is not None and supervisor_alive(state) and state.supervisor_pid is not None:
-        candidates.append(state.supervisor_pid)
-    spec = str(Layout(wd).supervisor_spec)
-    candidates += proc.find_pids(lambda argv: SUPERVISOR_MODULE in argv and spec in argv)
-    candidates = sorted(set(candidates))
-    if not candidates:
-        return
     # SIGTERM: it halts the guests cleanly and stops Slurm; give it the time a halt takes.
-    proc.signal_pids(candidates, signal.SIGTERM)
-    left = proc.wait_gone(candidates, SUPERVISOR_STOP_GRACE)
-    if left:
-        proc.signal_pids(left, signal.SIGKILL)
-        proc.wait_gone(left, 5.0)
+    processes.stop(processes.supervisor_pids(SUPERVISOR_MODULE, Layout(wd), state), SUPERVISOR_STOP_GRACE)
 
 
 def _kill_leftover_processes(wd: Path) -> None:
@@ -231,24 +138,18 @@ def _kill_leftover_processes(wd: Path) -> None:
     if nspawns:
         proc.signal_pids(nspawns, signal.SIGTERM)
         proc.wait_gone(nspawns, 20.0)
-    for _ in range(10):
-        marked = _marked_processes(wd)
-        if not marked:
-            return
-        proc.signal_pids(marked, signal.SIGKILL)
-        proc.wait_gone(list(marked), 5.0)
+    processes.kill_until_gone(functools.partial(_marked_processes, wd))
+
+
+def _alive_in(ns: str) -> list[int]:
+    return [pid for pid in network.netns_pids(ns) if proc.pid_alive(pid)]
 
 
 def _clear_netns(names: list[str]) -> None:
     for ns in names:
         # Kill everything inside BEFORE deleting the name: otherwise processes (an sshd child kept
         # by ControlPersist, a guest) keep the namespace alive and the next `ip netns add` fails.
-        for _ in range(10):
-            pids = [pid for pid in network.netns_pids(ns) if proc.pid_alive(pid)]
-            if not pids:
-                break
-            proc.signal_pids(pids, signal.SIGKILL)
-            proc.wait_gone(pids, 5.0)
+        processes.kill_until_gone(functools.partial(_alive_in, ns))
         network.delete_netns(ns)
 
 

@@ -1,0 +1,16 @@
+"""What the real testbed (k3fleet.lab.testbed) and the SSH lab fleet (k3fleet.lab.sshfleet) share.
+
+Both bring up root-owned pieces from a work directory, run every long-lived process below one
+detached supervisor, and must tear everything down again after a crash or a SIGKILL. The parts
+that are the same logic in both live here, once:
+
+- ``workdir``: default and resolved work directory, the common part of its layout, the atomic
+  state file, the up/down lock;
+- ``processes``: the harness side: start the detached supervisor, read its live view, find and
+  stop it, find marked processes (and their descendants) and TCP clients of lab addresses;
+- ``supervise``: the supervisor side: child subreaper, stop signals, reaping, killing adopted
+  orphans, the atomic live view and the ``python -m ... SPEC.json`` entry point.
+
+What differs (names, address plans, which processes count as ours, the services) stays in each
+package and is passed in.
+"""
