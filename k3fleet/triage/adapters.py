@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from k3fleet.ansible.module_utils import k3fleet_container as ctr
@@ -196,46 +197,84 @@ def _coded(table: dict[str, tuple[int, str]], name: str) -> str | None:
     return f"{hit[0]}: {hit[1]}" if hit else None
 
 
-def rdma_from_ibstat(text: str) -> list[dict[str, Any]]:
-    """``ibstat`` -> RDMA devices, each port through the collectors' ``parse_port``."""
+PortValues = dict[str, str | None]
+
+
+def _rdma_devices(text: str, device: str, port: str, field: Callable[[str, PortValues], None],
+                  missing: str, finish: Callable[[PortValues], None] | None = None) -> list[dict[str, Any]]:
+    """Device blocks (header ``device``), their port blocks (header ``port``), each port's lines
+    read by ``field`` into the collectors' input and, after ``finish``, through ``parse_port``."""
     devices: list[dict[str, Any]] = []
     dev: dict[str, Any] | None = None
-    port: tuple[int, dict[str, str | None]] | None = None
+    current: tuple[int, PortValues] | None = None
 
     def close_port() -> None:
-        nonlocal port
-        if dev is not None and port is not None:
-            dev["ports"].append(rdma.parse_port(*port))
-        port = None
+        nonlocal current
+        if dev is not None and current is not None:
+            if finish is not None:
+                finish(current[1])
+            dev["ports"].append(rdma.parse_port(*current))
+        current = None
 
     for line in text.splitlines():
         s = line.strip()
-        m = re.match(r"^CA '([^']+)'", s)
+        m = re.match(device, s)
         if m:
             close_port()
             dev = {"name": m.group(1), "ports": []}
             devices.append(dev)
             continue
-        m = re.match(r"^Port (\d+):$", s)
+        m = re.match(port, s)
         if m and dev is not None:
             close_port()
-            port = (int(m.group(1)), {"state": None, "phys_state": None, "rate": None, "link_layer": None})
+            current = (int(m.group(1)), {"state": None, "phys_state": None, "rate": None, "link_layer": None})
             continue
-        if port is None or ":" not in s:
-            continue
-        key, _, value = (x.strip() for x in s.partition(":"))
-        if key == "State":
-            port[1]["state"] = _coded(_STATE, value)
-        elif key == "Physical state":
-            port[1]["phys_state"] = _coded(_PHYS, value)
-        elif key == "Rate" and re.match(r"^\d+(\.\d+)?$", value):
-            port[1]["rate"] = f"{value} Gb/sec"
-        elif key == "Link layer":
-            port[1]["link_layer"] = value
+        if current is not None:
+            field(s, current[1])
     close_port()
     if not devices:
-        raise CaptureError("no \"CA '<device>'\" block")
+        raise CaptureError(missing)
     return devices
+
+
+def _ibstat_field(s: str, values: PortValues) -> None:
+    if ":" not in s:
+        return
+    key, _, value = (x.strip() for x in s.partition(":"))
+    if key == "State":
+        values["state"] = _coded(_STATE, value)
+    elif key == "Physical state":
+        values["phys_state"] = _coded(_PHYS, value)
+    elif key == "Rate" and re.match(r"^\d+(\.\d+)?$", value):
+        values["rate"] = f"{value} Gb/sec"
+    elif key == "Link layer":
+        values["link_layer"] = value
+
+
+def rdma_from_ibstat(text: str) -> list[dict[str, Any]]:
+    """``ibstat`` -> RDMA devices, each port through the collectors' ``parse_port``."""
+    return _rdma_devices(text, r"^CA '([^']+)'", r"^Port (\d+):$", _ibstat_field, "no \"CA '<device>'\" block")
+
+
+def _ibv_devinfo_field(s: str, values: PortValues) -> None:
+    m = re.match(r"^(state|phys_state|link_layer):\s*(.+?)\s*$", s)
+    if not m:
+        return
+    key, value = m.groups()
+    coded = re.match(r"^(?:PORT_|)([A-Z_]+)\s*\((\d+)\)$", value)
+    if key == "state" and coded:
+        name = _STATE.get(coded.group(1).lower(), (0, coded.group(1)))[1]
+        values["state"] = f"{coded.group(2)}: {name}"
+    elif key == "phys_state" and coded:
+        name = _PHYS.get(coded.group(1).replace("_", "").lower(), (0, coded.group(1)))[1]
+        values["phys_state"] = f"{coded.group(2)}: {name}"
+    elif key == "link_layer":
+        values["link_layer"] = value
+
+
+def _link_up_when_active(values: PortValues) -> None:
+    if values["phys_state"] is None and values["state"] == "4: ACTIVE":
+        values["phys_state"] = "5: LinkUp"
 
 
 def rdma_from_ibv_devinfo(text: str) -> list[dict[str, Any]]:
@@ -244,51 +283,8 @@ def rdma_from_ibv_devinfo(text: str) -> list[dict[str, Any]]:
     The plain listing prints no physical state; a port whose logical state is ACTIVE has its
     physical link up (the logical state cannot leave Down without it), so LinkUp is taken then.
     """
-    devices: list[dict[str, Any]] = []
-    dev: dict[str, Any] | None = None
-    port: tuple[int, dict[str, str | None]] | None = None
-
-    def close_port() -> None:
-        nonlocal port
-        if dev is not None and port is not None:
-            values = port[1]
-            if values["phys_state"] is None and values["state"] == "4: ACTIVE":
-                values["phys_state"] = "5: LinkUp"
-            dev["ports"].append(rdma.parse_port(port[0], values))
-        port = None
-
-    for line in text.splitlines():
-        s = line.strip()
-        m = re.match(r"^hca_id:\s*(\S+)", s)
-        if m:
-            close_port()
-            dev = {"name": m.group(1), "ports": []}
-            devices.append(dev)
-            continue
-        m = re.match(r"^port:\s*(\d+)$", s)
-        if m and dev is not None:
-            close_port()
-            port = (int(m.group(1)), {"state": None, "phys_state": None, "rate": None, "link_layer": None})
-            continue
-        if port is None:
-            continue
-        m = re.match(r"^(state|phys_state|link_layer):\s*(.+?)\s*$", s)
-        if not m:
-            continue
-        key, value = m.groups()
-        coded = re.match(r"^(?:PORT_|)([A-Z_]+)\s*\((\d+)\)$", value)
-        if key == "state" and coded:
-            name = _STATE.get(coded.group(1).lower(), (0, coded.group(1)))[1]
-            port[1]["state"] = f"{coded.group(2)}: {name}"
-        elif key == "phys_state" and coded:
-            name = _PHYS.get(coded.group(1).replace("_", "").lower(), (0, coded.group(1)))[1]
-            port[1]["phys_state"] = f"{coded.group(2)}: {name}"
-        elif key == "link_layer":
-            port[1]["link_layer"] = value
-    close_port()
-    if not devices:
-        raise CaptureError("no 'hca_id:' block")
-    return devices
+    return _rdma_devices(text, r"^hca_id:\s*(\S+)", r"^port:\s*(\d+)$", _ibv_devinfo_field, "no 'hca_id:' block",
+                         finish=_link_up_when_active)
 
 
 # -- containers ----------------------------------------------------------------------------------------
