@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,94 +30,34 @@ from k3fleet.change import UpgradeOptions, run_upgrade
 from k3fleet.cli import app
 from k3fleet.errors import UsageError
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        any(shutil.which(t) is None for t in ("gcc", "dpkg-deb", "dpkg-scanpackages", "apt-ftparchive", "apt-get",
-                                               "dpkg-query")) or not os.path.exists("/usr/bin/python3"),
-        reason="needs gcc, dpkg-dev, apt-utils, apt and a system python3 with python3-apt"),
-]
-
-REPO = Path(__file__).resolve().parents[2]
-SLURM_FIX = REPO / "tests" / "fixtures" / "slurm"
-BASE = ("python3", "libc6")
-DROPPED = re.compile(r"^(Filename|Size|MD5sum|SHA1|SHA256|SHA512|Description-md5):")
-
-
-def _python_apt() -> bool:
-    done = subprocess.run(["/usr/bin/python3", "-c", "import apt_pkg"], capture_output=True, check=False)
-    return done.returncode == 0
+# The apt sandbox and the Slurm stand-in come from tests/integration/conftest.py.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("change_tools")]
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not _python_apt():
-        pytest.skip("the apt module needs python3-apt in the system python3")
+def repo(tmp_path_factory: pytest.TempPathFactory, python_apt: None) -> Path:
     from k3fleet.lab.standin import build_repo
 
     return build_repo(tmp_path_factory.mktemp("standin") / "repo")
 
 
-def _status_file(repo: Path, pins: list[str]) -> str:
-    """A dpkg status file: the base system, the simulated hardware and these name=version, held."""
-    wanted = dict(p.split("=", 1) for p in pins)
-    blocks = [f"Package: {n}\nStatus: install ok installed\nPriority: optional\nArchitecture: amd64\nVersion: 1\n"
-              f"Maintainer: base\nDescription: base system" for n in BASE]
-    for raw in (repo / "Packages").read_text().strip().split("\n\n"):
-        fields = dict(re.findall(r"^([\w-]+): (.*)$", raw, re.M))
-        if fields["Package"] == "nvidia-sim-hardware" or wanted.get(fields["Package"]) == fields["Version"]:
-            state = "install" if fields["Package"] == "nvidia-sim-hardware" else "hold"
-            lines = [x for x in raw.splitlines() if not DROPPED.match(x)]
-            lines.insert(1, f"Status: {state} ok installed")
-            blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
-
-
 @pytest.fixture
-def node(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def node(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         apt_sandbox: Callable[[Path, Path], dict[str, str]], slurm_standin: Callable[..., None]) -> dict[str, Any]:
     from k3fleet.lab.fleet import generate_fleet, load_fleet
-    from k3fleet.lab.standin import install_pins
 
     sb = tmp_path / "apt"
-    for d in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "var/lib/apt/lists/partial",
-              "var/cache/apt/archives/partial", "dpkg/info", "dpkg/updates"):
-        (sb / d).mkdir(parents=True)
-    (sb / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
-    (sb / "dpkg/status").write_text(_status_file(repo, install_pins("575.57.08")))
-    (sb / "dpkg/available").write_text("")
-    conf = sb / "apt.conf"
-    conf.write_text("\n".join([
-        f'Dir::State "{sb}/var/lib/apt";', f'Dir::State::status "{sb}/dpkg/status";',
-        f'Dir::Cache "{sb}/var/cache/apt";', f'Dir::Etc "{sb}/etc/apt";',
-        f'Dir::Etc::sourcelist "{sb}/etc/apt/sources.list";', f'Dir::Etc::sourceparts "{sb}/etc/apt/sources.list.d";',
-        f'Dir::Etc::preferencesparts "{sb}/etc/apt/preferences.d";', f'Dir::Etc::parts "{sb}/etc/apt/apt.conf.d";',
-        'APT::Architecture "amd64";', 'Debug::NoLocking "true";', 'APT::Sandbox::User "root";',
-        f'DPkg::Options {{ "--admindir={sb}/dpkg"; }};', ""]))
-    monkeypatch.setenv("APT_CONFIG", str(conf))
-    monkeypatch.setenv("DPKG_ADMINDIR", str(sb / "dpkg"))
+    for name, value in apt_sandbox(sb, repo).items():
+        monkeypatch.setenv(name, value)
     # The play gets a minimal environment (docs/safety.md): these two are passed on by name.
     monkeypatch.setenv("K3FLEET_PASS_ENV", "APT_CONFIG,DPKG_ADMINDIR")
-    update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, check=False)
-    assert update.returncode == 0, update.stderr
-
-    # Slurm client stand-in: node01 runs job 1 (recorded output), every call is logged.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    calls = tmp_path / "slurm-calls"
-    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "scontrol $*" >> {calls}\n'
-                                     f'cat {SLURM_FIX / "scontrol_node01_allocated.txt"}\n')
-    (bindir / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {calls}\necho 1\n')
-    for name in ("scontrol", "squeue"):
-        (bindir / name).chmod(0o755)
-    # Real dpkg-query ahead of the lab host's replayed one: it reads the private dpkg state.
-    (bindir / "dpkg-query").symlink_to(shutil.which("dpkg-query") or "/usr/bin/dpkg-query")
 
     lab_inv = generate_fleet(load_fleet(None), tmp_path / "lab")
     lab = yaml.safe_load(lab_inv.read_text())["all"]["children"]["lab"]["hosts"]
     host = dict(lab["gpu-a01"])
-    host.update(k3fleet_path=f"{bindir}:{host['k3fleet_path']}", k3fleet_slurm_node="node01",
-                k3fleet_slurm_client="localhost", k3fleet_slurm_path=f"{bindir}:/usr/bin:/bin",
-                k3fleet_probe=False)
+    # Slurm client stand-in: node01 runs job 1 (recorded output), every call is logged.
+    calls = tmp_path / "slurm-calls"
+    slurm_standin(host, tmp_path / "bin", calls)
     done = dict(lab["gpu-a03"])  # already on R580: the plan leaves it out
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu-a01": host, "gpu-a03": done}}}))

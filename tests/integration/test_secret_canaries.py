@@ -21,27 +21,20 @@ a real night is covered by the system tests' nights (tests/system/test_change_ni
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        any(shutil.which(t) is None for t in ("gcc", "dpkg-deb", "dpkg-scanpackages", "apt-ftparchive", "apt-get",
-                                               "dpkg-query")) or not os.path.exists("/usr/bin/python3"),
-        reason="needs gcc, dpkg-dev, apt-utils, apt and a system python3 with python3-apt"),
-]
+# The apt sandbox and the Slurm stand-in come from tests/integration/conftest.py.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("change_tools")]
 
 BIN = Path(sys.executable).parent
 K3FLEET = str(BIN / "k3fleet")
-SLURM_FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
 # One distinct value per place; none is a real credential.
 CANARY: dict[str, str] = {
@@ -66,47 +59,6 @@ CANARY: dict[str, str] = {
     "node_slurm_password": "slurmpw0019Zq",
     "node_nccl_token": "nccltoken0020Zq",
 }
-
-
-def _status_file(repo: Path, pins: list[str]) -> str:
-    """A dpkg status file: python3, libc6, the simulated hardware and these name=version, held."""
-    wanted = dict(p.split("=", 1) for p in pins)
-    dropped = re.compile(r"^(Filename|Size|MD5sum|SHA1|SHA256|SHA512|Description-md5):")
-    blocks = [f"Package: {n}\nStatus: install ok installed\nPriority: optional\nArchitecture: amd64\nVersion: 1\n"
-              f"Maintainer: base\nDescription: base system" for n in ("python3", "libc6")]
-    for raw in (repo / "Packages").read_text().strip().split("\n\n"):
-        fields = dict(re.findall(r"^([\w-]+): (.*)$", raw, re.M))
-        if fields["Package"] == "nvidia-sim-hardware" or wanted.get(fields["Package"]) == fields["Version"]:
-            lines = [x for x in raw.splitlines() if not dropped.match(x)]
-            lines.insert(1, f"Status: {'install' if fields['Package'] == 'nvidia-sim-hardware' else 'hold'} ok "
-                            "installed")
-            blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
-
-
-def _apt_sandbox(tmp: Path) -> dict[str, str]:
-    """A private apt/dpkg state with R575 installed and held, over the stand-in repository."""
-    from k3fleet.lab.standin import build_repo, install_pins
-
-    repo = build_repo(tmp / "repo")
-    sb = tmp / "apt"
-    for d in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "var/lib/apt/lists/partial",
-              "var/cache/apt/archives/partial", "dpkg/info", "dpkg/updates"):
-        (sb / d).mkdir(parents=True)
-    (sb / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
-    (sb / "dpkg/status").write_text(_status_file(repo, install_pins("575.57.08")))
-    (sb / "dpkg/available").write_text("")
-    conf = sb / "apt.conf"
-    conf.write_text("\n".join([
-        f'Dir::State "{sb}/var/lib/apt";', f'Dir::State::status "{sb}/dpkg/status";',
-        f'Dir::Cache "{sb}/var/cache/apt";', f'Dir::Etc "{sb}/etc/apt";',
-        f'Dir::Etc::sourcelist "{sb}/etc/apt/sources.list";', f'Dir::Etc::sourceparts "{sb}/etc/apt/sources.list.d";',
-        f'Dir::Etc::preferencesparts "{sb}/etc/apt/preferences.d";', f'Dir::Etc::parts "{sb}/etc/apt/apt.conf.d";',
-        'APT::Architecture "amd64";', 'Debug::NoLocking "true";', 'APT::Sandbox::User "root";',
-        f'DPkg::Options {{ "--admindir={sb}/dpkg"; }};', ""]))
-    env = {"APT_CONFIG": str(conf), "DPKG_ADMINDIR": str(sb / "dpkg")}
-    subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, check=True, env={**os.environ, **env})
-    return env
 
 
 def _lab_hosts(tmp: Path) -> dict[str, dict[str, Any]]:
@@ -137,23 +89,18 @@ def _lab_hosts(tmp: Path) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(tmp_path_factory: pytest.TempPathFactory, apt_sandbox: Callable[[Path, Path], dict[str, str]],
+         slurm_standin: Callable[..., None]) -> dict[str, Any]:
+    from k3fleet.lab.standin import build_repo
+
     tmp = tmp_path_factory.mktemp("canary")
     try:
-        apt_env = _apt_sandbox(tmp)
+        # A private apt/dpkg state with R575 installed and held, over the stand-in repository.
+        apt_env = apt_sandbox(tmp / "apt", build_repo(tmp / "repo"))
     except (subprocess.CalledProcessError, RuntimeError) as exc:
         pytest.skip(f"the stand-in apt repository could not be built here: {exc}")
     hosts = _lab_hosts(tmp)
-    bindir = tmp / "bin"
-    bindir.mkdir()
-    (bindir / "scontrol").write_text(f"#!/bin/sh\ncat {SLURM_FIX / 'scontrol_node01_allocated.txt'}\n")
-    (bindir / "squeue").write_text("#!/bin/sh\necho 1\n")
-    for name in ("scontrol", "squeue"):
-        (bindir / name).chmod(0o755)
-    (bindir / "dpkg-query").symlink_to(shutil.which("dpkg-query") or "/usr/bin/dpkg-query")
-    hosts["gpu-a01"].update(k3fleet_path=f"{bindir}:{hosts['gpu-a01']['k3fleet_path']}", k3fleet_slurm_node="node01",
-                            k3fleet_slurm_client="localhost", k3fleet_slurm_path=f"{bindir}:/usr/bin:/bin",
-                            k3fleet_probe=False)
+    slurm_standin(hosts["gpu-a01"], tmp / "bin")
 
     # YAML inventory: a secret as the first key under vars:, a quoted value with spaces, URL user-info.
     yinv = tmp / "yaml-inv"

@@ -3,7 +3,7 @@
 - ``story_audit``: ``k3fleet audit --lab`` over the default fleet (R575 hosts: rebuild_environment)
 - ``healthy_audit``: ``k3fleet audit --lab`` over two healthy R580 hosts (go_live)
 - ``change_check``: ``k3fleet upgrade --check`` on the stand-in driver repository (real dpkg and apt
-  resolver, as tests/integration/test_change_check.py sets it up)
+  resolver, set up by tests/integration/conftest.py)
 - ``accept_runs``: ``k3fleet accept all`` against the vLLM simulator, healthy and made to fail
 
 Everything runs the real command line in a subprocess, as a user would.
@@ -11,11 +11,7 @@ Everything runs the real command line in a subprocess, as a user would.
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +21,6 @@ from decide_helpers import k3fleet
 
 REPO = Path(__file__).resolve().parents[3]
 PROFILES = REPO / "inventories" / "lab" / "profiles"
-SLURM_FIX = REPO / "tests" / "fixtures" / "slurm"
 
 
 @pytest.fixture(scope="session")
@@ -59,74 +54,24 @@ def healthy_audit(runs_root: Path) -> Path:
 
 # -- upgrade --check on the stand-in repository ----------------------------------------------------------
 
-_BASE = ("python3", "libc6")
-_DROPPED = re.compile(r"^(Filename|Size|MD5sum|SHA1|SHA256|SHA512|Description-md5):")
-
-
-def _status_file(repo: Path, pins: list[str]) -> str:
-    wanted = dict(p.split("=", 1) for p in pins)
-    blocks = [f"Package: {n}\nStatus: install ok installed\nPriority: optional\nArchitecture: amd64\nVersion: 1\n"
-              f"Maintainer: base\nDescription: base system" for n in _BASE]
-    for raw in (repo / "Packages").read_text().strip().split("\n\n"):
-        fields = dict(re.findall(r"^([\w-]+): (.*)$", raw, re.M))
-        if fields["Package"] == "nvidia-sim-hardware" or wanted.get(fields["Package"]) == fields["Version"]:
-            state = "install" if fields["Package"] == "nvidia-sim-hardware" else "hold"
-            lines = [x for x in raw.splitlines() if not _DROPPED.match(x)]
-            lines.insert(1, f"Status: {state} ok installed")
-            blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
-
-
-def _change_tools_present() -> bool:
-    tools = ("gcc", "dpkg-deb", "dpkg-scanpackages", "apt-ftparchive", "apt-get", "dpkg-query")
-    if any(shutil.which(t) is None for t in tools) or not os.path.exists("/usr/bin/python3"):
-        return False
-    done = subprocess.run(["/usr/bin/python3", "-c", "import apt_pkg"], capture_output=True, check=False)
-    return done.returncode == 0
-
 
 @pytest.fixture(scope="session")
-def change_check(runs_root: Path) -> Path:
-    """A real ``upgrade --check`` run: gate audit, drain plan and the apt transaction, nothing changed."""
-    if not _change_tools_present():
-        pytest.skip("upgrade --check needs gcc, dpkg-dev, apt-utils and python3-apt (scripts/testbed-deps.sh)")
+def change_check(runs_root: Path, python_apt: None, apt_sandbox: Callable[[Path, Path], dict[str, str]],
+                 slurm_standin: Callable[..., None]) -> Path:
+    """A real ``upgrade --check`` run: gate audit, drain plan and the apt transaction, nothing changed.
+
+    The private apt state and the Slurm stand-in come from tests/integration/conftest.py.
+    """
     from k3fleet.lab.fleet import generate_fleet, load_fleet
-    from k3fleet.lab.standin import build_repo, install_pins
+    from k3fleet.lab.standin import build_repo
 
     work = runs_root / "change-env"
-    repo = build_repo(work / "repo")
-    sb = work / "apt"
-    for d in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "var/lib/apt/lists/partial",
-              "var/cache/apt/archives/partial", "dpkg/info", "dpkg/updates"):
-        (sb / d).mkdir(parents=True)
-    (sb / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
-    (sb / "dpkg/status").write_text(_status_file(repo, install_pins("575.57.08")))
-    (sb / "dpkg/available").write_text("")
-    conf = sb / "apt.conf"
-    conf.write_text("\n".join([
-        f'Dir::State "{sb}/var/lib/apt";', f'Dir::State::status "{sb}/dpkg/status";',
-        f'Dir::Cache "{sb}/var/cache/apt";', f'Dir::Etc "{sb}/etc/apt";',
-        f'Dir::Etc::sourcelist "{sb}/etc/apt/sources.list";', f'Dir::Etc::sourceparts "{sb}/etc/apt/sources.list.d";',
-        f'Dir::Etc::preferencesparts "{sb}/etc/apt/preferences.d";', f'Dir::Etc::parts "{sb}/etc/apt/apt.conf.d";',
-        'APT::Architecture "amd64";', 'Debug::NoLocking "true";', 'APT::Sandbox::User "root";',
-        f'DPkg::Options {{ "--admindir={sb}/dpkg"; }};', ""]))
     # The play gets a minimal environment; the private apt and dpkg state are passed on by name.
-    env = {"APT_CONFIG": str(conf), "DPKG_ADMINDIR": str(sb / "dpkg"), "K3FLEET_PASS_ENV": "APT_CONFIG,DPKG_ADMINDIR"}
-    update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, check=False,
-                            env={**os.environ, **env})
-    assert update.returncode == 0, update.stderr
-    bindir = work / "bin"
-    bindir.mkdir()
-    (bindir / "scontrol").write_text(f'#!/bin/sh\ncat {SLURM_FIX / "scontrol_node01_allocated.txt"}\n')
-    (bindir / "squeue").write_text("#!/bin/sh\necho 1\n")
-    for name in ("scontrol", "squeue"):
-        (bindir / name).chmod(0o755)
-    (bindir / "dpkg-query").symlink_to(shutil.which("dpkg-query") or "/usr/bin/dpkg-query")
+    env = {**apt_sandbox(work / "apt", build_repo(work / "repo")), "K3FLEET_PASS_ENV": "APT_CONFIG,DPKG_ADMINDIR"}
     lab_inv = generate_fleet(load_fleet(None), work / "lab")
     lab = yaml.safe_load(lab_inv.read_text())["all"]["children"]["lab"]["hosts"]
     host = dict(lab["gpu-a01"])
-    host.update(k3fleet_path=f"{bindir}:{host['k3fleet_path']}", k3fleet_slurm_node="node01",
-                k3fleet_slurm_client="localhost", k3fleet_slurm_path=f"{bindir}:/usr/bin:/bin", k3fleet_probe=False)
+    slurm_standin(host, work / "bin")
     inventory = work / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu-a01": host, "gpu-a03": dict(lab["gpu-a03"])}}}))
     runs = runs_root / "change-runs"
