@@ -21,7 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	# Headless Chromium for the HTML report test (root only: apt; without it that one test skips).
 	if [ "$$(id -u)" -eq 0 ]; then bash scripts/report-deps.sh; fi
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -m "not system" tests
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -n auto --dist loadfile -m "not system" tests
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

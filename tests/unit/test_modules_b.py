@@ -131,7 +131,7 @@ def test_container_info_reads_the_image(tmp_path: Path) -> None:
 def test_container_info_probe_runs_in_check_mode(tmp_path: Path) -> None:
     bin_dir = container_bin(tmp_path, run_stderr="probe_requirement_error_dashdot1226.stderr")
     result = run_module(k3fleet_container_info, {"path": str(bin_dir), "root": str(tmp_path), "probe": True,
-                                                 "_ansible_check_mode": True})
+                                                 "image": "vllm/vllm-openai:v0.23.0", "_ansible_check_mode": True})
     probe = result[RESULT_KEY]["container"]["probe"]
     assert result["changed"] is False
     assert (probe["ran"], probe["ok"], probe["failure"]) == (True, False, "requirement_error")
@@ -140,7 +140,8 @@ def test_container_info_probe_runs_in_check_mode(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, part", [
     ({"image": "vllm/vllm-openai:kimi-k3 --privileged"}, "one image reference"),
     ({"image": ""}, "one image reference"),
-    ({"runtime": "crio"}, "runtime"),
+    ({"image": "vllm/vllm-openai:v0.23.0", "runtime": "crio"}, "runtime"),
+    ({}, "missing required arguments: image"),
 ])
 def test_container_info_rejects_bad_options(tmp_path: Path, args: dict[str, Any], part: str) -> None:
     bin_dir = container_bin(tmp_path)
