@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from k3fleet.ansible.module_utils.k3fleet_journal_format import STAGES as _STAGES
 from k3fleet.ansible.module_utils.k3fleet_journal_format import split_lines
-from k3fleet.errors import UsageError
+from k3fleet.errors import read_input
 
 JOURNAL_FILE = "journal.jsonl"
 Stage = Literal["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned", "failed",
@@ -131,15 +131,7 @@ def parse_journal(raw: bytes, path: Path) -> Journal:
 
 def read_journal(path: Path) -> Journal:
     """Every usable line of ``path``; unusable ones become ``unreadable`` (byte offset and why)."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise UsageError(f"journal {path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"journal {path} is a directory, not a journal") from exc
-    except OSError as exc:
-        raise UsageError(f"journal {path} cannot be read: {exc.strerror or exc}") from exc
-    return parse_journal(raw, path)
+    return parse_journal(read_input(path, "journal", kind="a journal"), path)
 
 
 @dataclass

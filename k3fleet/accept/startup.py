@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.accept.result import Finding, ProbeResult, Status
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, read_input
 from k3fleet.evidence import redact_argv, redact_text
 from k3fleet.models.target import Target, version_tuple
 
@@ -351,19 +351,7 @@ def parse_launch_command(text: str) -> dict[str, Any]:
 
 
 def _read(path: Path, what: str) -> str:
-    try:
-        size = path.stat().st_size
-        if size > MAX_LOG_BYTES:
-            raise UsageError(f"{what} {path} is {size} bytes: not a start-up log (limit {MAX_LOG_BYTES})")
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise UsageError(f"{what} {path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"{what} {path} is a directory, not a file") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
-    if b"\x00" in data[:65536]:
-        raise UsageError(f"{what} {path} is binary, not a text log")
+    data = read_input(path, what, kind="a text log", max_bytes=MAX_LOG_BYTES, text=True)
     return data.decode("utf-8", errors="replace")
 
 

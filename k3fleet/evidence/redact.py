@@ -4,16 +4,7 @@ The rules by key name and by value shape live in ``k3fleet/ansible/module_utils/
 (stdlib only, so the journal module applies the same rules to the lines it writes); this module adds
 the structural redaction of inventories on top. Rules (docs/safety.md "Redaction"):
 
-- **By key name.** A value whose key names a secret (``password``, ``pass``, ``secret``, ``token``,
-  ``api_key``, ``auth``, ``credential``, ``cookie`` ...) is replaced by ``***``; the key stays, so a
-  reviewer sees that a secret was there. Names are split into words (``ansible_become_pass``,
-  ``HF_TOKEN``, ``x-api-key``, ``apiKey``) and judged by word: ``passed``, ``pass_rate``,
-  ``prompt_tokens``, ``author``, ``keyboard``, ``host_key_checking`` and ``api_key_env`` (the NAME
-  of a variable) are evidence, not secrets.
-- **By value shape**, in any text: URL user-info (``https://user:X@``), ``Bearer X``,
-  ``Authorization:``/``Cookie:`` headers, ``--api-key X`` / ``--token=X`` options, ``KEY=X`` and
-  ``"key": "X"`` pairs, ``password X`` in prose (a Slurm reason), private key blocks and the
-  published prefixes of common API tokens (``hf_``, ``sk-``, ``nvapi-``, ``ghp_`` ...).
+- **By key name** and **by value shape**: the rules module's docstring lists them.
 - **Structurally** for inventories: YAML (any depth, quoted or not, block scalars, flow style,
   ``!vault`` values) and INI (host lines and ``:vars`` sections) are parsed and only the values
   under secret keys are replaced, in place, so the file keeps its shape and comments.

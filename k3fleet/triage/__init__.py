@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, read_input
 from k3fleet.triage import adapters as ad
 
 NOT_CAPTURED = "not in the captured text"
@@ -155,19 +155,7 @@ def stored_name(i: int, c: Capture) -> str:
 
 
 def read_capture(path: Path, kind: str | None = None) -> Capture:
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise UsageError(f"{path}: {size} bytes is not a pasted capture (limit {MAX_BYTES})")
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise UsageError(f"{path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"{path} is a directory, not a captured file") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if b"\x00" in raw[:65536]:
-        raise UsageError(f"{path} is binary, not captured text")
+    raw = read_input(path, "", kind="a pasted capture", max_bytes=MAX_BYTES, text=True)
     text = raw.decode("utf-8", errors="replace").replace("\r\n", "\n")
     if not text.strip():
         raise UsageError(f"{path} is empty")

@@ -258,7 +258,7 @@ def _marked_processes(wd: Path) -> dict[int, str]:
 def ssh_clients() -> dict[int, str]:
     """Processes on the machine holding a TCP connection to a fleet address.
 
-    Ansible's ControlPersist masters (`ssh: ~/.ansible/cp/XXXX [mux]`) outlive the play; left
+    Ansible's ControlPersist masters (`ssh: ~/.ansible/cp/<hash> [mux]`) outlive the play; left
     running after `down` they would be handed the next fleet's connections to the same address.
     """
     return processes.tcp_clients(is_fleet_address, width=160)
