@@ -47,6 +47,7 @@ class ProgressObserver(Observer):
         self.stages = stages
         self.total = total
         self.done = 0
+        self._counted: set[str] = set()
 
     def play_started(self, playbook: str, hosts: int | None) -> None:
         self.total = hosts or self.total
@@ -55,9 +56,13 @@ class ProgressObserver(Observer):
             self.console.print(f"[bold]running {playbook}{n}[/bold]")
 
     def host_done(self, outcome: HostOutcome) -> None:
-        if not self.stages:
+        # A host counts once, at its first finished task (the audit's one module call); a later
+        # task on it (the run_once artifact publishing, skipped on the CLI) is shown only if it failed.
+        first = outcome.host not in self._counted
+        if not self.stages and first:
+            self._counted.add(outcome.host)
             self.done += 1
-        if self.quiet:
+        if self.quiet or (not self.stages and not first and outcome.status not in _FAILURES):
             return
         # Host names, task names and messages are node text: plain, without terminal escapes.
         host = safe_text(outcome.host)
@@ -71,7 +76,7 @@ class ProgressObserver(Observer):
                 self.console.print(Text(f"  {host:<20} ").append(outcome.status, style="red").append(
                     f" {safe_text(outcome.task)}: {safe_text(outcome.message)}"))
             return
-        count = f"[{self.done}/{self.total}] " if self.total else ""
+        count = f"[{self.done}/{self.total}] " if self.total and first else ""
         msg = safe_text(outcome.message) if outcome.message and outcome.status != "ok" else ""
         # Messages that name their host already (a refused host key) are printed as they are.
         shown = msg if msg.startswith(f"{host}: ") else f"{host} {msg}".rstrip()
