@@ -106,6 +106,12 @@ def load_options(overrides: Mapping[str, Any]) -> Any:
     """The load probe's options with the operator's overrides; bad ones are one usage line, found
     before anything runs or is written."""
     load_mod: Any = importlib.import_module("k3fleet.accept.load")
+    fields = load_mod.LoadOptions.model_fields
+    # The field names (step_s, max_duration_s); a dash is read as an underscore.
+    overrides = {str(k).replace("-", "_"): v for k, v in overrides.items()}
+    unknown = [k for k in overrides if k not in fields]
+    if unknown:
+        raise UsageError(f"--load-option {unknown[0]}: not a load option (one of {', '.join(fields)})")
     try:
         return load_mod.LoadOptions(**overrides)
     except ValidationError as exc:

@@ -40,3 +40,12 @@ def test_bad_load_option_is_found_before_anything_runs(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert "--load-option" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_unknown_load_option_names_the_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["accept", "all", "--base-url", "http://127.0.0.1:9", "--model", "m", "--out", str(out),
+                 "--load-option", "step_seconds=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("k3fleet: error: --load-option step_seconds: not a load option (one of phases, ")
+    assert "step_s" in err and len(err.splitlines()) == 1 and not out.exists()
