@@ -31,9 +31,18 @@ class Supervised(Protocol):
     supervisor_start_time: int | None
 
 
+# argv of `python -c`: ["-c", MODULE, SPEC].
+_SUPERVISOR_ENTRY = ("import sys; from importlib import import_module; "
+                     "sys.exit(import_module(sys.argv[1]).main(sys.argv[2:]))")
+
+
 def spawn_supervisor(module: str, layout: WorkdirLayout, spec_text: str,
                      env_extra: Mapping[str, str]) -> tuple[int, int | None]:
-    """Write the spec and start ``python -m MODULE SPEC`` detached; (pid, start time) to guard reuse."""
+    """Write the spec and start the supervisor ``MODULE`` on it, detached; (pid, start time) to guard reuse.
+
+    Started through ``-c`` rather than ``-m``: the lab packages import their supervisor module, and
+    runpy warns when ``-m`` finds the module it is about to run already imported. MODULE and SPEC
+    stay whole arguments of the command line, which is how ``supervisor_pids`` recognises it."""
     layout.run_dir.mkdir(parents=True, exist_ok=True)
     layout.supervisor_spec.write_text(spec_text)
     env = dict(os.environ)
@@ -42,7 +51,7 @@ def spawn_supervisor(module: str, layout: WorkdirLayout, spec_text: str,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env.update(env_extra)
     with open(layout.supervisor_log, "ab") as log:
-        child = subprocess.Popen([sys.executable, "-m", module, str(layout.supervisor_spec)],
+        child = subprocess.Popen([sys.executable, "-c", _SUPERVISOR_ENTRY, module, str(layout.supervisor_spec)],
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/",
                                  start_new_session=True, close_fds=True)
     return child.pid, proc.start_time(child.pid)

@@ -1,6 +1,6 @@
 """Parent of every sshd of the SSH lab fleet.
 
-Run detached by `up` as `python -m k3fleet.lab.sshfleet.supervisor SPEC.json`. It
+Run detached by `up` on SPEC.json (`python -m k3fleet.lab.sshfleet.supervisor SPEC.json` by hand). It
 
 - becomes a child subreaper: this machine's PID 1 reaps nothing, so session processes left
   behind by an sshd (a ControlPersist session whose listener was killed) are reparented here

@@ -1,6 +1,6 @@
 """The testbed supervisor: parent of every daemon and guest, restarts guests that reboot.
 
-Run detached by the harness as `python -m k3fleet.lab.testbed.supervisor SPEC.json`. It
+Run detached by the harness on SPEC.json (`python -m k3fleet.lab.testbed.supervisor SPEC.json` by hand). It
 
 - becomes a child subreaper, so processes that daemonize below it (slurmstepd, anything a job
   leaves behind) are reparented to it and reaped here; this machine's PID 1 reaps nothing;
