@@ -9,7 +9,7 @@ that are the same logic in both live here, once:
 - ``processes``: the harness side: start the detached supervisor, read its live view, find and
   stop it, find marked processes (and their descendants) and TCP clients of lab addresses;
 - ``supervise``: the supervisor side: child subreaper, stop signals, reaping, killing adopted
-  orphans, the atomic live view and the ``python -m ... SPEC.json`` entry point.
+  orphans, the atomic live view and the entry point that reads SPEC.json.
 
 What differs (names, address plans, which processes count as ours, the services) stays in each
 package and is passed in.
