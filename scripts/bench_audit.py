@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import resource
@@ -38,8 +37,6 @@ from pathlib import Path
 
 from k3fleet.lab.fleet import generate_fleet, load_fleet
 from k3fleet.runner import ansible_env
-
-PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -58,13 +55,10 @@ def _children_cpu() -> float:
 
 def _reap_adopted() -> None:
     """Collect exited orphans adopted as subreaper (their CPU then counts in RUSAGE_CHILDREN)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    from k3fleet.lab.common import supervise
+
+    for _ in supervise.exited_children():
+        pass
 
 
 def _measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
@@ -210,12 +204,12 @@ def _mem_available_mib() -> float:
 
 def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None) -> int:
     from k3fleet.lab import sshfleet
+    from k3fleet.lab.common import supervise
 
     if os.geteuid() != 0:
         sys.stderr.write("bench --ssh: root required (network namespaces, sshd)\n")
         return 2
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    supervise.become_subreaper(lambda message: sys.stderr.write(f"bench --ssh: {message}\n"))
     strategies = [("linear", None)]
     if mitogen:
         sdir = _mitogen_strategy_dir()

@@ -31,11 +31,16 @@ def log_line(label: str, message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {label}[{os.getpid()}]: {message}", flush=True)
 
 
-def take_charge(log: Callable[[str], None], request_stop: StopHandler) -> None:
-    """Become a child subreaper; SIGTERM/SIGINT ask for a stop, SIGHUP (a closed terminal) is ignored."""
+def become_subreaper(log: Callable[[str], None]) -> None:
+    """Orphans below this process are reparented to it (and must be reaped here)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         log(f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}")
+
+
+def take_charge(log: Callable[[str], None], request_stop: StopHandler) -> None:
+    """Become a child subreaper; SIGTERM/SIGINT ask for a stop, SIGHUP (a closed terminal) is ignored."""
+    become_subreaper(log)
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
