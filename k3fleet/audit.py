@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.errors import EXIT_INCOMPLETE, IncompleteError
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, combine
 from k3fleet.evidence import RunDir
 from k3fleet.inventory import inventory_hosts
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
@@ -44,10 +44,8 @@ class AuditResult:
 
     @property
     def exit_code(self) -> int:
-        code = int(self.verdict.exit_code)
-        if self.invalid or self.play.interrupted:
-            return max(code, EXIT_INCOMPLETE)
-        return code
+        return combine(int(self.verdict.exit_code),
+                       EXIT_INCOMPLETE if self.invalid or self.play.interrupted else EXIT_OK)
 
 
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[

@@ -1,17 +1,16 @@
 """k3fleet's exceptions, in one place, with the exit code each one maps to.
 
-Exit codes (docs/architecture.md "Contracts"): 0 pass / go, 1 checks failed / no-go, 2 usage or bad input,
-3 hosts unreachable or evidence incomplete.
+The exit codes and the rule that combines them are owned by ``k3fleet.contracts``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INCOMPLETE = 3
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, combine
+
+__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "IncompleteError", "K3FleetError",
+           "UsageError", "combine", "read_input"]
 
 
 class K3FleetError(Exception):

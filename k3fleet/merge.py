@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.errors import EXIT_INCOMPLETE, IncompleteError, UsageError
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine
 from k3fleet.evidence import MANIFEST, RunDir, host_from_file_name, verify_run
 from k3fleet.models.facts import SCHEMA_VERSION
 from k3fleet.runner import RESULT_KEY
@@ -348,9 +348,7 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
         "source_of": {h: o.source for h, o in sorted(merged.chosen.items())},
     })
     incomplete = [sl.source for sl in slices if not sl.complete]
-    code = int(verdict.exit_code)
-    if invalid or incomplete:
-        code = max(code, EXIT_INCOMPLETE)
+    code = combine(int(verdict.exit_code), EXIT_INCOMPLETE if invalid or incomplete else EXIT_OK)
     wall = sum(sl.wall_s for sl in slices if sl.wall_s is not None)
     play = PlayResult(playbook="audit.yml", status="merged", rc=None, wall_s=wall, interrupted=bool(incomplete))
     result = AuditResult(rd, verdict, facts, unreachable, invalid, play)

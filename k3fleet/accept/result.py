@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
 
 Severity = Literal["fail", "warn", "info"]
 Status = Literal["pass", "fail", "inconclusive", "error", "skipped"]
@@ -61,12 +61,7 @@ class ProbeResult(BaseModel):
 def combined_exit_code(results: Iterable[ProbeResult]) -> int:
     """One exit code for several probes, as the audit's: a definite failure (1) wins over missing
     evidence (3), so a caller that retries on 3 never retries a known no-go."""
-    codes = [r.exit_code for r in results]
-    if not codes:
-        return EXIT_INCOMPLETE
-    if EXIT_FAILED in codes:
-        return EXIT_FAILED
-    return max(codes)
+    return combine(r.exit_code for r in results)
 
 
 def result_from_json(data: Mapping[str, Any]) -> ProbeResult:

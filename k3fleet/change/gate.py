@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.change.lease import lease_holder, lease_owner
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.runner import Observer
 
 
@@ -54,7 +54,7 @@ class NothingToChange(UsageError):
 
     def __init__(self, message: str, blocked: bool, held: bool = False) -> None:
         super().__init__(message)
-        self.exit_code = EXIT_FAILED if blocked else (EXIT_INCOMPLETE if held else EXIT_OK)
+        self.exit_code = combine(EXIT_FAILED if blocked else EXIT_OK, EXIT_INCOMPLETE if held else EXIT_OK)
 
 
 # -- accepted findings ------------------------------------------------------------------------------

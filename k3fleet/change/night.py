@@ -36,7 +36,7 @@ from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.record import CHANGE_FILE, ChangeRecord
 from k3fleet.change.timing import ChangeRecorder, host_timings
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, sha256_file, verify_run
 from k3fleet.inventory import inventory_hosts, refuse_simulated
 from k3fleet.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, summarize
@@ -296,7 +296,10 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
     elif result.change.get("check"):
         bad = [h for h, r in result.check.items() if "error" in r]
         unreachable = [h for h, r in result.check.items() if str(r.get("error", "")).startswith("unreachable")]
-        result.exit_code = EXIT_INCOMPLETE if unreachable else (EXIT_FAILED if bad else EXIT_OK)
+        # A host that could not be planned for a known reason is a no-go (1) even when others were
+        # not reached (3): k3fleet.contracts.combine.
+        result.exit_code = combine(EXIT_FAILED if set(bad) - set(unreachable) else EXIT_OK,
+                                   EXIT_INCOMPLETE if unreachable else EXIT_OK)
         result.message = result.message or (f"check: {len(result.check) - len(bad)} host(s) planned, "
                                              f"{len(bad)} could not be planned")
     elif any(o in ("failed", "rolled_back") for o in outcomes):

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.models.target import Strategy, StrategySetting
 
 Severity = Literal["critical", "error", "warning", "info"]
@@ -22,11 +23,6 @@ Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expa
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 
-# docs/architecture.md "Contracts".
-EXIT_OK = 0
-EXIT_CHECKS_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INCOMPLETE = 3
 
 
 class _Out(BaseModel):
@@ -204,11 +200,8 @@ class FleetVerdict(_Out):
         When both apply, 1 wins: a definite failure is a no-go whatever the missing
         hosts would show, and a caller that retries on 3 must not retry a known no-go.
         """
-        if self.checks_failed:
-            return EXIT_CHECKS_FAILED
-        if self.summary.unreachable or self.summary.evidence_incomplete:
-            return EXIT_INCOMPLETE
-        return EXIT_OK
+        return combine(EXIT_FAILED if self.checks_failed else EXIT_OK,
+                       EXIT_INCOMPLETE if self.summary.unreachable or self.summary.evidence_incomplete else EXIT_OK)
 
 
 def fleet_verdict_json_schema() -> dict[str, Any]:

@@ -1,0 +1,106 @@
+"""The exit-code contract (docs/architecture.md "Contracts"): one combine() for every command that
+holds several results; a definite failure (1) wins over missing evidence (3), a usage error (2) over
+both. Each row names the command whose combination it pins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from k3fleet import contracts, errors
+from k3fleet.accept.result import ProbeResult, combined_exit_code
+from k3fleet.audit import AuditResult
+from k3fleet.change.gate import NothingToChange
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, combine
+from k3fleet.runner import PlayResult
+
+
+@pytest.mark.parametrize(("codes", "want"), [
+    ((), EXIT_INCOMPLETE),
+    ((0,), 0),
+    ((0, 0), 0),
+    ((1, 3), 1),
+    ((3, 1), 1),
+    ((3, 0), 3),
+    ((2, 1, 3), 2),
+    (([0, 3], 1), 1),
+    (([],), EXIT_INCOMPLETE),
+])
+def test_combine_table(codes: tuple[Any, ...], want: int) -> None:
+    assert combine(*codes) == want
+
+
+def test_combine_refuses_a_code_outside_the_contract() -> None:
+    with pytest.raises(ValueError, match="not a k3fleet exit code"):
+        combine(0, 4)
+
+
+def test_one_owner_for_the_codes() -> None:
+    assert (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_USAGE, errors.EXIT_INCOMPLETE) == contracts.EXIT_CODES
+    assert errors.combine is contracts.combine
+    assert errors.UsageError.exit_code == EXIT_USAGE and errors.IncompleteError.exit_code == EXIT_INCOMPLETE
+
+
+def _audit(verdict_code: int, *, invalid: bool = False, interrupted: bool = False) -> AuditResult:
+    play = PlayResult(playbook="audit.yml", status="successful", rc=0, interrupted=interrupted)
+    return AuditResult(run_dir=SimpleNamespace(path=Path("runs/x")),  # type: ignore[arg-type]
+                       verdict=SimpleNamespace(exit_code=verdict_code), facts={}, unreachable={},
+                       invalid={"gpu-02": "facts did not validate"} if invalid else {}, play=play)
+
+
+@pytest.mark.parametrize(("verdict_code", "invalid", "interrupted", "want"), [
+    (EXIT_OK, False, False, EXIT_OK),
+    (EXIT_OK, True, False, EXIT_INCOMPLETE),
+    (EXIT_OK, False, True, EXIT_INCOMPLETE),
+    # The two combinations that used to exit 3: a failed check beside an invalid host or an interrupted play.
+    (EXIT_FAILED, True, False, EXIT_FAILED),
+    (EXIT_FAILED, False, True, EXIT_FAILED),
+    (EXIT_INCOMPLETE, True, True, EXIT_INCOMPLETE),
+])
+def test_audit_combines_verdict_and_evidence(verdict_code: int, invalid: bool, interrupted: bool, want: int) -> None:
+    assert _audit(verdict_code, invalid=invalid, interrupted=interrupted).exit_code == want
+
+
+def _probe(status: str) -> ProbeResult:
+    return ProbeResult(probe="p", status=status, reason="r")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("statuses", "want"), [
+    (["pass", "pass"], EXIT_OK),
+    (["pass", "inconclusive"], EXIT_INCOMPLETE),
+    (["error", "fail"], EXIT_FAILED),
+    (["fail", "skipped", "pass"], EXIT_FAILED),
+    ([], EXIT_INCOMPLETE),
+])
+def test_accept_all_combines_probes(statuses: list[str], want: int) -> None:
+    assert combined_exit_code(_probe(s) for s in statuses) == want
+
+
+@pytest.mark.parametrize(("blocked", "held", "want"), [
+    (False, False, EXIT_OK), (True, False, EXIT_FAILED), (False, True, EXIT_INCOMPLETE), (True, True, EXIT_FAILED),
+])
+def test_change_gate_nothing_to_change(blocked: bool, held: bool, want: int) -> None:
+    assert NothingToChange("m", blocked=blocked, held=held).exit_code == want
+
+
+@pytest.mark.parametrize(("check", "want"), [
+    ({"a": {"plan": []}, "b": {"plan": []}}, EXIT_OK),
+    ({"a": {"plan": []}, "b": {"error": "unreachable: ssh timed out"}}, EXIT_INCOMPLETE),
+    ({"a": {"error": "cannot plan: held package"}, "b": {"plan": []}}, EXIT_FAILED),
+    # A known failure beside an unreachable host: 1, not 3.
+    ({"a": {"error": "cannot plan: held package"}, "b": {"error": "unreachable: ssh timed out"}}, EXIT_FAILED),
+])
+def test_change_check_combines_hosts(tmp_path: Path, check: dict[str, dict[str, Any]], want: int) -> None:
+    import json
+
+    from k3fleet.change.night import ChangeResult, finish
+    from k3fleet.evidence import RunDir
+
+    rd = RunDir.create(tmp_path, "upgrade", ["k3fleet", "upgrade", "--check"])
+    result = ChangeResult(run_dir=rd, change={"check": True}, play=None, check=check)
+    finish(result, None)
+    assert result.exit_code == want
+    assert json.loads((rd.path / "run.json").read_text())["exit_code"] == want
