@@ -31,24 +31,10 @@ class IncompleteError(K3FleetError):
     exit_code = EXIT_INCOMPLETE
 
 
-# How far a text input is searched for a NUL byte before it is taken for text.
-_BINARY_PROBE = 65536
+def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, max_bytes: int | None = None,
+               text: bool = False) -> bytes:
+    """The bytes of a file the user named, bounded: the one reader lives in ``k3fleet.bounds``
+    (caps per kind, devices and FIFOs refused, gzip decompressed under the cap)."""
+    from k3fleet.bounds import read_input as _read_input
 
-
-def read_input(path: Path, what: str, *, kind: str, max_bytes: int | None = None, text: bool = False) -> bytes:
-    """The bytes of a file the user named (a journal, a log, a capture); every way it can fail is
-    one line naming ``what``, the path and ``kind`` (what the file should have been)."""
-    label = f"{what} {path}" if what else str(path)
-    try:
-        if max_bytes is not None and (size := path.stat().st_size) > max_bytes:
-            raise UsageError(f"{label} is {size} bytes: too large for {kind} (limit {max_bytes})")
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise UsageError(f"{label} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"{label} is a directory, not {kind}") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {label}: {exc.strerror or exc}") from exc
-    if text and b"\x00" in data[:_BINARY_PROBE]:
-        raise UsageError(f"{label} is binary, not {kind}")
-    return data
+    return _read_input(path, what, kind=kind, limit=limit, max_bytes=max_bytes, text=text)

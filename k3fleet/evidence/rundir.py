@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import socket
-import tempfile
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,14 +29,13 @@ from typing import Any
 from k3fleet import __version__
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
+from k3fleet.evidence.writer import atomic_replace, fsync_dir
 
 MANIFEST = "manifest.json"
 COMMAND = "command.json"
 # Controller environment worth keeping as evidence (values still pass the redactor).
 _ENV_PREFIXES = ("K3FLEET_", "ANSIBLE_", "NCCL_", "VLLM_")
 _FILE_MODE = 0o644
-# Input files larger than this are recorded by size and digest only.
-_MAX_INPUT_BYTES = 8 << 20
 
 
 class EvidenceWriteError(IncompleteError):
@@ -72,43 +70,14 @@ def host_from_file_name(name: str) -> str:
     return urllib.parse.unquote(name)
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories; the rename itself is still atomic
-    finally:
-        os.close(fd)
-
-
 def _write_error(path: Path, exc: OSError) -> EvidenceWriteError:
     return EvidenceWriteError(f"cannot write {path}: {exc.strerror or exc}; the run directory is incomplete")
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a unique temp file in the same directory, fsync'd, renamed."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise _write_error(path, exc) from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise _write_error(path, exc) from exc
-        raise
-    _fsync_dir(path.parent)
+    """Write ``data`` to ``path`` through a unique temp file in the same directory, fsync'd, renamed
+    (the one writer's core, ``k3fleet.evidence.writer.atomic_replace``); a failure is exit 3."""
+    atomic_replace(path, data, error=lambda exc: _write_error(path, exc))
 
 
 def _dumps(data: Any, **kw: Any) -> str:
@@ -134,6 +103,8 @@ class RunDir:
         """
         path = Path(out) if out is not None else Path(base) / new_run_id(kind)
         where = f"--out {path}" if out is not None else f"run directory {path}"
+        if path.is_symlink():
+            raise UsageError(f"{where} is a symbolic link: give the real directory")
         if path.exists() and not path.is_dir():
             raise UsageError(f"{where} exists and is not a directory: choose another --out")
         made = False
@@ -175,7 +146,7 @@ class RunDir:
                 fh.write(_dumps(command, indent=2) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            _fsync_dir(path)
+            fsync_dir(path)
         except OSError as exc:
             # Leave nothing behind: a half-written claim would block the next run on this --out.
             with contextlib.suppress(OSError):
@@ -294,14 +265,21 @@ class RunDir:
             self.copy_input(inventory.parent / sub, f"{rel}/{sub}")
 
     def _copy_file(self, src: Path, rel: str) -> Path | None:
+        from k3fleet.bounds import InputTooLarge, cap_bytes, read_input
+
+        # The one bounded reader: a device, FIFO or socket among the inputs is recorded, not read.
+        limit = cap_bytes("record")
         try:
+            raw = read_input(src, "", kind="an input file", max_bytes=limit)
+        except InputTooLarge:
             size = src.stat().st_size
-            raw = src.read_bytes() if size <= _MAX_INPUT_BYTES else b""
-        except OSError as exc:
-            return self.write_text(rel + ".unreadable", f"{src}: {exc.strerror or exc}\n")
-        if size > _MAX_INPUT_BYTES or b"\0" in raw[:8192]:
-            what = "larger than 8 MiB" if size > _MAX_INPUT_BYTES else "binary"
-            return self.write_text(rel + ".omitted", f"{src.name}: {what} ({size} bytes), not copied into evidence\n")
+            return self.write_text(rel + ".omitted", f"{src.name}: larger than {limit} bytes ({size} bytes), not "
+                                                     "copied into evidence\n")
+        except UsageError as exc:
+            return self.write_text(rel + ".unreadable", f"{exc}\n")
+        size = len(raw)
+        if b"\0" in raw[:8192]:
+            return self.write_text(rel + ".omitted", f"{src.name}: binary ({size} bytes), not copied into evidence\n")
         text = raw.decode("utf-8", errors="replace")
         p = self.file(rel)
         atomic_write(p, redact_file_text(src.name, text).encode("utf-8"))
