@@ -13,7 +13,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-SCHEMA_VERSION = "1.0"
+# 1.1: GPU health (ECC, remapped rows, retired pages, clock events, PCIe link), the kernel log's
+# Xid events and platform kind "unknown"; every new field is optional, so 1.0 facts validate with
+# them unset (read as unknown, never as a pass).
+SCHEMA_VERSION = "1.1"
 
 SectionStatus = Literal["ok", "unknown", "absent"]
 
@@ -42,8 +45,9 @@ class KernelModule(_Model):
 class Platform(_Model):
     """Data-center driver platform or a Jetson (Tegra, L4T) board (docs/facts.md section 10)."""
 
-    kind: Literal["discrete", "tegra"] | None = Field(
-        default=None, description="tegra: Jetson / L4T, no data-center driver branch; None: not known")
+    kind: Literal["discrete", "tegra", "unknown"] | None = Field(
+        default=None, description="tegra: Jetson / L4T, no data-center driver branch; unknown: a version "
+                                  "that is on no data-center branch and no known platform; None: not read")
     l4t_release: str | None = Field(default=None, description="L4T release, e.g. 35.3.1, on Jetson")
     evidence: str | None = None
 
@@ -79,6 +83,63 @@ class GpuProcess(_Model):
     used_memory_mib: int | None = None
 
 
+class GpuEcc(_Model):
+    """Uncorrectable ECC error counts of one GPU (docs/facts.md section 13). None: not reported."""
+
+    mode: Literal["enabled", "disabled"] | None = None
+    volatile_uncorrected: int | None = Field(default=None, description="since the last driver load")
+    aggregate_uncorrected: int | None = Field(default=None, description="lifetime (persists across reboots)")
+    reason: str | None = Field(default=None, description="why the counts are unknown (N/A, not supported)")
+
+
+class GpuRemappedRows(_Model):
+    """Row remapping (Ampere and newer) or page retirement (older) of one GPU (docs/facts.md section 13)."""
+
+    correctable: int | None = None
+    uncorrectable: int | None = None
+    pending: bool | None = Field(default=None, description="a remap or retirement waits for a GPU reset")
+    failure: bool | None = Field(default=None, description="a remap failed: the GPU is out of spare rows")
+    retired_pages_pending: bool | None = Field(default=None, description="page retirement (pre-Ampere)")
+    reason: str | None = None
+
+
+class GpuThrottle(_Model):
+    """Active clock event (throttle) reasons of one GPU, snake_case (hw_slowdown, hw_power_brake_slowdown...)."""
+
+    active: list[str] = Field(default_factory=list)
+    mask: int | None = Field(default=None, description="NVML's bitmask, when NVML answered")
+    reason: str | None = None
+
+
+class GpuPcieLink(_Model):
+    """PCIe link of one GPU: current against maximum generation and width (docs/facts.md section 13)."""
+
+    gen_current: int | None = None
+    gen_max: int | None = None
+    width_current: int | None = None
+    width_max: int | None = None
+    reason: str | None = None
+
+
+class XidEvent(_Model):
+    """One "NVRM: Xid (PCI:...): N, ..." line of the kernel log (docs/facts.md section 13)."""
+
+    code: int
+    pci: str | None = Field(default=None, description="the PCI address the line names, as printed")
+    pid: int | None = None
+    text: str | None = Field(default=None, description="the line after the code, shortened")
+    time: str | None = Field(default=None, description="the line's timestamp as printed")
+
+
+class KernelLog(_Model):
+    """Xid events of the kernel log since boot; status unknown when no log could be read."""
+
+    status: SectionStatus = "unknown"
+    reason: str | None = None
+    source: str | None = Field(default=None, description="dmesg or journalctl")
+    xid: list[XidEvent] = Field(default_factory=list)
+
+
 class Gpu(_Model):
     index: int
     name: str | None = None
@@ -97,6 +158,11 @@ class Gpu(_Model):
     memory_used_mib: int | None = None
     # None: not read (the call is missing or refused); []: no compute process on the GPU.
     processes: list[GpuProcess] | None = None
+    # GPU health (schema 1.1); None: not read by this collector (older facts) or not captured.
+    ecc: GpuEcc | None = None
+    remapped_rows: GpuRemappedRows | None = None
+    throttle: GpuThrottle | None = None
+    pcie: GpuPcieLink | None = None
 
 
 class DriverFacts(Section):
@@ -109,6 +175,8 @@ class DriverFacts(Section):
     cuda_driver_version: str | None = None
     gpu_count: int | None = None
     gpus: list[Gpu] = Field(default_factory=list)
+    # None: facts from a collector older than schema 1.1 (the kernel log was not read).
+    kernel_log: KernelLog | None = None
 
 
 # -- packages ------------------------------------------------------------------

@@ -433,6 +433,13 @@ def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
     # The v2 struct's health mask reads 0 (every condition "not supported"); this fake has no
     # process listing, so processes stay unknown rather than "none".
     no_health = drv.decode_fabric_health(0, None)
+    # This fake has none of the health calls: each health field is unknown with that reason (the
+    # health readings have their own table below).
+    for gpu in got["gpus"]:
+        assert gpu.pop("ecc")["reason"] == "bindings lack the call"
+        assert gpu.pop("remapped_rows")["reason"] == "bindings lack the call"
+        assert gpu.pop("throttle") == {"active": [], "mask": None, "reason": "bindings lack the call"}
+        assert gpu.pop("pcie")["gen_current"] is None
     assert got["gpus"] == [
         {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165",
          "memory_total_mib": 143771, "memory_used_mib": 0, "persistence_mode": True, "compute_capability": "9.0",

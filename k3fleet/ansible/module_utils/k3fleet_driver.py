@@ -491,10 +491,209 @@ def apply_smi_q(gpus: list[dict[str, Any]], text: str) -> tuple[str | None, str 
         used = _child(memory[2], "Used") if memory is not None else None
         gpu["memory_used_mib"] = _mib(used[1]) if used is not None else None
         gpu["processes"] = parse_smi_q_processes(_child(block, "Processes"))
+        gpu.update(smi_q_health(block))
         if gpu["memory_used_mib"] is None and gpu["processes"] is None:
             usage_why.setdefault("no FB Memory Usage or Processes section", []).append(gpu.get("index"))
     return (_notes("GPU fabric state unknown: ", fabric_why),
             _notes("GPU memory use and processes unknown: ", usage_why))
+
+
+# -- GPU health (docs/facts.md section 13) ----------------------------------------------------------
+
+
+def _count(text: str | None) -> int | None:
+    """ "0" -> 0, "4" -> 4; None for N/A and anything that is not a count."""
+    if text is None or _na(text):
+        return None
+    match = re.match(r"^(\d+)", text.strip())
+    return int(match.group(1)) if match else None
+
+
+def _yes_no(text: str | None) -> bool | None:
+    low = (text or "").strip().lower()
+    if low in ("yes", "true"):
+        return True
+    if low in ("no", "false"):
+        return False
+    return None
+
+
+def _uncorrectable_sum(node: list[Any] | None) -> tuple[int | None, bool]:
+    """Sum of the uncorrectable counters under one ECC Errors timescale (Volatile or Aggregate).
+
+    R450+ lists "SRAM Uncorrectable" / "DRAM Uncorrectable" (R550+ splits SRAM into "Parity" and
+    "SEC-DED"); older drivers a "Double Bit" section with a "Total". Returns (sum, any counter seen);
+    the sum is None when every counter printed N/A.
+    """
+    if node is None:
+        return None, False
+    total: int | None = None
+    seen = False
+    for key, value, children in node[2]:
+        low = key.lower()
+        if "uncorrectable" in low and value is not None:
+            seen = True
+            n = _count(value)
+            if n is not None:
+                total = (total or 0) + n
+        elif low == "double bit":
+            seen = True
+            n = _count((_child(children, "Total") or [None, None])[1])
+            if n is not None:
+                total = (total or 0) + n
+    return total, seen
+
+
+def parse_smi_q_ecc(block: list[list[Any]]) -> dict[str, Any] | None:
+    """GpuEcc from a GPU block's "ECC Mode" and "ECC Errors"; None when neither section is printed."""
+    mode_node = _child(block, "ECC Mode")
+    errors = _child(block, "ECC Errors")
+    if mode_node is None and errors is None:
+        return None
+    current = (_child(mode_node[2], "Current") or [None, None])[1] if mode_node is not None else None
+    mode = {"enabled": "enabled", "disabled": "disabled"}.get((current or "").strip().lower())
+    volatile, seen_v = _uncorrectable_sum(_child(errors[2], "Volatile") if errors is not None else None)
+    aggregate, seen_a = _uncorrectable_sum(_child(errors[2], "Aggregate") if errors is not None else None)
+    reason = None
+    if volatile is None and aggregate is None:
+        if mode == "disabled":
+            reason = "ECC is disabled on this GPU"
+        elif seen_v or seen_a:
+            reason = "ECC error counters read N/A"
+        else:
+            reason = "no ECC error counters in nvidia-smi -q"
+    return {"mode": mode, "volatile_uncorrected": volatile, "aggregate_uncorrected": aggregate, "reason": reason}
+
+
+def parse_smi_q_remapped(block: list[list[Any]]) -> dict[str, Any] | None:
+    """GpuRemappedRows from "Remapped Rows" (Ampere and newer) and "Retired Pages" (older GPUs)."""
+    rows = _child(block, "Remapped Rows")
+    pages = _child(block, "Retired Pages")
+    if rows is None and pages is None:
+        return None
+    out: dict[str, Any] = {"correctable": None, "uncorrectable": None, "pending": None, "failure": None,
+                           "retired_pages_pending": None, "reason": None}
+    if rows is not None:
+        if rows[1] is not None and _na(rows[1]):
+            out["reason"] = "Remapped Rows N/A (no row remapping on this GPU)"
+        kids = rows[2]
+        out["correctable"] = _count((_child(kids, "Correctable Error") or [None, None])[1])
+        out["uncorrectable"] = _count((_child(kids, "Uncorrectable Error") or [None, None])[1])
+        out["pending"] = _yes_no((_child(kids, "Pending") or [None, None])[1])
+        out["failure"] = _yes_no((_child(kids, "Remapping Failure Occurred") or [None, None])[1])
+    if pages is not None:
+        pending = _child(pages[2], "Pending Page Blacklist") or _child(pages[2], "Pending Page Retirement")
+        out["retired_pages_pending"] = _yes_no(pending[1]) if pending is not None else None
+    if out["pending"] is None and out["failure"] is None and out["retired_pages_pending"] is None:
+        out["reason"] = out["reason"] or "remapped rows and retired pages read N/A"
+    return out
+
+
+def clock_event_name(label: str) -> str:
+    """ "HW Power Brake Slowdown" -> "hw_power_brake_slowdown" (nvidia-smi's clock event labels)."""
+    return re.sub(r"[^a-z0-9]+", "_", label.strip().lower()).strip("_")
+
+
+def parse_smi_q_throttle(block: list[list[Any]]) -> dict[str, Any] | None:
+    """GpuThrottle from "Clocks Event Reasons" (R535 on) or "Clocks Throttle Reasons" (older)."""
+    node = _child(block, "Clocks Event Reasons") or _child(block, "Clocks Throttle Reasons")
+    if node is None:
+        return None
+    active: list[str] = []
+    known = False
+
+    def walk(nodes: list[list[Any]]) -> None:
+        nonlocal known
+        for key, value, children in nodes:
+            low = (value or "").strip().lower()
+            if low in ("active", "not active"):
+                known = True
+                if low == "active":
+                    active.append(clock_event_name(key))
+            walk(children)
+
+    walk(node[2])
+    return {"active": active, "mask": None, "reason": None if known else "clock event reasons read N/A"}
+
+
+def _link_number(text: str | None) -> int | None:
+    """ "16x" -> 16, "5" -> 5; None for N/A."""
+    if text is None or _na(text):
+        return None
+    match = re.match(r"^(\d+)\s*x?$", text.strip(), re.I)
+    return int(match.group(1)) if match else None
+
+
+def parse_smi_q_pcie(block: list[list[Any]]) -> dict[str, Any] | None:
+    """GpuPcieLink from "PCI" > "GPU Link Info": PCIe Generation and Link Width, Max and Current."""
+    pci = _child(block, "PCI")
+    link = _child(pci[2], "GPU Link Info") if pci is not None else None
+    if link is None:
+        return None
+    gen = _child(link[2], "PCIe Generation")
+    width = _child(link[2], "Link Width")
+
+    def pair(node: list[Any] | None) -> tuple[int | None, int | None]:
+        if node is None:
+            return None, None
+        return (_link_number((_child(node[2], "Current") or [None, None])[1]),
+                _link_number((_child(node[2], "Max") or [None, None])[1]))
+
+    gc, gm = pair(gen)
+    wc, wm = pair(width)
+    reason = None if None not in (gc, gm, wc, wm) else "PCIe link generation or width read N/A"
+    return {"gen_current": gc, "gen_max": gm, "width_current": wc, "width_max": wm, "reason": reason}
+
+
+def smi_q_health(block: list[list[Any]]) -> dict[str, Any]:
+    """The health fields of one ``nvidia-smi -q`` GPU block (ecc, remapped_rows, throttle, pcie)."""
+    return {"ecc": parse_smi_q_ecc(block), "remapped_rows": parse_smi_q_remapped(block),
+            "throttle": parse_smi_q_throttle(block), "pcie": parse_smi_q_pcie(block)}
+
+
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus." (pid= and name=
+# are absent on some codes and drivers; NVIDIA Xid catalogue, docs/facts.md section 13).
+_XID_RE = re.compile(r"NVRM: Xid \((PCI:[0-9A-Fa-f:.]+)\): (\d+),\s*(.*?)\s*$")
+_XID_PID_RE = re.compile(r"^pid=(?:'?<unknown>'?|(\d+)),\s*(?:name=[^,]*,\s*)?")
+_LOG_TIME_RE = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]|^(\S+T\S+|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s")
+MAX_XID_EVENTS = 64
+
+
+def parse_xid_lines(text: str) -> list[dict[str, Any]]:
+    """Every "NVRM: Xid" line of a kernel log (dmesg, journalctl -k, syslog), oldest first.
+
+    Keeps the last MAX_XID_EVENTS lines: a GPU in trouble can repeat one Xid thousands of times,
+    and the newest are the ones that say what state it is in now.
+    """
+    events: list[dict[str, Any]] = []
+    for line in (text or "").splitlines():
+        match = _XID_RE.search(line)
+        if not match:
+            continue
+        rest = match.group(3)
+        pid = None
+        pm = _XID_PID_RE.match(rest)
+        if pm:
+            pid = int(pm.group(1)) if pm.group(1) else None
+            rest = rest[pm.end():]
+        tm = _LOG_TIME_RE.match(line)
+        events.append({"code": int(match.group(2)), "pci": match.group(1), "pid": pid,
+                       "text": rest[:160] or None, "time": (tm.group(1) or tm.group(2)) if tm else None})
+    return events[-MAX_XID_EVENTS:]
+
+
+def collect_kernel_log(reader: NodeReader) -> dict[str, Any]:
+    """KernelLog facts: the Xid events of this boot, from dmesg or else the journal's kernel messages."""
+    reasons = []
+    for name in ("dmesg", "journalctl_kernel"):
+        res = reader.run(COMMANDS[name])
+        if res.ok and res.stdout.strip():
+            return {"status": "ok", "reason": None, "source": name.split("_", 1)[0],
+                    "xid": parse_xid_lines(res.stdout)}
+        detail = (res.stderr or res.stdout).strip().splitlines()
+        reasons.append(f"{' '.join(COMMANDS[name][:2])}: "
+                       f"{detail[0][:160] if detail else res.reason() or 'no output'}")
+    return {"status": "unknown", "reason": "; ".join(reasons), "source": None, "xid": []}
 
 
 def apply_smi_fabric(gpus: list[dict[str, Any]], text: str) -> str | None:
@@ -733,7 +932,74 @@ def _nvml_gpu(nv: Any, index: int, notes: dict[str, list[Any]]) -> dict[str, Any
     gpu["processes"], why = _nvml_processes(nv, handle)
     if why:
         notes.setdefault(why, []).append(index)
+    gpu.update(nvml_health(nv, handle))
     return gpu
+
+
+def _nvml_try(nv: Any, fn: Any, *args: Any) -> tuple[Any, str | None]:
+    """(value, None) or (None, why): a call the driver or bindings do not support is data, not a crash;
+    a lost GPU still raises (the caller reports the whole GPU)."""
+    if fn is None:
+        return None, "bindings lack the call"
+    try:
+        return fn(*args), None
+    except nv.NVMLError as exc:
+        if type(exc).__name__ == "NVMLError_GpuIsLost":
+            raise
+        return None, _nvml_message(exc)
+
+
+# nvmlClocksEventReasons bits (nvml.h; older bindings call them ClocksThrottleReasons).
+CLOCK_EVENT_BITS = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+
+
+def clock_events_from_mask(mask: int) -> list[str]:
+    return [name for bit, name in CLOCK_EVENT_BITS if mask & bit]
+
+
+def nvml_health(nv: Any, handle: Any) -> dict[str, Any]:
+    """ECC, remapped rows, clock events and the PCIe link of one GPU through NVML.
+
+    Each call may answer NotSupported (an old GPU, a vGPU, bindings without the call): that field is
+    None with the reason, read as unknown by the verdict.
+    """
+    unc = getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    ecc_getter = getattr(nv, "nvmlDeviceGetTotalEccErrors", None)
+    volatile, why_v = _nvml_try(nv, ecc_getter, handle, unc, getattr(nv, "NVML_VOLATILE_ECC", 0))
+    aggregate, why_a = _nvml_try(nv, ecc_getter, handle, unc, getattr(nv, "NVML_AGGREGATE_ECC", 1))
+    mode, _ = _nvml_try(nv, getattr(nv, "nvmlDeviceGetEccMode", None), handle)
+    current = mode[0] if isinstance(mode, (list, tuple)) and mode else None
+    ecc = {"mode": None if current is None else ("enabled" if int(current) == 1 else "disabled"),
+           "volatile_uncorrected": None if volatile is None else int(volatile),
+           "aggregate_uncorrected": None if aggregate is None else int(aggregate),
+           "reason": None if volatile is not None or aggregate is not None else (why_v or why_a)}
+    rows, why_r = _nvml_try(nv, getattr(nv, "nvmlDeviceGetRemappedRows", None), handle)
+    remapped: dict[str, Any] = {"correctable": None, "uncorrectable": None, "pending": None, "failure": None,
+                                "retired_pages_pending": None, "reason": why_r}
+    if isinstance(rows, (list, tuple)) and len(rows) >= 4:
+        remapped.update(correctable=int(rows[0]), uncorrectable=int(rows[1]), pending=bool(rows[2]),
+                        failure=bool(rows[3]), reason=None)
+    events = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    mask, why_t = _nvml_try(nv, events, handle)
+    throttle = {"active": clock_events_from_mask(int(mask)) if mask is not None else [],
+                "mask": None if mask is None else int(mask), "reason": why_t}
+    link: dict[str, Any] = {"reason": None}
+    whys = []
+    for field, call in (("gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                        ("gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                        ("width_current", "nvmlDeviceGetCurrPcieLinkWidth"),
+                        ("width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
+        value, why = _nvml_try(nv, getattr(nv, call, None), handle)
+        link[field] = None if value is None else int(value)
+        if why:
+            whys.append(f"{call}: {why}")
+    link["reason"] = "; ".join(whys) or None
+    return {"ecc": ecc, "remapped_rows": remapped, "throttle": throttle, "pcie": link}
 
 
 def collect_nvml(nv: Any) -> dict[str, Any]:
@@ -794,6 +1060,10 @@ def _gpu_from_smi(row: dict[str, Any]) -> dict[str, Any]:
         "fabric_health": None,
         "memory_used_mib": None,
         "processes": None,
+        "ecc": None,
+        "remapped_rows": None,
+        "throttle": None,
+        "pcie": None,
     }
 
 
@@ -921,14 +1191,50 @@ def platform_facts(reader: NodeReader, km: dict[str, Any]) -> dict[str, Any]:
     if tegra:
         out.update(kind="tegra", evidence=f"device tree compatible: {tegra[-1].strip()[:80]}")
         return out
-    version = km.get("version")
-    major = version.split(".", 1)[0] if version else ""
+    out.update(classify_driver_platform(km.get("version"), km.get("arch"), km.get("raw")))
+    return out
+
+
+# Data-center driver versions: a three-digit branch, a two- or three-digit minor, an optional
+# two-digit patch (535.154.05, 550.127.05, 580.95.05, 610.43.02); docs/facts.md section 10.
+DATA_CENTER_VERSION_RE = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2})?$")
+# Jetson's Tegra drivers (JetPack 6: 540.2.0, 540.4.0): one-digit minor and patch.
+TEGRA_DRIVER_RE = re.compile(r"^\d{3}\.\d\.\d+$")
+# The L4T build host of /proc/driver/nvidia/version on Jetson ("(buildbrain@mobile-u64-6289-d7000)");
+# data-center builds name dvs-builder hosts.
+L4T_BUILD_HOST_RE = re.compile(r"\(buildbrain@mobile-[^)]*\)")
+
+
+def classify_driver_platform(version: str | None, arch: str | None, raw: str | None) -> dict[str, Any]:
+    """Platform facts from the loaded module's version line alone (no Tegra files read).
+
+    A version under 100 is an L4T release (35.3.1); a Tegra driver (540.4.0) on aarch64 or from the L4T
+    build host is a Jetson; a data-center shaped version is discrete; anything else is on no
+    data-center branch and no known platform (kind "unknown"). Returns ``{"kind", "l4t_release",
+    "evidence"}``; kind None when there is no version.
+    """
+    out: dict[str, Any] = {"kind": None, "l4t_release": None, "evidence": None}
+    if not version:
+        return out
+    major = version.split(".", 1)[0]
+    where = arch or "unknown arch"
+    l4t_host = bool(raw and L4T_BUILD_HOST_RE.search(raw))
     if major.isdigit() and int(major) < 100:
         out.update(kind="tegra", l4t_release=version,
-                   evidence=f"kernel module version {version} ({km.get('arch') or 'unknown arch'}) is an L4T "
-                            "release, not a driver branch")
-    elif major.isdigit():
+                   evidence=f"kernel module version {version} ({where}) is an L4T release, not a driver branch")
+    elif TEGRA_DRIVER_RE.match(version) and (arch == "aarch64" or l4t_host):
+        shown = "built by the L4T build host" if l4t_host else "on aarch64"
+        out.update(kind="tegra",
+                   evidence=f"kernel module version {version} ({shown}) is a Jetson Tegra driver, not a "
+                            "data-center branch")
+    elif l4t_host:
+        out.update(kind="tegra", evidence=f"kernel module {version} was built by the L4T build host "
+                                          f"({L4T_BUILD_HOST_RE.search(raw or '').group(0)})")  # type: ignore[union-attr]
+    elif DATA_CENTER_VERSION_RE.match(version):
         out["kind"] = "discrete"
+    else:
+        out.update(kind="unknown", evidence=f"driver version {version} ({where}) has the shape of no "
+                                            "data-center branch (NNN.NN[.NN])")
     return out
 
 
@@ -992,6 +1298,8 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
         if smi["failure"] and facts["nvml"]["status"] in ("skipped", "not_installed"):
             facts["nvml"] = {"status": smi["failure"], "error": f"via nvidia-smi: {smi['reason']}"}
 
+    if km["loaded"] is not False:
+        facts["kernel_log"] = collect_kernel_log(reader)
     if facts["source"]:
         facts["gpu_count"] = len(facts["gpus"])
         facts["status"] = "ok"
@@ -1017,8 +1325,12 @@ __all__ = [
     "SMI_QUERY_FIELDS",
     "apply_smi_fabric",
     "apply_smi_q",
+    "classify_driver_platform",
     "classify_smi_failure",
+    "clock_event_name",
+    "clock_events_from_mask",
     "collect_driver",
+    "collect_kernel_log",
     "collect_nvml",
     "collect_smi",
     "cuda_version_from_int",
@@ -1028,6 +1340,7 @@ __all__ = [
     "load_pynvml",
     "normalize_bus_id",
     "nvml_error_status",
+    "nvml_health",
     "parse_fabric_health",
     "parse_nv_tegra_release",
     "parse_proc_modules",
@@ -1035,8 +1348,14 @@ __all__ = [
     "parse_smi_csv",
     "parse_smi_q_blocks",
     "parse_smi_q_cuda",
+    "parse_smi_q_ecc",
     "parse_smi_q_fabric",
+    "parse_smi_q_pcie",
     "parse_smi_q_processes",
+    "parse_smi_q_remapped",
+    "parse_smi_q_throttle",
+    "parse_xid_lines",
     "platform_facts",
+    "smi_q_health",
     "strip_annotation",
 ]

@@ -29,7 +29,7 @@ except ImportError:
 __metaclass__ = type
 
 # Must equal k3fleet.models.facts.SCHEMA_VERSION (a unit test holds them together).
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 def node_hostname(reader):

@@ -41,6 +41,10 @@ COMMANDS = {
     # docs/facts.md sections 2 and 12); the per-GPU blocks of the full output carry the NVLink
     # "Fabric" state, status and health, "FB Memory Usage" and the running "Processes".
     "nvidia_smi_q": ["nvidia-smi", "-q"],
+    # The kernel log since boot, for the driver's "NVRM: Xid" lines (docs/facts.md section 13): dmesg
+    # first; where kernel.dmesg_restrict refuses it, the journal's kernel messages of this boot.
+    "dmesg": ["dmesg"],
+    "journalctl_kernel": ["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso"],
     "dpkg_query": ["dpkg-query", "-W", "-f=${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"],
     "rpm_query": ["rpm", "-qa", "--qf", "%{NAME}\\t%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"],
     "dkms_status": ["dkms", "status"],
