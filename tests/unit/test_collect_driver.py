@@ -541,7 +541,9 @@ def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert facts["platform"] == {"kind": "discrete", "l4t_release": None, "evidence": None}
     assert facts["gpu_count"] == 2
     assert facts["cuda_driver_version"] == "13.0"
-    assert reader.commands == []  # nvidia-smi not needed
+    # nvidia-smi is not needed; only the kernel log is read (for Xid lines), here absent.
+    assert [c["argv"][0] for c in reader.commands] == ["dmesg", "journalctl"]
+    assert facts["kernel_log"]["status"] == "unknown"
 
 
 def test_collect_driver_without_pynvml_uses_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
