@@ -255,7 +255,7 @@ def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, ma
     label = f"{what} {path}" if what else str(path)
     row = CAPS.get(limit) if limit is not None else None
     cap = max_bytes if max_bytes is not None else (row.limit() if row is not None else None)
-    hint = f"limit {cap}" + (f"; {row.env} raises it" if row is not None and max_bytes is None else "")
+    hint = f"limit {cap} bytes; {row.env} raises it" if row is not None and max_bytes is None else f"limit {cap}"
     with open_regular(path, label, kind) as fh:
         try:
             size = os.fstat(fh.fileno()).st_size
@@ -277,15 +277,25 @@ def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, ma
     return data
 
 
+def check_input(path: Path, what: str, *, kind: str, limit: str) -> None:
+    """Refuse ``path`` now, the way ``read_input`` would later (not a regular file, above its cap),
+    without reading it: for inputs a long command reads only at its end."""
+    label = f"{what} {path}" if what else str(path)
+    with open_regular(path, label, kind) as fh:
+        size = os.fstat(fh.fileno()).st_size
+    if size > cap_bytes(limit):
+        raise InputTooLarge(f"{label} is {size} bytes: too large for {kind} ({limit_hint(limit)})")
+
+
 def _read_gzip(fh: IO[bytes], label: str, kind: str, cap: int | None, hint: str) -> bytes:
-    def too_large(why: str = "") -> InputTooLarge:
-        return InputTooLarge(f"{label} is gzip data that decompresses to {why or f'more than {cap} bytes'}: "
-                             f"too large for {kind} ({hint})")
+    def too_large(why: str) -> InputTooLarge:
+        return InputTooLarge(f"{label}: gzip data with {why}: too large for {kind} ({hint})")
 
     limit = cap if cap is not None else 1 << 62
     stream = BoundedGunzip(fh, max_out=limit, too_large=too_large)
     try:
-        return _read_capped(io.BufferedReader(stream, _CHUNK), limit, too_large)
+        return _read_capped(io.BufferedReader(stream, _CHUNK), limit,
+                        lambda: too_large(f"more than {limit} bytes decompressed"))
     except (EOFError, gzip.BadGzipFile) as exc:
         raise UsageError(f"{label} is damaged gzip data ({exc}), not {kind}") from exc
 
@@ -315,8 +325,7 @@ def open_tar(archive: Path, label: str = "") -> Iterator[tarfile.TarFile]:
     total = cap_bytes("package")
 
     def too_large(why: str) -> InputTooLarge:
-        return InputTooLarge(f"{label} decompresses to {why}: too large for an evidence package "
-                             f"({limit_hint('package')})")
+        return InputTooLarge(f"{label}: {why}: too large for an evidence package ({limit_hint('package')})")
 
     with open_regular(archive, label, "an evidence package") as fh:
         stream = io.BufferedReader(BoundedGunzip(fh, max_out=total, too_large=too_large), _CHUNK)

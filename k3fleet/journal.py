@@ -131,7 +131,7 @@ def parse_journal(raw: bytes, path: Path) -> Journal:
 
 def read_journal(path: Path) -> Journal:
     """Every usable line of ``path``; unusable ones become ``unreadable`` (byte offset and why)."""
-    return parse_journal(read_input(path, "journal", kind="a journal"), path)
+    return parse_journal(read_input(path, "journal", kind="a journal", limit="journal"), path)
 
 
 @dataclass

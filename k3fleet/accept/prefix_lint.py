@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.accept.result import Finding, ProbeResult
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, read_input
 
 PROBE = "prefix_lint"
 
@@ -54,11 +54,10 @@ def _record_body(row: Any, lineno: int, path: Path) -> tuple[str | None, dict[st
 
 def read_captures(path: Path) -> list[tuple[str | None, dict[str, Any]]]:
     """Each line's stage label and parsed body (JSON keeps key order, which the checks rely on)."""
+    raw = read_input(path, "capture file", kind="captured request bodies (JSON Lines)", limit="requests")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise UsageError(f"capture file {path} does not exist") from exc
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read capture file {path}: {exc}") from exc
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from k3fleet.accept.client import Endpoint, EndpointError, preflight
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, UsageError
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, UsageError, read_input
 from k3fleet.evidence import REDACTED, RunDir
 
 SCHEMA_VERSION = "1.0"
@@ -223,10 +223,9 @@ def _load_observer(base: type, say: Progress) -> Any:
 
 
 def _copy_input(ev: _Evidence, src: Path, rel: str) -> None:
-    try:
-        ev.text(rel, src.read_text(errors="replace"))
-    except OSError:
-        return
+    # The same bounded reader as the startup probe: a FIFO or a device named as --log is refused, not read.
+    data = read_input(src, "", kind="a text log", limit="log")
+    ev.text(rel, data.decode("utf-8", errors="replace"))
 
 
 def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeResult], summary: dict[str, Any],

@@ -22,8 +22,6 @@ from k3fleet.evidence import redact_argv, redact_text
 from k3fleet.models.target import Target, version_tuple
 
 PROBE = "startup"
-# A start-up log is text; anything far beyond this is not one (and would be read whole otherwise).
-MAX_LOG_BYTES = 512 * 1024 * 1024
 
 # Log-line prefixes vLLM and its process wrappers put before the message:
 # "(APIServer pid=1) INFO 08-14 09:12:03 [api_server.py:1351] ", "vllm-1  | ", journald's "... python3[123]: ".
@@ -351,7 +349,7 @@ def parse_launch_command(text: str) -> dict[str, Any]:
 
 
 def _read(path: Path, what: str) -> str:
-    data = read_input(path, what, kind="a text log", max_bytes=MAX_LOG_BYTES, text=True)
+    data = read_input(path, what, kind="a text log", limit="log", text=True)
     return data.decode("utf-8", errors="replace")
 
 

@@ -233,9 +233,11 @@ def accept_all(
     bad = [p for p in skip or [] if p not in known]
     if bad:
         raise UsageError(f"--skip {bad[0]}: not a probe (one of {', '.join(known)})")
+    from k3fleet.bounds import check_input
+
     for path, flag in ((log, "--log"), (launch_command, "--launch-command")):
-        if path is not None and not path.is_file():
-            raise UsageError(f"{flag} {path} is not a readable file")
+        if path is not None:
+            check_input(path, flag, kind="a text log", limit="log")
     ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
     overrides = _key_values(load_option or [], "--load-option")
     if "load" not in (skip or []) and load_available():

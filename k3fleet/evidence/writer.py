@@ -160,11 +160,6 @@ def check_output(path: Path, flag: str, *, force: bool = False, inputs: Sequence
         raise UsageError(f"{where}: {Path(path).parent} is not a directory") from None
     except OSError as exc:
         raise UsageError(f"{where}: {exc.strerror or exc}") from exc
-    if st is not None:
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{where} is {_kind(st.st_mode)}")
-        if not force:
-            raise UsageError(f"{where} exists: pass --force to replace it")
     parent = Path(os.path.abspath(path)).parent
     try:
         pst = os.stat(parent)
@@ -183,6 +178,11 @@ def check_output(path: Path, flag: str, *, force: bool = False, inputs: Sequence
         base = os.path.realpath(run)
         if _inside(real, base):
             raise UsageError(f"{where} is inside {run}, a run directory this command reads: write it elsewhere")
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{where} is {_kind(st.st_mode)}")
+        if not force:
+            raise UsageError(f"{where} exists: pass --force to replace it")
 
 
 def _output_error(path: Path, flag: str) -> Callable[[OSError], Exception]:

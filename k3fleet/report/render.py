@@ -1,10 +1,8 @@
-"""``k3fleet report``: one view, four formats, and an atomic file write for each."""
+"""``k3fleet report``: one view, four formats. ``--out`` is written by the one writer
+(``k3fleet.evidence.writer``): atomically, and its temporary name never ends in ``.prom``, so a
+textfile collector never reads half a file."""
 
 from __future__ import annotations
-
-import os
-import tempfile
-from pathlib import Path
 
 from k3fleet.errors import UsageError
 from k3fleet.report.view import ReportView
@@ -30,32 +28,3 @@ def render(view: ReportView, fmt: str) -> str:
 
         return render_prom(view)
     raise UsageError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Temp file in the same directory, fsync, rename: a reader (node_exporter) never sees half a file.
-
-    The temporary name does not end in ``.prom``, so the textfile collector ignores it.
-    """
-    parent = path.parent
-    if path.is_dir():
-        raise UsageError(f"--out {path} is a directory: give a file name")
-    if not parent.is_dir():
-        raise UsageError(f"--out {path}: directory {parent} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    except OSError as exc:
-        raise UsageError(f"--out {path}: cannot write in {parent}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"--out {path}: write failed: {exc.strerror or exc}") from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

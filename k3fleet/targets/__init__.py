@@ -77,10 +77,14 @@ def _from_validation(label: str, exc: ValidationError) -> TargetError:
 
 
 def _read_yaml(label: str, path: Path) -> dict[str, Any]:
+    from k3fleet.errors import UsageError, read_input
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TargetError(label, None, f"cannot read file: {exc.strerror or exc}") from exc
+        text = read_input(path, "", kind="a target file", limit="record").decode("utf-8")
+    except UsageError as exc:
+        raise TargetError(label, None, f"cannot read file: {str(exc).removeprefix(str(path) + ' ')}") from exc
+    except UnicodeDecodeError as exc:
+        raise TargetError(label, None, f"not UTF-8 text (byte {exc.start})") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

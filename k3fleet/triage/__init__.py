@@ -23,7 +23,6 @@ from k3fleet.errors import UsageError, read_input
 from k3fleet.triage import adapters as ad
 
 NOT_CAPTURED = "not in the captured text"
-MAX_BYTES = 64 * 1024 * 1024
 
 KINDS: dict[str, str] = {
     "nvidia_smi": "plain `nvidia-smi` table",
@@ -155,7 +154,7 @@ def stored_name(i: int, c: Capture) -> str:
 
 
 def read_capture(path: Path, kind: str | None = None) -> Capture:
-    raw = read_input(path, "", kind="a pasted capture", max_bytes=MAX_BYTES, text=True)
+    raw = read_input(path, "", kind="a pasted capture", limit="capture", text=True)
     text = raw.decode("utf-8", errors="replace").replace("\r\n", "\n")
     if not text.strip():
         raise UsageError(f"{path} is empty")

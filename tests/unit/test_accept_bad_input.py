@@ -130,7 +130,7 @@ def test_tls_error_and_insecure(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     (["--base-url", "http://h:99999", "--model", "m"], "invalid port"),
     (["--base-url", "http://h", "--model", "m", "--api-key-env", "UNSET_ACCEPT_VAR_X"], "is not set"),
     (["--base-url", "http://h", "--model", "m", "--skip", "nope"], "not a probe"),
-    (["--base-url", "http://h", "--model", "m", "--log", "/nonexistent.log"], "not a readable file"),
+    (["--base-url", "http://h", "--model", "m", "--log", "/nonexistent.log"], "--log /nonexistent.log does not exist"),
 ])
 def test_usage_errors(capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
     assert main(["accept", "all", *args]) == 2
