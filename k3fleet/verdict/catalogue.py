@@ -44,7 +44,10 @@ SOURCES: dict[str, str] = {
         'guide)'
     ),
     "driver.version_min": 'docs/facts.md section 2 (CUDA 13.2 U2 release notes, table 3: 13.0 GA needs 580.65.06)',
-    "driver.platform": 'docs/facts.md section 10 (Jetson L4T: nixGL issue 139, anduril/jetpack-nixos)',
+    "driver.platform": (
+        'docs/facts.md section 10 (Jetson L4T: nixGL issue 139, anduril/jetpack-nixos; data-center version '
+        'shape)'
+    ),
     "driver.flavour": (
         'docs/facts.md section 4 (NVIDIA driver installation guide: open modules required on Grace Hopper and '
         'Blackwell)'
@@ -65,6 +68,22 @@ SOURCES: dict[str, str] = {
     "gpu.in_use": (
         'docs/facts.md section 11 (vLLM start-up check: free memory >= gpu_memory_utilization x total, '
         'default 0.9)'
+    ),
+    "gpu.ecc": (
+        'docs/facts.md section 14 (NVML nvmlDeviceGetTotalEccErrors volatile / aggregate; nvidia-smi -q ECC '
+        'Errors; AzHPC ECC checks)'
+    ),
+    "gpu.remapped_rows": (
+        'docs/facts.md section 14 (NVIDIA GPU memory error management: row remapping pending and failure; '
+        'NVML nvmlDeviceGetRemappedRows)'
+    ),
+    "gpu.xid": 'docs/facts.md section 14 (NVIDIA Xid catalogue: 48, 63, 64, 74, 79, 92, 94, 95 and more)',
+    "gpu.throttle": (
+        'docs/facts.md section 14 (nvml.h clocks event reasons: HW slowdown, HW thermal, HW power brake)'
+    ),
+    "gpu.pcie_link": (
+        'docs/facts.md section 14 (nvidia-smi pcie.link.gen/width current and max; the generation drops at '
+        'idle)'
     ),
     "packages.held": 'docs/facts.md section 3 (the GPU Operator holds driver and Fabric Manager) and section 4',
     "packages.unattended_upgrades": 'docs/facts.md section 4',
@@ -135,9 +154,9 @@ _CHECKS: tuple[Check, ...] = (
        "Upgrade the driver to {target_version}.",
        chain=True),
     _c("driver.platform", "A data-center driver platform",
-       "A Jetson (Tegra, L4T) board reports its L4T release or a Tegra driver as the module version: that "
-       "is no data-center driver branch, the image's CUDA {image_cuda} build and the R{target_branch} change "
-       "night do not apply to it.",
+       "A Jetson (Tegra, L4T) board reports its L4T release or a Tegra driver as the module version, and a "
+       "version of another shape belongs to no known platform: neither is a data-center driver branch, the "
+       "image's CUDA {image_cuda} build and the R{target_branch} change night do not apply to it.",
        "critical",
        "Take the board out of the serving inventory; Kimi K3 with {image} needs data-center GPUs on an "
        "R{target_branch}-or-newer driver."),
@@ -177,6 +196,43 @@ _CHECKS: tuple[Check, ...] = (
        "warning",
        "Find the owner of the processes (the evidence lists pid, name and memory); stop or move the workload "
        "before the change night or before starting vLLM on this node."),
+    _c("gpu.ecc", "No uncorrectable ECC errors",
+       "An uncorrectable (double-bit) ECC error corrupts the data of whatever ran on that memory; a volatile "
+       "count above zero means it happened since the last driver load, an aggregate one that it happened in "
+       "the GPU's life.",
+       "error",
+       "Drain the node; check remapped rows and the kernel log's Xid 48/94/95; reset the GPU (or reboot) to "
+       "activate a pending remap, run the DCGM diagnostic (dcgmi diag -r 3), and RMA the GPU if errors "
+       "return."),
+    _c("gpu.remapped_rows", "No pending or failed row remapping",
+       "A GPU repairs a memory row with an uncorrectable error by remapping it; the remap is pending until the "
+       "GPU is reset, and a remapping failure means it has no spare rows left (page retirement on older "
+       "GPUs).",
+       "error",
+       "Pending: drain the node and reset the GPU (nvidia-smi -r) or reboot, then re-audit. Failure: take the "
+       "GPU out of service and RMA it."),
+    _c("gpu.xid", "No GPU Xid errors since boot",
+       "The driver logs every GPU fault as an Xid in the kernel log: 79 (fallen off the bus), 48/94/95 (ECC), "
+       "63/64 (row remapping), 74 (NVLink), 92 (high single-bit error rate) point at hardware that will "
+       "fail the serving engine.",
+       "error",
+       "Read the Xid lines in the evidence against the NVIDIA Xid catalogue: for 79 reseat or RMA the GPU and "
+       "check PCIe power and cooling; for ECC codes reset the GPU and check remapped rows; for 74 check the "
+       "NVLink and Fabric Manager; re-audit after a reboot."),
+    _c("gpu.throttle", "No hardware clock slowdown",
+       "HW Slowdown, HW Thermal Slowdown and HW Power Brake cut the GPU's clocks by half or more (heat, power "
+       "supply, an external power brake signal): every shard of a tensor-parallel engine runs at the slowest "
+       "GPU's speed.",
+       "error",
+       "Check the GPU's temperature and power readings (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER), the "
+       "chassis cooling and the power supplies; the reasons are read at one instant, so re-check under load."),
+    _c("gpu.pcie_link", "PCIe link at full width",
+       "A GPU whose PCIe link trained narrower than its maximum (x8 of x16) has a fraction of its host "
+       "bandwidth for model loading and host transfers; a lower generation is normal at idle (power saving) "
+       "and is only a warning.",
+       "error",
+       "Width below the maximum: reseat the GPU or its riser and check the slot; generation below the maximum: "
+       "re-check under load (the link drops its generation at idle), then check BIOS PCIe settings."),
     _c("packages.held", "Driver packages held",
        "An unheld driver can be moved by a routine upgrade, which silently breaks the version chain.",
        "warning",

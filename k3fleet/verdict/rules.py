@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, replaced
+from k3fleet.ansible.module_utils.k3fleet_driver import classify_driver_platform, normalize_bus_id
+from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, XidEvent, replaced
 from k3fleet.models.findings import SEVERITY_RANK, Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
@@ -225,6 +226,18 @@ def platform_problem(facts: HostFacts, version: str | None, vt: tuple[int, ...] 
     if vt is not None and vt[0] < 100:
         return (f"driver version {version} is no data-center driver branch (unsupported platform, unknown "
                 "branch): data-center branches are three-digit (R535 ... R620)")
+    km = facts.driver.kernel_module
+    # Facts of a collector that did not classify the version (schema 1.0, a capture): the same rule,
+    # on what the driver itself reports (a package version carries the distribution's suffix).
+    loaded = km.version or facts.driver.driver_version
+    kind = plat.kind if plat.kind in ("unknown", "discrete") else (
+        classify_driver_platform(loaded, km.arch, km.raw)["kind"] if loaded and vt is not None else None)
+    if kind == "tegra":
+        return (f"NVIDIA Jetson (Tegra driver {version}, L4T build) board: {version} is a Tegra driver, no "
+                "data-center driver branch (unsupported platform, unknown branch)")
+    if kind == "unknown":
+        return (f"driver version {version} is on no data-center branch (unknown platform): data-center "
+                "versions read NNN.NN[.NN], e.g. 580.95.05")
     return None
 
 
@@ -506,6 +519,206 @@ def _gpu_in_use(f: HostFacts, c: HostContext, e: _Emitter) -> None:
             "gpu_memory_utilization": util, "vllm_start_fails_on": short})
 
 
+# -- GPU health (docs/facts.md section 14) ------------------------------------------------------------
+
+# Xid codes this verdict names, with the NVIDIA Xid catalogue's meaning and how bad each is for a
+# serving node (docs/facts.md section 14). A code not listed is reported as a warning, by number.
+XID_CODES: dict[int, tuple[str, Severity]] = {
+    13: ("Graphics Engine Exception, often the application's own fault", "warning"),
+    31: ("GPU memory page fault, often the application's own fault", "warning"),
+    43: ("GPU stopped processing, a user application fault", "warning"),
+    45: ("preemptive cleanup after a previous error", "warning"),
+    48: ("Double Bit ECC Error (DBE): an uncorrectable memory error", "critical"),
+    61: ("internal micro-controller breakpoint or warning", "error"),
+    62: ("internal micro-controller halt", "error"),
+    63: ("ECC page retirement or row remapping recorded: a GPU reset activates it", "error"),
+    64: ("ECC page retirement or row remapper recording failure", "critical"),
+    74: ("NVLink error", "error"),
+    79: ("GPU has fallen off the bus", "critical"),
+    92: ("high single-bit ECC error rate", "warning"),
+    94: ("contained ECC error: the affected application stopped, the GPU needs a reset", "error"),
+    95: ("uncontained ECC error: every application on the GPU is affected", "critical"),
+    119: ("GSP RPC timeout", "error"),
+    120: ("GSP error", "error"),
+}
+# Clock event reasons that mean the hardware itself slows the GPU (power, heat); the others are
+# the GPU at idle, a setting someone chose, or the normal power cap under load.
+HW_SLOWDOWN = frozenset({"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
+SLOWDOWN_WARN = frozenset({"sw_thermal_slowdown"})
+
+
+def _health_unknown(f: HostFacts, c: HostContext, e: _Emitter, check: str, what: str, attr: str) -> bool:
+    """Report ``check`` unknown when no GPU reported ``attr``; True when there is nothing to judge."""
+    gpus = f.driver.gpus
+    if not gpus or c.driver_failed:
+        return True
+    values = [getattr(g, attr) for g in gpus]
+    if all(v is None for v in values):
+        e.unknown(check, what, f.driver.reason or "not reported by this collector (facts before schema 1.1)")
+        return True
+    return False
+
+
+def _ecc(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if _health_unknown(f, c, e, "gpu.ecc", "uncorrectable ECC error counts", "ecc"):
+        return
+    volatile: list[int] = []
+    aggregate: list[int] = []
+    detail: dict[str, Any] = {}
+    reasons: dict[str, list[int]] = {}
+    for g in f.driver.gpus:
+        ecc = g.ecc
+        if ecc is None:
+            continue
+        v, a = ecc.volatile_uncorrected, ecc.aggregate_uncorrected
+        if v:
+            volatile.append(g.index)
+        elif a:
+            aggregate.append(g.index)
+        if v or a:
+            detail[str(g.index)] = {"volatile_uncorrected": v, "aggregate_uncorrected": a}
+        elif v is None and a is None:
+            reasons.setdefault(ecc.reason or "counters not reported", []).append(g.index)
+    if volatile:
+        first = f.driver.gpus[[g.index for g in f.driver.gpus].index(volatile[0])].ecc
+        assert first is not None
+        e.fail("gpu.ecc", f"uncorrectable ECC errors on GPU {_idx(volatile)} since the last driver load "
+               f"({first.volatile_uncorrected} volatile on GPU {volatile[0]})", {"gpus": detail})
+    elif aggregate:
+        e.fail("gpu.ecc", f"uncorrectable ECC errors recorded over the life of GPU {_idx(aggregate)} (aggregate "
+               "counter; none since the last driver load): check remapped rows and the Xid log",
+               {"gpus": detail}, severity="warning")
+    elif reasons and len(reasons[next(iter(reasons))]) == len(f.driver.gpus):
+        e.unknown("gpu.ecc", "uncorrectable ECC error counts", next(iter(reasons)))
+
+
+def _remapped_rows(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if _health_unknown(f, c, e, "gpu.remapped_rows", "row remapping and page retirement", "remapped_rows"):
+        return
+    failed: list[int] = []
+    pending: list[int] = []
+    detail: dict[str, Any] = {}
+    known = False
+    for g in f.driver.gpus:
+        r = g.remapped_rows
+        if r is None:
+            continue
+        known = known or r.pending is not None or r.failure is not None or r.retired_pages_pending is not None
+        if r.failure:
+            failed.append(g.index)
+        elif r.pending or r.retired_pages_pending:
+            pending.append(g.index)
+        if r.failure or r.pending or r.retired_pages_pending:
+            detail[str(g.index)] = {k: v for k, v in r.model_dump().items() if v is not None}
+    if failed:
+        e.fail("gpu.remapped_rows", f"row remapping failed on GPU {_idx(failed)}: the GPU has no spare rows left "
+               "for its uncorrectable errors", {"gpus": detail}, severity="critical")
+    if pending:
+        e.fail("gpu.remapped_rows", f"a row remap or page retirement is pending on GPU {_idx(pending)}: it takes "
+               "effect only after a GPU reset or reboot", {"gpus": detail})
+    if not known:
+        why = next((g.remapped_rows.reason for g in f.driver.gpus if g.remapped_rows and g.remapped_rows.reason),
+                   None)
+        e.unknown("gpu.remapped_rows", "row remapping and page retirement", why)
+
+
+def _xid_gpu(event: XidEvent, gpus: list[Gpu]) -> int | None:
+    """The GPU index an Xid line names: "PCI:0000:3b:00" is domain:bus:device of the GPU's bus id."""
+    bus = normalize_bus_id((event.pci or "").removeprefix("PCI:") + ".0")
+    for g in gpus:
+        if bus is not None and normalize_bus_id(g.pci_bus_id) == bus:
+            return g.index
+    return None
+
+
+def xid_meaning(code: int) -> tuple[str, Severity]:
+    return XID_CODES.get(code, ("not in this verdict's Xid table: look it up in the NVIDIA Xid catalogue",
+                                "warning"))
+
+
+def _xid(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    log = f.driver.kernel_log
+    if log is None or log.status != "ok":
+        if not c.driver_failed and f.driver.kernel_module.loaded is not False:
+            reason = log.reason if log is not None else "not read by this collector (facts before schema 1.1)"
+            e.unknown("gpu.xid", "the kernel log's Xid events", reason)
+        return
+    if not log.xid:
+        return
+    by_code: dict[int, list[XidEvent]] = {}
+    for ev in log.xid:
+        by_code.setdefault(ev.code, []).append(ev)
+    worst: Severity = "info"
+    parts = []
+    for code, events in sorted(by_code.items(), key=lambda kv: -SEVERITY_RANK[xid_meaning(kv[0])[1]]):
+        meaning, sev = xid_meaning(code)
+        if SEVERITY_RANK[sev] > SEVERITY_RANK[worst]:
+            worst = sev
+        where = sorted({ev.pci or "?" for ev in events})
+        idx = sorted({i for i in (_xid_gpu(ev, f.driver.gpus) for ev in events) if i is not None})
+        gpu = f" (GPU {_idx(idx)})" if idx else ""
+        parts.append(f"Xid {code} ({meaning}) on {', '.join(where[:4])}{gpu}" +
+                     (f" x{len(events)}" if len(events) > 1 else ""))
+    e.fail("gpu.xid", "kernel log since boot: " + "; ".join(parts[:6]),
+           {"source": log.source, "codes": sorted(by_code),
+            "events": [ev.model_dump() for ev in log.xid[-16:]]}, severity=worst)
+
+
+def _throttle(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if _health_unknown(f, c, e, "gpu.throttle", "clock event (throttle) reasons", "throttle"):
+        return
+    hw: dict[str, list[int]] = {}
+    sw: dict[str, list[int]] = {}
+    for g in f.driver.gpus:
+        for reason in (g.throttle.active if g.throttle else ()):
+            if reason in HW_SLOWDOWN:
+                hw.setdefault(reason, []).append(g.index)
+            elif reason in SLOWDOWN_WARN:
+                sw.setdefault(reason, []).append(g.index)
+    if not hw and not sw:
+        if all(g.throttle is None or (not g.throttle.active and g.throttle.reason) for g in f.driver.gpus):
+            why = next((g.throttle.reason for g in f.driver.gpus if g.throttle and g.throttle.reason), None)
+            e.unknown("gpu.throttle", "clock event (throttle) reasons", why)
+        return
+    shown = "; ".join(f"{r} on GPU {_idx(i)}" for r, i in [*hw.items(), *sw.items()])
+    e.fail("gpu.throttle", f"clocks slowed: {shown}", {"hardware": hw, "software": sw},
+           severity="error" if hw else "warning")
+
+
+def _pcie_link(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if _health_unknown(f, c, e, "gpu.pcie_link", "the PCIe link generation and width", "pcie"):
+        return
+    narrow: list[str] = []
+    slow: list[str] = []
+    idle = False
+    known = False
+    for g in f.driver.gpus:
+        p = g.pcie
+        if p is None:
+            continue
+        if p.width_current is not None and p.width_max is not None:
+            known = True
+            if p.width_current < p.width_max:
+                narrow.append(f"GPU {g.index} x{p.width_current} of x{p.width_max}")
+        if p.gen_current is not None and p.gen_max is not None:
+            known = True
+            if p.gen_current < p.gen_max:
+                slow.append(f"GPU {g.index} Gen{p.gen_current} of Gen{p.gen_max}")
+                idle = idle or bool(g.throttle and "gpu_idle" in g.throttle.active) or bool(
+                    g.throttle and "idle" in g.throttle.active)
+    ev = {"narrow": narrow, "slow": slow, "idle": idle}
+    if narrow:
+        e.fail("gpu.pcie_link", f"PCIe link narrower than its maximum: {'; '.join(narrow[:8])}", ev)
+    if slow:
+        note = " while the GPU is idle (power saving lowers the generation at idle: check under load)" if idle \
+            else " (the generation drops at idle to save power: check under load)"
+        e.fail("gpu.pcie_link", f"PCIe link below its maximum generation: {'; '.join(slow[:8])}{note}", ev,
+               severity="warning")
+    if not known:
+        why = next((g.pcie.reason for g in f.driver.gpus if g.pcie and g.pcie.reason), None)
+        e.unknown("gpu.pcie_link", "the PCIe link generation and width", why)
+
+
 # -- packages ----------------------------------------------------------------------------------
 
 
@@ -597,6 +810,8 @@ def _fabricmanager(f: HostFacts, c: HostContext, e: _Emitter) -> None:
 
 
 def _fm_version(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if c.platform_note is not None:
+        return  # driver.platform says why: no data-center driver for a Fabric Manager to match
     fm = f.fabricmanager
     driver = c.version
     if fm.version and driver:
@@ -994,6 +1209,7 @@ def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
 RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
     _schema, _driver_loaded, _nvml, _driver_version, _flavour, _pending_reboot,
     _gpu_count, _persistence, _fabric_state, _fabric_health, _gpu_in_use,
+    _ecc, _remapped_rows, _xid, _throttle, _pcie_link,
     _held, _unattended, _dkms,
     _fabricmanager,
     _rdma, _acs, _nccl,

@@ -71,6 +71,10 @@ def each_gpu(**fields: Any) -> Callable[[list[dict[str, Any]]], list[dict[str, A
     return lambda gpus: [{**g, **fields} for g in gpus]
 
 
+def first_gpu(**fields: Any) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    return lambda gpus: [{**g, **fields} if i == 0 else g for i, g in enumerate(gpus)]
+
+
 def port(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return lambda p: {**p, **fields}
 
@@ -215,6 +219,47 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     ("no scheduler", GOOD, {"scheduler": {"status": "absent", "kind": "none"}}, set()),
     # -- schema
     ("facts from another schema major", GOOD, {"schema_version": "2.0"}, {"facts.schema/error/unknown"}),
+    # -- GPU health (docs/facts.md section 14)
+    ("volatile uncorrectable ECC", GOOD, {"driver.gpus": first_gpu(ecc={"mode": "enabled",
+     "volatile_uncorrected": 2, "aggregate_uncorrected": 2})}, {"gpu.ecc/error"}),
+    ("aggregate uncorrectable ECC only", GOOD, {"driver.gpus": first_gpu(ecc={"mode": "enabled",
+     "volatile_uncorrected": 0, "aggregate_uncorrected": 4})}, {"gpu.ecc/warning"}),
+    ("ECC counters N/A on every GPU", GOOD, {"driver.gpus": each_gpu(ecc={"mode": "disabled",
+     "reason": "ECC is disabled on this GPU"})}, {"gpu.ecc/warning/unknown"}),
+    ("row remap pending", GOOD, {"driver.gpus": first_gpu(remapped_rows={"uncorrectable": 4, "pending": True,
+     "failure": False})}, {"gpu.remapped_rows/error"}),
+    ("row remap failure", GOOD, {"driver.gpus": first_gpu(remapped_rows={"uncorrectable": 9, "pending": False,
+     "failure": True})}, {"gpu.remapped_rows/critical"}),
+    ("Xid 79 in the kernel log", GOOD, {"driver.kernel_log.xid": [{"code": 79, "pci": "PCI:0000:1b:00",
+     "text": "GPU has fallen off the bus."}]}, {"gpu.xid/critical"}),
+    ("Xid 13 only (an application fault)", GOOD, {"driver.kernel_log.xid": [{"code": 13, "pci": "PCI:0000:1b:00"}]},
+     {"gpu.xid/warning"}),
+    ("kernel log unreadable", GOOD, {"driver.kernel_log": {"status": "unknown", "reason": "dmesg: Operation not "
+     "permitted"}}, {"gpu.xid/warning/unknown"}),
+    ("HW power brake slowdown", GOOD, {"driver.gpus": first_gpu(throttle={"active": ["hw_slowdown",
+     "hw_power_brake_slowdown"]})}, {"gpu.throttle/error"}),
+    ("idle and power cap are not faults", GOOD, {"driver.gpus": each_gpu(throttle={"active": ["gpu_idle",
+     "sw_power_cap"]})}, set()),
+    ("PCIe link x8 of x16", GOOD, {"driver.gpus": first_gpu(pcie={"gen_current": 5, "gen_max": 5,
+     "width_current": 8, "width_max": 16})}, {"gpu.pcie_link/error"}),
+    ("PCIe Gen 1 of 5 (idle)", GOOD, {"driver.gpus": first_gpu(pcie={"gen_current": 1, "gen_max": 5,
+     "width_current": 16, "width_max": 16})}, {"gpu.pcie_link/warning"}),
+    ("schema 1.0 facts: health never read", GOOD,
+     {"schema_version": "1.0", "driver.kernel_log": None,
+      "driver.gpus": each_gpu(ecc=None, remapped_rows=None, throttle=None, pcie=None)},
+     {"gpu.ecc/warning/unknown", "gpu.remapped_rows/warning/unknown", "gpu.xid/warning/unknown",
+      "gpu.throttle/warning/unknown", "gpu.pcie_link/warning/unknown"}),
+    # -- a version on no data-center branch (docs/facts.md section 10)
+    ("Tegra driver 540.4.0 from the L4T build host, no other Tegra evidence", GOOD,
+     {"driver.kernel_module.version": "540.4.0", "driver.kernel_module.arch": "aarch64",
+      "driver.kernel_module.raw": "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  540.4.0  Release "
+                                  "Build  (buildbrain@mobile-u64-6289-d7000)  Sun Mar 19 08:09:33 PDT 2023",
+      "driver.driver_version": "540.4.0", "packages.driver_version": None},
+     {"driver.platform/critical"}),
+    ("version of no known shape", GOOD,
+     {"driver.kernel_module.version": "5400.1", "driver.driver_version": "5400.1", "packages.driver_version": None,
+      },
+     {"driver.platform/critical"}),
 ]
 
 
