@@ -6,12 +6,17 @@ Exit codes: 0 pass / go, 1 checks failed / no-go, 2 usage or bad input,
 
 from __future__ import annotations
 
+import json as jsonlib
 import sys
-from typing import Annotated
+from collections.abc import Iterable
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.errors import MarkupError
+from rich.segment import Segment
+from rich.text import Text
 
 from k3fleet import __version__
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
@@ -27,8 +32,44 @@ lab_app = typer.Typer(help="The simulated lab fleet, the real testbed and the se
                       no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+
+
+class SafeConsole(Console):
+    """A Rich console that prints nothing unsafe: the one chokepoint of the terminal.
+
+    Every string and ``Text`` it renders (a line, a table cell, a title, a progress column) passes
+    ``safe_rich_text``: redacted, terminal escapes and control characters removed, styles kept. A
+    string whose markup does not parse (a value that carried ``[/bold]``) is printed as plain text
+    instead of raising; call sites still escape the values they interpolate into markup
+    (``safe_markup``), so a value cannot style or hide the text around it. ``print_json`` redacts
+    structurally and escapes every non-ASCII character, so a value prints as given (``\u202e``).
+    """
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        from k3fleet.report.escapes import safe_rich_text
+
+        try:
+            rendered = super().render_str(text, **kwargs)
+        except MarkupError:
+            rendered = super().render_str(text, **{**kwargs, "markup": False})
+        return safe_rich_text(rendered)
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        if isinstance(renderable, Text):
+            from k3fleet.report.escapes import safe_rich_text
+
+            renderable = safe_rich_text(renderable)
+        return super().render(renderable, options)
+
+    def print_json(self, json: str | None = None, *, data: Any = None, **kwargs: Any) -> None:
+        from k3fleet.report.escapes import safe_json
+
+        value = jsonlib.loads(json) if json is not None else data
+        super().print_json(data=safe_json(value), **{**kwargs, "ensure_ascii": True})
+
+
+err = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
+out = SafeConsole(highlight=False, soft_wrap=True)
 
 
 @app.callback(invoke_without_command=True)

@@ -9,10 +9,18 @@
   ``HF_TOKEN``, ``x-api-key``, ``apiKey``) and judged by word: ``passed``, ``pass_rate``,
   ``prompt_tokens``, ``author``, ``keyboard``, ``host_key_checking`` and ``api_key_env`` (the NAME
   of a variable) are evidence, not secrets.
-- **By value shape**, in any text: URL user-info (``https://user:X@``), ``Bearer X``,
-  ``Authorization:``/``Cookie:`` headers, ``--api-key X`` / ``--token=X`` options, ``KEY=X`` and
-  ``"key": "X"`` pairs, ``password X`` in prose (a Slurm reason), private key blocks and the
-  published prefixes of common API tokens (``hf_``, ``sk-``, ``nvapi-``, ``ghp_`` ...).
+- **By value shape**, in any text: URL user-info (``https://user:X@``, ``__token__:X@``),
+  ``Bearer X``, ``Authorization:``/``Cookie:`` headers, ``--api-key X`` / ``--token=X`` options and
+  argv lists (``'--api-key', 'X'``), ``KEY=X``, ``KEY: X`` and ``"key": "X"`` pairs (also quoted keys
+  of a Python repr with a list value: vLLM's ``non-default args: {'api_key': ['X']}``), key phrases
+  in prose (``api key: X``, ``bearer token X``, ``access token is X``, ``BMC password X``), private
+  key blocks and the published prefixes of common API tokens (``hf_``, ``sk-``, ``nvapi-``,
+  ``ghp_`` ...).
+- **By value**: a secret this process knows (``remember_secret``: the API key a probe sends) is
+  masked wherever it appears, e.g. echoed back in a server's error message.
+
+The text rules run in one left-to-right scan, in time linear in the text's length (see the
+comment above ``_SCAN``).
 
 Structural redaction of inventory files (YAML, INI) needs a YAML parser and lives on the
 controller, in ``k3fleet.evidence.redact``, on top of these rules.
@@ -54,9 +62,15 @@ _EMBEDDED = ("password", "passwd", "passphrase", "apikey", "privatekey", "secret
 _WORDS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 
 
-@lru_cache(maxsize=4096)
 def is_secret_name(name):
     """True when ``name`` (a variable, option, header or key) names a secret value."""
+    # Names are few and short; a long one (a scanned word of a 64 KB line) is judged uncached, so
+    # it does not fill the cache.
+    return _judge_name(name) if len(name) <= 128 else _judge_name.__wrapped__(name)
+
+
+@lru_cache(maxsize=4096)
+def _judge_name(name):
     words = [w.lower() for w in _WORDS.findall(name)]
     if not words:
         return False
@@ -73,72 +87,173 @@ def is_secret_name(name):
 
 
 # -- text shapes -------------------------------------------------------------------------------
+#
+# One left-to-right scan (``_SCAN``) finds the head of every shape: a key and its separator, an
+# option, a prose phrase, a header name, a URL up to its password, a token prefix. The value is
+# then read at the end of the head (``_VALUE``, ``_OPTION_VALUE``, ``_PROSE_VALUE``) only when the
+# head names a secret; otherwise the scan goes on right after the head, so a non-secret value is
+# scanned like any other text ({"operator": "alice token=X"}, --build-arg HF_TOKEN=X).
+#
+# Linear time in the text's length: the scan never goes back, and no part of a pattern can start
+# inside a run of the characters it reads (each starts behind a lookbehind that refuses a position
+# inside its own run), or it reads only up to a character that starts the next attempt, or it
+# always succeeds and consumes what it read (a quote that never closes runs to the end of the
+# line and is redacted with it). scripts/bench_redact.py prints the time per line length.
 
 _QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\''
-# scheme://user:SECRET@host (the password part; a bare user is kept).
-_URL_USERINFO = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"<>]*:)(?P<v>[^\s@/'\"<>]+)(?=@)")
-# Headers whose whole value is a credential, up to the end of the line or the closing quote.
-_HEADER = re.compile(r"(?P<pre>\b(?:proxy-)?(?:authorization|cookie|set-cookie)\s*:\s*)(?P<v>[^\r\n'\"]+)",
-                     re.IGNORECASE)
-_BEARER = re.compile(r"(?P<pre>\bbearer\s+)(?P<v>[A-Za-z0-9._~+/-]{8,}=*)", re.IGNORECASE)
-# KEY=value, KEY: value, "key": "value", 'key' => value; the key decides.
-_PAIR = re.compile(
-    r"(?P<q>[\"']?)(?P<k>[A-Za-z_][\w.-]*)(?P=q)(?P<sep>\s*(?:=>|[=:])[ \t]*)"
-    r"(?P<v>" + _QUOTED + r"|[^\s,;'\"}\])]+)")
-# --option value (the option names a secret; the value is the next word).
-_OPTION = re.compile(r"(?P<pre>(?<![\w-])--?(?P<k>[A-Za-z][\w.-]*)\s+)(?P<v>" + _QUOTED + r"|[^\s'\"-][^\s'\"]*)")
-# A password in prose: "BMC password hunter2", "root password is hunter2".
-_PROSE = re.compile(r"(?P<pre>\b(?:password|passwd|passphrase)\s+(?:(?:is|was)\s+)?)(?P<v>[^\s'\",;\[\]()]+)",
-                    re.IGNORECASE)
-_PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)[\s\S]*?(-----END [A-Z0-9 ]*PRIVATE KEY-----)")
-# Published token prefixes (Hugging Face, OpenAI, NVIDIA NGC, GitHub, GitLab, Slack).
-_KNOWN_TOKEN = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|nvapi-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
-    r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,})")
+
+# Words that follow a secret word in prose without being the secret ("the api key is missing").
+_PROSE_STOP = frozenset({
+    "a", "an", "the", "is", "was", "are", "were", "be", "been", "not", "no", "none", "null", "missing", "required",
+    "needed", "invalid", "incorrect", "wrong", "expired", "revoked", "provided", "given", "set", "unset", "empty",
+    "for", "from", "of", "to", "in", "on", "at", "by", "with", "without", "and", "or", "if", "must", "should",
+    "has", "have", "had", "file", "env", "environment", "variable", "authentication", "failed", "denied",
+    "rejected", "error", "ok", "changed", "found", "here", "there", "this", "that", "it", "as", "prompt",
+})
+# Secret-named values that say nothing secret (``'api_key': None``) and stay readable.
+_EMPTY_VALUES = frozenset({"None", "null", "NULL", "nil", "~", "''", '""', REDACTED, "'" + REDACTED + "'",
+                           '"' + REDACTED + '"'})
+
+_SCAN = re.compile(
+    # A private key block, to its END line or, cut short, to the end of the text.
+    r"(?P<pkey>-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----)"
+    r"(?:[\s\S]*?(?P<pkey_end>-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----)|[\s\S]*)"
+    # scheme://user:PASSWORD@host (a bare user is kept; __token__:X@ too).
+    r"|(?P<url>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/@'\"<>]*:)(?P<url_v>[^\s@/'\"<>]+)@"
+    # Headers whose whole value is a credential, to the end of the line or the closing quote.
+    r"|(?P<header>(?<![\w-])(?i:(?:proxy-)?(?:authorization|set-cookie|cookie))[ \t]*:[ \t]*)"
+    r"(?P<header_v>[^\r\n'\"]+)"
+    # Published token prefixes (Hugging Face, OpenAI, NVIDIA NGC, GitHub, GitLab, Slack).
+    r"|(?P<known>\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|nvapi-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
+    r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}))"
+    # Prose: "api key: X", "api key X", "bearer token X", "access token is X", "BMC password X".
+    r"|(?P<prose>(?<![\w.-])(?i:(?:(?:api|access|bearer|auth|refresh|session|secret|private|client|hf|ngc"
+    r"|openai|github|gitlab|personal[ \t]+access)[ \t]+(?:key|token|secret)s?|password|passwd|passphrase))"
+    r"(?P<prose_sep>[ \t]*(?:=>|[=:])[ \t]*|[ \t]+(?:(?i:is|was)[ \t]+)?))"
+    # Bearer <token> (a credential without a header name: "sent Bearer X").
+    r"|(?P<bearer>(?<![\w-])(?i:bearer)[ \t]+)(?P<bearer_v>[A-Za-z0-9._~+/-]{8,}=*)"
+    # --option value, --option=value, and argv lists: '--api-key', 'X' / "--token" "X".
+    r"|(?P<opt>(?:(?P<opt_q>\\?[\"'])|(?<![\w-]))--?(?P<opt_k>[A-Za-z][\w.-]*)"
+    r"(?P<opt_sep>=|(?(opt_q)(?P=opt_q)(?:[ \t]*,)?[ \t]*|(?:[ \t]|\\\r?\n)+)))"
+    # KEY=value, KEY: value, "key": "value", 'key' => value, {'api_key': ['X']}: the key decides.
+    r"|(?P<pair>(?:(?P<pair_q>\\?[\"'])(?P<pair_qk>[A-Za-z_][\w.-]*(?: [\w.-]+)*)(?P=pair_q)"
+    r"|(?<![\w.-])(?P<pair_k>[A-Za-z_][\w.-]*))[ \t]*(?:=>|[=:])[ \t]*)"
+)
+# A secret key's value: a quoted string (one that never closes runs to the end of the line), an
+# escaped-quoted string inside a JSON string, a list or a flat mapping closed on the line, or a word.
+_VALUE = re.compile(
+    r"\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?"
+    r"|\\([\"'])(?:[^\\\n]|\\(?!\1)[^\n])*(?:\\\1)?"
+    r"|(?P<list>\[[^\[\]\n]*\])|(?P<map>\{[^{}\n]*\})"
+    r"|[^\s,;'\"}\])\[{]+")
+# An option's value: the next word unless it is the next option.
+_OPTION_VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?|\\([\"'])(?:[^\\\n]|\\(?!\1)[^\n])*(?:\\\1)?"
+                           r"|[^\s'\"\\-][^\s'\"\\]*")
+_PROSE_VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?|[^\s'\",;\[\]()]+")
+_LIST_ITEM = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|[^\s,\[\]'\"]+")
 
 
 # Every shape above needs one of these; most evidence strings (versions, names, states) have
-# none, and skip the rules at the cost of one scan.
+# none, and skip the scan at the cost of one search.
 _TRIGGER = re.compile(r"[=:@]|(?<![\w-])-[A-Za-z-]|bearer|passw|passphrase|PRIVATE KEY|hf_|sk-|nvapi-|gh[pousr]_"
-                      r"|github_pat_|glpat-|xox", re.IGNORECASE)
+                      r"|github_pat_|glpat-|xox|key|token|secret", re.IGNORECASE)
+
+# Secret values known to this process (the API key an acceptance probe sends): masked wherever
+# they appear, whatever surrounds them (a server that echoes the key in an error message).
+_KNOWN_VALUES = set()
+_MIN_KNOWN = 6
+
+
+def remember_secret(value):
+    """Mask ``value`` in every text redacted from now on in this process (too short a value is ignored)."""
+    if isinstance(value, str) and len(value.strip()) >= _MIN_KNOWN and value.strip() != REDACTED:
+        _KNOWN_VALUES.add(value.strip())
+
+
+def forget_secrets():
+    """Forget the values ``remember_secret`` was given (tests)."""
+    _KNOWN_VALUES.clear()
 
 
 def _keep_quotes(value):
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
         return value[0] + REDACTED + value[0]
+    if len(value) >= 4 and value[0] == "\\" and value[1] in "\"'" and value[-2:] == value[:2]:
+        return value[:2] + REDACTED + value[:2]
+    if value[:1] in ("\"", "'"):  # a quote that never closed (a cut line): the rest of the line went
+        return value[0] + REDACTED
     return REDACTED
 
 
-def _pair(m):
-    head = f"{m.group('q')}{m.group('k')}{m.group('q')}{m.group('sep')}"
-    if is_secret_name(m.group("k")):
-        return head + _keep_quotes(m.group("v"))
-    # A quoted value may carry pairs of its own ({"operator": "alice token=X"}).
-    return head + _PAIR.sub(_pair, m.group("v"))
+def _masked_value(m):
+    """A secret value matched by ``_VALUE``: the shape stays ([ '***' ], {***}, "***"), the content goes."""
+    value = m.group(0)
+    if m.group("list") is not None:
+        return _LIST_ITEM.sub(lambda i: _keep_quotes(i.group(0)), value)
+    if m.group("map") is not None:
+        return "{" + REDACTED + "}"
+    return _keep_quotes(value)
 
 
-def _option(m):
-    if not is_secret_name(m.group("k")):
-        return m.group(0)
-    return m.group("pre") + _keep_quotes(m.group("v"))
-
-
-def _masked(m):
-    return m.group("pre") + REDACTED
+def _scan(text):
+    out = []
+    pos = 0
+    search = _SCAN.search
+    while True:
+        m = search(text, pos)
+        if m is None:
+            break
+        out.append(text[pos:m.start()])
+        end = m.end()
+        if m.group("pkey") is not None:
+            out.append(m.group("pkey") + "\n" + REDACTED)
+            if m.group("pkey_end") is not None:
+                out.append("\n" + m.group("pkey_end"))
+        elif m.group("url") is not None:
+            out.append(m.group("url") + REDACTED + "@")
+        elif m.group("header") is not None:
+            out.append(m.group("header") + REDACTED)
+        elif m.group("known") is not None:
+            out.append(REDACTED)
+        elif m.group("bearer") is not None:
+            out.append(m.group("bearer") + REDACTED)
+        elif m.group("prose") is not None:
+            out.append(m.group("prose"))
+            v = _PROSE_VALUE.match(text, end)
+            if v is not None and v.group(0).lower().rstrip(".:") not in _PROSE_STOP \
+                    and v.group(0) not in _EMPTY_VALUES:
+                out.append(_keep_quotes(v.group(0)))
+                end = v.end()
+        elif m.group("opt") is not None:
+            out.append(m.group("opt"))
+            if is_secret_name(m.group("opt_k")):
+                v = _OPTION_VALUE.match(text, end)
+                if v is not None:
+                    out.append(_keep_quotes(v.group(0)))
+                    end = v.end()
+        else:
+            out.append(m.group("pair"))
+            key = m.group("pair_qk") if m.group("pair_qk") is not None else m.group("pair_k")
+            if is_secret_name(key):
+                v = _VALUE.match(text, end)
+                if v is not None and v.group(0) not in _EMPTY_VALUES:
+                    out.append(_masked_value(v))
+                    end = v.end()
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact_text(text):
     """``text`` with every secret-shaped value replaced by ``***`` (the key or option is kept)."""
-    if not text or not _TRIGGER.search(text):
+    if not text:
         return text
-    text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}\n{REDACTED}\n{m.group(2)}", text)
-    text = _URL_USERINFO.sub(_masked, text)
-    text = _HEADER.sub(_masked, text)
-    text = _BEARER.sub(_masked, text)
-    text = _PAIR.sub(_pair, text)
-    text = _OPTION.sub(_option, text)
-    text = _PROSE.sub(_masked, text)
-    return _KNOWN_TOKEN.sub(REDACTED, text)
+    for value in _KNOWN_VALUES:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    if not _TRIGGER.search(text):
+        return text
+    return _scan(text)
 
 
 def redact_argv(argv):
