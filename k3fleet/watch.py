@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.decide.models import Baseline
 from k3fleet.errors import IncompleteError, UsageError
 
@@ -305,7 +306,7 @@ async def _watch(opts: WatchOptions, baseline: Baseline, on_sample: Callable[[Sa
                 try:
                     s.agent = await _agent_sample(endpoint, opts.agent_cases, client)
                 except Exception as exc:  # a failing probe is a sample, not a crash
-                    s.agent = {c: f"probe error: {' '.join(str(exc).split())[:160]}" for c in opts.agent_cases}
+                    s.agent = {c: f"probe error: {excerpt(exc, 160, tail='')}" for c in opts.agent_cases}
             fired = evaluate(state, s)
             result.samples.append(s)
             on_sample(s, fired)

@@ -34,6 +34,7 @@ from k3fleet.accept.client import (
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import Finding, ProbeResult, Status
 from k3fleet.accept.toolcheck import Expect, View
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 
 PROBE = "agent"
 Progress = Callable[[str], None]
@@ -153,7 +154,7 @@ async def _turn(ctx: Ctx, case: str, label: str, body: dict[str, Any], expect: E
     else:
         raw_or_none = toolcheck.raw_view(ex.response)
         if raw_or_none is None:
-            _add(outcome, "malformed_response", "http", _short(json.dumps(ex.response)[:200]))
+            _add(outcome, "malformed_response", "http", _short(json.dumps(ex.response)))
             return None, ex
         raw = raw_or_none
         sdk, sdk_err = toolcheck.sdk_view(ex.response)
@@ -177,8 +178,7 @@ def _add(outcome: RunOutcome, defect: str, layer: str, evidence: str) -> None:
 
 
 def _short(text: str, n: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+    return str(excerpt(text, n))
 
 
 def _assistant_msg(view: View) -> dict[str, Any]:

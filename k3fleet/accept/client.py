@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt, remember_secret
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError, UsageError
 
 # Exit code per error kind: a wrong key or model name is the caller's input (2); an endpoint that
@@ -95,6 +96,9 @@ class Endpoint(BaseModel):
         key = os.environ.get(self.api_key_env)
         if not key:
             raise UsageError(f"environment variable {self.api_key_env} (from --api-key-env) is not set or empty")
+        # Whatever the variable is called, its value is masked in everything printed or written
+        # from now on: a server may echo the key back in an error message (docs/safety.md).
+        remember_secret(key)
         return key
 
     def headers(self) -> dict[str, str]:
@@ -158,7 +162,7 @@ def _server_message(body: Any) -> str:
         if isinstance(body.get("detail"), str):
             return _one_line(body["detail"])
     if isinstance(body, str):
-        return _one_line(body)[:200]
+        return excerpt(body, 200, tail="")
     return ""
 
 
@@ -212,7 +216,7 @@ def _decode(resp: httpx.Response) -> tuple[Any, str | None]:
     try:
         return json.loads(text), None
     except ValueError:
-        return text[:4000], "malformed JSON"
+        return excerpt(text, 4000, tail="", one_line=False), "malformed JSON"
 
 
 async def get_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, *, probe: str = "",
@@ -374,7 +378,7 @@ async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mappi
                 try:
                     chunk = json.loads(payload)
                 except ValueError:
-                    ex.chunks.append(payload[:2000])
+                    ex.chunks.append(excerpt(payload, 2000, tail="", one_line=False))
                     ex.error, ex.error_kind = f"{url} streamed a chunk that is not JSON", "bad_response"
                     continue
                 if ex.ttft_s is None and isinstance(chunk, Mapping) and _has_token(chunk):

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from k3fleet.accept.client import Endpoint, EndpointError, error_from_status
 from k3fleet.accept.metrics import SCRAPE_ACCEPT, MetricsError, MetricsSnapshot, metrics_url, parse_metrics
 from k3fleet.accept.result import Finding, ProbeResult
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 
 Outcome = Literal["stable", "ceiling", "adjust_config", "collapse"]
 Phase = Literal["long_input", "agent_ramp", "sustained"]
@@ -154,7 +155,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def _one_line(text: str, limit: int = 300) -> str:
-    return " ".join(str(text).split())[:limit]
+    return str(excerpt(text, limit, tail=""))
 
 
 def filler(words: int, seed: int) -> str:

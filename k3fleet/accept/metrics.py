@@ -25,6 +25,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as _parse_prometheus
 from pydantic import BaseModel, Field
 
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import IncompleteError
 
 OPENMETRICS_TYPE = "application/openmetrics-text"
@@ -304,7 +305,7 @@ def parse_metrics(text: str, content_type: str | None = None) -> MetricsSnapshot
             else:
                 fams = list(_parse_prometheus(text))
         except (ValueError, TypeError, KeyError, IndexError) as exc:
-            errors.append(f"{grammar}: {' '.join(str(exc).split())[:160]}")
+            errors.append(f"{grammar}: {excerpt(exc, 160, tail='')}")
             continue
         samples, types = _index(fams)
         return MetricsSnapshot(samples, types, text, content_type, grammar)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.accept.result import Finding, ProbeResult
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import UsageError, read_input
 
 PROBE = "prefix_lint"
@@ -234,7 +235,8 @@ def lint_captures(path: Path) -> ProbeResult:
                 continue
             seen.add(key)
             findings.append(Finding(id=f"accept.prefix_lint.{cid}", severity="fail", layer="client",
-                                    message=f"lines {ia + 1} -> {ib + 1}: {message}", evidence=evidence[:300]))
+                                    message=f"lines {ia + 1} -> {ib + 1}: {message}",
+                                    evidence=excerpt(evidence, 300, tail="", one_line=False)))
     data = {"requests": len(records), "pairs": compared}
     if findings:
         kinds = sorted({f.id.rsplit(".", 1)[1] for f in findings})

@@ -20,6 +20,8 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
+
 # Kimi K2 markers (tokenizer special tokens) and the K3 channel markers named in vLLM PR 53249, plus
 # the functions.NAME:INDEX call header both use.
 MARKERS = re.compile(
@@ -147,7 +149,7 @@ def sdk_stream_view(chunks: Iterable[Any]) -> tuple[View | None, str | None]:
     except ValidationError as exc:
         return None, f"ChatCompletionChunk rejected a chunk: {exc.errors()[0]['msg']}"
     except (OpenAIError, ValueError, KeyError, TypeError, AssertionError, RuntimeError) as exc:
-        return None, f"the SDK stream accumulator failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        return None, f"the SDK stream accumulator failed: {type(exc).__name__}: {excerpt(exc, 200, tail='')}"
     if not final.choices:
         return None, "the SDK assembled no choice from the stream"
     choice = final.choices[0]

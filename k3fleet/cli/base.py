@@ -126,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a documented exit code."""
     if argv is None:
         argv = sys.argv[1:]
+    import os
+
+    from k3fleet.ansible.module_utils.k3fleet_redact import remember_environment_secrets
+
+    # The controller's own secrets (HF_TOKEN, the API key a probe sends) are masked by value in
+    # everything printed or written, whatever shape a server or a tool echoes them back in.
+    remember_environment_secrets(os.environ)
     try:
         register_commands(_modules_for(argv))
         rc = app(args=argv, standalone_mode=False)

@@ -33,6 +33,7 @@ from k3fleet.decide.models import (
 )
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import RunDir, verify_run
+from k3fleet.evidence.redact import excerpt
 
 KINDS = ("audit", "change", "accept", "triage")
 
@@ -211,8 +212,8 @@ def _detail(detail: Any) -> str | None:
     if detail is None:
         return None
     if isinstance(detail, str):
-        return detail[:300]
-    return json.dumps(detail, sort_keys=True, default=str)[:300]
+        return str(excerpt(detail, 300, tail="", one_line=False))
+    return str(excerpt(json.dumps(detail, sort_keys=True, default=str), 300, tail=""))
 
 
 def _check_steps(rep: Any) -> Iterable[tuple[str, str]]:
@@ -234,7 +235,7 @@ def _check_steps(rep: Any) -> Iterable[tuple[str, str]]:
         if plan.get("reboot"):
             steps.append(("rebooting", f"reboot (loaded {plan.get('loaded_version') or '?'})"))
     if rep.get("error"):
-        steps.append(("failed", str(rep["error"])[:300]))
+        steps.append(("failed", str(excerpt(rep["error"], 300, tail="", one_line=False))))
     return steps
 
 

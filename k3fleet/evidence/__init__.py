@@ -17,6 +17,8 @@ from k3fleet.evidence.redact import (
     redact_ini,
     redact_text,
     redact_yaml,
+    remember_environment_secrets,
+    remember_secret,
 )
 from k3fleet.evidence.rundir import (
     COMMAND,
@@ -49,6 +51,8 @@ __all__ = [
     "redact_ini",
     "redact_text",
     "redact_yaml",
+    "remember_environment_secrets",
+    "remember_secret",
     "sha256_file",
     "verify_run",
 ]

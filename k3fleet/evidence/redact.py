@@ -22,14 +22,19 @@ from k3fleet.ansible.module_utils.k3fleet_redact import (
     _QUOTED,
     REDACTED,
     _keep_quotes,
+    excerpt,
+    forget_secrets,
     is_secret_name,
     redact_text,
+    remember_environment_secrets,
+    remember_secret,
 )
 from k3fleet.ansible.module_utils.k3fleet_redact import redact as _redact
 from k3fleet.ansible.module_utils.k3fleet_redact import redact_argv as _redact_argv
 
-__all__ = ["REDACTED", "VAULT_HEADER", "is_secret_name", "redact", "redact_argv", "redact_file_text", "redact_ini",
-           "redact_text", "redact_yaml"]
+__all__ = ["REDACTED", "VAULT_HEADER", "excerpt", "forget_secrets", "is_secret_name", "redact", "redact_argv",
+           "redact_file_text", "redact_ini", "redact_text", "redact_yaml", "remember_environment_secrets",
+           "remember_secret"]
 
 
 def redact(obj: Any) -> Any:

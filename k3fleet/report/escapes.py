@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from k3fleet.evidence.redact import redact, redact_text
+# The rules module itself (stdlib only): printing must not import the whole evidence package.
+from k3fleet.ansible.module_utils.k3fleet_redact import redact, redact_text
 
 if TYPE_CHECKING:
     from rich.text import Text

@@ -170,6 +170,19 @@ def remember_secret(value):
         _KNOWN_VALUES.add(value.strip())
 
 
+# A secret-named variable whose value is a path (SSH_AUTH_SOCK) or a flag says nothing secret.
+_MIN_ENV_SECRET = 8
+
+
+def remember_environment_secrets(environ):
+    """Mask the values of the secret-named variables of ``environ`` (HF_TOKEN, OPENAI_API_KEY, ...)
+    wherever they appear, whatever shape surrounds them: the controller's own secrets never reach
+    a run directory or the terminal, even echoed back by a server or a tool."""
+    for name, value in environ.items():
+        if len(value) >= _MIN_ENV_SECRET and not value.startswith(("/", "~", ".")) and is_secret_name(name):
+            remember_secret(value)
+
+
 def forget_secrets():
     """Forget the values ``remember_secret`` was given (tests)."""
     _KNOWN_VALUES.clear()
@@ -254,6 +267,18 @@ def redact_text(text):
     if not _TRIGGER.search(text):
         return text
     return _scan(text)
+
+
+def excerpt(text, limit, tail="...", one_line=True):
+    """``text`` redacted, then cut to ``limit`` characters (``tail`` marks a cut; whitespace runs
+    become one space when ``one_line``). Redacting first matters: a cut can leave the start of a
+    secret that no rule recognises any more ("auth=*** sk-E")."""
+    text = redact_text(str(text))
+    if one_line:
+        text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return text[:max(0, limit - len(tail))] + tail
 
 
 def redact_argv(argv):
