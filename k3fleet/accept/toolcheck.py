@@ -235,8 +235,10 @@ def _classify_call_turn(view: View, expect: Expect, out: dict[str, str]) -> None
 
 
 def _looks_like_call(text: str, name: str) -> bool:
-    # The call text of a tool name followed by its JSON arguments, as a model writes it when unparsed.
-    return re.search(rf"{re.escape(name)}\W{{0,40}}\{{", text) is not None
+    # The call text of a tool name followed by its JSON arguments, as a model writes it when unparsed,
+    # or the call as a JSON object in the text ({"name": "get_weather", "arguments": {...}}).
+    return (re.search(rf"{re.escape(name)}\W{{0,40}}\{{", text) is not None
+            or re.search(rf'"name"\s*:\s*"{re.escape(name)}"\s*,\s*"(?:arguments|parameters)"\s*:', text) is not None)
 
 
 def _merged(view: View, expect: Expect) -> str | None:

@@ -37,16 +37,24 @@ KINDS: dict[str, str] = {
     "container_error": "container start error (nvidia-container-cli, CUDA driver too old)",
     "vllm_startup": "vLLM start-up log",
     "metrics": "`/metrics` text (Prometheus or OpenMetrics)",
+    "kernel_log": "kernel log (`dmesg`, `journalctl -k`, syslog) with NVRM Xid lines",
+    "chat_completion": "a chat-completion response (JSON, or the OpenAI SDK's `ChatCompletion(...)` repr)",
 }
 
 # Audit checks judged from each kind of capture: only these rules' findings are kept.
-_DRIVER = frozenset({"driver.loaded", "driver.branch", "driver.version_min", "container.cuda_runtime"})
+_DRIVER = frozenset({"driver.loaded", "driver.branch", "driver.version_min", "driver.platform",
+                     "container.cuda_runtime"})
+_HEALTH_Q = frozenset({"gpu.in_use", "gpu.ecc", "gpu.remapped_rows", "gpu.throttle", "gpu.pcie_link"})
 COVERS: dict[str, frozenset[str]] = {
     "proc_driver_version": _DRIVER | {"driver.flavour"},
-    "nvidia_smi": _DRIVER | {"gpu.count", "gpu.persistence_mode"},
-    "nvidia_smi_q": _DRIVER | {"gpu.count", "gpu.persistence_mode", "gpu.fabric_state"},
+    # The plain table shows memory in use, the process table and the volatile uncorrectable ECC count.
+    "nvidia_smi": _DRIVER | {"gpu.count", "gpu.persistence_mode", "gpu.in_use", "gpu.ecc"},
+    "nvidia_smi_q": _DRIVER | _HEALTH_Q | {"gpu.count", "gpu.persistence_mode", "gpu.fabric_state"},
     "nvidia_smi_failure": frozenset({"nvml.status", "driver.pending_reboot"}),
-    "fabricmanager_status": frozenset({"fabricmanager.active"}),
+    "kernel_log": frozenset({"gpu.xid"}),
+    # version_match only where the text names both versions (Fabric Manager's refusal), else it needs a
+    # driver capture beside it (_NEEDS).
+    "fabricmanager_status": frozenset({"fabricmanager.active", "fabricmanager.version_match"}),
     "fabricmanager_version": frozenset({"fabricmanager.version_match"}),
     "ibstat": frozenset({"rdma.port_state", "rdma.rail_count"}),
     "ibv_devinfo": frozenset({"rdma.port_state", "rdma.rail_count"}),
@@ -78,6 +86,8 @@ def sniff(text: str) -> str | None:
         item = data[0] if isinstance(data, list) and data else data
         if isinstance(item, dict) and ("Config" in item or "RepoTags" in item or "Id" in item):
             return "docker_inspect"
+    if head.startswith("ChatCompletion(") or _is_chat_json(head):
+        return "chat_completion"
     if re.search(r"^NVRM version:", head, re.M):
         return "proc_driver_version"
     if "==============NVSMI LOG" in text or re.search(r"^Attached GPUs\s*:", text, re.M):
@@ -92,11 +102,16 @@ def sniff(text: str) -> str | None:
         return "ibv_devinfo"
     if re.search(r"Fabric Manager version is\s*:", text):
         return "fabricmanager_version"
+    if ad.FM_VERSION_MISMATCH.search(" ".join(text.split())):
+        # Fabric Manager's own refusal, pasted with or without its journal prefix.
+        return "fabricmanager_status"
     if re.search(r"nvidia-fabricmanager|nv-fabricmanager", text) and re.search(
             r"Active:|ActiveState=|systemd\[\d+\]|nv-fabricmanager\[\d+\]|fabricmanager-start\.sh", text):
         return "fabricmanager_status"
     if re.search(r"^# (?:TYPE|HELP) \S+|^vllm:[a-z_]+", text, re.M):
         return "metrics"
+    if re.search(r"NVRM: Xid \(|NVRM: The NVIDIA GPU \S+\s*$", text, re.M):
+        return "kernel_log"
     if _VLLM_LOG.search(text):
         return "vllm_startup"
     from k3fleet.ansible.module_utils.k3fleet_container import classify_probe_failure
@@ -104,6 +119,16 @@ def sniff(text: str) -> str | None:
     if classify_probe_failure(text)[0] is not None:
         return "container_error"
     return None
+
+
+def _is_chat_json(head: str) -> bool:
+    if not head.startswith("{"):
+        return False
+    try:
+        data = json.loads(head)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("choices"), list)
 
 
 @dataclass
@@ -123,6 +148,7 @@ class TriageResult:
     findings: list[dict[str, Any]] = field(default_factory=list)
     startup: dict[str, Any] | None = None
     metrics: dict[str, Any] | None = None
+    chat: dict[str, Any] | None = None
 
     @property
     def kinds(self) -> list[str]:
@@ -143,7 +169,8 @@ class TriageResult:
                        "stored": stored_name(i, c)} for i, c in enumerate(self.captures)],
             "driver_version": km.get("version") or drv.get("driver_version"),
             "image_digest": image.get("digest") if isinstance(image, dict) else None,
-            "findings": self.findings, "startup": self.startup, "metrics": self.metrics, "facts": self.facts,
+            "findings": self.findings, "startup": self.startup, "metrics": self.metrics, "chat": self.chat,
+            "facts": self.facts,
             "exit_code": self.exit_code,
         }
 
@@ -153,17 +180,46 @@ def stored_name(i: int, c: Capture) -> str:
     return f"inputs/{i + 1:02d}-{safe}"
 
 
+STDIN = Path("-")
+
+
+def _read_stdin() -> bytes:
+    """Standard input, bounded like a file (the capture cap): one line and exit 2 past it, or for binary data."""
+    import sys
+
+    from k3fleet.bounds import cap_bytes, limit_hint
+
+    cap = cap_bytes("capture")
+
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        raise UsageError("standard input is not readable")
+    try:
+        data = stream.read(cap + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read standard input: {exc.strerror or exc}") from exc
+    if len(data) > cap:
+        raise UsageError(f"standard input is over {cap} bytes: too large for a pasted capture "
+                         f"({limit_hint('capture')})")
+    if b"\x00" in data[:8192]:
+        raise UsageError("standard input is binary, not a pasted capture")
+    return data
+
+
 def read_capture(path: Path, kind: str | None = None) -> Capture:
-    raw = read_input(path, "", kind="a pasted capture", limit="capture", text=True)
+    raw = _read_stdin() if path == STDIN else read_input(path, "", kind="a pasted capture", limit="capture",
+                                                          text=True)
     text = raw.decode("utf-8", errors="replace").replace("\r\n", "\n")
+    shown = "standard input" if path == STDIN else str(path)
     if not text.strip():
-        raise UsageError(f"{path} is empty")
+        raise UsageError(f"{shown} is empty")
     found = kind or sniff(text)
     if found is None:
-        raise UsageError(f"cannot tell what {path} is: none of {', '.join(KINDS)} (give --kind)")
+        raise UsageError(f"cannot tell what {shown} is: none of {', '.join(KINDS)} (give --kind)")
     if found not in KINDS:
         raise UsageError(f"--kind {found!r}: choose one of {', '.join(KINDS)}")
-    return Capture(path=path, name=path.name, kind=found, text=text, sha256=hashlib.sha256(raw).hexdigest())
+    return Capture(path=path, name="stdin" if path == STDIN else path.name, kind=found, text=text,
+                   sha256=hashlib.sha256(raw).hexdigest())
 
 
 def _not_captured() -> dict[str, Any]:
@@ -197,11 +253,19 @@ def build_facts(host: str, captures: Sequence[Capture]) -> dict[str, Any]:
                     drv["kernel_module"] = km
             elif c.kind == "nvidia_smi_failure":
                 drv.update(ad.driver_from_smi_failure(c.text))
+            elif c.kind == "kernel_log":
+                drv["kernel_log"] = ad.kernel_log_from_text(c.text)
             elif c.kind in ("fabricmanager_status", "fabricmanager_version"):
                 fm = fm or {"status": "ok", "reason": NOT_CAPTURED, "required": True, "nvswitch_present": None,
                             "unit": {"installed": None, "active": None, "enabled": None}}
                 if c.kind == "fabricmanager_status":
                     fm["unit"] = ad.fabricmanager_unit(c.text)
+                    named = ad.fabricmanager_mismatch(c.text)
+                    if named is not None:
+                        # The refusal names both versions: the comparison needs no driver capture.
+                        fm["version"], fm["driver_version"] = named
+                        fm["version_matches_driver"] = False
+                        fm["version_named_in_text"] = True
                 else:
                     fm["version"] = ad.fabricmanager_version(c.text)
             elif c.kind in ("ibstat", "ibv_devinfo"):
@@ -221,7 +285,7 @@ def build_facts(host: str, captures: Sequence[Capture]) -> dict[str, Any]:
     facts["driver"] = drv
     if fm is not None:
         version = (drv.get("kernel_module") or {}).get("version") or drv.get("driver_version")
-        if fm.get("version") and version:
+        if fm.get("version") and version and not fm.get("version_named_in_text"):
             from k3fleet.ansible.module_utils.k3fleet_fabricmanager import versions_match
 
             fm["driver_version"] = version
@@ -269,6 +333,8 @@ def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
     result = TriageResult(host=host, captures=captures, facts=facts)
     kinds_seen = {c.kind for c in captures}
     keep = covered(kinds_seen)
+    if (facts.get("fabricmanager") or {}).get("version_named_in_text"):
+        keep.add("fabricmanager.version_match")
     if keep:
         for f in evaluate_host(HostFacts.model_validate(facts), tgt):
             if f.check_id not in keep:
@@ -283,6 +349,8 @@ def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
             _startup_into(result, c, stored_name(i, c), tgt)
         elif c.kind == "metrics":
             _metrics_into(result, c, stored_name(i, c), tgt)
+        elif c.kind == "chat_completion":
+            _chat_into(result, c, stored_name(i, c))
     return result
 
 
@@ -300,10 +368,20 @@ def _startup_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
 def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
     from k3fleet.accept.metrics import MetricsError, parse_metrics
 
+    text, cut = c.text, None
     try:
-        snap = parse_metrics(c.text, None)
+        snap = parse_metrics(text, None)
     except MetricsError as exc:
-        raise UsageError(f"{c.path}: read as /metrics text but {exc}") from exc
+        # A pasted excerpt ends where the copy stopped: a last line cut mid-way is dropped and said,
+        # the rest of the page is read.
+        lines = text.rstrip("\n").split("\n")
+        try:
+            retry = parse_metrics("\n".join(lines[:-1]) + "\n", None) if len(lines) > 1 else None
+        except MetricsError:
+            retry = None
+        if retry is None:
+            raise UsageError(f"{c.path}: read as /metrics text but {exc}") from exc
+        snap, cut = retry, lines[-1]
     summary = snap.summary()
     result.metrics = {"has_vllm": snap.has_vllm, "old_names": snap.old_names(), "old_server": snap.is_old_server,
                       "cache_config": snap.cache_config(), "prefix_caching_enabled": snap.prefix_caching_enabled(),
@@ -314,6 +392,23 @@ def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
                                 "kind": "fail" if severity == "fail" else "note", "host": result.host,
                                 "message": message, "chain": False, "layer": layer, "fix": None, "file": stored})
 
+    if cut is not None:
+        add("cut_line", "info", f"the last line is cut mid-way and was left out: {cut[:120]!r}", None)
+    declared = sorted(set(re.findall(r"^# (?:HELP|TYPE) (vllm:[A-Za-z_:]+)", snap.raw, re.M)))
+    if not snap.has_vllm and declared:
+        from k3fleet.accept.metrics import REMOVED_NAMES
+
+        families = {n[:-len("_total")] if n.endswith("_total") else n for n in declared}
+        old = sorted(n for n in families if n in REMOVED_NAMES)
+        result.metrics.update(old_names=old, old_server=bool(old), values_known=False)
+        if old:
+            add("old_server", "warn", f"only # HELP / # TYPE lines, of removed metric names ({', '.join(old[:4])}): "
+                                      "a vLLM server older than 0.12 whose values are unknown (the excerpt has "
+                                      "no samples)", "config")
+        else:
+            add("no_values", "warn", f"only # HELP / # TYPE lines of {len(families)} vllm: metric(s): a vLLM "
+                                     "server whose values are unknown (the excerpt has no samples)", "http")
+        return
     if not snap.has_vllm:
         add("not_vllm", "warn", "the page has no vllm: metrics: not a vLLM server's /metrics", "http")
         return
@@ -327,6 +422,96 @@ def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
     if summary.get("preemptions"):
         add("preemptions", "info", f"{summary['preemptions']:g} preemptions since start: the KV cache ran full",
             "traffic")
+
+
+# Defects that break an agent's tool call outright; the rest are warnings (docs/acceptance.md).
+_CALL_BREAKING = frozenset({"empty_tool_calls", "merged_stream_calls", "invalid_arguments", "marker_in_content",
+                            "malformed_response", "wrong_finish_reason"})
+
+
+def chat_body(text: str) -> Any:
+    """A captured chat completion as JSON data: the JSON body itself, or the OpenAI SDK's printed
+    ``ChatCompletion(...)`` repr read as a literal tree (never evaluated)."""
+    head = text.strip()
+    if not head.startswith("ChatCompletion("):
+        try:
+            return json.loads(head)
+        except ValueError as exc:
+            raise ad.CaptureError(f"not JSON: {exc}") from exc
+    import ast
+
+    try:
+        tree = ast.parse(head, mode="eval")
+    except SyntaxError as exc:
+        raise ad.CaptureError(f"the ChatCompletion(...) repr does not parse (cut?): {exc.msg} at line "
+                              f"{exc.lineno}") from exc
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Call):
+            # Choice(...), ChatCompletionMessage(...): the SDK's models print their fields as keywords.
+            return {kw.arg: value(kw.value) for kw in node.keywords if kw.arg is not None}
+        if isinstance(node, ast.List | ast.Tuple):
+            return [value(x) for x in node.elts]
+        if isinstance(node, ast.Dict):
+            return {value(k): value(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+                and isinstance(node.operand.value, int | float):
+            return -node.operand.value
+        raise ad.CaptureError(f"unexpected {type(node).__name__} in the ChatCompletion(...) repr")
+
+    return value(tree.body)
+
+
+def expect_for(view: Any) -> Any:
+    """What a captured turn must be, from the turn itself: a call to every tool it names (in
+    ``tool_calls``, in call markers such as ``functions.NAME:0``, or as the ``name`` of a JSON object in
+    the content), else a text answer."""
+    from k3fleet.accept import toolcheck
+
+    names = [c.get("name") for c in view.tool_calls if c.get("name")]
+    for text in (view.content, view.reasoning):
+        names += re.findall(r"\bfunctions\.([A-Za-z_][\w-]*):\d+", text or "")
+    content = (view.content or "").strip()
+    if not names and content.startswith("{"):
+        try:
+            data = json.loads(content)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            fn: dict[str, Any] = data["function"] if isinstance(data.get("function"), dict) else data
+            name = fn.get("name")
+            if isinstance(name, str) and ("arguments" in fn or "parameters" in fn):
+                names.append(name)
+    seen: list[str] = []
+    for n in names:
+        if n not in seen:
+            seen.append(n)
+    return toolcheck.Expect(calls=seen, content=not seen)
+
+
+def _chat_into(result: TriageResult, c: Capture, stored: str) -> None:
+    """A captured response judged by the agent probe's own classifier at the http layer (the raw body);
+    finding ids are the probe's (``accept.agent.<defect>``)."""
+    from k3fleet.accept import toolcheck
+
+    try:
+        body = chat_body(c.text)
+    except ad.CaptureError as exc:
+        raise UsageError(f"{c.path}: read as {KINDS[c.kind]} but {exc}") from exc
+    view = toolcheck.raw_view(body)
+    if view is None:
+        raise UsageError(f"{c.path}: read as {KINDS[c.kind]} but it has no choices[0].message")
+    expect = expect_for(view)
+    defects = toolcheck.classify(view, expect)
+    result.chat = {"expected_calls": expect.calls, "defects": sorted(defects),
+                   "finish_reason": view.finish_reason, "tool_calls": len(view.tool_calls)}
+    for d, evidence in sorted(defects.items()):
+        sev = "fail" if d in _CALL_BREAKING else "warn"
+        result.findings.append({"id": f"accept.agent.{d}", "severity": sev, "kind": "fail" if sev == "fail" else "note",
+                                "host": result.host, "message": f"{toolcheck.DEFECTS.get(d, d)}: {evidence}",
+                                "chain": False, "layer": "http", "fix": None, "file": stored})
 
 
 def write_run(result: TriageResult, argv: Sequence[str], *, runs_dir: Path, out: Path | None) -> Any:

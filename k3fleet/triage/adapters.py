@@ -36,6 +36,10 @@ _SMI_HEAD = re.compile(r"NVIDIA-SMI\s+(\S+)\s+(?:Driver|KMD) Version:\s*(\S+)\s+
 _SMI_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
 # Its second row: "| N/A   30C    P0   100W /  700W |   1MiB /  81559MiB |   0%   Default |".
 _SMI_MEM = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
+# The first row's last cell is "Volatile Uncorr. ECC": a count, or N/A where ECC is off or absent.
+_SMI_ECC = re.compile(r"\|\s*(\S+)\s*\|\s*$")
+# A process row: "|    0   N/A  N/A   443   C   python3   103010MiB |"; the memory may be cut ("10301...").
+_SMI_PROC = re.compile(r"^\|\s+(\d+)\s+\S+\s+\S+\s+(\d+)\s+(C\+G|C|G)\s+(.*?)\s+(\d+MiB|\S*\.\.\.|N/A)\s*\|$")
 
 
 def driver_from_smi_table(text: str) -> dict[str, Any]:
@@ -50,13 +54,41 @@ def driver_from_smi_table(text: str) -> dict[str, Any]:
         if not m:
             continue
         mem = _SMI_MEM.search(lines[i + 1]) if i + 1 < len(lines) else None
+        ecc = _SMI_ECC.search(line.strip())
+        volatile = int(ecc.group(1)) if ecc and ecc.group(1).isdigit() else None
         gpus.append({"index": int(m.group(1)), "name": m.group(2).strip(), "persistence_mode": m.group(3) == "On",
                      "pci_bus_id": drv.normalize_bus_id(m.group(4)),
-                     "memory_total_mib": int(mem.group(2)) if mem else None})
+                     "memory_total_mib": int(mem.group(2)) if mem else None,
+                     "memory_used_mib": int(mem.group(1)) if mem else None,
+                     # The table shows only the volatile count; the lifetime one is in -q.
+                     "ecc": {"mode": None, "volatile_uncorrected": volatile, "aggregate_uncorrected": None,
+                             "reason": None if volatile is not None else
+                             f"Volatile Uncorr. ECC reads {ecc.group(1) if ecc else 'nothing'}"
+                             + (" (ECC disabled)" if ecc and ecc.group(1) == "Off" else "")}})
+    _smi_table_processes(lines, gpus)
     cuda = head.group(3)
     return {"status": "ok", "reason": None, "source": "nvidia-smi", "driver_version": head.group(2),
             "cuda_driver_version": cuda if re.match(r"^\d+\.\d+$", cuda) else None,
             "nvml": {"status": "skipped", "error": None}, "gpu_count": len(gpus), "gpus": gpus}
+
+
+def _smi_table_processes(lines: list[str], gpus: list[dict[str, Any]]) -> None:
+    """The "Processes:" table into each GPU's ``processes``: [] for "No running processes found", left
+    None (unknown) when the excerpt has no process table."""
+    start = next((i for i, ln in enumerate(lines) if ln.strip().startswith("| Processes:")), None)
+    if start is None:
+        return
+    by_index = {g["index"]: g for g in gpus}
+    for g in gpus:
+        g["processes"] = []
+    for line in lines[start + 1:]:
+        m = _SMI_PROC.match(line.strip())
+        if not m or int(m.group(1)) not in by_index:
+            continue
+        used = m.group(5)
+        by_index[int(m.group(1))]["processes"].append({
+            "pid": int(m.group(2)), "type": m.group(3), "name": m.group(4).strip()[:200] or None,
+            "used_memory_mib": int(used[:-3]) if used.endswith("MiB") else None})
 
 
 _Q_GPU = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$")
@@ -130,6 +162,12 @@ _ACTIVE = re.compile(r"^\s*Active:\s*(\S+)")
 _FM_FAILED = re.compile(r"nvidia-fabricmanager(?:\.service)?: (?:Control process exited, code=exited, "
                         r"status=[1-9]|Failed with result|Main process exited, code=exited, status=[1-9])|"
                         r"\" failed! Exit code: [1-9]")
+# Fabric Manager's own refusal, with or without a journal prefix: "fabric manager NVIDIA GPU driver interface
+# version 530.30.02 don't match with driver version 530.41.03" (gpu-operator issue 544; "doesn't match" in
+# later releases; siderolabs/pkgs issue 720 without a prefix).
+FM_VERSION_MISMATCH = re.compile(r"fabric manager NVIDIA GPU driver interface version\s+(\d+(?:\.\d+)+)\s+"
+                                 r"(?:don.t|doesn.t|does not) match with (?:the )?driver version\s+(\d+(?:\.\d+)+)",
+                                 re.I)
 _FM_STARTED = re.compile(r"systemd\[\d+\]: Started (?:nvidia-fabricmanager\.service|NVIDIA fabric manager)")
 _FM_STOPPED = re.compile(r"systemd\[\d+\]: (?:Stopped|nvidia-fabricmanager\.service: Deactivated)")
 
@@ -161,7 +199,8 @@ def fabricmanager_unit(text: str) -> dict[str, Any]:
     if "ActiveState" not in props:
         state = None
         for line in text.splitlines():
-            if _FM_FAILED.search(line):
+            # Fabric Manager exits when the versions differ: its refusal is a failed start.
+            if _FM_FAILED.search(line) or FM_VERSION_MISMATCH.search(line):
                 state = "failed"
             elif _FM_STARTED.search(line):
                 state = "active"
@@ -172,6 +211,20 @@ def fabricmanager_unit(text: str) -> dict[str, Any]:
         props["ActiveState"] = state
         props.setdefault("LoadState", "loaded")
     return fmu.unit_state({FM_UNIT: props})
+
+
+def fabricmanager_mismatch(text: str) -> tuple[str, str] | None:
+    """(Fabric Manager version, driver version) when the text holds Fabric Manager's refusal line."""
+    m = FM_VERSION_MISMATCH.search(" ".join(text.split()))
+    return (m.group(1), m.group(2)) if m else None
+
+
+def kernel_log_from_text(text: str) -> dict[str, Any]:
+    """A pasted kernel log (dmesg, journalctl -k, syslog) -> KernelLog via the collector's Xid parser."""
+    events = drv.parse_xid_lines(text)
+    if not events:
+        raise CaptureError("no 'NVRM: Xid' line and no GPU that fell off the bus")
+    return {"status": "ok", "reason": None, "source": "capture", "xid": events}
 
 
 def fabricmanager_version(text: str) -> str | None:

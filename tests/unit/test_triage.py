@@ -20,8 +20,9 @@ T = FIX / "triage"
 # file -> (kind, finding ids that must be reported (exactly), exit code)
 CASES: dict[str, tuple[str, set[str], int]] = {
     "triage/nvidia_smi_h100x8_565.txt": ("nvidia_smi", {"driver.branch", "container.cuda_runtime"}, 1),
+    # 7719 of 8192 MiB in use; "Off" in the Volatile Uncorr. ECC column (ECC disabled) is unknown, not zero.
     "triage/nvidia_smi_p4_550.txt": ("nvidia_smi", {"driver.branch", "container.cuda_runtime", "gpu.count",
-                                                    "gpu.persistence_mode"}, 1),
+                                                    "gpu.persistence_mode", "gpu.in_use", "gpu.ecc"}, 1),
     # R610's header: CUDA 13.3 runs the CUDA 13.0 image; the capture is cut after two of eight GPUs.
     "triage/nvidia_smi_b200_610_kmd.txt": ("nvidia_smi", {"gpu.count"}, 1),
     "driver/smi_q_565_h100x8_fabric_completed.txt": ("nvidia_smi_q", {"driver.branch", "container.cuda_runtime"}, 1),
@@ -46,7 +47,103 @@ CASES: dict[str, tuple[str, set[str], int]] = {
     "metrics/vllm_design_cache_config_info.prom": ("metrics", {"accept.metrics.prefix_caching_off"}, 1),
     "metrics/vllm_v0_qwen25coder_old_names.prom": ("metrics", {"accept.metrics.old_server"}, 0),
     "metrics/not_metrics_html_404.txt": ("", set(), 2),
+    # -- versions on no data-center branch (docs/facts.md section 10)
+    "driver/proc_version_open_aarch64.txt": ("proc_driver_version", {"driver.platform"}, 1),
+    "driver/proc_version_open_aarch64_540_jetpack6.txt": ("proc_driver_version", {"driver.platform"}, 1),
+    # -- GPU memory in use, from the plain table and from -q (one GPU of the 8 the target wants)
+    "driver/smi_summary_580_h200_busy.txt": ("nvidia_smi", {"gpu.count", "gpu.in_use"}, 1),
+    "driver/smi_q_580_h200_busy_100gib.txt": ("nvidia_smi_q", {"gpu.count", "gpu.in_use"}, 1),
+    # -- GPU health (docs/facts.md section 14)
+    "gpu_health/smi_q_580_h200_ecc_remap_pending.txt": ("nvidia_smi_q", {"gpu.count", "gpu.ecc",
+                                                                         "gpu.remapped_rows"}, 1),
+    "gpu_health/smi_q_580_h200_power_brake_x8.txt": ("nvidia_smi_q", {"gpu.count", "gpu.throttle",
+                                                                      "gpu.pcie_link"}, 1),
+    # The RTX 4090 at idle: PCIe Gen 1 of 4 (power saving, a warning), ECC disabled (unknown), busy GPUs.
+    "driver/smi_q_535_rtx4090x8_fabric_na.txt": ("nvidia_smi_q", {"driver.branch", "container.cuda_runtime",
+                                                                  "gpu.in_use", "gpu.ecc", "gpu.pcie_link"}, 1),
+    "gpu_health/xid79_line_nvsentinel155.txt": ("kernel_log", {"gpu.xid"}, 1),
+    "gpu_health/dmesg_fallen_off_bus_no_xid_nvsentinel155.txt": ("kernel_log", {"gpu.xid"}, 1),
+    "gpu_health/xid94_line_gpud1174.txt": ("kernel_log", {"gpu.xid"}, 1),
+    "gpu_health/xid63_line_ml_engineering.txt": ("kernel_log", {"gpu.xid"}, 1),
+    # Application faults only: a warning finding, never silence.
+    "gpu_health/dmesg_ctime_xid13_109_gpud46.txt": ("kernel_log", {"gpu.xid"}, 0),
+    "gpu_health/journal_xid45_ogkm1150.txt": ("kernel_log", {"gpu.xid"}, 0),
+    # -- Fabric Manager's refusal names both versions, with or without a journal prefix
+    "triage/fm_journal_version_mismatch.txt": ("fabricmanager_status", {"fabricmanager.active",
+                                                                        "fabricmanager.version_match"}, 1),
+    "triage/fm_error_unprefixed_siderolabs.txt": ("fabricmanager_status", {"fabricmanager.active",
+                                                                           "fabricmanager.version_match"}, 1),
+    "triage/fm_error_unprefixed_two_lines.txt": ("fabricmanager_status", {"fabricmanager.active",
+                                                                          "fabricmanager.version_match"}, 1),
+    "triage/fm_status_doesnt_match_akash.txt": ("fabricmanager_status", {"fabricmanager.active",
+                                                                         "fabricmanager.version_match"}, 1),
+    # -- /metrics excerpts as pasted
+    "metrics/vllm_v0_qwen25coder_help_type_only.prom": ("metrics", {"accept.metrics.old_server"}, 0),
+    "metrics/vllm_v0_qwen25coder_cut_mid_line.prom": ("metrics", {"accept.metrics.old_server"}, 0),
+    # -- captured chat completions, judged by the agent probe's classifier
+    "tool_calls/k2_call_text_in_content.json": ("chat_completion", {"accept.agent.empty_tool_calls"}, 1),
+    "tool_calls/k2_call_text_in_content_sdk_repr.txt": ("chat_completion", {"accept.agent.empty_tool_calls"}, 1),
+    "tool_calls/k2_thinking_call_in_reasoning.json": ("chat_completion", {"accept.agent.empty_tool_calls"}, 1),
+    "tool_calls/call_as_json_content_synthetic.json": ("chat_completion", {"accept.agent.empty_tool_calls"}, 1),
+    "tool_calls/k2_malformed_arguments.json": ("chat_completion", {"accept.agent.invalid_arguments"}, 1),
+    "tool_calls/openai_format_valid_call.json": ("chat_completion", set(), 0),
 }
+
+# Classes of input the audit must never pass in silence: each gives at least one finding.
+NEVER_SILENT = [rel for rel in CASES if rel.startswith(("gpu_health/", "tool_calls/k2", "tool_calls/call_"))
+                or rel in ("driver/proc_version_open_aarch64.txt", "driver/proc_version_open_aarch64_540_jetpack6.txt",
+                           "driver/smi_summary_580_h200_busy.txt", "metrics/vllm_v0_qwen25coder_help_type_only.prom",
+                           "metrics/vllm_v0_qwen25coder_cut_mid_line.prom", "triage/fm_error_unprefixed_siderolabs.txt")]
+
+
+@pytest.mark.parametrize("rel", NEVER_SILENT)
+def test_no_misjudged_class_passes_in_silence(rel: str) -> None:
+    r = triage([FIX / rel])
+    assert r.findings, rel
+
+
+def test_jetson_540_is_named_a_tegra_driver_not_r540() -> None:
+    r = triage([FIX / "driver/proc_version_open_aarch64_540_jetpack6.txt"])
+    (f,) = r.findings
+    assert "Tegra driver" in f["message"] and "R540" not in f["message"]
+
+
+def test_cut_metrics_line_is_dropped_and_said() -> None:
+    r = triage([FIX / "metrics/vllm_v0_qwen25coder_cut_mid_line.prom"])
+    cut = next(f for f in r.findings if f["id"] == "accept.metrics.cut_line")
+    assert "Qwen/Qwen2.5-Co" in cut["message"]
+
+
+def test_fm_refusal_names_both_versions() -> None:
+    r = triage([FIX / "triage/fm_error_unprefixed_siderolabs.txt"])
+    f = next(f for f in r.findings if f["id"] == "fabricmanager.version_match")
+    assert "525.85.12" in f["message"] and "530.41.03" in f["message"]
+
+
+def test_xid_names_the_code_and_its_meaning() -> None:
+    r = triage([FIX / "gpu_health/xid79_line_nvsentinel155.txt"])
+    (f,) = r.findings
+    assert "Xid 79 (GPU has fallen off the bus) on PCI:0000:44:00" in f["message"]
+
+
+def test_stdin_is_read_with_the_same_rules(tmp_path: Path) -> None:
+    text = (FIX / "gpu_health/xid79_line_nvsentinel155.txt").read_text()
+    res = CliRunner().invoke(app, ["triage", "-", "--json", "--runs-dir", str(tmp_path)], input=text)
+    assert res.exit_code == 1, res.output
+    data = json.loads(res.stdout)
+    assert [f["id"] for f in data["findings"]] == ["gpu.xid"]
+    assert data["files"][0]["name"] == "stdin"
+    import io
+    import sys
+
+    from k3fleet.cli import main
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    try:
+        assert main(["triage", "-", "--runs-dir", str(tmp_path)]) == 2
+    finally:
+        monkey.undo()
 
 
 @pytest.mark.parametrize("rel", sorted(CASES))
@@ -78,7 +175,13 @@ def test_smi_table_through_the_collectors_bus_id_and_versions() -> None:
     assert (drv["driver_version"], drv["cuda_driver_version"], drv["gpu_count"]) == ("565.57.01", "12.7", 8)
     first = drv["gpus"][0]
     assert first == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "persistence_mode": True,
-                     "pci_bus_id": "00000000:18:00.0", "memory_total_mib": 81559}
+                     "pci_bus_id": "00000000:18:00.0", "memory_total_mib": 81559, "memory_used_mib": 1,
+                     "ecc": {"mode": None, "volatile_uncorrected": 0, "aggregate_uncorrected": None, "reason": None},
+                     "processes": []}
+    busy = ad.driver_from_smi_table((FIX / "driver" / "smi_summary_580_h200_busy.txt").read_text())["gpus"][0]
+    # The process row's memory is cut by the table ("10301..."): unknown, the process is still listed.
+    assert (busy["memory_used_mib"], busy["processes"]) == (103019, [
+        {"pid": 443, "type": "C", "name": "python3", "used_memory_mib": None}])
     kmd = ad.driver_from_smi_table((T / "nvidia_smi_b200_610_kmd.txt").read_text())
     assert (kmd["driver_version"], kmd["cuda_driver_version"]) == ("610.43.02", "13.3")
     assert [g["memory_total_mib"] for g in kmd["gpus"]] == [183359, 183359]
