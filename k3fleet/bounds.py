@@ -308,7 +308,8 @@ class _BoundedTar(tarfile.TarFile):
 
     def next(self) -> tarfile.TarInfo | None:
         member = super().next()
-        if member is not None and member.size > self.member_cap:
+        # TarFile.__init__ reads the first member before open_tar can set member_cap.
+        if member is not None and member.size > (self.member_cap or cap_bytes("package_member")):
             raise InputTooLarge(f"{self.label}: member {member.name} is {member.size} bytes decompressed: too "
                                 f"large for an evidence package ({limit_hint('package_member')})")
         return member

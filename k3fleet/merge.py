@@ -11,21 +11,27 @@ AWX / Automation Controller sliced job (each slice an ansible-runner job). Input
   module results in the job events; unreachable and failed hosts from the events;
 - a JSON file of job artifacts as AWX shows them (``{"k3fleet_audit": {...}}``).
 
-A host seen in more than one slice: the newest observation wins (the facts' ``collected_at``,
-else the slice's start), ties go to the later argument; every such choice is recorded in
-``merge.json``. The verdict is the same pure function the audit uses, over the union.
+A host seen in more than one slice: an observation from a slice verified against its manifest
+outranks any from a slice that cannot be verified (runner artifacts, an artifacts file: anyone can
+write one, with any date), whatever their timestamps; among equals the newest wins (the facts'
+``collected_at``, else the slice's start), ties go to the later argument. Every such choice is
+recorded in ``merge.json``, with why each other observation was ignored. A timestamp that is not
+a finite, sane time (NaN, infinite, out of range, before 2000, or more than ``CLOCK_SKEW_S`` in
+the future) refuses its slice (exit 2): it must never win by being large. The verdict is the same
+pure function the audit uses, over the union (docs/scale.md).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine, read_input
 from k3fleet.evidence import MANIFEST, RunDir, host_from_file_name, verify_run
 from k3fleet.models.facts import SCHEMA_VERSION
 from k3fleet.runner import RESULT_KEY
@@ -37,6 +43,10 @@ _RUNNER_FAILED = "runner_on_failed"
 _RUNNER_UNREACHABLE = "runner_on_unreachable"
 _STATS = "playbook_on_stats"
 _EPOCH = "1970-01-01T00:00:00+00:00"
+# How far ahead of the controller's clock a node's or a slice's time may be (NTP drift, a slow sync).
+CLOCK_SKEW_S = 300.0
+# Older than this is no audit of a GPU fleet for this tool: a zeroed clock or a made-up date.
+_OLDEST = _dt.datetime(2000, 1, 1, tzinfo=_dt.UTC)
 
 
 @dataclass
@@ -49,6 +59,9 @@ class Observation:
     source: str
     facts: dict[str, Any] | None = None
     reason: str | None = None
+    # Whether it comes from a run directory that matched its manifest (and, through a merge run,
+    # from a verified slice): a verified observation outranks any unverified one.
+    verified: bool = False
 
 
 @dataclass
@@ -69,33 +82,60 @@ class Slice:
         return self.status in ("successful", "failed")
 
 
-def _iso(value: Any, fallback: str) -> str:
-    """A comparable UTC timestamp; ``fallback`` when ``value`` is missing or not a time."""
-    if isinstance(value, int | float):
-        return _dt.datetime.fromtimestamp(value, _dt.UTC).isoformat(timespec="seconds")
-    if not isinstance(value, str) or not value:
-        return fallback
-    try:
-        parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return fallback
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=_dt.UTC)
-    return parsed.astimezone(_dt.UTC).isoformat(timespec="seconds")
+def _show(value: Any) -> str:
+    text = repr(value) if not isinstance(value, float) else format(value, "g")
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _facts_observation(host: str, data: Any, when: str, source: str) -> Observation:
+def _iso(value: Any, fallback: str, what: str, *, now: _dt.datetime | None = None) -> str:
+    """A comparable UTC timestamp: ``fallback`` when ``value`` is absent; a UsageError naming
+    ``what`` when it is there but not a finite, sane time (it would decide who wins)."""
+    if value is None or value == "":
+        return fallback
+    now = now or _dt.datetime.now(_dt.UTC)
+    why = None
+    parsed: _dt.datetime | None = None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        why = f"a {type(value).__name__}, not a time"
+    elif isinstance(value, int | float):
+        if not math.isfinite(value):
+            why = "not a finite number"
+        else:
+            try:
+                parsed = _dt.datetime.fromtimestamp(value, _dt.UTC)
+            except (OverflowError, OSError, ValueError):
+                why = "out of the range of a date"
+    else:
+        try:
+            parsed = _dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=_dt.UTC)
+            parsed = parsed.astimezone(_dt.UTC)
+        except (ValueError, OverflowError):
+            why = "not an ISO 8601 time"
+    if parsed is not None:
+        if parsed < _OLDEST:
+            why = "before 2000: a clock that was never set"
+        elif (ahead := (parsed - now).total_seconds()) > CLOCK_SKEW_S:
+            span = f"{ahead:.0f}s" if ahead < 2 * 86400 else f"{ahead / 86400:.0f} days"
+            why = f"{span} ahead of this controller's clock (more than the {CLOCK_SKEW_S:.0f}s allowed for skew)"
+    if why is not None or parsed is None:
+        raise UsageError(f"{what} {_show(value)}: {why}: the slice is refused (a newer time would win the merge)")
+    return parsed.isoformat(timespec="seconds")
+
+
+def _facts_observation(host: str, data: Any, when: str, source: str, *, verified: bool = False) -> Observation:
     """Facts as the node returned them, or invalid evidence when the schema's major version differs."""
     if not isinstance(data, Mapping):
-        return Observation(host, "invalid", when, source,
+        return Observation(host, "invalid", when, source, verified=verified,
                            reason=f"host {host}: facts are {type(data).__name__}, not an object")
     major = str(data.get("schema_version", "")).split(".")[0]
-    stamp = _iso(data.get("collected_at"), when)
+    stamp = _iso(data.get("collected_at"), when, f"slice {source}: host {host}: collected_at")
     if major != SCHEMA_VERSION.split(".")[0]:
-        return Observation(host, "invalid", stamp, source, reason=(
+        return Observation(host, "invalid", stamp, source, verified=verified, reason=(
             f"host {host}: facts schema {data.get('schema_version')!r} from the node, "
             f"controller expects {SCHEMA_VERSION}"))
-    return Observation(host, "facts", stamp, source, facts=dict(data))
+    return Observation(host, "facts", stamp, source, facts=dict(data), verified=verified)
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -122,26 +162,46 @@ def read_run(path: Path) -> Slice:
     run = rd.read_json("run.json")
     if not isinstance(run, dict):
         raise UsageError(f"{path}/run.json is not an object")
-    started = _iso(command.get("started_at"), _EPOCH)
     src = str(path)
+    started = _iso(command.get("started_at"), _EPOCH, f"slice {src}: command.json started_at")
+    wall = run.get("wall_s")
     sl = Slice(source=src, kind="run", verified=f"{MANIFEST} ok", status=str(run.get("status", "unknown")),
-               started_at=started, wall_s=run.get("wall_s") if isinstance(run.get("wall_s"), int | float) else None)
+               started_at=started,
+               wall_s=float(wall) if isinstance(wall, int | float) and not isinstance(wall, bool)
+               and math.isfinite(wall) else None)
+    trusted = _verified_hosts(rd) if command.get("kind") == "merge" else None
+
+    def verified(host: str) -> bool:
+        return trusted is None or host in trusted
+
     facts_dir = path / "facts"
     if facts_dir.is_dir():
         for p in sorted(facts_dir.glob("*.json")):
             host = host_from_file_name(p.stem)
-            sl.observations.append(_facts_observation(host, _read_json(p, f"slice {src}"), started, src))
+            sl.observations.append(_facts_observation(host, _read_json(p, f"slice {src}"), started, src,
+                                                      verified=verified(host)))
     for key, kind in (("unreachable", "unreachable"), ("invalid_evidence", "invalid")):
         entries = run.get(key) or {}
         if not isinstance(entries, dict):
             raise UsageError(f"{path}/run.json: {key} is not an object")
         for host, why in entries.items():
-            sl.observations.append(Observation(str(host), kind, started, src, reason=str(why)))
+            sl.observations.append(Observation(str(host), kind, started, src, reason=str(why),
+                                               verified=verified(str(host))))
     target = path / "inputs" / "target.json"
     if target.is_file():
         data = _read_json(target, f"slice {src}")
         sl.target = data if isinstance(data, dict) else None
     return sl
+
+
+def _verified_hosts(rd: RunDir) -> set[str]:
+    """The hosts a merge run took from verified slices: a manifest over merged facts proves only that
+    the merge wrote them, not where they came from, so the rest stay unverified."""
+    record = rd.read_json("merge.json") if rd.file("merge.json").is_file() else None
+    marks = record.get("verified_of") if isinstance(record, dict) else None
+    if not isinstance(marks, dict):
+        return set()  # an older merge run: it did not record where its hosts came from
+    return {str(h) for h, v in marks.items() if v is True}
 
 
 # -- ansible-runner artifacts ------------------------------------------------------------------
@@ -162,12 +222,36 @@ def _events(job: Path) -> list[dict[str, Any]]:
             data = json.loads(p.read_bytes().decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise UsageError(f"runner artifacts {job}: event {p.name} is not readable JSON: {exc}") from exc
-        if isinstance(data, dict):
-            events.append(data)
+        if not isinstance(data, dict):
+            continue
+        counter = data.get("counter", 0)
+        if isinstance(counter, bool) or not isinstance(counter, int):
+            raise UsageError(f"runner artifacts {job}: event {p.name}: counter {_show(counter)} is not an integer "
+                             "(ansible-runner numbers its events)")
+        event_data = data.get("event_data")
+        if event_data is not None and not isinstance(event_data, dict):
+            raise UsageError(f"runner artifacts {job}: event {p.name}: event_data is a {type(event_data).__name__}, "
+                             "not an object")
+        events.append(data)
     return sorted(events, key=lambda e: int(e.get("counter") or 0))
 
 
+def _status(job: Path) -> str:
+    """The job's ``status`` file (one word, ``successful``), or ``unknown`` when there is none."""
+    status_file = job / "status"
+    if not status_file.is_file():
+        return "unknown"
+    data = read_input(status_file, "runner artifacts", kind="an ansible-runner status file", max_bytes=4096,
+                      text=True)
+    try:
+        return data.decode("utf-8").strip() or "unknown"
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"runner artifacts {status_file} is not UTF-8 text (byte {exc.start}): not an "
+                         "ansible-runner status file") from exc
+
+
 def _artifact_observations(artifact: Any, when: str, src: str) -> list[Observation]:
+    """Observations of a published artifact: from a file anyone can write, so never verified."""
     if not isinstance(artifact, Mapping) or not isinstance(artifact.get("facts"), Mapping):
         raise UsageError(f"{src}: {ARTIFACT_KEY} has no facts object (was it published by playbooks/audit.yml?)")
     return [_facts_observation(str(host), data, when, src) for host, data in artifact["facts"].items()]
@@ -178,9 +262,8 @@ def read_runner_job(job: Path) -> Slice:
     events = _events(job)
     if not events:
         raise UsageError(f"runner artifacts {job}: no job events (ansible-runner wrote none, or they were removed)")
-    status_file = job / "status"
-    status = status_file.read_text().strip() if status_file.is_file() else "unknown"
-    started = _iso(events[0].get("created"), _EPOCH)
+    status = _status(job)
+    started = _iso(events[0].get("created"), _EPOCH, f"slice {src}: event created")
     sl = Slice(source=src, kind="runner", verified="no manifest: ansible-runner artifacts (not verifiable)",
                status=status, started_at=started)
     published: Any = None
@@ -188,9 +271,13 @@ def read_runner_job(job: Path) -> Slice:
     for event in events:
         name = event.get("event")
         data = event.get("event_data") or {}
-        when = _iso(event.get("created"), started)
+        when = _iso(event.get("created"), started, f"slice {src}: event created")
         if name == _STATS:
-            artifact = (data.get("artifact_data") or {}).get(ARTIFACT_KEY)
+            artifact_data = data.get("artifact_data") or {}
+            if not isinstance(artifact_data, Mapping):
+                raise UsageError(f"runner artifacts {job}: the stats event's artifact_data is a "
+                                 f"{type(artifact_data).__name__}, not an object")
+            artifact = artifact_data.get(ARTIFACT_KEY)
             if artifact is not None:
                 published = artifact
             continue
@@ -229,7 +316,7 @@ def read_artifacts_file(path: Path) -> Slice:
     artifact = data[ARTIFACT_KEY]
     src = str(path)
     started = _iso(artifact.get("published_at") if isinstance(artifact, Mapping) else None,
-                   _iso(path.stat().st_mtime, _EPOCH))
+                   _iso(path.stat().st_mtime, _EPOCH, f"slice {src}: file time"), f"slice {src}: published_at")
     sl = Slice(source=src, kind="artifacts", verified="no manifest: job artifacts (not verifiable)",
                status="successful", started_at=started)
     sl.observations = _artifact_observations(artifact, started, src)
@@ -259,6 +346,20 @@ class Merged:
     slices: list[Slice]
     chosen: dict[str, Observation]
     duplicates: list[dict[str, Any]]
+    # (host, ignored source, why): an unverified observation a verified one outranked, whatever its time.
+    overruled: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+MERGE_RULE = ("an observation from a slice verified against its manifest outranks any unverified one; among "
+              "equals the newest wins (facts collected_at, else the slice's start); ties: the later input")
+
+
+def _why_dropped(o: Observation, kept: Observation, trust: Mapping[str, str]) -> str:
+    if kept.verified and not o.verified:
+        return f"not verifiable ({trust.get(o.source, 'no manifest')}); {kept.source} is verified"
+    if o.when < kept.when:
+        return f"older ({o.when}) than {kept.source} ({kept.when})"
+    return f"same time as {kept.source}, which was listed later"
 
 
 def merge_slices(slices: Sequence[Slice]) -> Merged:
@@ -268,21 +369,31 @@ def merge_slices(slices: Sequence[Slice]) -> Merged:
         for obs in sl.observations:
             seen.setdefault(obs.host, []).append(obs)
             current = chosen.get(obs.host)
-            # Newer wins; on a tie the later input wins (the operator listed it last).
-            if current is None or obs.when >= current.when:
+            # Verified first, then newer; on a tie the later input wins (the operator listed it last).
+            if current is None or (obs.verified, obs.when) >= (current.verified, current.when):
                 chosen[obs.host] = obs
+    trust = {sl.source: sl.verified for sl in slices}
     duplicates = []
+    overruled = []
     for host, all_obs in sorted(seen.items()):
         if len(all_obs) < 2:
             continue
         kept = chosen[host]
+        dropped = []
+        for o in all_obs:
+            if o is kept:
+                continue
+            why = _why_dropped(o, kept, trust)
+            dropped.append({"source": o.source, "kind": o.kind, "when": o.when, "verified": o.verified, "why": why})
+            if kept.verified and not o.verified:
+                overruled.append((host, o.source, why))
         duplicates.append({
             "host": host,
-            "kept": {"source": kept.source, "kind": kept.kind, "when": kept.when},
-            "dropped": [{"source": o.source, "kind": o.kind, "when": o.when} for o in all_obs if o is not kept],
-            "rule": "newest observation wins (facts collected_at, else the slice's start); ties: later input",
+            "kept": {"source": kept.source, "kind": kept.kind, "when": kept.when, "verified": kept.verified},
+            "dropped": dropped,
+            "rule": MERGE_RULE,
         })
-    return Merged(list(slices), chosen, duplicates)
+    return Merged(list(slices), chosen, duplicates, overruled)
 
 
 def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
@@ -346,6 +457,8 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
         "hosts": len(merged.chosen),
         "duplicates": merged.duplicates,
         "source_of": {h: o.source for h, o in sorted(merged.chosen.items())},
+        # Read back when this run is merged again: only these hosts keep their verified rank.
+        "verified_of": {h: o.verified for h, o in sorted(merged.chosen.items())},
     })
     incomplete = [sl.source for sl in slices if not sl.complete]
     code = combine(int(verdict.exit_code), EXIT_INCOMPLETE if invalid or incomplete else EXIT_OK)

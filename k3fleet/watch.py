@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.decide.models import Baseline
+from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError
 
 TRIGGERS = ("queue_beyond_envelope", "schema_invalid_tool_calls", "cache_hit_regression", "process_restart_or_oom")
@@ -151,33 +152,36 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
 # -- the baseline -----------------------------------------------------------------------------------
 
 
-def load_baseline(path: Path) -> tuple[Baseline, dict[str, Any]]:
-    """The accepted baseline from a decision run directory or its evidence package, verified first."""
-    from k3fleet.evidence import verify_run
+def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, dict[str, Any]]:
+    """The accepted baseline, only from a decision whose evidence package is intact and signed by a
+    principal of ``allowed_signers`` (docs/decision.md "Watch").
 
+    ``path`` is the package, or the decision's run directory with its package beside it
+    (``<run>.tar.gz``, as decide writes it): the directory must match its manifest, and that manifest
+    must be the one the signed package holds. A manifest proves only that files were not changed
+    after it was written; whoever rewrites baseline.json can regenerate it, not the signature."""
+    run_dir: Path | None = None
     if path.is_dir():
-        if not (path / "command.json").is_file():
-            raise UsageError(f"{path} is not a k3fleet run directory")
-        report = verify_run(path)
-        if not report.ok:
-            raise IncompleteError(report.summary())
-        decision = _json(path / "decision.json", path.name)
-        raw = _json(path / "baseline.json", path.name) if (path / "baseline.json").is_file() else None
+        run_dir, package = path, _decision_dir_package(path)
     elif path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        from k3fleet.decide.package import read_package_file, verify_package
-
-        check = verify_package(path)
-        if not check.ok:
-            raise IncompleteError(f"{path}: the evidence package is not intact: {'; '.join(check.problems[:3])}")
-        decision = _loads(read_package_file(path, "decision/decision.json"), path.name)
+        package = path
+    else:
+        raise UsageError(f"--baseline {path}: give the signed .tar.gz evidence package of an approved decision "
+                         "(or the decision's run directory with its package beside it)")
+    if allowed_signers is None:
+        raise UsageError("--allowed-signers FILE is required: watch trusts a baseline only from an evidence "
+                         "package signed by one of its principals")
+    check = _trusted_package(package, allowed_signers, path)
+    if run_dir is not None:
+        _same_decision(run_dir, package, check)
+    try:
+        decision = _loads(read_package_file(package, "decision/decision.json"), package.name)
         try:
-            raw = _loads(read_package_file(path, "decision/baseline.json"), path.name)
+            raw = _loads(read_package_file(package, "decision/baseline.json"), package.name)
         except UsageError:
             raw = None
-        except tarfile.TarError as exc:
-            raise IncompleteError(f"{path}: {exc}") from exc
-    else:
-        raise UsageError(f"--baseline {path}: give a decision run directory or its .tar.gz evidence package")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise IncompleteError(f"{package}: {exc}") from exc
     if not isinstance(decision, dict) or decision.get("approved") is not True or raw is None:
         outcome = decision.get("outcome") if isinstance(decision, dict) else None
         raise UsageError(f"--baseline {path}: the decision ({outcome}) was not approved: there is no accepted "
@@ -187,6 +191,57 @@ def load_baseline(path: Path) -> tuple[Baseline, dict[str, Any]]:
     except ValidationError as exc:
         raise UsageError(f"--baseline {path}: baseline.json does not validate ({exc.error_count()} problem(s))") \
             from exc
+
+
+def _decision_dir_package(path: Path) -> Path:
+    """The evidence package of a decision run directory that matches its manifest."""
+    from k3fleet.evidence import COMMAND, verify_run
+
+    if not (path / COMMAND).is_file():
+        raise UsageError(f"--baseline {path} is not a k3fleet run directory")
+    command = _json(path / COMMAND, path.name)
+    kind = command.get("kind") if isinstance(command, dict) else None
+    if kind != "decision":
+        if not isinstance(kind, str) or not kind:
+            raise UsageError(f"--baseline {path}: its {COMMAND} names no run kind: not a k3fleet decision")
+        article = "an" if kind[:1] in "aeiou" else "a"
+        raise UsageError(f"--baseline {path} is {article} {kind} run, not a decision: give the signed evidence "
+                         "package (.tar.gz) that k3fleet decide wrote for an approved decision")
+    report = verify_run(path)
+    if not report.ok:
+        raise IncompleteError(report.summary())
+    package = path.with_name(path.name + ".tar.gz")
+    if not package.is_file():
+        raise UsageError(f"--baseline {path}: no evidence package {package.name} beside it: give the signed "
+                         "package itself (decide --archive names where it went); a run directory alone does not "
+                         "prove who approved it")
+    return package
+
+
+def _trusted_package(package: Path, allowed_signers: Path, label: Path) -> PackageCheck:
+    check = verify_package(package, allowed_signers)
+    if check.signature == FAILED:
+        raise UsageError(f"--baseline {label}: the evidence package's signature fails: {check.signature_problem}")
+    if not check.ok:
+        raise IncompleteError(f"--baseline {label}: the evidence package is not intact: "
+                              f"{'; '.join(check.problems[:3])}")
+    if check.signature != VERIFIED:
+        raise UsageError(f"--baseline {label}: the evidence package {package.name} is unsigned: nothing proves who "
+                         "approved it (sign it with k3fleet decide --sign-key KEY)")
+    return check
+
+
+def _same_decision(run_dir: Path, package: Path, check: PackageCheck) -> None:
+    """The run directory is the one the package signs: its manifest (which covers every file in it,
+    verify_run checked) is byte for byte the package's ``decision/manifest.json``."""
+    from k3fleet.evidence import MANIFEST, sha256_file
+
+    files = (check.manifest or {}).get("files") or []
+    signed = next((f.get("sha256") for f in files if isinstance(f, dict) and f.get("path") == f"decision/{MANIFEST}"),
+                  None)
+    if signed is None or signed != sha256_file(run_dir / MANIFEST):
+        raise UsageError(f"--baseline {run_dir} is not the decision its signed package {package.name} holds: its "
+                         f"{MANIFEST} differs (changed after signing, or another decision's package)")
 
 
 def _json(p: Path, label: str) -> Any:
@@ -230,6 +285,7 @@ class WatchOptions:
     api_key_env: str | None = None
     verify_tls: bool = True
     model: str | None = None
+    allowed_signers: Path | None = None
 
 
 @dataclass
@@ -329,7 +385,7 @@ def run_watch(opts: WatchOptions, on_sample: Callable[[Sample, list[Trigger]], N
     unknown = [c for c in opts.agent_cases if c not in _agent_case_names()]
     if unknown:
         raise UsageError(f"--agent-case {unknown[0]!r}: not an agent contract case ({', '.join(_agent_case_names())})")
-    baseline, _ = load_baseline(opts.baseline)
+    baseline, _ = load_baseline(opts.baseline, opts.allowed_signers)
     return asyncio.run(_watch(opts, baseline, on_sample or (lambda _s, _t: None)))
 
 

@@ -1,7 +1,7 @@
 """`k3fleet decide`, `verify-evidence`, `report`, `triage` and `watch`: from evidence to a signed decision.
 
-Exit codes as everywhere: 0 go / intact, 1 no-go, 2 usage or bad input, 3 evidence missing,
-tampered or incomplete (docs/decision.md).
+Exit codes as everywhere: 0 go / intact and signed by an allowed signer, 1 no-go / a signature that
+fails, 2 usage or bad input, 3 evidence missing, tampered, incomplete or unsigned (docs/decision.md).
 """
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.errors import EXIT_OK, UsageError
 
 _OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
                   "rebuild_environment": "bold red", "expand_capacity": "bold magenta"}
@@ -40,12 +41,18 @@ def decide(
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     archive: Annotated[Path | None, typer.Option("--archive", help="Evidence package path (default: the "
                                                                    "run directory's name + .tar.gz).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --archive file.")] = False,
+    sign_key: Annotated[Path | None, typer.Option("--sign-key", help="OpenSSH key that signs the package "
+                                                                     "(ssh-keygen -Y sign, namespace "
+                                                                     "k3fleet-evidence; an encrypted key needs "
+                                                                     "ssh-agent).")] = None,
 ) -> None:
     """Decide go-live from the evidence: one of four outcomes, the checklist, one evidence package."""
     from k3fleet.decide.flow import DecideOptions, run_decide
 
     opts = DecideOptions(runs=list(runs), reviewer=reviewer, owner=owner, owners_file=owners, build_file=build,
-                         target=target, out=out_dir, runs_dir=runs_dir, archive=archive)
+                         target=target, out=out_dir, runs_dir=runs_dir, archive=archive, sign_key=sign_key,
+                         force=force)
     result = run_decide(opts, sys.argv)
     d = result.decision
     if as_json:
@@ -53,7 +60,12 @@ def decide(
     else:
         _print_decision(d)
     err.print(f"run directory: {result.run_dir.path}")
-    err.print(f"evidence package: {result.archive} (sha256 {result.archive_sha256})")
+    err.print(f"evidence package: {result.archive} (sha256 {result.archive_sha256})", markup=False)
+    if result.signer is not None:
+        err.print(f"signed: {result.signer.key_type} key {result.signer.fingerprint} (namespace k3fleet-evidence)",
+                  markup=False)
+    else:
+        err.print("unsigned: verify-evidence will not call it trusted; sign with --sign-key KEY", markup=False)
     raise typer.Exit(d.exit_code)
 
 
@@ -83,49 +95,103 @@ def _print_decision(d: object) -> None:
 @app.command("verify-evidence")
 def verify_evidence(
     archive: Annotated[Path, typer.Argument(help="An evidence package (.tar.gz) written by k3fleet decide.")],
+    allowed_signers: Annotated[Path | None, typer.Option("--allowed-signers", help="OpenSSH allowed-signers "
+                                                                                   "file: who may sign evidence "
+                                                                                   "(principal namespaces="
+                                                                                   "\"k3fleet-evidence\" KEY).")]
+    = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Check an evidence package against its manifest: exit 0 intact, 3 on any difference (each listed)."""
+    """Check an evidence package: every member against PACKAGE.json, PACKAGE.json's signature against
+    --allowed-signers. Exit 0 intact and signed by an allowed signer, 1 the signature fails, 3 any
+    difference, unsigned, or the signature not checked."""
     from k3fleet.decide.package import verify_package
     from k3fleet.evidence import sha256_file
 
-    res = verify_package(archive)
+    res = verify_package(archive, allowed_signers)
+    digest = sha256_file(archive)
     if as_json:
-        out.print_json(json.dumps({"archive": str(archive), "sha256": sha256_file(archive), "ok": res.ok,
-                                   "files_checked": res.checked, "problems": res.problems}))
+        s = res.signer
+        out.print_json(json.dumps({
+            "archive": str(archive), "sha256": digest, "ok": res.exit_code == EXIT_OK, "intact": res.ok,
+            "exit_code": res.exit_code, "files_checked": res.checked, "problems": res.problems,
+            "signature": {"status": res.signature, "problem": res.signature_problem,
+                          "principal": s.principal if s else None, "key_type": s.key_type if s else None,
+                          "key_fingerprint": s.fingerprint if s else None, "claimed": res.claimed_signer}}))
     else:
-        for p in res.problems:
-            out.print(f"DIFFERENT  {p}", markup=False)
-        if res.ok:
-            manifest = res.manifest or {}
-            dec = manifest.get("decision") or {}
-            out.print(f"intact: {res.checked} files match {archive.name} ({dec.get('outcome', '?')}, reviewer "
-                      f"{manifest.get('reviewer', '?')})", markup=False)
+        _print_package_check(res, archive, digest)
+    if res.exit_code != EXIT_OK:
+        err.print(f"k3fleet: {archive}: {_package_verdict(res)}", markup=False)
+    raise typer.Exit(res.exit_code)
+
+
+def _package_verdict(res: object) -> str:
+    from k3fleet.decide.package import FAILED, UNCHECKED, UNSIGNED, PackageCheck
+    from k3fleet.report.escapes import safe_text
+
+    assert isinstance(res, PackageCheck)
+    if res.signature == FAILED:
+        return f"signature FAILED: {safe_text(res.signature_problem)}"
     if not res.ok:
-        err.print(f"k3fleet: {archive}: {len(res.problems)} difference(s): the package is not intact", markup=False)
-    raise typer.Exit(EXIT_OK if res.ok else EXIT_INCOMPLETE)
+        return f"{len(res.problems)} difference(s): the package is not intact"
+    if res.signature == UNSIGNED:
+        return ("unsigned: its files match PACKAGE.json, but anyone can rewrite both; nothing proves who "
+                "wrote it (sign with k3fleet decide --sign-key KEY)")
+    if res.signature == UNCHECKED:
+        fp = (res.claimed_signer or {}).get("key_fingerprint", "?")
+        return (f"signed (PACKAGE.json names key {safe_text(fp)}), signature not checked: give "
+                "--allowed-signers FILE")
+    return "intact"
+
+
+def _print_package_check(res: object, archive: Path, digest: str) -> None:
+    from k3fleet.decide.package import FAILED, UNCHECKED, VERIFIED, PackageCheck
+    from k3fleet.report.escapes import safe_text
+
+    assert isinstance(res, PackageCheck)
+    for p in res.problems:
+        out.print(f"DIFFERENT  {safe_text(p)}", markup=False)
+    out.print(f"archive: {safe_text(archive.name)} sha256 {digest}", markup=False)
+    manifest: dict[str, Any] = res.manifest if isinstance(res.manifest, dict) else {}
+    dec = manifest.get("decision")
+    dec = dec if isinstance(dec, dict) else {}
+    what = f"{safe_text(dec.get('outcome', '?'))}, reviewer {safe_text(manifest.get('reviewer', '?'))}"
+    s = res.signer
+    if res.signature == FAILED:
+        out.print(f"SIGNATURE FAILED  {safe_text(res.signature_problem)}", markup=False)
+    if res.signature == VERIFIED and s is not None:
+        out.print(f"signed by {safe_text(s.principal)} ({s.key_type} key {s.fingerprint}), namespace "
+                  "k3fleet-evidence", markup=False)
+    if res.trusted:
+        out.print(f"intact: {res.checked} files match {safe_text(archive.name)} ({what})", markup=False)
+    elif res.ok:
+        word = {FAILED: "signature FAILED", UNCHECKED: "signature not checked"}.get(res.signature, "unsigned")
+        out.print(f"{word}: {res.checked} files match PACKAGE.json ({what}); not trusted", markup=False)
 
 
 @app.command()
 def report(
     run: Annotated[Path, typer.Argument(help="An audit, change, accept, triage or decision run directory.")],
     fmt: Annotated[str, typer.Option("--format", help="md, html, junit or prom.")] = "md",
-    out_file: Annotated[Path | None, typer.Option("--out", help="Write here (atomically) instead of stdout.")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write here (atomically; - for stdout) instead "
+                                                                "of stdout. Never a link, device or directory, "
+                                                                "nor inside RUN.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
 ) -> None:
     """Render a run for people (Markdown, HTML), CI (JUnit XML) or node_exporter (Prometheus textfile)."""
-    from k3fleet.report.render import FORMATS, render, write_atomic
+    from k3fleet.evidence.writer import STDOUT, check_output, is_stdout, write_output
+    from k3fleet.report.render import FORMATS, render
     from k3fleet.report.view import load_view
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if out_file is not None and not is_stdout(out_file):
+        check_output(out_file, "--out", force=force, inputs=[run])  # refused before the run is read
     view = load_view(run)
     text = render(view, fmt)
-    if out_file is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    write_atomic(out_file, text)
-    err.print(f"wrote {out_file}")
+    write_output(out_file or Path(STDOUT), text.encode("utf-8"), "--out", force=force, inputs=[run])
+    if out_file is not None and not is_stdout(out_file):
+        err.print(f"wrote {out_file}", markup=False)
 
 
 @app.command()
@@ -157,7 +223,7 @@ def triage(
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
-        table = Table(title=f"triage: {result.host} (operator-supplied)")
+        table = Table(title=f"triage: {escape(result.host)} (operator-supplied)")
         for col in ("file", "kind", "finding", "severity", "message"):
             table.add_column(col)
         by_file: dict[str, list[dict[str, object]]] = {}
@@ -180,10 +246,17 @@ def triage(
 @app.command()
 def watch(
     base_url: Annotated[str, typer.Option("--base-url", help="The serving endpoint, e.g. http://10.0.0.5:8000.")],
-    baseline: Annotated[Path, typer.Option("--baseline", help="The approved decision: its run directory or "
-                                                              "its .tar.gz evidence package.")],
-    duration: Annotated[str, typer.Option("--for", help="Length of the watch window (90s, 15m, 2h).")] = "15m",
-    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between samples.")] = 15.0,
+    baseline: Annotated[Path, typer.Option("--baseline", help="The approved decision's signed .tar.gz evidence "
+                                                              "package (or its run directory, with the package "
+                                                              "beside it).")],
+    allowed_signers: Annotated[Path | None, typer.Option("--allowed-signers", help="OpenSSH allowed-signers file "
+                                                                                   "the package's signature must "
+                                                                                   "verify against "
+                                                                                   "(required).")] = None,
+    duration: Annotated[str, typer.Option("--for", help="Length of the watch window (90s, 15m, 2h; at most "
+                                                        "7d).")] = "15m",
+    interval: Annotated[float, typer.Option("--interval", parser=seconds_option("--interval", "watch --interval"),
+                                            help="Seconds between samples (0.1 to 86400).")] = 15.0,
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Bad intervals in a row before a trigger "
                                                                 "fires.")] = 2,
     cache_tolerance: Annotated[float, typer.Option("--cache-tolerance", min=0.0, max=1.0,
@@ -216,8 +289,9 @@ def watch(
     opts = WatchOptions(base_url=base_url, baseline=baseline, duration_s=parse_duration(duration),
                         interval_s=interval, repeat=repeat, cache_tolerance=cache_tolerance, agent_every=agent_every,
                         agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES), api_key_env=api_key_env,
-                        verify_tls=not insecure, model=model)
-    load_baseline(baseline)  # refuse an unapproved or tampered decision before anything is written
+                        verify_tls=not insecure, model=model, allowed_signers=allowed_signers)
+    # Refuse an unsigned, forged, tampered or unapproved decision before anything is written.
+    load_baseline(baseline, allowed_signers)
     rd = RunDir.create(runs_dir, "watch", sys.argv, out=out_dir, record={"baseline": str(baseline)})
 
     def show(s: Sample, fired: list[Trigger]) -> None:

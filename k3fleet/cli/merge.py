@@ -25,7 +25,9 @@ def merge(
     """Merge audit slices into one run directory with one verdict over the whole fleet.
 
     Each run directory is verified against its manifest first (a tampered or unfinished slice
-    is refused, exit 3). A host seen twice: the newer facts win; merge.json records it.
+    is refused, exit 3). A host seen twice: a verified slice's observation outranks an unverifiable
+    one (runner artifacts, artifact files) whatever their times; among equals the newer facts win;
+    merge.json records it and stderr names each slice ignored for trust.
     """
     from k3fleet.merge import check_inputs_exist, run_merge
     from k3fleet.report import terminal
@@ -35,9 +37,25 @@ def merge(
     merged = result.merged
     err.print(f"merged {len(merged.slices)} slice(s), {len(merged.chosen)} hosts, "
               f"{len(merged.duplicates)} seen more than once")
+    _print_overruled(merged.overruled)
     if as_json:
         out.print_json(json.dumps(result.verdict.model_dump(mode="json")))
     else:
         terminal.print_audit(out, result)
     err.print(f"run directory: {result.run_dir.path}")
     raise typer.Exit(result.exit_code)
+
+
+def _print_overruled(overruled: list[tuple[str, str, str]]) -> None:
+    """One line per ignored slice: which hosts it lost and why (merge.json has every host)."""
+    from k3fleet.report.escapes import safe_text
+
+    by_source: dict[str, list[str]] = {}
+    reason: dict[str, str] = {}
+    for host, source, why in overruled:
+        by_source.setdefault(source, []).append(host)
+        reason.setdefault(source, why)
+    for source, hosts in by_source.items():
+        shown = ", ".join(safe_text(h) for h in hosts[:5]) + (f" and {len(hosts) - 5} more" if len(hosts) > 5 else "")
+        err.print(f"ignored {safe_text(source)} for {len(hosts)} host(s) ({shown}): {safe_text(reason[source])}",
+                  markup=False)

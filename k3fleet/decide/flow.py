@@ -42,8 +42,10 @@ from k3fleet.decide.readers import (
     target_brief,
 )
 from k3fleet.decide.rules import decide
-from k3fleet.errors import UsageError
+from k3fleet.decide.signing import SigningKey, signing_key
+from k3fleet.errors import UsageError, read_input
 from k3fleet.evidence import RunDir
+from k3fleet.evidence.writer import check_output, is_stdout
 
 
 @dataclass
@@ -58,6 +60,8 @@ class DecideOptions:
     runs_dir: Path = field(default_factory=lambda: Path("runs"))
     archive: Path | None = None
     policy: Policy = field(default_factory=Policy)
+    sign_key: Path | None = None
+    force: bool = False  # replace an existing --archive file
 
 
 @dataclass
@@ -67,6 +71,7 @@ class DecideResult:
     run_dir: RunDir
     archive: Path
     archive_sha256: str
+    signer: SigningKey | None = None
 
 
 def _now() -> _dt.datetime:
@@ -84,11 +89,10 @@ def _one_line_validation(label: str, exc: ValidationError) -> UsageError:
 
 
 def _yaml_file(path: Path, what: str) -> Any:
+    raw = read_input(path, what, kind="a YAML file", limit="record")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise UsageError(f"{what} {path} does not exist") from exc
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UsageError(f"{what} {path} cannot be read: {exc}") from exc
     try:
         return yaml.safe_load(text)
@@ -228,7 +232,16 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
     if not opts.reviewer or not opts.reviewer.strip():
         raise UsageError("--reviewer NAME is required: a decision is signed by a named reviewer")
     validate_name(opts.reviewer, "--reviewer")
+    # A key that cannot sign (missing, unreadable, encrypted without the agent) fails before anything is written.
+    key = signing_key(opts.sign_key) if opts.sign_key is not None else None
     src = read_sources(opts.runs)
+    # The archive may not land in a run it packages (it would change that run under its manifest),
+    # nor replace anything without --force: refused before the decision's run directory exists.
+    archive_inputs = [*src.paths.values(), *([opts.out] if opts.out is not None else [])]
+    if opts.archive is not None:
+        if is_stdout(opts.archive):
+            raise UsageError("--archive -: an evidence package is written to a file, not to stdout")
+        check_output(opts.archive, "--archive", force=opts.force, inputs=archive_inputs)
     now = _now()
     summary = build_summary(src, opts, now.isoformat())
     decision = decide(summary)
@@ -264,11 +277,12 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
                  for r in src.runs],
         "command": _command_argv(rd),
     }
-    write_package(archive, rd.path.name, rd.path, [(lbl, p) for lbl, p in src.paths.items()], meta, mtime=now)
+    write_package(archive, rd.path.name, rd.path, [(lbl, p) for lbl, p in src.paths.items()], meta, mtime=now,
+                  sign=key, force=opts.force, inputs=[*archive_inputs, rd.path])
     from k3fleet.evidence import sha256_file
 
     return DecideResult(decision=decision, summary=summary, run_dir=rd, archive=archive,
-                        archive_sha256=sha256_file(archive))
+                        archive_sha256=sha256_file(archive), signer=key)
 
 
 def _curves(src: Sources) -> list[dict[str, Any]]:

@@ -3,7 +3,9 @@
 Layout inside the archive (every name relative, under one top directory)::
 
     <decision-id>/PACKAGE.json            sha256 + size of every other member, tool version, command
-                                          lines, target file, operators, reviewer, outcome
+                                          lines, target file, operators, reviewer, outcome, signer
+    <decision-id>/PACKAGE.json.sig        the OpenSSH signature over PACKAGE.json's bytes (signed
+                                          packages; k3fleet.decide.signing)
     <decision-id>/decision/...            the decision's run directory
     <decision-id>/runs/<run>/...          every run the decision used, as verified
 
@@ -11,6 +13,12 @@ Writing never follows a symlink out of a run directory and stores regular files 
 archive is written to a temporary file beside its destination, fsync'd, then renamed.
 Reading refuses members that are links, devices, absolute or that climb out with ``..``
 (docs/decision.md "The evidence package").
+
+The signature lives inside the archive, beside what it signs, so one file is shipped and
+archived; it cannot be listed in the manifest it signs, and is the one member that is not.
+Matching its manifest proves only that the archive is undamaged: anyone can rewrite a member and
+PACKAGE.json together. Who wrote it is proved by the signature alone (:func:`verify_package` with
+an allowed-signers file), so an unsigned package is never reported as trusted.
 """
 
 from __future__ import annotations
@@ -23,17 +31,22 @@ import json
 import os
 import re
 import tarfile
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from k3fleet import __version__
-from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.bounds import open_tar
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError
 from k3fleet.evidence import is_secret_name
+from k3fleet.evidence.writer import write_output
+
+if TYPE_CHECKING:
+    from k3fleet.decide.signing import SignatureCheck, SigningKey
 
 PACKAGE_MANIFEST = "PACKAGE.json"
+PACKAGE_SIGNATURE = "PACKAGE.json.sig"
 PACKAGE_FORMAT = "k3fleet-evidence-1"
 # A secret shorter than this is too likely to occur by chance ("true", "1").
 _MIN_SECRET_LEN = 8
@@ -80,8 +93,12 @@ def sha256_bytes(data: bytes) -> str:
 
 def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence[tuple[str, Path]],
                   meta: Mapping[str, Any], *, mtime: _dt.datetime,
-                  environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Write the archive; returns the package manifest. Refuses a file carrying a secret's value."""
+                  environ: Mapping[str, str] | None = None, sign: SigningKey | None = None,
+                  force: bool = False, inputs: Sequence[Path] = ()) -> dict[str, Any]:
+    """Write the archive; returns the package manifest. Refuses a file carrying a secret's value.
+
+    With ``sign`` the manifest names the key and the signature over its bytes is a member; it is
+    made before the archive is opened, so a key that cannot sign leaves no archive behind."""
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", root_name):
         raise UsageError(f"package name {root_name!r} is not a plain file name")
     entries: list[PackageEntry] = [PackageEntry(f"decision/{rel}", p) for rel, p in _run_files(decision_dir,
@@ -102,40 +119,41 @@ def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence
             raise IncompleteError(f"{e.arcname} contains the value of ${hit}: redact the run before packaging it")
         files.append({"path": e.arcname, "sha256": sha256_bytes(data), "bytes": len(data)})
         blobs.append((e.arcname, data))
-    manifest = {"format": PACKAGE_FORMAT, "k3fleet_version": __version__, **meta, "files": files}
+    manifest = {"format": PACKAGE_FORMAT, "k3fleet_version": __version__, **meta,
+                "signer": sign.record() if sign is not None else None, "files": files}
     manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n").encode()
     hit = _scan(manifest_bytes, secrets)
     if hit is not None:
         raise IncompleteError(f"{PACKAGE_MANIFEST} would contain the value of ${hit}: not packaged")
     blobs.insert(0, (PACKAGE_MANIFEST, manifest_bytes))
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    if sign is not None:
+        blobs.insert(1, (PACKAGE_SIGNATURE, sign.sign(manifest_bytes)))
     ts = int(mtime.timestamp())
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            # mtime=0 in the gzip header: the same content gives the same archive bytes.
-            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
-                    tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for arcname, data in blobs:
-                    info = tarfile.TarInfo(f"{root_name}/{arcname}")
-                    info.size = len(data)
-                    info.mtime = ts
-                    info.mode = 0o644
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    tar.addfile(info, io.BytesIO(data))
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.chmod(tmp, 0o644)
-        tmp.replace(dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def fill(raw: IO[bytes]) -> None:
+        # mtime=0 in the gzip header: the same content gives the same archive bytes.
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for arcname, data in blobs:
+                info = tarfile.TarInfo(f"{root_name}/{arcname}")
+                info.size = len(data)
+                info.mtime = ts
+                info.mode = 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+
+    # The one writer: never through a link or device, never over a file without --force, never
+    # inside a run it packages; temp file + fsync + rename, one line on any failure.
+    write_output(dest, fill, "--archive", force=force, inputs=inputs)
     return manifest
 
 
 # -- verification -------------------------------------------------------------------------------------
+
+
+# What a package's signature says (PackageCheck.signature).
+UNSIGNED, UNCHECKED, VERIFIED, FAILED = "unsigned", "unchecked", "verified", "failed"
 
 
 @dataclass
@@ -145,10 +163,31 @@ class PackageCheck:
     manifest: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     checked: int = 0
+    signature: str = UNSIGNED  # unsigned | unchecked (no allowed-signers given) | verified | failed
+    signer: SignatureCheck | None = None
+    signature_problem: str | None = None
 
     @property
     def ok(self) -> bool:
+        """Every member matches PACKAGE.json: the archive is undamaged (not: trustworthy)."""
         return not self.problems
+
+    @property
+    def trusted(self) -> bool:
+        """Undamaged, and PACKAGE.json signed by a principal of the allowed-signers file."""
+        return self.ok and self.signature == VERIFIED
+
+    @property
+    def claimed_signer(self) -> dict[str, Any] | None:
+        claimed = self.manifest.get("signer") if isinstance(self.manifest, dict) else None
+        return claimed if isinstance(claimed, dict) and claimed else None
+
+    @property
+    def exit_code(self) -> int:
+        """1 when the signature fails (1 wins over 3), 3 when damaged, unsigned or not checked, else 0."""
+        if self.signature == FAILED:
+            return EXIT_FAILED
+        return EXIT_OK if self.trusted else EXIT_INCOMPLETE
 
 
 def _unsafe(name: str) -> str | None:
@@ -162,15 +201,20 @@ def _unsafe(name: str) -> str | None:
     return None
 
 
-def verify_package(archive: Path) -> PackageCheck:
-    """Check every member against PACKAGE.json: changed, missing and extra files, unsafe members."""
+def verify_package(archive: Path, allowed_signers: Path | None = None) -> PackageCheck:
+    """Check every member against PACKAGE.json: changed, missing and extra files, unsafe members;
+    then the signature over PACKAGE.json against ``allowed_signers`` (``unchecked`` without one)."""
     res = PackageCheck(archive=archive)
     if not archive.is_file():
         raise UsageError(f"{archive} is not a file")
+    if allowed_signers is not None and not allowed_signers.is_file():
+        raise UsageError(f"--allowed-signers {allowed_signers} is not a file")
     digests: dict[str, str] = {}
+    raw: dict[str, bytes] = {}
     current: str | None = None
     try:
-        with tarfile.open(archive, mode="r:gz") as tar:
+        # Streamed under the package caps (k3fleet.bounds): a gzip bomb stops at the cap, not in memory.
+        with open_tar(archive) as tar:
             while True:
                 try:
                     member = tar.next()
@@ -208,6 +252,8 @@ def verify_package(archive: Path) -> PackageCheck:
                 if rel in digests:
                     res.problems.append(f"{rel}: appears twice in the archive")
                 digests[rel] = sha256_bytes(data)
+                if rel in (PACKAGE_MANIFEST, PACKAGE_SIGNATURE):
+                    raw[rel] = data
                 if rel == PACKAGE_MANIFEST:
                     try:
                         res.manifest = json.loads(data.decode("utf-8"))
@@ -216,7 +262,38 @@ def verify_package(archive: Path) -> PackageCheck:
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
         res.problems.append(f"{_after(current)}: archive unreadable ({exc})")
     _compare(res, digests)
+    _check_signature(res, raw.get(PACKAGE_MANIFEST), raw.get(PACKAGE_SIGNATURE), allowed_signers)
     return res
+
+
+def _check_signature(res: PackageCheck, signed: bytes | None, signature: bytes | None,
+                     allowed_signers: Path | None) -> None:
+    claimed = res.claimed_signer
+    if signature is None:
+        if claimed is not None:
+            res.signature = FAILED
+            res.signature_problem = (f"{PACKAGE_MANIFEST} names signer key {claimed.get('key_fingerprint')}, but "
+                                     f"{PACKAGE_SIGNATURE} is missing: the signature was removed")
+        return
+    if signed is None:
+        res.signature = FAILED
+        res.signature_problem = f"{PACKAGE_SIGNATURE} is there but {PACKAGE_MANIFEST} is not: nothing it signs"
+        return
+    if allowed_signers is None:
+        res.signature = UNCHECKED
+        return
+    from k3fleet.decide.signing import verify_signature
+
+    check = verify_signature(signed, signature, allowed_signers)
+    res.signer = check
+    if not check.verified:
+        res.signature, res.signature_problem = FAILED, check.reason
+    elif claimed is None or claimed.get("key_fingerprint") != check.fingerprint:
+        named = claimed.get("key_fingerprint") if claimed is not None else "no signer"
+        res.signature = FAILED
+        res.signature_problem = f"{PACKAGE_MANIFEST} names {named}, but the signature is by {check.fingerprint}"
+    else:
+        res.signature = VERIFIED
 
 
 def _after(name: str | None) -> str:
@@ -243,7 +320,8 @@ def _compare(res: PackageCheck, digests: dict[str, str]) -> None:
             res.problems.append(f"{rel}: changed (sha256 {digests[rel][:16]}..., manifest {digest[:16]}...)")
         else:
             res.checked += 1
-    for rel in sorted(set(digests) - set(listed) - {PACKAGE_MANIFEST}):
+    # The signature cannot be listed in the manifest it signs; it is checked on its own.
+    for rel in sorted(set(digests) - set(listed) - {PACKAGE_MANIFEST, PACKAGE_SIGNATURE}):
         res.problems.append(f"{rel}: not in {PACKAGE_MANIFEST}")
 
 
@@ -251,7 +329,7 @@ def read_package_file(archive: Path, rel: str) -> bytes:
     """One member's bytes from a verified package (the caller verifies first)."""
     if _unsafe(rel) is not None:
         raise UsageError(f"{rel}: not a package path")
-    with tarfile.open(archive, mode="r:gz") as tar:
+    with open_tar(archive) as tar:
         for member in tar:
             name = member.name.partition("/")[2]
             if name == rel and member.isfile() and _unsafe(member.name) is None:

@@ -130,7 +130,8 @@ def test_three_runner_slices_merge_to_the_whole_runs_verdict(lab: dict[str, Any]
 
 
 def test_mixed_inputs_and_a_host_seen_twice(lab: dict[str, Any], runner_slices: list[Path]) -> None:
-    """A k3fleet run directory plus a later runner slice: the later facts win and merge.json says so."""
+    """A k3fleet run directory plus a later runner slice: the verified run directory wins although the
+    runner's facts are newer (runner artifacts have no manifest), and merge.json and stderr say so."""
     time.sleep(1.1)  # collected_at has one-second resolution
     later = lab["base"] / "later"
     later.mkdir()
@@ -148,9 +149,92 @@ def test_mixed_inputs_and_a_host_seen_twice(lab: dict[str, Any], runner_slices: 
     dup_hosts = {d["host"] for d in record["duplicates"]}
     assert dup_hosts == set(part)
     for d in record["duplicates"]:
-        assert d["kept"]["source"].endswith("redo"), d
-        assert d["dropped"][0]["source"] == str(lab["whole_dir"])
-        assert d["kept"]["when"] >= d["dropped"][0]["when"]
+        assert d["kept"]["source"] == str(lab["whole_dir"]) and d["kept"]["verified"], d
+        (dropped,) = d["dropped"]
+        assert dropped["source"].endswith("redo") and not dropped["verified"]
+        assert dropped["why"].startswith("not verifiable (no manifest: ansible-runner artifacts")
+        if d["host"] in record["verified_of"]:
+            assert record["verified_of"][d["host"]] is True
+    # Newer, yet ignored: the runner's facts were collected after the run directory's.
+    assert any(d["dropped"][0]["when"] > d["kept"]["when"] for d in record["duplicates"] if d["kept"]["kind"] ==
+               "facts")
+    ignored = [line for line in proc.stderr.splitlines() if line.startswith("ignored ")]
+    assert len(ignored) == 1 and "redo" in ignored[0] and "not verifiable" in ignored[0], proc.stderr
+
+
+def _artifacts_file(path: Path, facts: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"k3fleet_audit": {"hosts": sorted(facts), "facts": facts}}))
+    return path
+
+
+def test_an_unverifiable_artifacts_file_never_overrides_a_verified_slice(lab: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    """The attack: an AWX artifacts file saying a failing host passes. Dated now it loses to the
+    verified run; dated 2999 (so that it would win on time) it refuses the merge."""
+    whole = lab["whole_dir"]
+    failing = next(h for h, v in lab["whole"]["hosts"].items() if v["status"] == "fail")
+    better = next(h for h, v in lab["whole"]["hosts"].items() if v["status"] in ("pass", "warn"))
+    from k3fleet.evidence import host_file_name
+
+    facts = json.loads((whole / "facts" / f"{host_file_name(better)}.json").read_text())
+    facts["host"] = failing
+    facts["collected_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    forged = _artifacts_file(tmp_path / "job-4711-artifacts.json", {failing: facts})
+    out = tmp_path / "merged"
+    proc = k3fleet("merge", str(whole), str(forged), "--json", "--out", str(out))
+    assert proc.returncode == lab["whole_rc"], proc.stderr
+    merged = json.loads(proc.stdout)
+    assert merged["hosts"][failing]["status"] == "fail"
+    assert _stable(merged) == _stable(lab["whole"])
+    assert f"ignored {forged} for 1 host(s) ({failing}): not verifiable" in proc.stderr
+    record = json.loads((out / "merge.json").read_text())
+    (dup,) = record["duplicates"]
+    assert dup["kept"]["source"] == str(whole) and dup["dropped"][0]["source"] == str(forged)
+    # The same file dated 2999, so that the newest would win: refused, nothing written.
+    facts["collected_at"] = "2999-01-01T00:00:00Z"
+    _artifacts_file(forged, {failing: facts})
+    out2 = tmp_path / "merged-2999"
+    proc = k3fleet("merge", str(whole), str(forged), "--out", str(out2))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert f"slice {forged}: host {failing}: collected_at '2999-01-01T00:00:00Z'" in lines[0]
+    assert "ahead of this controller's clock" in lines[0]
+    assert not out2.exists()
+
+
+def test_a_merge_run_keeps_the_trust_of_its_sources(lab: dict[str, Any], runner_slices: list[Path],
+                                                    tmp_path: Path) -> None:
+    """Merging unverifiable slices into a run directory does not make them verified: merged again
+    beside a verified run, the verified run's hosts still win."""
+    laundered = tmp_path / "laundered"
+    proc = k3fleet("merge", *map(str, runner_slices), "--out", str(laundered))
+    assert proc.returncode == lab["whole_rc"], proc.stderr
+    marks = json.loads((laundered / "merge.json").read_text())["verified_of"]
+    assert marks and not any(marks.values())
+    out = tmp_path / "again"
+    proc = k3fleet("merge", str(lab["whole_dir"]), str(laundered), "--out", str(out))
+    assert proc.returncode == lab["whole_rc"], proc.stderr
+    record = json.loads((out / "merge.json").read_text())
+    assert record["duplicates"]
+    assert all(d["kept"]["source"] == str(lab["whole_dir"]) for d in record["duplicates"])
+    assert all(record["verified_of"].values())
+
+
+def test_two_verified_slices_the_newer_wins(lab: dict[str, Any], tmp_path: Path) -> None:
+    part = _slices(lab["hosts"], 3)[2]
+    time.sleep(1.1)  # collected_at has one-second resolution
+    later = tmp_path / "later"
+    proc = k3fleet("audit", "-i", str(lab["inventory"]), "--limit", ",".join(part), "--out", str(later), "-q")
+    assert proc.returncode in (0, 1, 3), proc.stderr
+    out = tmp_path / "merged"
+    proc = k3fleet("merge", str(later), str(lab["whole_dir"]), "--out", str(out))
+    assert proc.returncode == lab["whole_rc"], proc.stderr
+    record = json.loads((out / "merge.json").read_text())
+    facts_dups = [d for d in record["duplicates"] if d["kept"]["kind"] == "facts"]
+    assert facts_dups and all(d["kept"]["source"] == str(later) for d in facts_dups)
+    assert all(d["dropped"][0]["why"].startswith("older") for d in facts_dups)
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("ignored ")]
 
 
 def test_awx_job_artifacts_file_as_input(lab: dict[str, Any], runner_slices: list[Path]) -> None:
@@ -200,3 +284,54 @@ def test_bad_inputs_one_line(tmp_path: Path, make: Any, code: int, words: str) -
     assert proc.returncode == code, proc.stderr
     assert words in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _facts_file(d: Path, collected_at: Any) -> Path:
+    """An AWX artifacts file whose one host's facts carry ``collected_at`` as given (raw JSON)."""
+    f = d / "artifacts.json"
+    f.write_text('{"k3fleet_audit": {"facts": {"gpu-x01": {"schema_version": "1.0", "host": "gpu-x01", '
+                 f'"collected_at": {collected_at}}}}}}}}}')
+    return f
+
+
+def _runner_job(d: Path, events: list[Any], status: bytes = b"successful") -> Path:
+    """An ansible-runner artifact directory with these job events (raw JSON text each)."""
+    job = d / "artifacts" / "job"
+    (job / "job_events").mkdir(parents=True)
+    for i, event in enumerate(events, 1):
+        (job / "job_events" / f"{i}-event.json").write_text(event)
+    (job / "status").write_bytes(status)
+    return d
+
+
+_OK_EVENT = ('{"counter": 1, "event": "runner_on_unreachable", "created": "2025-06-01T10:00:00", '
+             '"event_data": {"host": "gpu-x01", "res": {"msg": "timed out"}}}')
+
+
+# Each of these was a traceback; each is now one line naming the slice, what is wrong and where.
+@pytest.mark.parametrize("make, words", [
+    (lambda d: _facts_file(d, "1e300"), "collected_at 1e+300: out of the range of a date"),
+    (lambda d: _facts_file(d, "NaN"), "collected_at nan: not a finite number"),
+    (lambda d: _facts_file(d, "Infinity"), "collected_at inf: not a finite number"),
+    (lambda d: _facts_file(d, '"2999-01-01T00:00:00Z"'), "ahead of this controller's clock"),
+    (lambda d: _runner_job(d, [_OK_EVENT.replace('"2025-06-01T10:00:00"', "NaN")]),
+     "event created nan: not a finite number"),
+    (lambda d: _runner_job(d, [_OK_EVENT.replace('"counter": 1', '"counter": "one"')]),
+     "counter 'one' is not an integer"),
+    (lambda d: _runner_job(d, [_OK_EVENT.replace('"counter": 1', '"counter": 1.5')]),
+     "counter 1.5 is not an integer"),
+    (lambda d: _runner_job(d, ['{"counter": 1, "event": "runner_on_ok", "event_data": ["gpu-x01"]}']),
+     "event_data is a list, not an object"),
+    (lambda d: _runner_job(d, ['{"counter": 1, "event": "playbook_on_stats", "event_data": '
+                               '{"artifact_data": [1]}}']),
+     "artifact_data is a list, not an object"),
+    (lambda d: _runner_job(d, [_OK_EVENT], status=b"\x00\x01\xffELF"), "is binary, not an ansible-runner status"),
+    (lambda d: _runner_job(d, [_OK_EVENT], status=b"succ\xffessful"), "is not UTF-8 text"),
+])
+def test_malformed_slices_one_line_exit_2(tmp_path: Path, make: Any, words: str) -> None:
+    path = make(tmp_path)
+    proc = k3fleet("merge", str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert words in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -163,3 +163,18 @@ def accept_run(runs_root: Path, simulator: Any) -> Any:
         return out
 
     return run
+
+
+# -- signing keys -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def evidence_keys(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The reviewer's key and its allowed-signers file, a stranger's key, an encrypted key."""
+    import shutil
+
+    from decide_helpers import EvidenceKeys
+
+    if shutil.which("ssh-keygen") is None:
+        pytest.fail("ssh-keygen (OpenSSH client) is required: signed evidence is made and checked with it")
+    return EvidenceKeys(tmp_path_factory.mktemp("keys"))

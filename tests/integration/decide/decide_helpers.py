@@ -21,3 +21,45 @@ def load_probe_ran(run: Path) -> bool:
     import json
 
     return "load" not in (json.loads((run / "accept.json").read_text()).get("not_run") or {})
+
+
+# -- OpenSSH keys for signed evidence -------------------------------------------------------------------
+
+SIGNER = "reviewer@example.org"
+PASSPHRASE = "correct horse battery staple"
+
+
+class EvidenceKeys:
+    """Throwaway ed25519 keys made by the real ``ssh-keygen``: the reviewer's (allowed), a
+    stranger's (in no allowed-signers file) and an encrypted one (signs only through ssh-agent)."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.key = self._keygen(root / "reviewer")
+        self.stranger = self._keygen(root / "stranger")
+        self.encrypted = self._keygen(root / "encrypted", passphrase=PASSPHRASE)
+        self.fingerprint = fingerprint(self.key)
+        self.stranger_fingerprint = fingerprint(self.stranger)
+        self.allowed = root / "allowed_signers"
+        self.allowed.write_text(self.allowed_line(self.key))
+        # The reviewer's key, but allowed only for git commits: not for evidence.
+        self.wrong_namespace = root / "allowed_signers.git"
+        self.wrong_namespace.write_text(self.allowed_line(self.key, "git"))
+
+    @staticmethod
+    def _keygen(path: Path, passphrase: str = "") -> Path:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", path.name, "-f", str(path)],
+                       check=True, capture_output=True, timeout=60)
+        return path
+
+    @staticmethod
+    def allowed_line(key: Path, namespace: str = "k3fleet-evidence", principal: str = SIGNER) -> str:
+        pub = key.with_name(key.name + ".pub").read_text().split()
+        return f'{principal} namespaces="{namespace}" {pub[0]} {pub[1]}\n'
+
+
+def fingerprint(key: Path) -> str:
+    """The key's SHA256 fingerprint as ssh-keygen prints it."""
+    proc = subprocess.run(["ssh-keygen", "-l", "-f", str(key.with_name(key.name + ".pub"))], check=True,
+                          capture_output=True, text=True, timeout=60)
+    return proc.stdout.split()[1]

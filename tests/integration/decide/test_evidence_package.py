@@ -1,30 +1,48 @@
-"""The evidence package from real runs: written safely, verified later, tampering named file by file."""
+"""The evidence package from real runs: written safely, signed with a real OpenSSH key, verified later,
+tampering named file by file, and a package rewritten consistently (content and PACKAGE.json) never
+called intact."""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
+import os
 import shutil
+import subprocess
 import tarfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from decide_helpers import k3fleet
+from decide_helpers import PASSPHRASE, SIGNER, k3fleet
 
-from k3fleet.decide.package import PACKAGE_MANIFEST, verify_package, write_package
+from k3fleet.decide.package import PACKAGE_MANIFEST, PACKAGE_SIGNATURE, verify_package, write_package
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def decision(healthy_audit: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def decision(healthy_audit: Path, evidence_keys: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("pkg") / "decision"
-    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--json")
+    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--json",
+                   "--sign-key", str(evidence_keys.key))
     assert proc.returncode == 3, proc.stderr[-2000:]  # no acceptance run: evidence missing
+    assert f"signed: ED25519 key {evidence_keys.fingerprint}" in proc.stderr
     archive = out.with_name(out.name + ".tar.gz")
     assert archive.is_file()
     return out, archive
+
+
+@pytest.fixture(scope="module")
+def unsigned(healthy_audit: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("unsigned") / "decision"
+    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "unsigned" in proc.stderr
+    return out.with_name(out.name + ".tar.gz")
 
 
 def _members(archive: Path) -> dict[str, bytes]:
@@ -50,7 +68,8 @@ def test_package_holds_the_runs_the_checklist_the_decision_and_a_full_manifest(
     assert all(name.startswith(f"{root}/") and ".." not in name for name in members)
     manifest = json.loads(members[f"{root}/{PACKAGE_MANIFEST}"])
     listed = {f["path"] for f in manifest["files"]}
-    assert listed == {n.removeprefix(f"{root}/") for n in members} - {PACKAGE_MANIFEST}
+    # Every member but the manifest and the signature over it is listed, with its sha256.
+    assert listed == {n.removeprefix(f"{root}/") for n in members} - {PACKAGE_MANIFEST, PACKAGE_SIGNATURE}
     for rel in ("decision/decision.json", "decision/checklist.json", "decision/summary.json", "decision/report.md",
                 "decision/manifest.json", "decision/command.json", f"runs/{healthy_audit.name}/verdict.json",
                 f"runs/{healthy_audit.name}/manifest.json", f"runs/{healthy_audit.name}/inputs/target.json"):
@@ -66,9 +85,210 @@ def test_package_holds_the_runs_the_checklist_the_decision_and_a_full_manifest(
     with tarfile.open(archive, "r:gz") as tar:
         for m in tar:
             assert m.isfile() and m.mode == 0o644 and m.uid == 0
-    ok = k3fleet("verify-evidence", str(archive))
+    assert members[f"{root}/{PACKAGE_SIGNATURE}"].startswith(b"-----BEGIN SSH SIGNATURE-----")
+
+
+def test_signed_intact_package_passes_and_names_its_signer(decision: tuple[Path, Path], evidence_keys: Any) -> None:
+    _, archive = decision
+    manifest = json.loads(next(v for k, v in _members(archive).items() if k.endswith(f"/{PACKAGE_MANIFEST}")))
+    assert manifest["signer"] == {"key_fingerprint": evidence_keys.fingerprint, "key_type": "ED25519",
+                                  "namespace": "k3fleet-evidence", "format": "sshsig"}
+    ok = k3fleet("verify-evidence", str(archive), "--allowed-signers", str(evidence_keys.allowed))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert f"intact: {len(listed)} files match" in ok.stdout
+    assert f"intact: {len(manifest['files'])} files match" in ok.stdout
+    assert f"signed by {SIGNER} (ED25519 key {evidence_keys.fingerprint}), namespace k3fleet-evidence" in ok.stdout
+    assert f"sha256 {hashlib.sha256(archive.read_bytes()).hexdigest()}" in ok.stdout
+    report = json.loads(k3fleet("verify-evidence", str(archive), "--allowed-signers", str(evidence_keys.allowed),
+                                "--json").stdout)
+    assert report["ok"] and report["exit_code"] == 0
+    assert report["signature"]["status"] == "verified" and report["signature"]["principal"] == SIGNER
+    assert report["signature"]["key_fingerprint"] == evidence_keys.fingerprint
+    # Without an allowed-signers file nothing says who signed: matching files alone are not "intact".
+    unchecked = k3fleet("verify-evidence", str(archive))
+    assert unchecked.returncode == 3 and "intact" not in unchecked.stdout
+    assert "signature not checked: give --allowed-signers FILE" in unchecked.stderr
+
+
+def test_unsigned_package_is_reported_unsigned_never_intact(unsigned: Path, evidence_keys: Any) -> None:
+    proc = k3fleet("verify-evidence", str(unsigned), "--allowed-signers", str(evidence_keys.allowed))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "intact" not in proc.stdout and "unsigned:" in proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1 and "unsigned" in proc.stderr
+    manifest = json.loads(next(v for k, v in _members(unsigned).items() if k.endswith(f"/{PACKAGE_MANIFEST}")))
+    assert manifest["signer"] is None
+
+
+def _forge_go_live(members: dict[str, bytes], *, signer: Any = "keep") -> dict[str, bytes]:
+    """The attack: decision.json turned into an approved go_live, PACKAGE.json rewritten to match it."""
+    out = dict(members)
+    root = next(iter(out)).split("/", 1)[0]
+    name = f"{root}/decision/decision.json"
+    decision = json.loads(out[name])
+    assert decision["approved"] is False
+    decision.update(outcome="go_live", approved=True, exit_code=0)
+    out[name] = json.dumps(decision, indent=2).encode()
+    manifest = json.loads(out[f"{root}/{PACKAGE_MANIFEST}"])
+    for f in manifest["files"]:
+        if f["path"] == "decision/decision.json":
+            f["sha256"], f["bytes"] = hashlib.sha256(out[name]).hexdigest(), len(out[name])
+    manifest["decision"].update(outcome="go_live", approved=True, exit_code=0)
+    if signer != "keep":
+        manifest["signer"] = signer
+    out[f"{root}/{PACKAGE_MANIFEST}"] = (json.dumps(manifest, indent=2) + "\n").encode()
+    return out
+
+
+def _sshsig(key: Path, data: bytes, tmp: Path) -> bytes:
+    msg = tmp / "forged-manifest"
+    msg.write_bytes(data)
+    subprocess.run(["ssh-keygen", "-Y", "sign", "-f", str(key), "-n", "k3fleet-evidence", str(msg)], check=True,
+                   capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
+    return msg.with_name(msg.name + ".sig").read_bytes()
+
+
+@pytest.mark.parametrize("attack, code, words", [
+    # Unsigned package, content and PACKAGE.json rewritten together: every file matches, still unsigned.
+    ("unsigned_forged", 3, "unsigned"),
+    # Signed package rewritten the same way, its signature kept: it no longer signs these bytes.
+    ("signed_forged", 1, "the signature does not match PACKAGE.json"),
+    # ... and the signature dropped: PACKAGE.json still names its signer.
+    ("signature_removed", 1, "the signature was removed"),
+    # ... the signature dropped and the signer erased: now it is just unsigned.
+    ("signer_erased", 3, "unsigned"),
+    # ... and signed again by a key nobody allowed.
+    ("resigned_by_stranger", 1, "which is not in"),
+])
+def test_forged_package_is_never_intact(decision: tuple[Path, Path], unsigned: Path, evidence_keys: Any,
+                                        tmp_path: Path, attack: str, code: int, words: str) -> None:
+    _, archive = decision
+    members = _members(unsigned if attack == "unsigned_forged" else archive)
+    root = next(iter(members)).split("/", 1)[0]
+    sig = f"{root}/{PACKAGE_SIGNATURE}"
+    if attack == "unsigned_forged":
+        forged = _forge_go_live(members)
+    elif attack == "signed_forged":
+        forged = _forge_go_live(members)
+        assert sig in forged
+    elif attack == "signature_removed":
+        forged = _forge_go_live(members)
+        del forged[sig]
+    elif attack == "signer_erased":
+        forged = _forge_go_live(members, signer=None)
+        del forged[sig]
+    else:
+        forged = _forge_go_live(members, signer={"key_fingerprint": evidence_keys.stranger_fingerprint,
+                                                 "key_type": "ED25519", "namespace": "k3fleet-evidence",
+                                                 "format": "sshsig"})
+        forged[sig] = _sshsig(evidence_keys.stranger, forged[f"{root}/{PACKAGE_MANIFEST}"], tmp_path)
+    bad = tmp_path / "forged.tar.gz"
+    _write(bad, forged)
+    # The forgery is consistent: no member differs from the rewritten manifest.
+    assert verify_package(bad).ok
+    proc = k3fleet("verify-evidence", str(bad), "--allowed-signers", str(evidence_keys.allowed))
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "intact" not in proc.stdout and "DIFFERENT" not in proc.stdout
+    assert words in proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    if attack == "resigned_by_stranger":
+        assert evidence_keys.stranger_fingerprint in proc.stderr
+
+
+def test_signed_by_an_unknown_key_or_for_another_namespace_fails(healthy_audit: Path, decision: tuple[Path, Path],
+                                                                evidence_keys: Any, tmp_path: Path) -> None:
+    out = tmp_path / "by-stranger"
+    made = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--sign-key",
+                   str(evidence_keys.stranger))
+    assert made.returncode == 3, made.stderr
+    proc = k3fleet("verify-evidence", str(out.with_name(out.name + ".tar.gz")), "--allowed-signers",
+                   str(evidence_keys.allowed))
+    assert proc.returncode == 1 and "intact" not in proc.stdout
+    assert f"signed by ED25519 key {evidence_keys.stranger_fingerprint}, which is not in" in proc.stderr
+    # The reviewer's key, allowed only for git signatures: not a signer of evidence.
+    _, archive = decision
+    proc = k3fleet("verify-evidence", str(archive), "--allowed-signers", str(evidence_keys.wrong_namespace))
+    assert proc.returncode == 1 and "intact" not in proc.stdout
+    assert "does not allow for k3fleet-evidence" in proc.stderr and "not permitted" in proc.stderr
+    missing = k3fleet("verify-evidence", str(archive), "--allowed-signers", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("case", ["missing", "not_a_key", "directory", "unreadable", "encrypted_without_agent"])
+def test_a_key_that_cannot_sign_is_one_line_exit_2_and_writes_nothing(healthy_audit: Path, evidence_keys: Any,
+                                                                      tmp_path: Path, case: str) -> None:
+    key = tmp_path / "key"
+    if case == "not_a_key":
+        key.write_text("this is not an OpenSSH key\n")
+    elif case == "directory":
+        key.mkdir()
+    elif case == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads a file whatever its mode")
+        shutil.copy(evidence_keys.key, key)
+        key.chmod(0)
+    elif case == "encrypted_without_agent":
+        key = evidence_keys.encrypted
+    out = tmp_path / "decision"
+    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--sign-key", str(key),
+                   env={"SSH_AUTH_SOCK": ""})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--sign-key" in lines[0] and "Traceback" not in proc.stderr, lines
+    if case == "encrypted_without_agent":
+        assert "ssh-agent" in lines[0]
+    assert not out.exists() and not out.with_name(out.name + ".tar.gz").exists()
+    assert not list(tmp_path.glob("*.tar.gz*"))
+
+
+def test_an_encrypted_key_signs_through_ssh_agent(healthy_audit: Path, evidence_keys: Any, tmp_path: Path) -> None:
+    if shutil.which("ssh-agent") is None or shutil.which("ssh-add") is None:
+        pytest.skip("ssh-agent / ssh-add not installed")
+    sock = tmp_path / "agent.sock"
+    askpass = tmp_path / "askpass.sh"
+    askpass.write_text(f"#!/bin/sh\necho '{PASSPHRASE}'\n")
+    askpass.chmod(0o700)
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):  # a hang guard: the agent makes its socket at once
+            if sock.exists() or agent.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert sock.exists(), "ssh-agent did not start"
+        env = {"SSH_AUTH_SOCK": str(sock), "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
+               "DISPLAY": ":0"}
+        subprocess.run(["ssh-add", str(evidence_keys.encrypted)], check=True, capture_output=True, timeout=60,
+                       env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+        out = tmp_path / "decision"
+        proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--sign-key",
+                       str(evidence_keys.encrypted), env={"SSH_AUTH_SOCK": str(sock)})
+        assert proc.returncode == 3, proc.stderr
+        assert "signed: ED25519 key" in proc.stderr
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+    allowed = tmp_path / "allowed"
+    allowed.write_text(evidence_keys.allowed_line(evidence_keys.encrypted))
+    ok = k3fleet("verify-evidence", str(out.with_name(out.name + ".tar.gz")), "--allowed-signers", str(allowed))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_ssh_keygen_missing_is_one_line_exit_3(healthy_audit: Path, decision: tuple[Path, Path],
+                                               evidence_keys: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    _, archive = decision
+    proc = k3fleet("verify-evidence", str(archive), "--allowed-signers", str(evidence_keys.allowed),
+                   env={"PATH": str(empty)})
+    assert proc.returncode == 3 and "intact" not in proc.stdout
+    assert proc.stderr.strip().splitlines() == [
+        "k3fleet: error: ssh-keygen is not on PATH: install the OpenSSH client (openssh-client) to sign or "
+        "verify evidence packages"]
+    out = tmp_path / "decision"
+    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--sign-key",
+                   str(evidence_keys.key), env={"PATH": str(empty)})
+    assert proc.returncode == 3 and "ssh-keygen is not on PATH" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists() and not out.with_name(out.name + ".tar.gz").exists()
 
 
 def test_one_byte_changed_inside_a_file_is_named(decision: tuple[Path, Path], tmp_path: Path) -> None:

@@ -1,14 +1,22 @@
-"""``k3fleet watch`` against the vLLM simulator, with the baseline of a real approved decision.
+"""``k3fleet watch`` against the vLLM simulator, with the baseline of a real approved, signed decision.
 
 Healthy: no trigger for the whole window. Made to crash (its engine dies as on an OOM) or to drop
-its prefix cache: the right trigger within two intervals of the fault.
+its prefix cache: the right trigger within two intervals of the fault. A baseline is taken only
+from an evidence package whose signature verifies against --allowed-signers: an audit run, an
+unsigned package, a forged package or a run directory rewritten with a regenerated manifest is
+refused before anything is written.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
+import io
 import json
+import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,14 +33,26 @@ INTERVAL = 1.5
 
 
 @pytest.fixture(scope="module")
-def approved(matched_audit: Path, accept_run: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def approved(matched_audit: Path, accept_run: Any, evidence_keys: Any,
+             tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = accept_run("healthy")
     if not load_probe_ran(run):
         pytest.skip("the load probe is not in this build: no decision can be approved without it")
     out = tmp_path_factory.mktemp("watch") / "decision"
-    proc = k3fleet("decide", str(matched_audit), str(run), "--reviewer", "carol", "--out", str(out))
+    proc = k3fleet("decide", str(matched_audit), str(run), "--reviewer", "carol", "--out", str(out),
+                   "--sign-key", str(evidence_keys.key))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert (out / "baseline.json").is_file()
+    return out
+
+
+@pytest.fixture(scope="module")
+def unapproved(healthy_audit: Path, evidence_keys: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real signed decision that was not approved (no acceptance run), as a forger finds it."""
+    out = tmp_path_factory.mktemp("watch-unapproved") / "decision"
+    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--sign-key",
+                   str(evidence_keys.key))
+    assert proc.returncode == 3, proc.stderr[-2000:]
     return out
 
 
@@ -67,11 +87,16 @@ class Traffic:
         self.thread.join(15)
 
 
-def _watch(base_url: str, baseline: Path, out: Path, window: str) -> subprocess.Popen[str]:
+def _watch(base_url: str, baseline: Path, allowed: Path, out: Path, window: str) -> subprocess.Popen[str]:
     bindir = Path(sys.executable).parent
     return subprocess.Popen([str(bindir / "k3fleet"), "watch", "--base-url", base_url, "--baseline", str(baseline),
-                             "--for", window, "--interval", str(INTERVAL), "--json", "--out", str(out)],
+                             "--allowed-signers", str(allowed), "--for", window, "--interval", str(INTERVAL),
+                             "--json", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _package(run: Path) -> Path:
+    return run.with_name(run.name + ".tar.gz")
 
 
 def _samples(out: Path) -> list[dict[str, Any]]:
@@ -94,9 +119,10 @@ def sim(simulator: Any) -> Iterator[Any]:
     yield simulator()
 
 
-def test_healthy_server_fires_no_trigger(approved: Path, sim: Any, tmp_path: Path) -> None:
+def test_healthy_server_fires_no_trigger(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
+    # The run directory, with its signed package beside it.
     with Traffic(sim.base_url):
-        proc = _watch(sim.base_url, approved, tmp_path / "w", "15s")
+        proc = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "w", "15s")
         stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
     data = json.loads(stdout)
@@ -108,11 +134,12 @@ def test_healthy_server_fires_no_trigger(approved: Path, sim: Any, tmp_path: Pat
 
 
 @pytest.mark.parametrize("fault", ["crash", "drop_cache"])
-def test_fault_fires_the_right_trigger_within_two_intervals(fault: str, approved: Path, sim: Any,
-                                                            tmp_path: Path) -> None:
+def test_fault_fires_the_right_trigger_within_two_intervals(fault: str, approved: Path, evidence_keys: Any,
+                                                            sim: Any, tmp_path: Path) -> None:
     out = tmp_path / "w"
+    # The signed package itself.
     with Traffic(sim.base_url):
-        proc = _watch(sim.base_url, approved, out, "120s")
+        proc = _watch(sim.base_url, _package(approved), evidence_keys.allowed, out, "120s")
         _wait_for_samples(out, proc, 3)
         t_fault = time.time()
         if fault == "crash":
@@ -137,16 +164,127 @@ def test_fault_fires_the_right_trigger_within_two_intervals(fault: str, approved
     assert json.loads((out / "watch.json").read_text())["exit_code"] == 1
 
 
-def test_unapproved_decision_and_unreachable_endpoint(healthy_audit: Path, tmp_path: Path) -> None:
-    dec = tmp_path / "d"
-    assert k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(dec)).returncode == 3
-    proc = k3fleet("watch", "--base-url", "http://127.0.0.1:9", "--baseline", str(dec), "--for", "3s",
-                   "--runs-dir", str(tmp_path / "r"))
-    assert proc.returncode == 2 and "was not approved" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def _watch_once(baseline: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return k3fleet("watch", "--base-url", "http://127.0.0.1:9", "--baseline", str(baseline), "--for", "3s",
+                   "--interval", "1", "--runs-dir", str(tmp_path / "r"), *extra)
 
 
-def test_unreachable_endpoint_is_exit_3(approved: Path, tmp_path: Path) -> None:
-    proc = k3fleet("watch", "--base-url", "http://127.0.0.1:9", "--baseline", str(approved), "--for", "3s",
-                   "--interval", "1", "--runs-dir", str(tmp_path / "r"))
+def _refused(proc: subprocess.CompletedProcess[str], tmp_path: Path, code: int = 2) -> str:
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, lines
+    assert not (tmp_path / "r").exists()  # refused before any run directory is written
+    return lines[0]
+
+
+def test_unapproved_decision_and_unreachable_endpoint(unapproved: Path, evidence_keys: Any, tmp_path: Path) -> None:
+    line = _refused(_watch_once(unapproved, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
+    assert "was not approved" in line
+
+
+def test_unreachable_endpoint_is_exit_3(approved: Path, evidence_keys: Any, tmp_path: Path) -> None:
+    proc = _watch_once(approved, tmp_path, "--allowed-signers", str(evidence_keys.allowed))
     assert proc.returncode == 3 and "cannot watch" in proc.stderr, proc.stderr
+
+
+def test_an_audit_run_is_not_a_baseline(healthy_audit: Path, evidence_keys: Any, tmp_path: Path) -> None:
+    line = _refused(_watch_once(healthy_audit, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
+    assert f"--baseline {healthy_audit} is an audit run, not a decision" in line
+    assert "signed evidence package (.tar.gz)" in line
+
+
+def test_allowed_signers_are_required(unapproved: Path, tmp_path: Path) -> None:
+    line = _refused(_watch_once(_package(unapproved), tmp_path), tmp_path)
+    assert "--allowed-signers FILE is required" in line
+
+
+def _approve(run: Path) -> None:
+    """What a forger does to a run directory: approve it, add a baseline, regenerate its manifest."""
+    from k3fleet.evidence import RunDir, verify_run
+
+    decision = json.loads((run / "decision.json").read_text())
+    decision.update(outcome="go_live", approved=True, exit_code=0)
+    (run / "decision.json").write_text(json.dumps(decision))
+    (run / "baseline.json").write_text(json.dumps({"image": "registry.example/forged:latest",
+                                                   "model": "moonshotai/Kimi-K3", "concurrency_ceiling": 10_000}))
+    RunDir.open(run).write_manifest()
+    assert verify_run(run).ok
+
+
+def test_forged_baseline_with_a_regenerated_manifest_is_refused(unapproved: Path, evidence_keys: Any,
+                                                                tmp_path: Path) -> None:
+    forged = tmp_path / "decision"
+    shutil.copytree(unapproved, forged)
+    _approve(forged)
+    # Without the package: a run directory alone proves nothing.
+    line = _refused(_watch_once(forged, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
+    assert "no evidence package decision.tar.gz beside it" in line
+    # With the original signed package beside it: the manifest is not the one that was signed.
+    shutil.copy(_package(unapproved), _package(forged))
+    line = _refused(_watch_once(forged, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
+    assert "is not the decision its signed package decision.tar.gz holds" in line
+
+
+def _rebuild(archive: Path, dest: Path, change: dict[str, bytes], drop: tuple[str, ...] = ()) -> None:
+    """The package with members replaced and PACKAGE.json rewritten to match them (the signature kept)."""
+    with tarfile.open(archive, "r:gz") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    root = next(iter(members)).split("/", 1)[0]
+    members.update({f"{root}/{k}": v for k, v in change.items()})
+    for name in drop:
+        members.pop(f"{root}/{name}", None)
+    manifest = json.loads(members[f"{root}/PACKAGE.json"])
+    listed = {f["path"] for f in manifest["files"]}
+    manifest["files"] = [f for f in manifest["files"] if f"{root}/{f['path']}" in members]
+    for rel in change:
+        if rel not in listed:
+            manifest["files"].append({"path": rel, "sha256": "", "bytes": 0})
+    for f in manifest["files"]:
+        data = members[f"{root}/{f['path']}"]
+        f["sha256"], f["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    if "PACKAGE.json.sig" in drop:
+        manifest["signer"] = None
+    members[f"{root}/PACKAGE.json"] = json.dumps(manifest, indent=2).encode()
+    with tarfile.open(dest, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("attack, words", [
+    ("signature_kept", "the evidence package's signature fails: the signature does not match PACKAGE.json"),
+    ("unsigned", "is unsigned: nothing proves who approved it"),
+])
+def test_forged_package_is_refused(unapproved: Path, evidence_keys: Any, tmp_path: Path, attack: str,
+                                   words: str) -> None:
+    forged = tmp_path / "decision"
+    shutil.copytree(unapproved, forged)
+    _approve(forged)
+    change = {f"decision/{n}": (forged / n).read_bytes() for n in ("decision.json", "baseline.json", "manifest.json")}
+    bad = tmp_path / "forged.tar.gz"
+    _rebuild(_package(unapproved), bad, change, drop=("PACKAGE.json.sig",) if attack == "unsigned" else ())
+    line = _refused(_watch_once(bad, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
+    assert words in line
+
+
+def test_only_the_signature_makes_a_baseline_trusted(unapproved: Path, evidence_keys: Any, tmp_path: Path) -> None:
+    """The same approved run directory, packaged and signed by the key the allowed-signers file names:
+    accepted (the watch gets as far as the endpoint); signed by a stranger: refused."""
+    from k3fleet.decide.package import write_package
+    from k3fleet.decide.signing import signing_key
+
+    run = tmp_path / "decision"
+    shutil.copytree(unapproved, run)
+    _approve(run)
+    now = _dt.datetime.now(_dt.UTC)
+    write_package(_package(run), run.name, run, [], {"decision": {"approved": True}}, mtime=now,
+                  sign=signing_key(evidence_keys.key))
+    proc = _watch_once(run, tmp_path, "--allowed-signers", str(evidence_keys.allowed))
+    assert proc.returncode == 3 and "cannot watch" in proc.stderr, proc.stderr
+    shutil.rmtree(tmp_path / "r")
+    stranger = tmp_path / "by-stranger.tar.gz"
+    write_package(stranger, run.name, run, [], {"decision": {"approved": True}}, mtime=now,
+                  sign=signing_key(evidence_keys.stranger))
+    line = _refused(_watch_once(stranger, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
+    assert f"signed by ED25519 key {evidence_keys.stranger_fingerprint}, which is not in" in line

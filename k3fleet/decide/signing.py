@@ -1,0 +1,168 @@
+"""OpenSSH signatures over an evidence package (docs/decision.md "Signing and verification").
+
+A package's ``PACKAGE.json`` holds the sha256 of every other member, so a signature over its exact
+bytes covers the whole package. Signing uses a key an SRE already has (``ssh-keygen -Y sign``, a
+private key file or a public key whose private half is in ``ssh-agent``), in the namespace
+``k3fleet-evidence`` so that a signature made for anything else (a git commit, a file) never
+passes for one over evidence. Verifying asks ``ssh-keygen -Y find-principals`` whom the signing
+key belongs to in an allowed-signers file, then ``ssh-keygen -Y verify`` whether that principal
+signed these bytes in this namespace: the allowed-signers file is the only root of trust.
+
+``ssh-keygen`` runs without a terminal and with stdin closed: an encrypted key whose private half
+is not in the agent fails at once instead of waiting for a passphrase nobody can type.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3fleet.errors import IncompleteError, UsageError
+
+NAMESPACE = "k3fleet-evidence"
+SIGNATURE_SUFFIX = ".sig"
+# ssh-keygen answers in milliseconds; an agent that asks for confirmation may take a while.
+_TIMEOUT_S = 120
+# What the probe signature covers: never evidence, so it cannot be replayed as a package's.
+_PROBE = b"k3fleet: can this key sign? (not evidence)\n"
+_GOOD = re.compile(r'^Good "(?P<ns>[^"]*)" signature (?:for (?P<principal>.+) )?with (?P<type>\S+) key '
+                   r"(?P<fp>\S+)\s*$", re.M)
+
+
+def _ssh_keygen() -> str:
+    exe = shutil.which("ssh-keygen")
+    if exe is None:
+        raise IncompleteError("ssh-keygen is not on PATH: install the OpenSSH client (openssh-client) to sign "
+                              "or verify evidence packages")
+    return exe
+
+
+def _run(args: list[str], *, stdin: bytes | None = None, what: str) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SSH_ASKPASS", "SSH_ASKPASS_REQUIRE", "DISPLAY")}
+    try:
+        return subprocess.run([_ssh_keygen(), *args], input=stdin if stdin is not None else b"",
+                              capture_output=True, timeout=_TIMEOUT_S, check=False, env=env,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        raise IncompleteError(f"{what}: ssh-keygen did not answer within {_TIMEOUT_S}s") from exc
+    except OSError as exc:
+        raise IncompleteError(f"{what}: cannot run ssh-keygen: {exc.strerror or exc}") from exc
+
+
+def _said(proc: subprocess.CompletedProcess[bytes]) -> str:
+    """ssh-keygen's own words, one line, without its progress chatter and prompts."""
+    text = proc.stderr.decode("utf-8", "replace").replace("Enter passphrase:", "\n")
+    skip = ("Signing file", "Signing data on standard input", "Write signature to", "Could not verify signature.")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(skip)]
+    return "; ".join(lines)[:300] or f"exit status {proc.returncode}"
+
+
+def _check_readable(path: Path, option: str, kind: str) -> None:
+    try:
+        with path.open("rb") as fh:
+            fh.read(1)
+    except FileNotFoundError as exc:
+        raise UsageError(f"{option} {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise UsageError(f"{option} {path} is a directory, not {kind}") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc.strerror or exc}") from exc
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A key that has shown it can sign: its path, type and SHA256 fingerprint."""
+
+    path: Path
+    key_type: str
+    fingerprint: str
+
+    def sign(self, data: bytes) -> bytes:
+        """The armored SSH signature of ``data`` in the evidence namespace."""
+        with tempfile.TemporaryDirectory(prefix="k3fleet-sign-") as tmp:
+            msg = Path(tmp) / "message"
+            msg.write_bytes(data)
+            proc = _run(["-Y", "sign", "-f", str(self.path), "-n", NAMESPACE, str(msg)],
+                        what=f"--sign-key {self.path}")
+            sig = msg.with_name(msg.name + SIGNATURE_SUFFIX)
+            if proc.returncode != 0 or not sig.is_file():
+                raise UsageError(f"--sign-key {self.path} cannot sign: {_said(proc)} (an encrypted key needs its "
+                                 "private half in ssh-agent: ssh-add it first)")
+            return sig.read_bytes()
+
+    def record(self) -> dict[str, str]:
+        """What PACKAGE.json says about its signer (checked against the signature when verifying)."""
+        return {"key_fingerprint": self.fingerprint, "key_type": self.key_type, "namespace": NAMESPACE,
+                "format": "sshsig"}
+
+
+def signature_key(data: bytes, signature: bytes) -> tuple[str, str] | None:
+    """(key type, fingerprint) of the key that made ``signature`` over ``data``, when it is one;
+    says nothing about whom the key belongs to."""
+    with tempfile.TemporaryDirectory(prefix="k3fleet-sig-") as tmp:
+        sig = Path(tmp) / "message.sig"
+        sig.write_bytes(signature)
+        proc = _run(["-Y", "check-novalidate", "-n", NAMESPACE, "-s", str(sig)], stdin=data,
+                    what="signature check")
+    m = _GOOD.search(proc.stdout.decode("utf-8", "replace"))
+    return (m["type"], m["fp"]) if proc.returncode == 0 and m else None
+
+
+def signing_key(path: Path) -> SigningKey:
+    """The key at ``path``, once it has signed a probe: a missing, unreadable or encrypted key (without
+    the agent) fails here, before anything is written."""
+    _check_readable(path, "--sign-key", "an OpenSSH key")
+    probe = SigningKey(path=path, key_type="?", fingerprint="?")
+    sig = probe.sign(_PROBE)
+    key = signature_key(_PROBE, sig)
+    if key is None:
+        raise UsageError(f"--sign-key {path}: ssh-keygen made a signature it cannot read back")
+    return SigningKey(path=path, key_type=key[0], fingerprint=key[1])
+
+
+@dataclass
+class SignatureCheck:
+    """The outcome of checking one signature against an allowed-signers file."""
+
+    verified: bool
+    principal: str | None = None
+    key_type: str | None = None
+    fingerprint: str | None = None
+    reason: str | None = None
+
+
+def verify_signature(data: bytes, signature: bytes, allowed_signers: Path) -> SignatureCheck:
+    """Whether a principal of ``allowed_signers`` signed ``data`` in the evidence namespace."""
+    _check_readable(allowed_signers, "--allowed-signers", "an allowed-signers file")
+    key = signature_key(data, signature)
+    if key is None:
+        return SignatureCheck(False, reason=f"the signature does not match PACKAGE.json (or is not an SSH "
+                                            f"signature in the {NAMESPACE} namespace)")
+    key_type, fp = key
+    with tempfile.TemporaryDirectory(prefix="k3fleet-verify-") as tmp:
+        sig = Path(tmp) / "PACKAGE.json.sig"
+        sig.write_bytes(signature)
+        found = _run(["-Y", "find-principals", "-s", str(sig), "-f", str(allowed_signers)],
+                     what=f"--allowed-signers {allowed_signers}")
+        principals = [p.strip() for line in found.stdout.decode("utf-8", "replace").splitlines()
+                      for p in line.split(",") if p.strip()]
+        if found.returncode != 0 or not principals:
+            return SignatureCheck(False, key_type=key_type, fingerprint=fp, reason=(
+                f"signed by {key_type} key {fp}, which is not in {allowed_signers} ({_said(found)})"))
+        last = ""
+        for principal in principals:
+            proc = _run(["-Y", "verify", "-f", str(allowed_signers), "-I", principal, "-n", NAMESPACE,
+                         "-s", str(sig)], stdin=data, what=f"--allowed-signers {allowed_signers}")
+            m = _GOOD.search(proc.stdout.decode("utf-8", "replace"))
+            if proc.returncode == 0 and m and m["ns"] == NAMESPACE:
+                return SignatureCheck(True, principal=m["principal"] or principal, key_type=m["type"],
+                                      fingerprint=m["fp"])
+            last = f"{principal}: {_said(proc)}"
+    return SignatureCheck(False, key_type=key_type, fingerprint=fp,
+                          reason=f"signed by {key_type} key {fp}, which {allowed_signers} does not allow "
+                                 f"for {NAMESPACE} ({last})")
