@@ -6,11 +6,12 @@ The exit codes and the rule that combines them are owned by ``k3fleet.contracts`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, combine
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "IncompleteError", "K3FleetError",
-           "UsageError", "combine", "read_input"]
+           "UsageError", "combine", "read_input", "validation_line"]
 
 
 class K3FleetError(Exception):
@@ -38,3 +39,14 @@ def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, ma
     from k3fleet.bounds import read_input as _read_input
 
     return _read_input(path, what, kind=kind, limit=limit, max_bytes=max_bytes, text=text)
+
+
+def validation_line(exc: Any) -> str:
+    """The first error of a pydantic ValidationError as ``field.path: message`` (one line)."""
+    errs = exc.errors(include_url=False)
+    if not errs:
+        return str(exc).splitlines()[0]
+    e = errs[0]
+    loc = ".".join(str(p) for p in e.get("loc", ())) or "(top level)"
+    more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{loc}: {e.get('msg')}{more}"

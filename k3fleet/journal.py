@@ -122,7 +122,10 @@ def parse_journal(raw: bytes, path: Path) -> Journal:
         except ValidationError as exc:
             host = value.get("host") if isinstance(value.get("host"), str) else None
             stage = value.get("stage") if value.get("stage") in STAGES else None
-            journal.unreadable.append(Unreadable(offset, 0, f"not a journal line: {_first_error(exc)}", host, stage))
+            end = raw.find(b"\n", offset)
+            length = (len(raw) if end < 0 else end) - offset
+            journal.unreadable.append(Unreadable(offset, length, f"not a journal line: {_first_error(exc)}", host,
+                                                 stage))
             continue
         entry._offset = offset
         journal.entries.append(entry)

@@ -64,6 +64,8 @@ class RollbackResult:
     skipped: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     plays: list[PlayResult] = field(default_factory=list)
+    # Journal lines that could not be used (torn, wrong schema): shown to the operator, not only stored.
+    problems: list[str] = field(default_factory=list)
     exit_code: int = EXIT_OK
     message: str = ""
 
@@ -251,9 +253,10 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
     else:
         result.exit_code = EXIT_OK
         result.message = f"{len(outcomes)} host(s) {'checked' if opts.check else 'rolled back'}"
+    result.problems = [p for s in sources for p in s.journal.problems]
     rd.write_json("run.json", {"exit_code": result.exit_code, "message": result.message, "hosts": result.hosts,
                                "skipped": skipped, "refused": refused, "sources": result.sources,
-                               "journal_problems": [p for s in sources for p in s.journal.problems],
+                               "journal_problems": result.problems,
                                "wall_s": round(sum(p.wall_s for p in result.plays), 3)})
     rd.write_manifest()
     return result

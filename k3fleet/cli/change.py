@@ -19,10 +19,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from k3fleet.bounds import whole_seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
 from k3fleet.errors import UsageError
-from k3fleet.report.escapes import safe_text
+from k3fleet.report.escapes import safe_markup, safe_text
 
 _OUTCOME_STYLE = {"upgraded": "green", "rolled_back": "yellow", "failed": "red", "in_progress": "magenta",
                   "not_started": "dim", "skipped": "dim", "checked": "green", "not_finished": "magenta",
@@ -36,8 +37,9 @@ def _fmt_s(value: Any) -> str:
 
 def print_change(console: Console, result: Any) -> None:
     change = result.change
-    table = Table(title=f"change {change['change_id']}: R{change.get('target_branch', '')} "
-                        f"{change['target_version']} ({change['operator']})")
+    # The change id, versions and operator are given on the command line: text, never markup.
+    table = Table(title=f"change {safe_markup(change['change_id'])}: R{safe_markup(change.get('target_branch', ''))} "
+                        f"{safe_markup(change['target_version'])} ({safe_markup(change['operator'])})")
     for col in ("host", "batch", "outcome", "last stage", "wall", "k3fleet", "note"):
         table.add_column(col)
     batch_of = {change["canary"]: "canary"} if change.get("canary") else {}
@@ -61,7 +63,8 @@ def print_change(console: Console, result: Any) -> None:
 def print_check(console: Console, result: Any) -> None:
     """Per host: the drain and the package transaction the night would run."""
     change = result.change
-    console.print(f"[bold]check[/bold] change {change['change_id']} -> {change['target_version']}: nothing was changed")
+    console.print(f"[bold]check[/bold] change {safe_markup(change['change_id'])} -> "
+                  f"{safe_markup(change['target_version'])}: nothing was changed")
     batch_of = {change["canary"]: "canary"} if change.get("canary") else {}
     for i, wave in enumerate(change.get("waves") or [], 1):
         for h in wave:
@@ -82,7 +85,8 @@ def print_check(console: Console, result: Any) -> None:
         for key in ("remove", "unhold", "install", "hold"):
             if plan.get(key):
                 console.print(f"  {key:<8} " + " ".join(safe_text(p) for p in plan[key]), markup=False)
-        console.print(f"  reboot   {'yes, loaded ' + str(plan.get('loaded_version')) if plan.get('reboot') else 'no'}")
+        console.print(f"  reboot   {'yes, loaded ' + str(plan.get('loaded_version')) if plan.get('reboot') else 'no'}",
+                      markup=False)
         lines = rep.get("transaction") or []
         if lines:
             console.print("  package transaction:")
@@ -112,11 +116,13 @@ def upgrade(
         "--max-unavailable", help="Most nodes this change has out of service at any moment: a number, or a "
                                   "percentage of the audited fleet like 10% (default: the largest wave).")] = None,
     drain_timeout: Annotated[int | None, typer.Option(
-        "--drain-timeout", min=0, help="Seconds to wait for running jobs (default: the target's).")] = None,
+        "--drain-timeout", parser=whole_seconds_option("--drain-timeout", "--drain-timeout"),
+        help="Seconds to wait for running jobs (default: the target's; at most 7 days).")] = None,
     force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
                      ] = False,
     audit_max_age: Annotated[int | None, typer.Option(
-        "--audit-max-age", min=1, help="Seconds an audit stays fresh for the gate (default: the target's).")] = None,
+        "--audit-max-age", parser=whole_seconds_option("--audit-max-age", "--audit-max-age"),
+        help="Seconds an audit stays fresh for the gate (default: the target's; at most 30 days).")] = None,
     target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
     accept_finding: Annotated[list[str] | None, typer.Option(
         "--accept-finding", help="Check id (or pattern like 'rdma.*') that does not stop the driver change; it must "
@@ -168,7 +174,8 @@ def rollback(
     forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
     serial: Annotated[str, typer.Option("--serial", help="Hosts at a time (a number or a percentage).")] = "100%",
     drain_timeout: Annotated[int | None, typer.Option(
-        "--drain-timeout", min=0, help="Seconds to wait for running jobs (default: the target's).")] = None,
+        "--drain-timeout", parser=whole_seconds_option("--drain-timeout", "--drain-timeout"),
+        help="Seconds to wait for running jobs (default: the target's; at most 7 days).")] = None,
     force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
                      ] = False,
     check: Annotated[bool, typer.Option("--check", help="Say what would be restored; change nothing.")] = False,
@@ -196,7 +203,8 @@ def rollback(
     if as_json:
         out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
                                    "message": result.message, "hosts": result.hosts, "skipped": result.skipped,
-                                   "refused": result.refused, "sources": result.sources}, default=str))
+                                   "refused": result.refused, "sources": result.sources,
+                                   "journal_problems": result.problems}, default=str))
     else:
         table = Table(title="rollback")
         for col in ("host", "outcome", "stages", "back in service", "from", "note"):
@@ -211,6 +219,8 @@ def rollback(
             out.print(f"  not rolled back {host}: {safe_text(why)}", markup=False)
         for host, why in result.refused.items():
             out.print(f"  refused {host}: {safe_text(why)}", markup=False)
+    for problem in result.problems:
+        err.print(f"journal: {safe_text(problem)}", markup=False)
     err.print(result.message, markup=False)
     err.print(f"run directory: {result.run_dir.path}")
     raise typer.Exit(result.exit_code)

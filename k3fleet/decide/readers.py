@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from k3fleet.decide.models import (
     AcceptEvidence,
@@ -31,7 +31,7 @@ from k3fleet.decide.models import (
     TimelineEvent,
     TriageEvidence,
 )
-from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, verify_run
 from k3fleet.evidence.redact import excerpt
 
@@ -87,9 +87,7 @@ def open_run(path: Path, *, label: str | None = None) -> tuple[RunInfo, dict[str
 
 
 def _invalid(label: str, rel: str, exc: ValidationError) -> UsageError:
-    e = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    return UsageError(f"run {label}: {rel}: {loc}: {e['msg']}")
+    return UsageError(f"run {label}: {rel}: {validation_line(exc)}")
 
 
 # -- audit -------------------------------------------------------------------------------------------
@@ -323,16 +321,29 @@ def _prefix_evidence(result: Any, ref: Ref) -> PrefixCacheEvidence:
         findings=_facts_of(result, ref))
 
 
+class _AgentCaseRecord(BaseModel):
+    """One case of ``agent.json``'s data as the agent probe writes it (k3fleet/accept/agent.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+    runs: int = 0
+    passed: int = 0
+    pass_rate: float | None = Field(default=None, allow_inf_nan=False)
+    defects: dict[str, int] = Field(default_factory=dict)
+    layer: str | None = None
+    critical: bool = False
+
+
+_AGENT_CASES = TypeAdapter(dict[str, _AgentCaseRecord])
+
+
 def _agent_evidence(result: Any, ref: Ref) -> AgentEvidence:
     d = result.data if isinstance(result.data, dict) else {}
-    cases = []
-    for name, c in (d.get("cases") or {}).items():
-        if not isinstance(c, dict):
-            continue
-        runs, passed = _int(c.get("runs")) or 0, _int(c.get("passed")) or 0
-        defects = {str(k): int(v) for k, v in (c.get("defects") or {}).items() if isinstance(v, int)}
-        cases.append(AgentCase(name=str(name), runs=runs, passed=passed, pass_rate=c.get("pass_rate"),
-                               defects=defects, layer=c.get("layer"), critical=bool(c.get("critical"))))
+    try:
+        records = _AGENT_CASES.validate_python(d.get("cases") or {})
+    except ValidationError as exc:
+        raise UsageError(f"run {ref.run}: {ref.file}: data.cases.{validation_line(exc)}") from None
+    cases = [AgentCase(name=name, runs=c.runs, passed=c.passed, pass_rate=c.pass_rate, defects=c.defects,
+                       layer=c.layer, critical=c.critical) for name, c in records.items()]
     return AgentEvidence(ref=ref, status=result.status, reason=result.reason, cases=cases,
                          findings=_facts_of(result, ref))
 
@@ -423,25 +434,22 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
 
 
 def read_triage(path: Path, info: RunInfo) -> TriageEvidence:
+    from k3fleet.triage.record import parse_triage_record
+
     label = info.label
-    data = _obj(_load_json(path, "triage.json", label), label, "triage.json")
+    data = parse_triage_record(_load_json(path, "triage.json", label), label)
     ref = Ref(run=label, file="triage.json", operator_supplied=True)
-    findings = []
-    for f in data.get("findings") or []:
-        if isinstance(f, dict) and f.get("id") and f.get("message"):
-            findings.append(Fact(id=str(f["id"]), severity=str(f.get("severity") or "info"),
-                                 kind=str(f.get("kind") or "fail"), host=f.get("host"), message=str(f["message"]),
-                                 chain=bool(f.get("chain")), layer=f.get("layer"),
-                                 ref=Ref(run=label, file=str(f.get("file") or "triage.json"), operator_supplied=True)))
+    findings = [Fact(id=f.id, severity=f.severity, kind=f.kind, host=f.host, message=f.message, chain=f.chain,
+                     layer=f.layer, ref=Ref(run=label, file=f.file or "triage.json", operator_supplied=True))
+                for f in data.findings]
     startup = None
-    if isinstance(data.get("startup"), dict):
+    if data.startup is not None:
         from k3fleet.accept.result import result_from_json
 
         try:
-            startup = startup_evidence(result_from_json(data["startup"]),
+            startup = startup_evidence(result_from_json(data.startup),
                                        Ref(run=label, file="triage.json", operator_supplied=True))
         except ValidationError as exc:
             raise _invalid(label, "triage.json", exc) from exc
-    return TriageEvidence(run=label, ref=ref, host=data.get("host"), kinds=[str(k) for k in data.get("kinds") or []],
-                          findings=findings, driver_version=data.get("driver_version"),
-                          image_digest=data.get("image_digest"), startup=startup)
+    return TriageEvidence(run=label, ref=ref, host=data.host, kinds=data.kinds, findings=findings,
+                          driver_version=data.driver_version, image_digest=data.image_digest, startup=startup)

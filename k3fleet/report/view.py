@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from k3fleet.contracts import EXIT_CODES
 from k3fleet.errors import UsageError
 
 CheckStatus = Literal["pass", "fail", "error", "skipped"]
@@ -91,6 +92,11 @@ def _read(path: Path, rel: str) -> Any:
         raise UsageError(f"{path}: {rel} is not valid JSON ({exc})") from exc
 
 
+def _exit_code(v: Any) -> int | None:
+    """A recorded exit code, or None when the file holds anything but one of the contract's codes."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v in EXIT_CODES else None
+
+
 def load_view(path: Path) -> ReportView:
     """Verify ``path`` against its manifest, then build its view."""
     from k3fleet.decide.readers import RunVerificationError, verify
@@ -158,7 +164,7 @@ def _audit_view(path: Path, cmd: dict[str, Any]) -> ReportView:
     a = read_audit(path, info)
     view = ReportView(kind="audit", run=path.name, title=f"k3fleet audit: {a.outcome}", outcome=a.outcome)
     run = _read(path, "run.json")
-    view.exit_code = run.get("exit_code") if isinstance(run, dict) else None
+    view.exit_code = _exit_code(run.get("exit_code") if isinstance(run, dict) else None)
     view.reasons = [{"rule": "audit", "outcome": a.outcome, "text": r, "evidence": str(a.ref)} for r in a.reasons]
     view.meta += [("hosts", str(len(a.hosts))), ("GPUs healthy / required", f"{a.gpus_healthy} / {a.gpus_required}"),
                   ("strategy", a.strategy or "?")]
@@ -213,7 +219,7 @@ def _accept_view(path: Path, cmd: dict[str, Any]) -> ReportView:
     acc = read_accept(path, RunInfo(label=path.name, kind="accept", path=str(path), started_at=cmd.get("started_at")))
     head = _read(path, "accept.json") if (path / "accept.json").is_file() else {}
     view = ReportView(kind="accept", run=path.name, title=f"k3fleet accept: {acc.model or '?'}",
-                      exit_code=head.get("exit_code") if isinstance(head, dict) else None)
+                      exit_code=_exit_code(head.get("exit_code") if isinstance(head, dict) else None))
     view.meta += [("endpoint", acc.base_url or "?"), ("model", acc.model or "?")]
     for name in ("startup", "prefix_cache", "agent", "load"):
         probe = getattr(acc, name)
@@ -278,19 +284,19 @@ def _num(v: Any) -> float | None:
 
 
 def _triage_view(path: Path, cmd: dict[str, Any]) -> ReportView:
-    data = _read(path, "triage.json")
-    host = data.get("host") or "capture"
+    from k3fleet.triage.record import parse_triage_record
+
+    data = parse_triage_record(_read(path, "triage.json"), path.name)
+    host = data.host or "capture"
     view = ReportView(kind="triage", run=path.name, title=f"k3fleet triage: {host} (operator-supplied)")
-    view.meta += [("kinds", ", ".join(data.get("kinds") or [])), ("files", str(len(data.get("files") or [])))]
-    for f in data.get("files") or []:
-        view.notes.append(f"{f.get('name')}: {f.get('kind')}")
-    for f in data.get("findings") or []:
-        sev = str(f.get("severity"))
-        status: CheckStatus = ("fail" if f.get("kind", "fail") == "fail" and sev in ("critical", "error", "fail")
-                               else "error" if f.get("kind") == "unknown" else "pass")
-        view.checks.append(CheckRow(host, str(f.get("id")), status, str(f.get("message")), severity=sev,
-                                    evidence=str(f.get("file") or "")))
-    view.exit_code = data.get("exit_code")
+    view.meta += [("kinds", ", ".join(data.kinds)), ("files", str(len(data.files)))]
+    for capture in data.files:
+        view.notes.append(f"{capture.name}: {capture.kind}")
+    for f in data.findings:
+        status: CheckStatus = ("fail" if f.kind == "fail" and f.severity in ("critical", "error", "fail")
+                               else "error" if f.kind == "unknown" else "pass")
+        view.checks.append(CheckRow(host, f.id, status, f.message, severity=f.severity, evidence=f.file or ""))
+    view.exit_code = data.exit_code
     return view
 
 

@@ -353,15 +353,21 @@ def image_from_inspect(text: str) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise CaptureError("expected a JSON array of inspect objects")
     config: dict[str, Any] = item["Config"] if isinstance(item.get("Config"), dict) else {}
-    tags: list[Any] = item["RepoTags"] if isinstance(item.get("RepoTags"), list) else []
+    # Fields of the wrong type are read as absent (a capture is data from outside).
+    tags = _strings(item.get("RepoTags"))
     # A container's inspect names its image in Config.Image; an image's in RepoTags.
-    digests: list[Any] = item["RepoDigests"] if isinstance(item.get("RepoDigests"), list) else []
+    digests = _strings(item.get("RepoDigests"))
     ref = (config.get("Image") if isinstance(config.get("Image"), str) and "State" in item else None) or \
-        (tags[0] if tags else None) or (digests[0] if digests else None) or str(item.get("Id") or "image")
+        (tags[0] if tags else None) or (digests[0] if digests else None) or \
+        (item["Id"] if isinstance(item.get("Id"), str) and item["Id"] else "image")
     image, problem = ctr.parse_image_inspect(ref, 0, json.dumps([item]), "")
     if problem:
         raise CaptureError(problem)
     return image
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def probe_from_error(text: str) -> dict[str, Any]:

@@ -211,6 +211,8 @@ def test_bad_lines_are_named(tmp_path: Path) -> None:
     assert [e.stage for e in journal.entries] == ["returned"]
     assert journal.problems[0] == f"{path}: byte 0: torn line (not a whole JSON object) (8 bytes)"
     assert journal.problems[1].startswith(f"{path}: byte 9: not a journal line: stage: Input should be")
+    # A wrong-schema line is described by its real length, never "(0 bytes)".
+    assert journal.problems[1].endswith("(75 bytes, host h)"), journal.problems[1]
 
 
 HAPPY = ["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned"]

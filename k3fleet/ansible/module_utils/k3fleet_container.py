@@ -114,7 +114,8 @@ def _ref_repository(ref):
 
 def _env_map(env_list):
     env = {}
-    for item in env_list or []:
+    # Inspect output is data from the node: a field of the wrong type is read as absent.
+    for item in env_list if isinstance(env_list, list) else []:
         if isinstance(item, str):
             key, _, value = item.partition("=")
             env[key] = value
@@ -191,11 +192,14 @@ def parse_image_inspect(ref, rc, stdout, stderr):
         return image, "image inspect %s: expected a JSON object, got %s" % (ref, type(data).__name__)
 
     image["present"] = True
-    image["id"] = data.get("Id") or data.get("ID")
+    ident = data.get("Id") or data.get("ID")
+    image["id"] = ident if isinstance(ident, str) else None
     config = data.get("Config") if isinstance(data.get("Config"), dict) else {}
     env = _env_map(config.get("Env"))
     labels = config.get("Labels") if isinstance(config.get("Labels"), dict) else {}
-    repo_digests = [d for d in data.get("RepoDigests") or [] if isinstance(d, str) and "@" in d]
+    labels = {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+    listed = data.get("RepoDigests")
+    repo_digests = [d for d in listed if isinstance(d, str) and "@" in d] if isinstance(listed, list) else []
     image["repo_digests"] = repo_digests
 
     digest = None
