@@ -21,8 +21,10 @@ from rich.table import Table
 
 from k3fleet.accept.client import Endpoint
 from k3fleet.accept.result import ProbeResult
+from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.errors import UsageError
+from k3fleet.report.escapes import safe_markup
 
 T = TypeVar("T")
 
@@ -40,7 +42,8 @@ def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None 
         out.print_json(json.dumps(result.model_dump(mode="json")))
         return
     style = _STATUS_STYLE.get(result.status, "")
-    out.print(f"[bold]{result.probe}[/bold]: [{style}]{result.status.upper()}[/{style}]  {result.reason}",
+    # Reasons and findings carry server messages and model ids: escaped, so their text stays text.
+    out.print(f"[bold]{result.probe}[/bold]: [{style}]{result.status.upper()}[/{style}]  {safe_markup(result.reason)}",
               markup=True)
     for line in lines or []:
         out.print(f"  {line}", markup=False)
@@ -52,7 +55,8 @@ def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None 
         table.add_column("finding", overflow="fold")
         for f in result.findings:
             sev = _SEVERITY_STYLE.get(f.severity, "")
-            table.add_row(f"[{sev}]{f.severity}[/{sev}]", f.id, f.layer or "", f.message)
+            table.add_row(f"[{sev}]{f.severity}[/{sev}]", safe_markup(f.id), safe_markup(f.layer or ""),
+                          safe_markup(f.message))
         out.print(table)
 
 
@@ -63,7 +67,9 @@ ApiKeyEnv = Annotated[str | None, typer.Option(
     "--api-key-env", help="Name of the environment variable holding the API key (never the key itself).")]
 Insecure = Annotated[bool, typer.Option(
     "--insecure", help="Turn TLS certificate verification off (recorded in the evidence).")]
-Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per request.")]
+Timeout = Annotated[float, typer.Option("--timeout", parser=seconds_option("--timeout", "request --timeout"),
+                                        help="Seconds per request, all of it: connect, headers and body "
+                                             "(0.1 to 3600).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 
@@ -274,16 +280,17 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any]:
 
 
 def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> None:
-    out.print(f"[bold]accept[/bold] {summary['base_url']} model {summary['model']}"
+    out.print(f"[bold]accept[/bold] {safe_markup(summary['base_url'])} model {safe_markup(summary['model'])}"
               + ("" if summary["tls_verify"] else "  [yellow](TLS verification off)[/yellow]"), markup=True)
     for name, result in results.items():
         style = _STATUS_STYLE.get(result.status, "")
-        out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {result.reason}", markup=True)
+        out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {safe_markup(result.reason)}",
+                  markup=True)
     for name, why in (summary.get("not_run") or {}).items():
-        out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {why}", markup=True)
+        out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
     failing = [f for r in results.values() for f in r.findings if f.severity == "fail"]
     for f in failing[:20]:
-        out.print(f"    [red]{f.id}[/red] {f.message}", markup=True)
+        out.print(f"    [red]{safe_markup(f.id)}[/red] {safe_markup(f.message)}", markup=True)
 
 
 @accept_app.command("prefix-lint")

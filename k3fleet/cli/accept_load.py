@@ -23,6 +23,7 @@ from k3fleet.accept.client import Endpoint
 from k3fleet.accept.load import LoadObserver, LoadOptions, run_load
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult
+from k3fleet.bounds import seconds_option
 from k3fleet.cli.accept import (
     ApiKeyEnv,
     AsJson,
@@ -38,6 +39,7 @@ from k3fleet.cli.base import err
 from k3fleet.errors import UsageError
 from k3fleet.evidence import REDACTED, RunDir
 from k3fleet.interrupt import cancel_on_signals
+from k3fleet.report.escapes import safe_markup
 
 SCHEMA_VERSION = "1.0"
 
@@ -88,7 +90,7 @@ class _Bar(LoadObserver):
                              highlight=False)
 
     def note(self, message: str) -> None:
-        self.p.console.print(f"  [yellow]{message}[/yellow]")
+        self.p.console.print(f"  [yellow]{safe_markup(message)}[/yellow]")
 
 
 def _scrub(obj: Any, secret: str | None) -> Any:
@@ -137,7 +139,8 @@ def load(
     model: Model,
     api_key_env: ApiKeyEnv = None,
     insecure: Insecure = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per request.")] = 120.0,
+    timeout: Annotated[float, typer.Option("--timeout", parser=seconds_option("--timeout", "request --timeout"),
+                                           help="Seconds per request, all of it (0.1 to 3600).")] = 120.0,
     phases: Annotated[str, typer.Option("--phases", help="Comma list of long_input, agent_ramp, sustained.")]
     = "long_input,agent_ramp,sustained",
     ladder: Annotated[str, typer.Option("--ladder", help="Context lengths (tokens) of the long-input ladder.")]
@@ -147,18 +150,22 @@ def load(
     ladder_repeats: Annotated[int, typer.Option("--ladder-repeats", min=1, max=20, help="Requests per ladder length.")]
     = 2,
     ramp: Annotated[str, typer.Option("--ramp", help="Concurrent agent sessions per ramp step.")] = "1,2,4,8,16",
-    step_s: Annotated[float, typer.Option("--step-seconds", min=0.5, help="Seconds per ramp step.")] = 10.0,
+    step_s: Annotated[float, typer.Option("--step-seconds", parser=seconds_option("--step-seconds", "load step"),
+                                          help="Seconds per ramp step.")] = 10.0,
     turns: Annotated[int, typer.Option("--turns", min=1, max=50, help="Turns per agent conversation.")] = 4,
     turn_output: Annotated[int, typer.Option("--turn-output", min=1, help="Output tokens per agent turn.")] = 64,
     system_tokens: Annotated[int, typer.Option("--system-tokens", min=0, help="Shared system prompt size.")] = 2048,
     sustained_concurrency: Annotated[int | None, typer.Option(
         "--sustained-concurrency", min=1, help="Default: the highest concurrency the ramp held.")] = None,
-    sustained_s: Annotated[float, typer.Option("--sustained-seconds", min=1.0)] = 20.0,
-    ttft_slo: Annotated[float, typer.Option("--ttft-slo", min=0.001, help="TTFT p95 limit per step (s).")] = 5.0,
-    itl_slo: Annotated[float, typer.Option("--itl-slo", min=0.001, help="Inter-token p95 limit per step (s).")]
-    = 0.25,
+    sustained_s: Annotated[float, typer.Option("--sustained-seconds",
+                                               parser=seconds_option("--sustained-seconds", "load step"))] = 20.0,
+    ttft_slo: Annotated[float, typer.Option("--ttft-slo", parser=seconds_option("--ttft-slo", "load slo"),
+                                            help="TTFT p95 limit per step (s).")] = 5.0,
+    itl_slo: Annotated[float, typer.Option("--itl-slo", parser=seconds_option("--itl-slo", "load slo"),
+                                           help="Inter-token p95 limit per step (s).")] = 0.25,
     max_requests: Annotated[int, typer.Option("--max-requests", min=1, help="Hard bound on requests.")] = 5000,
-    max_duration: Annotated[float, typer.Option("--max-duration", min=1.0, help="Hard bound in seconds.")] = 600.0,
+    max_duration: Annotated[float, typer.Option("--max-duration", parser=seconds_option("--max-duration", "load step"),
+                                                help="Hard bound in seconds (at most 86400).")] = 600.0,
     as_json: AsJson = False,
     quiet: Quiet = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,

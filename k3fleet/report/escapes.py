@@ -62,10 +62,15 @@ def safe_markup(text: object, *, one_line: bool = True) -> str:
     return escape(safe_text(text, one_line=one_line))
 
 
-def safe_markdown(text: object, *, cell: bool = False) -> str:
+def safe_markdown(text: object, *, cell: bool = False, code: bool = False) -> str:
     """``safe_text`` for a Markdown report: one line, code spans, links and HTML escaped (and
-    table pipes in a ``cell``)."""
-    return (_MARKDOWN_CELL if cell else _MARKDOWN).sub(lambda m: "\\" + m.group(0), safe_text(text))
+    table pipes in a ``cell``). Inside a code span (``code``) nothing is markup but its closing
+    backtick, which becomes a quote (a backslash does not escape there)."""
+    s = safe_text(text)
+    if code:
+        s = s.replace("`", "'")
+        return s.replace("|", "\\|") if cell else s
+    return (_MARKDOWN_CELL if cell else _MARKDOWN).sub(lambda m: "\\" + m.group(0), s)
 
 
 def safe_html(text: object, quote: bool = True) -> str:

@@ -8,8 +8,9 @@ air-gapped laptop years later. Every value from evidence is escaped (docs/decisi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
 
+# Every value is redacted and stripped of control characters before it is HTML-escaped.
+from k3fleet.report.escapes import safe_html as escape
 from k3fleet.report.view import Chart, ReportView
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"

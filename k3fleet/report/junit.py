@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from k3fleet.report.escapes import safe_text
 from k3fleet.report.view import CheckRow, ReportView
 
 _MAX_TEXT = 4000
 
 
 def _clean(text: str) -> str:
-    # XML 1.0 forbids most control characters; node output can carry them.
-    return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20)[:_MAX_TEXT]
+    # XML 1.0 forbids most control characters; node output can carry them. Redacted before the
+    # cut, so a cut cannot keep the start of a secret.
+    return safe_text(text, one_line=False)[:_MAX_TEXT]
 
 
 def render_junit(view: ReportView) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
-from k3fleet.report.escapes import safe_text
+from k3fleet.report.escapes import safe_markdown
 from k3fleet.report.plan import plan_lines, plan_title
 
 _OUTCOME_TEXT = {
@@ -18,7 +18,12 @@ _OUTCOME_TEXT = {
 
 
 def _cell(value: Any) -> str:
-    return safe_text(value).replace("|", "\\|")
+    """A table cell: redacted, one line, no control characters, pipes and markup escaped."""
+    return safe_markdown(value, cell=True)
+
+
+def _text(value: Any) -> str:
+    return safe_markdown(value)
 
 
 def render_audit(result: Any, target: Any) -> str:
@@ -36,7 +41,7 @@ def render_audit(result: Any, target: Any) -> str:
         "",
         "## Why",
         "",
-        *[f"- {safe_text(r)}" for r in v.reasons],
+        *[f"- {_text(r)}" for r in v.reasons],
         "",
     ]
     if v.unconfirmed_matrix_rows:
@@ -46,9 +51,9 @@ def render_audit(result: Any, target: Any) -> str:
     for name in sorted(v.hosts):
         h = v.hosts[name]
         top = max(h.findings, key=lambda f: SEVERITY_RANK[f.severity], default=None)
-        top_text = f"`{top.check_id}` {top.message}" if top else (h.reason or "")
+        top_text = f"`{top.check_id}` {_cell(top.message)}" if top else _cell(h.reason or "")
         gpus = f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else ""
-        lines.append(f"| {_cell(name)} | {h.status} | {_cell(h.driver_version)} | {_cell(gpus)} | {_cell(top_text)} |")
+        lines.append(f"| {_cell(name)} | {h.status} | {_cell(h.driver_version)} | {_cell(gpus)} | {top_text} |")
     lines += ["", "## Findings", ""]
     findings = sorted(v.all_findings(), key=lambda f: (-SEVERITY_RANK[f.severity], f.check_id, f.host or ""))
     if not findings:
@@ -62,18 +67,19 @@ def render_audit(result: Any, target: Any) -> str:
     if result.unreachable or result.invalid:
         lines += ["", "## Hosts without evidence", ""]
         for host, why in sorted({**result.unreachable, **result.invalid}.items()):
-            why = safe_text(why)
-            lines.append(f"- {why}" if why.startswith(f"{host}: ") else f"- {safe_text(host)}: {why}")
+            why = _text(why)
+            lines.append(f"- {why}" if why.startswith(f"{_text(host)}: ") else f"- {_text(host)}: {why}")
     lines.append("")
     return "\n".join(lines)
 
 
 def render_plan(plan: dict[str, Any]) -> list[str]:
-    lines = [f"## {plan_title(plan)}", "", *(f"- {safe_text(line)}" for line in plan_lines(plan))]
+    lines = [f"## {_text(plan_title(plan))}", "", *(f"- {_text(line)}" for line in plan_lines(plan))]
     items = plan.get("needs_upgrade") or []
     if items:
         lines += ["", "| host | from | to | packages |", "|---|---|---|---|"]
         for it in items:
             pk = ", ".join(f"{p['name'] or '(new)'} -> {p['to_name']}={p['to_version']}" for p in it["packages"])
-            lines.append(f"| {it['host']} | {it['current_version']} | {it['target_version']} | {_cell(pk)} |")
+            lines.append(f"| {_cell(it['host'])} | {_cell(it['current_version'])} | {_cell(it['target_version'])} | "
+                         f"{_cell(pk)} |")
     return lines

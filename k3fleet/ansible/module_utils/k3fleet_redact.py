@@ -110,9 +110,17 @@ _PROSE_STOP = frozenset({
     "has", "have", "had", "file", "env", "environment", "variable", "authentication", "failed", "denied",
     "rejected", "error", "ok", "changed", "found", "here", "there", "this", "that", "it", "as", "prompt",
 })
-# Secret-named values that say nothing secret (``'api_key': None``) and stay readable.
+# Secret-named values that say nothing secret and stay readable: empty (``'api_key': None``), a
+# placeholder of a usage line (``--sign-key KEY``, ``token=<token>``) or a variable reference
+# (``--api-key $VLLM_API_KEY``).
 _EMPTY_VALUES = frozenset({"None", "null", "NULL", "nil", "~", "''", '""', REDACTED, "'" + REDACTED + "'",
-                           '"' + REDACTED + '"'})
+                           '"' + REDACTED + '"', "KEY", "FILE", "PATH", "VAR", "VALUE", "NAME", "TOKEN", "SECRET",
+                           "PASSWORD", "ENV", "X", "XXX", "..."})
+_PLACEHOLDER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[A-Za-z][\w .-]{0,30}>|\{\{[\w .|()'\"-]{1,60}\}\}")
+
+
+def _says_nothing(value):
+    return value in _EMPTY_VALUES or _PLACEHOLDER.fullmatch(value) is not None
 
 _SCAN = re.compile(
     # A private key block, to its END line or, cut short, to the end of the text.
@@ -233,15 +241,14 @@ def _scan(text):
         elif m.group("prose") is not None:
             out.append(m.group("prose"))
             v = _PROSE_VALUE.match(text, end)
-            if v is not None and v.group(0).lower().rstrip(".:") not in _PROSE_STOP \
-                    and v.group(0) not in _EMPTY_VALUES:
+            if v is not None and v.group(0).lower().rstrip(".:") not in _PROSE_STOP and not _says_nothing(v.group(0)):
                 out.append(_keep_quotes(v.group(0)))
                 end = v.end()
         elif m.group("opt") is not None:
             out.append(m.group("opt"))
             if is_secret_name(m.group("opt_k")):
                 v = _OPTION_VALUE.match(text, end)
-                if v is not None:
+                if v is not None and not _says_nothing(v.group(0)):
                     out.append(_keep_quotes(v.group(0)))
                     end = v.end()
         else:
@@ -249,7 +256,7 @@ def _scan(text):
             key = m.group("pair_qk") if m.group("pair_qk") is not None else m.group("pair_k")
             if is_secret_name(key):
                 v = _VALUE.match(text, end)
-                if v is not None and v.group(0) not in _EMPTY_VALUES:
+                if v is not None and not _says_nothing(v.group(0)):
                     out.append(_masked_value(v))
                     end = v.end()
         pos = end
