@@ -245,7 +245,11 @@ async def _stream(request: web.Request, eng: Engine, req: SimRequest, rid: str,
             if req.done:
                 break
         await resp.write_eof()
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
+        # The client hung up mid-stream (a load step ending, a probe's deadline): the request is
+        # aborted as vLLM aborts it; nothing to log.
+        eng.abort(req)
+    except asyncio.CancelledError:
         eng.abort(req)
         raise
     return resp
