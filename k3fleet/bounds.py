@@ -73,8 +73,9 @@ CAPS: dict[str, Cap] = {c.kind: c for c in (
     Cap("package", "an evidence package (.tar.gz), all members decompressed together", 512 * _MiB),
     Cap("package_member", "one member of an evidence package, decompressed", 64 * _MiB),
     Cap("models", "the /v1/models and /version bodies", 8 * _MiB),
-    Cap("metrics", "one /metrics page", 32 * _MiB),
-    Cap("completion", "one chat completion, streamed or not, and other JSON answers", 32 * _MiB),
+    Cap("metrics", "one /metrics page", 16 * _MiB),
+    Cap("completion", "one chat completion, streamed or not, and other JSON answers (/tokenize, /health)",
+        16 * _MiB),
 )}
 
 # Concatenated gzip members (``cat a.gz b.gz``, logrotate) are decompressed in turn, up to this many.

@@ -7,11 +7,13 @@ that client's headers: it is never a field of the endpoint, so nothing that seri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,6 +21,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from k3fleet.ansible.module_utils.k3fleet_redact import excerpt, remember_secret
+from k3fleet.bounds import CAPS, DURATIONS, cap_bytes
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError, UsageError
 
 # Exit code per error kind: a wrong key or model name is the caller's input (2); an endpoint that
@@ -46,7 +49,8 @@ class Endpoint(BaseModel):
     model: str = Field(min_length=1)
     api_key_env: str | None = None
     verify_tls: bool = True
-    timeout_s: float = Field(default=120.0, gt=0)
+    # The deadline of one whole request (connect, headers, body), finite and bounded (k3fleet.bounds).
+    timeout_s: float = Field(default=120.0, gt=0, le=DURATIONS["request --timeout"].high, allow_inf_nan=False)
 
     @field_validator("base_url")
     @classmethod
@@ -210,7 +214,61 @@ class Exchange(BaseModel):
             raise EndpointError(self.error, kind=self.error_kind or "protocol", status=self.status)
 
 
-def _decode(resp: httpx.Response) -> tuple[Any, str | None]:
+@dataclass
+class Body:
+    """A response read under its cap and deadline: status, headers and the bytes."""
+
+    status: int
+    headers: httpx.Headers
+    content: bytes
+    charset: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(self.charset or "utf-8", errors="replace")
+
+
+def _too_large(shown: str, kind: str, received: int, declared: int | None = None) -> EndpointError:
+    cap = CAPS[kind]
+    got = f"it announced {declared} bytes" if declared is not None else f"stopped after {received} bytes"
+    return EndpointError(f"{shown} answered more than the {cap.limit()}-byte limit for {cap.what} ({got}; "
+                         f"{cap.env} raises it)", kind="too_large")
+
+
+def _deadline(shown: str, deadline_s: float, received: int) -> EndpointError:
+    return EndpointError(f"{shown} did not answer in full within {deadline_s:g} s (one deadline for the whole "
+                         f"request: connect, headers and body; {received} bytes received)", kind="deadline")
+
+
+async def _capped_chunks(resp: httpx.Response, shown: str, kind: str, got: list[int]) -> AsyncIterator[bytes]:
+    """The body's pieces, stopping with one-line EndpointError past the cap; ``got[0]`` counts."""
+    cap = cap_bytes(kind)
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise _too_large(shown, kind, 0, int(declared))
+    async for piece in resp.aiter_bytes():
+        got[0] += len(piece)
+        if got[0] > cap:
+            raise _too_large(shown, kind, got[0])
+        yield piece
+
+
+async def fetch(client: httpx.AsyncClient, method: str, url: str, *, shown: str, kind: str, deadline_s: float,
+                **kwargs: Any) -> Body:
+    """One request read whole, at most ``CAPS[kind]`` bytes, all of it (connect, headers, every
+    read) within ``deadline_s``: httpx's own timeout bounds each read, a trickling server never
+    trips it. Past either limit: one-line EndpointError (exit 3); transport errors are httpx's."""
+    got = [0]
+    try:
+        async with asyncio.timeout(deadline_s):
+            async with client.stream(method, url, **kwargs) as resp:
+                chunks = [piece async for piece in _capped_chunks(resp, shown, kind, got)]
+                return Body(resp.status_code, resp.headers, b"".join(chunks), resp.charset_encoding)
+    except TimeoutError as exc:
+        raise _deadline(shown, deadline_s, got[0]) from exc
+
+
+def _decode(resp: Body) -> tuple[Any, str | None]:
     """The JSON body, or the text and why it is not JSON."""
     text = resp.text
     try:
@@ -219,19 +277,26 @@ def _decode(resp: httpx.Response) -> tuple[Any, str | None]:
         return excerpt(text, 4000, tail="", one_line=False), "malformed JSON"
 
 
+def _per_read(timeout_s: float | None) -> dict[str, Any]:
+    return {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))}
+
+
 async def get_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, *, probe: str = "",
-                   label: str = "") -> Exchange:
+                   label: str = "", kind: str = "models") -> Exchange:
     ex = Exchange(probe=probe, label=label, method="GET", path=path, started_at=time.time())
     url = endpoint.display_url + path
     t0 = time.perf_counter()
     try:
-        resp = await client.get(endpoint.url(path))
+        resp = await fetch(client, "GET", endpoint.url(path), shown=url, kind=kind, deadline_s=endpoint.timeout_s)
+    except EndpointError as limit:
+        ex.error, ex.error_kind, ex.elapsed_s = limit.message, limit.kind, time.perf_counter() - t0
+        return ex
     except httpx.HTTPError as exc:
         err = error_from_exception(exc, url)
         ex.error, ex.error_kind, ex.elapsed_s = err.message, err.kind, time.perf_counter() - t0
         return ex
     ex.elapsed_s = time.perf_counter() - t0
-    ex.status = resp.status_code
+    ex.status = resp.status
     ex.response, bad = _decode(resp)
     _judge(ex, endpoint, url, bad)
     return ex
@@ -240,22 +305,24 @@ async def get_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, *, 
 async def post_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, body: Mapping[str, Any], *,
                     probe: str = "", label: str = "", timeout_s: float | None = None,
                     headers: Mapping[str, str] | None = None) -> Exchange:
-    """POST a JSON body (non-streaming); transport and HTTP failures land in ``error``, never raised."""
+    """POST a JSON body (non-streaming); transport and HTTP failures land in ``error``, never raised.
+    ``timeout_s`` (default: the endpoint's) is the deadline of the whole request."""
     ex = Exchange(probe=probe, label=label, path=path, request=dict(body), started_at=time.time())
     url = endpoint.display_url + path
     t0 = time.perf_counter()
     try:
-        kwargs: dict[str, Any] = {}
-        if timeout_s is not None:
-            kwargs["timeout"] = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-        resp = await client.post(endpoint.url(path), content=dumps_body(body),
-                                 headers={"Content-Type": "application/json", **(headers or {})}, **kwargs)
+        resp = await fetch(client, "POST", endpoint.url(path), shown=url, kind="completion",
+                           deadline_s=timeout_s or endpoint.timeout_s, content=dumps_body(body),
+                           headers={"Content-Type": "application/json", **(headers or {})}, **_per_read(timeout_s))
+    except EndpointError as limit:
+        ex.error, ex.error_kind, ex.elapsed_s = limit.message, limit.kind, time.perf_counter() - t0
+        return ex
     except httpx.HTTPError as exc:
         err = error_from_exception(exc, url)
         ex.error, ex.error_kind, ex.elapsed_s = err.message, err.kind, time.perf_counter() - t0
         return ex
     ex.elapsed_s = time.perf_counter() - t0
-    ex.status = resp.status_code
+    ex.status = resp.status
     ex.response, bad = _decode(resp)
     _judge(ex, endpoint, url, bad)
     return ex
@@ -342,6 +409,21 @@ def _has_token(chunk: Mapping[str, Any]) -> bool:
     return False
 
 
+async def _lines(pieces: AsyncIterator[bytes], charset: str | None) -> AsyncIterator[str]:
+    """Lines of a byte stream (``\n`` or ``\r\n``); the pieces are already capped, so a line
+    without an end cannot grow past the cap either."""
+    buf = bytearray()
+    async for piece in pieces:
+        buf += piece
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield bytes(buf[start:end]).rstrip(b"\r").decode(charset or "utf-8", errors="replace")
+            start = end + 1
+        del buf[:start]
+    if buf:
+        yield bytes(buf).rstrip(b"\r").decode(charset or "utf-8", errors="replace")
+
+
 async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mapping[str, Any], *,
                       probe: str = "", label: str = "", timeout_s: float | None = None,
                       headers: Mapping[str, str] | None = None) -> Exchange:
@@ -355,38 +437,47 @@ async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mappi
     ex = Exchange(probe=probe, label=label, path=path, request=req, stream=True, started_at=time.time())
     url = endpoint.display_url + path
     t0 = time.perf_counter()
-    kwargs: dict[str, Any] = {}
-    if timeout_s is not None:
-        kwargs["timeout"] = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+    deadline_s = timeout_s or endpoint.timeout_s
+    got = [0]
     try:
-        async with client.stream("POST", endpoint.url(path), content=dumps_body(req),
-                                 headers={"Content-Type": "application/json", **(headers or {})}, **kwargs) as resp:
-            ex.status = resp.status_code
-            if not 200 <= resp.status_code < 300:
-                await resp.aread()
-                ex.response, _ = _decode(resp)
-                _judge(ex, endpoint, url, None)
-                ex.elapsed_s = time.perf_counter() - t0
-                return ex
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    ex.chunks.append("[DONE]")
-                    break
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    ex.chunks.append(excerpt(payload, 2000, tail="", one_line=False))
-                    ex.error, ex.error_kind = f"{url} streamed a chunk that is not JSON", "bad_response"
-                    continue
-                if ex.ttft_s is None and isinstance(chunk, Mapping) and _has_token(chunk):
-                    ex.ttft_s = time.perf_counter() - t0
-                ex.chunks.append(chunk)
+        # One deadline for the whole stream, one cap on its bytes (k3fleet.bounds "completion").
+        async with asyncio.timeout(deadline_s):
+            async with client.stream("POST", endpoint.url(path), content=dumps_body(req),
+                                     headers={"Content-Type": "application/json", **(headers or {})},
+                                     **_per_read(timeout_s)) as resp:
+                ex.status = resp.status_code
+                pieces = _capped_chunks(resp, url, "completion", got)
+                if not 200 <= resp.status_code < 300:
+                    answer = Body(resp.status_code, resp.headers, b"".join([p async for p in pieces]),
+                                  resp.charset_encoding)
+                    ex.response, _ = _decode(answer)
+                    _judge(ex, endpoint, url, None)
+                    ex.elapsed_s = time.perf_counter() - t0
+                    return ex
+                async for line in _lines(pieces, resp.charset_encoding):
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        ex.chunks.append("[DONE]")
+                        break
+                    try:
+                        chunk = json.loads(payload)
+                    except ValueError:
+                        ex.chunks.append(excerpt(payload, 2000, tail="", one_line=False))
+                        ex.error, ex.error_kind = f"{url} streamed a chunk that is not JSON", "bad_response"
+                        continue
+                    if ex.ttft_s is None and isinstance(chunk, Mapping) and _has_token(chunk):
+                        ex.ttft_s = time.perf_counter() - t0
+                    ex.chunks.append(chunk)
+    except TimeoutError:
+        late = _deadline(url, deadline_s, got[0])
+        ex.error, ex.error_kind = late.message, late.kind
+    except EndpointError as limit:
+        ex.error, ex.error_kind = limit.message, limit.kind
     except httpx.HTTPError as exc:
-        err = error_from_exception(exc, url)
-        ex.error, ex.error_kind = err.message, err.kind
+        failed = error_from_exception(exc, url)
+        ex.error, ex.error_kind = failed.message, failed.kind
     ex.elapsed_s = time.perf_counter() - t0
     if ex.error is None and (not ex.chunks or ex.chunks[-1] != "[DONE]"):
         ex.error, ex.error_kind = f"{url}: the stream ended before [DONE] (cut half-way)", "protocol"

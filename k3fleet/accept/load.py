@@ -42,6 +42,7 @@ from k3fleet.accept.client import Endpoint, EndpointError, error_from_status
 from k3fleet.accept.metrics import SCRAPE_ACCEPT, MetricsError, MetricsSnapshot, metrics_url, parse_metrics
 from k3fleet.accept.result import Finding, ProbeResult
 from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
+from k3fleet.bounds import DURATIONS, cap_bytes, limit_hint
 
 Outcome = Literal["stable", "ceiling", "adjust_config", "collapse"]
 Phase = Literal["long_input", "agent_ramp", "sustained"]
@@ -57,30 +58,35 @@ _FILLER = ("drain", "node", "driver", "fabric", "manager", "rail", "queue", "tok
            "evidence", "manifest", "verdict", "capacity", "envelope", "ceiling", "stream", "batch", "engine")
 
 
+# The longest each seconds option may be (k3fleet.bounds DURATIONS).
+_MAX_S = {span: DURATIONS[span].high for span in ("load step", "load slo", "request --timeout")}
+
+
 class LoadOptions(BaseModel):
     """The schedule and its bounds. Defaults are small: a full run takes about two minutes."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Finite numbers only: Infinity or NaN (JSON from --load-option) would unbound the run.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     phases: list[Phase] = Field(default_factory=lambda: list(PHASES))
     ladder_tokens: list[int] = Field(default_factory=lambda: [1024, 4096, 16384])
     ladder_output_tokens: int = Field(default=32, ge=1)
     ladder_repeats: int = Field(default=2, ge=1, le=20)
     ramp: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
-    step_s: float = Field(default=10.0, gt=0)
+    step_s: float = Field(default=10.0, gt=0, le=_MAX_S["load step"])
     session_turns: int = Field(default=4, ge=1, le=50)
     turn_output_tokens: int = Field(default=64, ge=1)
     system_prompt_tokens: int = Field(default=2048, ge=0)
     sustained_concurrency: int | None = Field(default=None, ge=1)
-    sustained_s: float = Field(default=20.0, gt=0)
+    sustained_s: float = Field(default=20.0, gt=0, le=_MAX_S["load step"])
     # Bounds: whatever the schedule says, no more requests and no longer than this.
     max_requests: int = Field(default=5000, ge=1)
-    max_duration_s: float = Field(default=600.0, gt=0)
-    request_timeout_s: float = Field(default=120.0, gt=0)
-    sample_interval_s: float = Field(default=1.0, gt=0)
+    max_duration_s: float = Field(default=600.0, gt=0, le=_MAX_S["load step"])
+    request_timeout_s: float = Field(default=120.0, gt=0, le=_MAX_S["request --timeout"])
+    sample_interval_s: float = Field(default=1.0, gt=0, le=_MAX_S["load step"])
     # What "stable" means at a step.
-    ttft_p95_slo_s: float = Field(default=5.0, gt=0)
-    itl_p95_slo_s: float = Field(default=0.25, gt=0)
+    ttft_p95_slo_s: float = Field(default=5.0, gt=0, le=_MAX_S["load slo"])
+    itl_p95_slo_s: float = Field(default=0.25, gt=0, le=_MAX_S["load slo"])
     error_rate_limit: float = Field(default=0.01, ge=0, le=1)
 
     @model_validator(mode="after")
@@ -337,7 +343,13 @@ class _Run:
         try:
             async with self.session.get(metrics_url(self.ep.base_url), headers={"Accept": SCRAPE_ACCEPT},
                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
-                text = await r.text(errors="replace")
+                # At most the metrics cap (k3fleet.bounds), read in pieces, never the whole page first.
+                cap, page = cap_bytes("metrics"), bytearray()
+                async for piece in r.content.iter_chunked(1 << 16):
+                    page += piece
+                    if len(page) > cap:
+                        raise MetricsError(f"/metrics answered more than {cap} bytes ({limit_hint('metrics')})")
+                text = page.decode(r.get_encoding() if r.charset else "utf-8", errors="replace")
                 if r.status != 200:
                     raise MetricsError(f"/metrics answered {r.status}")
                 snap = parse_metrics(text, r.headers.get("Content-Type"))

@@ -321,20 +321,27 @@ def metrics_url(base_url: str) -> str:
 
 
 async def scrape(client: httpx.AsyncClient, base_url: str, *, timeout_s: float | None = None) -> MetricsSnapshot:
-    """GET ``/metrics`` and parse it; transport errors, non-200 answers and garbage raise one-line
-    :class:`MetricsError`."""
+    """GET ``/metrics`` and parse it; transport errors, non-200 answers, garbage, a page past its
+    cap and a scrape past its deadline (``timeout_s``, default the client's, for the whole
+    request) raise one-line :class:`MetricsError`."""
+    from k3fleet.accept.client import EndpointError, fetch
+
     url = metrics_url(base_url)
+    deadline_s = timeout_s if timeout_s is not None else (client.timeout.read or 120.0)
     kwargs: dict[str, object] = {}
     if timeout_s is not None:
         kwargs["timeout"] = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
     try:
-        resp = await client.get(url, headers={"Accept": SCRAPE_ACCEPT}, **kwargs)  # type: ignore[arg-type]
+        resp = await fetch(client, "GET", url, shown=_shown(url), kind="metrics", deadline_s=deadline_s,
+                           headers={"Accept": SCRAPE_ACCEPT}, **kwargs)
+    except EndpointError as exc:
+        raise MetricsError(exc.message) from exc
     except httpx.TimeoutException as exc:
         raise MetricsError(f"{_shown(url)} timed out ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
         raise MetricsError(f"cannot read {_shown(url)}: {' '.join(str(exc).split()) or type(exc).__name__}") from exc
-    if resp.status_code != 200:
-        raise MetricsError(f"{_shown(url)} answered {resp.status_code}")
+    if resp.status != 200:
+        raise MetricsError(f"{_shown(url)} answered {resp.status}")
     return parse_metrics(resp.text, resp.headers.get("content-type"))
 
 

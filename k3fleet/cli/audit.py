@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from k3fleet.bounds import seconds_option, whole_seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
 from k3fleet.errors import UsageError
@@ -29,9 +30,10 @@ def audit(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     probe: Annotated[bool, typer.Option("--probe", help="Run the serving image on each node (CUDA init).")] = False,
-    host_timeout: Annotated[int, typer.Option("--host-timeout", min=1, help="Seconds per host.")] = 300,
-    command_timeout: Annotated[float, typer.Option("--command-timeout", min=0.1,
-                                                   help="Seconds per command on a node.")] = 20.0,
+    host_timeout: Annotated[int, typer.Option("--host-timeout", parser=whole_seconds_option(
+        "--host-timeout", "audit --host-timeout"), help="Seconds per host (1 to 86400).")] = 300,
+    command_timeout: Annotated[float, typer.Option("--command-timeout", parser=seconds_option(
+        "--command-timeout", "audit --command-timeout"), help="Seconds per command on a node (0.1 to 3600).")] = 20.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-host progress.")] = False,
     no_host_key_checking: Annotated[bool, typer.Option(
         "--no-host-key-checking",
