@@ -304,13 +304,13 @@ def _read_gzip(fh: IO[bytes], label: str, kind: str, cap: int | None, hint: str)
 class _BoundedTar(tarfile.TarFile):
     """A tar stream whose members are refused, by their declared size, above the member cap."""
 
+    # Class attributes, set on a subclass per archive: TarFile.__init__ already reads the first member.
     member_cap: int = 0
     label: str = ""
 
     def next(self) -> tarfile.TarInfo | None:
         member = super().next()
-        # TarFile.__init__ reads the first member before open_tar can set member_cap.
-        if member is not None and member.size > (self.member_cap or cap_bytes("package_member")):
+        if member is not None and member.size > self.member_cap:
             raise InputTooLarge(f"{self.label}: member {member.name} is {member.size} bytes decompressed: too "
                                 f"large for an evidence package ({limit_hint('package_member')})")
         return member
@@ -331,10 +331,9 @@ def open_tar(archive: Path, label: str = "") -> Iterator[tarfile.TarFile]:
 
     with open_regular(archive, label, "an evidence package") as fh:
         stream = io.BufferedReader(BoundedGunzip(fh, max_out=total, too_large=too_large), _CHUNK)
-        tar = _BoundedTar.open(fileobj=stream, mode="r|")
-        assert isinstance(tar, _BoundedTar)
-        tar.member_cap = cap_bytes("package_member")
-        tar.label = label
+        bounded: type[_BoundedTar] = type("_Tar", (_BoundedTar,), {"member_cap": cap_bytes("package_member"),
+                                                                   "label": label})
+        tar = bounded.open(fileobj=stream, mode="r|")
         with tar:
             yield tar
 
