@@ -133,6 +133,36 @@ class FabricHealthSpec(_Spec):
     gpus: list[int] | None = None
 
 
+ClockEvent = Literal["HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown",
+                     "SW Power Cap", "Idle"]
+
+
+class GpuHealthSpec(_Spec):
+    """What nvidia-smi -q prints in ECC Errors, Remapped Rows, Clocks Event Reasons and GPU Link Info for
+    the GPUs in ``gpus`` (docs/facts.md section 14); the other GPUs print a healthy GPU."""
+
+    ecc_volatile_uncorrectable: int = Field(default=0, ge=0)
+    ecc_aggregate_uncorrectable: int = Field(default=0, ge=0)
+    remapped_uncorrectable: int = Field(default=0, ge=0)
+    remap_pending: bool = False
+    remap_failure: bool = False
+    clock_events: list[ClockEvent] = Field(default_factory=list)
+    pcie_gen: int | None = Field(default=None, ge=1, le=6, description="current generation; None: the maximum")
+    pcie_width: int | None = Field(default=None, ge=1, le=16, description="current width; None: x16")
+    gpus: list[int] | None = None
+
+
+class XidSpec(_Spec):
+    """One NVRM Xid line in the host's kernel log (dmesg), on GPU ``gpu``."""
+
+    code: int = Field(gt=0)
+    gpu: int = Field(default=0, ge=0)
+    text: str
+    pid: int | None = None
+    name: str | None = None
+    uptime_s: float = Field(default=81234.5, gt=0)
+
+
 class GpuSpec(_Spec):
     model: str = "NVIDIA H200"
     count: int = Field(default=8, ge=0, le=64)
@@ -147,6 +177,9 @@ class GpuSpec(_Spec):
     memory_used_mib: int = Field(default=0, ge=0)
     processes: list[GpuProcessSpec] = Field(default_factory=list)
     fabric_health: FabricHealthSpec | None = None
+    health: GpuHealthSpec | None = None
+    # PCIe generation of the slots (H200 / H100 SXM: Gen 5).
+    pcie_gen_max: int = Field(default=5, ge=1, le=6)
 
     @field_validator("pci_bus_ids")
     @classmethod
@@ -166,6 +199,8 @@ class GpuSpec(_Spec):
         named = [i for spec in self.processes for i in (spec.gpus or [])]
         if self.fabric_health is not None:
             named += self.fabric_health.gpus or []
+        if self.health is not None:
+            named += self.health.gpus or []
         beyond = sorted({i for i in named if not 0 <= i < self.count})
         if beyond:
             raise ValueError(f"GPU index {', '.join(map(str, beyond))} does not exist (count is {self.count})")
@@ -174,6 +209,12 @@ class GpuSpec(_Spec):
             if used > self.memory_mib:
                 raise ValueError(f"GPU {index} would use {used} MiB of {self.memory_mib} MiB")
         return self
+
+    def health_of(self, index: int) -> GpuHealthSpec:
+        h = self.health
+        if h is not None and (h.gpus is None or index in h.gpus):
+            return h
+        return GpuHealthSpec()
 
     def processes_on(self, index: int) -> list[GpuProcessSpec]:
         return [p for p in self.processes if p.gpus is None or index in p.gpus]
@@ -337,6 +378,10 @@ class Profile(_Spec):
     held_packages: list[str] = Field(default_factory=list)
     container: ContainerSpec = Field(default_factory=ContainerSpec)
     slurm: SlurmSpec | None = Field(default_factory=SlurmSpec)
+    # NVRM Xid lines in the kernel log (dmesg) since boot.
+    xid: list[XidSpec] = Field(default_factory=list)
+    # kernel.dmesg_restrict=1 for the audit's user: dmesg is refused, the journal's kernel messages answer.
+    dmesg_restricted: bool = False
     # Captured text per k3fleet_sources name; overrides what would be rendered. null: absent.
     raw: dict[str, str | RawCapture | None] = Field(default_factory=dict)
 
@@ -359,6 +404,9 @@ class Profile(_Spec):
             used = sorted(set(self.raw) & {"runtime_version", "image_inspect", "probe"})
             if used:
                 raise ValueError(f"raw has {', '.join(used)} but container.runtime is none")
+        beyond = sorted({x.gpu for x in self.xid if x.gpu >= self.gpus.count})
+        if beyond:
+            raise ValueError(f"xid names GPU {', '.join(map(str, beyond))}, which does not exist")
         if self.slurm is None:
             used = sorted(set(self.raw) & {"scontrol_show_node", "squeue_running"})
             if used:

@@ -430,6 +430,75 @@ class ProfileRenderer:
             out += row("Used GPU Memory", f"{proc.used_mib} MiB", 12)
         return out
 
+    def _link_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        """PCI > GPU Link Info, in the nesting of the 8x H100 capture (tests/fixtures/driver/SOURCES.md)."""
+        g = self.p.gpus
+        h = g.health_of(index)
+        gen = h.pcie_gen or g.pcie_gen_max
+        return ("        GPU Link Info\n            PCIe Generation\n" + row("Max", str(g.pcie_gen_max), 16)
+                + row("Current", str(gen), 16) + row("Device Current", str(gen), 16)
+                + row("Device Max", str(g.pcie_gen_max), 16) + row("Host Max", str(g.pcie_gen_max), 16)
+                + "            Link Width\n" + row("Max", "16x", 16) + row("Current", f"{h.pcie_width or 16}x", 16))
+
+    def _clock_event_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        """Clocks Event Reasons in R565's labels and order (the H100 capture; docs/facts.md section 14)."""
+        h = self.p.gpus.health_of(index)
+
+        def flag(label: str, indent: int = 8) -> str:
+            return row(label, "Active" if label in h.clock_events else "Not Active", indent)
+
+        idle = "Idle" in h.clock_events or not self.p.gpus.processes_on(index)
+        out = "    Clocks Event Reasons\n" + row("Idle", "Active" if idle else "Not Active", 8)
+        out += row("Applications Clocks Setting", "Not Active", 8) + flag("SW Power Cap") + flag("HW Slowdown")
+        out += flag("HW Thermal Slowdown", 12) + flag("HW Power Brake Slowdown", 12)
+        out += row("Sync Boost", "Not Active", 8) + flag("SW Thermal Slowdown")
+        return out + row("Display Clock Setting", "Not Active", 8)
+
+    def _memory_error_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        """ECC Mode, ECC Errors, Retired Pages and Remapped Rows as the H100 capture prints them."""
+        h = self.p.gpus.health_of(index)
+        out = "    ECC Mode\n" + row("Current", "Enabled", 8) + row("Pending", "Enabled", 8) + "    ECC Errors\n"
+        for scope, dram in (("Volatile", h.ecc_volatile_uncorrectable), ("Aggregate", h.ecc_aggregate_uncorrectable)):
+            out += f"        {scope}\n" + row("SRAM Correctable", "0", 12) + row("SRAM Uncorrectable Parity", "0", 12)
+            out += row("SRAM Uncorrectable SEC-DED", "0", 12) + row("DRAM Correctable", "0", 12)
+            out += row("DRAM Uncorrectable", str(dram), 12)
+            if scope == "Aggregate":
+                out += row("SRAM Threshold Exceeded", "No", 12)
+        out += "    Retired Pages\n" + row("Single Bit ECC", "N/A", 8) + row("Double Bit ECC", "N/A", 8)
+        out += row("Pending Page Blacklist", "N/A", 8)
+        out += "    Remapped Rows\n" + row("Correctable Error", "0", 8)
+        out += row("Uncorrectable Error", str(h.remapped_uncorrectable), 8)
+        out += row("Pending", "Yes" if h.remap_pending else "No", 8)
+        out += row("Remapping Failure Occurred", "Yes" if h.remap_failure else "No", 8)
+        return out
+
+    def dmesg(self) -> Recording:
+        """The kernel log: the module's load line (docs/facts.md section 5) and the profile's Xid lines in
+        the driver's format (tests/fixtures/gpu_health/SOURCES.md). Refused as util-linux dmesg refuses
+        it under kernel.dmesg_restrict=1."""
+        if self.p.dmesg_restricted:
+            return Recording(stderr="dmesg: read kernel buffer failed: Operation not permitted\n", rc=1)
+        return Recording(stdout="".join(line + "\n" for line in self._kernel_lines()))
+
+    def journalctl_kernel(self, hostname: str) -> Recording:
+        """journalctl -k -b -o short-iso: the same kernel lines with the journal's prefix."""
+        stamp = "2026-11-30T21:04:11+0000"
+        return Recording(stdout="".join(f"{stamp} {hostname} kernel: {line.split('] ', 1)[-1]}\n"
+                                        for line in self._kernel_lines()))
+
+    def _kernel_lines(self) -> list[str]:
+        lines = []
+        if self.drv is not None and self.module_loaded:
+            first = self.proc_driver_version().splitlines()[0].removeprefix("NVRM version: ")
+            lines.append(f"[    5.812337] NVRM: loading {first}")
+        bus_ids = self.bus_ids()
+        for x in sorted(self.p.xid, key=lambda x: x.uptime_s):
+            _domain, bus, dev_fn = bus_ids[x.gpu].split(":")
+            who = f"pid={x.pid}, name={x.name or 'python3'}, " if x.pid is not None else ""
+            lines.append(f"[{x.uptime_s:12.6f}] NVRM: Xid (PCI:0000:{bus.lower()}:{dev_fn.split('.')[0]}): {x.code}, "
+                         f"{who}{x.text}")
+        return lines
+
     def nvidia_smi_q(self, hostname: str) -> Recording:
         """Full `nvidia-smi -q`: the header, then one block per GPU in nvidia-smi's key order.
 
@@ -465,10 +534,11 @@ class ProfileRenderer:
             out += row("GSP Firmware Version", v, 4)
             out += "    PCI\n" + row("Bus", f"0x{bus}", 8) + row("Device", f"0x{device}", 8)
             out += row("Domain", "0x0000", 8) + row("Device Id", f"0x{g.pci_device_id.upper()}10DE", 8)
-            out += row("Bus Id", bus_id, 8)
+            out += row("Bus Id", bus_id, 8) + self._link_rows(index, row)
+            out += self._clock_event_rows(index, row)
             out += "    FB Memory Usage\n" + row("Total", f"{g.memory_mib} MiB", 8)
             out += row("Used", f"{used} MiB", 8) + row("Free", f"{g.memory_mib - used} MiB", 8)
-            out += row("Compute Mode", g.compute_mode, 4)
+            out += row("Compute Mode", g.compute_mode, 4) + self._memory_error_rows(index, row)
             # A single-node NVSwitch fabric has clique 0 and a zero cluster UUID (the H100 capture).
             out += "    Fabric\n" + row("State", state, 8) + row("Status", "Success" if completed else "N/A", 8)
             out += row("CliqueId", "0" if completed else "N/A", 8)
@@ -849,6 +919,9 @@ class ProfileRenderer:
         img = HostImage()
         img.files[sources.FILES["hostname"]] = f"{hostname}\n"
         if self.drv is not None:
+            img.record(sources.COMMANDS["dmesg"], self.dmesg())
+            if self.p.dmesg_restricted:
+                img.record(sources.COMMANDS["journalctl_kernel"], self.journalctl_kernel(hostname))
             img.record(sources.COMMANDS["nvidia_smi_query"], self.nvidia_smi_query(hostname))
             # -q prints each GPU's UUID, so it is as host-specific as the query.
             img.record(sources.COMMANDS["nvidia_smi_q"], self.nvidia_smi_q(hostname))
@@ -858,7 +931,8 @@ class ProfileRenderer:
         self._apply_raw(img, host_specific=True, hostname=hostname)
         return self._shared, img
 
-    _HOST_SPECIFIC = ("hostname", "nvidia_smi_query", "nvidia_smi_q", "scontrol_show_node", "squeue_running")
+    _HOST_SPECIFIC = ("hostname", "dmesg", "journalctl_kernel", "nvidia_smi_query", "nvidia_smi_q",
+                      "scontrol_show_node", "squeue_running")
 
     def _raw_argv(self, name: str, hostname: str) -> list[str]:
         if name in sources.COMMANDS:

@@ -100,6 +100,9 @@ def test_r580_host_is_clean(verdict: dict[str, Any]) -> None:
         ("gpu-a06", "rdma.peermem"),
         ("gpu-a07", "nccl.debug"),
         ("gpu-a08", "driver.pending_reboot"),
+        ("gpu-a05", "gpu.ecc"),
+        ("gpu-a05", "gpu.remapped_rows"),
+        ("gpu-a06", "gpu.xid"),
     ],
 )
 def test_each_fault_is_found_on_its_host(verdict: dict[str, Any], host: str, check_id: str) -> None:
@@ -110,7 +113,8 @@ def test_fault_free_hosts_do_not_carry_other_hosts_faults(verdict: dict[str, Any
     for host in ("gpu-a01", "gpu-a02", "gpu-a03"):
         ids = _ids(verdict, host)
         assert not ids & {"rdma.port_state", "rdma.peermem", "nccl.debug", "fabricmanager.version_match",
-                          "driver.pending_reboot"}, (host, ids)
+                          "driver.pending_reboot", "gpu.ecc", "gpu.remapped_rows", "gpu.xid", "gpu.throttle",
+                          "gpu.pcie_link"}, (host, ids)
 
 
 def test_plan_canary_is_a_healthy_r575_host(verdict: dict[str, Any]) -> None:

@@ -76,6 +76,9 @@ def test_default_fleet_tells_the_change_night_story(fleet: FleetSpec) -> None:
     assert by_name["gpu-a06"].nvidia_peermem is False
     assert (by_name["gpu-a07"].nccl_conf or {}).get("NCCL_DEBUG") == "INFO"
     assert [n for n, p in by_name.items() if not p.reachable] == ["gpu-a09"]
+    # GPU 3 of gpu-a05 holds uncorrectable ECC errors and a pending remap; gpu-a06's GPU 5 logged Xid 79.
+    assert by_name["gpu-a05"].gpus.health_of(3).remap_pending and not by_name["gpu-a05"].gpus.health_of(0).remap_pending
+    assert [(x.code, x.gpu) for x in by_name["gpu-a06"].xid] == [(79, 5)]
     # A model server outside Slurm holds every GPU of gpu-a10 while Slurm calls the node idle.
     busy = by_name["gpu-a10"]
     assert busy.slurm is not None and busy.slurm.state == "idle" and not busy.slurm.jobs

@@ -119,3 +119,72 @@ def test_bad_usage_and_health_specs(tmp_path: Path, gpus: dict[str, object], det
     with pytest.raises(LabProfileError, match="gpus") as info:
         load_fleet_file(fleet_dir / "fleet.yaml")
     assert detail in str(info.value) and "\n" not in str(info.value)
+
+
+# -- GPU health and platforms: the audit and triage name the same finding on the same text -----------
+
+HEALTH_HOSTS = {"gpu-h01": "h200-r575-ecc", "gpu-h02": "h200-r575-xid79", "gpu-h03": "h200-r580-power-brake",
+                "gpu-h04": "h200-r580-pcie-x8", "gpu-h05": "jetson-orin-l4t36", "gpu-h06": "h200-r575-rhel9"}
+# host -> (finding the audit names on it, the source whose rendered text triage reads)
+HEALTH_CASES = {
+    "gpu-h01": ({"gpu.ecc", "gpu.remapped_rows"}, "nvidia_smi_q"),
+    "gpu-h02": ({"gpu.xid"}, "dmesg"),
+    "gpu-h03": ({"gpu.throttle"}, "nvidia_smi_q"),
+    "gpu-h04": ({"gpu.pcie_link"}, "nvidia_smi_q"),
+    "gpu-h05": ({"driver.platform"}, "proc_driver_version"),
+}
+
+
+@pytest.fixture(scope="module")
+def health_lab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("health")
+    fleet_dir = root / "fleet"
+    shutil.copytree(PROFILES, fleet_dir / "profiles")
+    (fleet_dir / "fleet.yaml").write_text(yaml.safe_dump({"hosts": HEALTH_HOSTS}))
+    generate_fleet(load_fleet(fleet_dir / "fleet.yaml"), root / "lab")
+    return root / "lab" / "hosts"
+
+
+@pytest.mark.parametrize("host", sorted(HEALTH_CASES))
+def test_audit_and_triage_name_the_same_health_finding(health_lab: Path, host: str, tmp_path: Path) -> None:
+    from k3fleet.targets import load_target
+    from k3fleet.triage import triage
+    from k3fleet.verdict import evaluate_host
+
+    ids, source = HEALTH_CASES[host]
+    audit = {f.check_id for f in evaluate_host(facts_of(health_lab, host), load_target(None))}
+    assert ids <= audit, audit
+    r = reader(health_lab, host)
+    text = r.read(sources.FILES[source]) if source in sources.FILES else r.run(sources.COMMANDS[source]).stdout
+    assert text
+    capture = tmp_path / f"{source}.txt"
+    capture.write_text(text)
+    triaged = {f["id"] for f in triage([capture], host=host).findings}
+    assert ids <= triaged, triaged
+
+
+def test_lab_health_sections_parse_like_the_real_capture(health_lab: Path) -> None:
+    f = facts_of(health_lab, "gpu-h01")
+    bad = {g.index: g for g in f.driver.gpus}[3]
+    assert bad.ecc is not None and (bad.ecc.volatile_uncorrected, bad.ecc.aggregate_uncorrected) == (4, 4)
+    assert bad.remapped_rows is not None and bad.remapped_rows.pending is True
+    good = {g.index: g for g in f.driver.gpus}[0]
+    assert good.ecc is not None and good.ecc.volatile_uncorrected == 0
+    assert good.pcie is not None and (good.pcie.gen_current, good.pcie.width_current) == (5, 16)
+    assert f.driver.kernel_log is not None and f.driver.kernel_log.status == "ok" and f.driver.kernel_log.xid == []
+    # The rendered section keys are the real H100 capture's, in its order.
+    text = reader(health_lab, "gpu-h01").run(sources.COMMANDS["nvidia_smi_q"]).stdout
+    real = (Path(__file__).resolve().parents[1] / "fixtures" / "driver" / "smi_q_565_h100x8_fabric_completed.txt"
+            ).read_text()
+    first_real = real[real.index("    ECC Mode"):real.index("        Aggregate Uncorrectable SRAM Sources")]
+    first_ours = text[text.index("    ECC Mode"):text.index("    Retired Pages")]
+    assert keys(first_ours) == keys(first_real)
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import evaluate_host
+
+    xid = next(f for f in evaluate_host(facts_of(health_lab, "gpu-h02"), load_target(None)) if f.check_id == "gpu.xid")
+    assert xid.severity == "critical" and "Xid 79 (GPU has fallen off the bus)" in xid.message
+    assert "(GPU 5)" in xid.message
+    # dmesg refused (kernel.dmesg_restrict=1): the journal's kernel messages answer instead.
+    log = facts_of(health_lab, "gpu-h06").driver.kernel_log
+    assert log is not None and (log.status, log.source, log.xid) == ("ok", "journalctl", [])
