@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
+from k3fleet.bounds import check_seconds, parse_seconds
 from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError
@@ -303,9 +304,15 @@ class WatchResult:
 async def _health(client: Any, base: str, timeout: float) -> tuple[int | None, str | None]:
     import httpx
 
+    from k3fleet.accept.client import EndpointError, fetch
+
     try:
-        resp = await client.get(f"{base}/health", timeout=timeout)
-        return resp.status_code, None
+        # Bounded like every probe request: one deadline for the whole answer, a cap on its body.
+        resp = await fetch(client, "GET", f"{base}/health", shown="/health", kind="completion", deadline_s=timeout,
+                           timeout=timeout)
+        return resp.status, None
+    except EndpointError as exc:
+        return None, exc.message
     except httpx.HTTPError as exc:
         return None, f"/health: {' '.join(str(exc).split()) or type(exc).__name__}"
 
@@ -332,7 +339,7 @@ async def _watch(opts: WatchOptions, baseline: Baseline, on_sample: Callable[[Sa
         raise UsageError("the baseline names no model: give --model")
     try:
         endpoint = Endpoint(base_url=opts.base_url, model=model, api_key_env=opts.api_key_env,
-                            verify_tls=opts.verify_tls, timeout_s=max(opts.interval_s * 4, 30.0))
+                            verify_tls=opts.verify_tls, timeout_s=min(max(opts.interval_s * 4, 30.0), 3600.0))
     except ValidationError as exc:
         raise UsageError(f"--base-url: {exc.errors()[0]['msg']}") from exc
     state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance)
@@ -378,8 +385,11 @@ async def _watch(opts: WatchOptions, baseline: Baseline, on_sample: Callable[[Sa
 
 def run_watch(opts: WatchOptions, on_sample: Callable[[Sample, list[Trigger]], None] | None = None
               ) -> WatchResult:
-    if opts.interval_s <= 0 or opts.duration_s <= 0:
-        raise UsageError("--interval and --for must be positive")
+    for flag, value, span in (("--interval", opts.interval_s, "watch --interval"),
+                              ("--for", opts.duration_s, "watch --for")):
+        problem = check_seconds(value, span)
+        if problem is not None:
+            raise UsageError(f"{flag} {value!r} {problem}")
     if opts.repeat < 1:
         raise UsageError("--repeat must be 1 or more")
     unknown = [c for c in opts.agent_cases if c not in _agent_case_names()]
@@ -396,15 +406,6 @@ def _agent_case_names() -> tuple[str, ...]:
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``2h`` -> seconds."""
-    t = text.strip().lower()
-    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    unit = t[-1] if t and t[-1] in scale else "s"
-    num = t[:-1] if t and t[-1] in scale else t
-    try:
-        value = float(num)
-    except ValueError as exc:
-        raise UsageError(f"--for {text!r}: give seconds or a number with s, m or h (15m)") from exc
-    if value <= 0:
-        raise UsageError(f"--for {text!r} must be positive")
-    return value * scale[unit]
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds: finite, at least 1 s, at most 7 days
+    (k3fleet.bounds ``DURATIONS``); inf, nan and 1e400 are refused, not watched forever."""
+    return parse_seconds(text, "--for", "watch --for")
