@@ -59,6 +59,8 @@ def decide(
         out.print_json(json.dumps(d.model_dump(mode="json")))
     else:
         _print_decision(d)
+    for warning in d.warnings:
+        err.print(f"warning: {warning}", markup=False)
     err.print(f"run directory: {result.run_dir.path}")
     err.print(f"evidence package: {result.archive} (sha256 {result.archive_sha256})", markup=False)
     if result.signer is not None:

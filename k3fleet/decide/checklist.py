@@ -221,6 +221,27 @@ def _chain_agree(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
                    f"and vLLM {st.vllm_version or '?'}", [s.audit.ref, st.ref]
 
 
+def triage_outside_audit(s: EvidenceSummary) -> list[str]:
+    """One line per triaged host the audit did not see: its findings stay operator-supplied evidence,
+    and a host count that includes it says so (never counted in silence)."""
+    if s.audit is None:
+        return []
+    audited = {h.host for h in s.audit.hosts}
+    out = []
+    for t in s.triage:
+        if t.host and t.host not in audited:
+            out.append(f"triaged host {t.host!r} (run {t.run}) is not in the audit {s.audit.run}: its findings are "
+                       "counted as operator-supplied evidence about a host the audit did not see")
+    return out
+
+
+def _hosts_text(s: EvidenceSummary, hosts: list[str]) -> str:
+    """Host names for a finding count, each triaged host outside the audit marked as such."""
+    audited = {h.host for h in s.audit.hosts} if s.audit is not None else None
+    return ", ".join(f"{h} (triaged, not in the audit)" if audited is not None and h not in audited else h
+                     for h in hosts)
+
+
 def chain_problems(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
     """Every disagreement in the image -> CUDA -> driver chain, each with its evidence."""
     out: list[tuple[str, list[Ref]]] = []
@@ -230,7 +251,7 @@ def chain_problems(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
         by_id.setdefault(f.id, []).append(f)
     for cid, facts in sorted(by_id.items()):
         hosts = sorted({f.host for f in facts if f.host})
-        where = f" on {len(hosts)} host(s): {', '.join(hosts)}" if hosts else ""
+        where = f" on {len(hosts)} host(s): {_hosts_text(s, hosts)}" if hosts else ""
         out.append((f"{cid}{where}: {facts[0].message}", _fail_refs(facts)))
     st = startup_of(s)
     a = s.audit
@@ -293,7 +314,7 @@ def topology_problems(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
         by_id.setdefault(f.id, []).append(f)
     for cid, facts in sorted(by_id.items()):
         hosts = sorted({f.host for f in facts if f.host})
-        out.append((f"{cid} on {', '.join(hosts) or 'the fleet'}: {facts[0].message}", _fail_refs(facts)))
+        out.append((f"{cid} on {_hosts_text(s, hosts) or 'the fleet'}: {facts[0].message}", _fail_refs(facts)))
     if st is not None and a is not None:
         ws = world_size(st)
         if ws is not None and a.gpus_healthy and ws > a.gpus_healthy:

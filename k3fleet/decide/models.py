@@ -388,6 +388,8 @@ class Decision(_Model):
     reasons: list[Reason]
     limits: list[Limit] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list, description="checklist items without evidence")
+    warnings: list[str] = Field(default_factory=list,
+                                description="what the reviewer must know, e.g. triaged hosts outside the audit")
     checklist: list[ChecklistItem]
     reviewer: str | None = None
     reviewed_at: str | None = None

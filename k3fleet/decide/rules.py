@@ -333,9 +333,12 @@ def decide(summary: EvidenceSummary) -> Decision:
                               evidence=[r for i in items for r in i.evidence][:1]))
     approved = not blocked and outcome in ("go_live", "observe_with_limits")
     exit_code = EXIT_OK if approved else EXIT_FAILED if definite else EXIT_INCOMPLETE
+    from k3fleet.decide.checklist import triage_outside_audit
+
     return Decision(
         outcome=outcome, approved=approved, exit_code=exit_code, track="custom" if is_custom(summary) else "official",
-        reasons=reasons, limits=limits, missing=missing, checklist=items, reviewer=summary.reviewer,
+        reasons=reasons, limits=limits, missing=missing, warnings=triage_outside_audit(summary),
+        checklist=items, reviewer=summary.reviewer,
         reviewed_at=summary.reviewed_at, service_owner=summary.service_owner,
         baseline=baseline_of(summary, limits) if approved else None,
     )

@@ -434,3 +434,21 @@ def test_decide_is_pure_same_summary_same_decision() -> None:
     before = s.model_dump_json()
     assert decide(s).model_dump() == decide(s).model_dump()
     assert s.model_dump_json() == before
+
+
+def test_triaged_host_outside_the_audit_is_said_never_counted_silently() -> None:
+    s = _apply(_triage("driver.branch", chain=True))
+    assert s.audit is not None and "gpu-x01" not in {h.host for h in s.audit.hosts}
+    d = decide(s)
+    assert d.warnings == [f"triaged host 'gpu-x01' (run triage-1) is not in the audit {s.audit.run}: its findings are "
+                          "counted as operator-supplied evidence about a host the audit did not see"]
+    chain = next(r for r in d.reasons if r.rule == "chain.mismatch")
+    assert "gpu-x01 (triaged, not in the audit)" in chain.text
+
+
+def test_triaged_host_in_the_audit_gives_no_warning() -> None:
+    s = _apply(_triage("driver.branch", chain=True))
+    assert s.audit is not None and s.audit.hosts
+    host = s.audit.hosts[0].host
+    s.triage[0].host = host
+    assert decide(s).warnings == []
