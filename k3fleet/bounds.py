@@ -17,6 +17,7 @@ Every refusal is one line naming the file (or option), its kind and the limit.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import math
@@ -70,6 +71,7 @@ CAPS: dict[str, Cap] = {c.kind: c for c in (
     Cap("journal", "a change night's journal.jsonl", 64 * _MiB),
     Cap("requests", "captured request bodies (accept prefix-lint)", 64 * _MiB, gzip=True),
     Cap("record", "YAML records: --owners, --build, inputs copied into a run directory", 8 * _MiB),
+    Cap("run_json", "one file of a run directory read back (JSON, JSON Lines, the manifest)", 64 * _MiB),
     Cap("package", "an evidence package (.tar.gz), all members decompressed together", 512 * _MiB),
     Cap("package_member", "one member of an evidence package, decompressed", 64 * _MiB),
     Cap("models", "the /v1/models and /version bodies", 8 * _MiB),
@@ -276,6 +278,28 @@ def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, ma
     if text and b"\x00" in data[:_BINARY_PROBE]:
         raise UsageError(f"{label} is binary, not {kind}")
     return data
+
+
+def read_bounded(path: Path, limit: str) -> bytes:
+    """``path.read_bytes()`` under the ``limit`` cap, for files inside run directories: the same
+    exception types (OSError subclasses), so callers' existing handlers word them, but a FIFO, a
+    device or an oversize file is an OSError naming itself, never a hang or a MemoryError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{_file_type(st.st_mode)}, not a regular file", str(path))
+        cap = cap_bytes(limit)
+        if st.st_size > cap:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, above the limit ({limit_hint(limit)})", str(path))
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return _read_capped(fh, cap, lambda: OSError(errno.EFBIG, f"grew past the limit ({limit_hint(limit)})",
+                                                         str(path)))
+    finally:
+        os.close(fd)
 
 
 def check_input(path: Path, what: str, *, kind: str, limit: str) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.bounds import read_bounded
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine, read_input
 from k3fleet.evidence import MANIFEST, RunDir, host_from_file_name, verify_run
 from k3fleet.models.facts import SCHEMA_VERSION
@@ -140,7 +141,7 @@ def _facts_observation(host: str, data: Any, when: str, source: str, *, verified
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(read_bounded(path, "run_json").decode("utf-8"))
     except FileNotFoundError as exc:
         raise UsageError(f"{what}: {path} is missing") from exc
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -219,7 +220,7 @@ def _events(job: Path) -> list[dict[str, Any]]:
     events = []
     for p in (job / "job_events").glob("*.json"):
         try:
-            data = json.loads(p.read_bytes().decode("utf-8"))
+            data = json.loads(read_bounded(p, "run_json").decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise UsageError(f"runner artifacts {job}: event {p.name} is not readable JSON: {exc}") from exc
         if not isinstance(data, dict):

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
-from k3fleet.bounds import check_seconds, parse_seconds
+from k3fleet.bounds import check_seconds, parse_seconds, read_bounded
 from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError
@@ -247,7 +247,7 @@ def _same_decision(run_dir: Path, package: Path, check: PackageCheck) -> None:
 
 def _json(p: Path, label: str) -> Any:
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        return json.loads(read_bounded(p, "run_json").decode("utf-8"))
     except FileNotFoundError as exc:
         raise IncompleteError(f"{label}: {p.name} is missing") from exc
     except (OSError, ValueError) as exc:

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from k3fleet.bounds import read_bounded
 from k3fleet.decide.checklist import ITEM_IDS
 from k3fleet.decide.models import (
     AcceptEvidence,
@@ -293,7 +294,7 @@ def _curves(src: Sources) -> list[dict[str, Any]]:
     if merged is None or merged.load is None:
         return []
     path = src.paths[merged.load.ref.run]
-    data = json.loads((path / merged.load.ref.file).read_text()).get("data") or {}
+    data = json.loads(read_bounded(path / merged.load.ref.file, "run_json")).get("data") or {}
     return curve_points(path, data if isinstance(data, dict) else {})
 
 

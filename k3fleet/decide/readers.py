@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from k3fleet.bounds import read_bounded
 from k3fleet.decide.models import (
     AcceptEvidence,
     AgentCase,
@@ -50,7 +51,7 @@ def verify(path: Path) -> list[str]:
 def _load_json(path: Path, rel: str, label: str) -> Any:
     p = path / rel
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        return json.loads(read_bounded(p, "run_json").decode("utf-8"))
     except FileNotFoundError as exc:
         raise IncompleteError(f"run {label}: {rel} is missing") from exc
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -377,7 +378,7 @@ def curve_points(path: Path, data: Mapping[str, Any]) -> list[dict[str, Any]]:
     p = path / "load" / "curves.jsonl"
     rows: list[dict[str, Any]] = []
     if p.is_file():
-        for line in p.read_text(errors="replace").splitlines():
+        for line in read_bounded(p, "run_json").decode("utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
             except ValueError:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet import __version__
+from k3fleet.bounds import InputTooLarge, cap_bytes, read_bounded, read_input
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
 from k3fleet.evidence.writer import atomic_replace, fsync_dir
@@ -265,8 +266,6 @@ class RunDir:
             self.copy_input(inventory.parent / sub, f"{rel}/{sub}")
 
     def _copy_file(self, src: Path, rel: str) -> Path | None:
-        from k3fleet.bounds import InputTooLarge, cap_bytes, read_input
-
         # The one bounded reader: a device, FIFO or socket among the inputs is recorded, not read.
         limit = cap_bytes("record")
         try:
@@ -290,7 +289,7 @@ class RunDir:
     def read_json(self, rel: str) -> Any:
         p = self.path / rel
         try:
-            raw = p.read_bytes()
+            raw = read_bounded(p, "run_json")
         except FileNotFoundError as exc:
             raise UsageError(f"{p} is missing: the run directory is incomplete") from exc
         except OSError as exc:

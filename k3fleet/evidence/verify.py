@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, Field
 
+from k3fleet.bounds import read_bounded
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.rundir import COMMAND, MANIFEST, sha256_file
 
@@ -91,7 +92,7 @@ def verify_run(path: Path | str) -> VerifyReport:
                             problem=f"no {MANIFEST}: the run did not finish (interrupted or killed); "
                                     "its evidence is incomplete")
     try:
-        data = json.loads(manifest.read_bytes().decode("utf-8"))
+        data = json.loads(read_bounded(manifest, "run_json").decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return VerifyReport(path=str(root), has_manifest=True,
                             problem=f"{MANIFEST} cannot be read: {type(exc).__name__}: {exc}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from k3fleet.bounds import read_bounded
 from k3fleet.contracts import EXIT_CODES
 from k3fleet.errors import UsageError
 
@@ -85,7 +86,7 @@ class ReportView:
 
 def _read(path: Path, rel: str) -> Any:
     try:
-        return json.loads((path / rel).read_text(encoding="utf-8"))
+        return json.loads(read_bounded(path / rel, "run_json").decode("utf-8"))
     except FileNotFoundError as exc:
         raise UsageError(f"{path}: {rel} is missing") from exc
     except (OSError, UnicodeDecodeError, ValueError) as exc:

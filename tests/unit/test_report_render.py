@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from k3fleet.evidence.writer import write_output
 from k3fleet.report.html import render_html
 from k3fleet.report.junit import render_junit
 from k3fleet.report.prom import render_prom
-from k3fleet.report.render import write_atomic
 from k3fleet.report.view import CheckRow, ReportView, load_charts
 
 XSD = Path(__file__).resolve().parents[1] / "fixtures" / "report" / "junit-10.xsd"
@@ -83,8 +83,8 @@ def test_prom_textfile_parses_and_is_written_atomically(tmp_path: Path) -> None:
     assert status[("gpu-a09", "driver.branch")] == "skipped"
     assert {s.labels["outcome"]: s.value for s in fams["k3fleet_decision_outcome"].samples}["observe_with_limits"] == 1
     dest = tmp_path / "k3fleet.prom"
-    write_atomic(dest, text)
-    write_atomic(dest, text)
+    write_output(dest, text.encode(), "--out")
+    write_output(dest, text.encode(), "--out", force=True)  # the textfile collector's file, replaced in place
     assert dest.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["k3fleet.prom"]
     assert oct(dest.stat().st_mode & 0o777) == "0o644"
 
@@ -93,6 +93,6 @@ def test_atomic_write_refuses_a_directory_and_a_missing_parent(tmp_path: Path) -
     from k3fleet.errors import UsageError
 
     with pytest.raises(UsageError, match="is a directory"):
-        write_atomic(tmp_path, "x")
+        write_output(tmp_path, b"x", "--out")
     with pytest.raises(UsageError, match="does not exist"):
-        write_atomic(tmp_path / "no" / "f.prom", "x")
+        write_output(tmp_path / "no" / "f.prom", b"x", "--out")
