@@ -20,7 +20,7 @@ CANARY = {
 }
 
 
-def test_no_canary_in_the_package(matched_audit: Path, simulator: Any, tmp_path: Path,
+def test_no_canary_in_the_package(matched_audit: Path, simulator: Any, evidence_keys: Any, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"HF_TOKEN": CANARY["env"], "VLLM_API_KEY": CANARY["api_key"]}
     # The simulator runs in this process and reads its key from here; the commands get it in their env.
@@ -44,7 +44,7 @@ def test_no_canary_in_the_package(matched_audit: Path, simulator: Any, tmp_path:
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     dec = tmp_path / "decision"
     proc = k3fleet("decide", str(matched_audit), str(acc), str(tri), "--reviewer", "carol", "--out", str(dec),
-                   env=env)
+                   "--sign-key", str(evidence_keys.key), env=env)
     assert proc.returncode in (1, 3), proc.stderr[-3000:]
     archive = dec.with_name(dec.name + ".tar.gz")
     found: dict[str, list[str]] = {}
@@ -58,4 +58,5 @@ def test_no_canary_in_the_package(matched_audit: Path, simulator: Any, tmp_path:
     assert found == {}, found
     # The evidence is there, with the secrets replaced (a reviewer sees that a key was present).
     assert any(n.endswith("/inputs/startup.log") for n in names) and any("/inputs/01-vllm.log" in n for n in names)
-    assert k3fleet("verify-evidence", str(archive)).returncode == 0
+    # Signed and intact after redaction: what was packaged is what was signed.
+    assert k3fleet("verify-evidence", str(archive), "--allowed-signers", str(evidence_keys.allowed)).returncode == 0
