@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, combine
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir
 from k3fleet.inventory import inventory_hosts
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
@@ -89,7 +89,6 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
     from k3fleet.verdict import evaluate_fleet
 
     target = load_target(opts.target)
-    rd = RunDir.create(opts.runs_dir, "audit", argv, out=opts.out)
     with tempfile.TemporaryDirectory(prefix="k3fleet-lab-") as labtmp:
         inventory = opts.inventory
         if opts.lab:
@@ -98,8 +97,11 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             spec = load_fleet(opts.inventory)
             inventory = generate_fleet(spec, Path(labtmp), count=opts.lab_count, image=target.image.ref)
         if inventory is None:
-            raise IncompleteError("no inventory given")
+            raise UsageError("no inventory given: -i INVENTORY, or --lab for the simulated fleet")
+        # Every usage error (a missing inventory, a --limit that matches nothing) comes before the run
+        # directory exists: a usage error writes nothing (docs/architecture.md "Contracts").
         hosts = inventory_hosts(inventory, opts.limit)
+        rd = RunDir.create(opts.runs_dir, "audit", argv, out=opts.out)
         rd.copy_inventory(inventory)
         if opts.target is not None:
             rd.copy_input(opts.target, "inputs/target.yaml")

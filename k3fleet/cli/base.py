@@ -124,6 +124,16 @@ def _input_errors() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a documented exit code."""
+    rc = _main(argv)
+    if rc == EXIT_USAGE:
+        # A usage error writes nothing: a run directory claimed before the error was found goes again.
+        from k3fleet.evidence.rundir import discard_unstarted
+
+        discard_unstarted()
+    return rc
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     import os

@@ -85,6 +85,33 @@ def _dumps(data: Any, **kw: Any) -> str:
     return json.dumps(redact(data), default=str, ensure_ascii=False, **kw)
 
 
+# Run directories this process claimed, and whether it made the directory itself (an --out that
+# existed empty is emptied again, never removed).
+_CLAIMED: list[tuple[Path, bool]] = []
+
+
+def discard_unstarted() -> list[Path]:
+    """Remove the claims of this process's run directories that hold nothing but command.json.
+
+    The CLI calls this when a command ends in a usage error: a run that never started leaves no
+    directory that ``verify`` or ``merge`` would later call interrupted (docs/architecture.md
+    "Contracts": a usage error writes nothing). A run that wrote any evidence is kept.
+    """
+    removed = []
+    while _CLAIMED:
+        path, made = _CLAIMED.pop()
+        try:
+            if [p.name for p in path.iterdir()] != [COMMAND]:
+                continue
+            (path / COMMAND).unlink()
+            if made:
+                path.rmdir()
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 class RunDir:
     """One run's evidence directory. Files are written through it so the redactor and the manifest see them all."""
 
@@ -156,6 +183,7 @@ class RunDir:
                 with contextlib.suppress(OSError):
                     path.rmdir()
             raise UsageError(f"cannot create {where}: {exc.strerror or exc}") from exc
+        _CLAIMED.append((rd.path, made))
         return rd
 
     @classmethod

@@ -104,3 +104,45 @@ def test_change_check_combines_hosts(tmp_path: Path, check: dict[str, dict[str, 
     finish(result, None)
     assert result.exit_code == want
     assert json.loads((rd.path / "run.json").read_text())["exit_code"] == want
+
+
+# -- a usage error writes nothing ----------------------------------------------------------------
+
+
+def test_discard_unstarted_removes_only_claims_without_evidence(tmp_path: Path) -> None:
+    from k3fleet.evidence import RunDir
+    from k3fleet.evidence.rundir import discard_unstarted
+
+    bare = RunDir.create(tmp_path / "runs", "audit", ["k3fleet", "audit"])
+    started = RunDir.create(tmp_path / "runs", "audit", ["k3fleet", "audit"])
+    started.write_json("run.json", {"status": "successful"})
+    given = tmp_path / "given"
+    given.mkdir()
+    out = RunDir.create(tmp_path / "runs", "audit", ["k3fleet", "audit"], out=given)
+    removed = discard_unstarted()
+    assert sorted(removed) == sorted([bare.path, out.path])
+    assert not bare.path.exists() and started.path.is_dir()
+    # An --out the operator made is left in place, empty again.
+    assert given.is_dir() and list(given.iterdir()) == []
+    assert discard_unstarted() == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["audit", "--lab", "--limit", "no-such-host"],
+    ["audit", "-i", "{tmp}/missing.yml"],
+    ["upgrade", "-i", "{tmp}/missing.yml", "--change-id", "CHG-1", "--operator", "alice"],
+    ["rollback", "-i", "{tmp}/missing.yml", "--limit", "gpu-01"],
+])
+def test_a_usage_error_leaves_no_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    from k3fleet.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rc = main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == EXIT_USAGE, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    # No run directory; the change lock's state directory (runs/.k3fleet, taken before any journal
+    # is read, docs/change-night.md "Lock") is not a run.
+    left = [p.name for p in (tmp_path / "runs").iterdir()] if (tmp_path / "runs").exists() else []
+    assert [n for n in left if n != ".k3fleet"] == []
