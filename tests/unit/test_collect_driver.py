@@ -728,3 +728,154 @@ def test_fabric_byref_reaches_the_structure() -> None:
     info = pynvml.c_nvmlGpuFabricInfoV_t()
     FakeNvml([dict(H200[0], fabric=2)]).nvmlDeviceGetGpuFabricInfoV(0, ctypes.byref(info))
     assert info.state == 2
+
+
+# -- GPU health: nvidia-smi -q sections and NVML (docs/facts.md section 14) --------------------------
+
+HEALTH_FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_health"
+
+
+def _block(text: str) -> list[Any]:
+    """One GPU block of -q, or a published section indented as in -q, as parse_smi_q_blocks' tree."""
+    if not any(line.startswith("GPU ") for line in text.splitlines()):
+        text = "GPU 00000000:18:00.0\n" + text
+    return next(iter(drv.parse_smi_q_blocks(text).values()))
+
+
+@pytest.mark.parametrize(("rel", "field", "expected"), [
+    # The 8x H100 capture: ECC on, every counter 0, Gen 5 x16, only Idle active.
+    ("driver/smi_q_565_h100x8_fabric_completed.txt", "ecc",
+     {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "reason": None}),
+    ("driver/smi_q_565_h100x8_fabric_completed.txt", "pcie",
+     {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "reason": None}),
+    ("driver/smi_q_565_h100x8_fabric_completed.txt", "throttle", {"active": ["idle"], "mask": None, "reason": None}),
+    # The RTX 4090 at idle: ECC disabled (N/A counters), Gen 1 of 4.
+    ("driver/smi_q_535_rtx4090x8_fabric_na.txt", "ecc",
+     {"mode": "disabled", "volatile_uncorrected": None, "aggregate_uncorrected": None,
+      "reason": "ECC is disabled on this GPU"}),
+    ("driver/smi_q_535_rtx4090x8_fabric_na.txt", "pcie",
+     {"gen_current": 1, "gen_max": 4, "width_current": 16, "width_max": 16, "reason": None}),
+    # R580.159's 55-character layout, with R550's split SRAM counters.
+    ("driver/smi_q_580_h200_idle.txt", "remapped_rows",
+     {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False, "retired_pages_pending": None,
+      "reason": None}),
+    ("gpu_health/smi_q_580_h200_ecc_remap_pending.txt", "ecc",
+     {"mode": "enabled", "volatile_uncorrected": 4, "aggregate_uncorrected": 4, "reason": None}),
+    ("gpu_health/smi_q_580_h200_power_brake_x8.txt", "throttle",
+     {"active": ["hw_slowdown", "hw_power_brake_slowdown"], "mask": None, "reason": None}),
+    # Published sections: gpud pull request 80 (pending remap), kubeflow issue 68 (pre-R535 label).
+    ("gpu_health/smi_q_remapped_rows_pending_gpud80_block.txt", "remapped_rows",
+     {"correctable": 0, "uncorrectable": 4, "pending": True, "failure": None, "retired_pages_pending": None,
+      "reason": None}),
+    ("gpu_health/smi_q_clocks_throttle_reasons_kubeflow68_block.txt", "throttle",
+     {"active": ["idle"], "mask": None, "reason": None}),
+])
+def test_smi_q_health_sections(rel: str, field: str, expected: dict[str, Any]) -> None:
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / rel).read_text()
+    assert drv.smi_q_health(_block(text))[field] == expected
+
+
+def test_smi_q_without_health_sections_reads_unknown() -> None:
+    health = drv.smi_q_health(_block(fixture("smi_q_580_fabric_in_progress_block.txt")))
+    assert health == {"ecc": None, "remapped_rows": None, "throttle": None, "pcie": None}
+
+
+class HealthNvml(FakeNvml):
+    """FakeNvml with the health calls, answering per GPU or raising what the driver raises."""
+
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
+
+    def _get(self, handle: int, key: str) -> Any:
+        value = self.gpus[handle][key]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
+        assert kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        return self._get(handle, "ecc")[0 if counter == pynvml.NVML_VOLATILE_ECC else 1]  # type: ignore[no-any-return]
+
+    def nvmlDeviceGetEccMode(self, handle: int) -> tuple[int, int]:
+        return 1, 1
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        return self._get(handle, "rows")  # type: ignore[no-any-return]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        return self._get(handle, "clocks")  # type: ignore[no-any-return]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        return self._get(handle, "link")[0]  # type: ignore[no-any-return]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return 5
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return self._get(handle, "link")[1]  # type: ignore[no-any-return]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return 16
+
+
+def test_nvml_health_values_and_not_supported_is_unknown_not_a_pass() -> None:
+    sick = dict(H200[0], ecc=(2, 6), rows=(0, 4, 1, 0), clocks=0x8 | 0x80, link=(5, 8))
+    old = dict(H200[1], ecc=pynvml.NVMLError_NotSupported(), rows=pynvml.NVMLError_NotSupported(),
+               clocks=pynvml.NVMLError_NotSupported(), link=(1, 16))
+    got = drv.collect_nvml(HealthNvml([sick, old]))
+    assert got["nvml"]["status"] == "ok"
+    a, b = got["gpus"]
+    assert a["ecc"] == {"mode": "enabled", "volatile_uncorrected": 2, "aggregate_uncorrected": 6, "reason": None}
+    assert a["remapped_rows"] == {"correctable": 0, "uncorrectable": 4, "pending": True, "failure": False,
+                                  "retired_pages_pending": None, "reason": None}
+    assert a["throttle"] == {"active": ["hw_slowdown", "hw_power_brake_slowdown"], "mask": 0x88, "reason": None}
+    assert a["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 8, "width_max": 16, "reason": None}
+    assert b["ecc"]["volatile_uncorrected"] is None and "NotSupported" in b["ecc"]["reason"]
+    assert b["remapped_rows"]["pending"] is None and "NotSupported" in b["remapped_rows"]["reason"]
+    assert b["throttle"]["active"] == [] and "NotSupported" in b["throttle"]["reason"]
+
+
+def test_nvml_health_lost_gpu_is_reported_not_swallowed() -> None:
+    lost = dict(H200[0], ecc=pynvml.NVMLError_GpuIsLost(), rows=(0, 0, 0, 0), clocks=0, link=(5, 16))
+    got = drv.collect_nvml(HealthNvml([lost]))
+    assert got["nvml"]["status"] == "gpu_is_lost" and got["gpus"] == [{"index": 0}]
+
+
+@pytest.mark.parametrize(("rel", "codes"), [
+    ("xid79_line_nvsentinel155.txt", [79]),
+    ("dmesg_fallen_off_bus_no_xid_nvsentinel155.txt", [79]),
+    ("xid94_line_gpud1174.txt", [94]),
+    ("xid63_line_ml_engineering.txt", [63]),
+    ("dmesg_ctime_xid13_109_gpud46.txt", [13, 13, 13, 109]),
+    ("journal_xid45_ogkm1150.txt", [45, 45, 45]),
+])
+def test_parse_xid_lines_on_real_logs(rel: str, codes: list[int]) -> None:
+    events = drv.parse_xid_lines((HEALTH_FIX / rel).read_text())
+    assert [e["code"] for e in events] == codes
+    assert all(e["pci"] and e["pci"].startswith("PCI:") for e in events)
+
+
+def test_kernel_log_falls_back_to_the_journal(tmp_path: Path) -> None:
+    reader = node(tmp_path)
+    # util-linux dmesg under kernel.dmesg_restrict=1, then the journal's kernel messages.
+    fake_command(tmp_path / "bin", "dmesg", [("*", "", "dmesg: read kernel buffer failed: Operation not permitted\n",
+                                              1)])
+    fake_command(tmp_path / "bin", "journalctl", [("*", (HEALTH_FIX / "journal_xid45_ogkm1150.txt").read_text(), "",
+                                                   0)])
+    log = drv.collect_kernel_log(reader)
+    assert (log["status"], log["source"], [e["code"] for e in log["xid"]]) == ("ok", "journalctl", [45, 45, 45])
+    none = drv.collect_kernel_log(node(tmp_path / "n"))
+    assert none["status"] == "unknown" and "dmesg" in none["reason"] and "journalctl" in none["reason"]
+
+
+@pytest.mark.parametrize(("version", "arch", "raw", "kind"), [
+    ("580.95.05", "x86_64", None, "discrete"),
+    ("35.3.1", "aarch64", None, "tegra"),
+    # JetPack 6's Tegra driver with no Tegra file: the version shape on aarch64 / the L4T build host.
+    ("540.4.0", "aarch64", fixture("proc_version_open_aarch64_540_jetpack6.txt").splitlines()[0], "tegra"),
+    ("540.4.0", None, None, "unknown"),
+    ("5400.1", "x86_64", None, "unknown"),
+])
+def test_classify_driver_platform(version: str, arch: str | None, raw: str | None, kind: str) -> None:
+    assert drv.classify_driver_platform(version, arch, raw)["kind"] == kind

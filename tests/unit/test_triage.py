@@ -91,9 +91,12 @@ CASES: dict[str, tuple[str, set[str], int]] = {
 
 # Classes of input the audit must never pass in silence: each gives at least one finding.
 NEVER_SILENT = [rel for rel in CASES if rel.startswith(("gpu_health/", "tool_calls/k2", "tool_calls/call_"))
-                or rel in ("driver/proc_version_open_aarch64.txt", "driver/proc_version_open_aarch64_540_jetpack6.txt",
-                           "driver/smi_summary_580_h200_busy.txt", "metrics/vllm_v0_qwen25coder_help_type_only.prom",
-                           "metrics/vllm_v0_qwen25coder_cut_mid_line.prom", "triage/fm_error_unprefixed_siderolabs.txt")]
+                or rel in ("driver/proc_version_open_aarch64.txt",
+                           "driver/proc_version_open_aarch64_540_jetpack6.txt",
+                           "driver/smi_summary_580_h200_busy.txt",
+                           "metrics/vllm_v0_qwen25coder_help_type_only.prom",
+                           "metrics/vllm_v0_qwen25coder_cut_mid_line.prom",
+                           "triage/fm_error_unprefixed_siderolabs.txt")]
 
 
 @pytest.mark.parametrize("rel", NEVER_SILENT)
