@@ -498,7 +498,7 @@ def apply_smi_q(gpus: list[dict[str, Any]], text: str) -> tuple[str | None, str 
             _notes("GPU memory use and processes unknown: ", usage_why))
 
 
-# -- GPU health (docs/facts.md section 13) ----------------------------------------------------------
+# -- GPU health (docs/facts.md section 14) ----------------------------------------------------------
 
 
 def _count(text: str | None) -> int | None:
@@ -652,10 +652,11 @@ def smi_q_health(block: list[list[Any]]) -> dict[str, Any]:
 
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus." (pid= and name=
-# are absent on some codes and drivers; NVIDIA Xid catalogue, docs/facts.md section 13).
+# are absent on some codes and drivers; NVIDIA Xid catalogue, docs/facts.md section 14).
 _XID_RE = re.compile(r"NVRM: Xid \((PCI:[0-9A-Fa-f:.]+)\): (\d+),\s*(.*?)\s*$")
 _XID_PID_RE = re.compile(r"^pid=(?:'?<unknown>'?|(\d+)),\s*(?:name=[^,]*,\s*)?")
 _LOG_TIME_RE = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]|^(\S+T\S+|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s")
+_FALLEN_RE = re.compile(r"NVRM: The NVIDIA GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$")
 MAX_XID_EVENTS = 64
 
 
@@ -666,9 +667,19 @@ def parse_xid_lines(text: str) -> list[dict[str, Any]]:
     and the newest are the ones that say what state it is in now.
     """
     events: list[dict[str, Any]] = []
-    for line in (text or "").splitlines():
+    lines = (text or "").splitlines()
+    for n, line in enumerate(lines):
         match = _XID_RE.search(line)
         if not match:
+            # Newer drivers report a lost GPU in three lines without an Xid ("NVRM: The NVIDIA GPU
+            # 0000:b3:00.0 ... has fallen off the bus": NVIDIA/NVSentinel issue 155): that is Xid 79.
+            lost = _FALLEN_RE.search(line)
+            if lost and "fallen off the bus" in " ".join(lines[n:n + 3]):
+                tm = _LOG_TIME_RE.match(line)
+                bus = lost.group(1).rsplit(".", 1)[0]
+                events.append({"code": 79, "pci": f"PCI:{bus}", "pid": None,
+                               "text": "GPU has fallen off the bus (reported without an Xid line)",
+                               "time": (tm.group(1) or tm.group(2)) if tm else None})
             continue
         rest = match.group(3)
         pid = None

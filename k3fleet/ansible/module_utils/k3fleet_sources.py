@@ -41,7 +41,7 @@ COMMANDS = {
     # docs/facts.md sections 2 and 12); the per-GPU blocks of the full output carry the NVLink
     # "Fabric" state, status and health, "FB Memory Usage" and the running "Processes".
     "nvidia_smi_q": ["nvidia-smi", "-q"],
-    # The kernel log since boot, for the driver's "NVRM: Xid" lines (docs/facts.md section 13): dmesg
+    # The kernel log since boot, for the driver's "NVRM: Xid" lines (docs/facts.md section 14): dmesg
     # first; where kernel.dmesg_restrict refuses it, the journal's kernel messages of this boot.
     "dmesg": ["dmesg"],
     "journalctl_kernel": ["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso"],
