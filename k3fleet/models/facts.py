@@ -84,7 +84,7 @@ class GpuProcess(_Model):
 
 
 class GpuEcc(_Model):
-    """Uncorrectable ECC error counts of one GPU (docs/facts.md section 13). None: not reported."""
+    """Uncorrectable ECC error counts of one GPU (docs/facts.md section 14). None: not reported."""
 
     mode: Literal["enabled", "disabled"] | None = None
     volatile_uncorrected: int | None = Field(default=None, description="since the last driver load")
@@ -93,7 +93,7 @@ class GpuEcc(_Model):
 
 
 class GpuRemappedRows(_Model):
-    """Row remapping (Ampere and newer) or page retirement (older) of one GPU (docs/facts.md section 13)."""
+    """Row remapping (Ampere and newer) or page retirement (older) of one GPU (docs/facts.md section 14)."""
 
     correctable: int | None = None
     uncorrectable: int | None = None
@@ -112,7 +112,7 @@ class GpuThrottle(_Model):
 
 
 class GpuPcieLink(_Model):
-    """PCIe link of one GPU: current against maximum generation and width (docs/facts.md section 13)."""
+    """PCIe link of one GPU: current against maximum generation and width (docs/facts.md section 14)."""
 
     gen_current: int | None = None
     gen_max: int | None = None
@@ -122,7 +122,7 @@ class GpuPcieLink(_Model):
 
 
 class XidEvent(_Model):
-    """One "NVRM: Xid (PCI:...): N, ..." line of the kernel log (docs/facts.md section 13)."""
+    """One "NVRM: Xid (PCI:...): N, ..." line of the kernel log (docs/facts.md section 14)."""
 
     code: int
     pci: str | None = Field(default=None, description="the PCI address the line names, as printed")
