@@ -106,6 +106,10 @@ class AgentOptions(BaseModel):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     # The first attempt of timeout_retry is abandoned after its first streamed chunk.
     timeout_s: float | None = Field(default=None, gt=0)
+    # A production profile's tools and response schemas: the tool:<name> and schema:<name> cases
+    # (k3fleet/accept/profile_cases.py).
+    profile_tools: list[dict[str, Any]] = Field(default_factory=list)
+    profile_schemas: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 @dataclass
@@ -346,11 +350,22 @@ CASE_FUNCS: dict[str, Callable[[Ctx, RunOutcome], Awaitable[None]]] = {
 }
 
 
+def case_function(name: str) -> Callable[[Ctx, RunOutcome], Awaitable[None]]:
+    """A built-in case, else a production profile's (tool:<name>, schema:<name>, invalid_schema, multimodal)."""
+    if name in CASE_FUNCS:
+        return CASE_FUNCS[name]
+    from k3fleet.accept.profile_cases import case_func
+
+    return case_func(name)
+
+
 # --- the suite ------------------------------------------------------------------------------------
 async def run_agent(endpoint: Endpoint, opts: AgentOptions | None = None, *, recorder: Recorder | None = None,
                     progress: Progress | None = None, client: httpx.AsyncClient | None = None) -> ProbeResult:
+    from k3fleet.accept.profile_cases import is_profile_case
+
     opts = opts or AgentOptions()
-    unknown = [c for c in [*opts.cases, *opts.critical] if c not in CASE_FUNCS]
+    unknown = [c for c in [*opts.cases, *opts.critical] if c not in CASE_FUNCS and not is_profile_case(c, opts)]
     if unknown:
         from k3fleet.errors import UsageError
 
@@ -371,7 +386,7 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
     async def one(case: str) -> None:
         async with sem:
             out = RunOutcome(passed=True)
-            await CASE_FUNCS[case](ctx, out)
+            await case_function(case)(ctx, out)
             outcomes[case].append(out)
 
     await _reference_client(ctx, say)
@@ -410,7 +425,9 @@ async def _reference_client(ctx: Ctx, say: Progress) -> None:
                                       request=body, status=200, response=_short(str(completion), 2000),
                                       started_at=t0, error="the SDK got a body that is not a chat completion",
                                       error_kind="sdk_error"))
-    except OpenAIError as exc:
+    except (OpenAIError, ValueError, TypeError, httpx.HTTPError) as exc:
+        # Not only the SDK's own errors: a 200 whose body is not JSON raises a JSONDecodeError (a ValueError)
+        # from inside the SDK. Either way it is evidence about the endpoint, never a crash of the probe.
         ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,
                                   started_at=t0, error=f"{type(exc).__name__}: {_short(str(exc))}",
                                   error_kind="sdk_error"))

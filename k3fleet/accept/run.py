@@ -45,6 +45,9 @@ class AllOptions:
     prefix: Any = None  # PrefixOptions
     agent: Any = None  # AgentOptions
     load_overrides: dict[str, Any] = field(default_factory=dict)
+    load_opts: Any = None  # LoadOptions already derived (from a production profile); else from load_overrides
+    profile: Any = None  # LoadedProfile: kept as profile.json and inputs/ (k3fleet/accept/profile_cases.py)
+    no_bodies: bool = False  # requests/*.jsonl without request and response bodies
 
 
 @dataclass
@@ -204,7 +207,7 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
         # Imported by name: the load probe is its own module and may be absent from a build.
         load_mod: Any = importlib.import_module("k3fleet.accept.load")
         say("load: phases (long-input ladder, agent ramp, sustained)")
-        load_opts = load_options(opts.load_overrides)
+        load_opts = opts.load_opts if opts.load_opts is not None else load_options(opts.load_overrides)
         results["load"] = await load_mod.run_load(endpoint, load_opts, _load_observer(load_mod.LoadObserver, say),
                                                   recorder=rec)
 
@@ -241,7 +244,15 @@ def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeRes
                 if isinstance(rows, list):
                     ev.jsonl(f"load/{part}.jsonl", [r for r in rows if isinstance(r, Mapping)])
     for probe, rows in rec.exchanges.items():
+        if opts.no_bodies:
+            from k3fleet.evidence.privacy import without_bodies
+
+            rows = [without_bodies(r) for r in rows]
         ev.jsonl(f"requests/{probe}.jsonl", rows)
+    if opts.profile is not None:
+        from k3fleet.accept.profile_cases import write_profile_evidence
+
+        write_profile_evidence(ev.rd, opts.profile)
     for window, raw in rec.metrics.items():
         ev.text(f"metrics/{window}.txt", raw)
     summary["finished_at"] = _now()

@@ -50,6 +50,8 @@ DEFECTS: dict[str, str] = {
     "sdk_error": "the reference SDK could not read the response",
     "http_error": "the request failed (transport or HTTP status)",
     "malformed_response": "the response is not a chat completion (no choices or message)",
+    "invalid_schema_accepted": "a response_format whose schema is not a JSON Schema was served instead of refused",
+    "invalid_schema_server_error": "a response_format whose schema is not a JSON Schema made the server fail (5xx)",
 }
 
 

@@ -169,6 +169,9 @@ def agent(
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1)] = None,
     extra_body: Annotated[str | None, typer.Option(
         "--extra-body", help="JSON object merged into every request (e.g. chat_template_kwargs).")] = None,
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="Production profile (YAML): adds a case per production tool and response schema, "
+                          "the invalid-schema case and, when the mix has it, a multimodal request.")] = None,
     as_json: AsJson = False,
     quiet: Quiet = False,
 ) -> None:
@@ -186,6 +189,11 @@ def agent(
     opts = AgentOptions(repeats=repeats, concurrency=concurrency, cases=case or list(CASES), critical=crit,
                         min_pass_rate=min_pass_rate, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                         extra_body=extra)
+    if profile is not None:
+        from k3fleet.accept.profile_cases import agent_options_from_profile
+        from k3fleet.models.profile import load_profile
+
+        opts = agent_options_from_profile(load_profile(profile), opts)
     say = progress_printer(quiet or as_json)
     result = run_probe(ep, lambda client, _info: run_agent(ep, opts, progress=say, client=client),
                        concurrency=concurrency)
@@ -224,7 +232,13 @@ def accept_all(
     prefix_repeats: Annotated[int, typer.Option("--prefix-repeats", min=1, max=100)] = 5,
     match_unit: Annotated[int | None, typer.Option("--match-unit", min=1)] = None,
     load_option: Annotated[list[str] | None, typer.Option(
-        "--load-option", help="KEY=VALUE for the load probe's options (repeatable).")] = None,
+        "--load-option", help="KEY=VALUE for the load probe's options (repeatable; over the profile's).")] = None,
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="Production profile (YAML): the load schedule and the agent cases come from it, and "
+                          "the run keeps it (profile.json) for decide.")] = None,
+    no_bodies: Annotated[bool, typer.Option(
+        "--no-bodies", help="Keep request and response bodies out of the run directory (requests/*.jsonl "
+                            "holds sizes, status and timings only).")] = False,
     as_json: AsJson = False,
     quiet: Quiet = False,
 ) -> None:
@@ -244,14 +258,30 @@ def accept_all(
     for path, flag in ((log, "--log"), (launch_command, "--launch-command")):
         if path is not None:
             check_input(path, flag, kind="a text log", limit="log")
+    loaded = None
+    if profile is not None:
+        from k3fleet.models.profile import load_profile
+
+        loaded = load_profile(profile)
     ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
     overrides = _key_values(load_option or [], "--load-option")
+    load_opts = None
     if "load" not in (skip or []) and load_available():
-        load_options(overrides)
+        if loaded is not None:
+            from k3fleet.accept.profile_cases import load_options_from_profile
+
+            load_opts = load_options_from_profile(loaded, overrides)
+        else:
+            load_options(overrides)
+    agent_opts = AgentOptions(repeats=agent_repeats, concurrency=agent_concurrency)
+    if loaded is not None:
+        from k3fleet.accept.profile_cases import agent_options_from_profile
+
+        agent_opts = agent_options_from_profile(loaded, agent_opts)
     opts = AllOptions(runs_dir=runs_dir, out=out_dir, log=log, launch_command=launch_command, target=target,
                       skip=list(skip or []), prefix=PrefixOptions(repeats=prefix_repeats, match_unit=match_unit),
-                      agent=AgentOptions(repeats=agent_repeats, concurrency=agent_concurrency),
-                      load_overrides=overrides)
+                      agent=agent_opts, load_overrides=overrides, load_opts=load_opts, profile=loaded,
+                      no_bodies=no_bodies)
     say = progress_printer(quiet or as_json)
     res = asyncio.run(run_all(ep, opts, sys.argv, progress=say))
     if as_json:

@@ -170,17 +170,37 @@ def load(
     quiet: Quiet = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    profile: Annotated[Path | None, typer.Option("--profile", help="Production profile (YAML): the ladder, ramp, "
+                                                                   "sustained run and SLOs come from it "
+                                                                   "(k3fleet schema profile).")] = None,
 ) -> None:
     """Long-input ladder, agent-session ramp and a sustained run, with /metrics sampled throughout."""
     wanted = [p.strip() for p in phases.split(",") if p.strip()]
+    loaded = None
     try:
-        opts = LoadOptions.model_validate(dict(phases=wanted, ladder_tokens=_ints(ladder, "--ladder"),
-                           ladder_output_tokens=ladder_output, ladder_repeats=ladder_repeats,
-                           ramp=_ints(ramp, "--ramp"), step_s=step_s, session_turns=turns,
-                           turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
-                           sustained_concurrency=sustained_concurrency, sustained_s=sustained_s,
-                           max_requests=max_requests, max_duration_s=max_duration, request_timeout_s=timeout,
-                           ttft_p95_slo_s=ttft_slo, itl_p95_slo_s=itl_slo))
+        if profile is not None:
+            from k3fleet.accept.profile_cases import load_options_from_profile
+            from k3fleet.models.profile import load_profile
+
+            # The envelope (ladder, ramp, sustained run, SLOs) is the profile's; the shape of a step is ours.
+            loaded = load_profile(profile)
+            shape: dict[str, object] = dict(phases=wanted, ladder_output_tokens=ladder_output,
+                                            ladder_repeats=ladder_repeats, step_s=step_s, session_turns=turns,
+                                            turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
+                                            request_timeout_s=timeout)
+            if max_requests != 5000:
+                shape["max_requests"] = max_requests
+            if max_duration != 600.0:
+                shape["max_duration_s"] = max_duration
+            opts = load_options_from_profile(loaded, shape)
+        else:
+            opts = LoadOptions.model_validate(dict(phases=wanted, ladder_tokens=_ints(ladder, "--ladder"),
+                               ladder_output_tokens=ladder_output, ladder_repeats=ladder_repeats,
+                               ramp=_ints(ramp, "--ramp"), step_s=step_s, session_turns=turns,
+                               turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
+                               sustained_concurrency=sustained_concurrency, sustained_s=sustained_s,
+                               max_requests=max_requests, max_duration_s=max_duration, request_timeout_s=timeout,
+                               ttft_p95_slo_s=ttft_slo, itl_p95_slo_s=itl_slo))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "options"
@@ -207,6 +227,10 @@ def load(
                                       "exit_code": 3})
         rd.write_manifest()
         raise
+    if loaded is not None:
+        from k3fleet.accept.profile_cases import write_profile_evidence
+
+        write_profile_evidence(rd, loaded)
     write_run(rd, endpoint, result, recorder, started_at, secret)
     data = result.data
     lines = [f"outcome: {data.get('outcome')}" + (f" (ceiling {data['ceiling']})" if data.get("ceiling") else ""),

@@ -143,8 +143,8 @@ def checks(
 
 
 @app.command()
-def schema(what: Annotated[str, typer.Argument(help="facts or verdict")] = "facts") -> None:
-    """Print a JSON Schema (host facts or verdict)."""
+def schema(what: Annotated[str, typer.Argument(help="facts, verdict or profile")] = "facts") -> None:
+    """Print a JSON Schema (host facts, verdict, or the production profile of --profile)."""
     from k3fleet.models.facts import host_facts_json_schema
 
     if what == "facts":
@@ -153,5 +153,9 @@ def schema(what: Annotated[str, typer.Argument(help="facts or verdict")] = "fact
         from k3fleet.models.findings import fleet_verdict_json_schema
 
         out.print_json(json.dumps(fleet_verdict_json_schema()))
+    elif what == "profile":
+        from k3fleet.models.profile import profile_json_schema
+
+        out.print_json(json.dumps(profile_json_schema()))
     else:
-        raise UsageError(f"unknown schema {what!r}: choose facts or verdict")
+        raise UsageError(f"unknown schema {what!r}: choose facts, verdict or profile")

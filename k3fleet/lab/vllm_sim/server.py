@@ -104,6 +104,9 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return _error(400, "messages must be a non-empty list", "BadRequestError")
+    bad_schema = _response_schema_problem(body.get("response_format"))
+    if bad_schema is not None:
+        return _error(400, bad_schema, "BadRequestError")
     stream = bool(body.get("stream"))
     rid = "chatcmpl-" + uuid.uuid4().hex
     try:
@@ -140,6 +143,23 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if req.error:
         return _error(500, req.error, "InternalServerError")
     return web.json_response(_completion(cfg, req, rid))
+
+
+def _response_schema_problem(fmt: Any) -> str | None:
+    """vLLM refuses a json_schema response_format it cannot compile with a 400 before scheduling."""
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt.get("json_schema"), dict) else None
+    if schema is None:
+        return None
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return f"Invalid JSON schema in response_format: {exc.message[:200]}"
+    return None
 
 
 def _usage(cfg: SimConfig, req: SimRequest) -> dict[str, Any]:

@@ -1,0 +1,195 @@
+"""The acceptance schedule and cases a production profile asks for (``--profile FILE``).
+
+- :func:`load_options_from_profile`: the load probe's schedule: the long-input ladder up to the
+  profile's p99 and maximum context, the agent ramp up to its concurrency, the sustained run at that
+  concurrency for its duration, its SLOs as the step verdict's limits.
+- :func:`agent_options_from_profile`: the agent suite plus one case per production tool
+  (``tool:<name>``: the model calls it with arguments that satisfy its schema), one per production
+  response schema (``schema:<name>``: structured output that validates), ``invalid_schema`` (a
+  response_format whose schema is not a JSON Schema must be refused with a 4xx, never served or
+  answered with a 5xx) and ``multimodal`` when the mix has image requests.
+
+The case functions are the suite's (k3fleet/accept/agent.py): same exchange, same two-layer judging.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from k3fleet.bounds import DURATIONS
+
+if TYPE_CHECKING:
+    from k3fleet.accept.agent import AgentOptions, Ctx, RunOutcome
+    from k3fleet.accept.load import LoadOptions
+    from k3fleet.models.profile import LoadedProfile
+
+TOOL_PREFIX = "tool:"
+SCHEMA_PREFIX = "schema:"
+INVALID_SCHEMA = "invalid_schema"
+MULTIMODAL = "multimodal"
+
+# A response_format schema no validator accepts: "type" must be a JSON type name or a list of them.
+BROKEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"node": {"type": "not-a-json-type"}},
+                                 "required": "node"}
+# A 1x1 PNG, so the request carries a real image part (a data URL needs no network).
+PIXEL_PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAE"
+             "hQGAhKmMIQAAAABJRU5ErkJggg==")
+
+
+def ramp_to(concurrency: int) -> list[int]:
+    """1, 2, 4, ... below the target, then the target itself: every step a doubling at most."""
+    steps, c = [], 1
+    while c < concurrency:
+        steps.append(c)
+        c *= 2
+    steps.append(concurrency)
+    return steps
+
+
+def load_options_from_profile(loaded: LoadedProfile, overrides: Mapping[str, Any] | None = None) -> LoadOptions:
+    """The load schedule that tests the profile's envelope; ``overrides`` (``--load-option``) win."""
+    from k3fleet.accept.run import load_options
+
+    p = loaded.profile
+    ladder = sorted({p.context_tokens.typical, p.context_tokens.p99, p.context_tokens.max})
+    ramp = ramp_to(p.concurrency)
+    base: dict[str, Any] = {"ladder_tokens": ladder, "ramp": ramp, "sustained_concurrency": p.concurrency,
+                            "sustained_s": p.sustained_s, "ttft_p95_slo_s": p.slo.ttft_p95_s,
+                            "itl_p95_slo_s": p.slo.itl_p95_s, "error_rate_limit": p.slo.error_rate}
+    merged = {**base, **{str(k).replace("-", "_"): v for k, v in (overrides or {}).items()}}
+    # The bounds follow the schedule: a 30-minute sustained run is not cut at the default 10 minutes.
+    step = float(merged.get("step_s", 10.0))
+    ladder_s = len(merged["ladder_tokens"]) * float(merged.get("ladder_repeats", 2)) * float(
+        merged.get("request_timeout_s", 120.0))
+    planned = ladder_s + len(merged["ramp"]) * step + float(merged["sustained_s"])
+    merged.setdefault("max_duration_s", min(DURATIONS["load step"].high, max(600.0, planned * 1.5)))
+    peak = max([*merged["ramp"], merged.get("sustained_concurrency") or 1])
+    merged.setdefault("max_requests", int(min(10_000_000, max(5000, math.ceil(peak * planned * 4)))))
+    return load_options(merged)
+
+
+def profile_cases(loaded: LoadedProfile) -> list[str]:
+    cases = [TOOL_PREFIX + n for n in loaded.tool_names] + [SCHEMA_PREFIX + n for n in loaded.schemas]
+    cases.append(INVALID_SCHEMA)
+    if loaded.multimodal:
+        cases.append(MULTIMODAL)
+    return cases
+
+
+def agent_options_from_profile(loaded: LoadedProfile, base: AgentOptions) -> AgentOptions:
+    """The suite of ``base`` plus the profile's cases; production tools and schemas are critical flows."""
+    extra = profile_cases(loaded)
+    cases = [*base.cases, *(c for c in extra if c not in base.cases)]
+    critical = [*base.critical, *(c for c in extra if c not in base.critical)]
+    return base.model_copy(update={"cases": cases, "critical": critical,
+                                   "profile_tools": [dict(t) for t in loaded.tools],
+                                   "profile_schemas": {k: dict(v) for k, v in loaded.schemas.items()}})
+
+
+def is_profile_case(name: str, opts: AgentOptions) -> bool:
+    if name in (INVALID_SCHEMA, MULTIMODAL):
+        return True
+    if name.startswith(TOOL_PREFIX):
+        return any(t.get("name") == name[len(TOOL_PREFIX):] for t in opts.profile_tools)
+    if name.startswith(SCHEMA_PREFIX):
+        return name[len(SCHEMA_PREFIX):] in opts.profile_schemas
+    return False
+
+
+def case_func(name: str) -> Callable[[Ctx, RunOutcome], Awaitable[None]]:
+    """The case function of a profile case (``is_profile_case`` said it is one)."""
+    if name == INVALID_SCHEMA:
+        return _invalid_schema
+    if name == MULTIMODAL:
+        return _multimodal
+    if name.startswith(TOOL_PREFIX):
+        tool = name[len(TOOL_PREFIX):]
+        return lambda ctx, out: _production_tool(ctx, out, tool)
+    schema = name[len(SCHEMA_PREFIX):]
+    return lambda ctx, out: _production_schema(ctx, out, schema)
+
+
+def _system() -> str:
+    from k3fleet.accept.agent import SYSTEM
+
+    return SYSTEM
+
+
+async def _production_tool(ctx: Ctx, out: RunOutcome, name: str) -> None:
+    from k3fleet.accept.agent import _turn
+    from k3fleet.accept.toolcheck import Expect
+
+    fn = next(t for t in ctx.opts.profile_tools if t.get("name") == name)
+    tools = [{"type": "function", "function": json.loads(json.dumps(t))} for t in ctx.opts.profile_tools]
+    msgs = [{"role": "system", "content": _system()},
+            {"role": "user", "content": f"Call {name} once now, with arguments that satisfy its parameters "
+                                        f"({fn.get('description') or 'production tool'})."}]
+    await _turn(ctx, TOOL_PREFIX + name, "call", ctx.body(msgs, tools=tools, tool_choice="auto"),
+                Expect(calls=[name], schemas={name: fn.get("parameters") or {}}), stream=False, outcome=out)
+
+
+async def _production_schema(ctx: Ctx, out: RunOutcome, name: str) -> None:
+    from k3fleet.accept.agent import _turn
+    from k3fleet.accept.toolcheck import Expect
+
+    schema = ctx.opts.profile_schemas[name]
+    msgs = [{"role": "system", "content": _system()},
+            {"role": "user", "content": f"Answer as JSON in the {name} format: node gpu-017 lost its NVLink, "
+                                        "severity sev2, actions: drain, open a ticket."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+    await _turn(ctx, SCHEMA_PREFIX + name, "answer", ctx.body(msgs, response_format=fmt),
+                Expect(structured_schema=schema), stream=False, outcome=out)
+
+
+async def _invalid_schema(ctx: Ctx, out: RunOutcome) -> None:
+    """An invalid response_format schema is the client's error: 400, not output and not a crash."""
+    from k3fleet.accept.agent import PROBE, _add, _short
+    from k3fleet.accept.client import post_json
+
+    msgs = [{"role": "system", "content": _system()},
+            {"role": "user", "content": "Summarise the incident on gpu-017 as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "broken", "schema": BROKEN_SCHEMA, "strict": True}}
+    body = ctx.body(msgs, response_format=fmt)
+    ex = await post_json(ctx.client, ctx.endpoint, "/v1/chat/completions", body, probe=PROBE,
+                         label=f"{INVALID_SCHEMA}/request", timeout_s=ctx.opts.timeout_s)
+    ctx.rec.exchange(ex)
+    if ex.status is None:
+        _add(out, "http_error", "http", _short(ex.error or "no answer"))
+    elif ex.status >= 500:
+        _add(out, "invalid_schema_server_error", "http", f"answered {ex.status}: {_short(ex.error or '')}")
+    elif 200 <= ex.status < 300:
+        _add(out, "invalid_schema_accepted", "http", "an invalid response_format schema was served with status "
+                                                     f"{ex.status}")
+
+
+async def _multimodal(ctx: Ctx, out: RunOutcome) -> None:
+    """One text-and-image request, as the mix's multimodal share sends them: a text answer comes back."""
+    from k3fleet.accept.agent import _turn
+    from k3fleet.accept.toolcheck import Expect
+
+    msgs: list[dict[str, Any]] = [
+            {"role": "system", "content": _system()},
+            {"role": "user", "content": [{"type": "text", "text": "Describe this image in one sentence."},
+                                         {"type": "image_url", "image_url": {"url": PIXEL_PNG}}]}]
+    await _turn(ctx, MULTIMODAL, "answer", ctx.body(msgs), Expect(content=True), stream=False, outcome=out)
+
+
+def write_profile_evidence(rd: Any, loaded: LoadedProfile) -> None:
+    """``profile.json`` (the envelope, tool and schema names with their JSON) and the files as given,
+    under ``inputs/``: the decision reads the profile the run was tested against."""
+    from k3fleet.models.profile import profile_record
+
+    rd.write_json("profile.json", profile_record(loaded))
+    rd.write_text("inputs/profile.yaml", loaded.text)
+    for i, (rel, text) in enumerate(sorted(loaded.files.items())):
+        rd.write_text(f"inputs/profile-files/{i:02d}-{_safe_name(rel)}", text)
+
+
+def _safe_name(rel: str) -> str:
+    from pathlib import PurePath
+
+    name = PurePath(rel).name or "file"
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)[:80]

@@ -1,0 +1,270 @@
+"""The production profile: what production looks like, so a test can be held against it.
+
+``--profile FILE`` (YAML) on ``accept load``, ``accept agent``, ``accept all`` and ``decide``:
+expected concurrency, context lengths (typical, p99, max), the request mix, the sustained
+duration, the SLOs, the production tool schemas and response schemas (files next to the profile)
+and the rate limits production enforces. ``k3fleet schema profile`` prints its JSON Schema; every
+field is described in docs/decision.md ("The production profile").
+
+Numbers are finite and bounded (an ``inf`` concurrency or a ``nan`` SLO is refused, not tested
+forever), unknown keys are refused, and every referenced file is read through the bounded reader
+and its schema checked, so a profile that loads is one the probes can run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PROFILE_VERSION = "1.0"
+MAX_CONCURRENCY = 4096  # the load probe's own bound
+MAX_CONTEXT = 16 * 1024 * 1024
+_DAY = 86400.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ContextLengths(_Strict):
+    """Prompt plus output tokens of one request, as production sends them."""
+
+    typical: int = Field(ge=16, le=MAX_CONTEXT, description="the median request's context, in tokens")
+    p99: int = Field(ge=16, le=MAX_CONTEXT, description="the 99th percentile context: the envelope must reach it")
+    max: int = Field(ge=16, le=MAX_CONTEXT, description="the longest context production allows (gateway or "
+                                                        "--max-model-len)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ContextLengths:
+        if not self.typical <= self.p99 <= self.max:
+            raise ValueError("context lengths must be ordered: typical <= p99 <= max")
+        return self
+
+
+class RequestMix(_Strict):
+    """Share of requests (0 to 1 each; a request may count in several)."""
+
+    tools: float = Field(default=0.0, ge=0, le=1, description="requests that offer tools")
+    structured_output: float = Field(default=0.0, ge=0, le=1, description="requests with a response_format schema")
+    streaming: float = Field(default=0.0, ge=0, le=1, description="streamed requests")
+    multimodal: float = Field(default=0.0, ge=0, le=1, description="requests with an image part")
+
+
+class Slo(_Strict):
+    """What production promises; the load run judges every step by these."""
+
+    ttft_p95_s: float = Field(gt=0, le=3600, description="time to first token, 95th percentile, seconds")
+    itl_p95_s: float = Field(gt=0, le=3600, description="inter-token latency, 95th percentile, seconds")
+    error_rate: float = Field(default=0.01, ge=0, le=1, description="share of requests that may fail")
+
+
+class ProductionProfile(_Strict):
+    """``--profile FILE``: the production envelope a go-live is decided against."""
+
+    profile_version: str = Field(default=PROFILE_VERSION, pattern=r"^1\.\d+$")
+    name: str = Field(min_length=1, max_length=128, description="what this profile describes")
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY, description="expected peak concurrent requests")
+    context_tokens: ContextLengths
+    mix: RequestMix = Field(default_factory=RequestMix)
+    sustained_s: float = Field(gt=0, le=_DAY, description="how long the peak lasts, seconds: the sustained "
+                                                           "run must last at least this long")
+    slo: Slo
+    tools: list[str] = Field(default_factory=list, max_length=64,
+                             description="files (JSON or YAML, relative to the profile) with the production tool "
+                                         "definitions: a list of OpenAI tools or functions")
+    response_schemas: list[str] = Field(default_factory=list, max_length=64,
+                                        description="files with the production response schemas: a JSON Schema, "
+                                                    "or {name, schema} as in response_format.json_schema")
+    rate_limits: list[str] = Field(default_factory=list, max_length=32,
+                                   description="rate limits production enforces (gateway), one line each")
+
+    @field_validator("name")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        v = v.strip()
+        if not v or any(ch in v for ch in "\n\r\t\x00"):
+            raise ValueError("must be one non-empty line")
+        return v
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _lines(cls, v: list[str]) -> list[str]:
+        out = [x.strip() for x in v]
+        if any(not x or len(x) > 200 or any(ch in x for ch in "\n\r\x00") for x in out):
+            raise ValueError("each rate limit is one non-empty line of at most 200 characters")
+        return out
+
+    @field_validator("tools", "response_schemas")
+    @classmethod
+    def _files(cls, v: list[str]) -> list[str]:
+        if any(not x.strip() or "\x00" in x for x in v):
+            raise ValueError("each entry is a file path")
+        if len(set(v)) != len(v):
+            raise ValueError("a file is named twice")
+        return v
+
+
+def profile_json_schema() -> dict[str, Any]:
+    """``k3fleet schema profile``."""
+    schema = ProductionProfile.model_json_schema()
+    schema["$id"] = f"https://k3fleet.invalid/schema/profile-{PROFILE_VERSION}.json"
+    return schema
+
+
+@dataclass
+class LoadedProfile:
+    """A validated profile with its tool and response-schema files read and checked."""
+
+    profile: ProductionProfile
+    path: Path
+    text: str
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function objects: name, parameters, ...
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> JSON Schema
+    files: dict[str, str] = field(default_factory=dict)  # as named in the profile -> text
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [str(t["name"]) for t in self.tools]
+
+    @property
+    def multimodal(self) -> bool:
+        return self.profile.mix.multimodal > 0
+
+
+def _validation_line(label: str, exc: ValidationError) -> str:
+    e = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        msg = "unknown key (misspelt?)"
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{label}: {loc}: {msg}{more}"
+
+
+def _read_text(path: Path, what: str) -> str:
+    from k3fleet.errors import UsageError, read_input
+
+    raw = read_input(path, what, kind="a YAML or JSON file", limit="record")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} {path} is not UTF-8 text: {exc}") from exc
+
+
+def _parse(text: str, path: Path, what: str) -> Any:
+    import yaml
+
+    from k3fleet.errors import UsageError
+
+    try:
+        return yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{what} {path} is not valid YAML or JSON{where}") from exc
+
+
+def _check_schema(schema: Any, where: str) -> dict[str, Any]:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    from k3fleet.errors import UsageError
+
+    if not isinstance(schema, dict):
+        raise UsageError(f"{where}: a JSON Schema is an object")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        path = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+        raise UsageError(f"{where}: not a valid JSON Schema at {path}: {exc.message[:200]}") from None
+    return schema
+
+
+def _tools_of(data: Any, where: str) -> list[dict[str, Any]]:
+    from k3fleet.errors import UsageError
+
+    items = data.get("tools") if isinstance(data, dict) and "tools" in data else data
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, list) or not items:
+        raise UsageError(f"{where}: expected a list of tools (OpenAI tools or functions)")
+    out = []
+    for i, item in enumerate(items):
+        fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else item
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
+            raise UsageError(f"{where}: tool {i}: needs a name")
+        name = fn["name"].strip()
+        if len(name) > 64 or not all(ch.isalnum() or ch in "_-" for ch in name):
+            raise UsageError(f"{where}: tool {name[:64]!r}: a tool name is 1-64 letters, digits, _ or -")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        _check_schema(params, f"{where}: tool {name}: parameters")
+        out.append({"name": name, "description": str(fn.get("description") or ""), "parameters": params})
+    return out
+
+
+def _schema_of(data: Any, file: str, where: str) -> tuple[str, dict[str, Any]]:
+    if isinstance(data, dict) and isinstance(data.get("schema"), dict) and isinstance(data.get("name"), str):
+        name, schema = data["name"].strip(), data["schema"]
+    else:
+        name, schema = Path(file).stem, data
+    from k3fleet.errors import UsageError
+
+    if not name or len(name) > 64 or not all(ch.isalnum() or ch in "_-" for ch in name):
+        raise UsageError(f"{where}: schema name {name[:64]!r}: 1-64 letters, digits, _ or -")
+    return name, _check_schema(schema, where)
+
+
+def load_profile(path: Path) -> LoadedProfile:
+    """Read, validate and resolve a profile; every problem is one UsageError line naming the file and field."""
+    from k3fleet.errors import UsageError
+
+    text = _read_text(path, "profile")
+    data = _parse(text, path, "profile")
+    if not isinstance(data, dict):
+        raise UsageError(f"profile {path}: expected a mapping (name, concurrency, context_tokens, ...)")
+    try:
+        profile = ProductionProfile.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(_validation_line(f"profile {path}", exc)) from exc
+    loaded = LoadedProfile(profile=profile, path=path, text=text)
+    base = path.parent
+    for rel in profile.tools:
+        where = f"profile {path}: tools: {rel}"
+        body = _read_text(base / rel, where)
+        loaded.files[rel] = body
+        for tool in _tools_of(_parse(body, base / rel, where), where):
+            if tool["name"] in loaded.tool_names:
+                raise UsageError(f"{where}: tool {tool['name']} is defined twice")
+            loaded.tools.append(tool)
+    for rel in profile.response_schemas:
+        where = f"profile {path}: response_schemas: {rel}"
+        body = _read_text(base / rel, where)
+        loaded.files[rel] = body
+        name, schema = _schema_of(_parse(body, base / rel, where), rel, where)
+        if name in loaded.schemas:
+            raise UsageError(f"{where}: schema {name} is defined twice")
+        loaded.schemas[name] = schema
+    if profile.mix.tools > 0 and not loaded.tools:
+        raise UsageError(f"profile {path}: mix.tools is {profile.mix.tools:g} but no tools file is named: the "
+                         "production tool schemas are what the agent suite must prove")
+    if profile.mix.structured_output > 0 and not loaded.schemas:
+        raise UsageError(f"profile {path}: mix.structured_output is {profile.mix.structured_output:g} but no "
+                         "response_schemas file is named")
+    return loaded
+
+
+def profile_record(loaded: LoadedProfile) -> dict[str, Any]:
+    """What a run directory keeps of the profile (``profile.json``): the envelope, the tool and schema
+    names with their JSON, so a decision reads the same profile the test ran against."""
+    return {"profile": loaded.profile.model_dump(mode="json"), "file": str(loaded.path),
+            "tools": loaded.tools, "schemas": loaded.schemas,
+            "sha256": _sha256(loaded.text)}
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
