@@ -413,3 +413,104 @@ def test_pairs_inside_quoted_values_are_redacted() -> None:
     text = '-e {"k3fleet_operator": "alice token=s3cr3t", "k3fleet_change_id": "CHG-1"}'
     out = redact_text(text)
     assert "s3cr3t" not in out and '"k3fleet_change_id": "CHG-1"' in out and "token=***" in out
+
+
+# -- shapes found by the attack round: vLLM's own log lines, build records, prose, cut lines -----
+
+_S = "Zq7secretW41ue"
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # vLLM's start-up line: a Python dict repr, quoted keys, list and string values.
+        (f"INFO [utils.py:326] non-default args: {{'model': '/m', 'api_key': ['{_S}'], 'hf_token': '{_S}', "
+         "'max_tokens': 5}", "'model': '/m', 'api_key': ['***'], 'hf_token': '***', 'max_tokens': 5}"),
+        (f"{{'api_key': ['a{_S}', 'b{_S}']}}", "'api_key': ['***', '***']"),
+        (f"{{'served_model_name': ['k3'], 'ngc_api_key': \"{_S}\"}}", "'served_model_name': ['k3']"),
+        # argv lists as Python and JSON print them.
+        (f"['vllm', 'serve', '/m', '--api-key', '{_S}', '--port', '8000']", "'--api-key', '***', '--port'"),
+        (f'["--token", "{_S}", "--model", "m"]', '"--token", "***", "--model"'),
+        (f"'--api-key={_S}'", "'--api-key=***'"),
+        # Prose key phrases.
+        (f"api key: {_S}", "api key: ***"),
+        (f"the API key {_S} was rejected", "the API key *** was rejected"),
+        (f"curl sent bearer token {_S} to the server", "bearer token ***"),
+        (f"your access token is {_S}.", "access token is ***"),
+        (f"token={_S}", "token=***"),
+        # URL user-info, the index-token form too; build records.
+        (f"--index-url https://__token__:{_S}@pypi.example/simple", "https://__token__:***@pypi.example/simple"),
+        (f"docker build --build-arg HF_TOKEN={_S} --build-arg CUDA=12.9 .", "HF_TOKEN=*** --build-arg CUDA=12.9"),
+        (f"docker build --build-arg=NGC_API_KEY={_S} .", "--build-arg=NGC_API_KEY=***"),
+        (f"docker run -e SOME_PASSWORD={_S} img", "-e SOME_PASSWORD=***"),
+        (f"GIT_CREDENTIALS=https://x:{_S}@git.example", "GIT_CREDENTIALS=https://x:***@git.example"),
+        (f"mysqladmin --password {_S} status", "--password *** status"),
+        # JSON inside a JSON string (Ansible's output of a module that printed JSON).
+        (f'"msg": "{{\\"api_key\\": \\"{_S}\\", \\"n\\": 1}}"', '\\"api_key\\": \\"***\\"'),
+        # A line cut inside a quoted value, a key block cut before its END line.
+        (f'api_key="{_S}', 'api_key="***'),
+        (f"-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn{_S}", "-----BEGIN OPENSSH PRIVATE KEY-----\n***"),
+    ],
+)
+def test_redact_text_new_shapes(text: str, kept: str) -> None:
+    out = redact_text(text)
+    assert _S not in out, out
+    assert kept in out, out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["the api key is missing", "bearer token expired", "sign with --sign-key KEY", "--api-key $VLLM_API_KEY",
+     "{'api_key': None, 'max_tokens': 5}", "max_tokens=5 prompt_tokens=3 cached_tokens=0",
+     "non-default args: {'model': '/m', 'tensor_parallel_size': 8, 'enable_prefix_caching': True}",
+     "--api-key-env OPENAI_API_KEY --max-num-seqs 256", "host_key_checking=False api_key_env=VLLM_API_KEY",
+     "a=a=a=a=a", "http://127.0.0.1:8000/v1 and git@github.example:org/repo.git"],
+)
+def test_redact_text_keeps_new_evidence_words(text: str) -> None:
+    assert redact_text(text) == text
+
+
+def test_deep_chains_do_not_recurse() -> None:
+    """``a=a=a=...`` and ``http://a:b`` runs used to recurse once per pair (RecursionError at 1,000)."""
+    for unit in ("a=", "a:", "http://a:b", "'a': '"):
+        line = unit * 20_000
+        assert redact_text(line).count("***") == 0
+    assert redact_text("token=" * 5000 + _S).count(_S) == 0
+
+
+def test_a_remembered_secret_is_masked_in_any_shape() -> None:
+    from k3fleet.evidence.redact import forget_secrets, remember_secret
+
+    try:
+        remember_secret(_S)
+        remember_secret("ab")  # too short to be told apart from text: ignored
+        assert redact_text(f"server said: unknown caller {_S}!") == "server said: unknown caller ***!"
+        assert redact({"detail": [f"x{_S}y"]}) == {"detail": ["x***y"]}
+        assert redact_text("ab cd") == "ab cd"
+    finally:
+        forget_secrets()
+    assert redact_text(f"unknown caller {_S}") == f"unknown caller {_S}"
+
+
+def test_environment_secrets_are_remembered_by_value() -> None:
+    from k3fleet.evidence.redact import forget_secrets, remember_environment_secrets
+
+    try:
+        remember_environment_secrets({"HF_TOKEN": _S, "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1", "PATH": "/usr/bin",
+                                      "SOME_PASSWORD": "short"})
+        assert redact_text(f"echo {_S}") == "echo ***"
+        assert redact_text("/tmp/ssh-x/agent.1 short") == "/tmp/ssh-x/agent.1 short"
+    finally:
+        forget_secrets()
+
+
+def test_excerpts_are_redacted_before_they_are_cut() -> None:
+    from k3fleet.evidence.redact import excerpt
+
+    key = "sk-" + "E" * 40
+    text = f"auth=xyz {key} and more"
+    for limit in (12, 16, 20, 30):
+        cut = excerpt(text, limit)
+        assert "sk-E" not in cut and len(cut) <= limit, cut
+    assert excerpt("a\n  b", 10) == "a b" and excerpt("a\n  b", 10, one_line=False) == "a\n  b"
+    assert excerpt("x" * 50, 10) == "x" * 7 + "..." and excerpt("x" * 50, 10, tail="") == "x" * 10

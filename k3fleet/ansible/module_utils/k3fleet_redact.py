@@ -139,13 +139,14 @@ _SCAN = re.compile(
     r"|openai|github|gitlab|personal[ \t]+access)[ \t]+(?:key|token|secret)s?|password|passwd|passphrase))"
     r"(?P<prose_sep>[ \t]*(?:=>|[=:])[ \t]*|[ \t]+(?:(?i:is|was)[ \t]+)?))"
     # Bearer <token> (a credential without a header name: "sent Bearer X").
-    r"|(?P<bearer>(?<![\w-])(?i:bearer)[ \t]+)(?P<bearer_v>[A-Za-z0-9._~+/-]{8,}=*)"
+    r"|(?P<bearer>(?<![\w-])(?i:bearer)[ \t]+)(?=[A-Za-z0-9._~+/-]{8})"
     # --option value, --option=value, and argv lists: '--api-key', 'X' / "--token" "X".
     r"|(?P<opt>(?:(?P<opt_q>\\?[\"'])|(?<![\w-]))--?(?P<opt_k>[A-Za-z][\w.-]*)"
-    r"(?P<opt_sep>=|(?(opt_q)(?P=opt_q)(?:[ \t]*,)?[ \t]*|(?:[ \t]|\\\r?\n)+)))"
-    # KEY=value, KEY: value, "key": "value", 'key' => value, {'api_key': ['X']}: the key decides.
+    r"(?P<opt_sep>=|(?(opt_q)(?P=opt_q)(?:[ \t]*,)?[ \t]*|(?:\\?[\"'](?:[ \t]*,)?[ \t]*|(?:[ \t]|\\\r?\n)+))))"
+    # KEY=value, KEY: value, "key": "value", 'key' => value, {'api_key': ['X']}: the key decides (a bare
+    # key may end in a stray quote whose opening one another value took).
     r"|(?P<pair>(?:(?P<pair_q>\\?[\"'])(?P<pair_qk>[A-Za-z_][\w.-]*(?: [\w.-]+)*)(?P=pair_q)"
-    r"|(?<![\w.-])(?P<pair_k>[A-Za-z_][\w.-]*))[ \t]*(?:=>|[=:])[ \t]*)"
+    r"|(?<![\w.-])(?P<pair_k>[A-Za-z_][\w.-]*)(?:\\?[\"'])?)[ \t]*(?:=>|[=:])[ \t]*)"
 )
 # A secret key's value: a quoted string (one that never closes runs to the end of the line), an
 # escaped-quoted string inside a JSON string, a list or a flat mapping closed on the line, or a word.
@@ -157,6 +158,7 @@ _VALUE = re.compile(
 # An option's value: the next word unless it is the next option.
 _OPTION_VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?|\\([\"'])(?:[^\\\n]|\\(?!\1)[^\n])*(?:\\\1)?"
                            r"|[^\s'\"\\-][^\s'\"\\]*")
+_BEARER_VALUE = re.compile(r"[A-Za-z0-9._~+/-]{8,}=*")
 _PROSE_VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?|[^\s'\",;\[\]()]+")
 _LIST_ITEM = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|[^\s,\[\]'\"]+")
 
@@ -216,6 +218,33 @@ def _masked_value(m):
     return _keep_quotes(value)
 
 
+def _head_key(m):
+    return m.group("pair_qk") if m.group("pair_qk") is not None else m.group("pair_k")
+
+
+def _carries_secret(m):
+    """Whether the head ``m`` (a ``_SCAN`` match) redacts something: a secret key, option or phrase,
+    a header, a URL password, a token."""
+    if m.group("pair") is not None:
+        return is_secret_name(_head_key(m))
+    if m.group("opt") is not None:
+        return is_secret_name(m.group("opt_k"))
+    return True
+
+
+def _value_at(pattern, text, pos):
+    """The value a secret head takes at ``pos``, or None. A value that is itself the head of a secret
+    shape ("api key  api_key: X", "password --token X") is left to that shape: taking the word would
+    end the value before the secret that follows it."""
+    v = pattern.match(text, pos)
+    if v is None or _says_nothing(v.group(0)):
+        return None
+    head = _SCAN.match(text, pos)
+    if head is not None and _carries_secret(head):
+        return None
+    return v
+
+
 def _scan(text):
     out = []
     pos = 0
@@ -237,26 +266,29 @@ def _scan(text):
         elif m.group("known") is not None:
             out.append(REDACTED)
         elif m.group("bearer") is not None:
-            out.append(m.group("bearer") + REDACTED)
+            out.append(m.group("bearer"))
+            v = _value_at(_BEARER_VALUE, text, end)
+            if v is not None:
+                out.append(REDACTED)
+                end = v.end()
         elif m.group("prose") is not None:
             out.append(m.group("prose"))
-            v = _PROSE_VALUE.match(text, end)
-            if v is not None and v.group(0).lower().rstrip(".:") not in _PROSE_STOP and not _says_nothing(v.group(0)):
+            v = _value_at(_PROSE_VALUE, text, end)
+            if v is not None and v.group(0).lower().rstrip(".:") not in _PROSE_STOP:
                 out.append(_keep_quotes(v.group(0)))
                 end = v.end()
         elif m.group("opt") is not None:
             out.append(m.group("opt"))
             if is_secret_name(m.group("opt_k")):
-                v = _OPTION_VALUE.match(text, end)
-                if v is not None and not _says_nothing(v.group(0)):
+                v = _value_at(_OPTION_VALUE, text, end)
+                if v is not None:
                     out.append(_keep_quotes(v.group(0)))
                     end = v.end()
         else:
             out.append(m.group("pair"))
-            key = m.group("pair_qk") if m.group("pair_qk") is not None else m.group("pair_k")
-            if is_secret_name(key):
-                v = _VALUE.match(text, end)
-                if v is not None and not _says_nothing(v.group(0)):
+            if is_secret_name(_head_key(m)):
+                v = _value_at(_VALUE, text, end)
+                if v is not None:
                     out.append(_masked_value(v))
                     end = v.end()
         pos = end
@@ -288,6 +320,9 @@ def excerpt(text, limit, tail="...", one_line=True):
     return text[:max(0, limit - len(tail))] + tail
 
 
+_OPTION_NAME = re.compile(r"--?[A-Za-z][\w.-]*")
+
+
 def redact_argv(argv):
     """A command line with ``--token X``, ``--token=X``, ``KEY=X`` and secret shapes redacted."""
     out = []
@@ -297,7 +332,7 @@ def redact_argv(argv):
             out.append(REDACTED)
             hide_next = False
             continue
-        if arg.startswith("-") and "=" not in arg and len(arg) > 1 and is_secret_name(arg.lstrip("-")):
+        if _OPTION_NAME.fullmatch(arg) and is_secret_name(arg.lstrip("-")):
             out.append(arg)
             hide_next = True
             continue
