@@ -24,8 +24,10 @@ from pydantic import BaseModel, Field
 from k3fleet.accept import toolcheck
 from k3fleet.accept.client import (
     Endpoint,
+    EndpointError,
     Exchange,
     assemble_stream,
+    body_lines,
     dumps_body,
     error_from_exception,
     post_json,
@@ -292,14 +294,20 @@ async def _abandon_after_first_chunk(ctx: Ctx, body: dict[str, Any], headers: Ma
     url = ctx.endpoint.url("/v1/chat/completions")
     t0 = time.time()
     try:
-        async with ctx.client.stream("POST", url, content=dumps_body(req),
-                                     headers={"Content-Type": "application/json", **headers}) as resp:
+        # One deadline for the attempt, as for every probe request (k3fleet.accept.client.fetch).
+        async with asyncio.timeout(ctx.endpoint.timeout_s), \
+                ctx.client.stream("POST", url, content=dumps_body(req),
+                                  headers={"Content-Type": "application/json", **headers}) as resp:
             if resp.status_code >= 400:
-                await resp.aread()
                 return f"first attempt answered {resp.status_code}"
-            async for line in resp.aiter_lines():
+            async for line in body_lines(resp, ctx.endpoint.display_url + "/v1/chat/completions"):
                 if line.startswith("data:"):
                     break
+    except EndpointError as exc:
+        return exc.message
+    except TimeoutError:
+        return (f"{ctx.endpoint.display_url}/v1/chat/completions sent no first chunk within "
+                f"{ctx.endpoint.timeout_s:g} s")
     except httpx.HTTPError as exc:
         return error_from_exception(exc, ctx.endpoint.display_url + "/v1/chat/completions").message
     ctx.rec.exchange(Exchange(probe=PROBE, label="timeout_retry/abandoned", path="/v1/chat/completions", request=req,

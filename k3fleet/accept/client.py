@@ -424,6 +424,11 @@ async def _lines(pieces: AsyncIterator[bytes], charset: str | None) -> AsyncIter
         yield bytes(buf).rstrip(b"\r").decode(charset or "utf-8", errors="replace")
 
 
+def body_lines(resp: httpx.Response, shown: str, kind: str = "completion") -> AsyncIterator[str]:
+    """The lines of a streamed answer, at most ``CAPS[kind]`` bytes in all (one-line EndpointError past it)."""
+    return _lines(_capped_chunks(resp, shown, kind, [0]), resp.charset_encoding)
+
+
 async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mapping[str, Any], *,
                       probe: str = "", label: str = "", timeout_s: float | None = None,
                       headers: Mapping[str, str] | None = None) -> Exchange:
@@ -485,11 +490,9 @@ async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mappi
     return ex
 
 
-async def preflight(client: httpx.AsyncClient, endpoint: Endpoint) -> dict[str, Any]:
-    """Reach the server and find the model, or raise one EndpointError: unreachable, TLS, 401, 404."""
-    ex = await get_json(client, endpoint, "/v1/models")
-    ex.raise_for_error()
-    body = ex.response
+def model_card_from(body: Any, endpoint: Endpoint) -> tuple[list[Any], dict[str, Any]]:
+    """(every served id, the endpoint's model card) from a ``/v1/models`` body, or one EndpointError:
+    no model list (exit 3), the model not among them (exit 2)."""
     data = body.get("data") if isinstance(body, Mapping) else None
     if not isinstance(data, list):
         raise EndpointError(f"{endpoint.display_url}/v1/models answered without a model list", kind="bad_response")
@@ -498,7 +501,29 @@ async def preflight(client: httpx.AsyncClient, endpoint: Endpoint) -> dict[str, 
         shown = ", ".join(str(i) for i in ids[:5]) or "none"
         raise EndpointError(f"model {endpoint.model!r} is not served at {endpoint.display_url} (served: {shown})",
                             kind="not_found", status=404)
-    info: dict[str, Any] = {"models": ids}
+    card = next(m for m in data if isinstance(m, Mapping) and m.get("id") == endpoint.model)
+    return ids, dict(card)
+
+
+def max_model_len_of(card: Mapping[str, Any]) -> int | None:
+    """vLLM's ``max_model_len`` of a model card; None where the server does not say (other servers)."""
+    value = card.get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def model_card(client: httpx.AsyncClient, endpoint: Endpoint) -> dict[str, Any]:
+    """The endpoint's model card from ``/v1/models``; every probe checks the model is served with it."""
+    ex = await get_json(client, endpoint, "/v1/models")
+    ex.raise_for_error()
+    return model_card_from(ex.response, endpoint)[1]
+
+
+async def preflight(client: httpx.AsyncClient, endpoint: Endpoint) -> dict[str, Any]:
+    """Reach the server and find the model, or raise one EndpointError: unreachable, TLS, 401, 404."""
+    ex = await get_json(client, endpoint, "/v1/models")
+    ex.raise_for_error()
+    ids, card = model_card_from(ex.response, endpoint)
+    info: dict[str, Any] = {"models": ids, "max_model_len": max_model_len_of(card)}
     # vLLM's own /version; other OpenAI-compatible servers may not have it, which is not an error.
     ver = await get_json(client, endpoint, "/version")
     if ver.ok and isinstance(ver.response, Mapping) and isinstance(ver.response.get("version"), str):
