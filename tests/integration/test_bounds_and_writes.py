@@ -484,3 +484,32 @@ def test_durations_are_finite_and_bounded(tmp_path: Path, argv: list[str], expec
     assert ran.rc == 2, ran.stderr
     assert expected in ran.one_line()
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_disk_that_fills_while_the_archive_is_written(tmp_path: Path, triage_run: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """ENOSPC on the package's temporary file: exit 3, one line, the old archive untouched, no temp file."""
+    import errno
+
+    from k3fleet.cli import main
+
+    archive = tmp_path / "decision.tar.gz"
+    archive.write_bytes(b"the previous package")
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if ".decision.tar.gz." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    rc = main(["decide", str(triage_run), "--reviewer", "carol", "--out", str(tmp_path / "d"), "--archive",
+               str(archive), "--force"])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    assert "Traceback" not in err
+    assert (f"k3fleet: error: cannot write --archive {archive}: No space left on device: the disk filled "
+            "mid-write; nothing was replaced") in err
+    assert archive.read_bytes() == b"the previous package"
+    no_temp_files(tmp_path)
