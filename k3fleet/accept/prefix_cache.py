@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from k3fleet.accept.client import Endpoint, Exchange, post_json, stream_chat
+from k3fleet.accept.client import Endpoint, Exchange, max_model_len_of, model_card, post_json, stream_chat
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import Finding, ProbeResult, Status
 
@@ -27,9 +27,13 @@ PROBE = "prefix_cache"
 # Kimi K3's hybrid cache hits only on prefix_match_unit boundaries: 1536 tokens unless the server sets
 # --prefix-match-unit (vLLM K3 post; open vLLM issue 50235 for the exact-multiple miss).
 DEFAULT_MATCH_UNIT = 1536
-# Chars per token used only to size the prompt before the server counts it; the judgement uses the
-# server's own counts.
+# Chars per token used only to size the prompt before the server counts it (its /tokenize, where it has
+# one); the judgement uses the server's own counts. A small-vocabulary tokenizer spends about a token per
+# two characters: without /tokenize, a prompt that must fit a known context is sized at that rate.
 _CHARS_PER_TOKEN = 4.0
+_CHARS_PER_TOKEN_PESSIMISTIC = 2.0
+# Room kept in the context besides the shared prefix: the user turn, the template's closing tokens.
+_TURN_ROOM = 64
 _WINDOW_METRICS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens_cached",
                    "vllm:prompt_tokens")
 
@@ -79,14 +83,14 @@ _WORDS = ("driver", "fabric", "manager", "node", "drain", "canary", "wave", "rol
           "tensor", "pipeline", "context", "prompt", "reasoning", "parser", "contract", "schema", "argument")
 
 
-def system_prompt(nonce: str, target_tokens: int) -> str:
-    """A long, fixed system prompt opened by the run nonce: same nonce, same bytes, always."""
+def system_prompt(nonce: str, target_tokens: int, chars_per_token: float = _CHARS_PER_TOKEN) -> str:
+    """A long, fixed system prompt opened by the run nonce: same nonce and size, same bytes, always."""
     rng = random.Random(0x4B33)  # fixed seed: the text is part of the probe, not of the run
     parts = [f"Run {nonce}. You are the on-call assistant for a GPU serving fleet. "
              "Follow the handbook below exactly.\n"]
     size = len(parts[0])
     section = 1
-    while size < target_tokens * _CHARS_PER_TOKEN:
+    while size < target_tokens * chars_per_token:
         words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(18, 30)))
         line = f"\u00a7{section}. {words.capitalize()}.\n"
         parts.append(line)
@@ -193,27 +197,87 @@ async def run_prefix_cache(endpoint: Endpoint, opts: PrefixOptions | None = None
     return await _run(client, endpoint, opts, rec, say)
 
 
+async def _count_tokens(client: httpx.AsyncClient, endpoint: Endpoint, system: str, tools: list[dict[str, Any]],
+                        case: int, rec: Recorder, label: str) -> list[Any] | None:
+    """The conversation's prompt tokens from the server's /tokenize; None where it has none."""
+    ex = await post_json(client, endpoint, "/tokenize",
+                         {"model": endpoint.model, "messages": _messages(system, case), "tools": tools,
+                          "add_generation_prompt": True}, probe=PROBE, label=label)
+    rec.exchange(ex)
+    toks = ex.response.get("tokens") if ex.ok and isinstance(ex.response, Mapping) else None
+    return toks if isinstance(toks, list) else None
+
+
+async def _sized_prompt(client: httpx.AsyncClient, endpoint: Endpoint, nonce: str, target: int, limit: int | None,
+                        rec: Recorder) -> tuple[float, int | None, str]:
+    """Chars per token that give a prompt of about ``target`` tokens, never above ``limit``: measured with
+    the server's /tokenize (three tries at most), else estimated. (chars per token, measured tokens, method)."""
+    tools = tools_for(nonce)
+    cpt = _CHARS_PER_TOKEN
+    measured: int | None = None
+    for attempt in range(1, 4):
+        toks = await _count_tokens(client, endpoint, system_prompt(nonce, target, cpt), tools, 0, rec,
+                                   f"size_{attempt}")
+        if toks is None:
+            if attempt > 1:
+                break
+            # No /tokenize: an estimate, pessimistic where the context is known to be tight.
+            if limit is not None and target * _CHARS_PER_TOKEN / _CHARS_PER_TOKEN_PESSIMISTIC > limit:
+                cpt = _CHARS_PER_TOKEN_PESSIMISTIC
+            return cpt, None, "estimate"
+        measured = len(toks)
+        fits = limit is None or measured <= limit
+        if fits and abs(measured - target) <= max(16, target // 20):
+            break
+        # Scale the text by what the server counted (the tools and the template are a fixed part of it).
+        cpt = max(0.5, cpt * target / max(measured, 1))
+    if measured is not None and limit is not None and measured > limit:
+        cpt *= 0.8 * limit / measured
+        toks = await _count_tokens(client, endpoint, system_prompt(nonce, target, cpt), tools, 0, rec, "size_4")
+        measured = len(toks) if toks is not None else None
+    return cpt, measured, "tokenize"
+
+
 async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOptions, rec: Recorder,
                say: Progress) -> ProbeResult:
     findings: list[Finding] = []
     data: dict[str, Any] = {"repeats": opts.repeats}
+    # The model must be served (exit 2 otherwise) and its context bounds the prompt.
+    max_len = max_model_len_of(await model_card(client, endpoint))
     s0, metrics_error = await _snapshot(client, endpoint, "0_before", rec)
     cfg = s0.cache_config() if s0 is not None else None
-    unit, unit_source = _match_unit(cfg, opts)
+    unit, unit_source = _match_unit(cfg, opts, endpoint.model)
     data.update(match_unit=unit, match_unit_source=unit_source, cache_config=cfg, metrics_error=metrics_error,
                 prefix_caching_enabled=s0.prefix_caching_enabled() if s0 is not None else None,
-                old_names=s0.old_names() if s0 is not None else [])
-    target = opts.prefix_tokens if opts.prefix_tokens is not None else int(unit * opts.prefix_units)
+                old_names=s0.old_names() if s0 is not None else [], max_model_len=max_len)
+    if unit_source == "target default":
+        findings.append(Finding(
+            id="accept.prefix_cache.unit_target_default", severity="info", layer="config",
+            message=f"the server publishes no prefix_match_unit or block_size: the target's default unit ({unit}) "
+                    f"is used because {endpoint.model} is the target's model"))
+    limit = max_len - opts.max_tokens - _TURN_ROOM if max_len is not None else None
+    if unit is not None and limit is not None and limit <= unit:
+        return _no_room(findings, data, unit, max_len, opts)
+    desired = opts.prefix_tokens if opts.prefix_tokens is not None else int((unit or 1024) * opts.prefix_units)
+    target = min(desired, limit) if limit is not None else desired
     nonce, control_nonce = secrets.token_hex(8), secrets.token_hex(8)
-    system, tools = system_prompt(nonce, target), tools_for(nonce)
-    control_system, control_tools = system_prompt(control_nonce, target), tools_for(control_nonce)
+    cpt, measured, sizing = await _sized_prompt(client, endpoint, nonce, target, limit, rec)
+    data["prompt_sizing"] = {"method": sizing, "target_tokens": target, "desired_tokens": desired, "limit": limit,
+                             "measured_tokens": measured, "text_scale": round(cpt, 3)}
+    if sizing == "estimate":
+        findings.append(Finding(
+            id="accept.prefix_cache.size_estimated", severity="info", layer="http",
+            message=f"the server has no /tokenize: the prompt was sized by an estimate ({cpt:g} characters a token), "
+                    "not measured"))
+    system, tools = system_prompt(nonce, target, cpt), tools_for(nonce)
+    control_system, control_tools = system_prompt(control_nonce, target, cpt), tools_for(control_nonce)
     data["nonce"] = nonce
 
     def stream(system_text: str, tool_defs: list[dict[str, Any]], case: int, label: str) -> Any:
         return stream_chat(client, endpoint, _body(endpoint, system_text, tool_defs, case, opts), probe=PROBE,
                            label=label, timeout_s=opts.timeout_s)
 
-    say(f"prefix-cache: cold request (prefix about {target} tokens, match unit {unit})")
+    say(f"prefix-cache: cold request (prompt about {measured or target} tokens ({sizing}), match unit {unit})")
     cold = rec.exchange(await stream(system, tools, 0, "cold"))
     if cold.error:
         return _error(cold, data)
@@ -260,10 +324,10 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
         low = high = None
         method = None
     data["prefix_tokens"] = {"low": low, "high": high, "method": method}
-    exp_low = (low // unit) * unit if low is not None else None
-    exp_high = (high // unit) * unit if high is not None else None
+    exp_low = (low // unit) * unit if low is not None and unit else None
+    exp_high = (high // unit) * unit if high is not None and unit else None
     data["expected_cached_tokens"] = {"low": exp_low, "high": exp_high}
-    excluded = [i + 1 for i, (p, _) in enumerate(warm_u) if p is not None and p % unit == 0]
+    excluded = [i + 1 for i, (p, _) in enumerate(warm_u) if p is not None and unit and p % unit == 0]
     data["excluded_exact_multiple"] = excluded
     if excluded:
         findings.append(Finding(
@@ -295,13 +359,36 @@ def _user_turn_allowance() -> int:
     return len(user_turn(99)) // 2 + 32
 
 
-def _match_unit(cfg: Mapping[str, str] | None, opts: PrefixOptions) -> tuple[int, str]:
+def _match_unit(cfg: Mapping[str, str] | None, opts: PrefixOptions, model: str) -> tuple[int | None, str]:
+    """The unit hits land on: the option, else what the server reports (``prefix_match_unit``, else its
+    ``block_size``: whole blocks), else the target's default for the target's own model only."""
     if opts.match_unit is not None:
         return opts.match_unit, "option"
-    raw = (cfg or {}).get("prefix_match_unit")
-    if raw is not None and raw.strip().isdigit() and int(raw) > 0:
-        return int(raw), "cache_config_info"
-    return DEFAULT_MATCH_UNIT, "default"
+    for key, source in (("prefix_match_unit", "cache_config_info"), ("block_size", "cache_config_info block_size")):
+        raw = (cfg or {}).get(key)
+        # vLLM writes the string "None" when there is no hybrid unit.
+        if raw is not None and raw.strip().isdigit() and int(raw) > 0:
+            return int(raw), source
+    if _is_target_model(model):
+        return DEFAULT_MATCH_UNIT, "target default"
+    return None, "unknown"
+
+
+def _is_target_model(model: str) -> bool:
+    from k3fleet.targets import load_target
+
+    want = load_target(None).serve.model.rsplit("/", 1)[-1].lower()
+    return model.rstrip("/").rsplit("/", 1)[-1].lower() == want
+
+
+def _no_room(findings: list[Finding], data: dict[str, Any], unit: int, max_len: int | None,
+             opts: PrefixOptions) -> ProbeResult:
+    reason = (f"the server's context ({max_len} tokens) cannot hold one {unit}-token match unit besides the user "
+              f"turn and {opts.max_tokens} output tokens: a hit cannot be shown")
+    findings.append(Finding(id="accept.prefix_cache.context_below_unit", severity="warn", layer="config",
+                            message=reason, evidence=f"max_model_len {max_len}, match unit {unit} "
+                                                     f"({data['match_unit_source']})"))
+    return ProbeResult(probe=PROBE, status="inconclusive", reason=reason, findings=findings, data=data)
 
 
 def _error(ex: Exchange, data: dict[str, Any]) -> ProbeResult:
@@ -311,9 +398,14 @@ def _error(ex: Exchange, data: dict[str, Any]) -> ProbeResult:
                                          message=ex.error or "request failed", evidence=ex.label)])
 
 
-def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dict[str, float | None]], unit: int,
-           exp_low: int | None, exp_high: int | None, high: int | None, cached_warm: list[float],
+_COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens_cached")
+
+
+def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dict[str, float | None]],
+           unit: int | None, exp_low: int | None, exp_high: int | None, high: int | None, cached_warm: list[float],
            ctrl_cached: float | None, s0: Any, opts: PrefixOptions) -> tuple[Status, str]:
+    """Counters and cached-token counts decide; TTFT is reported beside them and never decides: on a
+    small model or a noisy host warm and cold differ by milliseconds either way."""
     def add(fid: str, severity: str, message: str, layer: str | None = None, evidence: str | None = None) -> None:
         findings.append(Finding(id=f"accept.prefix_cache.{fid}", severity=severity,  # type: ignore[arg-type]
                                 message=message, layer=layer, evidence=evidence))
@@ -326,9 +418,27 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
         add("old_server", "warn", "the server exposes only removed metric names "
             f"({', '.join(s0.old_names())}): its cache counters cannot be read as current ones", "config")
         return "inconclusive", "old server: only removed metric names on /metrics, the cache counters cannot be read"
-    if data["metrics_error"] is not None:
-        add("metrics_unavailable", "warn", f"/metrics could not be read: {data['metrics_error']}", "http")
-        return "inconclusive", f"no /metrics to see the cache counters ({data['metrics_error']})"
+    warm_w, ctrl_w = windows["warm"], windows["control"]
+    # What is missing comes first: without counters or cached-token counts nothing else can decide.
+    missing = [n for n in _COUNTERS if warm_w.get(n) is None]
+    usage_cached = data["cached_tokens"]["source"] == "usage"
+    if len(missing) == len(_COUNTERS) and not usage_cached:
+        where = (f"/metrics could not be read ({data['metrics_error']})" if data["metrics_error"] is not None
+                 else "/metrics has none of " + ", ".join(missing))
+        add("metrics_unavailable" if data["metrics_error"] is not None else "counters_missing", "warn",
+            f"the server reports no prefix-cache evidence: {where}, and no "
+            "usage.prompt_tokens_details.cached_tokens (vLLM: --enable-prompt-tokens-details)", "http",
+            ", ".join(missing))
+        lead = (f"no /metrics to see the prefix-cache counters ({data['metrics_error']})"
+                if data["metrics_error"] is not None else f"no prefix-cache counters ({', '.join(missing)})")
+        return "inconclusive", f"{lead} and no cached_tokens in usage: reuse cannot be shown (TTFT alone never decides)"
+    for name in missing:
+        add("counter_missing", "warn", f"{name} is not on /metrics", "http", name)
+    if unit is None:
+        add("unit_unknown", "warn", "the server publishes neither prefix_match_unit nor block_size in "
+            "vllm:cache_config_info and the model is not the target's: pass --match-unit", "config")
+        return "inconclusive", ("the prefix match unit is unknown (no prefix_match_unit or block_size): "
+                                "pass --match-unit")
     if exp_low is None or high is None:
         add("no_usage", "warn", "the server reported no usage.prompt_tokens: the prefix length is unknown", "http")
         return "inconclusive", "the prefix length is unknown (no usage in the stream)"
@@ -340,7 +450,6 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
 
     failed: list[str] = []
     unknown: list[str] = []
-    warm_w, ctrl_w = windows["warm"], windows["control"]
     for name, what in (("vllm:prefix_cache_queries", "queries"), ("vllm:prefix_cache_hits", "hits")):
         d = warm_w[name]
         if d is None:
@@ -364,13 +473,10 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
                 f"warm requests report {max(cached_warm):.0f} cached tokens, more than the shared prefix ({high}): "
                 "other traffic on the server may be in the window", "model")
     cold_t, warm_t = data["ttft_s"]["cold"], data["ttft_s"]["warm_median"]
-    if cold_t is None or warm_t is None:
-        unknown.append("TTFT was not measured (no token streamed)")
-    elif warm_t >= cold_t * opts.ttft_ratio:
-        add("ttft_not_lower", "fail",
-            f"warm TTFT {warm_t * 1000:.0f} ms is not below {opts.ttft_ratio:.0%} of the cold {cold_t * 1000:.0f} ms",
-            "model")
-        failed.append("warm TTFT did not drop")
+    if cold_t is not None and warm_t is not None and warm_t >= cold_t * opts.ttft_ratio:
+        add("ttft_not_lower", "warn",
+            f"warm TTFT {warm_t * 1000:.0f} ms is not below {opts.ttft_ratio:.0%} of the cold {cold_t * 1000:.0f} ms "
+            "(reported, not judged: the counters decide)", "model")
     hits_ctrl = ctrl_w["vllm:prefix_cache_hits"]
     if ctrl_cached is not None and ctrl_cached >= unit:
         add("control_hit", "fail", f"the control request (changed system prompt) reused {ctrl_cached:.0f} cached "
@@ -386,6 +492,7 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
         for u in unknown:
             add("not_measured", "warn", u)
         return "inconclusive", "; ".join(unknown)
+    ttft = (f", warm TTFT {warm_t * 1000:.0f} ms vs cold {cold_t * 1000:.0f} ms"
+            if cold_t is not None and warm_t is not None else "")
     return "pass", (f"warm requests reused {min(cached_warm):.0f}+ cached tokens of a {high}-token prefix "
-                    f"(unit {unit}), hits rose, warm TTFT {warm_t * 1000:.0f} ms vs cold {cold_t * 1000:.0f} ms, "
-                    "control not a hit")
+                    f"(unit {unit}, {data['match_unit_source']}), hits rose, control not a hit{ttft}")

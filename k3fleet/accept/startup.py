@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.accept.result import Finding, ProbeResult, Status
+from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import UsageError, read_input
-from k3fleet.evidence import redact_argv, redact_text
+from k3fleet.evidence import redact_argv
 from k3fleet.models.target import Target, version_tuple
 
 PROBE = "startup"
@@ -52,6 +53,17 @@ _ARCH = re.compile(r"Resolved architecture: (\w+)")
 _READY = re.compile(r"Application startup complete|Available routes are|Starting vLLM API server|"
                     r"Starting \S+ server on https?://")
 _AUTO_TOOL = re.compile(r"\"auto\" tool choice has been enabled")
+# What only vLLM prints: its engine processes, its own name, its arguments or model resolution. A log with a
+# readiness line and none of these (a bare uvicorn or another OpenAI-compatible server) is no vLLM evidence.
+_VLLM_LINE = re.compile(r"EngineCore|\(APIServer pid=\d+\)|\bvLLM\b|"
+                        r"\bvllm\.(?:entrypoints|engine|v1|config|model_executor)\b|"
+                        r"Resolved architecture|Using max model len|non-default args")
+# vLLM's check that one request at max-model-len fits the KV cache (vllm/v1/core/kv_cache_utils.py).
+_KV_CAPACITY = re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\), \(([\d.]+) GiB KV "
+                          r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)"
+                          r"(?:\. Based on the available memory, the estimated maximum model length is (\d+))?")
+# vLLM's argument check for parsers (vllm/entrypoints/launchers/launcher.py validate_api_server_args).
+_BAD_PARSER = re.compile(r"invalid (tool call|reasoning) parser: (\S+)")
 _EXCEPTION = re.compile(r"^\s*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception)): (.+)$")
 
 # Failure signatures, most specific first: (finding id, layer, pattern, message).
@@ -114,6 +126,7 @@ class _Scan:
     saw_args: bool = False
     oom_line: str | None = None
     oom_after_load: bool = False
+    vllm_evidence: bool = False
 
     def set(self, key: str, value: Any) -> None:
         if value is not None and self.fields.get(key) is None:
@@ -131,8 +144,8 @@ class _Scan:
 
 
 def _evidence(line: str) -> str:
-    text = redact_text(line.strip())
-    return text if len(text) <= 300 else text[:297] + "..."
+    # Redacted, then cut (excerpt): a cut first could leave the start of a secret no rule recognises.
+    return str(excerpt(line.strip(), 300, one_line=False))
 
 
 def _message(line: str) -> str:
@@ -245,6 +258,8 @@ def _scan_line(scan: _Scan, raw: str) -> None:
     if _READY.search(msg):
         scan.ready = True
         scan.recognised = True
+    if _VLLM_LINE.search(line) or scan.fields.get("vllm_version") is not None:
+        scan.vllm_evidence = True
     if _LOAD_START.search(msg):
         scan.loading = True
     if _LOAD_DONE.search(msg):
@@ -253,6 +268,22 @@ def _scan_line(scan: _Scan, raw: str) -> None:
 
 
 def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
+    m = _KV_CAPACITY.search(msg)
+    if m:
+        fits = f"; about {m.group(4)} tokens would fit" if m.group(4) else ""
+        scan.add("accept.startup.kv_capacity", "fail",
+                 f"the KV cache cannot hold one request at max-model-len {m.group(1)} ({m.group(2)} GiB needed, "
+                 f"{m.group(3)} GiB available{fits}): a start-up capacity failure of the environment: give the KV "
+                 "cache more memory (GPUs, gpu-memory-utilization, KV cache space) or lower --max-model-len", _ENV, msg)
+        scan.vllm_evidence = True
+    m = _BAD_PARSER.search(msg)
+    if m:
+        kind = m.group(1).replace(" ", "_")
+        scan.add(f"accept.startup.unknown_{kind}_parser", "fail",
+                 f"the server refused to start: {m.group(1)} parser {m.group(2)} is not one this vLLM registers "
+                 f"(--{m.group(1).replace(' ', '-')}-parser must name a registered parser; the log lists them)",
+                 "config", msg)
+        scan.vllm_evidence = True
     for cause, pat, text in _CUDA_INIT:
         m = pat.search(msg)
         if m:
@@ -390,6 +421,18 @@ def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Ta
     failing = sorted((f for f in scan.findings if f.severity == "fail"), key=_priority)
     if failing:
         status, reason = "fail", failing[0].message
+    elif scan.ready and not scan.vllm_evidence and launch is None:
+        scan.add("accept.startup.no_vllm_evidence", "warn",
+                 "the log reports a server ready but nothing in it comes from vLLM (no version, engine, arguments "
+                 "or model line): it proves nothing about a vLLM start-up", None, "no vLLM line in the log")
+        status, reason = "inconclusive", ("the log shows a server ready but no vLLM evidence (no version, engine or "
+                                          "arguments line)")
+    elif scan.ready and not scan.vllm_evidence:
+        scan.add("accept.startup.no_vllm_evidence", "warn",
+                 "the log reports a server ready but nothing in it comes from vLLM (no version, engine, arguments "
+                 "or model line); the launch command alone does not show what ran", None, "no vLLM line in the log")
+        status, reason = "inconclusive", ("the log shows a server ready but no vLLM evidence (no version, engine or "
+                                          "arguments line)")
     elif scan.ready:
         status, reason = "pass", "the server reported ready and the log shows no start-up failure"
     else:
@@ -399,8 +442,10 @@ def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Ta
 
 
 # The reason names the deepest cause first: a too-old driver explains a missing kernel, not the reverse.
-_CAUSE_ORDER = ("accept.startup.cuda_init", "accept.startup.unsupported_arch", "accept.startup.missing_kernel",
-                "accept.startup.nccl_dmabuf", "accept.startup.nccl", "accept.startup.load_oom", "accept.startup.crash")
+_CAUSE_ORDER = ("accept.startup.kv_capacity", "accept.startup.unknown_tool_call_parser",
+                "accept.startup.unknown_reasoning_parser", "accept.startup.cuda_init",
+                "accept.startup.unsupported_arch", "accept.startup.missing_kernel", "accept.startup.nccl_dmabuf",
+                "accept.startup.nccl", "accept.startup.load_oom", "accept.startup.crash")
 
 
 def _priority(f: Finding) -> int:

@@ -83,7 +83,8 @@ def _root(
 
 # Each command group registers itself on ``app`` when imported; a new group is one more name here,
 # and its top-level command names go into COMMAND_OWNERS.
-_COMMAND_MODULES = ("audit", "change", "lab", "accept", "sshfleet", "merge", "serve_vllm", "decide", "evidence")
+_COMMAND_MODULES = ("audit", "change", "lab", "accept", "sshfleet", "merge", "serve_vllm", "lab_vllm", "decide",
+                    "evidence")
 
 # Which modules define a top-level command: `k3fleet audit ...` imports only k3fleet.cli.audit, so a
 # command does not pay for the others' imports (the accept group's HTTP clients alone cost about
@@ -94,7 +95,7 @@ COMMAND_OWNERS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("decide", "verify-evidence", "report", "triage", "watch"), ("decide",)),
     "merge": ("merge",),
     "verify": ("evidence",),
-    "lab": ("lab", "serve_vllm", "sshfleet"),
+    "lab": ("lab", "serve_vllm", "sshfleet", "lab_vllm"),
     "accept": ("accept",),
 }
 

@@ -1,0 +1,30 @@
+"""A real vLLM in the lab: the CPU build serving a tiny model made on the spot, on loopback.
+
+Public API:
+
+    prepare(venv=None, model_dir=None, progress=...) -> (python, model_dir)   build or reuse
+    up(port=8000, extra_args=(), workdir=None, ..., progress=...) -> VllmState
+    down(workdir=None) -> list[int]     idempotent, also after an interrupted up or a SIGKILL
+    status(workdir=None) -> VllmStatus
+
+The venv lives in ``<checkout>/.cache/vllm-venv`` (``K3FLEET_VLLM_VENV``), the model in
+``<checkout>/.cache/vllm-model``, the work directory (state, start-up log) in ``<checkout>/.lab/vllm``.
+See docs/acceptance.md ("A real vLLM in the lab").
+"""
+
+from __future__ import annotations
+
+from k3fleet.lab.vllm.harness import VllmStatus, alive_pids, down, prepare, server_argv, status, up
+from k3fleet.lab.vllm.state import (
+    SERVED_NAME,
+    Layout,
+    VllmLabError,
+    VllmLabUsageError,
+    VllmState,
+    default_model_dir,
+    default_venv,
+    default_workdir,
+)
+
+__all__ = ["SERVED_NAME", "Layout", "VllmLabError", "VllmLabUsageError", "VllmState", "VllmStatus", "alive_pids",
+           "default_model_dir", "default_venv", "default_workdir", "down", "prepare", "server_argv", "status", "up"]
