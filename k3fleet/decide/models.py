@@ -62,6 +62,7 @@ class Fact(_Model):
     host: str | None = None
     message: str
     chain: bool = False
+    fix: str | None = None
     layer: str | None = None
     ref: Ref
 
@@ -105,6 +106,7 @@ class AuditEvidence(_Model):
     interrupted: bool = False
     nccl: dict[str, str] = Field(default_factory=dict, description="NCCL settings every host agrees on")
 
+    plan: dict[str, Any] | None = Field(default=None, description="the audit's change plan, as verdict.json has it")
 
 class TimelineEvent(_Model):
     ts: str | None = None

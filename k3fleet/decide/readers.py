@@ -150,8 +150,8 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
                     if isinstance(s, dict) and "value" in s:
                         nccl_seen.setdefault(k, set()).add(str(s["value"]))
         hosts.append(he)
-    findings = [Fact(id=f.check_id, severity=f.severity, kind=f.kind, host=f.host, message=f.message, chain=f.chain,
-                     ref=ref) for f in v.all_findings()]
+    findings = [Fact(id=f.check_id, severity=f.severity, kind=f.kind, host=f.host, message=f.message, fix=f.fix,
+                     chain=f.chain, ref=ref) for f in v.all_findings()]
     nccl = {k: next(iter(vals)) for k, vals in nccl_seen.items() if len(vals) == 1}
     return AuditEvidence(
         run=label, ref=ref, started_at=info.started_at, outcome=v.outcome, reasons=v.reasons, hosts=hosts,
@@ -160,7 +160,7 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
         rdma_required=v.strategy.rdma_required if v.strategy else None,
         unreachable=sorted(h.host for h in hosts if h.status == "unreachable"),
         evidence_incomplete=v.summary.evidence_incomplete, interrupted=run.get("status") == "interrupted",
-        nccl=nccl)
+        nccl=nccl, plan=v.plan.model_dump(mode="json"))
 
 
 def _branch(version: str | None) -> int | None:

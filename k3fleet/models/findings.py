@@ -99,7 +99,8 @@ class BlockedHost(_Out):
 class Canary(_Out):
     host: str
     profile: str
-    reason: str
+    reason: str = Field(description="why this host, in one short clause")
+    note: str | None = Field(default=None, description="why not a host of the most common profile, when it is not")
 
 
 class ChangePlan(_Out):

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from k3fleet.report.escapes import safe_markdown
-from k3fleet.report.view import ReportView
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
 
-_STATUS = {"pass": "pass", "fail": "**FAIL**", "missing": "**MISSING**", "error": "**ERROR**", "skipped": "skipped"}
+from k3fleet.report.escapes import safe_markdown
+from k3fleet.report.plan import host_list, package_groups, plan_lines, plan_title
+from k3fleet.report.view import FindingRow, ReportView
+
+_STATUS = {"pass": "pass", "fail": "**FAIL**", "missing": "**MISSING**", "error": "**ERROR**", "skipped": "skipped",
+           "warn": "*warn*"}
+# Host names in one findings cell: the rest are counted (verdict.json names every host).
+_HOSTS_PER_CELL = 40
 
 
 def _cell(value: object) -> str:
@@ -50,16 +58,33 @@ def render_markdown(view: ReportView) -> str:
             lines.append(f"| {_cell(title)} | {_STATUS.get(i['status'], _cell(i['status']))} | {_cell(i['detail'])} | "
                          f"{_cell(i.get('evidence'))} | {_cell(i.get('owner') or '')} |")
         lines.append("")
-    if view.hosts:
-        lines += ["## Hosts", "", "| host | status | driver | GPUs | findings |", "|---|---|---|---|---|"]
-        lines += [f"| {_cell(h.host)} | {_cell(h.status)} | {_cell(h.driver)} | {_cell(h.gpus)} | "
-                  f"{_cell(', '.join(h.findings))} |" for h in view.hosts]
+    if view.probes:
+        lines += ["## Acceptance probes", ""]
+        for p in view.probes:
+            lines.append(f"- **{_text(p.name)}**: {_STATUS.get(p.status, _text(p.status))}"
+                         + (f": {_text(p.reason)}" if p.reason else ""))
+            lines += [f"  - {_text(k)}: {_text(v)}" for k, v in p.figures]
         lines.append("")
-    problems = [c for c in view.checks if c.status != "pass" and c.group != "checklist"]
+    if view.findings:
+        lines += findings_markdown(view.findings)
+    if view.plan:
+        lines += plan_markdown(view.plan)
+    if view.hosts:
+        attention = [h for h in view.hosts if h.status != "pass"]
+        passed = len(view.hosts) - len(attention)
+        lines += ["## Hosts", "", f"{len(view.hosts)} hosts: {passed} pass, "
+                  + ", ".join(f"{n} {st}" for st, n in _counts(h.status for h in attention)) + "."
+                  if attention else f"{len(view.hosts)} hosts, all pass.", ""]
+        if attention:
+            lines += ["| host | status | driver | GPUs | findings |", "|---|---|---|---|---|"]
+            lines += [f"| {_cell(h.host)} | {_cell(h.status)} | {_cell(h.driver)} | {_cell(h.gpus)} | "
+                      f"{_cell(', '.join(h.findings))} |" for h in attention]
+            lines.append("")
+    problems = [] if view.findings else view.folded_problems()
     if problems:
         lines += ["## Checks not passed", "", "| where | check | status | message |", "|---|---|---|---|"]
         lines += [f"| {_cell(c.group)} | `{_code(c.check, cell=True)}` | {_STATUS.get(c.status, _cell(c.status))} | "
-                  f"{_cell(c.message)} |" for c in problems]
+                  f"{_cell(c.message)} |" for c, _ in problems]
         lines.append("")
     if view.timeline:
         lines += ["## Change-night timeline", "", "| time | host | stage | detail |", "|---|---|---|---|"]
@@ -79,3 +104,31 @@ def render_markdown(view: ReportView) -> str:
     if view.notes:
         lines += ["## Notes", "", *(f"- {_text(n)}" for n in view.notes), ""]
     return "\n".join(lines)
+
+
+def _counts(statuses: Iterable[str]) -> list[tuple[str, int]]:
+    return sorted(Counter(statuses).items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def findings_markdown(rows: list[FindingRow]) -> list[str]:
+    """Every finding with its fix, identical ones on several hosts folded into one row."""
+    lines = ["## Findings and fixes", "", "| status | check | hosts | finding | fix |", "|---|---|---|---|---|"]
+    for r in rows:
+        hosts = (f"{len(r.hosts)}: " if len(r.hosts) > 1 else "") + host_list(r.hosts, _HOSTS_PER_CELL)
+        status = f"{_STATUS.get(r.status, _cell(r.status))} ({_cell(r.severity)})"
+        lines.append(f"| {status} | `{_code(r.check, cell=True)}` | {_cell(hosts)} | {_cell(r.message)} | "
+                     f"{_cell(r.fix or '')} |")
+    lines.append("")
+    return lines
+
+
+def plan_markdown(plan: dict[str, Any]) -> list[str]:
+    """The change plan: canary, waves, blocked hosts, and each package transaction with its hosts."""
+    lines = [f"## {_text(plan_title(plan))}", "", *(f"- {_text(line)}" for line in plan_lines(plan))]
+    groups = package_groups(plan)
+    if groups:
+        lines += ["", "| hosts | package transaction |", "|---|---|"]
+        lines += [f"| {_cell(f'{len(h)}: ' if len(h) > 1 else '')}{_cell(', '.join(h))} | {_cell(tx)} |"
+                  for tx, h in groups]
+    lines.append("")
+    return lines

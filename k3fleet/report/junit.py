@@ -57,7 +57,7 @@ def render_junit(view: ReportView) -> str:
                 el = None
             if el is not None and row.evidence:
                 el.text = _clean(f"evidence: {row.evidence}")
-            elif row.status == "pass" and row.message:
+            elif row.status in ("pass", "warn") and row.message:
                 ET.SubElement(case, "system-out").text = message
         for k, v in counts.items():
             suite.set(k, str(v))

@@ -17,8 +17,10 @@ from k3fleet.bounds import read_bounded
 from k3fleet.contracts import EXIT_CODES
 from k3fleet.errors import UsageError
 
-CheckStatus = Literal["pass", "fail", "error", "skipped"]
+CheckStatus = Literal["pass", "warn", "fail", "error", "skipped"]
 REPORT_KINDS = ("audit", "change", "accept", "triage", "decision")
+# Worst first: a heat-map cell, a folded row and a host take the worst status of what they hold.
+STATUS_ORDER: tuple[str, ...] = ("fail", "error", "warn", "skipped", "pass")
 
 
 @dataclass
@@ -65,6 +67,59 @@ class HostRow:
 
 
 @dataclass
+class FindingRow:
+    """One finding with its fix; identical findings on several hosts are one row naming them all."""
+
+    check: str
+    severity: str
+    status: str  # fail, error (could not be read), warn, pass (a note)
+    message: str
+    fix: str | None
+    hosts: list[str]  # "fleet" for a fleet finding
+
+
+@dataclass
+class HeatRow:
+    host: str
+    status: str
+    cells: list[str]  # worst status per check group, in HeatMap.groups order
+
+
+@dataclass
+class HeatMap:
+    """Hosts x check groups (the check id up to its first dot), each cell the worst status there."""
+
+    groups: list[str]
+    rows: list[HeatRow]
+
+
+@dataclass
+class GpuCell:
+    index: int
+    name: str
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    status: str  # pass, warn, fail
+    problems: list[str]
+
+
+@dataclass
+class GpuHost:
+    host: str
+    gpus: list[GpuCell]
+
+
+@dataclass
+class ProbeSummary:
+    """One acceptance probe in figures: what an SRE reads before the curves."""
+
+    name: str
+    status: str
+    reason: str
+    figures: list[tuple[str, str]]
+
+
+@dataclass
 class ReportView:
     kind: str
     run: str
@@ -82,6 +137,36 @@ class ReportView:
     charts: list[Chart] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    findings: list[FindingRow] = field(default_factory=list)
+    plan: dict[str, Any] | None = None
+    heatmap: HeatMap | None = None
+    gpus: list[GpuHost] = field(default_factory=list)
+    probes: list[ProbeSummary] = field(default_factory=list)
+    # Chart title suffix ("latency") -> (label, value): the profile's or the load run's SLO, drawn as a line.
+    slo: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def folded_problems(self) -> list[tuple[CheckRow, int]]:
+        """The checks not passed, each host's unreachable rows folded into one ("32 checks skipped:
+        host unreachable"), with how many rows each stands for."""
+        out: list[tuple[CheckRow, int]] = []
+        skipped: dict[str, list[CheckRow]] = {}
+        for c in self.checks:
+            if c.status == "pass" or c.group in ("checklist", "decision"):
+                continue
+            if c.status == "skipped" and c.message.startswith("host unreachable"):
+                if c.group not in skipped:
+                    out.append((c, 0))
+                skipped.setdefault(c.group, []).append(c)
+                continue
+            out.append((c, 1))
+        folded: list[tuple[CheckRow, int]] = []
+        for c, n in out:
+            if n == 0:
+                rows = skipped[c.group]
+                folded.append((CheckRow(c.group, f"{len(rows)} checks", "skipped", c.message), len(rows)))
+            else:
+                folded.append((c, n))
+        return folded
 
 
 def _read(path: Path, rel: str) -> Any:
@@ -146,16 +231,62 @@ def audit_checks(hosts: Iterable[tuple[str, str, str | None]], findings: Sequenc
     return rows
 
 
+def finding_status(kind: str | None, severity: str | None) -> str:
+    """fail (a definite problem), error (could not be read), warn (a warning), pass (a note)."""
+    if severity in ("critical", "error", "fail"):
+        return "error" if kind == "unknown" else "fail"
+    return "warn" if severity in ("warning", "warn") else "pass"
+
+
+def worst(statuses: Iterable[str]) -> str:
+    rank = {s: i for i, s in enumerate(STATUS_ORDER)}
+    return min(statuses, key=lambda s: rank.get(s, len(rank)), default="pass")
+
+
 def _row(group: str, check: str, found: list[dict[str, Any]]) -> CheckRow:
     if not found:
         return CheckRow(group, check, "pass")
-    fail = [f for f in found if f.get("kind", "fail") == "fail" and f.get("severity") in ("critical", "error",
-                                                                                          "fail")]
-    unknown = [f for f in found if f.get("kind") == "unknown" and f.get("severity") in ("critical", "error")]
-    pick = fail or unknown or found
-    status: CheckStatus = "fail" if fail else "error" if unknown else "pass"
-    return CheckRow(group, check, status, "; ".join(str(f.get("message", "")) for f in pick),
+    status = worst(finding_status(f.get("kind", "fail"), f.get("severity")) for f in found)
+    pick = [f for f in found if finding_status(f.get("kind", "fail"), f.get("severity")) == status]
+    return CheckRow(group, check, status, "; ".join(str(f.get("message", "")) for f in pick),  # type: ignore[arg-type]
                     severity=str(pick[0].get("severity")), evidence=pick[0].get("evidence"))
+
+
+def check_group(check_id: str) -> str:
+    return check_id.split(".", 1)[0]
+
+
+def finding_rows(findings: Iterable[Any]) -> list[FindingRow]:
+    """Findings (with ``id``/``check_id``, severity, kind, host, message, fix) folded: one row per
+    identical finding, naming its hosts; worst first, then by check id."""
+    by: dict[tuple[str, str, str, str, str], FindingRow] = {}
+    for f in findings:
+        cid = getattr(f, "check_id", None) or f.id
+        status = finding_status(f.kind, f.severity)
+        key = (cid, f.severity, status, f.message, f.fix or "")
+        row = by.get(key)
+        if row is None:
+            row = by[key] = FindingRow(cid, f.severity, status, f.message, f.fix, [])
+        row.hosts.append(f.host or "fleet")
+    rank = {s: i for i, s in enumerate(STATUS_ORDER)}
+    return sorted(by.values(), key=lambda r: (rank.get(r.status, 9), r.check, -len(r.hosts), r.hosts[0]))
+
+
+def heat_map(hosts: Iterable[tuple[str, str]], findings: Iterable[Any]) -> HeatMap:
+    """Hosts (name, status) x the host-scope check groups of the catalogue."""
+    from k3fleet.verdict import CHECKS
+
+    groups = sorted({check_group(c.id) for c in CHECKS.values() if c.scope == "host"})
+    cell: dict[tuple[str, str], list[str]] = {}
+    for f in findings:
+        if f.host:
+            cid = getattr(f, "check_id", None) or f.id
+            cell.setdefault((f.host, check_group(cid)), []).append(finding_status(f.kind, f.severity))
+    rows = []
+    for host, status in hosts:
+        cells = ["skipped" if status == "unreachable" else worst(cell.get((host, g), [])) for g in groups]
+        rows.append(HeatRow(host, status, cells))
+    return HeatMap(groups, rows)
 
 
 def _audit_view(path: Path, cmd: dict[str, Any]) -> ReportView:
@@ -170,7 +301,68 @@ def _audit_view(path: Path, cmd: dict[str, Any]) -> ReportView:
     view.meta += [("hosts", str(len(a.hosts))), ("GPUs healthy / required", f"{a.gpus_healthy} / {a.gpus_required}"),
                   ("strategy", a.strategy or "?")]
     _hosts_into(view, a)
+    view.gpus = gpu_hosts(path, [h.host for h in a.hosts if h.status != "unreachable"])
     return view
+
+
+def gpu_hosts(path: Path, hosts: Sequence[str]) -> list[GpuHost]:
+    """Per GPU of each host's facts: memory total and in use, and its health (ECC, remapped rows,
+    fabric, PCIe link, clock events), as the audit's facts files hold them."""
+    from k3fleet.evidence import RunDir
+
+    out: list[GpuHost] = []
+    for host in hosts:
+        rel = RunDir.host_file("facts", host)
+        if not (path / rel).is_file():
+            continue
+        facts = _read(path, rel)
+        driver = facts.get("driver") if isinstance(facts, dict) else None
+        gpus = driver.get("gpus") if isinstance(driver, dict) else None
+        if not isinstance(gpus, list):
+            continue
+        out.append(GpuHost(host, [_gpu_cell(i, g) for i, g in enumerate(gpus) if isinstance(g, dict)]))
+    return out
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _gpu_cell(i: int, g: dict[str, Any]) -> GpuCell:
+    fails: list[str] = []
+    warns: list[str] = []
+    ecc = _dict(g.get("ecc"))
+    if (_int_or_none(ecc.get("volatile_uncorrected")) or 0) > 0:
+        fails.append(f"{ecc['volatile_uncorrected']} uncorrectable ECC errors since the driver loaded")
+    rows = _dict(g.get("remapped_rows"))
+    if rows.get("failure"):
+        fails.append("row remapping failed")
+    elif rows.get("pending"):
+        fails.append("row remap pending (reset or reboot)")
+    if g.get("fabric_state") not in (None, "completed", "not_supported"):
+        fails.append(f"fabric {g.get('fabric_state')}")
+    pcie = _dict(g.get("pcie"))
+    gen, gen_max = _int_or_none(pcie.get("gen_current")), _int_or_none(pcie.get("gen_max"))
+    width, width_max = _int_or_none(pcie.get("width_current")), _int_or_none(pcie.get("width_max"))
+    if width and width_max and width < width_max:
+        warns.append(f"PCIe x{width} of x{width_max}")
+    throttle = _dict(g.get("throttle"))
+    active = [str(a) for a in throttle.get("active") or [] if str(a) not in ("idle", "none", "applications_clocks")]
+    if active:
+        warns.append("clocks held: " + ", ".join(active))
+    used = _int_or_none(g.get("memory_used_mib"))
+    if used:
+        warns.append(f"{used} MiB in use")
+    if gen and gen_max and gen < gen_max and not width:
+        warns.append(f"PCIe gen {gen} of {gen_max}")
+    index = _int_or_none(g.get("index"))
+    return GpuCell(index if index is not None else i, str(g.get("name") or "?"),
+                   _int_or_none(g.get("memory_total_mib")), used,
+                   "fail" if fails else "warn" if warns else "pass", fails + warns)
 
 
 def _hosts_into(view: ReportView, a: Any) -> None:
@@ -182,6 +374,14 @@ def _hosts_into(view: ReportView, a: Any) -> None:
                                   f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else None, ids or
                                   ([h.reason] if h.reason else [])))
     view.checks += audit_checks(((h.host, h.status, h.reason) for h in a.hosts), findings)
+    view.findings = finding_rows(a.findings)
+    unreachable = [h for h in a.hosts if h.status == "unreachable"]
+    if unreachable:
+        view.findings.append(FindingRow("host.unreachable", "error", "skipped", "host unreachable: its checks were "
+                                        "skipped and its GPUs are not counted", "reach the host (SSH, inventory "
+                                        "address) and audit it again", [h.host for h in unreachable]))
+    view.heatmap = heat_map(((h.host, h.status) for h in a.hosts), a.findings)
+    view.plan = a.plan
 
 
 # -- change night ------------------------------------------------------------------------------------
@@ -238,10 +438,116 @@ def _accept_view(path: Path, cmd: dict[str, Any]) -> ReportView:
             view.checks.append(CheckRow("accept.agent.cases", case.name, "fail" if case.failures else "pass",
                                         f"{case.passed}/{case.runs} passed"
                                         + (f"; {case.defects}" if case.defects else "")))
+    view.probes = probe_summaries({name: _read(path, f"{name}.json") for name in ("startup", "prefix_cache", "agent",
+                                                                                "load")
+                                   if (path / f"{name}.json").is_file()})
     if acc.load is not None:
         data = _read(path, "load.json").get("data") or {}
         view.charts = load_charts(curve_points(path, data))
+        view.slo = load_slo(data)
     return view
+
+
+def plain_number(v: Any, unit: str = "") -> str:
+    """A number as people write it: no exponent, integers without decimals, 2-3 significant digits."""
+    n = _num(v)
+    if n is None:
+        return "?"
+    if n == int(n) and abs(n) < 1e15:
+        text = f"{int(n):,}"
+    elif abs(n) >= 100:
+        text = f"{n:,.0f}"
+    elif abs(n) >= 10:
+        text = f"{n:.1f}"
+    elif abs(n) >= 1:
+        text = f"{n:.2f}"
+    else:
+        text = f"{n:.3f}".rstrip("0").rstrip(".") if n else "0"
+    return f"{text} {unit}".rstrip() if unit else text
+
+
+def _median(values: Any) -> float | None:
+    nums = [float(v) for v in values if _num(v) is not None] if isinstance(values, list) else []
+    if not nums:
+        return None
+    nums.sort()
+    mid = len(nums) // 2
+    return nums[mid] if len(nums) % 2 else (nums[mid - 1] + nums[mid]) / 2
+
+
+def load_slo(data: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """The load run's own TTFT p95 SLO (its options), drawn on its latency charts."""
+    opts = _dict(data.get("options"))
+    slo = _num(opts.get("ttft_p95_slo_s"))
+    return {"latency": ("TTFT p95 SLO", slo)} if slo else {}
+
+
+def probe_summaries(files: dict[str, Any]) -> list[ProbeSummary]:
+    """Each probe's figures from its result file (``{status, reason, data}``): prefix-cache tokens and
+    TTFT cold vs warm, agent pass rates per case, the load envelope and ceiling, start-up layout."""
+    out: list[ProbeSummary] = []
+    for name, res in files.items():
+        if not isinstance(res, dict):
+            continue
+        data = _dict(res.get("data"))
+        figures: list[tuple[str, str]] = []
+        if name == "prefix_cache":
+            ttft = _dict(data.get("ttft_s"))
+            cold, warm = _num(ttft.get("cold")), _num(ttft.get("warm_median")) or _median(ttft.get("warm"))
+            figures.append(("TTFT cold -> warm (median)", f"{plain_number(cold, 's')} -> {plain_number(warm, 's')}"))
+            if cold and warm:
+                figures.append(("warm / cold TTFT", f"{warm / cold:.0%}"))
+            cached = _dict(data.get("cached_tokens"))
+            expected = _dict(data.get("expected_cached_tokens"))
+            src = f" (from {cached['source']})" if cached.get("source") else ""
+            figures.append(("cached tokens per warm request" + src, plain_number(_median(cached.get("warm")))))
+            if expected:
+                figures.append(("expected cached tokens", f"{plain_number(expected.get('low'))} to "
+                                                          f"{plain_number(expected.get('high'))}"))
+            figures.append(("cached tokens, control request", plain_number(cached.get("control"))))
+            windows = _dict(data.get("windows"))
+            warm_w = _dict(windows.get("warm"))
+            hits, queries = _num(warm_w.get("vllm:prefix_cache_hits")), _num(warm_w.get("vllm:prefix_cache_queries"))
+            if hits is not None and queries:
+                figures.append(("prefix-cache hit rate, warm window", f"{hits / queries:.0%} of "
+                                                                      f"{plain_number(queries)} tokens"))
+        elif name == "agent":
+            cases = _dict(data.get("cases"))
+            runs = sum(int(_num(c.get("runs")) or 0) for c in cases.values() if isinstance(c, dict))
+            passed = sum(int(_num(c.get("passed")) or 0) for c in cases.values() if isinstance(c, dict))
+            if runs:
+                figures.append(("all cases", f"{passed}/{runs} passed ({passed / runs:.0%})"))
+            for case, c in sorted(cases.items()):
+                if isinstance(c, dict) and _num(c.get("runs")):
+                    r, p = int(_num(c.get("runs")) or 0), int(_num(c.get("passed")) or 0)
+                    defects = _dict(c.get("defects"))
+                    more = "; " + ", ".join(f"{k} {v}" for k, v in sorted(defects.items())) if defects else ""
+                    figures.append((str(case), f"{p}/{r} ({p / r:.0%}){more}"))
+        elif name == "load":
+            env = _dict(data.get("envelope"))
+            figures.append(("outcome", str(data.get("outcome") or "?")))
+            if data.get("ceiling") is not None:
+                figures.append(("ceiling (concurrent sessions)", plain_number(data.get("ceiling"))))
+            figures.append(("tested envelope", f"{plain_number(env.get('max_concurrency'))} sessions, "
+                                               f"{plain_number(env.get('max_context_tokens'))}-token context"))
+            counts = _dict(data.get("counts"))
+            figures.append(("requests ok / sent", f"{plain_number(counts.get('ok'))} / "
+                                                  f"{plain_number(counts.get('requests'))}"))
+            worst_p95 = max((float(r["ttft_p95_s"]) for r in data.get("curves") or []
+                             if isinstance(r, dict) and _num(r.get("ttft_p95_s")) is not None), default=None)
+            slo = load_slo(data).get("latency")
+            figures.append(("worst step TTFT p95", plain_number(worst_p95, "s")
+                            + (f" (SLO {plain_number(slo[1], 's')})" if slo else "")))
+            figures.append(("restarts, preemptions", f"{plain_number(counts.get('restarts'))}, "
+                                                      f"{plain_number(counts.get('preemptions'))}"))
+        elif name == "startup":
+            for key, label in (("vllm_version", "vLLM"), ("tensor_parallel_size", "tensor parallel"),
+                               ("prefix_caching", "prefix caching"), ("tool_call_parser", "tool-call parser"),
+                               ("max_model_len", "max model length")):
+                if data.get(key) is not None:
+                    figures.append((label, str(data[key])))
+        out.append(ProbeSummary(name, str(res.get("status") or "?"), str(res.get("reason") or ""), figures))
+    return out
 
 
 # Per phase: the x axis, then the charts as (title, unit, [(row key, label)]) (docs/acceptance.md, load rows).
@@ -349,5 +655,44 @@ def decision_view(d: Any, s: Any, run: str, curves: Sequence[dict[str, Any]] = (
     if s.change is not None:
         view.timeline = [TimelineRow(e.ts, e.host, e.stage, e.detail) for e in s.change.timeline]
     view.charts = load_charts(curves)
+    if s.accept is not None:
+        view.probes = evidence_probes(s.accept)
+    # The production profile's TTFT SLO, when the evidence holds a profile (decide --profile).
+    slo = _num(getattr(getattr(getattr(s, "profile", None), "slo", None), "ttft_p95_s", None))
+    if slo:
+        view.slo = {"latency": ("profile TTFT p95 SLO", slo)}
     view.baseline = d.baseline.model_dump(mode="json") if d.baseline is not None else None
     return view
+
+
+def evidence_probes(acc: Any) -> list[ProbeSummary]:
+    """The acceptance probes as the decision's evidence summary holds them."""
+    out: list[ProbeSummary] = []
+    if acc.startup is not None:
+        st = acc.startup
+        out.append(ProbeSummary("startup", st.status, st.reason or "", [
+            (k, str(v)) for k, v in (("vLLM", st.vllm_version), ("tensor parallel", st.tensor_parallel_size),
+                                     ("prefix caching", st.prefix_caching), ("tool-call parser", st.tool_call_parser))
+            if v is not None]))
+    if acc.prefix_cache is not None:
+        pc = acc.prefix_cache
+        figs = [("prefix caching enabled", str(pc.caching_enabled)), ("controlled reuse", str(pc.controlled_reuse))]
+        if pc.hit_ratio is not None:
+            figs.append(("prefix-cache hit rate, warm window", f"{pc.hit_ratio:.0%}"))
+        out.append(ProbeSummary("prefix_cache", pc.status, pc.reason or "", figs))
+    if acc.agent is not None:
+        runs = sum(c.runs for c in acc.agent.cases)
+        passed = sum(c.passed for c in acc.agent.cases)
+        figs = [("all cases", f"{passed}/{runs} passed ({passed / runs:.0%})")] if runs else []
+        figs += [(c.name, f"{c.passed}/{c.runs} ({c.passed / c.runs:.0%})") for c in acc.agent.cases if c.runs]
+        out.append(ProbeSummary("agent", acc.agent.status, acc.agent.reason or "", figs))
+    if acc.load is not None:
+        ld = acc.load
+        figs = [("outcome", str(ld.outcome or "?"))]
+        if ld.ceiling is not None:
+            figs.append(("ceiling (concurrent sessions)", plain_number(ld.ceiling)))
+        figs.append(("tested envelope", f"{plain_number(ld.envelope.get('max_concurrency'))} sessions, "
+                                        f"{plain_number(ld.envelope.get('max_context_tokens'))}-token context"))
+        figs.append(("restarts, health failures", f"{plain_number(ld.restarts)}, {plain_number(ld.health_failures)}"))
+        out.append(ProbeSummary("load", ld.status, ld.reason or "", figs))
+    return out

@@ -315,20 +315,21 @@ def build_plan(
     item, _, problems, warns = pick
     n_driver = sum(counts.values())
     noted = "" if warns == 0 else f" ({warns} warning(s){f', {problems} of them problems' if problems else ''})"
+    # The reason is short (it is printed beside the host and its profile); why not the commonest
+    # profile is a separate note.
+    note = None
     if item.scope == "driver":
         top_profile, top_n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        reason = (f"{item.host}: no blocking findings{noted}, "
-                  f"{_idle_text(item.idle)}, profile '{item.profile}' shared by {counts[item.profile]} of "
-                  f"{n_driver} hosts needing the driver change")
+        reason = (f"no blocking findings{noted}, {_idle_text(item.idle)}, its profile shared by "
+                  f"{counts[item.profile]} of {n_driver} hosts needing the driver change")
         if item.profile != top_profile:
-            reason += (f"; the most common profile '{top_profile}' ({top_n} hosts) has no host that is idle, "
-                       "unblocked and free of problem warnings")
+            note = (f"the most common profile '{top_profile}' ({top_n} hosts) has no host that is idle, "
+                    "unblocked and free of problem warnings")
     else:
-        reason = (f"{item.host}: no blocking findings{noted}, {_idle_text(item.idle)}; only Fabric Manager "
-                  "changes on it"
-                  + ("" if not n_driver else f": none of the {n_driver} hosts needing the driver change "
-                     "is unblocked"))
-    plan.canary = Canary(host=item.host, profile=item.profile, reason=reason)
+        reason = f"no blocking findings{noted}, {_idle_text(item.idle)}; only Fabric Manager changes on it"
+        if n_driver:
+            note = f"none of the {n_driver} hosts needing the driver change is unblocked"
+    plan.canary = Canary(host=item.host, profile=item.profile, reason=reason, note=note)
     size = wave_size if wave_size is not None else max(
         t.change.min_wave_size, math.ceil(t.change.wave_fraction * len(eligible)))
     rest = [x[0].host for x in eligible[1:]]

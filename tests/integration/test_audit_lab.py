@@ -371,3 +371,39 @@ def test_self_contradicting_target_is_refused_before_the_audit(tmp_path: Path) -
     line = _one_error_line(proc)
     assert ": serve.flags: --tensor-parallel-size 8 does not match strategy multi_node_dep" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_reports_carry_the_heat_map_every_fix_and_the_plan(
+        lab_audit: tuple[subprocess.CompletedProcess[str], Path], verdict: dict[str, Any], tmp_path: Path) -> None:
+    from html import escape
+
+    from k3fleet.report.escapes import safe_markdown
+
+    _, run = lab_audit
+    pages = {}
+    for fmt in ("html", "md"):
+        dest = tmp_path / f"audit.{fmt}"
+        proc = run_k3fleet("report", str(run), "--format", fmt, "--out", str(dest))
+        assert proc.returncode == 0, proc.stderr
+        pages[fmt] = dest.read_text()
+    html, md = pages["html"], pages["md"]
+    fixes = {f["fix"] for h in verdict["hosts"].values() for f in h["findings"] if f["fix"]}
+    fixes |= {f["fix"] for f in verdict["fleet_findings"] if f["fix"]}
+    assert fixes
+    for fix in fixes:
+        assert escape(fix) in html, fix
+        assert safe_markdown(fix, cell=True) in md, fix
+    # The heat map: one row per host, one column per check group, the unreachable host's cells skipped.
+    assert 'id="heatmap"' in html
+    for host in verdict["hosts"]:
+        assert f'<tr data-host="{host}" data-status-h=' in html
+    assert 'data-host="gpu-a09" data-status-h="unreachable"' in html and 'data-g-driver="skipped"' in html
+    # Fleet warnings are warnings, not passes; the plan and its package transactions are in both.
+    assert 'data-check="fleet.driver_drift"' in html and "*warn* (warning) | `fleet.driver_drift`" in md
+    canary = verdict["plan"]["canary"]["host"]
+    assert f"Canary: {canary} (" in md and escape(f"Canary: {canary} (") in html
+    assert "| hosts | package transaction |" in md and 'id="transactions"' in html
+    assert "nvidia-driver-580" in md
+    # The unreachable host is one row, not one per check; the GPU view shows the ECC fault.
+    assert md.count("gpu-a09") < 5
+    assert 'id="gpu-grid"' in html and "uncorrectable ECC" in html

@@ -410,8 +410,9 @@ def test_canary_prefers_an_idle_host_and_says_why_not_the_common_profile() -> No
     ), TARGET)
     c = v.plan.canary
     assert c is not None and c.host == "b2"
-    assert "the most common profile '8x NVIDIA H200, driver 575.57.08" in c.reason
-    assert "has no host that is idle, unblocked and free of problem warnings" in c.reason
+    assert c.note is not None and "the most common profile '8x NVIDIA H200, driver 575.57.08" in c.note
+    assert "has no host that is idle, unblocked and free of problem warnings" in c.note
+    assert len(c.reason) < 120 and c.host not in c.reason
 
 
 def test_canary_is_a_clean_host_before_one_with_its_own_trouble() -> None:
@@ -427,7 +428,7 @@ def test_canary_is_a_clean_host_before_one_with_its_own_trouble() -> None:
     assert p.canary is not None and p.canary.host == "a2"
     assert {b.host for b in p.blocked} == {"a5", "a6"}
     assert {b.host: b.check_ids for b in p.blocked} == {"a5": ["rdma.port_state"], "a6": ["rdma.peermem"]}
-    assert "free of problem warnings" in p.canary.reason
+    assert p.canary.note is not None and "free of problem warnings" in p.canary.note
     # The host with a warning still changes, in the first wave, ahead of the busy one.
     assert p.waves == [["a7"], ["a1"]]
 
@@ -436,7 +437,7 @@ def test_canary_with_a_problem_warning_says_so() -> None:
     debug = {"nccl.settings.NCCL_DEBUG": {"value": "INFO", "source": "/etc/nccl.conf"}}
     v = evaluate_fleet(fleet(host("a1", R575, debug), host("a2", R575, {**debug, **BUSY})), TARGET)
     assert v.plan.canary is not None and v.plan.canary.host == "a1"
-    assert v.plan.canary.reason.startswith("a1: no blocking findings (1 warning(s), 1 of them problems), idle")
+    assert v.plan.canary.reason.startswith("no blocking findings (1 warning(s), 1 of them problems), idle")
 
 
 def test_canary_among_clean_hosts_is_still_of_the_common_profile() -> None:
