@@ -60,6 +60,7 @@ CANARY: dict[str, str] = {
 # Rich markup, an SGR sequence, an OSC title and a right-to-left override: text, never control.
 HOSTILE = "[/bold][red]x[/red]\x1b[31m\x1b]0;pwned\x07\u202e"
 RAW = ("\x1b", "\u202e", "\x07")
+DIGEST = "4f6c3a9a1d0b8e2f7c5d9e1a3b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b2c"
 # A host name may not carry "/" (it names files): its markup opens styles instead of closing one.
 HOST_HOSTILE = "[bold red]x[red]\x1b[31m\x1b]0;pwned\x07\u202e"
 
@@ -94,13 +95,13 @@ class _Echo(BaseHTTPRequestHandler):
         self._send(500, {"error": {"message": f"unknown caller {key} [/bold] (you sent Authorization: {auth}) "
                                               f"{HOSTILE}", "type": "InternalServerError"}})
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         if self.path.startswith("/v1/models") and self.models_ok:
             self._send(200, {"object": "list", "data": [{"id": self.model, "object": "model"}]})
         else:
             self._echo()
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         self._echo()
@@ -147,8 +148,7 @@ def _inputs(tmp: Path) -> dict[str, Path]:
         f"PIP_INDEX_URL=https://__token__:{CANARY['build_index_url']}@pypi.example/simple --build-arg "
         f"GIT_CREDENTIALS=https://x:{CANARY['build_git_credentials']}@git.example --password "
         f"{CANARY['build_password']} -f docker/Dockerfile .\n"
-        "digest: sha256:4f6c3a9a1d0b8e2f7c5d9e1a3b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b2c\n"
-        "rollback_image: vllm/vllm-openai:kimi-k3@sha256:4f6c3a9a1d0b8e2f7c5d9e1a3b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b2c\n")
+        f"digest: sha256:{DIGEST}\nrollback_image: vllm/vllm-openai:kimi-k3@sha256:{DIGEST}\n")
     owners = inp / "owners.yaml"
     owners.write_text(
         "items:\n  chain.agree:\n    owner: dana\n    deadline: 2026-12-15\n"
