@@ -9,6 +9,7 @@ SOURCES.md there).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -38,7 +39,11 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
 
 STANDIN = Path(__file__).resolve().parents[2] / "k3fleet" / "lab" / "standin"
 REFERENCE = STANDIN / "reference"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LIB_VERSION = "580.95.05"
+# /proc/version of a Debian 12 machine: the first line of its kernel log.
+KERNEL_BANNER = ("Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org) (gcc-12 (Debian 12.2.0-14) 12.2.0, "
+                 "GNU ld (GNU Binutils for Debian) 2.40) #1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22)")
 QUERY = ["--query-gpu=index,name,uuid,driver_version,memory.total,persistence_mode,pci.bus_id,compute_cap",
          "--format=csv,noheader,nounits"]
 
@@ -74,7 +79,8 @@ class Node:
                 "NVIDIA_SIM_GPUS_CONF": str(self.root / "gpus.conf"),
                 "NVIDIA_SIM_MODULE_CONF": str(self.root / "kernel-module.conf"),
                 "NVIDIA_SIM_FABRIC_STATE": str(self.fabric_state),
-                "NVIDIA_SIM_MACHINE_ID": str(self.root / "machine-id")}
+                "NVIDIA_SIM_MACHINE_ID": str(self.root / "machine-id"),
+                "NVIDIA_SIM_KMSG": str(self.root / "kmsg")}
 
     def script(self, template: str, **values: str) -> Path:
         path = self.root / "bin" / template
@@ -109,6 +115,8 @@ def node(tmp_path: Path, shim: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
     host = tmp_path / "hostproc"
     (host / "sys/kernel").mkdir(parents=True)
     (host / "sys/kernel/osrelease").write_text("6.1.0-28-amd64\n", encoding="utf-8")
+    (host / "version").write_text(KERNEL_BANNER + "\n", encoding="utf-8")
+    (host / "uptime").write_text("81234.56 160112.40\n", encoding="utf-8")
     # A host that still lists a real nvidia module: the simulated view must not inherit it.
     (host / "modules").write_text(
         "overlay 163840 0 - Live 0x0000000000000000\n"
@@ -309,6 +317,84 @@ def test_nvlink_beyond_the_gpus_links_is_invalid_argument(node: Node, nvml: Modu
         nvml.nvmlDeviceGetHandleByIndex(8)
 
 
+def test_health_calls_answer_a_healthy_idle_gpu(node: Node, nvml: ModuleType) -> None:
+    from k3fleet.ansible.module_utils.k3fleet_driver import nvml_health
+
+    node.boot(LIB_VERSION)
+    nvml.nvmlInit()
+    for i in range(8):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        for counter in (nvml.NVML_VOLATILE_ECC, nvml.NVML_AGGREGATE_ECC):
+            for kind in (nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
+                assert nvml.nvmlDeviceGetTotalEccErrors(h, kind, counter) == 0
+        assert nvml.nvmlDeviceGetEccMode(h) == [nvml.NVML_FEATURE_ENABLED] * 2
+        assert nvml.nvmlDeviceGetRemappedRows(h) == (0, 0, 0, 0)
+        assert nvml.nvmlDeviceGetCurrentClocksEventReasons(h) == nvml.nvmlClocksEventReasonGpuIdle
+        assert nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h) == nvml.nvmlClocksThrottleReasonGpuIdle
+        assert (nvml.nvmlDeviceGetCurrPcieLinkGeneration(h), nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)) == (5, 5)
+        assert (nvml.nvmlDeviceGetCurrPcieLinkWidth(h), nvml.nvmlDeviceGetMaxPcieLinkWidth(h)) == (16, 16)
+        assert nvml.nvmlDeviceGetComputeRunningProcesses(h) == []
+        # The collector's own NVML path reads every field, none of them unknown.
+        health = nvml_health(nvml, h)
+        assert health["ecc"] == {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0,
+                                 "reason": None}
+        assert (health["remapped_rows"]["pending"], health["remapped_rows"]["failure"]) == (False, False)
+        assert health["throttle"] == {"active": ["gpu_idle"], "mask": 1, "reason": None}
+        assert health["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16,
+                                  "reason": None}
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetTotalEccErrors(h, 2, nvml.NVML_VOLATILE_ECC)
+
+
+def test_health_of_a_node_is_judged_healthy_by_the_verdict(node: Node, nvml: ModuleType,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's collector on a stand-in node (NVML through the shim, nvidia-smi and dmesg on PATH):
+    every GPU health check and the platform pass, none reads unknown."""
+    from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+    from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
+    from k3fleet.models.facts import HostFacts
+    from k3fleet.targets import load_target
+    from k3fleet.verdict.rules import evaluate_host
+
+    node.boot(LIB_VERSION)
+    bindir = node.root / "bin"
+    bindir.mkdir(exist_ok=True)
+    for template, name in (("nvidia_smi.py", "nvidia-smi"), ("dmesg.py", "dmesg")):
+        script = node.script(template)
+        wrapper = bindir / name
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n', encoding="utf-8")
+        wrapper.chmod(0o755)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(node.lib_dir))
+    reader = NodeReader(procfs=str(node.proc), path=f"{bindir}:/usr/bin:/bin")
+    driver = collect_driver(reader)
+    assert driver["source"] == "nvml" and driver["gpu_count"] == 8
+    assert driver["kernel_log"]["status"] == "ok" and driver["kernel_log"]["xid"] == []
+    host = json.loads((FIXTURES / "verdict" / "host_r580_h200_hgx.json").read_text(encoding="utf-8"))
+    host["driver"] = driver
+    findings = evaluate_host(HostFacts.model_validate(host), load_target())
+    health = {"gpu.ecc", "gpu.remapped_rows", "gpu.xid", "gpu.throttle", "gpu.pcie_link", "driver.platform",
+              "gpu.in_use"}
+    assert [f"{f.check_id}: {f.message}" for f in findings if f.check_id in health] == []
+
+
+def test_dmesg_prints_the_kernel_banner_and_the_driver_load_line(node: Node) -> None:
+    from k3fleet.ansible.module_utils.k3fleet_driver import parse_xid_lines
+
+    assert node.run("dmesg.py").stdout == ""  # nothing booted yet: an empty log, not an error
+    node.boot(LIB_VERSION)
+    done = node.run("dmesg.py")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"[    0.000000] {KERNEL_BANNER}"
+    # The lab's kernel log carries the same load line (k3fleet/lab/render.py, dmesg).
+    first = node.version_line().removeprefix("NVRM version: ")
+    assert lines[1] == f"[81234.560000] NVRM: loading {first}"
+    assert parse_xid_lines(done.stdout) == []
+    bad = node.run("dmesg.py", "--bogus")
+    assert bad.returncode == 1 and bad.stderr.startswith("dmesg: unrecognized option '--bogus'")
+
+
 # ---- the simulated /proc -------------------------------------------------------
 
 PROPRIETARY_LINE = re.compile(r"^NVRM version: NVIDIA UNIX x86_64 Kernel Module  (\d+\.\d+(?:\.\d+)?)  (\S.*)$")
@@ -426,6 +512,30 @@ def test_nvidia_smi_q_compute_header_has_driver_and_cuda_version(node: Node) -> 
 
 
 DRIVER_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
+
+
+def test_nvidia_smi_q_health_reads_healthy(node: Node) -> None:
+    from k3fleet.ansible.module_utils.k3fleet_driver import parse_smi_q_blocks, smi_q_health
+
+    node.boot(LIB_VERSION)
+    done = node.run("nvidia_smi.py", "-q")
+    assert done.returncode == 0, done.stdout
+    blocks = parse_smi_q_blocks(done.stdout)
+    assert len(blocks) == 8
+    for block in blocks.values():
+        health = smi_q_health(block)
+        assert health["ecc"] == {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0,
+                                 "reason": None}
+        assert health["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False,
+                                           "failure": False, "retired_pages_pending": None, "reason": None}
+        assert health["throttle"] == {"active": ["idle"], "mask": None, "reason": None}
+        assert health["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16,
+                                  "reason": None}
+    ecc = node.run("nvidia_smi.py", "-q", "-d", "ECC").stdout
+    assert "ECC Errors" in ecc and "Clocks Event Reasons" not in ecc and "Remapped Rows" not in ecc
+    table = node.run("nvidia_smi.py").stdout.splitlines()
+    # The summary's Volatile Uncorr. ECC column is NVML's volatile uncorrected count.
+    assert table[8].rstrip().endswith("0 |")
 
 
 def q_blocks(text: str) -> dict[str, list[str]]:
@@ -625,3 +735,35 @@ def test_install_pins_name_exact_versions() -> None:
 def test_templates_refuse_missing_values() -> None:
     with pytest.raises(StandinBuildError, match="no value for @FM_VERSION@"):
         render_template("nv_fabricmanager.py", SIM_FAULT="")
+
+
+def test_hardware_package_diverts_dmesg_and_gives_it_back(tmp_path: Path) -> None:
+    """The stand-in dmesg takes util-linux's path through dpkg-divert; the maintainer scripts are real
+    shell, run here against a dpkg-divert that records its arguments."""
+    from k3fleet.lab.standin.builder import _driver_packages, _hardware_package, _maint_scripts
+
+    pkg = _hardware_package(8, "NVIDIA H200")
+    assert pkg.files["/bin/dmesg"][0].decode() == render_template("dmesg.py")
+    scripts = _maint_scripts(pkg)
+    assert set(scripts) == {"preinst", "postinst", "prerm", "postrm"}
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "calls"
+    (bindir / "dpkg-divert").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n', encoding="utf-8")
+    (bindir / "dpkg-divert").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    for name, arg in (("preinst", "install"), ("postrm", "upgrade"), ("postrm", "remove")):
+        script = tmp_path / name
+        script.write_text(scripts[name], encoding="utf-8")
+        done = subprocess.run(["sh", str(script), arg], env=env, capture_output=True, text=True, timeout=30,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+    common = "--package nvidia-sim-hardware --rename --divert /bin/dmesg.util-linux /bin/dmesg"
+    # Added on install, kept across an upgrade, removed with the package.
+    assert log.read_text(encoding="utf-8").splitlines() == [f"--quiet --add {common}", f"--quiet --remove {common}"]
+    # Packages that replace nothing have no preinst and divert nothing.
+    shim = Path(__file__)  # any file: only its bytes go into the package
+    units = [p for p in _driver_packages(release(LIB_VERSION), "amd64", "x86_64-linux-gnu", shim, None) if p.unit]
+    for other in units:
+        plain = _maint_scripts(other)
+        assert "preinst" not in plain and "dpkg-divert" not in plain["postrm"]

@@ -89,6 +89,9 @@ class GpuModel:
     pci_device_id: int
     pci_subsystem_id: int
     nvlinks: int
+    # The GPU's PCIe link: H100 and H200 SXM are Gen 5 x16 (the H100 capture in tests/fixtures/driver).
+    pcie_gen_max: int = 5
+    pcie_width_max: int = 16
 
 
 # H200 SXM: 143771 MiB and cc 9.0 as nvidia-smi prints them, PCI 10de:2335 subsystem
@@ -129,6 +132,8 @@ class Package:
     start_unit: bool = False
     stop_unit: bool = False
     triggers: str | None = None
+    # path another package owns -> where dpkg-divert moves it while this package is installed
+    diverts: dict[str, str] = field(default_factory=dict)
 
     @property
     def deb_name(self) -> str:
@@ -200,6 +205,8 @@ def gpus_conf(gpus: int, gpu_name: str) -> str:
         f"pci_device_id=0x{model.pci_device_id:08X}",
         f"pci_subsystem_id=0x{model.pci_subsystem_id:08X}",
         f"nvlinks={model.nvlinks}",
+        f"pcie_gen_max={model.pcie_gen_max}",
+        f"pcie_width_max={model.pcie_width_max}",
         "persistence_mode=1",
         "bus_ids=" + ",".join(buses),
         "nvswitch_bus_ids=" + ",".join(switches),
@@ -267,9 +274,13 @@ def _machine() -> tuple[str, str]:
 def _maint_scripts(pkg: Package) -> dict[str, str]:
     if pkg.unit is None:
         return {}
+    divert = [f"--package {pkg.name} --rename --divert {to} {path}" for path, to in sorted(pkg.diverts.items())]
     values = {"PACKAGE": pkg.name, "UNIT": pkg.unit, "START": "yes" if pkg.start_unit else "no",
-              "STOP": "yes" if pkg.stop_unit else "no"}
-    return {name: render_template(f"maint/{name}", **values) for name in ("postinst", "prerm", "postrm")}
+              "STOP": "yes" if pkg.stop_unit else "no",
+              "DIVERTS": "\n".join(f"    dpkg-divert --quiet --add {d}" for d in divert) or "    :",
+              "UNDIVERTS": "\n".join(f"    dpkg-divert --quiet --remove {d}" for d in divert)}
+    names = ("postinst", "prerm", "postrm", *(("preinst",) if divert else ()))
+    return {name: render_template(f"maint/{name}", **values) for name in names}
 
 
 def _control(pkg: Package) -> str:
@@ -394,7 +405,11 @@ def _hardware_package(gpus: int, gpu_name: str) -> Package:
         files={"/etc/nvidia-sim/gpus.conf": (conf.encode(), 0o644),
                "/usr/lib/nvidia-sim/nvidia-sim-proc": (render_template("nvidia_sim_proc.py").encode(), 0o755),
                "/lib/systemd/system/nvidia-sim-proc.service":
-                   (render_template("nvidia-sim-proc.service").encode(), 0o644)},
+                   (render_template("nvidia-sim-proc.service").encode(), 0o644),
+               # The simulated hardware's kernel log (see files/dmesg.py), in util-linux's place:
+               # bookworm's util-linux owns /bin/dmesg (merged /usr makes it /usr/bin/dmesg too).
+               "/bin/dmesg": (render_template("dmesg.py").encode(), 0o755)},
+        diverts={"/bin/dmesg": "/bin/dmesg.util-linux"},
         unit="nvidia-sim-proc.service", start_unit=True)
 
 

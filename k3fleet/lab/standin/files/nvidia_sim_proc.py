@@ -9,6 +9,9 @@ Installed as /usr/lib/nvidia-sim/nvidia-sim-proc and run by two oneshot units at
          module" of the INSTALLED package: adds the nvidia modules, the NVSwitch devices
          and, last, driver/nvidia/version, so a reader never sees a half-loaded driver.
 
+Both also write the simulated kernel log (/run/nvidia-sim/kmsg) that the stand-in dmesg prints:
+the kernel banner at base, the driver's "NVRM: loading" line at load.
+
 Because both run only at boot and /run is a tmpfs, installing or removing driver
 packages changes the loaded driver only after a reboot, as with real kernel modules.
 """
@@ -21,6 +24,8 @@ PROC = os.environ.get("NVIDIA_SIM_PROC", "/run/nvidia-sim/proc")
 HOST_PROC = os.environ.get("NVIDIA_SIM_HOST_PROC", "/proc")
 GPUS_CONF = os.environ.get("NVIDIA_SIM_GPUS_CONF", "/etc/nvidia-sim/gpus.conf")
 MODULE_CONF = os.environ.get("NVIDIA_SIM_MODULE_CONF", "/usr/lib/nvidia-sim/kernel-module.conf")
+# The simulated kernel log the stand-in dmesg prints (a guest cannot read the machine's ring buffer).
+KMSG = os.environ.get("NVIDIA_SIM_KMSG", "/run/nvidia-sim/kmsg")
 
 # First line of /proc/driver/nvidia/version per flavour (docs/facts.md section 5). The open
 # form inserts "for x86_64" and the builder: a parser taking "the token after Module" breaks.
@@ -71,6 +76,28 @@ def host_modules():
     return [line for line in lines if not line.split(" ", 1)[0].startswith("nvidia")]
 
 
+def uptime():
+    """Seconds since the kernel booted: the stamp dmesg puts on each line."""
+    try:
+        with open(os.path.join(HOST_PROC, "uptime"), encoding="utf-8") as handle:
+            return float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def kernel_line(seconds, text):
+    """One line as dmesg prints the ring buffer: "[    5.812337] text"."""
+    return f"[{seconds:12.6f}] {text}\n"
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
 def base():
     try:
         with open(os.path.join(HOST_PROC, "sys/kernel/osrelease"), encoding="utf-8") as handle:
@@ -81,6 +108,9 @@ def base():
         return 1
     write_atomic(os.path.join(PROC, "sys/kernel/osrelease"), release + "\n")
     write_atomic(os.path.join(PROC, "modules"), "".join(line + "\n" for line in host_modules()))
+    # The ring buffer starts with the kernel's banner, which is /proc/version's text.
+    banner = read_text(os.path.join(HOST_PROC, "version")).strip() or f"Linux version {release}"
+    write_atomic(KMSG, kernel_line(0.0, banner))
     return 0
 
 
@@ -127,6 +157,10 @@ def load():
                                          builder=module.get("builder", "dvs-builder@localhost"))
     gcc = "GCC version:  {}\n".format(module.get("gcc", "gcc version 12.2.0 (Debian 12.2.0-14)"))
     write_atomic(os.path.join(PROC, "driver/nvidia/version"), first + "\n" + gcc)
+    # What the real module logs as it loads (docs/facts.md section 5): "NVRM: loading" and the
+    # version line's text; a healthy node logs no Xid after it.
+    loading = kernel_line(uptime(), "NVRM: loading " + first[len("NVRM version: "):])
+    write_atomic(KMSG, read_text(KMSG) + loading)
     return 0
 
 

@@ -6,7 +6,8 @@ what pynvml sees on the same node, fails the same way (driver not loaded, driver
 version mismatch) and exits with nvidia-smi's documented return codes.
 
 Supported: the summary table (no arguments), -L, --version, -q [-d DISPLAY] [-i INDEX]
-and --query-gpu=FIELDS --format=csv[,noheader][,nounits].
+and --query-gpu=FIELDS --format=csv[,noheader][,nounits]. The -q blocks carry GPU health (PCIe link,
+clock event reasons, ECC, retired pages, remapped rows) in the layout of R565's output.
 """
 
 import ctypes
@@ -24,6 +25,16 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 FABRIC_STATES = {0: "N/A", 1: "Not Started", 2: "In Progress", 3: "Completed"}
 FABRIC_COMPLETED = 3
+# nvmlMemoryErrorType_t and nvmlEccCounterType_t (nvml.h).
+NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
+NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC = 0, 1
+# nvmlClocksEventReasons bits in the order and with the labels of R565's -q "Clocks Event Reasons"
+# (the 8x H100 capture in tests/fixtures/driver); the hardware slowdowns nest under "HW Slowdown".
+CLOCK_EVENT_ROWS = (
+    ("Idle", 0x1, 8), ("Applications Clocks Setting", 0x2, 8), ("SW Power Cap", 0x4, 8),
+    ("HW Slowdown", 0x8, 8), ("HW Thermal Slowdown", 0x40, 12), ("HW Power Brake Slowdown", 0x80, 12),
+    ("Sync Boost", 0x10, 8), ("SW Thermal Slowdown", 0x20, 8), ("Display Clock Setting", 0x100, 8),
+)
 NVLINK_MAX_LINKS = 36
 
 MSG_NOT_LOADED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -119,6 +130,31 @@ class Nvml:
             "mig_current": current.value, "mig_pending": pending.value,
             **self.fabric(handle),
             "nvlinks_active": self.active_links(handle),
+            **self.health(handle),
+        }
+
+    def health(self, handle):
+        """ECC, row remapping, clock events and the PCIe link, each from its NVML call."""
+        ecc = {}
+        for scope, counter in (("volatile", NVML_VOLATILE_ECC), ("aggregate", NVML_AGGREGATE_ECC)):
+            for kind, error_type in (("corrected", NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                                     ("uncorrected", NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+                count = ctypes.c_ulonglong()
+                self.check(self.lib.nvmlDeviceGetTotalEccErrors(handle, ctypes.c_int(error_type),
+                                                                ctypes.c_int(counter), ctypes.byref(count)))
+                ecc[f"{scope}_{kind}"] = count.value
+        current, pending = ctypes.c_int(), ctypes.c_int()
+        self.check(self.lib.nvmlDeviceGetEccMode(handle, ctypes.byref(current), ctypes.byref(pending)))
+        rows = [ctypes.c_uint() for _ in range(4)]
+        self.check(self.lib.nvmlDeviceGetRemappedRows(handle, *[ctypes.byref(r) for r in rows]))
+        reasons = self.out("nvmlDeviceGetCurrentClocksEventReasons", ctypes.c_ulonglong, handle)
+        return {
+            "ecc": ecc, "ecc_current": current.value, "ecc_pending": pending.value,
+            "remapped": [r.value for r in rows], "clock_events": reasons,
+            "pcie_gen": self.out("nvmlDeviceGetCurrPcieLinkGeneration", ctypes.c_uint, handle),
+            "pcie_gen_max": self.out("nvmlDeviceGetMaxPcieLinkGeneration", ctypes.c_uint, handle),
+            "pcie_width": self.out("nvmlDeviceGetCurrPcieLinkWidth", ctypes.c_uint, handle),
+            "pcie_width_max": self.out("nvmlDeviceGetMaxPcieLinkWidth", ctypes.c_uint, handle),
         }
 
     def fabric(self, handle):
@@ -220,7 +256,7 @@ def summary(nvml, gpus):
         persistence = "On" if gpu["persistence"] else "Off"
         # The stand-in has no sensors: an idle HGX board's typical readings.
         out.append(f"|{gpu['index']:>4}  {gpu['name']:<31}{persistence:<3} |   {gpu['bus_id']:<16} Off |"
-                   f"{'0':>21} |")
+                   f"{gpu['ecc']['volatile_uncorrected']:>21} |")
         temp, power = f"{30 + gpu['index'] % 4}C", f"{75 + gpu['index'] % 3}W"
         used, total = f"{gpu['memory_used_mib']}MiB", f"{gpu['memory_total_mib']}MiB"
         out.append(f"| N/A   {temp:>3}    P0{power:>16} /  700W |{used:>11} / {total:>9} |"
@@ -267,6 +303,11 @@ def details(nvml, gpus, displays, attached):
             out.append(q_line("Device Id", "0x{:08X}".format(gpu["pci_device_id"]), 8))
             out.append(q_line("Bus Id", gpu["bus_id"], 8))
             out.append(q_line("Sub System Id", "0x{:08X}".format(gpu["pci_subsystem_id"]), 8))
+            out += link_rows(gpu)
+        if show_all or "PERFORMANCE" in displays:
+            out.append("    Clocks Event Reasons")
+            out += [q_line(label, "Active" if gpu["clock_events"] & bit else "Not Active", indent)
+                    for label, bit, indent in CLOCK_EVENT_ROWS]
         if show_all or "MEMORY" in displays:
             out.append("    FB Memory Usage")
             out.append(q_line("Total", f"{gpu['memory_total_mib']} MiB", 8))
@@ -274,6 +315,17 @@ def details(nvml, gpus, displays, attached):
             out.append(q_line("Free", f"{gpu['memory_free_mib']} MiB", 8))
         if show_all or "COMPUTE" in displays:
             out.append(q_line("Compute Mode", "Default", 4))
+        if show_all or "ECC" in displays:
+            out += ecc_rows(gpu)
+        if show_all or "PAGE_RETIREMENT" in displays:
+            # Ampere and newer remap rows instead of retiring pages: N/A, as the H100 capture prints it.
+            out += ["    Retired Pages", q_line("Single Bit ECC", "N/A", 8), q_line("Double Bit ECC", "N/A", 8),
+                    q_line("Pending Page Blacklist", "N/A", 8)]
+        if show_all or "ROW_REMAPPER" in displays:
+            corr, unc, pending, failure = gpu["remapped"]
+            out += ["    Remapped Rows", q_line("Correctable Error", str(corr), 8),
+                    q_line("Uncorrectable Error", str(unc), 8), q_line("Pending", yes_no(pending), 8),
+                    q_line("Remapping Failure Occurred", yes_no(failure), 8)]
         if show_all:
             # After Compute Mode, as in a real -q; the status counts only once registration completed.
             done = gpu["fabric_state"] == FABRIC_COMPLETED
@@ -288,6 +340,36 @@ def details(nvml, gpus, displays, attached):
         out.append("")
     print("\n".join(out))
     return RC_OK
+
+
+def yes_no(flag):
+    return "Yes" if flag else "No"
+
+
+def link_rows(gpu):
+    """PCI > GPU Link Info in the nesting of the H100 capture."""
+    return ["        GPU Link Info", "            PCIe Generation",
+            q_line("Max", str(gpu["pcie_gen_max"]), 16), q_line("Current", str(gpu["pcie_gen"]), 16),
+            q_line("Device Current", str(gpu["pcie_gen"]), 16), q_line("Device Max", str(gpu["pcie_gen_max"]), 16),
+            q_line("Host Max", str(gpu["pcie_gen_max"]), 16),
+            "            Link Width", q_line("Max", f"{gpu['pcie_width_max']}x", 16),
+            q_line("Current", f"{gpu['pcie_width']}x", 16)]
+
+
+def ecc_rows(gpu):
+    """ECC Mode and ECC Errors as R565 prints them: NVML's totals land on the DRAM counters, whose
+    SRAM split NVML's total call does not give."""
+    ecc = gpu["ecc"]
+    out = ["    ECC Mode", q_line("Current", enabled(gpu["ecc_current"]), 8),
+           q_line("Pending", enabled(gpu["ecc_pending"]), 8), "    ECC Errors"]
+    for scope in ("volatile", "aggregate"):
+        out += ["        " + scope.capitalize(), q_line("SRAM Correctable", "0", 12),
+                q_line("SRAM Uncorrectable Parity", "0", 12), q_line("SRAM Uncorrectable SEC-DED", "0", 12),
+                q_line("DRAM Correctable", str(ecc[f"{scope}_corrected"]), 12),
+                q_line("DRAM Uncorrectable", str(ecc[f"{scope}_uncorrected"]), 12)]
+        if scope == "aggregate":
+            out.append(q_line("SRAM Threshold Exceeded", "No", 12))
+    return out
 
 
 def option_value(argv, i, inline, name):

@@ -136,6 +136,7 @@ static struct {
     unsigned int pci_device_id, pci_subsystem_id;
     unsigned int nvlinks;
     unsigned int persistence;
+    unsigned int pcie_gen_max, pcie_width_max;
     unsigned char cluster_uuid[NVML_GPU_FABRIC_UUID_LEN];
     struct sim_gpu gpus[MAX_GPUS];
 } sim;
@@ -295,6 +296,9 @@ static void load_inventory(void)
     memset(&sim, 0, sizeof(sim));
     sim.refcount = refcount;
     sim.nvlinks = 18;
+    /* H100 / H200 SXM: a PCIe Gen 5 x16 link (the H100 capture in tests/fixtures/driver). */
+    sim.pcie_gen_max = 5;
+    sim.pcie_width_max = 16;
     f = fopen(env_or("NVIDIA_SIM_GPUS_CONF", "/etc/nvidia-sim/gpus.conf"), "re");
     if (f) {
         while (fgets(line, sizeof(line), f)) {
@@ -320,6 +324,10 @@ static void load_inventory(void)
                 sim.nvlinks = (unsigned int)strtoul(eq + 1, NULL, 10);
             else if (strcmp(line, "persistence_mode") == 0)
                 sim.persistence = strcmp(eq + 1, "1") == 0 || strcmp(eq + 1, "Enabled") == 0;
+            else if (strcmp(line, "pcie_gen_max") == 0)
+                sim.pcie_gen_max = (unsigned int)strtoul(eq + 1, NULL, 10);
+            else if (strcmp(line, "pcie_width_max") == 0)
+                sim.pcie_width_max = (unsigned int)strtoul(eq + 1, NULL, 10);
             else if (strcmp(line, "bus_ids") == 0)
                 parse_bus_ids(eq + 1);
         }
@@ -738,4 +746,117 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *info)
         return NVML_SUCCESS;
     }
     return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+}
+
+/* ---- GPU health: a healthy, idle GPU (docs/facts.md section 14) ---------- */
+
+#define NVML_MEMORY_ERROR_TYPE_COUNT 2
+#define NVML_ECC_COUNTER_TYPE_COUNT 2
+#define NVML_CLOCKS_EVENT_REASON_GPU_IDLE 0x1ULL
+
+/* No uncorrected or corrected error, volatile or aggregate; other types are invalid as in NVML. */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                                unsigned long long *eccCounts)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!eccCounts || errorType < 0 || errorType >= NVML_MEMORY_ERROR_TYPE_COUNT || counterType < 0 ||
+        counterType >= NVML_ECC_COUNTER_TYPE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *eccCounts = 0;
+    return NVML_SUCCESS;
+}
+
+/* ECC on, as data-center GPUs ship (the H100 capture: Current and Pending Enabled). */
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!current || !pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *current = 1; /* NVML_FEATURE_ENABLED */
+    *pending = 1;
+    return NVML_SUCCESS;
+}
+
+/* No row remapped, none pending, no remapping failure. */
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                              unsigned int *isPending, unsigned int *failureOccurred)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!corrRows || !uncRows || !isPending || !failureOccurred)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *corrRows = *uncRows = *isPending = *failureOccurred = 0;
+    return NVML_SUCCESS;
+}
+
+/* An idle GPU: the only clock event is "GPU idle"; never a hardware slowdown. */
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!reasons)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *reasons = NVML_CLOCKS_EVENT_REASON_GPU_IDLE;
+    return NVML_SUCCESS;
+}
+
+/* The name of the same call before R535. */
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+static nvmlReturn_t link_value(nvmlDevice_t device, unsigned int *out, unsigned int value)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = value;
+    return NVML_SUCCESS;
+}
+
+/* The link trained at its maximum generation and width. */
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    return link_value(device, gen, sim.pcie_gen_max);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    return link_value(device, gen, sim.pcie_gen_max);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
+{
+    return link_value(device, width, sim.pcie_width_max);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
+{
+    return link_value(device, width, sim.pcie_width_max);
+}
+
+/*
+ * No compute process holds a GPU (memory used is 0 too). NVML's two-call protocol: with no
+ * process the first call (count 0, no array) succeeds and sets the count to 0.
+ */
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                            void *infos)
+{
+    nvmlReturn_t rc = check_device(device);
+    (void)infos;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *infoCount = 0;
+    return NVML_SUCCESS;
 }
