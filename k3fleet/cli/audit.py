@@ -34,7 +34,9 @@ def audit(
         "--host-timeout", "audit --host-timeout"), help="Seconds per host (1 to 86400).")] = 300,
     command_timeout: Annotated[float, typer.Option("--command-timeout", parser=seconds_option(
         "--command-timeout", "audit --command-timeout"), help="Seconds per command on a node (0.1 to 3600).")] = 20.0,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-host progress.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar on stderr.")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="List every host, not only those that need attention.")
+                        ] = False,
     no_host_key_checking: Annotated[bool, typer.Option(
         "--no-host-key-checking",
         help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
@@ -56,7 +58,7 @@ def audit(
         # What stdout shows passes the evidence's redactor: terminals end up in CI logs.
         out.print_json(json.dumps(redact(result.verdict.model_dump(mode="json"))))
     else:
-        terminal.print_audit(out, result)
+        terminal.print_audit(out, result, show_all=show_all)
     err.print(f"run directory: {result.run_dir.path}", markup=False)
     if result.play.interrupted:
         err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
@@ -66,7 +68,7 @@ def audit(
 @app.command()
 def plan(
     run: Annotated[Path, typer.Option("--run", help="An audit run directory.")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
 ) -> None:
     """Print the change plan of an audit run: hosts to upgrade, canary, waves (verified first)."""
     from k3fleet.report import terminal
@@ -78,6 +80,9 @@ def plan(
         out.print_json(json.dumps(redact(plan_data)))
     else:
         terminal.print_plan(out, plan_data)
+        if plan_data.get("canary"):
+            out.print("next: k3fleet upgrade -i INVENTORY --change-id ID --operator YOU --check   (the night as a dry "
+                      "run: per host the drain and the package transaction)", markup=False)
 
 
 def read_audit_plan(run: Path) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def decide(
         out.print_json(json.dumps(d.model_dump(mode="json")))
     else:
         _print_decision(d)
+        out.print(f"full checklist: {result.run_dir.path / 'report.md'} (checklist.json beside it)", markup=False)
     for warning in d.warnings:
         err.print(f"warning: {warning}", markup=False)
     err.print(f"run directory: {result.run_dir.path}")
@@ -75,19 +76,23 @@ def _print_decision(d: object) -> None:
     from k3fleet.decide.models import Decision
 
     assert isinstance(d, Decision)
-    table = Table(title="Sign-off checklist")
-    for col in ("item", "status", "detail", "evidence"):
-        table.add_column(col)
-    for item in d.checklist:
-        st = _ITEM_STYLE.get(item.status, "white")
-        table.add_row(escape(item.title), f"[{st}]{item.status}[/{st}]", escape(item.detail),
-                      escape(", ".join(str(e) for e in item.evidence)))
-    out.print(table)
+    # The outcome first, then what is not proven and who owns it; the whole checklist (detail,
+    # evidence) is in the run directory (checklist.json, report.md), not 150 lines here.
     style = _OUTCOME_STYLE.get(d.outcome, "bold")
     approval = "approved" if d.approved else "NOT approved"
     out.print(f"decision: [{style}]{d.outcome}[/{style}] ({approval}, exit {d.exit_code})")
     for r in d.reasons:
-        out.print(f"  - [{r.rule}] {r.text}", markup=False)
+        # One line each: a rule naming 700 hosts is cut here, whole in report.md.
+        out.print(f"  - [{r.rule}] {r.text}", markup=False, no_wrap=True, overflow="ellipsis", soft_wrap=False)
+    open_items = [i for i in d.checklist if i.status != "pass"]
+    passed = len(d.checklist) - len(open_items)
+    out.print(f"checklist: {passed} of {len(d.checklist)} items pass; not passed:" if open_items
+              else f"checklist: all {len(d.checklist)} items pass", markup=False)
+    for item in open_items:
+        st = _ITEM_STYLE.get(item.status, "white")
+        owner = (f"owner {item.owner.owner}, by {item.owner.deadline}" if item.owner is not None
+                 else "no owner: give --owners FILE")
+        out.print(f"  [{st}]{item.status:<7}[/{st}] {escape(item.title)} [dim]({escape(owner)})[/dim]")
     for lim in d.limits:
         out.print(f"  limit {lim.kind}: {lim.text}" + (f" (owner {lim.owner})" if lim.owner else ""), markup=False)
     if d.missing:

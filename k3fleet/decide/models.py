@@ -61,8 +61,8 @@ class Fact(_Model):
     kind: str = "fail"
     host: str | None = None
     message: str
-    chain: bool = False
     fix: str | None = None
+    chain: bool = False
     layer: str | None = None
     ref: Ref
 
@@ -105,8 +105,8 @@ class AuditEvidence(_Model):
     evidence_incomplete: bool = False
     interrupted: bool = False
     nccl: dict[str, str] = Field(default_factory=dict, description="NCCL settings every host agrees on")
-
     plan: dict[str, Any] | None = Field(default=None, description="the audit's change plan, as verdict.json has it")
+
 
 class TimelineEvent(_Model):
     ts: str | None = None

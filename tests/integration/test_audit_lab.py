@@ -157,12 +157,14 @@ def test_run_directory_holds_the_evidence(lab_audit: tuple[subprocess.CompletedP
 
 
 def test_human_output_and_limit(tmp_path: Path) -> None:
-    proc = run_k3fleet("audit", "--lab", "--limit", "gpu-a03", "--out", str(tmp_path / "run"))
+    proc = run_k3fleet("audit", "--lab", "--limit", "gpu-a03", "--all", "--out", str(tmp_path / "run"))
     # The one healthy H200 node passes, but 8 H200s cannot hold the weights: the fleet is too small.
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "gpu-a03" in proc.stdout and "gpu-a01" not in proc.stdout
-    assert "verdict: expand_capacity" in proc.stdout
-    assert "[1/1]" in proc.stderr  # per-host progress goes to stderr
+    assert "gpu-a03" in proc.stdout and "gpu-a01" not in proc.stdout  # --all: passing hosts too
+    assert proc.stdout.startswith("verdict: expand_capacity")
+    assert "next: add GPU nodes" in proc.stdout
+    assert "[1/1] answered 1" in proc.stderr  # progress goes to stderr
+    assert "audit.yml: 1 of 1 hosts answered" in proc.stderr and "failed" not in proc.stderr
     verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
     assert list(verdict["hosts"]) == ["gpu-a03"]
 
@@ -407,3 +409,45 @@ def test_reports_carry_the_heat_map_every_fix_and_the_plan(
     # The unreachable host is one row, not one per check; the GPU view shows the ECC fault.
     assert md.count("gpu-a09") < 5
     assert 'id="gpu-grid"' in html and "uncorrectable ECC" in html
+
+
+def test_terminal_summary_of_a_thousand_hosts_fits_one_screen(
+        lab_audit: tuple[subprocess.CompletedProcess[str], Path], verdict: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab's ten stories, each on 100 hosts (real facts, renamed), judged and printed at COLUMNS=100."""
+    import math
+    from types import SimpleNamespace
+
+    from rich.cells import cell_len
+
+    from k3fleet.cli.base import SafeConsole
+    from k3fleet.report import terminal
+    from k3fleet.targets import load_target
+    from k3fleet.verdict.fleet import evaluate_fleet
+
+    _, run = lab_audit
+    facts: dict[str, HostFacts] = {}
+    unreachable: dict[str, str] = {}
+    for i in range(1000):
+        base = f"gpu-a{i % 10 + 1:02d}"
+        name = f"gpu-{i + 1:04d}"
+        if verdict["hosts"][base]["status"] == "unreachable":
+            unreachable[name] = verdict["hosts"][base]["reason"]
+            continue
+        data = json.loads((run / "facts" / f"{base}.json").read_text())
+        facts[name] = HostFacts.model_validate({**data, "host": name})
+    big = evaluate_fleet(facts, load_target(None), unreachable=unreachable)
+    monkeypatch.setenv("COLUMNS", "100")
+    console = SafeConsole(record=True, soft_wrap=True, force_terminal=False)
+    assert console.width == 100
+    terminal.print_audit(console, SimpleNamespace(verdict=big, exit_code=big.exit_code,
+                                                  run_dir=SimpleNamespace(path=Path("runs/R"))))
+    text = console.export_text()
+    # Lines as a 100-column terminal shows them (a longer line wraps).
+    shown = sum(max(1, math.ceil(cell_len(line) / 100)) for line in text.splitlines())
+    assert shown <= 40, text
+    assert text.startswith(f"verdict: {big.outcome} (exit 1)")
+    assert "1000 hosts: 100 ok, 0 warn, 800 failing, 100 unreachable" in text
+    assert "  700 driver.branch" in text and "fabricmanager.version_match" in text  # never cut
+    assert "next: k3fleet plan --run runs/R" in text and "--all lists every host" in text
+    assert "Hosts that need attention" in text and "gpu-0003" not in text  # passing hosts are counted, not listed
