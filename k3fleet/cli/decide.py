@@ -46,13 +46,21 @@ def decide(
                                                                      "(ssh-keygen -Y sign, namespace "
                                                                      "k3fleet-evidence; an encrypted key needs "
                                                                      "ssh-agent).")] = None,
+    profile: Annotated[Path | None, typer.Option("--profile", help="Production profile (YAML) the tested envelope "
+                                                                   "must cover; without it the decision cannot be "
+                                                                   "go_live.")] = None,
+    second_reviewer: Annotated[str | None, typer.Option("--second-reviewer", help="A second reviewer, recorded "
+                                                                                   "beside --reviewer.")] = None,
+    rollback_owner: Annotated[str | None, typer.Option("--rollback-owner", help="Who rolls the service back when "
+                                                                                 "watch fires (required for "
+                                                                                 "approval).")] = None,
 ) -> None:
     """Decide go-live from the evidence: one of four outcomes, the checklist, one evidence package."""
     from k3fleet.decide.flow import DecideOptions, run_decide
 
     opts = DecideOptions(runs=list(runs), reviewer=reviewer, owner=owner, owners_file=owners, build_file=build,
                          target=target, out=out_dir, runs_dir=runs_dir, archive=archive, sign_key=sign_key,
-                         force=force)
+                         force=force, profile=profile, second_reviewer=second_reviewer, rollback_owner=rollback_owner)
     result = run_decide(opts, sys.argv)
     d = result.decision
     if as_json:
@@ -94,9 +102,18 @@ def _print_decision(d: object) -> None:
                  else "no owner: give --owners FILE")
         out.print(f"  [{st}]{item.status:<7}[/{st}] {escape(item.title)} [dim]({escape(owner)})[/dim]")
     for lim in d.limits:
-        out.print(f"  limit {lim.kind}: {lim.text}" + (f" (owner {lim.owner})" if lim.owner else ""), markup=False)
+        own = ", ".join(f"{k} {v}" for k, v in (("owner", lim.owner), ("deadline", lim.deadline),
+                                                 ("rollback", lim.rollback)) if v)
+        out.print(f"  limit {lim.kind}: {lim.text}" + (f" ({own})" if own else ""), markup=False)
     if d.missing:
         out.print(f"missing evidence: {', '.join(d.missing)}", markup=False)
+    for u in d.unproven:
+        out.print(f"unproven: {u}", markup=False)
+    if d.approved:
+        out.print(f"rollback owner: {d.rollback_owner}; rate limits in force: "
+                  + ("; ".join(d.rate_limits) or "none"), markup=False)
+    people = f"reviewer {d.reviewer}" + (f", second reviewer {d.second_reviewer}" if d.second_reviewer else "")
+    out.print(f"{people}; evidence run by {', '.join(d.operators) or 'nobody recorded'}", markup=False)
 
 
 @app.command("verify-evidence")

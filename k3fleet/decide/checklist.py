@@ -486,6 +486,7 @@ BUILD_ITEMS: tuple[_Item, ...] = (
 
 OWNERS_ITEM = "owners.failed_items"
 REVIEWER_ITEM = "signoff.reviewer"
+ROLLBACK_OWNER_ITEM = "signoff.rollback_owner"
 # Every id an owners file may name.
 ITEM_IDS: tuple[str, ...] = tuple(i.id for i in (*ITEMS, *BUILD_ITEMS))
 
@@ -502,6 +503,7 @@ def build_checklist(s: EvidenceSummary) -> list[ChecklistItem]:
                                    status=status, detail=detail, evidence=refs, owner=entry))
     items.append(_owners_item(s, items))
     items.append(_reviewer_item(s))
+    items.append(_rollback_owner_item(s))
     return items
 
 
@@ -537,6 +539,16 @@ def _owners_item(s: EvidenceSummary, items: list[ChecklistItem]) -> ChecklistIte
     return ChecklistItem(id=OWNERS_ITEM, title="Owner, deadline and rollback for every failed item", status="pass",
                          detail="; ".join(f"{i.id}: {i.owner.owner} by {i.owner.deadline}" for i in failed
                                           if i.owner is not None), evidence=refs)
+
+
+def _rollback_owner_item(s: EvidenceSummary) -> ChecklistItem:
+    title = "Rollback owner"
+    if not s.rollback_owner:
+        return ChecklistItem(id=ROLLBACK_OWNER_ITEM, title=title, status="missing",
+                             detail="no rollback owner named: who rolls the service back when watch fires "
+                                    "(decide --rollback-owner NAME)")
+    return ChecklistItem(id=ROLLBACK_OWNER_ITEM, title=title, status="pass",
+                         detail=f"{s.rollback_owner} rolls back to the accepted configuration")
 
 
 def _reviewer_item(s: EvidenceSummary) -> ChecklistItem:

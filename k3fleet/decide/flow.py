@@ -63,6 +63,9 @@ class DecideOptions:
     policy: Policy = field(default_factory=Policy)
     sign_key: Path | None = None
     force: bool = False  # replace an existing --archive file
+    profile: Path | None = None  # the production profile the evidence is held against
+    second_reviewer: str | None = None
+    rollback_owner: str | None = None
 
 
 @dataclass
@@ -115,7 +118,15 @@ def load_owners(path: Path) -> OwnersFile:
     if unknown:
         raise UsageError(f"owners file {path}: items.{unknown[0]}: not a checklist item "
                          f"(known: {', '.join(ITEM_IDS)})")
+    bad = sorted(set(owners.limits) - set(LIMIT_KINDS))
+    if bad:
+        raise UsageError(f"owners file {path}: limits.{bad[0]}: not a limit kind (known: {', '.join(LIMIT_KINDS)})")
     return owners
+
+
+# The kinds of limit a decision can set (k3fleet/decide/rules.py), each owned through owners.yaml ``limits:``.
+LIMIT_KINDS = ("concurrency_ceiling", "max_context_tokens", "rate_limit", "retry", "hosts_left_out",
+               "tested_envelope")
 
 
 def load_build(path: Path) -> CustomBuild:
@@ -195,13 +206,21 @@ def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> Eviden
         target = target_brief(load_target(None))
     owners = load_owners(opts.owners_file) if opts.owners_file else None
     build = load_build(opts.build_file) if opts.build_file else None
+    profile = None
+    if opts.profile is not None:
+        from k3fleet.decide.envelope import profile_brief
+        from k3fleet.models.profile import load_profile
+
+        profile = profile_brief(load_profile(opts.profile), Ref(run="decision", file="inputs/profile.yaml"))
     summary = EvidenceSummary(
         runs=src.runs, target=target, audit=_newest(src.audits), change=_newest(src.changes),
         accept=merge_accept(src.accepts), triage=src.triage, owners=owners,
         owners_ref=Ref(run="decision", file="inputs/owners.yaml") if owners else None, build=build,
         build_ref=Ref(run="decision", file="inputs/build.yaml") if build else None,
         reviewer=validate_name(opts.reviewer, "--reviewer"), reviewed_at=reviewed_at,
-        service_owner=validate_name(opts.owner, "--owner"), policy=opts.policy)
+        service_owner=validate_name(opts.owner, "--owner"), policy=opts.policy,
+        second_reviewer=validate_name(opts.second_reviewer, "--second-reviewer"),
+        rollback_owner=validate_name(opts.rollback_owner, "--rollback-owner"), profile=profile)
     _refuse_mixed_tracks(summary, src)
     return summary
 
@@ -253,6 +272,11 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
         rd.copy_input(opts.build_file, "inputs/build.yaml")
     if opts.target is not None:
         rd.copy_input(opts.target, "inputs/target.yaml")
+    if opts.profile is not None:
+        from k3fleet.accept.profile_cases import write_profile_evidence
+        from k3fleet.models.profile import load_profile
+
+        write_profile_evidence(rd, load_profile(opts.profile))
     rd.write_json("summary.json", _jsonable(summary))
     rd.write_json("checklist.json", [_jsonable(i) for i in decision.checklist])
     rd.write_json("decision.json", _jsonable(decision))
@@ -264,11 +288,15 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
     rd.write_text("report.md", render_markdown(decision_view(decision, summary, rd.path.name, curves)))
     rd.write_manifest()
     archive = opts.archive or rd.path.with_name(rd.path.name + ".tar.gz")
-    operators = sorted({r.user for r in src.runs if r.user} | ({c.operator for c in src.changes if c.operator}))
+    operators = sorted({r.user for r in src.runs if r.user} | {r.operator for r in src.runs if r.operator}
+                       | {c.operator for c in src.changes if c.operator})
     meta = {
         "decision": {"outcome": decision.outcome, "approved": decision.approved, "exit_code": decision.exit_code,
                      "track": decision.track},
         "reviewer": summary.reviewer, "reviewed_at": summary.reviewed_at, "service_owner": summary.service_owner,
+        "second_reviewer": summary.second_reviewer, "rollback_owner": summary.rollback_owner,
+        "rate_limits": decision.rate_limits,
+        "profile": ({"name": summary.profile.name, "sha256": summary.profile.sha256} if summary.profile else None),
         "operators": operators,
         "target": {"name": summary.target.name, "image": summary.target.image,
                    "file": str(summary.target.ref) if summary.target.ref else

@@ -48,6 +48,7 @@ class RunInfo(_Model):
     started_at: str | None = None
     argv: list[str] = Field(default_factory=list)
     user: str | None = None
+    operator: str | None = Field(default=None, description="an explicit --operator the run recorded")
     k3fleet_version: str | None = None
     operator_supplied: bool = False
     files: int = 0
@@ -211,6 +212,17 @@ class LoadEvidence(_Model):
     restarts: int | None = None
     health_failures: int | None = None
     oom_events: int | None = None
+    # The envelope the run held (curve rows with an ok verdict), and where it first failed.
+    held_concurrency: int | None = Field(default=None, description="highest concurrency of an ok ramp or "
+                                                                   "sustained step")
+    failed_concurrency: int | None = Field(default=None, description="lowest concurrency of a failed ramp or "
+                                                                     "sustained step")
+    held_context: int | None = Field(default=None, description="longest ladder context that held")
+    failed_context: int | None = Field(default=None, description="shortest ladder context that failed or was refused")
+    sustained_s: float | None = Field(default=None, description="seconds the sustained run held at its concurrency")
+    sustained_concurrency: int | None = None
+    slo: dict[str, float] = Field(default_factory=dict, description="ttft_p95_s, itl_p95_s, error_rate the "
+                                                                    "steps were judged by")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -223,6 +235,8 @@ class AcceptEvidence(_Model):
     prefix_cache: PrefixCacheEvidence | None = None
     agent: AgentEvidence | None = None
     load: LoadEvidence | None = None
+    profile_name: str | None = Field(default=None, description="the production profile the run was tested against")
+    profile_sha256: str | None = None
 
 
 class TriageEvidence(_Model):
@@ -258,9 +272,11 @@ class OwnerEntry(_Model):
 
 
 class OwnersFile(_Model):
-    """``--owners FILE.yaml``: an owner, deadline and rollback action per failed checklist item."""
+    """``--owners FILE.yaml``: an owner, deadline and rollback action per failed checklist item and per
+    limit of ``observe_with_limits`` (by limit kind: concurrency_ceiling, max_context_tokens, ...)."""
 
     items: dict[str, OwnerEntry] = Field(default_factory=dict)
+    limits: dict[str, OwnerEntry] = Field(default_factory=dict)
 
 
 _HEX_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
@@ -306,11 +322,35 @@ class TargetBrief(_Model):
     ref: Ref | None = None
 
 
+class ProfileBrief(_Model):
+    """The production profile the decision is held against (``decide --profile``)."""
+
+    name: str
+    concurrency: int
+    context_typical: int
+    context_p99: int
+    context_max: int
+    sustained_s: float
+    mix: dict[str, float] = Field(default_factory=dict)
+    slo: dict[str, float] = Field(default_factory=dict)
+    tools: list[str] = Field(default_factory=list)
+    schemas: list[str] = Field(default_factory=list)
+    rate_limits: list[str] = Field(default_factory=list)
+    sha256: str | None = None
+    ref: Ref | None = None
+
+    @property
+    def multimodal(self) -> bool:
+        return self.mix.get("multimodal", 0.0) > 0
+
+
 class Policy(_Model):
     """Thresholds of the rules (docs/decision.md "Thresholds")."""
 
     max_noncritical_defect_rate: float = Field(default=0.10, ge=0, le=1)
     critical_repeated_failures: int = Field(default=2, ge=1)
+    # A sustained run shorter than the profile's by timer granularity still covers it.
+    sustained_tolerance: float = Field(default=0.95, gt=0, le=1)
 
 
 class EvidenceSummary(_Model):
@@ -328,6 +368,9 @@ class EvidenceSummary(_Model):
     reviewer: str | None = None
     reviewed_at: str | None = None
     service_owner: str | None = None
+    second_reviewer: str | None = None
+    rollback_owner: str | None = None
+    profile: ProfileBrief | None = None
     policy: Policy = Field(default_factory=Policy)
 
 
@@ -357,6 +400,8 @@ class Limit(_Model):
     value: str
     text: str
     owner: str | None = None
+    deadline: _dt.date | None = None
+    rollback: str | None = None
     evidence: list[Ref] = Field(default_factory=list)
 
 
@@ -396,4 +441,11 @@ class Decision(_Model):
     reviewer: str | None = None
     reviewed_at: str | None = None
     service_owner: str | None = None
+    second_reviewer: str | None = None
+    operators: list[str] = Field(default_factory=list, description="who ran the evidence runs (command.json "
+                                                                   "user, --operator)")
+    rollback_owner: str | None = None
+    rate_limits: list[str] = Field(default_factory=list, description="the rate limits in force with this decision")
+    profile: ProfileBrief | None = None
+    unproven: list[str] = Field(default_factory=list, description="what the evidence does not prove about production")
     baseline: Baseline | None = None

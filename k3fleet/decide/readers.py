@@ -83,6 +83,7 @@ def open_run(path: Path, *, label: str | None = None) -> tuple[RunInfo, dict[str
     argv = cmd.get("argv") if isinstance(cmd.get("argv"), list) else []
     info = RunInfo(label=name, kind=kind, path=str(path), started_at=cmd.get("started_at"),
                    argv=[str(a) for a in argv or []], user=cmd.get("user"),
+                   operator=cmd.get("operator") if isinstance(cmd.get("operator"), str) else None,
                    k3fleet_version=cmd.get("k3fleet_version"), operator_supplied=kind == "triage", files=files)
     return info, cmd
 
@@ -361,7 +362,11 @@ def _load_evidence(path: Path, label: str, result: Any, ref: Ref) -> LoadEvidenc
                 if p.get("phase") == "agent_ramp")
     counts: dict[str, Any] = d["counts"] if isinstance(d.get("counts"), dict) else d
     envelope: dict[str, Any] = d["envelope"] if isinstance(d.get("envelope"), dict) else {}
-    return LoadEvidence(
+    from k3fleet.decide.envelope import held_envelope
+
+    options = d.get("options")
+    held = held_envelope(points, options if isinstance(options, dict) else {})
+    return LoadEvidence(**held,
         ref=ref, status=result.status, reason=result.reason, outcome=d.get("outcome"), ceiling=_int(d.get("ceiling")),
         envelope=envelope, phases=phases,
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,
@@ -415,6 +420,11 @@ def read_accept(path: Path, info: RunInfo) -> AcceptEvidence:
     got = _probe(path, label, "load.json")
     if got:
         out.load = _load_evidence(path, label, *got)
+    if (path / "profile.json").is_file():
+        prof = _load_json(path, "profile.json", label)
+        inner = prof.get("profile") if isinstance(prof, dict) else None
+        out.profile_name = str(inner.get("name")) if isinstance(inner, dict) and inner.get("name") else None
+        out.profile_sha256 = str(prof.get("sha256")) if isinstance(prof, dict) and prof.get("sha256") else None
     return out
 
 

@@ -24,6 +24,7 @@ from k3fleet.decide.checklist import (
     topology_problems,
     world_size,
 )
+from k3fleet.decide.envelope import envelope_gaps, tested_text, unproven
 from k3fleet.decide.models import (
     OUTCOME_RANK,
     Baseline,
@@ -36,6 +37,9 @@ from k3fleet.decide.models import (
     Ref,
 )
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
+
+# Rules that block only because something is not shown yet (exit 3, not 1): more evidence can lift them.
+NOT_DEFINITE = frozenset({"evidence.missing", "envelope.gap", "limits.unowned"})
 
 
 @dataclass
@@ -170,12 +174,27 @@ def _capacity(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
                 f"({a.strategy or 'strategy ?'})", [a.ref])]
 
 
+def _above_profile_only(s: EvidenceSummary) -> bool:
+    """The collapse happened only beyond the production profile, which the run held."""
+    ld = s.accept.load if s.accept else None
+    p = s.profile
+    if ld is None or p is None or ld.outcome != "collapse":
+        return False
+    conc_above = ld.failed_concurrency is not None and ld.failed_concurrency > p.concurrency \
+        and (ld.held_concurrency or 0) >= p.concurrency
+    ctx_above = ld.failed_context is not None and ld.failed_context > p.context_max \
+        and (ld.held_context or 0) >= p.context_p99
+    conc_fine = ld.failed_concurrency is None or ld.failed_concurrency > p.concurrency
+    ctx_fine = ld.failed_context is None or ld.failed_context > p.context_max
+    return (conc_above or ctx_above) and conc_fine and ctx_fine
+
+
 def _collapse(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     ld = s.accept.load if s.accept else None
     if ld is None:
         return []
     out = []
-    if ld.outcome == "collapse":
+    if ld.outcome == "collapse" and not _above_profile_only(s):
         out.append(Hit(f"the server collapsed under controlled load: {ld.reason or 'queue or OOM collapse'}",
                        _refs(ld.ref, ld.curves_ref)))
     counts = [(ld.restarts, "restart(s)"), (ld.oom_events, "OOM event(s)")]
@@ -185,9 +204,58 @@ def _collapse(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     return out
 
 
+def _limit_above_profile(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    ld = s.accept.load if s.accept else None
+    p = s.profile
+    if ld is None or p is None or not _above_profile_only(s):
+        return []
+    out = []
+    if ld.failed_concurrency is not None:
+        held = ld.held_concurrency or p.concurrency
+        out.append(Hit(f"the server collapsed only above the production profile: at {ld.failed_concurrency} concurrent "
+                       f"sessions ({ld.reason or 'OOM or queue collapse'}), the profile peaks at {p.concurrency} and "
+                       f"{held} held: a documented limit, enforced by a rate limit", _refs(ld.ref, ld.curves_ref),
+                       Limit(kind="concurrency_ceiling", value=str(held),
+                             text=f"at most {held} concurrent requests (gateway or --max-num-seqs): the server "
+                                  f"collapses at {ld.failed_concurrency}", owner=s.service_owner,
+                             evidence=_refs(ld.ref, ld.curves_ref))))
+    if ld.failed_context is not None:
+        held_ctx = ld.held_context or p.context_max
+        out.append(Hit(f"a {ld.failed_context}-token context fails, above the profile's maximum {p.context_max}: a "
+                       "documented limit, enforced at the gateway", [ld.ref],
+                       Limit(kind="max_context_tokens", value=str(held_ctx), text=f"context at most {held_ctx} tokens",
+                             owner=s.service_owner, evidence=[ld.ref])))
+    return out
+
+
+def _below_profile(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    ld = s.accept.load if s.accept else None
+    p = s.profile
+    if ld is None or p is None or ld.outcome != "ceiling" or ld.ceiling is None or ld.ceiling >= p.concurrency:
+        return []
+    return [Hit(f"stable only up to {ld.ceiling} concurrent sessions within the SLOs, the production profile peaks "
+                f"at {p.concurrency}: more capacity (or a configuration that holds it) is needed",
+                _refs(ld.ref, ld.curves_ref, p.ref))]
+
+
+def _context_below_profile(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    ld = s.accept.load if s.accept else None
+    p = s.profile
+    if ld is None or p is None or ld.outcome != "adjust_config":
+        return []
+    ctx = ld.failed_context or ld.envelope.get("max_context_tokens")
+    if isinstance(ctx, int) and ctx > p.context_max:
+        return []
+    return [Hit(f"a {ctx or '?'}-token context is refused, within the production profile (max {p.context_max}, "
+                f"p99 {p.context_p99}): adjust the configuration (--max-model-len, KV capacity) and test again",
+                _refs(ld.ref, p.ref))]
+
+
 def _ceiling(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     ld = s.accept.load if s.accept else None
     if ld is None or ld.outcome != "ceiling":
+        return []
+    if s.profile is not None and ld.ceiling is not None and ld.ceiling < s.profile.concurrency:
         return []
     if ld.ceiling is None:
         return [Hit("stable only under a concurrency ceiling, but the ceiling was not recorded", [ld.ref])]
@@ -198,9 +266,9 @@ def _ceiling(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
                       owner=s.service_owner, evidence=_refs(ld.ref, ld.curves_ref)))]
 
 
-def _adjust_config(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+def _adjust_config(s: EvidenceSummary, items: list[ChecklistItem]) -> list[Hit]:
     ld = s.accept.load if s.accept else None
-    if ld is None or ld.outcome != "adjust_config":
+    if ld is None or ld.outcome != "adjust_config" or _context_below_profile(s, items):
         return []
     ctx = ld.envelope.get("max_context_tokens")
     return [Hit(f"long inputs fail above {ctx or '?'} tokens: limit the context to the tested envelope",
@@ -259,6 +327,62 @@ def _unexplained(s: EvidenceSummary, items: list[ChecklistItem]) -> list[Hit]:
     return [Hit(f"{i.title}: {i.detail}", i.evidence) for i in items if i.status == "fail" and i.id not in explained]
 
 
+def _no_profile(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    if s.profile is not None:
+        return []
+    ld = s.accept.load if s.accept else None
+    tested = tested_text(ld)
+    run_profile = s.accept.profile_name if s.accept else None
+    hint = (f" (the acceptance run was tested against profile {run_profile!r}: give decide --profile)"
+            if run_profile else " (give decide --profile FILE)")
+    return [Hit("no production profile: production concurrency, p99 context, sustained duration, tools, schemas "
+                f"and SLOs are unproven; serve only the tested envelope ({tested}){hint}",
+                _refs(ld.ref if ld else None),
+                Limit(kind="tested_envelope", value=tested, text=f"serve within the tested envelope: {tested}",
+                      owner=s.service_owner, evidence=_refs(ld.ref if ld else None)))]
+
+
+def _envelope_gap(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    return [Hit(f"the tested envelope does not cover the profile {s.profile.name!r}: {text}" if s.profile else text,
+                refs) for text, refs in envelope_gaps(s)]
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().split("@", 1)[0]
+
+
+def operators_of(s: EvidenceSummary) -> list[str]:
+    """Everyone recorded as running an evidence run: command.json's user, an explicit --operator, the change
+    night's operator. Operator-supplied captures (triage) are pasted, not run, and count too: the reviewer
+    judges them."""
+    names = {r.user for r in s.runs if r.user} | {r.operator for r in s.runs if r.operator}
+    if s.change is not None and s.change.operator:
+        names.add(s.change.operator)
+    return sorted(names)
+
+
+def _two_people(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    if not s.reviewer:
+        return []
+    ops = operators_of(s)
+    out = []
+    for who, role in ((s.reviewer, "reviewer"), (s.second_reviewer, "second reviewer")):
+        if not who:
+            continue
+        same = [o for o in ops if _norm(o) == _norm(who)]
+        if same:
+            runs = [r.label for r in s.runs if (r.user and _norm(r.user) == _norm(who))
+                    or (r.operator and _norm(r.operator) == _norm(who))]
+            if s.change is not None and s.change.operator and _norm(s.change.operator) == _norm(who):
+                runs.append(s.change.run)
+            out.append(Hit(f"the {role} {who!r} is also the operator of {', '.join(sorted(set(runs))) or 'the runs'}: "
+                           "a decision needs a second person who did not run the evidence",
+                           [Ref(run=r, file="command.json") for r in sorted(set(runs))]))
+    if s.second_reviewer and _norm(s.second_reviewer) == _norm(s.reviewer):
+        out.append(Hit(f"the second reviewer is the reviewer ({s.reviewer!r})", []))
+    return out
+
+
 def _missing(s: EvidenceSummary, items: list[ChecklistItem]) -> list[Hit]:
     return [Hit(f"missing evidence: {i.title}: {i.detail}", i.evidence) for i in items if i.status == "missing"]
 
@@ -283,10 +407,17 @@ RULES: tuple[Rule, ...] = (
          "a non-critical agent defect above the bounded rate", _noncritical_unbounded),
     Rule("topology.mismatch", "rebuild_environment", "blocks",
          "GPU count, interconnect or parallel settings do not fit the hosts", _topology),
+    Rule("load.context_below_profile", "rebuild_environment", "blocks",
+         "a context within the production profile is refused: adjust the configuration", _context_below_profile),
     Rule("capacity.short", "expand_capacity", "blocks",
          "too few healthy GPUs even after the planned driver change", _capacity),
     Rule("load.collapse", "expand_capacity", "blocks",
-         "sustained OOM, restarts or queue collapse under controlled limits", _collapse),
+         "sustained OOM, restarts or queue collapse under controlled limits, at or below the profile", _collapse),
+    Rule("load.below_profile", "expand_capacity", "blocks",
+         "the SLOs hold only below the production profile's concurrency", _below_profile),
+    Rule("load.limit_above_profile", "observe_with_limits", "limits",
+         "OOM or collapse only above the production profile: a documented limit with the rate limit to enforce",
+         _limit_above_profile),
     Rule("load.ceiling", "observe_with_limits", "limits",
          "stable only under a concurrency ceiling: the ceiling is named", _ceiling),
     Rule("load.context_envelope", "observe_with_limits", "limits",
@@ -298,6 +429,13 @@ RULES: tuple[Rule, ...] = (
          _critical_single),
     Rule("audit.limits", "observe_with_limits", "limits",
          "the audit serves without failed hosts or with warnings", _audit_limits),
+    Rule("profile.missing", "observe_with_limits", "limits",
+         "no production profile: what is unproven is named; served only within the tested envelope", _no_profile),
+    Rule("envelope.gap", "observe_with_limits", "blocks",
+         "the tested envelope does not cover the profile (concurrency, p99 context, sustained duration, SLOs, "
+         "tools, schemas, multimodal): each gap named", _envelope_gap),
+    Rule("signoff.same_person", "observe_with_limits", "blocks",
+         "the reviewer (or second reviewer) also ran an evidence run: two people are required", _two_people),
     Rule("checklist.failed", "observe_with_limits", "blocks",
          "a failed checklist item that no rule above explains", _unexplained),
     Rule("evidence.missing", "observe_with_limits", "blocks",
@@ -325,7 +463,17 @@ def decide(summary: EvidenceSummary) -> Decision:
                 outcome = rule.outcome
             if rule.approval == "blocks":
                 blocked = True
-                definite = definite or rule.id != "evidence.missing"
+                definite = definite or rule.id not in NOT_DEFINITE
+    # Every limit is someone's: an owner, a deadline and a rollback action, or the decision says which lack one.
+    unowned = _own_limits(summary, limits)
+    if unowned:
+        reasons.append(Reason(rule="limits.unowned", outcome="observe_with_limits", approval="blocks",
+                              text="limits without an owner, a deadline and a rollback action: " + "; ".join(unowned)
+                              + " (give them in --owners FILE under limits:)",
+                              evidence=[r for lim in limits for r in lim.evidence][:3]))
+        blocked = True
+        if OUTCOME_RANK[outcome] < OUTCOME_RANK["observe_with_limits"]:
+            outcome = "observe_with_limits"
     missing = [i.id for i in items if i.status == "missing"]
     if not reasons:
         reasons.append(Reason(rule="all.pass", outcome="go_live", approval="allows",
@@ -335,13 +483,50 @@ def decide(summary: EvidenceSummary) -> Decision:
     exit_code = EXIT_OK if approved else EXIT_FAILED if definite else EXIT_INCOMPLETE
     from k3fleet.decide.checklist import triage_outside_audit
 
+    warnings = triage_outside_audit(summary)
+    run_sha = summary.accept.profile_sha256 if summary.accept else None
+    if summary.profile is not None and run_sha and summary.profile.sha256 and run_sha != summary.profile.sha256:
+        warnings.append(f"the acceptance run {summary.accept.run if summary.accept else '?'} was tested against "
+                        f"another profile ({summary.accept.profile_name if summary.accept else '?'}) than the one "
+                        f"decided against ({summary.profile.name})")
     return Decision(
         outcome=outcome, approved=approved, exit_code=exit_code, track="custom" if is_custom(summary) else "official",
-        reasons=reasons, limits=limits, missing=missing, warnings=triage_outside_audit(summary),
+        reasons=reasons, limits=limits, missing=missing, warnings=warnings,
         checklist=items, reviewer=summary.reviewer,
         reviewed_at=summary.reviewed_at, service_owner=summary.service_owner,
+        second_reviewer=summary.second_reviewer, operators=operators_of(summary),
+        rollback_owner=summary.rollback_owner, rate_limits=rate_limits_of(summary, limits) if approved else [],
+        profile=summary.profile, unproven=unproven(summary),
         baseline=baseline_of(summary, limits) if approved else None,
     )
+
+
+def _own_limits(s: EvidenceSummary, limits: list[Limit]) -> list[str]:
+    """Attach the owners file's entry to each limit (by kind); the limits that still lack one, worded."""
+    entries = s.owners.limits if s.owners is not None else {}
+    lacking = []
+    for lim in limits:
+        entry = entries.get(lim.kind)
+        if entry is not None:
+            lim.owner, lim.deadline, lim.rollback = entry.owner, entry.deadline, entry.rollback
+        absent = [what for what, v in (("owner", lim.owner), ("deadline", lim.deadline), ("rollback", lim.rollback))
+                  if not v]
+        if absent:
+            lacking.append(f"{lim.kind} ({lim.text}): no {', '.join(absent)}")
+    return lacking
+
+
+def rate_limits_of(s: EvidenceSummary, limits: list[Limit]) -> list[str]:
+    """The rate limits in force with an approved decision: each limit, then the profile's envelope and its
+    gateway limits."""
+    out = [lim.text for lim in limits if lim.kind in ("concurrency_ceiling", "max_context_tokens", "rate_limit",
+                                                       "tested_envelope")]
+    p = s.profile
+    if p is not None:
+        out.append(f"at most {p.concurrency} concurrent requests and {p.context_max} context tokens (the production "
+                   f"profile {p.name!r})")
+        out += p.rate_limits
+    return out
 
 
 def baseline_of(s: EvidenceSummary, limits: list[Limit]) -> Baseline | None:

@@ -29,7 +29,9 @@ from k3fleet.decide.models import (
     OwnerEntry,
     OwnersFile,
     PrefixCacheEvidence,
+    ProfileBrief,
     Ref,
+    RunInfo,
     StartupEvidence,
     TargetBrief,
     TriageEvidence,
@@ -65,13 +67,17 @@ def healthy() -> EvidenceSummary:
     agent_ref = _ref("accept-1", "agent.json")
     cases = [AgentCase(name=n, runs=20, passed=20, pass_rate=1.0, critical=c) for n, c in (
         ("one_required_argument", True), ("nested_arguments", False), ("structured_output", False),
-        ("stream_tool_call_deltas", True), ("client_contract", True), ("timeout_retry", True))]
+        ("stream_tool_call_deltas", True), ("client_contract", True), ("timeout_retry", True),
+        ("tool:get_gpu_health", True), ("schema:incident_summary", True), ("invalid_schema", True),
+        ("multimodal", True))]
     agent = AgentEvidence(ref=agent_ref, status="pass", cases=cases)
     load = LoadEvidence(ref=_ref("accept-1", "load.json"), status="pass", outcome="stable",
                         envelope={"max_context_tokens": 65536, "max_concurrency": 64, "duration_s": 60},
                         phases=["agent_ramp", "long_input", "sustained"],
                         curves_ref=_ref("accept-1", "load/curves.jsonl"), request_params_saved=True,
-                        queue_latency_saved=True, restarts=0, health_failures=0, oom_events=0)
+                        queue_latency_saved=True, restarts=0, health_failures=0, oom_events=0,
+                        held_concurrency=64, held_context=65536, sustained_s=60.0, sustained_concurrency=64,
+                        slo={"ttft_p95_s": 2.0, "itl_p95_s": 0.1, "error_rate": 0.01})
     target = TargetBrief(name="kimi-k3", image="vllm/vllm-openai:kimi-k3", image_repository="vllm/vllm-openai",
                          image_cuda="13.0", vllm_min="0.27.1", driver_branch=580, gpus_per_node=8,
                          required_flags={"--enable-prefix-caching": None, "--tool-call-parser": "kimi_k3"})
@@ -79,7 +85,24 @@ def healthy() -> EvidenceSummary:
                            accept=AcceptEvidence(run="accept-1", base_url="http://127.0.0.1:8000",
                                                  model="moonshotai/Kimi-K3", startup=startup, prefix_cache=pc,
                                                  agent=agent, load=load),
-                           reviewer="carol", reviewed_at="2026-11-30T12:00:00+00:00", service_owner="serving-team")
+                           reviewer="carol", reviewed_at="2026-11-30T12:00:00+00:00", service_owner="serving-team",
+                           rollback_owner="erin", profile=PROFILE,
+                           runs=[RunInfo(label="accept-1", kind="accept", path="/runs/accept-1", user="alice"),
+                                 RunInfo(label="audit-1", kind="audit", path="/runs/audit-1", user="alice")],
+                           owners=OwnersFile(limits={k: OwnerEntry(**LIMIT_OWNER) for k in LIMIT_KINDS}),
+                           owners_ref=_ref("decision", "inputs/owners.yaml"))
+
+
+# The production profile the healthy evidence covers (docs/decision.md "The production profile").
+PROFILE = ProfileBrief(name="prod agents", concurrency=64, context_typical=8192, context_p99=65536, context_max=131072,
+                       sustained_s=60.0, mix={"tools": 0.6, "structured_output": 0.1, "streaming": 0.9,
+                                              "multimodal": 0.05},
+                       slo={"ttft_p95_s": 2.0, "itl_p95_s": 0.1, "error_rate": 0.01}, tools=["get_gpu_health"],
+                       schemas=["incident_summary"], rate_limits=["600 requests/min per tenant"],
+                       ref=_ref("decision", "inputs/profile.yaml"))
+LIMIT_OWNER = {"owner": "dana", "deadline": dt.date(2026, 12, 15), "rollback": "pin the baseline image"}
+LIMIT_KINDS = ("concurrency_ceiling", "max_context_tokens", "rate_limit", "hosts_left_out", "retry",
+               "tested_envelope")
 
 
 def _acc(s: EvidenceSummary) -> AcceptEvidence:
@@ -109,7 +132,8 @@ def _fail_case(name: str, failures: int, defects: dict[str, int] | None = None) 
 
 def _owners(**items: dict[str, Any]) -> Callable[[EvidenceSummary], None]:
     def mut(s: EvidenceSummary) -> None:
-        s.owners = OwnersFile(items={k: OwnerEntry(**v) for k, v in items.items()})
+        s.owners = OwnersFile(items={k: OwnerEntry(**v) for k, v in items.items()},
+                              limits={k: OwnerEntry(**LIMIT_OWNER) for k in LIMIT_KINDS})
         s.owners_ref = _ref("decision", "inputs/owners.yaml")
     return mut
 
@@ -213,10 +237,50 @@ CASES: dict[str, tuple[Callable[[EvidenceSummary], None] | None, str, bool, int,
                                     {"load.collapse"}, {}),
     "sustained_oom_restarts": (_chain(_set("accept.load.restarts", 2), _set("accept.load.oom_events", 1)),
                                "expand_capacity", False, 1, {"load.collapse"}, {"load.no_termination": "fail"}),
-    "concurrency_ceiling": (_chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 48)),
-                            "observe_with_limits", True, 0, {"load.ceiling"}, {"load.agent_queue": "pass"}),
-    "context_envelope": (_set("accept.load.outcome", "adjust_config"), "observe_with_limits", True, 0,
-                         {"load.context_envelope"}, {}),
+    "concurrency_ceiling_above_profile": (
+        _chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 96),
+               _set("accept.load.held_concurrency", 96)),
+        "observe_with_limits", True, 0, {"load.ceiling"}, {"load.agent_queue": "pass"}),
+    "concurrency_ceiling_below_profile": (
+        _chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 48),
+               _set("accept.load.held_concurrency", 48)),
+        "expand_capacity", False, 1, {"load.below_profile", "envelope.gap"}, {}),
+    "context_refused_within_profile": (_chain(_set("accept.load.outcome", "adjust_config"),
+                                              _set("accept.load.failed_context", 65536)),
+                                       "rebuild_environment", False, 1, {"load.context_below_profile"}, {}),
+    "context_refused_above_profile": (_chain(_set("accept.load.outcome", "adjust_config"),
+                                             _set("accept.load.failed_context", 200000)),
+                                      "observe_with_limits", True, 0, {"load.context_envelope"}, {}),
+    # The four cases of the issue: a tiny test, an OOM only an oversized test caused, the reviewer who ran the
+    # evidence, a custom build record beside another served image.
+    "tiny_test_against_the_profile": (_chain(_set("accept.load.held_concurrency", 4),
+                                             _set("accept.load.sustained_concurrency", 4),
+                                             _set("accept.load.held_context", 16384),
+                                             _set("accept.load.sustained_s", 6.0)),
+                                      "observe_with_limits", False, 3, {"envelope.gap"}, {}),
+    "oversized_only_oom": (_chain(_set("accept.load.outcome", "collapse"), _set("accept.load.failed_concurrency", 128),
+                                  _set("accept.load.reason", "OOM at 128 sessions")),
+                           "observe_with_limits", True, 0, {"load.limit_above_profile"}, {}),
+    "oom_within_profile": (_chain(_set("accept.load.outcome", "collapse"), _set("accept.load.failed_concurrency", 32),
+                                  _set("accept.load.held_concurrency", 16)),
+                           "expand_capacity", False, 1, {"load.collapse", "envelope.gap"}, {}),
+    "reviewer_ran_the_evidence": (_set("reviewer", "Alice@example.org"), "observe_with_limits", False, 1,
+                                  {"signoff.same_person"}, {}),
+    "reviewer_ran_the_change_night": (_chain(_change(True, {"gpu-b01": "not_started"}, "2026-11-30T11:00:00+00:00"),
+                                             _set("reviewer", "alice"), _set("runs", [])),
+                                      "observe_with_limits", False, 1, {"signoff.same_person"}, {}),
+    "second_reviewer_recorded": (_set("second_reviewer", "frank"), "go_live", True, 0, {"all.pass"}, {}),
+    "no_profile": (_set("profile", None), "observe_with_limits", True, 0, {"profile.missing"}, {}),
+    "no_profile_no_owner_for_its_limit": (_chain(_set("profile", None), _set("owners", None)),
+                                          "observe_with_limits", False, 3, {"profile.missing", "limits.unowned"}, {}),
+    "production_tool_untested": (lambda s: setattr(_acc(s).agent, "cases", [  # type: ignore[union-attr]
+        c for c in _acc(s).agent.cases if c.name != "tool:get_gpu_health"]),  # type: ignore[union-attr]
+                                 "observe_with_limits", False, 3, {"envelope.gap"}, {}),
+    "multimodal_untested": (lambda s: setattr(_acc(s).agent, "cases", [  # type: ignore[union-attr]
+        c for c in _acc(s).agent.cases if c.name != "multimodal"]),  # type: ignore[union-attr]
+                            "observe_with_limits", False, 3, {"envelope.gap"}, {}),
+    "slo_laxer_than_the_profile": (_set("accept.load.slo", {"ttft_p95_s": 5.0, "itl_p95_s": 0.1, "error_rate": 0.01}),
+                                   "observe_with_limits", False, 3, {"envelope.gap"}, {}),
     "prefix_flag_without_reuse": (_chain(_set("accept.prefix_cache.status", "fail"),
                                          _set("accept.prefix_cache.controlled_reuse", False),
                                          _set("accept.prefix_cache.reason", "hits did not rise")),
@@ -302,6 +366,7 @@ MISSING: dict[str, tuple[Callable[[EvidenceSummary], None], set[str]]] = {
                                                                   "build.lockfile", "build.command", "build.digest",
                                                                   "build.rollback_image"}),
     "failed_item_without_owner": (_fail_case("one_required_argument", 1), {"owners.failed_items"}),
+    "no_rollback_owner": (_set("rollback_owner", None), {"signoff.rollback_owner"}),
     "audit_older_than_change_night": (_change(False, {"gpu-b01": "upgraded", "gpu-b02": "upgraded"},
                                               "2026-11-30T11:00:00+00:00"), {"hosts.driver_branch"}),
     "audit_interrupted": (_set("audit.interrupted", True), {"hosts.driver_branch"}),
@@ -393,10 +458,11 @@ def test_outcome_precedence_rebuild_over_capacity_over_limits() -> None:
 
 
 def test_ceiling_is_named_and_becomes_the_baseline_envelope() -> None:
-    d = decide(_apply(_chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 48))))
-    assert [(lim.kind, lim.value) for lim in d.limits] == [("concurrency_ceiling", "48")]
-    assert "48 concurrent" in next(r.text for r in d.reasons if r.rule == "load.ceiling")
-    assert d.baseline is not None and d.baseline.concurrency_ceiling == 48
+    d = decide(_apply(_chain(_set("accept.load.outcome", "ceiling"), _set("accept.load.ceiling", 96),
+                             _set("accept.load.held_concurrency", 96))))
+    assert [(lim.kind, lim.value) for lim in d.limits] == [("concurrency_ceiling", "96")]
+    assert "96 concurrent" in next(r.text for r in d.reasons if r.rule == "load.ceiling")
+    assert d.baseline is not None and d.baseline.concurrency_ceiling == 96
     assert d.baseline.parsers == {"tool_call_parser": "kimi_k3", "reasoning_parser": "kimi_k3"}
     assert d.baseline.runtime_env == {"NCCL_IB_HCA": "mlx5_0"}
     assert d.baseline.parallel["world_size"] == 16
@@ -452,3 +518,41 @@ def test_triaged_host_in_the_audit_gives_no_warning() -> None:
     host = s.audit.hosts[0].host
     s.triage[0].host = host
     assert decide(s).warnings == []
+
+
+def test_go_live_records_the_rollback_owner_the_rate_limits_and_the_people() -> None:
+    d = decide(_apply(_set("second_reviewer", "frank")))
+    assert (d.outcome, d.rollback_owner, d.second_reviewer, d.operators) == ("go_live", "erin", "frank", ["alice"])
+    assert d.rate_limits == ["at most 64 concurrent requests and 131072 context tokens (the production profile "
+                             "'prod agents')", "600 requests/min per tenant"]
+    assert d.profile is not None and d.unproven == []
+
+
+def test_every_limit_carries_its_owner_deadline_and_rollback() -> None:
+    d = decide(_apply(_chain(_set("accept.load.outcome", "collapse"), _set("accept.load.failed_concurrency", 128))))
+    lim = next(lim for lim in d.limits if lim.kind == "concurrency_ceiling")
+    assert (lim.value, lim.owner, lim.rollback) == ("64", "dana", "pin the baseline image")
+    assert "collapses at 128" in lim.text and d.rate_limits[0] == lim.text
+    bare = decide(_apply(_chain(_set("accept.load.outcome", "collapse"), _set("accept.load.failed_concurrency", 128),
+                                _set("owners", None))))
+    unowned = next(r for r in bare.reasons if r.rule == "limits.unowned")
+    assert "concurrency_ceiling" in unowned.text and "no deadline, rollback" in unowned.text
+    assert not bare.approved and bare.exit_code == 3
+
+
+def test_without_a_profile_the_decision_names_what_is_unproven() -> None:
+    d = decide(_apply(_set("profile", None)))
+    assert d.outcome == "observe_with_limits" and d.outcome != "go_live"
+    assert any("production concurrency (tested: 64)" in u for u in d.unproven)
+    lim = next(lim for lim in d.limits if lim.kind == "tested_envelope")
+    assert lim.value == "64 concurrent, 65536-token context, 60 s sustained"
+
+
+def test_each_envelope_gap_is_named() -> None:
+    d = decide(_apply(_chain(_set("accept.load.held_concurrency", 4), _set("accept.load.sustained_concurrency", 4),
+                             _set("accept.load.held_context", 16384), _set("accept.load.sustained_s", 6.0))))
+    gaps = [r.text for r in d.reasons if r.rule == "envelope.gap"]
+    assert any("held 4 concurrent sessions, the profile peaks at 64" in g for g in gaps), gaps
+    assert any("held 16384 tokens, the profile's p99 is 65536" in g for g in gaps), gaps
+    assert any("6 s at 4 concurrent, the profile sustains 64 for 60 s" in g for g in gaps), gaps
+    assert d.unproven == [g.split(": ", 1)[1] for g in gaps]

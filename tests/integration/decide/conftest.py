@@ -134,17 +134,33 @@ QUICK_LOAD = {"ladder_tokens": [256, 1024], "ladder_output_tokens": 8, "ladder_r
               "step_s": 1.5, "sustained_s": 1.5, "system_prompt_tokens": 2000, "turn_output_tokens": 24,
               "sample_interval_s": 0.25}
 FAST_SIM = {"itl_ms": 2.0, "prefill_ms_per_token": 0.005}
+# The production profile the quick schedule covers: 4 concurrent sessions, a 1024-token p99 context, 1.5 s
+# sustained, two production tools, one response schema, a multimodal share (docs/decision.md).
+LAB_PROFILE = REPO / "k3fleet" / "targets" / "profiles" / "lab-small.yaml"
+# An owner, a deadline and a rollback action for every kind of limit a decision can set.
+LIMIT_OWNERS = {"limits": {kind: {"owner": "dana", "deadline": "2026-12-15", "rollback": "pin the baseline image"}
+                           for kind in ("concurrency_ceiling", "max_context_tokens", "rate_limit", "retry",
+                                        "hosts_left_out", "tested_envelope")}}
+
+
+@pytest.fixture(scope="session")
+def limit_owners(runs_root: Path) -> Path:
+    p = runs_root / "owners-limits.yaml"
+    p.write_text(yaml.safe_dump(LIMIT_OWNERS))
+    return p
 
 
 @pytest.fixture(scope="session")
 def accept_run(runs_root: Path, simulator: Any) -> Any:
-    """``accept_run(name, load={...}, skip=(...), **knobs)``: ``k3fleet accept all`` against a simulator
-    with these knobs, with the TP 8 x DP 2 start-up log and launch command; each name runs once."""
+    """``accept_run(name, load={...}, skip=(...), profile=True, **knobs)``: ``k3fleet accept all`` against a
+    simulator with these knobs, with the TP 8 x DP 2 start-up log and launch command, the lab profile's schedule
+    and cases (``profile``); each name runs once."""
     import json
 
     made: dict[str, Path] = {}
 
-    def run(name: str, load: dict[str, Any] | None = None, skip: tuple[str, ...] = (), **knobs: Any) -> Path:
+    def run(name: str, load: dict[str, Any] | None = None, skip: tuple[str, ...] = (), profile: bool = True,
+            **knobs: Any) -> Path:
         if name in made:
             return made[name]
         handle = simulator(**{**FAST_SIM, **knobs})
@@ -156,7 +172,7 @@ def accept_run(runs_root: Path, simulator: Any) -> Any:
                        "--log", str(DECIDE_FIX / "startup_kimi_k3_tp8_dp2.log"),
                        "--launch-command", str(DECIDE_FIX / "launch_kimi_k3_tp8_dp2.txt"),
                        "--agent-repeats", "6", "--prefix-repeats", "3", "--out", str(out), "--quiet",
-                       *options, *skips)
+                       *(("--profile", str(LAB_PROFILE)) if profile else ()), *options, *skips)
         assert proc.returncode in (0, 1, 3), proc.stderr[-3000:]
         assert (out / "manifest.json").is_file(), proc.stderr[-3000:]
         made[name] = out

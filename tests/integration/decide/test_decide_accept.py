@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LAB_PROFILE
 from decide_helpers import k3fleet, load_probe_ran
 
 pytestmark = pytest.mark.integration
@@ -18,12 +19,14 @@ LOAD_ITEMS = {"load.long_input", "load.agent_queue", "load.no_termination"}
 
 def _decide(tmp: Path, *args: str) -> tuple[int, dict[str, Any]]:
     proc = k3fleet("decide", *args, "--reviewer", "carol", "--owner", "serving-team", "--out", str(tmp / "d"),
-                   "--json")
+                   "--profile", str(LAB_PROFILE), "--rollback-owner", "erin", "--json")
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
 
 def test_healthy_server_on_matched_hosts(matched_audit: Path, accept_run: Any, tmp_path: Path) -> None:
+    """A run whose tested envelope covers the production profile: go_live, with the people, the rollback owner
+    and the rate limits in force recorded."""
     run = accept_run("healthy")
     code, d = _decide(tmp_path, str(matched_audit), str(run))
     items = {i["id"]: i for i in d["checklist"]}
@@ -34,7 +37,10 @@ def test_healthy_server_on_matched_hosts(matched_audit: Path, accept_run: Any, t
         assert items[item]["status"] == "pass", (item, items[item]["detail"])
     assert items["prefix_cache.warm"]["evidence"][0]["file"] == "prefix_cache.json"
     if load_probe_ran(run):
-        assert (code, d["outcome"], d["approved"]) == (0, "go_live", True)
+        assert (code, d["outcome"], d["approved"]) == (0, "go_live", True), d["reasons"]
+        assert d["rollback_owner"] == "erin" and d["profile"]["name"] == "lab simulator, small agent workload"
+        assert "at most 4 concurrent requests (gateway)" in d["rate_limits"] and d["unproven"] == []
+        assert d["operators"] and "carol" not in d["operators"]
         baseline = d["baseline"]
         assert baseline["image_digest"] == "sha256:" + STARTUP_DIGEST
         assert baseline["parallel"]["world_size"] == 16
@@ -77,24 +83,46 @@ def test_hosts_and_server_on_different_builds_must_rebuild(healthy_audit: Path, 
 
 
 @pytest.mark.parametrize(("name", "knobs", "load", "outcome", "rule"), [
-    # tests/unit/test_accept_load.py's small and crashing servers, through accept all.
+    # tests/unit/test_accept_load.py's small and crashing servers, through accept all: below the lab profile's
+    # 4 concurrent sessions, the SLO breaks or the server dies.
     ("small", {"itl_ms": 8.0, "max_num_seqs": 2}, {"ramp": [1, 2, 4, 8], "ttft_p95_slo_s": 0.25,
-                                                   "turn_output_tokens": 32}, "observe_with_limits", "load.ceiling"),
+                                                   "turn_output_tokens": 32}, "expand_capacity", "load.below_profile"),
     ("crashing", {"itl_ms": 3.0, "kv_blocks": 512, "max_model_len": 4096, "crash_above_kv": 0.5},
      {"ramp": [1, 4, 16], "turn_output_tokens": 64}, "expand_capacity", "load.collapse"),
+    # A deliberately oversized step (64 sessions) kills the server; the profile's 4 held: a documented limit.
+    ("oversized", {"kv_blocks": 2048, "max_model_len": 4096, "crash_above_kv": 0.5},
+     {"ramp": [1, 2, 4, 64], "turn_output_tokens": 24}, "observe_with_limits", "load.limit_above_profile"),
 ])
 def test_load_outcomes(name: str, knobs: dict[str, Any], load: dict[str, Any], outcome: str, rule: str,
-                       matched_audit: Path, accept_run: Any, tmp_path: Path) -> None:
+                       matched_audit: Path, accept_run: Any, limit_owners: Path, tmp_path: Path) -> None:
     if not load_probe_ran(accept_run("healthy")):
         pytest.skip("the load probe is not in this build: accept all reports it as not run")
     run = accept_run(name, load=load, skip=("prefix_cache", "agent"), **knobs)
-    code, d = _decide(tmp_path, str(matched_audit), str(run))
+    code, d = _decide(tmp_path, str(matched_audit), str(run), "--owners", str(limit_owners))
     assert d["outcome"] == outcome and rule in {r["rule"] for r in d["reasons"]}, d["reasons"]
     skipped = {"prefix_cache.cold", "prefix_cache.warm", "agent.tool_schema", "agent.client_contract", "agent.retry"}
-    if rule == "load.collapse":
+    if outcome == "expand_capacity":
         assert code == 1 and not d["approved"]
     else:
-        # The ceiling alone would be approved with its limit; the probes left out are missing evidence.
-        assert code == 3 and not d["approved"] and set(d["missing"]) == skipped
-        ceiling = json.loads((run / "load.json").read_text())["data"]["ceiling"]
-        assert [(lim["kind"], lim["value"]) for lim in d["limits"]] == [("concurrency_ceiling", str(ceiling))]
+        # Not expand_capacity: the limit is named with its owner; the sustained run that the collapse stopped
+        # and the probes left out are gaps, so it is not approved yet.
+        assert code == 3 and not d["approved"] and set(d["missing"]) == skipped | {"load.no_termination"}
+        assert "expand_capacity" not in {r["outcome"] for r in d["reasons"]}
+        assert [(lim["kind"], lim["value"], lim["owner"]) for lim in d["limits"]] == [
+            ("concurrency_ceiling", "4", "dana")]
+        assert any(r["rule"] == "envelope.gap" and "sustained" in r["text"] for r in d["reasons"])
+
+
+def test_the_operator_of_the_evidence_cannot_be_its_reviewer(matched_audit: Path, accept_run: Any,
+                                                             tmp_path: Path) -> None:
+    """command.json records who ran each run; that person reviewing it is one person, not two."""
+    run = accept_run("healthy")
+    operator = json.loads((run / "command.json").read_text())["user"]
+    proc = k3fleet("decide", str(matched_audit), str(run), "--reviewer", operator, "--second-reviewer", "frank",
+                   "--profile", str(LAB_PROFILE), "--rollback-owner", "erin", "--out", str(tmp_path / "d"), "--json")
+    d = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not d["approved"], d["reasons"]
+    same = [r for r in d["reasons"] if r["rule"] == "signoff.same_person"]
+    assert same and f"the reviewer {operator!r} is also the operator of" in same[0]["text"]
+    assert {"run": run.name, "file": "command.json", "operator_supplied": False} in same[0]["evidence"]
+    assert d["second_reviewer"] == "frank" and operator in d["operators"]

@@ -56,7 +56,10 @@ def test_healthy_fleet_and_a_checked_change_still_miss_the_serving_evidence(
     assert items["hosts.driver_branch"] == "pass"
     assert items["container.cuda13"] == "pass"  # the image's CUDA 13.0.2 from the audited hosts
     assert items["signoff.reviewer"] == "pass"
-    assert {r["rule"] for r in d["reasons"]} == {"evidence.missing"}
+    # No acceptance run and no profile: the evidence is missing, what is unproven is named, and the tested
+    # envelope (nothing) has no owner.
+    assert {r["rule"] for r in d["reasons"]} == {"evidence.missing", "profile.missing", "limits.unowned"}
+    assert any(u.startswith("production concurrency (tested: none)") for u in d["unproven"])
     summary = json.loads((tmp_path / "decision" / "summary.json").read_text())
     assert summary["change"]["change_id"] == "CHG-1042" and summary["change"]["check"] is True
     stages = [(e["host"], e["stage"]) for e in summary["change"]["timeline"]]

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import LAB_PROFILE
 from decide_helpers import k3fleet, load_probe_ran
 
 pytestmark = pytest.mark.integration
@@ -40,7 +41,7 @@ def approved(matched_audit: Path, accept_run: Any, evidence_keys: Any,
         pytest.skip("the load probe is not in this build: no decision can be approved without it")
     out = tmp_path_factory.mktemp("watch") / "decision"
     proc = k3fleet("decide", str(matched_audit), str(run), "--reviewer", "carol", "--out", str(out),
-                   "--sign-key", str(evidence_keys.key))
+                   "--sign-key", str(evidence_keys.key), "--profile", str(LAB_PROFILE), "--rollback-owner", "erin")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert (out / "baseline.json").is_file()
     return out

@@ -1,0 +1,144 @@
+"""The tested envelope against the production profile: what a load run held, and each gap. Pure.
+
+A run covers the profile only where it measured it (docs/decision.md "Decide against the
+envelope"): the agent ramp or sustained run held the profile's concurrency, the ladder held its p99
+context, the sustained run lasted its duration, the steps were judged by SLOs at least as strict as
+the profile's, and the agent suite ran every production tool and response schema, the
+invalid-schema case and (when the mix has image requests) the multimodal case. Anything short of
+that is a gap, named, and never a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from k3fleet.decide.models import EvidenceSummary, LoadEvidence, ProfileBrief, Ref
+
+# Agent case names a production profile adds (k3fleet/accept/profile_cases.py).
+TOOL_PREFIX = "tool:"
+SCHEMA_PREFIX = "schema:"
+INVALID_SCHEMA = "invalid_schema"
+MULTIMODAL = "multimodal"
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def held_envelope(points: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> dict[str, Any]:
+    """From a load run's curve rows: the highest concurrency and longest context that held, the
+    lowest that failed, and how long the sustained run held."""
+    done = [p for p in points if not p.get("partial")]
+    conc_rows = [p for p in done if p.get("phase") in ("agent_ramp", "sustained") and _num(p.get("concurrency"))]
+    ok_conc = [int(p["concurrency"]) for p in conc_rows if p.get("verdict") == "ok"]
+    bad_conc = [int(p["concurrency"]) for p in conc_rows if p.get("verdict") != "ok"]
+    # A ladder row that was cut short (refused context) still says where it failed.
+    ladder = [p for p in points if p.get("phase") == "long_input" and _num(p.get("context_tokens"))]
+    ok_ctx = [int(p["context_tokens"]) for p in ladder if p.get("verdict") == "ok" and not p.get("partial")]
+    bad_ctx = [int(p["context_tokens"]) for p in ladder if p.get("verdict") != "ok"]
+    sustained = [p for p in points if p.get("phase") == "sustained"]
+    held_s: float | None = None
+    sustained_conc: int | None = None
+    if sustained:
+        sustained_conc = int(_num(sustained[0].get("concurrency")) or 0) or None
+        if all(p.get("verdict") == "ok" and not p.get("partial") for p in sustained):
+            planned = _num(options.get("sustained_s"))
+            measured = sum(_num(p.get("duration_s")) or 0.0 for p in sustained)
+            held_s = planned if planned is not None and len(sustained) >= 3 else measured
+        else:
+            held_s = sum(_num(p.get("duration_s")) or 0.0 for p in sustained
+                         if p.get("verdict") == "ok" and not p.get("partial"))
+    slo: dict[str, float] = {}
+    for key, opt in (("ttft_p95_s", "ttft_p95_slo_s"), ("itl_p95_s", "itl_p95_slo_s"),
+                     ("error_rate", "error_rate_limit")):
+        value = _num(options.get(opt))
+        if value is not None:
+            slo[key] = value
+    return {"held_concurrency": max(ok_conc) if ok_conc else None,
+            "failed_concurrency": min(bad_conc) if bad_conc else None,
+            "held_context": max(ok_ctx) if ok_ctx else None, "failed_context": min(bad_ctx) if bad_ctx else None,
+            "sustained_s": held_s, "sustained_concurrency": sustained_conc, "slo": slo}
+
+
+def profile_brief(loaded: Any, ref: Ref | None) -> ProfileBrief:
+    """A :class:`k3fleet.models.profile.LoadedProfile` as the decision keeps it."""
+    from k3fleet.models.profile import profile_record
+
+    p = loaded.profile
+    return ProfileBrief(name=p.name, concurrency=p.concurrency, context_typical=p.context_tokens.typical,
+                        context_p99=p.context_tokens.p99, context_max=p.context_tokens.max, sustained_s=p.sustained_s,
+                        mix=p.mix.model_dump(), slo=p.slo.model_dump(), tools=list(loaded.tool_names),
+                        schemas=sorted(loaded.schemas), rate_limits=list(p.rate_limits),
+                        sha256=profile_record(loaded)["sha256"], ref=ref)
+
+
+def tested_text(ld: LoadEvidence | None) -> str:
+    if ld is None:
+        return "no load run"
+    parts = [f"{ld.held_concurrency} concurrent" if ld.held_concurrency else "no concurrency held",
+             f"{ld.held_context}-token context" if ld.held_context else "no context held",
+             f"{ld.sustained_s:g} s sustained" if ld.sustained_s else "no sustained run held"]
+    return ", ".join(parts)
+
+
+def _ran(s: EvidenceSummary, case: str) -> bool:
+    ag = s.accept.agent if s.accept else None
+    return ag is not None and any(c.name == case and c.runs > 0 for c in ag.cases)
+
+
+def envelope_gaps(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
+    """Every way the tested envelope falls short of the profile (empty without a profile)."""
+    p = s.profile
+    if p is None:
+        return []
+    ld = s.accept.load if s.accept else None
+    ag = s.accept.agent if s.accept else None
+    pref = [p.ref] if p.ref else []
+    out: list[tuple[str, list[Ref]]] = []
+    if ld is None:
+        out.append((f"no load run: the profile's {p.concurrency} concurrent requests, {p.context_p99}-token p99 "
+                    f"context and {p.sustained_s:g} s sustained are untested", pref))
+    else:
+        refs = [ld.ref, *pref]
+        if (ld.held_concurrency or 0) < p.concurrency:
+            out.append((f"concurrency: the load held {ld.held_concurrency or 0} concurrent sessions, the profile "
+                        f"peaks at {p.concurrency}", refs))
+        if (ld.held_context or 0) < p.context_p99:
+            out.append((f"context: the ladder held {ld.held_context or 0} tokens, the profile's p99 is "
+                        f"{p.context_p99}", refs))
+        need = p.sustained_s * s.policy.sustained_tolerance
+        if (ld.sustained_s or 0) < need or (ld.sustained_concurrency or 0) < p.concurrency:
+            out.append((f"sustained: {ld.sustained_s or 0:g} s at {ld.sustained_concurrency or 0} concurrent, the "
+                        f"profile sustains {p.concurrency} for {p.sustained_s:g} s", refs))
+        for key, label in (("ttft_p95_s", "TTFT p95"), ("itl_p95_s", "inter-token p95"),
+                           ("error_rate", "error rate")):
+            tested, want = ld.slo.get(key), p.slo.get(key)
+            if want is None:
+                continue
+            if tested is None:
+                out.append((f"SLO: the load run does not say which {label} limit judged its steps (the profile's "
+                            f"is {want:g})", refs))
+            elif tested > want:
+                out.append((f"SLO: the steps were judged by {label} <= {tested:g}, the profile promises "
+                            f"{want:g}", refs))
+    wanted = [TOOL_PREFIX + t for t in p.tools] + [SCHEMA_PREFIX + n for n in p.schemas] + [INVALID_SCHEMA]
+    if p.multimodal:
+        wanted.append(MULTIMODAL)
+    absent = [c for c in wanted if not _ran(s, c)]
+    if absent:
+        where = [ag.ref, *pref] if ag is not None else pref
+        out.append((f"agent cases of the profile did not run: {', '.join(absent)} (accept agent --profile)", where))
+    return out
+
+
+def unproven(s: EvidenceSummary) -> list[str]:
+    """Without a profile: what the evidence cannot say about production."""
+    if s.profile is not None:
+        return [text for text, _ in envelope_gaps(s)]
+    ld = s.accept.load if s.accept else None
+    return [f"production concurrency (tested: {ld.held_concurrency if ld and ld.held_concurrency else 'none'})",
+            f"production p99 context (tested: {ld.held_context if ld and ld.held_context else 'none'} tokens)",
+            f"sustained duration (tested: {f'{ld.sustained_s:g} s' if ld and ld.sustained_s else 'none'})",
+            "the production tool and response schemas", "multimodal requests, if production sends them",
+            "the production SLOs"]
