@@ -52,6 +52,8 @@ _ABOUT_TAIL = frozenset({
     "length", "len", "size", "type", "method", "mode", "checking", "url", "uri", "endpoint", "expiry", "expires",
     "ttl", "hint", "policy", "prompt", "enabled", "required", "source", "sources", "format", "prefix", "header",
     "headers", "used", "set", "present", "missing", "redacted",
+    # A file name ("cannot read hf_token.txt: permission denied"): the name of a secret's file.
+    "txt", "json", "yaml", "yml", "toml", "ini", "cfg", "conf", "log",
 })
 # ``key`` ends many evidence names: only a key that is not public or structural is a secret.
 _PUBLIC_KEY_WORDS = frozenset({"host", "hosts", "public", "pub", "sort", "primary", "foreign", "partition", "dict",
