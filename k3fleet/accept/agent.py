@@ -112,6 +112,15 @@ class AgentOptions(BaseModel):
     # (k3fleet/accept/profile_cases.py).
     profile_tools: list[dict[str, Any]] = Field(default_factory=list)
     profile_schemas: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # A time budget for the suite (accept all --budget): rounds of every case run until it is spent; the
+    # first round always runs, so every case is judged on at least one run.
+    time_budget_s: float | None = Field(default=None, gt=0)
+
+
+# Where structured outputs force the shape (tool_choice required or named, response_format), the server
+# constrains every token and a string argument runs until the grammar lets it close: such a case gets at
+# least this many tokens when --max-tokens is lower, so what is judged is what the model made of it.
+FORCED_ROOM = 256
 
 
 @dataclass
@@ -120,6 +129,7 @@ class RunOutcome:
     defects: dict[str, str] = field(default_factory=dict)  # defect -> layer
     evidence: dict[str, str] = field(default_factory=dict)
     reasoning_field: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -135,6 +145,9 @@ class Ctx:
             val = getattr(self.opts, key)
             if val is not None:
                 body[key] = val
+        choice = extra.get("tool_choice")
+        if "max_tokens" in body and ("response_format" in extra or choice == "required" or isinstance(choice, dict)):
+            body["max_tokens"] = max(body["max_tokens"], FORCED_ROOM)
         body.update(extra)
         body.update(self.opts.extra_body)
         return body
@@ -174,6 +187,7 @@ async def _turn(ctx: Ctx, case: str, label: str, body: dict[str, Any], expect: E
             if d not in raw_defects:
                 _add(outcome, d, "client", ev)
     outcome.reasoning_field = outcome.reasoning_field or raw.reasoning_field
+    outcome.finish_reasons.append(raw.finish_reason or "none")
     return raw, ex
 
 
@@ -397,11 +411,25 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
             await case_function(case)(ctx, out)
             outcomes[case].append(out)
 
+    t0 = time.monotonic()
     await _reference_client(ctx, say)
-    for case in opts.cases:
-        say(f"agent: {case} x{opts.repeats}")
-        await asyncio.gather(*(one(case) for _ in range(opts.repeats)))
-    return _result(outcomes, opts, ctx.rec)
+    # Round by round (every case once a round), so a time budget cut leaves every case measured alike.
+    rounds = 0
+    for rnd in range(1, opts.repeats + 1):
+        spent = time.monotonic() - t0
+        if rnd > 1 and opts.time_budget_s is not None and spent >= opts.time_budget_s:
+            say(f"agent: time budget {opts.time_budget_s:.0f} s spent after {rounds} of {opts.repeats} rounds")
+            break
+        say(f"agent: round {rnd}/{opts.repeats} ({len(opts.cases)} cases, {spent:.0f} s so far)")
+        await asyncio.gather(*(one(case) for case in opts.cases))
+        rounds = rnd
+    result = _result(outcomes, opts, ctx.rec)
+    result.data.update(rounds=rounds, repeats_planned=opts.repeats, elapsed_s=round(time.monotonic() - t0, 3))
+    if rounds < opts.repeats:
+        result.findings.append(Finding(id="accept.agent.budget", severity="info",
+                                       message=f"the time budget ({opts.time_budget_s:.0f} s) allowed {rounds} of "
+                                               f"{opts.repeats} runs per case"))
+    return result
 
 
 async def _reference_client(ctx: Ctx, say: Progress) -> None:
@@ -466,7 +494,8 @@ def _result(outcomes: dict[str, list[RunOutcome]], opts: AgentOptions, rec: Reco
         critical = case in opts.critical
         cases[case] = {"runs": n, "passed": passed, "pass_rate": round(passed / n, 4) if n else None,
                        "defects": dict(counts), "defect_layers": layers, "layer": case_layer, "critical": critical,
-                       "reasoning_fields": dict(Counter(r.reasoning_field or "none" for r in runs))}
+                       "reasoning_fields": dict(Counter(r.reasoning_field or "none" for r in runs)),
+                       "finish_reasons": dict(Counter(f for r in runs for f in r.finish_reasons))}
         for d, count in sorted(counts.items()):
             sev = "fail" if critical and (passed / n if n else 0) < opts.min_pass_rate else "warn"
             findings.append(Finding(

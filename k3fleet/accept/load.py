@@ -38,7 +38,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from k3fleet.accept.client import Endpoint, EndpointError, error_from_status
+from k3fleet.accept.client import Endpoint, EndpointError, error_from_status, max_model_len_of, model_card_from
 from k3fleet.accept.metrics import SCRAPE_ACCEPT, MetricsError, MetricsSnapshot, metrics_url, parse_metrics
 from k3fleet.accept.result import Finding, ProbeResult
 from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
@@ -50,6 +50,10 @@ PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained")
 # Error kinds that say the server itself broke (as opposed to being slow or refusing input).
 SERVER_KINDS = frozenset({"http_5xx", "stream_error", "stream_cut", "connect", "bad_response"})
 _FAILURES_KEPT = 200
+# The server's side of every step; a run that could not read one of them says so, and a run that read
+# none of them is never a pass on client figures alone (docs/acceptance-load.md, "Server evidence").
+SERVER_METRICS = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+                  "kv_usage": "vllm:kv_cache_usage_perc", "preemptions": "vllm:num_preemptions_total"}
 _OOM = re.compile(r"out of memory|\bOOM\b", re.IGNORECASE)
 _CONTEXT = re.compile(r"maximum context length|context length|too long|max_model_len", re.IGNORECASE)
 
@@ -205,6 +209,7 @@ class _Run:
         self.old_names: list[str] = []
         self.base_tokens = 0
         self.refused_context: int | None = None
+        self.max_model_len: int | None = None
         self.session: aiohttp.ClientSession | None = None
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -395,6 +400,28 @@ class _Run:
         return {"restarted": restarted} if restarted else {}
 
     # -- phases ----------------------------------------------------------------------------------
+    async def _check_model(self) -> None:
+        """The model must be in /v1/models (exit 2 otherwise), as for every probe; its max_model_len is kept."""
+        assert self.session is not None
+        url = self.ep.display_url + "/v1/models"
+        try:
+            async with self.session.get(self.ep.url("/v1/models"), timeout=aiohttp.ClientTimeout(total=30)) as r:
+                raw = await r.content.read(cap_bytes("models") + 1)
+                status = r.status
+        except aiohttp.ClientConnectorError as exc:
+            raise EndpointError(f"cannot connect to {url}: {_one_line(str(exc.os_error or exc))}",
+                                kind="unreachable") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EndpointError(f"{url}: {_one_line(f'{type(exc).__name__}: {exc}')}", kind="unreachable") from exc
+        try:
+            body: Any = json.loads(raw)
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        if status != 200:
+            raise error_from_status(status, body, url, self.ep)
+        _, card = model_card_from(body, self.ep)
+        self.max_model_len = max_model_len_of(card)
+
     async def _calibrate(self) -> None:
         """Tokens per filler word from the server's own usage (two tiny requests)."""
         counts = []
@@ -592,6 +619,9 @@ class _Run:
         for key in ("running", "waiting", "kv_usage"):
             vals = [s[key] for s in inside if s.get(key) is not None]
             out[f"{key}_max"] = max(vals) if vals else None
+        # The queue most of the step saw: a blip of one waiting request is not a ceiling.
+        waits = sorted(s["waiting"] for s in inside if s.get("waiting") is not None)
+        out["waiting_p50"] = waits[len(waits) // 2] if waits else None
         for key in ("preemptions", "prompt_tokens", "generation_tokens", "prefix_cache_queries",
                     "prefix_cache_hits", "prompt_tokens_cached"):
             series = [s[key] for s in before + inside if s.get(key) is not None]
@@ -615,6 +645,12 @@ class _Run:
             return "latency"
         if other / n > self.opts.error_rate_limit:
             return "errors"
+        # Load pressure the server itself reports: the KV cache ran full (preemptions), or requests queued
+        # for most of the step (more sessions than the server runs at once, e.g. its --max-num-seqs).
+        if row.get("preemptions_delta"):
+            return "preempted"
+        if row.get("waiting_p50") is not None and row["waiting_p50"] >= 1:
+            return "queued"
         ttft, itl = row.get("ttft_p95_s"), row.get("itl_p95_s")
         if ttft is not None and ttft > self.opts.ttft_p95_slo_s:
             return "latency"
@@ -671,8 +707,9 @@ class _Run:
             findings.append(Finding(id="accept.load.ceiling", severity="warn", layer="traffic",
                                     message=f"stable up to {ceiling} concurrent sessions; at "
                                             f"{first_bad['concurrency']} ({first_bad['phase']}): "
-                                            f"{self._slo_text(first_bad)}; limit traffic to {ceiling}"))
-            return "ceiling", ceiling, f"stable only up to {ceiling} concurrent sessions", findings
+                                            f"{self._pressure_text(first_bad)}; limit traffic to {ceiling}"))
+            return "ceiling", ceiling, (f"stable only up to {ceiling} concurrent sessions "
+                                        f"({self._pressure_text(first_bad)} at {first_bad['concurrency']})"), findings
         if not [r for r in rows if not r.get("partial")]:
             return None, None, "no step completed", findings
         return "stable", None, "stable at the tested envelope", findings
@@ -689,6 +726,17 @@ class _Run:
         if first and first.get("message"):
             parts.append(f"first: {first['message']}")
         return "; ".join(parts) or "server errors"
+
+    def _pressure_text(self, row: Mapping[str, Any]) -> str:
+        """What the server said at a step that did not hold: its queue, its preemptions, else the SLO."""
+        if row.get("verdict") == "queued":
+            running = f", {row['running_max']:.0f} running at most" if row.get("running_max") is not None else ""
+            return (f"the server queued requests (vllm:num_requests_waiting {row['waiting_p50']:.0f} for most of the "
+                    f"step, up to {row['waiting_max']:.0f}{running})")
+        if row.get("verdict") == "preempted":
+            return (f"the KV cache ran full: {row['preemptions_delta']:.0f} preemption(s) "
+                    "(vllm:num_preemptions_total)")
+        return self._slo_text(row)
 
     def _slo_text(self, row: Mapping[str, Any]) -> str:
         bits = []
@@ -710,6 +758,7 @@ class _Run:
         watcher: asyncio.Task[None] | None = None
         main = asyncio.current_task()
         try:
+            await self._check_model()
             await self._calibrate()
             monitor = asyncio.ensure_future(self._monitor())
             watcher = asyncio.ensure_future(_watch(self.stop, main))
@@ -756,6 +805,10 @@ class _Run:
             status = "inconclusive"
         elif outcome == "stable" and incomplete:
             status, reason = "inconclusive", f"{self.budget_hit}: the envelope was not fully tested"
+        elif outcome == "stable" and self._unread():
+            status = "inconclusive"
+            reason = ("stable on client figures only: the server's " + ", ".join(self._unread())
+                      + " could not be read, and missing server evidence is not stability")
         else:
             status = "pass" if outcome == "stable" else "fail"
         kinds = Counter(s.kind for s in self.shots if not s.ok)
@@ -771,9 +824,14 @@ class _Run:
             "options": self.opts.model_dump(mode="json"),
             "interrupted": self.interrupted, "bound": self.budget_hit,
             "metrics_errors": self.metrics_errors, "old_metric_names": self.old_names,
+            "unread_metrics": self._unread(), "max_model_len": self.max_model_len,
             "elapsed_s": round(time.monotonic() - self.t0, 3),
         }
         return ProbeResult(probe="load", status=status, reason=reason, findings=findings, data=data)
+
+    def _unread(self) -> list[str]:
+        """The server metrics no sample of the run could read (all of them when nothing was sampled)."""
+        return _unread_of(self.samples)
 
     def _side_findings(self) -> list[Finding]:
         out: list[Finding] = []
@@ -784,10 +842,17 @@ class _Run:
         if self.metrics_errors:
             out.append(Finding(id="accept.load.metrics_unavailable", severity="warn", layer="http",
                                message=f"/metrics could not be read during the run: {self.metrics_errors[0]}"))
+        for name in self._unread():
+            out.append(Finding(id="accept.load.metric_unread", severity="warn", layer="http",
+                               message=f"{name} could not be read during the run: what it shows (running, "
+                                       "waiting, KV usage, preemptions) is unknown, not fine", evidence=name))
         pre = _delta_total(self.samples, "preemptions")
         if pre:
+            first = next((r for r in self.curves if r.get("preemptions_delta")), None)
+            where = f", first at {first['concurrency']} session(s) ({first['phase']})" if first else ""
             out.append(Finding(id="accept.load.preemptions", severity="warn", layer="traffic",
-                               message=f"{pre:.0f} preemption(s) during the run: the KV cache ran full"))
+                               message=f"{pre:.0f} preemption(s) during the run{where}: the KV cache ran full: load "
+                                       "pressure, not a fault; limit traffic or give the KV cache more room"))
         if not self.calibrated and self.shots:
             out.append(Finding(id="accept.load.no_usage", severity="info", layer="http",
                                message="the server reports no usage: context lengths are estimated at "
@@ -795,6 +860,10 @@ class _Run:
         if self.budget_hit:
             out.append(Finding(id="accept.load.bound", severity="warn", layer="traffic", message=self.budget_hit))
         return out
+
+
+def _unread_of(samples: list[dict[str, Any]]) -> list[str]:
+    return [name for key, name in SERVER_METRICS.items() if not any(s.get(key) is not None for s in samples)]
 
 
 def _uncancel() -> None:

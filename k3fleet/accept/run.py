@@ -10,11 +10,14 @@ echoes the key in an error message does not put it into evidence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as _dt
 import importlib
 import importlib.util
 import re
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,10 @@ class AllOptions:
     load_opts: Any = None  # LoadOptions already derived (from a production profile); else from load_overrides
     profile: Any = None  # LoadedProfile: kept as profile.json and inputs/ (k3fleet/accept/profile_cases.py)
     no_bodies: bool = False  # requests/*.jsonl without request and response bodies
+    # The whole run's time budget (accept all --budget): the agent's rounds and the load schedule are
+    # scaled to fit it; None runs every probe at its full options.
+    budget_s: float | None = None
+    stop: threading.Event | None = None  # set by Ctrl-C: the probe running ends with what it measured
 
 
 @dataclass
@@ -190,26 +197,145 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
                                      old_metric_names=snap.old_names())
         except MetricsError as exc:
             summary["server"]["metrics_error"] = str(exc)
+        load_mod: Any = importlib.import_module("k3fleet.accept.load") if load_available() else None
+        load_opts = None
+        if load_mod is not None and "load" not in opts.skip:
+            load_opts = opts.load_opts if opts.load_opts is not None else load_options(opts.load_overrides)
+        budget = Budget(opts.budget_s, time.monotonic())
+        plan = budget.plan(opts, load_opts)
+        summary["budget"] = {"budget_s": opts.budget_s, "plan": plan, "elapsed_s": {}}
+        for line in plan_lines(plan, opts.budget_s):
+            say(line)
+        stop = opts.stop or threading.Event()
         if "prefix_cache" in opts.skip:
             summary["not_run"]["prefix_cache"] = "skipped (--skip)"
-        else:
-            results["prefix_cache"] = await run_prefix_cache(endpoint, opts.prefix, recorder=rec, progress=say,
-                                                             client=client)
+        elif not await _timed("prefix_cache", run_prefix_cache(endpoint, opts.prefix, recorder=rec, progress=say,
+                                                                client=client), results, summary, rec, stop, say):
+            return
         if "agent" in opts.skip:
             summary["not_run"]["agent"] = "skipped (--skip)"
         else:
-            results["agent"] = await run_agent(endpoint, opts.agent, recorder=rec, progress=say, client=client)
+            agent_opts = budget.agent(opts.agent)
+            if agent_opts.time_budget_s is not None:
+                say(f"agent: up to {agent_opts.repeats} rounds within {agent_opts.time_budget_s:.0f} s")
+            if not await _timed("agent", run_agent(endpoint, agent_opts, recorder=rec, progress=say, client=client),
+                                results, summary, rec, stop, say):
+                return
     if "load" in opts.skip:
         summary["not_run"]["load"] = "skipped (--skip)"
-    elif not load_available():
+    elif load_mod is None:
         summary["not_run"]["load"] = "the load probe is not installed in this build"
     else:
-        # Imported by name: the load probe is its own module and may be absent from a build.
-        load_mod: Any = importlib.import_module("k3fleet.accept.load")
-        say("load: phases (long-input ladder, agent ramp, sustained)")
-        load_opts = opts.load_opts if opts.load_opts is not None else load_options(opts.load_overrides)
-        results["load"] = await load_mod.run_load(endpoint, load_opts, _load_observer(load_mod.LoadObserver, say),
-                                                  recorder=rec)
+        load_opts = budget.load(load_opts, load_mod)
+        say(f"load: phases {', '.join(load_opts.phases)}, time-boxed {load_opts.max_duration_s:.0f} s")
+        # The load probe ends by itself on the stop event, with what it measured; it is never cancelled.
+        await _timed("load", load_mod.run_load(endpoint, load_opts, _load_observer(load_mod.LoadObserver, say),
+                                               recorder=rec, stop=stop), results, summary, rec, None, say)
+        if stop.is_set():
+            summary["interrupted"] = True
+
+
+async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, ProbeResult], summary: dict[str, Any],
+                 rec: Recorder, stop: threading.Event | None, say: Progress) -> bool:
+    """Run one probe, timing it; on Ctrl-C (``stop``) cancel it and keep what it had sent as an
+    inconclusive result. False when the run must end here."""
+    t0 = time.monotonic()
+    task = asyncio.ensure_future(coro)
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.2)
+        if stop is not None and stop.is_set() and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            sent = len(rec.exchanges.get(name, []))
+            results[name] = ProbeResult(probe=name, status="inconclusive", data={"interrupted": True},
+                                        reason=f"interrupted after {sent} request(s); what was measured is in "
+                                               f"requests/{name}.jsonl")
+            summary["interrupted"] = True
+            summary["budget"]["elapsed_s"][name] = round(time.monotonic() - t0, 1)
+            return False
+    results[name] = task.result()
+    elapsed = round(time.monotonic() - t0, 1)
+    summary["budget"]["elapsed_s"][name] = elapsed
+    say(f"{name}: {results[name].status.upper()} in {elapsed:.0f} s ({len(rec.exchanges.get(name, []))} requests "
+        "recorded)" if name != "load" else f"load: {results[name].status.upper()} in {elapsed:.0f} s "
+        f"({results[name].data.get('counts', {}).get('requests', 0)} requests)")
+    return True
+
+
+# Shares of the budget: the agent's rounds get this fraction of what the prefix-cache probe left (a round
+# already started runs to its end), the load schedule the rest (less a margin for its calibration and the
+# last in-flight requests).
+_AGENT_SHARE = 0.45
+_LOAD_MARGIN = 0.85
+
+
+@dataclass
+class Budget:
+    """Scales the agent's rounds and the load schedule to one time budget for the whole run."""
+
+    total_s: float | None
+    t0: float
+
+    def left(self) -> float | None:
+        return None if self.total_s is None else max(0.0, self.total_s - (time.monotonic() - self.t0))
+
+    def plan(self, opts: AllOptions, load_opts: Any) -> dict[str, Any]:
+        """How many requests each probe will send (the agent's and the load's are upper bounds)."""
+        out: dict[str, Any] = {}
+        if "prefix_cache" not in opts.skip:
+            reps = getattr(opts.prefix, "repeats", 5)
+            out["prefix_cache"] = {"requests": reps + 2, "tokenize_requests": 5}
+        if "agent" not in opts.skip:
+            a = opts.agent
+            cases = list(getattr(a, "cases", []) or [])
+            # call_then_result and timeout_retry send two requests a run.
+            per_round = len(cases) + sum(1 for c in cases if c in ("call_then_result", "timeout_retry"))
+            out["agent"] = {"rounds": getattr(a, "repeats", 20), "requests_per_round": per_round,
+                            "requests": 1 + per_round * getattr(a, "repeats", 20),
+                            "time_budget_s": None if self.total_s is None else round(self.total_s * _AGENT_SHARE)}
+        if load_opts is not None:
+            out["load"] = {"max_requests": load_opts.max_requests,
+                           "max_duration_s": (load_opts.max_duration_s if self.total_s is None else
+                                              round(min(load_opts.max_duration_s, self.total_s * (1 - _AGENT_SHARE))))}
+        return out
+
+    def agent(self, opts: Any) -> Any:
+        left = self.left()
+        if left is None or opts is None:
+            return opts
+        return opts.model_copy(update={"time_budget_s": max(1.0, left * _AGENT_SHARE)})
+
+    def load(self, opts: Any, load_mod: Any) -> Any:
+        left = self.left()
+        if left is None:
+            return opts
+        box = max(10.0, left * _LOAD_MARGIN)
+        steps = (len(opts.ramp) * opts.step_s if "agent_ramp" in opts.phases else 0.0) + (
+            opts.sustained_s if "sustained" in opts.phases else 0.0)
+        update: dict[str, Any] = {"max_duration_s": min(opts.max_duration_s, box)}
+        # The timed steps take about half the box: the ladder and in-flight requests need the rest.
+        if steps > box / 2:
+            scale = box / 2 / steps
+            update.update(step_s=max(1.0, opts.step_s * scale), sustained_s=max(1.0, opts.sustained_s * scale))
+        return load_mod.LoadOptions.model_validate({**opts.model_dump(), **update})
+
+
+def plan_lines(plan: Mapping[str, Any], budget_s: float | None) -> list[str]:
+    head = f"plan (budget {budget_s:.0f} s):" if budget_s is not None else "plan (no time budget):"
+    lines = [head]
+    if "prefix_cache" in plan:
+        p = plan["prefix_cache"]
+        lines.append(f"  prefix_cache: {p['requests']} chat requests (+ up to {p['tokenize_requests']} /tokenize)")
+    if "agent" in plan:
+        a = plan["agent"]
+        box = f", within about {a['time_budget_s']} s" if a.get("time_budget_s") else ""
+        lines.append(f"  agent: up to {a['rounds']} rounds of {a['requests_per_round']} requests "
+                     f"({a['requests']} at most{box})")
+    if "load" in plan:
+        ld = plan["load"]
+        lines.append(f"  load: time-boxed {ld['max_duration_s']:.0f} s, at most {ld['max_requests']} requests")
+    return lines
 
 
 def _load_observer(base: type, say: Progress) -> Any:

@@ -229,6 +229,11 @@ def accept_all(
                     ] = None,
     agent_repeats: Annotated[int, typer.Option("--agent-repeats", min=1, max=1000, help="Runs per agent case.")] = 20,
     agent_concurrency: Annotated[int, typer.Option("--agent-concurrency", min=1, max=256)] = 4,
+    agent_max_tokens: Annotated[int | None, typer.Option(
+        "--agent-max-tokens", min=1, help="max_tokens of the agent cases (default: the server's).")] = None,
+    budget: Annotated[str, typer.Option(
+        "--budget", help="Time budget of the whole run (90s, 15m, 2h): the agent's rounds and the load schedule "
+                         "are scaled to fit it.")] = "15m",
     prefix_repeats: Annotated[int, typer.Option("--prefix-repeats", min=1, max=100)] = 5,
     match_unit: Annotated[int | None, typer.Option("--match-unit", min=1)] = None,
     load_option: Annotated[list[str] | None, typer.Option(
@@ -273,7 +278,11 @@ def accept_all(
             load_opts = load_options_from_profile(loaded, overrides)
         else:
             load_options(overrides)
-    agent_opts = AgentOptions(repeats=agent_repeats, concurrency=agent_concurrency)
+    from k3fleet.bounds import parse_seconds
+    from k3fleet.interrupt import cancel_on_signals
+
+    budget_s = parse_seconds(budget, "--budget", "load step")
+    agent_opts = AgentOptions(repeats=agent_repeats, concurrency=agent_concurrency, max_tokens=agent_max_tokens)
     if loaded is not None:
         from k3fleet.accept.profile_cases import agent_options_from_profile
 
@@ -281,8 +290,11 @@ def accept_all(
     opts = AllOptions(runs_dir=runs_dir, out=out_dir, log=log, launch_command=launch_command, target=target,
                       skip=list(skip or []), prefix=PrefixOptions(repeats=prefix_repeats, match_unit=match_unit),
                       agent=agent_opts, load_overrides=overrides, load_opts=load_opts, profile=loaded,
-                      no_bodies=no_bodies)
+                      no_bodies=no_bodies, budget_s=budget_s)
     say = progress_printer(quiet or as_json)
+    # The first Ctrl-C ends the probe that runs with what it measured and writes the run; a second aborts.
+    opts.stop = cancel_on_signals(lambda: err.print("[yellow]interrupt: stopping; writing what was measured "
+                                                    "(Ctrl-C again to abort)[/yellow]"))
     res = asyncio.run(run_all(ep, opts, sys.argv, progress=say))
     if as_json:
         out.print_json(json.dumps(res.summary, default=str))
@@ -312,9 +324,11 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any]:
 def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> None:
     out.print(f"[bold]accept[/bold] {safe_markup(summary['base_url'])} model {safe_markup(summary['model'])}"
               + ("" if summary["tls_verify"] else "  [yellow](TLS verification off)[/yellow]"), markup=True)
+    elapsed = (summary.get("budget") or {}).get("elapsed_s") or {}
     for name, result in results.items():
         style = _STATUS_STYLE.get(result.status, "")
-        out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {safe_markup(result.reason)}",
+        took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
+        out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {took}{safe_markup(result.reason)}",
                   markup=True)
     for name, why in (summary.get("not_run") or {}).items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)

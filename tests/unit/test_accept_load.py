@@ -207,12 +207,19 @@ class FaultServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def _models(self, request: web.Request) -> web.Response:
+        # Every probe checks the model is served before it sends traffic.
+        if self.mode == "auth":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
         runner = web.AppRunner(app)
         self.loop.run_until_complete(runner.setup())
         self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
