@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from k3fleet.bounds import read_bounded
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import MANIFEST, RunDir, verify_run
 from k3fleet.journal import JOURNAL_FILE
@@ -117,7 +118,7 @@ def verified(path: Path) -> RunDir:
                               "was changed by it; plan a new night")
     if report.problem:
         raise IncompleteError(report.summary())
-    listed = {e["path"]: e for e in json.loads((rd.path / MANIFEST).read_text())["files"]}
+    listed = {e["path"]: e for e in json.loads(read_bounded(rd.path / MANIFEST, "run_json"))["files"]}
     changed = [p for p in report.changed if not (p == JOURNAL_FILE and _grew_from(rd.path / p, listed[p]))]
     extra = [p for p in report.extra if not _written_by_play(p)]
     bad = [f"{p}: missing" for p in report.missing] + [f"{p}: changed" for p in changed] + [
@@ -132,7 +133,7 @@ def verified(path: Path) -> RunDir:
 def load_change(rd: RunDir) -> ChangeRecord:
     p = rd.path / CHANGE_FILE
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(read_bounded(p, "run_json"))
     except FileNotFoundError as exc:
         raise UsageError(f"run {rd.path} has no {CHANGE_FILE}: it is not a change run") from exc
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
