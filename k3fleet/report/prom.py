@@ -17,6 +17,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from k3fleet import __version__
+from k3fleet.report.escapes import safe_text
 from k3fleet.report.view import ReportView
 
 OUTCOMES = ("go_live", "observe_with_limits", "rebuild_environment", "expand_capacity")
@@ -31,7 +32,7 @@ class _ViewCollector(Collector):
         v = self.view
         info = InfoMetricFamily("k3fleet_run", "The run these metrics describe.",
                                 labels=["kind", "run", "version"])
-        info.add_metric([v.kind, v.run, __version__], {"title": v.title})
+        info.add_metric([v.kind, v.run, __version__], {"title": safe_text(v.title)})
         yield info
         if v.exit_code is not None:
             g = GaugeMetricFamily("k3fleet_run_exit_code", "Exit code of the run (0 pass, 1 failed, 2 usage, "
@@ -43,7 +44,8 @@ class _ViewCollector(Collector):
                                    labels=["kind", "host", "check", "status"])
         counts: Counter[str] = Counter()
         for row in v.checks:
-            checks.add_metric([v.kind, row.group, row.check, row.status], 1.0)
+            # Host names and checks come from the nodes: redacted, no control characters.
+            checks.add_metric([v.kind, safe_text(row.group), safe_text(row.check), row.status], 1.0)
             counts[row.status] += 1
         yield checks
         summary = GaugeMetricFamily("k3fleet_checks", "Number of checks per status.", labels=["kind", "status"])
@@ -65,7 +67,7 @@ class _ViewCollector(Collector):
             items = GaugeMetricFamily("k3fleet_checklist_item_status", "1 for the status of each sign-off "
                                       "checklist item (pass, fail, missing).", labels=["item", "status"])
             for i in v.checklist:
-                items.add_metric([i["id"], i["status"]], 1.0)
+                items.add_metric([safe_text(i["id"]), i["status"]], 1.0)
             yield items
         if v.hosts:
             hosts = GaugeMetricFamily("k3fleet_hosts", "Hosts per audit status.", labels=["status"])

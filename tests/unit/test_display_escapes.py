@@ -139,3 +139,12 @@ def test_audit_plan_markdown_escapes_host_names() -> None:
     _clean("\n".join(lines))
     row = next(line for line in lines if "eve" in line)
     assert row.replace("\\|", "").count("|") == 5
+
+
+def test_junit_and_prom_carry_no_control_code_or_secret() -> None:
+    from k3fleet.report.junit import render_junit
+    from k3fleet.report.prom import render_prom
+
+    for text in (render_junit(_view()), render_prom(_view())):
+        _clean(text)
+        assert "eve" in text
