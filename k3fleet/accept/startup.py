@@ -36,6 +36,16 @@ _VERSION_PATTERNS = (
 )
 _IMAGE = re.compile(r"(?<![\w./:-])((?:[\w.-]+(?::\d+)?/)*vllm-openai(?::[\w.-]+)?(?:@sha256:[0-9a-f]{64})?)")
 _DIGEST = re.compile(r"(?:Digest:\s*|@)(sha256:[0-9a-f]{64})")
+# Any image reference a log names as its image (a custom build need not be called vllm-openai): the log's
+# own vLLM version and CUDA lines are what say it is a vLLM server.
+_ANY_IMAGE = re.compile(r"\b(?:[Ii]mage|IMAGE)[\"']?\s*[:=]\s*[\"']?"
+                        r"((?:[\w.-]+(?::\d+)?/)+[\w.-]+(?::[\w.-]+)?(?:@sha256:[0-9a-f]{64})?)")
+_IMAGE_REF = re.compile(r"(?:[\w.-]+(?::\d+)?/)+[\w.-]+(?::[\w.-]+)?(?:@sha256:[0-9a-f]{64})?")
+# docker / podman run options that take the next token as their value.
+_RUN_VALUED = frozenset({"-e", "--env", "-p", "--publish", "-v", "--volume", "--name", "--gpus", "--ipc",
+                         "--shm-size", "--network", "--net", "--runtime", "-w", "--workdir", "--entrypoint",
+                         "--mount", "--device", "--ulimit", "-u", "--user", "-l", "--label", "--env-file",
+                         "--cpus", "-m", "--memory", "--security-opt", "--cap-add", "--hostname", "--pull"})
 _CUDA_PATTERNS = (
     re.compile(r"\bCUDA_VERSION[=:]\s*\"?(\d+\.\d+(?:\.\d+)?)"),
     re.compile(r"CUDA runtime version\s*:\s*(\d+\.\d+(?:\.\d+)?)"),
@@ -205,12 +215,12 @@ def _scan_line(scan: _Scan, raw: str) -> None:
         if m:
             scan.set("vllm_version", m.group(1))
             break
-    m = _IMAGE.search(line)
+    m = _IMAGE.search(line) or _ANY_IMAGE.search(line)
     if m:
         scan.set("image", m.group(1).split("@", 1)[0])
-    m = _DIGEST.search(line)
-    if m and ("Digest:" in line or "vllm-openai" in line):
-        scan.set("image_digest", m.group(1))
+    d = _DIGEST.search(line)
+    if d and ("Digest:" in line or "vllm-openai" in line or (m is not None and "@sha256:" in m.group(1))):
+        scan.set("image_digest", d.group(1))
     for pat in _CUDA_PATTERNS:
         m = pat.search(msg)
         if m:
@@ -319,6 +329,20 @@ def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
         scan.first_exception = msg.strip()
 
 
+def _run_image(tokens: list[str]) -> int | None:
+    """The index of the image of a ``docker run`` / ``podman run`` line: its first positional token."""
+    for start in range(len(tokens) - 1):
+        if tokens[start].rsplit("/", 1)[-1] in ("docker", "podman", "nerdctl") and tokens[start + 1] == "run":
+            i = start + 2
+            while i < len(tokens):
+                tok = tokens[i]
+                if tok.startswith("-"):
+                    i += 2 if tok in _RUN_VALUED else 1
+                    continue
+                return i if _IMAGE_REF.fullmatch(tok) or ":" in tok or "/" in tok else None
+    return None
+
+
 def parse_launch_command(text: str) -> dict[str, Any]:
     """Flags of a ``vllm serve`` / ``docker run ... vllm-openai`` command (continuation lines joined)."""
     joined = re.sub(r"\\[ \t]*\r?\n", " ", text)
@@ -330,11 +354,12 @@ def parse_launch_command(text: str) -> dict[str, Any]:
     flags: dict[str, Any] = {}
     model: str | None = None
     after_serve = False
+    run_image = _run_image(tokens)
     i = 0
     while i < len(tokens):
         tok = tokens[i]
         m = _IMAGE.fullmatch(tok)
-        if m:
+        if m or (run_image is not None and i == run_image):
             out["image"] = tok.split("@", 1)[0]
             dm = _DIGEST.search(tok)
             if dm:

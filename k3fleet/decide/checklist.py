@@ -282,11 +282,21 @@ def chain_problems(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
         if s.build is not None and st.image_digest and st.image_digest != s.build.digest:
             out.append((f"the server started {st.image_digest}, the build record says {s.build.digest}",
                         _refs(st.ref, s.build_ref)))
+        if s.build is not None and st.image and not _same_image(st.image, s.build.image):
+            official = image_repository(st.image) == s.target.image_repository
+            out.append((f"the server serves {st.image}" + (" (the official image)" if official else "")
+                        + f", the build record is for {s.build.image}: custom-build evidence is not about this "
+                          "server; decide each track with its own runs", _refs(st.ref, s.build_ref)))
     for t in s.triage:
         if st is not None and t.image_digest and st.image_digest and t.image_digest != st.image_digest:
             out.append((f"a captured image inspect shows {t.image_digest}, the server started {st.image_digest}",
                         [t.ref, st.ref]))
     return out
+
+
+def _same_image(a: str, b: str) -> bool:
+    """Same repository and tag (a digest beside either is compared on its own)."""
+    return image_repository(a) == image_repository(b) and image_tag(a) == image_tag(b)
 
 
 def _same_release(a: str, b: str) -> bool:

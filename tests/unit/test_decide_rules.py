@@ -320,6 +320,12 @@ CASES: dict[str, tuple[Callable[[EvidenceSummary], None] | None, str, bool, int,
                              "observe_with_limits", True, 0, {"audit.limits"}, {}),
     "custom_build_with_record": (_custom(build=True), "go_live", True, 0, {"all.pass"},
                                  {"build.commit": "pass", "build.rollback_image": "pass"}),
+    "custom_build_record_but_official_image_served": (
+        _chain(_custom(build=True), _set("accept.startup.image", "vllm/vllm-openai:kimi-k3")),
+        "rebuild_environment", False, 1, {"chain.mismatch"}, {"chain.agree": "fail"}),
+    "custom_build_record_for_another_image": (
+        _chain(_custom(build=True), _set("accept.startup.image", "registry.example.internal/ml/other:2026-10")),
+        "rebuild_environment", False, 1, {"chain.mismatch"}, {}),
     "custom_build_digest_mismatch": (_custom(build=True, digest=OTHER), "rebuild_environment", False, 1,
                                      {"chain.mismatch"}, {"build.digest": "fail"}),
     "change_night_rolled_back": (_change(False, {"gpu-b01": "upgraded", "gpu-b02": "rolled_back"},
@@ -556,3 +562,9 @@ def test_each_envelope_gap_is_named() -> None:
     assert any("held 16384 tokens, the profile's p99 is 65536" in g for g in gaps), gaps
     assert any("6 s at 4 concurrent, the profile sustains 64 for 60 s" in g for g in gaps), gaps
     assert d.unproven == [g.split(": ", 1)[1] for g in gaps]
+
+
+def test_the_served_image_is_compared_with_the_build_record() -> None:
+    d = decide(_apply(_chain(_custom(build=True), _set("accept.startup.image", "vllm/vllm-openai:kimi-k3"))))
+    text = next(r.text for r in d.reasons if "build record is for" in r.text)
+    assert "vllm/vllm-openai:kimi-k3 (the official image)" in text and d.track == "custom"

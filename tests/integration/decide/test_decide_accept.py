@@ -126,3 +126,18 @@ def test_the_operator_of_the_evidence_cannot_be_its_reviewer(matched_audit: Path
     assert same and f"the reviewer {operator!r} is also the operator of" in same[0]["text"]
     assert {"run": run.name, "file": "command.json", "operator_supplied": False} in same[0]["evidence"]
     assert d["second_reviewer"] == "frank" and operator in d["operators"]
+
+
+def test_a_custom_build_record_beside_the_official_image_served(matched_audit: Path, accept_run: Any,
+                                                                tmp_path: Path) -> None:
+    """The build record's image is compared with the image the server started: the official image under a
+    custom-track record is never go_live."""
+    build = tmp_path / "build.yaml"
+    build.write_text("image: registry.example.internal/ml/vllm-k3-cu129:2026-11\nsource_branch: k3\n"
+                     "commit: 0123abcd4567ef89\nlockfile: uv.lock\nbuild_command: docker build .\n"
+                     f"digest: sha256:{STARTUP_DIGEST}\nrollback_image: vllm/vllm-openai:kimi-k3\n")
+    code, d = _decide(tmp_path, str(matched_audit), str(accept_run("healthy")), "--build", str(build))
+    assert (code, d["outcome"], d["approved"], d["track"]) == (1, "rebuild_environment", False, "custom")
+    chain = [r["text"] for r in d["reasons"] if r["rule"] == "chain.mismatch"]
+    assert any("vllm/vllm-openai:kimi-k3 (the official image), the build record is for "
+               "registry.example.internal/ml/vllm-k3-cu129:2026-11" in t for t in chain), chain
