@@ -165,8 +165,10 @@ def agent(
                                                  help="Pass rate a critical case needs.")] = 0.95,
     temperature: Annotated[float | None, typer.Option("--temperature", min=0, max=2,
                                                       help="Sampling temperature (default: the server's).")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", min=0, max=1)] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1)] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", min=0, max=1,
+                                                help="Sampling top_p (default: the server's).")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1,
+                                                   help="Output tokens per request (default: per case).")] = None,
     extra_body: Annotated[str | None, typer.Option(
         "--extra-body", help="JSON object merged into every request (e.g. chat_template_kwargs).")] = None,
     profile: Annotated[Path | None, typer.Option(
@@ -228,14 +230,17 @@ def accept_all(
         "--skip", help="Leave a probe out (prefix_cache, agent, load, startup); it is then reported as not run.")
                     ] = None,
     agent_repeats: Annotated[int, typer.Option("--agent-repeats", min=1, max=1000, help="Runs per agent case.")] = 20,
-    agent_concurrency: Annotated[int, typer.Option("--agent-concurrency", min=1, max=256)] = 4,
+    agent_concurrency: Annotated[int, typer.Option("--agent-concurrency", min=1, max=256,
+                                                   help="Agent cases run at once.")] = 4,
     agent_max_tokens: Annotated[int | None, typer.Option(
         "--agent-max-tokens", min=1, help="max_tokens of the agent cases (default: the server's).")] = None,
     budget: Annotated[str, typer.Option(
         "--budget", help="Time budget of the whole run (90s, 15m, 2h): the agent's rounds and the load schedule "
                          "are scaled to fit it.")] = "15m",
-    prefix_repeats: Annotated[int, typer.Option("--prefix-repeats", min=1, max=100)] = 5,
-    match_unit: Annotated[int | None, typer.Option("--match-unit", min=1)] = None,
+    prefix_repeats: Annotated[int, typer.Option("--prefix-repeats", min=1, max=100,
+                                                help="Warm requests per prefix-cache proof.")] = 5,
+    match_unit: Annotated[int | None, typer.Option("--match-unit", min=1,
+                                                   help="Match unit if the server names none.")] = None,
     load_option: Annotated[list[str] | None, typer.Option(
         "--load-option", help="KEY=VALUE for the load probe's options (repeatable; over the profile's).")] = None,
     profile: Annotated[Path | None, typer.Option(

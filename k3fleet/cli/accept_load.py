@@ -157,7 +157,7 @@ def load(
     system_tokens: Annotated[int, typer.Option("--system-tokens", min=0, help="Shared system prompt size.")] = 2048,
     sustained_concurrency: Annotated[int | None, typer.Option(
         "--sustained-concurrency", min=1, help="Default: the highest concurrency the ramp held.")] = None,
-    sustained_s: Annotated[float, typer.Option("--sustained-seconds",
+    sustained_s: Annotated[float, typer.Option("--sustained-seconds", help="Length of the sustained phase.",
                                                parser=seconds_option("--sustained-seconds", "load step"))] = 20.0,
     ttft_slo: Annotated[float, typer.Option("--ttft-slo", parser=seconds_option("--ttft-slo", "load slo"),
                                             help="TTFT p95 limit per step (s).")] = 5.0,

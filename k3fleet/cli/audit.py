@@ -14,6 +14,7 @@ from k3fleet.bounds import seconds_option, whole_seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
 from k3fleet.errors import UsageError
+from k3fleet.report.escapes import safe_markup
 
 
 @app.command()
@@ -24,7 +25,7 @@ def audit(
     lab_count: Annotated[int | None, typer.Option("--lab-count", min=1,
                                                   help="Scale the lab fleet to N hosts.")] = None,
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Ansible host pattern.")] = None,
-    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
+    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500, help="Hosts Ansible works on at once.")] = 20,
     target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON on stdout.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
@@ -123,11 +124,14 @@ def read_audit_plan(run: Path) -> dict[str, Any]:
 
 @app.command()
 def checks(
+    ids: Annotated[list[str] | None, typer.Argument(help="Check ids to explain (e.g. driver.branch); a group "
+                                                         "such as 'gpu' or 'gpu.*' names all of its checks.")] = None,
     target: Annotated[Path | None, typer.Option("--target", help="Render fixes for this target.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The catalogue as JSON.")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="The catalogue as a Markdown table.")] = False,
 ) -> None:
-    """List every check id with its scope, severity, title and fix."""
+    """List every check id with its scope, severity, why it matters and its fix; with ids, explain those."""
+    from k3fleet.report.escapes import safe_text
     from k3fleet.targets import load_target
     from k3fleet.verdict import catalogue_markdown, catalogue_rows
 
@@ -136,14 +140,38 @@ def checks(
         out.print(catalogue_markdown(tgt), markup=False)
         return
     rows = catalogue_rows(tgt)
+    if ids:
+        picked: list[dict[str, str]] = []
+        for wanted in ids:
+            group = wanted.removesuffix(".*")
+            found = [r for r in rows if r["id"] == wanted or r["id"].startswith(group + ".")]
+            if not found:
+                import difflib
+
+                near = difflib.get_close_matches(wanted, [r["id"] for r in rows], n=3)
+                hint = f" (did you mean {', '.join(near)}?)" if near else " (k3fleet checks lists them all)"
+                raise UsageError(f"no check {wanted!r}{hint}")
+            picked += [r for r in found if r not in picked]
+        rows = picked
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    table = Table(title="k3fleet checks")
-    for col in ("id", "scope", "severity", "title"):
-        table.add_column(col)
+    if ids:
+        for row in rows:
+            out.print(f"[bold]{safe_markup(row['id'])}[/bold] ({row['scope']}, {row['severity']}): "
+                      f"{safe_markup(row['title'])}")
+            for key in ("why", "fix", "source"):
+                if row.get(key):
+                    out.print(f"  {key}: {safe_text(row[key])}", markup=False)
+        return
+    table = Table(title="k3fleet checks (k3fleet checks ID explains one)", show_lines=True)
+    table.add_column("id", overflow="fold", no_wrap=True)
+    table.add_column("scope / severity")
+    table.add_column("why", ratio=1)
+    table.add_column("fix", ratio=1)
     for row in rows:
-        table.add_row(row.get("id", ""), row.get("scope", ""), row.get("severity", ""), row.get("title", ""))
+        table.add_row(row.get("id", ""), f"{row.get('scope', '')}\n{row.get('severity', '')}", row.get("why", ""),
+                      row.get("fix", ""))
     out.print(table)
 
 

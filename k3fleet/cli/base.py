@@ -21,6 +21,30 @@ from rich.text import Text
 from k3fleet import __version__
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
 
+
+def _conventional_help() -> None:
+    """Help in the usual shape: a flag shows no type (Typer 0.2x prints ``<bool>``), and a required
+    argument is ``RUNS...`` in the usage line, an optional one ``[RUN]`` (it prints ``{runs}``)."""
+    from typer import core
+
+    option_type = core.TyperOption.display_type_rich
+
+    def display_type_rich(self: core.TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag or self.count else option_type(self, ctx)
+
+    def usage_name(self: core.TyperArgument) -> str:
+        name = (self.metavar or self.name or "arg").upper()
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    if hasattr(core.TyperOption, "display_type_rich"):
+        core.TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    if hasattr(core.TyperArgument, "_usage_display_name"):
+        core.TyperArgument._usage_display_name = usage_name  # type: ignore[method-assign]
+
+
+_conventional_help()
+
 app = typer.Typer(
     name="k3fleet",
     help="Audit a GPU fleet for Kimi K3 on vLLM, run the R575 -> R580 change night, roll back, decide.",

@@ -109,7 +109,7 @@ def upgrade(
                                                        help="Exact driver version (default: the audit plan's).")
                               ] = None,
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Ansible host pattern for the audit.")] = None,
-    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
+    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500, help="Hosts Ansible works on at once.")] = 20,
     failure_budget: Annotated[int, typer.Option("--failure-budget", min=0,
                                                 help="Failed hosts tolerated before further drains stop.")] = 0,
     max_unavailable: Annotated[str | None, typer.Option(
@@ -171,7 +171,7 @@ def rollback(
                      ] = None,
     run: Annotated[Path | None, typer.Option("--run", help="Roll back every host a change run touched.")] = None,
     operator: Annotated[str | None, typer.Option("--operator", help="Who runs the rollback.")] = None,
-    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500)] = 20,
+    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500, help="Hosts Ansible works on at once.")] = 20,
     serial: Annotated[str, typer.Option("--serial", help="Hosts at a time (a number or a percentage).")] = "100%",
     drain_timeout: Annotated[int | None, typer.Option(
         "--drain-timeout", parser=whole_seconds_option("--drain-timeout", "--drain-timeout"),

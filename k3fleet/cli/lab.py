@@ -18,7 +18,7 @@ lab_app.add_typer(testbed_app, name="testbed")
 def lab_generate(
     dest: Annotated[Path, typer.Argument(help="Directory to write host roots and inventory.yml into.")],
     fleet: Annotated[Path | None, typer.Option("--fleet", help="Fleet spec (default: packaged lab).")] = None,
-    count: Annotated[int | None, typer.Option("--count", min=1)] = None,
+    count: Annotated[int | None, typer.Option("--count", min=1, help="Scale the fleet to N hosts.")] = None,
 ) -> None:
     """Generate the simulated lab fleet and print its inventory path."""
     from k3fleet.lab.fleet import generate_fleet, load_fleet
@@ -28,8 +28,8 @@ def lab_generate(
 
 @testbed_app.command("up")
 def testbed_up(
-    hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=32)] = 4,
-    workdir: Annotated[Path, typer.Option("--workdir")] = Path(".testbed"),
+    hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=32, help="How many guests.")] = 4,
+    workdir: Annotated[Path, typer.Option("--workdir", help="The testbed's state directory.")] = Path(".testbed"),
 ) -> None:
     """Bring up the real testbed (root)."""
     from k3fleet.lab import testbed
@@ -39,7 +39,8 @@ def testbed_up(
 
 
 @testbed_app.command("down")
-def testbed_down(workdir: Annotated[Path, typer.Option("--workdir")] = Path(".testbed")) -> None:
+def testbed_down(workdir: Annotated[Path, typer.Option("--workdir",
+                                                       help="Testbed state dir.")] = Path(".testbed")) -> None:
     """Tear the testbed down: no process, namespace, mount or veth left."""
     from k3fleet.lab import testbed
 
@@ -47,7 +48,8 @@ def testbed_down(workdir: Annotated[Path, typer.Option("--workdir")] = Path(".te
 
 
 @testbed_app.command("status")
-def testbed_status(workdir: Annotated[Path, typer.Option("--workdir")] = Path(".testbed")) -> None:
+def testbed_status(workdir: Annotated[Path, typer.Option("--workdir",
+                                                         help="Testbed state dir.")] = Path(".testbed")) -> None:
     """Show the testbed's hosts and processes."""
     from k3fleet.lab import testbed
 

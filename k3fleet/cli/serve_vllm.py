@@ -18,17 +18,21 @@ def serve_vllm(
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port; 0 picks a free one.")] = 8000,
     model: Annotated[str, typer.Option("--model", help="Served model name.")] = "moonshotai/Kimi-K3",
-    max_model_len: Annotated[int, typer.Option("--max-model-len", min=64)] = 262144,
+    max_model_len: Annotated[int, typer.Option("--max-model-len", min=64,
+                                               help="Longest context accepted, in tokens.")] = 262144,
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Serve with prefix caching off.")]
     = False,
     prefix_match_unit: Annotated[int, typer.Option("--prefix-match-unit", min=0,
                                                    help="Hits land on multiples of this many tokens (0: blocks).")]
     = 1536,
-    block_size: Annotated[int, typer.Option("--block-size", min=1)] = 16,
+    block_size: Annotated[int, typer.Option("--block-size", min=1, help="Tokens per KV cache block.")] = 16,
     kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=4, help="KV cache capacity in blocks.")] = 65536,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1)] = 256,
-    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=16)] = 8192,
-    prefill_ms_per_token: Annotated[float, typer.Option("--prefill-ms-per-token", min=0.0)] = 0.05,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1,
+                                              help="Requests running at once; more wait.")] = 256,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=16,
+                                                        help="Prefill tokens per engine step.")] = 8192,
+    prefill_ms_per_token: Annotated[float, typer.Option("--prefill-ms-per-token", min=0.0,
+                                                        help="Prefill time per uncached token.")] = 0.05,
     itl_ms: Annotated[float, typer.Option("--itl-ms", min=0.1, help="Engine step (inter-token) time.")] = 20.0,
     defect: Annotated[list[str] | None, typer.Option("--defect", help="NAME=RATE (repeatable): empty_tool_calls, "
                                                      "merged_stream_calls, marker_in_reasoning, invalid_arguments.")]
@@ -43,10 +47,11 @@ def serve_vllm(
     = False,
     metrics_format: Annotated[str, typer.Option("--metrics-format", help="prometheus or openmetrics.")]
     = "prometheus",
-    enable_prompt_tokens_details: Annotated[bool, typer.Option("--enable-prompt-tokens-details")] = False,
+    enable_prompt_tokens_details: Annotated[bool, typer.Option("--enable-prompt-tokens-details",
+                                                               help="Report usage cached_tokens.")] = False,
     api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="Require this variable's value as the "
                                                     "bearer key on /v1.")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated defects.")] = 0,
 ) -> None:
     """Serve the vLLM-compatible simulator until Ctrl-C (docs/acceptance-load.md)."""
     from k3fleet.lab.vllm_sim import SimConfig, parse_defects, serve
