@@ -124,7 +124,7 @@ def verify_evidence(
                                                                                    "(principal namespaces="
                                                                                    "\"k3fleet-evidence\" KEY).")]
     = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
 ) -> None:
     """Check an evidence package: every member against PACKAGE.json, PACKAGE.json's signature against
     --allowed-signers. Exit 0 intact and signed by an allowed signer, 1 the signature fails, 3 any
