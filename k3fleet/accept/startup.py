@@ -21,6 +21,7 @@ from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import UsageError, read_input
 from k3fleet.evidence import redact_argv
 from k3fleet.models.target import Target, version_tuple
+from k3fleet.verdict import all2all
 
 PROBE = "startup"
 
@@ -201,7 +202,7 @@ def _apply_args(scan: _Scan, args: dict[str, Any]) -> None:
         scan.set("enable_expert_parallel", True)
     if _as_bool(args.get("enable_auto_tool_choice")):
         scan.set("auto_tool_choice", True)
-    for key in ("tool_call_parser", "reasoning_parser"):
+    for key in ("tool_call_parser", "reasoning_parser", "all2all_backend"):
         val = args.get(key)
         if isinstance(val, str) and val:
             scan.set(key, val)
@@ -400,6 +401,11 @@ def parse_launch_command(text: str) -> dict[str, Any]:
     out["reasoning_parser"] = flags.get("--reasoning-parser") if isinstance(flags.get("--reasoning-parser"),
                                                                             str) else None
     out["auto_tool_choice"] = bool(flags.get("--enable-auto-tool-choice"))
+    # --all2all-backend, else VLLM_ALL2ALL_BACKEND in the command's environment (`VAR=x vllm serve`, `-e VAR=x`);
+    # the flag replaced the variable (docs/facts.md section 15).
+    env = dict(t.split("=", 1) for t in tokens if "=" in t and not t.startswith("-"))
+    out["all2all_backend"] = all2all.backend_of([f"{k}={v}" for k, v in flags.items() if isinstance(v, str)],
+                                                env)[0]
     out["raw_argv"] = tokens
     return out
 
@@ -411,7 +417,8 @@ def _read(path: Path, what: str) -> str:
 
 _FIELDS = ("vllm_version", "image", "image_digest", "cuda_version", "torch_version", "model", "architecture",
            "tensor_parallel_size", "expert_parallel_size", "data_parallel_size", "pipeline_parallel_size",
-           "max_model_len", "prefix_caching", "tool_call_parser", "reasoning_parser", "auto_tool_choice")
+           "max_model_len", "prefix_caching", "tool_call_parser", "reasoning_parser", "auto_tool_choice",
+           "all2all_backend")
 
 
 def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Target | None = None,
@@ -481,7 +488,8 @@ def _priority(f: Finding) -> int:
 def _merge_launch(scan: _Scan, data: dict[str, Any], launch: dict[str, Any]) -> None:
     """Fill gaps from the launch command; where both speak and disagree, the log wins and it is said."""
     for key in ("image", "image_digest", "model", "tensor_parallel_size", "pipeline_parallel_size",
-                "data_parallel_size", "max_model_len", "prefix_caching", "tool_call_parser", "reasoning_parser"):
+                "data_parallel_size", "max_model_len", "prefix_caching", "tool_call_parser", "reasoning_parser",
+                "all2all_backend"):
         lv = launch.get(key)
         if lv is None:
             continue

@@ -19,6 +19,7 @@ from k3fleet.decide.models import (
     Ref,
     StartupEvidence,
 )
+from k3fleet.verdict import all2all
 from k3fleet.verdict.rules import release_key
 
 # Audit check ids that make a host unfit to serve the image (the version chain and what the
@@ -333,6 +334,11 @@ def topology_problems(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
                         [a.ref, st.ref]))
         if ws is not None and a.gpus_required and ws < a.gpus_required:
             out.append((f"start-up uses {ws} GPUs, the strategy {a.strategy or '?'} needs at least {a.gpus_required}",
+                        [a.ref, st.ref]))
+        # The backend that ran, against the audit's interconnect of the serving group (docs/facts.md section 15).
+        j = all2all.judge(st.all2all_backend, a.interconnect) if a.interconnect is not None else None
+        if j is not None and j.kind == "fail":
+            out.append((f"start-up uses --all2all-backend {st.all2all_backend}: {j.message}; fix: {j.fix}",
                         [a.ref, st.ref]))
     return out
 

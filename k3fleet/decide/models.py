@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from k3fleet.models.findings import InterconnectSummary
+
 Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity"]
 ItemStatus = Literal["pass", "fail", "missing"]
 Track = Literal["official", "custom"]
@@ -107,6 +109,8 @@ class AuditEvidence(_Model):
     interrupted: bool = False
     nccl: dict[str, str] = Field(default_factory=dict, description="NCCL settings every host agrees on")
     plan: dict[str, Any] | None = Field(default=None, description="the audit's change plan, as verdict.json has it")
+    interconnect: InterconnectSummary | None = Field(
+        default=None, description="the serving group's RDMA and NVLink facts (an all-to-all backend is judged on them)")
 
 
 class TimelineEvent(_Model):
@@ -154,6 +158,7 @@ class StartupEvidence(_Model):
     prefix_caching: bool | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    all2all_backend: str | None = None
     launch_command: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     findings: list[Fact] = Field(default_factory=list)

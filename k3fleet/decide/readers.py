@@ -35,6 +35,7 @@ from k3fleet.decide.models import (
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, verify_run
 from k3fleet.evidence.redact import excerpt
+from k3fleet.verdict import all2all
 
 KINDS = ("audit", "change", "accept", "triage")
 
@@ -161,7 +162,7 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
         rdma_required=v.strategy.rdma_required if v.strategy else None,
         unreachable=sorted(h.host for h in hosts if h.status == "unreachable"),
         evidence_incomplete=v.summary.evidence_incomplete, interrupted=run.get("status") == "interrupted",
-        nccl=nccl, plan=v.plan.model_dump(mode="json"))
+        nccl=nccl, plan=v.plan.model_dump(mode="json"), interconnect=v.interconnect)
 
 
 def _branch(version: str | None) -> int | None:
@@ -289,6 +290,8 @@ def startup_evidence(result: Any, ref: Ref) -> StartupEvidence:
         enable_expert_parallel=_flag(d.get("enable_expert_parallel")), max_model_len=_int(d.get("max_model_len")),
         prefix_caching=_flag(d.get("prefix_caching")), tool_call_parser=_str(d.get("tool_call_parser")),
         reasoning_parser=_str(d.get("reasoning_parser")), launch_command=_str(d.get("launch_command")),
+        all2all_backend=_str(d.get("all2all_backend"))
+        or (_str(env.get(all2all.ENV)) if isinstance(env, dict) else None),
         env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
         findings=_facts_of(result, ref))
 

@@ -155,6 +155,11 @@ class Gpu(_Model):
     fabric_status: str | None = None
     # None: no Health section (older driver, no fabric) or not read.
     fabric_health: FabricHealth | None = None
+    # The GPU's NVLink domain once registration completed (NVML clusterUuid / cliqueId, -q ClusterUUID /
+    # CliqueId): GPUs of one multi-node NVLink domain share a non-zero UUID; a single HGX board reports the
+    # zero UUID. None: not reported or not read (docs/facts.md section 15).
+    fabric_cluster_uuid: str | None = None
+    fabric_clique_id: int | None = None
     memory_used_mib: int | None = None
     # None: not read (the call is missing or refused); []: no compute process on the GPU.
     processes: list[GpuProcess] | None = None

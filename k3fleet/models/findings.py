@@ -152,6 +152,21 @@ class StrategyDecision(_Out):
         "size set from the strategy)")
 
 
+class InterconnectSummary(_Out):
+    """What the serving group's hosts offer an all-to-all backend's transport (k3fleet.verdict.all2all)."""
+
+    serving_hosts: int = 0
+    multi_node: bool = Field(default=False, description="the strategy spans nodes")
+    backend: str | None = Field(default=None, description="the target's --all2all-backend (or VLLM_ALL2ALL_BACKEND)")
+    backend_source: str | None = None
+    rdma_missing: dict[str, str] = Field(default_factory=dict, description="host -> why it has no working RDMA path")
+    rdma_unknown: dict[str, str] = Field(default_factory=dict)
+    nvlink_domains: dict[str, int] = Field(default_factory=dict, description="ClusterUUID -> serving hosts in it")
+    nvlink_single_node: list[str] = Field(default_factory=list, description="hosts with the zero ClusterUUID")
+    nvlink_missing: dict[str, str] = Field(default_factory=dict, description="host -> why it has no NVLink fabric")
+    nvlink_unknown: dict[str, str] = Field(default_factory=dict)
+
+
 class VerdictSummary(_Out):
     hosts: int
     passed: int
@@ -178,6 +193,8 @@ class FleetVerdict(_Out):
     fleet_findings: list[Finding] = Field(default_factory=list)
     plan: ChangePlan
     strategy: StrategyDecision | None = Field(default=None, description="the serving strategy judged against")
+    interconnect: InterconnectSummary | None = Field(
+        default=None, description="the serving group's RDMA and NVLink facts, for judging an all-to-all backend")
     unconfirmed_matrix_rows: list[str] = Field(
         default_factory=list, description="matrix rows marked confirmed: false that a finding relied on"
     )

@@ -116,6 +116,10 @@ SOURCES: dict[str, str] = {
     "fleet.rdma_rail_drift": 'docs/facts.md section 6',
     "fleet.strategy": 'docs/facts.md section 1 (MXFP4 weights about 1680 GB, unconfirmed; GPUs per strategy)',
     "fleet.capacity": 'docs/facts.md section 1 (Kimi K3 recipe: GPUs per strategy, 32 on H100)',
+    "fleet.all2all_topology": (
+        'docs/facts.md section 15 (vLLM expert parallel deployment: --all2all-backend, DeepEP over RDMA, '
+        'FlashInfer over multi-node NVLink)'
+    ),
     "target.unconfirmed": 'docs/facts.md section 2 (rows marked confirmed: false)',
 }
 
@@ -347,6 +351,17 @@ _CHECKS: tuple[Check, ...] = (
        "The serving strategy ({strategy}) needs a minimum number of GPUs that pass the checks.",
        "error",
        "Fix failing hosts or add nodes until the healthy GPU count reaches the minimum.",
+       scope="fleet"),
+    _c("fleet.all2all_topology", "All-to-all backend fits the interconnect",
+       "The expert-parallel all-to-all backend the serving command names (--all2all-backend, formerly "
+       "VLLM_ALL2ALL_BACKEND) needs its transport on every node of the serving group: the DeepEP backends "
+       "(deepep_v2) RDMA with every rail Active and nvidia_peermem or DMA-BUF, the FlashInfer NVLink backends "
+       "(flashinfer_nvlink_one_sided) one NVLink fabric spanning the nodes. Without it the engine fails at "
+       "start-up or runs on a fallback: the environment must be rebuilt.",
+       "error",
+       "Give every serving node the backend's transport (rails up, nvidia_peermem or DMA-BUF; or one NVLink "
+       "domain with Fabric Manager and IMEX), leave the hosts without it out of the serving group, or choose the "
+       "backend the interconnect has (deepep_v2 over RDMA, flashinfer_nvlink_one_sided on MNNVL).",
        scope="fleet"),
     _c("target.unconfirmed", "Verdict relied on unconfirmed data",
        "Some CUDA -> driver matrix rows are not confirmed by the primary source.",

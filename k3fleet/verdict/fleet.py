@@ -35,12 +35,14 @@ from k3fleet.models.findings import (
     FleetVerdict,
     HostStatus,
     HostVerdict,
+    InterconnectSummary,
     Outcome,
     Severity,
     StrategyDecision,
     VerdictSummary,
 )
 from k3fleet.models.target import Target, is_multi_node
+from k3fleet.verdict import all2all
 from k3fleet.verdict.catalogue import CHECKS
 from k3fleet.verdict.intake import gc_paused
 from k3fleet.verdict.plan import HostEval, build_plan
@@ -203,6 +205,7 @@ def _evaluate_fleet(
     _strategy_findings(decision, target, fl)
     _drift(evals, fl)
     plan, changeable = build_plan(evals, list(unreachable), ct, wave_size)
+    interconnect = _all2all(evals, decision, target, fl)
     if invalid_findings:
         # Hosts without readable facts cannot be planned: they are blocked until re-audited.
         plan.blocked = sorted(
@@ -246,7 +249,28 @@ def _evaluate_fleet(
     return FleetVerdict(
         target=target.name, outcome=outcome, reasons=reasons, summary=summary, hosts=dict(sorted(hosts.items())),
         fleet_findings=fl.out, plan=plan, strategy=decision, unconfirmed_matrix_rows=sorted(unconfirmed),
+        interconnect=interconnect,
     )
+
+
+def _all2all(evals: list[HostEval], decision: StrategyDecision, target: Target, fl: _Fleet) -> InterconnectSummary:
+    """The serving group's interconnect and the target's all-to-all backend judged against it
+    (docs/facts.md section 15). The serving group is every audited host with readable facts: the
+    inventory is the nodes the engine is meant to span, and a node the backend cannot run on must be
+    repaired or taken out of that group, whatever else it fails."""
+    serving = [(e.host, e.facts) for e in evals]
+    summary = all2all.summarise(serving, is_multi_node(decision.strategy), target.rdma.min_rate_gbps)
+    backend, source = all2all.backend_of(target.serve.flags, target.serve.env)
+    summary.backend, summary.backend_source = backend, source
+    verdict = all2all.judge(backend, summary)
+    if verdict is not None:
+        hosts = sorted(verdict.hosts)[:all2all.MAX_LISTED]
+        ev: dict[str, Any] = {"backend": backend, "source": f"target serve ({source})", "hosts": hosts,
+                              "why": {h: verdict.hosts[h] for h in hosts}, "serving_hosts": summary.serving_hosts,
+                              "multi_node": summary.multi_node}
+        fl.out.append(Finding(check_id="fleet.all2all_topology", severity="error", kind=verdict.kind, host=None,
+                              message=verdict.message, evidence=ev, fix=verdict.fix))
+    return summary
 
 
 def _strategy_findings(d: StrategyDecision, target: Target, fl: _Fleet) -> None:
@@ -297,7 +321,11 @@ def _outcome(
         reasons.insert(0, f"{s.gpus_after_plan} GPUs would be healthy after the planned driver change, "
                           f"{need} required ({basis})")
         return "expand_capacity", reasons
+    # A backend whose transport the hosts lack fails the engine's start: the environment is rebuilt, not limited.
+    a2a = [f for f in fleet_findings if f.check_id == "fleet.all2all_topology" and f.kind == "fail"]
     if n_chain:
+        if a2a:
+            reasons.append(f"{a2a[0].message}; fix: {a2a[0].fix}")
         listed = ", ".join(f"{k} ({n})" for k, n in sorted(chain_ids.items()))
         reasons.insert(0, f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {listed}")
         n_driver = sum(1 for u in plan.needs_upgrade if u.scope == "driver")
@@ -305,6 +333,9 @@ def _outcome(
         if n_driver or n_fm:
             reasons.append(f"the change plan moves {n_driver} host(s) to the target driver"
                            + (f" and {n_fm} host(s) to the Fabric Manager of their driver's version" if n_fm else ""))
+        return "rebuild_environment", reasons
+    if a2a:
+        reasons.insert(0, f"{a2a[0].message}; fix: {a2a[0].fix}")
         return "rebuild_environment", reasons
     fleet_errors = sorted({f.check_id for f in fleet_findings if f.blocking})
     warnings = s.findings.get("warning", 0)

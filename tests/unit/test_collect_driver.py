@@ -444,11 +444,13 @@ def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
         {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165",
          "memory_total_mib": 143771, "memory_used_mib": 0, "persistence_mode": True, "compute_capability": "9.0",
          "pci_bus_id": "00000000:1B:00.0", "fabric_state": "completed", "fabric_status": "success",
-         "fabric_health": no_health, "processes": None},
+         "fabric_health": no_health, "processes": None,
+         # Registration completed: the domain is read (this fake leaves the struct's UUID and clique zero).
+         "fabric_cluster_uuid": "00000000-0000-0000-0000-000000000000", "fabric_clique_id": 0},
         {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-50404ee7-1d50-1d0c-6780-806cf66543b8",
          "memory_total_mib": 143771, "memory_used_mib": 0, "persistence_mode": False, "compute_capability": "9.0",
          "pci_bus_id": "00000000:43:00.0", "fabric_state": "not_supported", "fabric_status": None,
-         "fabric_health": None, "processes": None},
+         "fabric_health": None, "processes": None, "fabric_cluster_uuid": None, "fabric_clique_id": None},
     ]
     assert got["note"] == "GPU compute processes unknown: GPU 0-1: bindings lack nvmlDeviceGetComputeRunningProcesses"
     assert nv.calls == ["init", "shutdown"]

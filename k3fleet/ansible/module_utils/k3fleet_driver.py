@@ -341,6 +341,20 @@ def _fabric_entry(block: list[list[Any]]) -> dict[str, str | None]:
     return entry
 
 
+def _smi_fabric_domain(fabric: list[Any] | None) -> tuple[str | None, int | None]:
+    """(ClusterUUID, CliqueId) of one GPU's "Fabric" section; None where N/A or not printed.
+
+    GPUs of one multi-node NVLink domain share a non-zero ClusterUUID; a single HGX board prints the
+    zero UUID and clique 0 (docs/facts.md section 15).
+    """
+    if fabric is None:
+        return None, None
+    uuid = (_child(fabric[2], "ClusterUUID") or [None, None])[1]
+    clique = (_child(fabric[2], "CliqueId") or [None, None])[1]
+    uuid = None if uuid is None or _na(uuid) else uuid.strip().lower()
+    return uuid, (int(clique.strip()) if clique is not None and clique.strip().isdigit() else None)
+
+
 def parse_smi_q_fabric(text: str) -> dict[str, dict[str, str | None]]:
     """Per-GPU "Fabric" State and Status from ``nvidia-smi -q``, keyed by normalised bus id.
 
@@ -487,6 +501,7 @@ def apply_smi_q(gpus: list[dict[str, Any]], text: str) -> tuple[str | None, str 
         fabric = _child(block, "Fabric")
         health = _child(fabric[2], "Health") if fabric is not None else None
         gpu["fabric_health"] = parse_fabric_health(health[2]) if health is not None else None
+        gpu["fabric_cluster_uuid"], gpu["fabric_clique_id"] = _smi_fabric_domain(fabric)
         memory = _child(block, "FB Memory Usage")
         used = _child(memory[2], "Used") if memory is not None else None
         gpu["memory_used_mib"] = _mib(used[1]) if used is not None else None
@@ -842,11 +857,13 @@ def _fabric_struct(nv: Any) -> tuple[Any, bool] | None:
     return (v_t, False) if v_t is not None else None
 
 
-def _fabric_info(nv: Any, handle: Any) -> tuple[str | None, str | None, dict[str, Any] | None]:
+def _fabric_info(nv: Any, handle: Any, domain: dict[str, Any] | None = None,
+                 ) -> tuple[str | None, str | None, dict[str, Any] | None]:
     """(fabric_state, fabric_status, fabric_health) of one GPU through NVML.
 
     Asks with the v3 struct (health summary) first; a driver that does not know v3 answers with a
-    version mismatch, and the v2 struct (health mask only) is tried next.
+    version mismatch, and the v2 struct (health mask only) is tried next. Once registration completed,
+    ``domain`` (when given) gets the GPU's NVLink domain: ``cluster_uuid`` and ``clique_id``.
     """
     import ctypes  # only needed when NVML is in use
 
@@ -882,6 +899,10 @@ def _fabric_info(nv: Any, handle: Any) -> tuple[str | None, str | None, dict[str
     # NVML: the status "must be checked only if state returns complete"; nvidia-smi prints N/A before.
     if state == "completed" and hasattr(info, "status"):
         status = _nvml_return_name(nv, int(info.status))
+        if domain is not None and hasattr(info, "clusterUuid"):
+            u = bytes(bytearray(info.clusterUuid)).hex()
+            domain["cluster_uuid"] = "-".join((u[:8], u[8:12], u[12:16], u[16:20], u[20:]))
+            domain["clique_id"] = int(info.cliqueId) if hasattr(info, "cliqueId") else None
     health = None
     if hasattr(info, "healthMask"):
         summary = int(info.healthSummary) if has_summary and hasattr(info, "healthSummary") else None
@@ -939,7 +960,9 @@ def _nvml_gpu(nv: Any, index: int, notes: dict[str, list[Any]]) -> dict[str, Any
     major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
     gpu["compute_capability"] = f"{int(major)}.{int(minor)}"
     gpu["pci_bus_id"] = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
-    gpu["fabric_state"], gpu["fabric_status"], gpu["fabric_health"] = _fabric_info(nv, handle)
+    domain: dict[str, Any] = {}
+    gpu["fabric_state"], gpu["fabric_status"], gpu["fabric_health"] = _fabric_info(nv, handle, domain)
+    gpu["fabric_cluster_uuid"], gpu["fabric_clique_id"] = domain.get("cluster_uuid"), domain.get("clique_id")
     gpu["processes"], why = _nvml_processes(nv, handle)
     if why:
         notes.setdefault(why, []).append(index)
@@ -1069,6 +1092,8 @@ def _gpu_from_smi(row: dict[str, Any]) -> dict[str, Any]:
         "fabric_state": None,
         "fabric_status": None,
         "fabric_health": None,
+        "fabric_cluster_uuid": None,
+        "fabric_clique_id": None,
         "memory_used_mib": None,
         "processes": None,
         "ecc": None,
