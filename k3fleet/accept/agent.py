@@ -30,6 +30,7 @@ from k3fleet.accept.client import (
     body_lines,
     dumps_body,
     error_from_exception,
+    model_card,
     post_json,
     stream_chat,
 )
@@ -412,6 +413,8 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
             outcomes[case].append(out)
 
     t0 = time.monotonic()
+    # The model must be served (exit 2 otherwise), as for every probe, before any case runs.
+    await model_card(ctx.client, ctx.endpoint)
     await _reference_client(ctx, say)
     # Round by round (every case once a round), so a time budget cut leaves every case measured alike.
     rounds = 0
