@@ -34,7 +34,7 @@ test: $(STAMP)
 	if [ "$$(id -u)" -eq 0 ] && [ -z "$$K3FLEET_NO_SYSTEM_PACKAGES" ]; then \
 	  echo "make test: installing Debian packages if missing (chromium, fonts-dejavu-core: scripts/report-deps.sh; K3FLEET_NO_SYSTEM_PACKAGES=1 skips)"; \
 	  bash scripts/report-deps.sh; fi
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -n auto --dist loadfile -m "not system" tests
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -n auto --dist loadfile -m "not system and not serving" tests
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
@@ -97,6 +97,17 @@ bench-load:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench-load]'
 	$(BENCH_VENV)/bin/python scripts/bench_load.py --streams 64 256 1024
+
+# Every acceptance probe against a real vLLM: the CPU build in its own venv (.cache/vllm-venv, pinned;
+# built here on first use, about 3.5 GB and 10 minutes) serving a tiny model made on the spot
+# (docs/acceptance.md "The serving suite"). Four server starts, one at a time.
+.PHONY: test-serving vllm-down
+test-serving: $(STAMP)
+	$(BIN)/k3fleet lab vllm prepare
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -m serving tests/serving
+
+vllm-down: $(STAMP)
+	$(BIN)/k3fleet lab vllm down
 
 testbed-down: $(STAMP)
 	$(BIN)/k3fleet lab testbed down

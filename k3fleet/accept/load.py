@@ -645,11 +645,15 @@ class _Run:
             return "latency"
         if other / n > self.opts.error_rate_limit:
             return "errors"
-        # Load pressure the server itself reports: the KV cache ran full (preemptions), or requests queued
-        # for most of the step (more sessions than the server runs at once, e.g. its --max-num-seqs).
+        # Load pressure the server itself reports: the KV cache ran full (preemptions), or a concurrency
+        # ceiling: requests waited for most of the step (3 samples at least) while the server ran fewer
+        # than the sessions offered (its --max-num-seqs). A request between prefill and decode that shows
+        # as waiting for a moment while every session runs is no ceiling.
         if row.get("preemptions_delta"):
             return "preempted"
-        if row.get("waiting_p50") is not None and row["waiting_p50"] >= 1:
+        running = row.get("running_max")
+        if (row.get("waiting_p50") is not None and row["waiting_p50"] >= 1 and row.get("samples", 0) >= 3
+                and running is not None and running < row["concurrency"]):
             return "queued"
         ttft, itl = row.get("ttft_p95_s"), row.get("itl_p95_s")
         if ttft is not None and ttft > self.opts.ttft_p95_slo_s:
