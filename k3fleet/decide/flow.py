@@ -262,6 +262,10 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
         if is_stdout(opts.archive):
             raise UsageError("--archive -: an evidence package is written to a file, not to stdout")
         check_output(opts.archive, "--archive", force=opts.force, inputs=archive_inputs)
+    elif opts.out is not None:
+        # The default archive sits beside --out: judged now too, not after the decision is written.
+        check_output(opts.out.with_name(opts.out.name + ".tar.gz"), "evidence package", force=opts.force,
+                     inputs=archive_inputs)
     now = _now()
     summary = build_summary(src, opts, now.isoformat())
     decision = decide(summary)

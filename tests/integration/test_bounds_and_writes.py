@@ -513,3 +513,13 @@ def test_a_disk_that_fills_while_the_archive_is_written(tmp_path: Path, triage_r
             "mid-write; nothing was replaced") in err
     assert archive.read_bytes() == b"the previous package"
     no_temp_files(tmp_path)
+
+
+def test_the_default_archive_beside_out_is_judged_before_anything_is_written(tmp_path: Path,
+                                                                             triage_run: Path) -> None:
+    beside = tmp_path / "d.tar.gz"
+    beside.write_bytes(b"last week's package")
+    ran = k3fleet("decide", str(triage_run), "--reviewer", "carol", "--out", str(tmp_path / "d"), tmp=tmp_path)
+    assert ran.rc == 2
+    assert f"evidence package {beside} exists: pass --force to replace it" in ran.one_line()
+    assert beside.read_bytes() == b"last week's package" and not (tmp_path / "d").exists()
