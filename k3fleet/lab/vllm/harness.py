@@ -197,9 +197,9 @@ def _ours(wd: Path) -> Callable[[int, list[str]], bool]:
 def _stop_all(layout: Layout, state: VllmState | None) -> list[int]:
     """The supervisor (it stops the server's group), then anything still carrying our mark."""
     wd = layout.workdir
+    found = list(processes.marked_processes(_ours(wd)))
     sup = processes.supervisor_pids(supervisor.MODULE, layout, state)
     processes.stop(sup, _DOWN_GRACE_S)
-    found = list(processes.marked_processes(_ours(wd)))
     processes.kill_until_gone(lambda: list(processes.marked_processes(_ours(wd))))
     return sorted(set(sup) | set(found))
 
