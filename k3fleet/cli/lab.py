@@ -56,3 +56,14 @@ def testbed_status(workdir: Annotated[Path, typer.Option("--workdir",
     state = testbed.status(workdir)
     data = state.model_dump(mode="json") if hasattr(state, "model_dump") else state.__dict__
     out.print_json(json.dumps(data, default=str))
+
+
+@lab_app.command("demo")
+def lab_demo(
+    workdir: Annotated[Path, typer.Option("--workdir", help="Where the demo's runs, keys and lab state go "
+                                          "(a previous demo's directory is replaced).")] = Path("runs/demo"),
+) -> None:
+    """The whole path on the lab: audit, plan, upgrade --check, accept all, decide, watch (make demo)."""
+    from k3fleet.lab.demo import run_demo
+
+    raise typer.Exit(run_demo(workdir))

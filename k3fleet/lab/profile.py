@@ -111,6 +111,12 @@ class GpuProcessSpec(_Spec):
     used_mib: int = Field(gt=0)
     # None: on every GPU of the host (a tensor-parallel server holds all of them).
     gpus: list[int] | None = None
+    # The libcuda its /proc/<pid>/maps shows; None: the host driver's own. A compat/ path is a
+    # forward-compatibility package (docs/facts.md section 16).
+    libcuda: str | None = None
+    cudart: str | None = Field(default=None, description="libcudart version it mapped, e.g. 12.4.127")
+    # False: /proc/<pid>/maps cannot be read (another user's process, no root).
+    maps_readable: bool = True
 
 
 HealthFlag = Literal["True", "False", "N/A"]
@@ -313,6 +319,22 @@ class ProbeSpec(_Spec):
     message: str | None = None
 
 
+class TenantSpec(_Spec):
+    """A running container of another tenant, as `<runtime> container inspect` shows it (docs/facts.md
+    section 16)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    image: str
+    cuda_version: str | None = None
+    nvidia_require_cuda: str | None = None
+    # NVIDIA's CUDA images set it (cuda-compat-12-4) and install the package.
+    compat_package: str | None = None
+    ld_library_path: str = "/usr/local/nvidia/lib:/usr/local/nvidia/lib64"
+    gpus: bool = True
+    # GPU processes (gpus.processes pids) that run in it.
+    pids: list[int] = Field(default_factory=list)
+
+
 class ContainerSpec(_Spec):
     runtime: Literal["docker", "podman", "none"] = "docker"
     runtime_version: str = "28.1.1"
@@ -322,6 +344,8 @@ class ContainerSpec(_Spec):
     toolkit_commit: str | None = "f202b80a9b9d0db00d9b1d73c0128c8962c55f4d"
     image: ImageSpec = Field(default_factory=ImageSpec)
     probe: ProbeSpec = Field(default_factory=ProbeSpec)
+    # Other tenants' running containers.
+    tenants: list[TenantSpec] = Field(default_factory=list)
 
 
 SlurmState = Literal["idle", "mixed", "allocated", "drained", "draining", "down"]
@@ -376,6 +400,9 @@ class Profile(_Spec):
     unattended_upgrades: UnattendedSpec = Field(default_factory=UnattendedSpec)
     # Further packages on hold besides the driver/Fabric Manager ones ``held`` already covers.
     held_packages: list[str] = Field(default_factory=list)
+    # CUDA forward-compatibility packages installed on the host: name -> version (cuda-compat-12-9:
+    # 575.57.08-0ubuntu1).
+    compat_packages: dict[str, str] = Field(default_factory=dict)
     container: ContainerSpec = Field(default_factory=ContainerSpec)
     slurm: SlurmSpec | None = Field(default_factory=SlurmSpec)
     # NVRM Xid lines in the kernel log (dmesg) since boot.
@@ -404,6 +431,13 @@ class Profile(_Spec):
             used = sorted(set(self.raw) & {"runtime_version", "image_inspect", "probe"})
             if used:
                 raise ValueError(f"raw has {', '.join(used)} but container.runtime is none")
+        pids = {p.pid for p in self.gpus.processes}
+        unknown_pids = sorted({pid for t in self.container.tenants for pid in t.pids} - pids)
+        if unknown_pids:
+            raise ValueError(f"container.tenants name pid {', '.join(map(str, unknown_pids))}, which is in no "
+                             "gpus.processes entry")
+        if self.container.tenants and self.container.runtime == "none":
+            raise ValueError("container.tenants needs a container runtime")
         beyond = sorted({x.gpu for x in self.xid if x.gpu >= self.gpus.count})
         if beyond:
             raise ValueError(f"xid names GPU {', '.join(map(str, beyond))}, which does not exist")

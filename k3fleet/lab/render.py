@@ -299,6 +299,7 @@ class ProfileRenderer:
                     ("containerd.io", "1.7.27-1" if not rpm else "1.7.27-3.1.el9")]
         elif self.runtime == "podman":
             out.append(("podman", f"{c.runtime_version}-1" if rpm else f"{c.runtime_version}+ds1-1ubuntu1"))
+        out += sorted(self.p.compat_packages.items())
         if self.drv is not None and self.drv.dkms:
             out.append(("dkms", "3.1.6-1.el9" if rpm else
                         ("2.8.7-2ubuntu2.2" if self.p.os == "ubuntu-22.04" else "3.0.11-1ubuntu13")))
@@ -911,8 +912,61 @@ class ProfileRenderer:
             img.record(sources.runtime_version_argv(self.runtime), self.runtime_version())
             img.record(sources.image_inspect_argv(self.runtime, self.image), self.image_inspect())
             img.record(sources.probe_argv(self.runtime, self.image), self.probe())
+            self._render_tenants(img)
+        self._render_process_maps(img)
         self._apply_raw(img, host_specific=False, hostname="")
         return img
+
+    # -- other tenants (docs/facts.md section 16) ------------------------------------------------
+    def tenant_id(self, name: str) -> str:
+        return _hex(f"tenant/{name}")
+
+    def _render_tenants(self, img: HostImage) -> None:
+        tenants = self.p.container.tenants
+        ids = [self.tenant_id(t.name) for t in tenants]
+        img.record(sources.container_ps_argv(self.runtime), Recording(stdout="".join(f"{i}\n" for i in ids)))
+        if not tenants:
+            return
+        out = []
+        for t, ident in zip(tenants, ids, strict=True):
+            env = {"PATH": "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                           "/usr/bin:/sbin:/bin", "NVARCH": "x86_64", "LD_LIBRARY_PATH": t.ld_library_path,
+                   "NVIDIA_VISIBLE_DEVICES": "all" if t.gpus else "void"}
+            if t.nvidia_require_cuda:
+                env["NVIDIA_REQUIRE_CUDA"] = t.nvidia_require_cuda
+            if t.cuda_version:
+                env["CUDA_VERSION"] = t.cuda_version
+            if t.compat_package:
+                env["NV_CUDA_COMPAT_PACKAGE"] = t.compat_package
+            requests = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]],
+                         "Options": {}}] if t.gpus else None
+            # The fields docker 28's inspect gives that the collector reads, in its shape.
+            out.append({"Id": ident, "Name": f"/{t.name}", "Image": "sha256:" + _hex(f"tenant-image/{t.image}"),
+                        "State": {"Status": "running", "Running": True, "Pid": t.pids[0] if t.pids else 4000},
+                        "HostConfig": {"Runtime": "runc", "DeviceRequests": requests},
+                        "Config": {"Image": t.image, "Env": [f"{k}={v}" for k, v in env.items()]}})
+        img.record(sources.container_inspect_argv(self.runtime, ids),
+                   Recording(stdout=json.dumps(out, indent=4) + "\n"))
+
+    def _render_process_maps(self, img: HostImage) -> None:
+        """/proc/<pid>/cgroup and maps of each GPU process: its container (a tenant's) and its libcuda."""
+        owner = {pid: self.tenant_id(t.name) for t in self.p.container.tenants for pid in t.pids}
+        version = (self.drv.loaded_version or self.drv.version) if self.drv is not None else None
+        for proc in self.p.gpus.processes:
+            cid = owner.get(proc.pid)
+            scope = f"docker-{cid}.scope" if cid else "session-3.scope"
+            slice_ = "system.slice" if cid else "user.slice/user-1000.slice"
+            img.files[sources.PROC_PID_FILES["cgroup"] % proc.pid] = f"0::/{slice_}/{scope}\n"
+            if not proc.maps_readable:
+                continue
+            libcuda = proc.libcuda or (f"/usr/lib/x86_64-linux-gnu/libcuda.so.{version}" if version else None)
+            lines = [f"7f3a10000000-7f3a10200000 r-xp 00000000 103:02 1835 {proc.name}"]
+            if proc.cudart:
+                lines.append(f"7f3a20000000-7f3a20100000 r-xp 00000000 103:02 2211 "
+                             f"/usr/local/cuda/lib64/libcudart.so.{proc.cudart}")
+            if libcuda:
+                lines.append(f"7f3a30000000-7f3a31000000 r-xp 00000000 103:02 3310 {libcuda}")
+            img.files[sources.PROC_PID_FILES["maps"] % proc.pid] = "\n".join(lines) + "\n"
 
     def host_image(self, hostname: str) -> tuple[HostImage, HostImage]:
         """(shared, host-specific) images of one host; the shared one is the same object for all."""

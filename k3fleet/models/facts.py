@@ -191,7 +191,7 @@ class Package(_Model):
     name: str
     version: str
     held: bool = False
-    # driver, utils, compute, fabricmanager, dkms, kernel_modules, toolkit, other
+    # driver, utils, compute, fabricmanager, dkms, kernel_modules, toolkit, compat (cuda-compat-*), other
     role: str = "other"
     branch: str | None = None
     flavour: Literal["open", "proprietary"] | None = None
@@ -309,12 +309,60 @@ class ProbeFacts(_Model):
     message: str | None = None
 
 
+class TenantContainer(_Model):
+    """A running container as the runtime's inspect shows it (docs/facts.md section 16)."""
+
+    id: str | None = None
+    name: str | None = None
+    image: str | None = None
+    image_id: str | None = None
+    pid: int | None = None
+    uses_gpu: bool | None = Field(default=None, description="the runtime gives it GPUs (device request, "
+                                                            "nvidia runtime, GPU devices) or a GPU process runs in it")
+    cuda_version: str | None = Field(default=None, description="env CUDA_VERSION")
+    nvidia_require_cuda: str | None = Field(default=None, description="env NVIDIA_REQUIRE_CUDA")
+    compat_package: str | None = Field(default=None, description="env NV_CUDA_COMPAT_PACKAGE (cuda-compat-12-4)")
+    compat_on_path: str | None = Field(default=None, description="a .../compat directory on LD_LIBRARY_PATH")
+    gpu_pids: list[int] = Field(default_factory=list)
+
+
+class TenantProcess(_Model):
+    """One of NVML's compute processes, with its container and the libcuda it loaded."""
+
+    pid: int
+    name: str | None = None
+    gpus: list[int | None] = Field(default_factory=list)
+    used_memory_mib: int | None = None
+    container_id: str | None = None
+    maps_read: bool | None = Field(default=None, description="/proc/<pid>/maps could be read")
+    libcuda: str | None = None
+    libcuda_version: str | None = None
+    libcuda_compat: bool | None = Field(default=None, description="libcuda loaded from a compat/ directory")
+    cudart_version: str | None = None
+
+
+class CompatPackage(_Model):
+    name: str | None = None
+    version: str | None = None
+    branch: str | None = Field(default=None, description="the driver branch its libcuda belongs to")
+
+
+class WorkloadFacts(Section):
+    """Other tenants' CUDA work; status unknown when some of it could not be read."""
+
+    containers: list[TenantContainer] = Field(default_factory=list)
+    processes: list[TenantProcess] = Field(default_factory=list)
+    compat_packages: list[CompatPackage] = Field(default_factory=list)
+
+
 class ContainerFacts(Section):
     runtime: ContainerRuntime | None = None
     runtimes: list[ContainerRuntime] = Field(default_factory=list)
     toolkit_version: str | None = None
     image: ImageFacts | None = None
     probe: ProbeFacts = Field(default_factory=ProbeFacts)
+    # Optional in schema 1.1: None for facts of a collector that did not read them (read as unknown).
+    workloads: WorkloadFacts | None = None
 
 
 # -- scheduler -----------------------------------------------------------------

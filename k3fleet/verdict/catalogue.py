@@ -120,6 +120,10 @@ SOURCES: dict[str, str] = {
         'docs/facts.md section 15 (vLLM expert parallel deployment: --all2all-backend, DeepEP over RDMA, '
         'FlashInfer over multi-node NVLink)'
     ),
+    "workloads.cuda_compat": (
+        'docs/facts.md section 16 (NVIDIA CUDA compatibility guide: backward compatibility, forward-compatibility '
+        'package cuda-compat-<major>-<minor> built from one driver branch; CUDA error 803)'
+    ),
     "target.unconfirmed": 'docs/facts.md section 2 (rows marked confirmed: false)',
 }
 
@@ -320,6 +324,17 @@ _CHECKS: tuple[Check, ...] = (
        "A drained or down node serves nothing; the change night must know which drains are ours.",
        "warning",
        "Resume the node (scontrol update state=resume) if its drain reason is understood."),
+    _c("workloads.cuda_compat", "Other tenants' CUDA work keeps working on the target driver",
+       "The driver change moves every process on the node to the R{target_branch} driver. CUDA user space built "
+       "for an older release (CUDA 12.x) keeps working on a newer driver (backward compatible); a forward-"
+       "compatibility package (cuda-compat-12-*) carries the libcuda of its own older branch, and loaded on the "
+       "R{target_branch} kernel module it fails CUDA initialisation (error 803). The plan lists, per host, the "
+       "containers and GPU processes that keep working and those that break.",
+       "error",
+       "Before the change: have the owners of the tenants that break take the compat directory off "
+       "LD_LIBRARY_PATH (or rebuild on a CUDA the R{target_branch} driver runs), remove the host's old "
+       "cuda-compat packages, and find out what the unknown ones run; or accept the finding for the night "
+       "(--accept-finding workloads.cuda_compat), which is recorded in change.json."),
     _c("fleet.driver_drift", "One driver version across the fleet",
        "Mixed driver versions make failures host-dependent and can break cross-node NCCL.",
        "warning",

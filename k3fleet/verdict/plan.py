@@ -36,7 +36,8 @@ from k3fleet.models.findings import (
     UpgradeScope,
 )
 from k3fleet.models.target import version_tuple
-from k3fleet.verdict.rules import DRIVER_ROLES, CompiledTarget, HostContext, state_words
+from k3fleet.verdict.rules import DRIVER_ROLES, CompiledTarget, HostContext, state_words, tenants
+from k3fleet.verdict.tenants import summary as tenant_summary
 
 # The change night installs and holds the packages itself, so these do not block it.
 RESOLVED_BY_CHANGE = frozenset({"packages.held", "packages.unattended_upgrades"})
@@ -271,6 +272,11 @@ def build_plan(
             continue
         if c.gpus_in_use:
             notes = [*notes, _in_use_note(c)]
+        others = tenants(ev.facts, ct) if scope == "driver" else None
+        if others:
+            # Which of the node's other CUDA work keeps working on the target branch and which breaks
+            # (workloads.cuda_compat blocks the host on a break; docs/facts.md section 16).
+            notes = [*notes, tenant_summary(others, t.driver.branch)]
         item = unchecked(
             UpgradeItem, host=ev.host, scope=scope, current_version=c.version or "", current_branch=c.branch,
             target_version=to_version, target_branch=to_branch,

@@ -27,6 +27,7 @@ from k3fleet.models.findings import SEVERITY_RANK, Finding, FindingKind, Severit
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
 from k3fleet.verdict.strategy import decide_strategy
+from k3fleet.verdict.tenants import Tenant, compat_branch_for, judge_tenants
 
 # Probe failures that mean "this driver is too old for this image" (docs/facts.md section 8).
 CHAIN_PROBE_FAILURES = frozenset({"requirement_error", "cuda_error_35", "driver_too_old", "error_803", "error_804"})
@@ -106,6 +107,10 @@ class CompiledTarget:
         self.oos_states = {s.lower() for s in target.scheduler.out_of_service_states}
         self.down_states = {s.lower() for s in target.scheduler.down_states}
         self.gpu_util = target.serve.gpu_memory_utilization
+        # Other tenants' CUDA against the target driver (docs/facts.md section 16).
+        top = target.matrix.max_cuda_for_driver(target.driver.target_version)
+        self.target_max_cuda: tuple[int, int] | None = (top.key[0], top.key[1]) if top is not None else None
+        self.compat_branch = compat_branch_for(target.matrix)
         self._rows: dict[str, tuple[MatrixRow | None, bool]] = {}
         self._max_cuda: dict[str, MatrixRow | None] = {}
         self._open_req: dict[tuple[str | None, str | None], bool] = {}
@@ -1172,6 +1177,42 @@ def _vllm(f: HostFacts, c: HostContext, e: _Emitter) -> None:
                {"vllm_version": img.vllm_version, "min": e.ct.target.vllm.min_version})
 
 
+def tenants(f: HostFacts, ct: CompiledTarget) -> list[Tenant] | None:
+    """Other tenants' CUDA work judged against the target driver; None when the facts lack it."""
+    w = f.container.workloads
+    if w is None:
+        return None
+    return judge_tenants(w, ct.branch, ct.target_max_cuda, ct.compat_branch)
+
+
+def _tenants(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not c.below_target:
+        return  # no driver change planned here: nothing of the tenants' CUDA moves
+    judged = tenants(f, e.ct)
+    busy = bool(c.gpus_in_use)
+    if judged is None:
+        # Facts of an older collector: the GPUs' own use says whether there is work to ask about.
+        if busy:
+            e.unknown("workloads.cuda_compat", "the CUDA work of the processes holding the GPUs",
+                      "facts from a collector that does not list containers and GPU processes")
+        return
+    ev: dict[str, Any] = {"tenants": [t.as_dict() for t in judged]}
+    broken = [t for t in judged if t.outcome == "breaks"]
+    unsure = [t for t in judged if t.outcome == "unknown"]
+    w = f.container.workloads
+    assert w is not None
+    if broken:
+        e.fail("workloads.cuda_compat",
+               f"{len(broken)} tenant(s) break on R{e.ct.branch}: "
+               + "; ".join(f"{t.who}: {t.why}" for t in broken[:3]) + (" ..." if len(broken) > 3 else ""), ev)
+    elif unsure:
+        e._add("workloads.cuda_compat",
+               f"whether {len(unsure)} tenant(s) keep working on R{e.ct.branch} is unknown: "
+               + "; ".join(f"{t.who}: {t.why}" for t in unsure[:3]), ev, "error", "unknown", False)
+    elif w.status != "ok":
+        e.unknown("workloads.cuda_compat", "the CUDA work of other tenants on the GPUs", w.reason, error=busy)
+
+
 @lru_cache(maxsize=256)
 def state_words(state: str | None) -> frozenset[str]:
     """Slurm writes "IDLE+DRAIN", "idle*", "mixed-": the base words, lower case, flags stripped.
@@ -1213,7 +1254,7 @@ RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
     _held, _unattended, _dkms,
     _fabricmanager,
     _rdma, _acs, _nccl,
-    _runtime, _toolkit, _image, _cuda_runtime, _probe, _vllm,
+    _runtime, _toolkit, _image, _cuda_runtime, _probe, _vllm, _tenants,
     _scheduler,
 )
 

@@ -16,6 +16,7 @@ try:
     from ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
     from ansible.module_utils.k3fleet_scheduler import collect_scheduler
     from ansible.module_utils.k3fleet_sources import FILES
+    from ansible.module_utils.k3fleet_workloads import collect_workloads
 except ImportError:
     from k3fleet.ansible.module_utils.k3fleet_cmd import guard
     from k3fleet.ansible.module_utils.k3fleet_container import collect_container
@@ -25,6 +26,7 @@ except ImportError:
     from k3fleet.ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
     from k3fleet.ansible.module_utils.k3fleet_scheduler import collect_scheduler
     from k3fleet.ansible.module_utils.k3fleet_sources import FILES
+    from k3fleet.ansible.module_utils.k3fleet_workloads import collect_workloads
 
 __metaclass__ = type
 
@@ -62,6 +64,11 @@ def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False
                            packages=packages),
         "scheduler": guard("scheduler", collect_scheduler, reader, node=slurm_node),
     }
+    # Other tenants' CUDA work (docs/facts.md section 16): read from what the container, driver and
+    # package collectors found, in the same round trip.
+    if isinstance(facts["container"], dict):
+        facts["container"]["workloads"] = guard("workloads", collect_workloads, reader, facts["container"],
+                                                driver, packages)
     if not isinstance(facts["hostname"], str):
         facts["hostname"] = None
     facts["commands"] = reader.commands

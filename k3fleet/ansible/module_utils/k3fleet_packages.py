@@ -26,6 +26,9 @@ except ImportError:  # imported from the controller package (unit tests, lab)
 _B = r"(?P<branch>\d{3,})"
 _PACKAGE_RULES = (
     (re.compile(r"^nvidia-driver-pinning-" + _B + r"$"), "other", None),
+    # The CUDA forward-compatibility package: a user-mode driver (libcuda) of the branch its version
+    # names, for the CUDA release in its name (docs/facts.md section 16).
+    (re.compile(r"^cuda-compat-\d+-\d+$"), "compat", None),
     (re.compile(r"^nvidia-driver-" + _B + r"(?:-server)?(?P<open>-open)?$"), "driver", "proprietary"),
     (re.compile(r"^nvidia-headless(?:-no-dkms)?-" + _B + r"(?:-server)?(?P<open>-open)?$"), "driver",
      "proprietary"),
@@ -259,7 +262,7 @@ def _branch(classified: dict[str, Any], version: str) -> tuple[str | None, str |
     name_branch = classified["branch"]
     up = upstream_version(version) or ""
     match = _DRIVER_VERSION.match(up)
-    if classified["role"] in (*_DRIVER_ROLES, "fabricmanager") and match:
+    if classified["role"] in (*_DRIVER_ROLES, "fabricmanager", "compat") and match:
         return match.group(1), name_branch
     if name_branch is None and classified["role"] == "other" and match:
         return match.group(1), None

@@ -61,6 +61,14 @@ COMMANDS = {
 
 CONTAINER_RUNTIMES = ("docker", "podman", "nerdctl")
 
+# Per-process files of the GPUs' compute processes (docs/facts.md section 16): the cgroup names the
+# container a process runs in, the memory map the libcuda (and its directory: a compat/ one is the
+# forward-compatibility package) it loaded. Templates over the pid NVML reports.
+PROC_PID_FILES = {
+    "cgroup": "/proc/%d/cgroup",
+    "maps": "/proc/%d/maps",
+}
+
 # The probe prints one line "K3FLEET_PROBE {json}" when the image's Python can import torch.
 PROBE_MARKER = "K3FLEET_PROBE"
 PROBE_SCRIPT = (
@@ -96,6 +104,19 @@ def probe_argv(runtime, image):
     gpu = ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
     return [runtime, "run", "--rm", "--network", "none"] + gpu + [
         "--name", PROBE_CONTAINER, "--entrypoint", "python3", image, "-c", PROBE_SCRIPT]
+
+
+def container_ps_argv(runtime):
+    """The full ids of the running containers, one a line (docker, podman and nerdctl alike)."""
+    return [runtime, "ps", "--quiet", "--no-trunc"]
+
+
+# One inspect for every running container: a node's tenants cost one command, not one each.
+MAX_INSPECTED_CONTAINERS = 200
+
+
+def container_inspect_argv(runtime, ids):
+    return [runtime, "container", "inspect"] + list(ids)[:MAX_INSPECTED_CONTAINERS]
 
 
 def scontrol_show_node_argv(node):

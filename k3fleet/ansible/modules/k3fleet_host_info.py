@@ -123,7 +123,10 @@ k3fleet:
       type: dict
       sample: {"status": "ok", "settings": {"NCCL_IB_HCA": {"value": "mlx5", "source": "/etc/nccl.conf"}}}
     container:
-      description: Runtime, toolkit, serving image metadata and the optional CUDA probe.
+      description:
+        - Runtime, toolkit, serving image metadata and the optional CUDA probe.
+        - C(workloads) lists other tenants' running containers and the GPUs' compute processes with their
+          CUDA and any cuda-compat package (docs/facts.md section 16).
       returned: always
       type: dict
       sample: {"status": "ok", "image": {"ref": "vllm/vllm-openai:kimi-k3", "cuda_version": "13.0.2"}}

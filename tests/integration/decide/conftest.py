@@ -11,7 +11,7 @@ Everything runs the real command line in a subprocess, as a user would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,24 +56,16 @@ def healthy_audit(runs_root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def change_check(runs_root: Path, python_apt: None, apt_sandbox: Callable[[Path, Path], dict[str, str]],
-                 slurm_standin: Callable[..., None]) -> Path:
+def change_check(runs_root: Path, python_apt: None) -> Path:
     """A real ``upgrade --check`` run: gate audit, drain plan and the apt transaction, nothing changed.
 
-    The private apt state and the Slurm stand-in come from tests/integration/conftest.py.
+    The private apt state and the Slurm stand-in are the lab's (k3fleet.lab.changelab, what ``k3fleet
+    lab demo`` plans on); tests/integration/conftest.py skips where the machine lacks their tools.
     """
-    from k3fleet.lab.fleet import generate_fleet, load_fleet
-    from k3fleet.lab.standin import build_repo
+    from k3fleet.lab import changelab
 
-    work = runs_root / "change-env"
-    # The play gets a minimal environment; the private apt and dpkg state are passed on by name.
-    env = {**apt_sandbox(work / "apt", build_repo(work / "repo")), "K3FLEET_PASS_ENV": "APT_CONFIG,DPKG_ADMINDIR"}
-    lab_inv = generate_fleet(load_fleet(None), work / "lab")
-    lab = yaml.safe_load(lab_inv.read_text())["all"]["children"]["lab"]["hosts"]
-    host = dict(lab["gpu-a01"])
-    slurm_standin(host, work / "bin")
-    inventory = work / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu-a01": host, "gpu-a03": dict(lab["gpu-a03"])}}}))
+    lab = changelab.prepare(runs_root / "change-env")
+    inventory, env = lab.inventory, lab.env
     runs = runs_root / "change-runs"
     proc = k3fleet("upgrade", "-i", str(inventory), "--change-id", "CHG-1042", "--operator", "alice", "--canary",
                    "gpu-a01", "--check", "--runs-dir", str(runs), "--quiet", env=env)
