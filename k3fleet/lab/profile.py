@@ -317,6 +317,8 @@ class ProbeSpec(_Spec):
     result: ProbeResult = "auto"
     visible_gpus: int | None = Field(default=None, ge=0)
     message: str | None = None
+    # GPUs whose matmul in the probe differs from the CPU's result (a GPU that computes wrong).
+    matmul_wrong_gpus: list[int] = Field(default_factory=list)
 
 
 class TenantSpec(_Spec):

@@ -793,7 +793,8 @@ class ProfileRenderer:
                                     "unknown: manifest unknown\n", rc=125)
         if result == "ok":
             visible = self.p.gpus.count if spec.visible_gpus is None else spec.visible_gpus
-            body = {"cuda_init": visible > 0, "visible_gpus": visible, "torch_cuda": torch_cuda, "error": None}
+            body = {"cuda_init": visible > 0, "visible_gpus": visible, "torch_cuda": torch_cuda, "error": None,
+                    "matmul": self.probe_matmul(visible) if visible > 0 else None}
             return Recording(stdout=f"{marker} {json.dumps(body)}\n")
         if result == "requirement_error":
             req = c.image.nvidia_require_cuda.split()[0]
@@ -827,6 +828,16 @@ class ProfileRenderer:
         text = spec.message or ("nvidia-container-cli: initialization error: load library failed: "
                                 "libnvidia-ml.so.1: cannot open shared object file: no such file or directory")
         return Recording(stderr=hook + text + ": unknown\n", rc=125)
+
+    def probe_matmul(self, visible: int) -> list[dict[str, Any]]:
+        """The probe's per-GPU matmul: float32 rounding on a healthy GPU; a profile's bad GPUs differ."""
+        bad = set(self.p.container.probe.matmul_wrong_gpus)
+        tol = 0.0068984375
+        out: list[dict[str, Any]] = []
+        for i in range(visible):
+            err = 3.0517578125e-05 if i not in bad else 61.8125
+            out.append({"gpu": i, "tolerance": tol, "max_abs_err": err, "ok": err <= tol})
+        return out
 
     @staticmethod
     def _cuda_int(cuda: str) -> str:

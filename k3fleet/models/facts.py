@@ -299,14 +299,28 @@ class ImageFacts(_Model):
     vllm_version: str | None = None
 
 
+class ProbeKernel(_Model):
+    """One GPU's matmul in the probe, against the CPU's result of the same inputs."""
+
+    gpu: int
+    ok: bool
+    max_abs_err: float | None = None
+    tolerance: float | None = None
+    error: str | None = None
+
+
 class ProbeFacts(_Model):
     ran: bool = False
     ok: bool | None = None
     cuda_init: bool | None = None
     visible_gpus: int | None = None
-    # requirement_error, cuda_error_35, driver_too_old, error_803, error_804, runtime_error, None
+    # requirement_error, cuda_error_35, driver_too_old, error_803, error_804, kernel_mismatch,
+    # kernel_error, runtime_error, None
     failure: str | None = None
     message: str | None = None
+    # The probe's real CUDA operation (optional in 1.1): None when no kernel result was printed.
+    kernel_ok: bool | None = None
+    kernel: list[ProbeKernel] = Field(default_factory=list)
 
 
 class TenantContainer(_Model):

@@ -107,7 +107,10 @@ SOURCES: dict[str, str] = {
         'docs/facts.md sections 2 and 8 (CUDA minor-version compatibility; nvidia-smi CUDA Version is the '
         "driver's maximum)"
     ),
-    "container.probe": "docs/facts.md section 8 (requirement error, CUDA errors 35/803/804, PyTorch 'driver too old')",
+    "container.probe": (
+        "docs/facts.md section 8 (requirement error, CUDA errors 35/803/804, PyTorch 'driver too old'; the "
+        "probe's matmul checked against the CPU)"
+    ),
     "container.vllm_version": 'docs/facts.md section 1 (Kimi K3 recipe: vLLM 0.27.1 or newer)',
     "scheduler.state": 'docs/architecture.md "Flows" (drain reason k3fleet:<change-id>)',
     "fleet.driver_drift": 'docs/facts.md section 2',
@@ -311,10 +314,13 @@ _CHECKS: tuple[Check, ...] = (
        chain=True),
     _c("container.probe", "CUDA initialises inside the image",
        "Only a real container start proves the chain image -> toolkit -> driver; the failures "
-       "(requirement error, CUDA error 35/803/804, driver too old) name the broken link.",
+       "(requirement error, CUDA error 35/803/804, driver too old) name the broken link. CUDA initialising "
+       "is not enough: the probe runs a matmul on every GPU and checks it against the CPU's result, so a GPU "
+       "that is 'available' but fails or miscomputes a real kernel fails here.",
        "critical",
        "Follow the probe's failure: upgrade the driver to {target_version} for version errors, "
-       "fix the toolkit/CDI configuration otherwise.",
+       "fix the toolkit/CDI configuration otherwise; for a kernel that failed or differs from the CPU, drain "
+       "the node, reset the GPU it names and run the DCGM diagnostic (dcgmi diag -r 3), RMA it if it repeats.",
        chain=True),
     _c("container.vllm_version", "vLLM in the image new enough",
        "The recipe needs vLLM {vllm_min} or newer.",

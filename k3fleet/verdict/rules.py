@@ -1153,6 +1153,10 @@ def _probe(f: HostFacts, c: HostContext, e: _Emitter) -> None:
         if c.gpu_count is not None and pr.visible_gpus is not None and pr.visible_gpus < c.gpu_count:
             e.fail("container.probe", f"the container sees {pr.visible_gpus} of {c.gpu_count} GPUs", ev,
                    severity="error")
+        elif pr.kernel_ok is None:
+            # CUDA initialised, but only a kernel's verified result proves the GPUs compute.
+            e.unknown("container.probe", "a verified CUDA operation in the image",
+                      "the probe printed no matmul result (a probe of an older collector, or a captured output)")
     elif pr.failure in CHAIN_PROBE_FAILURES:
         e.fail("container.probe", f"CUDA does not initialise in the image ({pr.failure}): {pr.message or ''}"
                .rstrip(": "), ev, chain=True)

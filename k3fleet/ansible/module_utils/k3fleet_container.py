@@ -240,6 +240,50 @@ def _last_line(text):
     return lines[-1][:300] if lines else ""
 
 
+def _judge_matmul(probe, results):
+    """The probe's real CUDA operation: a matmul per GPU checked against the CPU (PROBE_SCRIPT).
+
+    ``kernel_ok`` None: the probe printed no kernel result (an older probe, a captured output):
+    CUDA initialised, but no kernel result proves the GPUs compute.
+    """
+    probe["kernel"] = []
+    probe["kernel_ok"] = None
+    if not isinstance(results, list):
+        probe["message"] += "; no kernel result"
+        return
+    for item in results:
+        if not isinstance(item, dict) or not isinstance(item.get("gpu"), int):
+            continue
+        err = item.get("max_abs_err")
+        tol = item.get("tolerance")
+        probe["kernel"].append({
+            "gpu": item["gpu"], "ok": item.get("ok") is True,
+            "max_abs_err": float(err) if isinstance(err, (int, float)) else None,
+            "tolerance": float(tol) if isinstance(tol, (int, float)) else None,
+            "error": str(item["error"])[:300] if item.get("error") else None})
+    bad = [k for k in probe["kernel"] if not k["ok"]]
+    seen = set(k["gpu"] for k in probe["kernel"])
+    missing = [i for i in range(probe["visible_gpus"] or 0) if i not in seen]
+    if bad:
+        probe["ok"] = False
+        probe["kernel_ok"] = False
+        first = bad[0]
+        if first["error"]:
+            probe["failure"] = "kernel_error"
+            detail = first["error"]
+        else:
+            probe["failure"] = "kernel_mismatch"
+            detail = "max abs difference %s from the CPU result, tolerance %s" % (first["max_abs_err"],
+                                                                                 first["tolerance"])
+        probe["message"] = "a 256x256 matmul failed on GPU %s of %s in the container: %s" % (
+            ",".join(str(k["gpu"]) for k in bad), probe["visible_gpus"], detail)
+    elif missing or not probe["kernel"]:
+        probe["message"] += "; no kernel result for GPU %s" % ",".join(str(i) for i in missing)
+    else:
+        probe["kernel_ok"] = True
+        probe["message"] += "; a 256x256 matmul matched the CPU result on every GPU"
+
+
 def parse_probe_output(rc, stdout, stderr, error=None, duration=0.0):
     """ProbeFacts from the probe container's exit status and output."""
     probe = {"ran": True, "ok": False, "cuda_init": None, "visible_gpus": None, "failure": None, "message": None}
@@ -270,6 +314,7 @@ def parse_probe_output(rc, stdout, stderr, error=None, duration=0.0):
         if rc == 0 and probe["cuda_init"]:
             probe["ok"] = True
             probe["message"] = "CUDA initialised in the container; %s GPU(s) visible" % probe["visible_gpus"]
+            _judge_matmul(probe, marker.get("matmul"))
             return probe
 
     text = "\n".join([stdout or "", stderr or "", str((marker or {}).get("error") or "")])

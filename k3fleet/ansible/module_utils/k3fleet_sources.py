@@ -71,14 +71,32 @@ PROC_PID_FILES = {
 
 # The probe prints one line "K3FLEET_PROBE {json}" when the image's Python can import torch.
 PROBE_MARKER = "K3FLEET_PROBE"
+# Once CUDA initialises it runs a real kernel on every visible GPU: a 256x256 float32 matmul (TF32 off)
+# compared with the CPU's result of the same inputs; "matmul" lists per GPU the largest absolute
+# difference, the tolerance and whether it held, or the error the kernel raised
+# (docs/facts.md section 8: is_available() alone passes GPUs that then fail real kernels).
 PROBE_SCRIPT = (
     "import json,sys\n"
-    "out={'cuda_init':False,'visible_gpus':0,'torch_cuda':None,'error':None}\n"
+    "out={'cuda_init':False,'visible_gpus':0,'torch_cuda':None,'error':None,'matmul':None}\n"
     "try:\n"
     " import torch\n"
     " out['torch_cuda']=torch.version.cuda\n"
     " out['cuda_init']=bool(torch.cuda.is_available())\n"
     " out['visible_gpus']=torch.cuda.device_count() if out['cuda_init'] else 0\n"
+    " if out['cuda_init']:\n"
+    "  torch.backends.cuda.matmul.allow_tf32=False\n"
+    "  g=torch.Generator().manual_seed(20)\n"
+    "  a=torch.rand(256,256,generator=g);b=torch.rand(256,256,generator=g);ref=a@b\n"
+    "  tol=1e-4*float(ref.abs().max())\n"
+    "  out['matmul']=[]\n"
+    "  for i in range(out['visible_gpus']):\n"
+    "   r={'gpu':i,'tolerance':tol}\n"
+    "   try:\n"
+    "    d=torch.device('cuda',i);got=(a.to(d)@b.to(d)).cpu();torch.cuda.synchronize(d)\n"
+    "    r['max_abs_err']=float((got-ref).abs().max());r['ok']=r['max_abs_err']<=tol\n"
+    "   except Exception as e:\n"
+    "    r['ok']=False;r['error']='%s: %s'%(type(e).__name__,e)\n"
+    "   out['matmul'].append(r)\n"
     "except Exception as e:\n"
     " out['error']='%s: %s'%(type(e).__name__,e)\n"
     "print('" + "K3FLEET_PROBE" + " '+json.dumps(out))\n"
