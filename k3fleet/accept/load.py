@@ -716,7 +716,18 @@ class _Run:
                                         f"({self._pressure_text(first_bad)} at {first_bad['concurrency']})"), findings
         if not [r for r in rows if not r.get("partial")]:
             return None, None, "no step completed", findings
-        return "stable", None, "stable at the tested envelope", findings
+        return "stable", None, self._stable_text(rows), findings
+
+    def _stable_text(self, rows: list[dict[str, Any]]) -> str:
+        """The figures behind "stable", for the terminal: what was tested and what it held."""
+        done = [r for r in rows if not r.get("partial")]
+        loaded = [r for r in done if r["phase"] != "long_input"] or done
+        top = max(r["concurrency"] for r in loaded)
+        p95 = [r["ttft_p95_s"] for r in loaded if r.get("ttft_p95_s") is not None]
+        ttft = (f"TTFT p95 {max(p95):.2f} s (worst step; SLO {self.opts.ttft_p95_slo_s:g} s)" if p95
+                else "no TTFT measured")
+        return (f"stable up to {top} concurrent sessions (the most tested): {len(self.shots)} requests, {ttft}, "
+                f"{self.errors} errors, no ceiling found")
 
     def _server_why(self, row: Mapping[str, Any] | None) -> str:
         parts = []

@@ -325,3 +325,16 @@ def test_cli_key_from_environment_never_in_evidence(tmp_path: Path, monkeypatch:
     for f in out.rglob("*"):
         if f.is_file():
             assert "sk-load-test-secret-1234" not in f.read_text(errors="replace"), f
+
+
+def test_a_stable_result_says_its_figures() -> None:
+    # "stable" alone tells an SRE nothing: the line carries the concurrency tested, the requests, the worst
+    # step's TTFT p95 against its SLO, the errors and that no ceiling was found, each from the result's data.
+    opts = LoadOptions(**{**QUICK, "phases": ["agent_ramp"], "ramp": [1, 2]})
+    with start_simulator(**FAST) as sim:
+        res = asyncio.run(run_load(ep(sim.base_url), opts))
+    assert res.status == "pass", res.reason
+    d = res.data
+    worst = max(r["ttft_p95_s"] for r in d["curves"] if r["phase"] == "agent_ramp")
+    assert res.reason == (f"stable up to 2 concurrent sessions (the most tested): {d['counts']['requests']} requests, "
+                          f"TTFT p95 {worst:.2f} s (worst step; SLO 5 s), 0 errors, no ceiling found")
