@@ -1,18 +1,38 @@
 """``k3fleet watch``: the first production watch window after a go-live decision.
 
-Every interval: ``/health``, ``/metrics`` (the acceptance metrics reader) and, every
-``agent_every`` intervals, one sampled agent contract case per critical workflow. The samples are
-judged against the accepted baseline (the decision's ``baseline.json``) by :func:`evaluate`, a pure
-function of the watch state and one sample. Rollback triggers (docs/decision.md "Watch"):
+Every interval: ``/health``, ``/metrics`` (the acceptance metrics reader), every ``agent_every``
+intervals one sampled agent contract case per critical workflow (bracketed by a second scrape), and
+every ``--node-log`` file the operator points it at. The samples are judged against the accepted
+baseline (the decision's ``baseline.json``) by :func:`evaluate`, a pure function of the watch state
+and one sample (docs/decision.md "Watch").
 
+A watch that never cries wolf:
+
+- its baseline is the accepted *load* envelope: the hit ratio, latency, queue and rate of the real
+  sessions the load probe ran (``Baseline.load_traffic``), never the synthetic ratio of the cache
+  probe;
+- its own probe traffic is not judged: the probe is bracketed by two scrapes and what the counters
+  rose across it is taken out of the interval (the requests it sent are counted too, and taken out
+  when the second scrape fails);
+- a ratio or rate trigger needs real traffic: the interval deltas are pooled until the pool holds
+  ``min_requests`` real requests, and only a full pool is judged.
+
+Rollback triggers:
+
+- ``process_restart_or_oom``: ``/health`` or ``/metrics`` failing ``repeat`` intervals in a row (an
+  OOM takes the engine down), or the process start time moved / counters went backwards (a restart);
 - ``queue_beyond_envelope``: running + waiting above the accepted concurrency (the ceiling the
   decision named, else the tested envelope) for ``repeat`` intervals in a row;
-- ``schema_invalid_tool_calls``: a sampled critical tool-call case fails ``repeat`` times in a row;
-- ``cache_hit_regression``: prefix caching switched off (``cache_config_info``), or the interval's
-  cache hit ratio below the accepted ratio x (1 - tolerance) for ``repeat`` intervals with traffic;
-- ``process_restart_or_oom``: ``/health`` or ``/metrics`` failing ``repeat`` intervals in a row
-  (an OOM takes the engine down), or the process start time moved / counters went backwards
-  (a restart under the approved profile).
+- ``queue_growth``: requests waiting grew ``repeat`` intervals in a row past the accepted load's
+  queue while real requests arrived at a flat rate (the server slows, not the traffic grows);
+- ``cache_hit_regression``: prefix caching switched off (``cache_config_info``), or a pool's real
+  hit ratio under the accepted load's x (1 - tolerance) while the mean prefill time rose above the
+  lowest seen (the accepted load's TTFT p50 or an earlier pool) x (1 + latency tolerance), ``repeat``
+  pools in a row;
+- ``schema_invalid_tool_calls``: a sampled critical tool-call or structured-output case fails
+  ``repeat`` times in a row;
+- ``node_errors``: an Xid of error or critical severity (the audit's ``gpu.xid`` verdict over the
+  kernel log's NVRM lines) or an NCCL error on a ``--node-log`` line not older than the approval.
 
 When one fires the watch stops and prints the trigger and the rollback artifact: the baseline's
 image, digest and launch configuration.
@@ -21,10 +41,13 @@ image, digest and launch configuration.
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
+import itertools
 import json
+import re
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +60,14 @@ from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError
 
-TRIGGERS = ("queue_beyond_envelope", "schema_invalid_tool_calls", "cache_hit_regression", "process_restart_or_oom")
-DEFAULT_AGENT_CASES = ("one_required_arg", "streaming_deltas")
+TRIGGERS = ("process_restart_or_oom", "queue_beyond_envelope", "queue_growth", "cache_hit_regression",
+            "schema_invalid_tool_calls", "node_errors")
+DEFAULT_AGENT_CASES = ("one_required_arg", "streaming_deltas", "structured_output")
+# Counters read from /metrics whose rise over an interval is the interval's traffic.
+COUNTERS = ("requests", "queries", "hits", "prompt_tokens", "cached_tokens", "preemptions", "http_errors",
+            "e2e_sum", "e2e_count", "itl_sum", "itl_count", "ttft_sum", "ttft_count", "prefill_sum", "prefill_count")
+# Token counters the probe's own requests move: without the scrape after the probe they are unknown.
+_TOKEN_COUNTERS = frozenset(COUNTERS) - {"requests", "http_errors"}
 
 
 class Trigger(BaseModel):
@@ -58,12 +87,20 @@ class Sample(BaseModel):
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None
-    queries: float | None = None
-    hits: float | None = None
-    prompt_tokens: float | None = None
     caching_enabled: bool | None = None
     process_start: float | None = None
+    counters: dict[str, float] = Field(default_factory=dict, description="cumulative server counters (COUNTERS)")
+    error_codes: dict[str, float] = Field(default_factory=dict, description="HTTP answers by status, 4xx/5xx only")
     agent: dict[str, str] | None = Field(default=None, description="sampled case -> pass or its defects")
+    probe_requests: int = Field(default=0, description="requests the watch's own probe sent this interval")
+    after_probe: dict[str, float] | None = Field(default=None, description="the counters scraped right after the "
+                                                                           "probe")
+    after_probe_at: float | None = None
+    node_errors: list[str] | None = Field(default=None, description="errors on the --node-log files since the "
+                                                                    "approval")
+    node_notes: list[str] | None = Field(default=None, description="what the node logs hold that fires nothing")
+    window: dict[str, float | None] | None = Field(default=None, description="the interval's real traffic "
+                                                                             "(evaluate fills it)")
 
 
 @dataclass
@@ -71,9 +108,16 @@ class WatchState:
     baseline: Baseline
     repeat: int = 2
     cache_tolerance: float = 0.5
+    latency_tolerance: float = 0.5
+    min_requests: int = 20
     streak: dict[str, int] = field(default_factory=dict)
     last: Sample | None = None
     first_start: float | None = None
+    # Real traffic not judged yet; the lowest healthy prefill mean; (waiting, arrivals/s) of the last intervals.
+    pool: dict[str, float] = field(default_factory=dict)
+    prefill_low: float | None = None
+    growth: list[tuple[float, float]] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)
 
     @property
     def queue_limit(self) -> int | None:
@@ -88,14 +132,86 @@ def _streak(state: WatchState, key: str, bad: bool) -> int:
     return state.streak[key]
 
 
+def real_traffic(prev: Sample, s: Sample) -> dict[str, float | None] | None:
+    """What real clients sent between two samples: the counters' rise from the scrape after ``prev``'s
+    probe (else ``prev`` itself) to ``s``, so the watch's own probe is never in it. ``None`` when
+    either side lacks counters or one went backwards (a restart: the interval's traffic is unknown)."""
+    if not s.counters or not prev.counters:
+        return None
+    base, since = (prev.after_probe, prev.after_probe_at) if prev.after_probe is not None else (prev.counters, prev.at)
+    out: dict[str, float | None] = {}
+    for key in COUNTERS:
+        a, b = base.get(key), s.counters.get(key)
+        if a is None or b is None:
+            out[key] = None
+            continue
+        if b < a:
+            return None
+        out[key] = b - a
+    if prev.after_probe is None and prev.probe_requests:
+        # The probe ran but its closing scrape failed: its requests are known, its tokens are not.
+        if out.get("requests") is not None:
+            out["requests"] = max(0.0, (out["requests"] or 0.0) - prev.probe_requests)
+        for key in _TOKEN_COUNTERS:
+            out[key] = None
+    out["seconds"] = max(s.at - (since or prev.at), 1e-3)
+    requests = out.get("requests")
+    if requests is None and out.get("e2e_count") is not None:
+        out["requests"] = requests = out["e2e_count"]
+    queue_now = (s.running or 0) + (s.waiting or 0)
+    queue_then = (prev.running or 0) + (prev.waiting or 0)
+    out["arrivals"] = None if requests is None else max(0.0, requests + queue_now - queue_then)
+    return out
+
+
+def judge_pool(pool: Mapping[str, float], want_ratio: float | None, prefill_low: float | None,
+               cache_tolerance: float, latency_tolerance: float) -> tuple[bool, float | None, float | None, str]:
+    """One pool of real traffic against the accepted load: (regressed, hit ratio, prefill mean, why).
+    Regressed only when the hit ratio is under the accepted one and prefill got slower: a lower ratio
+    from a different prompt mix that costs nothing is not a regression."""
+    queries, hits = pool.get("queries"), pool.get("hits")
+    ratio = hits / queries if queries and hits is not None and queries > 0 else None
+    prefill = None
+    for name in ("prefill", "ttft"):
+        total, count = pool.get(f"{name}_sum"), pool.get(f"{name}_count")
+        if total is not None and count:
+            prefill = total / count
+            break
+    if ratio is None or want_ratio is None:
+        return False, ratio, prefill, "no hit ratio to compare"
+    low = ratio < want_ratio * (1 - cache_tolerance)
+    rising = prefill is not None and prefill_low is not None and prefill > prefill_low * (1 + latency_tolerance)
+    why = (f"hit ratio {ratio:.2f} over {pool.get('requests', 0):g} real requests, the accepted load's is "
+           f"{want_ratio:.2f}")
+    if prefill is not None and prefill_low is not None:
+        why += f"; mean prefill {prefill * 1000:.0f} ms, lowest accepted {prefill_low * 1000:.0f} ms"
+    return low and rising, ratio, prefill, why
+
+
+def queue_grows(history: Sequence[tuple[float, float]], repeat: int, accepted_waiting: float,
+                flat_tolerance: float = 0.5) -> bool:
+    """``history``: (requests waiting, real arrivals per second) of the last intervals. True when the
+    queue grew ``repeat`` intervals in a row past the accepted load's queue while the arrival rate
+    stayed flat: never zero, its highest at most ``1 + flat_tolerance`` times its lowest."""
+    if len(history) < repeat + 1:
+        return False
+    last = history[-(repeat + 1):]
+    waits = [w for w, _ in last]
+    if not all(b > a for a, b in itertools.pairwise(waits)) or waits[-1] <= max(accepted_waiting, 1.0):
+        return False
+    rates = [r for _, r in last[1:]]
+    return min(rates) > 0 and max(rates) <= min(rates) * (1 + flat_tolerance)
+
+
 def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
-    """Triggers this sample fires given what came before (updates ``state``)."""
+    """Triggers this sample fires given what came before (updates ``state``, fills ``s.window``)."""
     out: list[Trigger] = []
     snap = s.model_dump(exclude_none=True)
 
     def fire(tid: str, message: str) -> None:
         out.append(Trigger(id=tid, message=message, t_s=s.t_s, at=s.at, sample=snap))
 
+    traffic = state.baseline.load_traffic
     down = s.health != 200 or s.metrics_error is not None
     n = _streak(state, "down", down)
     if down and n >= state.repeat:
@@ -113,8 +229,9 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
                                                f"(process start time moved by {moved:.0f}s)")
                 state.first_start = s.process_start
         prev = state.last if state.last is not None and state.last.metrics_error is None else None
-        if prev is not None and prev.prompt_tokens is not None and s.prompt_tokens is not None \
-                and s.prompt_tokens < prev.prompt_tokens:
+        if prev is not None and prev.counters.get("prompt_tokens") is not None \
+                and s.counters.get("prompt_tokens") is not None \
+                and s.counters["prompt_tokens"] < prev.counters["prompt_tokens"]:
             fire("process_restart_or_oom", "vllm:prompt_tokens went backwards: the engine restarted")
         limit = state.queue_limit
         queue = (s.running or 0) + (s.waiting or 0) if s.running is not None or s.waiting is not None else None
@@ -126,28 +243,139 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
         if state.baseline.prefix_caching and s.caching_enabled is False:
             fire("cache_hit_regression", "prefix caching is off on the server (cache_config_info "
                                          "enable_prefix_caching=False); the accepted configuration has it on")
-        ratio = None
-        if prev is not None and None not in (s.hits, s.queries, prev.hits, prev.queries):
-            dq = s.queries - prev.queries  # type: ignore[operator]
-            dh = s.hits - prev.hits  # type: ignore[operator]
-            if dq > 0 and dh >= 0:
-                ratio = dh / dq
-        want = state.baseline.prefix_cache_hit_ratio
-        if ratio is not None:
-            # Without traffic in the interval there is no ratio: the streak neither grows nor resets.
-            low = want is not None and ratio < want * (1 - state.cache_tolerance)
-            n = _streak(state, "cache", low)
-            if low and n >= state.repeat and want is not None:
-                fire("cache_hit_regression", f"prefix-cache hit ratio {ratio:.2f} over the interval, the accepted "
-                                             f"ratio is {want:.2f} ({n} intervals in a row)")
+        window = real_traffic(prev, s) if prev is not None else None
+        s.window = window
+        if window is None:
+            state.growth.clear()
+            state.arrived.clear()
+        else:
+            if not state.growth and prev is not None and prev.waiting is not None:
+                state.growth.append((prev.waiting, 0.0))  # where the queue stood: only its rates are judged
+            _judge_rates(state, s, window, traffic, fire)
     if s.agent is not None:
         failed = {c: d for c, d in s.agent.items() if d != "pass"}
         n = _streak(state, "agent", bool(failed))
         if failed and n >= state.repeat:
             detail = "; ".join(f"{c}: {d}" for c, d in sorted(failed.items()))
             fire("schema_invalid_tool_calls", f"sampled critical tool-call cases failed {n} times in a row ({detail})")
+    if s.node_errors:
+        fire("node_errors", "node errors since the approval: " + "; ".join(s.node_errors[:4]))
     state.last = s
     return out
+
+
+def _judge_rates(state: WatchState, s: Sample, window: Mapping[str, float | None], traffic: Mapping[str, float],
+                 fire: Callable[[str, str], None]) -> None:
+    """The ratio and rate triggers: only over real traffic, only once there is enough of it."""
+    arrivals, seconds = window.get("arrivals"), window.get("seconds") or 0.0
+    if arrivals is not None and s.waiting is not None and seconds > 0:
+        state.growth.append((s.waiting, arrivals / seconds))
+        state.arrived.append(arrivals)
+        del state.growth[:-(state.repeat + 1)]
+        del state.arrived[:-state.repeat]
+        if sum(state.arrived) >= state.min_requests and queue_grows(state.growth, state.repeat,
+                                                                     traffic.get("waiting_max", 0.0)):
+            rate = state.growth[-1][1]
+            fire("queue_growth", f"{s.waiting:g} requests waiting, growing {state.repeat} intervals in a row at a "
+                                 f"flat {rate:.1f} requests/s (the accepted load left at most "
+                                 f"{traffic.get('waiting_max', 0.0):g} waiting): the server is slowing down")
+    else:
+        state.growth.clear()
+        state.arrived.clear()
+    for key, value in window.items():
+        if value is not None:
+            state.pool[key] = state.pool.get(key, 0.0) + value
+    if state.pool.get("requests", 0.0) < state.min_requests:
+        return
+    pool, state.pool = state.pool, {}
+    if state.prefill_low is None and traffic.get("ttft_p50_s"):
+        state.prefill_low = traffic["ttft_p50_s"]
+    bad, ratio, prefill, why = judge_pool(pool, traffic.get("hit_ratio"), state.prefill_low, state.cache_tolerance,
+                                          state.latency_tolerance)
+    if s.window is not None:
+        s.window = {**s.window, "pool_requests": pool.get("requests"), "pool_hit_ratio": ratio,
+                    "pool_prefill_s": prefill}
+    n = _streak(state, "cache", bad)
+    if not bad and prefill is not None:
+        state.prefill_low = prefill if state.prefill_low is None else min(state.prefill_low, prefill)
+    if bad and n >= state.repeat:
+        fire("cache_hit_regression", f"{why} ({n} pools of real traffic in a row): prefix-cache reuse dropped and "
+                                     "prefill got slower")
+
+
+# -- node logs --------------------------------------------------------------------------------------
+
+# Absolute times a log line can start with: journalctl -o short-iso / RFC 3339, dmesg -T, syslog.
+_ISO = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
+_CTIME = re.compile(r"^\s*\[\s*([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\s*\]")
+_SYSLOG = re.compile(r"^\s*([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s")
+
+
+def line_time(line: str, year: int) -> _dt.datetime | None:
+    """The absolute time a log line starts with (UTC when it names no zone); ``None`` for dmesg's
+    seconds since boot or no time at all."""
+    try:
+        if m := _ISO.match(line):
+            text = m.group(1).replace("Z", "+00:00")
+            if re.search(r"[+-]\d{4}$", text):
+                text = text[:-2] + ":" + text[-2:]
+            when = _dt.datetime.fromisoformat(text)
+        elif m := _CTIME.match(line):
+            when = _dt.datetime.strptime(" ".join(m.group(1).split()), "%a %b %d %H:%M:%S %Y")
+        elif m := _SYSLOG.match(line):
+            when = _dt.datetime.strptime(f"{year} {' '.join(m.group(1).split())}", "%Y %b %d %H:%M:%S")
+        else:
+            return None
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
+
+
+def lines_since(text: str, since: _dt.datetime | None) -> str:
+    """The lines not older than ``since``. A line with no absolute time is kept: the audit that the
+    approval stands on found no Xid since boot, so one in the log now came after it."""
+    if since is None:
+        return text
+    return "\n".join(line for line in text.splitlines()
+                     if (when := line_time(line, since.year)) is None or when >= since)
+
+
+def judge_node_log(text: str, since: _dt.datetime | None, host: str = "node") -> tuple[list[str], list[str]]:
+    """(errors, notes) on a node's kernel log or journal since the approval: its Xid lines judged by the
+    audit's ``gpu.xid`` verdict (error and critical fire; a warning, often the application's own fault,
+    is a note) and NCCL errors by the start-up analyser's pattern."""
+    from k3fleet.accept.startup import NCCL_ERROR
+    from k3fleet.ansible.module_utils.k3fleet_driver import parse_xid_lines
+
+    kept = lines_since(text, since)
+    errors: list[str] = []
+    notes: list[str] = []
+    if parse_xid_lines(kept):
+        from k3fleet.models.facts import HostFacts
+        from k3fleet.targets import load_target
+        from k3fleet.triage import Capture, build_facts
+        from k3fleet.verdict import evaluate_host
+
+        facts = build_facts(host, [Capture(path=Path(host), name=host, kind="kernel_log", text=kept, sha256="")])
+        for f in evaluate_host(HostFacts.model_validate(facts), load_target(None)):
+            if f.check_id == "gpu.xid" and f.kind == "fail":
+                (errors if f.severity in ("error", "critical") else notes).append(f"{host}: {f.message}")
+    nccl = [line for line in kept.splitlines() if NCCL_ERROR.search(line)]
+    if nccl:
+        more = f" (and {len(nccl) - 1} more)" if len(nccl) > 1 else ""
+        errors.append(f"{host}: NCCL error: {excerpt(nccl[-1].strip(), 200, tail='')}{more}")
+    return errors, notes
+
+
+def approval_time(decision: Mapping[str, Any]) -> _dt.datetime | None:
+    value = decision.get("reviewed_at")
+    if not isinstance(value, str):
+        return None
+    try:
+        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
 
 
 # -- the baseline -----------------------------------------------------------------------------------
@@ -281,12 +509,16 @@ class WatchOptions:
     interval_s: float = 15.0
     repeat: int = 2
     cache_tolerance: float = 0.5
+    latency_tolerance: float = 0.5
+    min_requests: int = 20
+    max_samples: int | None = None
     agent_every: int = 1
     agent_cases: Sequence[str] = DEFAULT_AGENT_CASES
     api_key_env: str | None = None
     verify_tls: bool = True
     model: str | None = None
     allowed_signers: Path | None = None
+    node_logs: Sequence[Path] = ()
 
 
 @dataclass
@@ -329,8 +561,69 @@ async def _agent_sample(endpoint: Any, cases: Sequence[str], client: Any) -> dic
     return out
 
 
-async def _watch(opts: WatchOptions, baseline: Baseline, on_sample: Callable[[Sample, list[Trigger]], None]
-                 ) -> WatchResult:
+def counters_of(snap: Any) -> tuple[dict[str, float], dict[str, float]]:
+    """(COUNTERS, HTTP 4xx/5xx answers by status) of one /metrics page; a counter the server does not
+    publish is left out. Requests are vLLM's successful requests (every finish reason); the error codes
+    are the API server's ``http_requests_total`` by ``status``."""
+    out: dict[str, float] = {}
+
+    def put(key: str, value: float | None) -> None:
+        if value is not None:
+            out[key] = value
+
+    put("requests", snap.counter("vllm:request_success"))
+    put("queries", snap.counter("vllm:prefix_cache_queries"))
+    put("hits", snap.counter("vllm:prefix_cache_hits"))
+    put("prompt_tokens", snap.counter("vllm:prompt_tokens"))
+    put("cached_tokens", snap.counter("vllm:prompt_tokens_cached"))
+    put("preemptions", snap.counter("vllm:num_preemptions"))
+    for key, name in (("e2e", "vllm:e2e_request_latency_seconds"), ("itl", "vllm:inter_token_latency_seconds"),
+                      ("ttft", "vllm:time_to_first_token_seconds"), ("prefill", "vllm:request_prefill_time_seconds")):
+        hist = snap.histogram(name)
+        if hist is not None:
+            put(f"{key}_sum", hist.sum)
+            put(f"{key}_count", hist.count)
+    codes: dict[str, float] = {}
+    for labels, value in snap.series("http_requests_total"):
+        status = str(labels.get("status", ""))
+        if status[:1] in ("4", "5"):
+            codes[status] = codes.get(status, 0.0) + value
+    if snap.series("http_requests_total"):
+        out["http_errors"] = sum(codes.values())
+    return out, codes
+
+
+class _NodeLogs:
+    """The --node-log files, read again each interval (they grow) through the bounded reader and
+    judged only when they changed."""
+
+    def __init__(self, paths: Sequence[Path], since: _dt.datetime | None) -> None:
+        self.paths, self.since = list(paths), since
+        self.seen: dict[Path, tuple[float, int, list[str], list[str]]] = {}
+
+    def read(self) -> tuple[list[str], list[str]]:
+        from k3fleet.errors import read_input
+
+        errors: list[str] = []
+        notes: list[str] = []
+        for p in self.paths:
+            try:
+                st = p.stat()
+                key = (st.st_mtime, st.st_size)
+                cached = self.seen.get(p)
+                if cached is None or cached[:2] != key:
+                    text = read_input(p, "--node-log", kind="a node log", limit="capture", text=True)
+                    e, n = judge_node_log(text.decode("utf-8", errors="replace"), self.since, p.name)
+                    self.seen[p] = (*key, e, n)
+                errors += self.seen[p][2]
+                notes += self.seen[p][3]
+            except (OSError, UsageError) as exc:
+                notes.append(f"{p.name}: {excerpt(exc, 160, tail='')}")
+        return errors, notes
+
+
+async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, Any],
+                 on_sample: Callable[[Sample, list[Trigger]], None]) -> WatchResult:
     from k3fleet.accept.client import Endpoint
     from k3fleet.accept.metrics import MetricsError, scrape
 
@@ -342,11 +635,21 @@ async def _watch(opts: WatchOptions, baseline: Baseline, on_sample: Callable[[Sa
                             verify_tls=opts.verify_tls, timeout_s=min(max(opts.interval_s * 4, 30.0), 3600.0))
     except ValidationError as exc:
         raise UsageError(f"--base-url: {exc.errors()[0]['msg']}") from exc
-    state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance)
+    state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance,
+                       latency_tolerance=opts.latency_tolerance, min_requests=opts.min_requests)
     result = WatchResult(baseline=baseline, samples=[], triggers=[])
+    nodes = _NodeLogs(opts.node_logs, approval_time(decision))
     t0 = time.monotonic()
     timeout = max(min(opts.interval_s, 10.0), 1.0)
+    sent = [0]
+
+    async def count(request: Any) -> None:
+        # Every POST is the watch's own probe (health and metrics are GETs): counted, never judged.
+        if request.method == "POST":
+            sent[0] += 1
+
     async with endpoint.async_client(2) as client:
+        client.event_hooks = {"request": [count], "response": []}
         n = 0
         while True:
             started = time.monotonic()
@@ -359,17 +662,28 @@ async def _watch(opts: WatchOptions, baseline: Baseline, on_sample: Callable[[Sa
             else:
                 summ = snap.summary(None)
                 s.running, s.waiting, s.kv_usage = summ["running"], summ["waiting"], summ["kv_usage"]
-                s.queries, s.hits = summ["prefix_cache_queries"], summ["prefix_cache_hits"]
-                s.prompt_tokens = summ["prompt_tokens"]
+                s.counters, s.error_codes = counters_of(snap)
                 s.caching_enabled = snap.prefix_caching_enabled()
                 s.process_start = snap.process_start_time()
             if n == 0 and s.health is None and s.metrics_error is not None:
                 raise IncompleteError(f"cannot watch {endpoint.display_url}: {s.health_error}")
             if opts.agent_every and n % opts.agent_every == 0 and s.health == 200:
+                sent[0] = 0
                 try:
                     s.agent = await _agent_sample(endpoint, opts.agent_cases, client)
                 except Exception as exc:  # a failing probe is a sample, not a crash
                     s.agent = {c: f"probe error: {excerpt(exc, 160, tail='')}" for c in opts.agent_cases}
+                s.probe_requests = sent[0]
+                if s.metrics_error is None:
+                    try:
+                        after = await scrape(client, endpoint.base_url, timeout_s=timeout)
+                    except MetricsError:
+                        pass  # the probe's requests are still counted: real_traffic takes them out
+                    else:
+                        s.after_probe, s.after_probe_at = counters_of(after)[0], time.time()
+            if nodes.paths:
+                errors, notes = nodes.read()
+                s.node_errors, s.node_notes = errors or None, notes or None
             fired = evaluate(state, s)
             result.samples.append(s)
             on_sample(s, fired)
@@ -378,9 +692,14 @@ async def _watch(opts: WatchOptions, baseline: Baseline, on_sample: Callable[[Sa
                 result.stopped_early = True
                 return result
             n += 1
+            if opts.max_samples is not None and n >= opts.max_samples:
+                return result
             if time.monotonic() - t0 + opts.interval_s > opts.duration_s:
                 return result
-            await asyncio.sleep(max(0.0, opts.interval_s - (time.monotonic() - started)))
+            # At least half an interval after the probe: the span real traffic is judged in (the probe's
+            # own span is left out) never shrinks to nothing when the probe takes the whole interval.
+            await asyncio.sleep(max(opts.interval_s / 2 if s.after_probe is not None else 0.0,
+                                    opts.interval_s - (time.monotonic() - started)))
 
 
 def run_watch(opts: WatchOptions, on_sample: Callable[[Sample, list[Trigger]], None] | None = None
@@ -392,11 +711,18 @@ def run_watch(opts: WatchOptions, on_sample: Callable[[Sample, list[Trigger]], N
             raise UsageError(f"{flag} {value!r} {problem}")
     if opts.repeat < 1:
         raise UsageError("--repeat must be 1 or more")
+    if opts.min_requests < 1:
+        raise UsageError("--min-requests must be 1 or more")
+    if opts.max_samples is not None and opts.max_samples < 1:
+        raise UsageError("--samples must be 1 or more")
+    for p in opts.node_logs:
+        if not p.is_file():
+            raise UsageError(f"--node-log {p}: no such file")
     unknown = [c for c in opts.agent_cases if c not in _agent_case_names()]
     if unknown:
         raise UsageError(f"--agent-case {unknown[0]!r}: not an agent contract case ({', '.join(_agent_case_names())})")
-    baseline, _ = load_baseline(opts.baseline, opts.allowed_signers)
-    return asyncio.run(_watch(opts, baseline, on_sample or (lambda _s, _t: None)))
+    baseline, decision = load_baseline(opts.baseline, opts.allowed_signers)
+    return asyncio.run(_watch(opts, baseline, decision, on_sample or (lambda _s, _t: None)))
 
 
 def _agent_case_names() -> tuple[str, ...]:

@@ -285,6 +285,19 @@ def watch(
                                                                 "fires.")] = 2,
     cache_tolerance: Annotated[float, typer.Option("--cache-tolerance", min=0.0, max=1.0,
                                                    help="Allowed drop of the cache hit ratio (0.5: half).")] = 0.5,
+    latency_tolerance: Annotated[float, typer.Option("--latency-tolerance", min=0.0, max=100.0,
+                                                     help="Allowed rise of the mean prefill time before a lower "
+                                                          "hit ratio counts (0.5: half again).")] = 0.5,
+    min_requests: Annotated[int, typer.Option("--min-requests", min=1,
+                                              help="Real requests (the watch's own probe not counted) a window "
+                                                   "must hold before a ratio or rate trigger can fire.")] = 20,
+    samples: Annotated[int | None, typer.Option("--samples", min=1, help="End the window after this many samples "
+                                                                         "(else --for decides).")] = None,
+    node_log: Annotated[list[Path] | None, typer.Option("--node-log", help="A node's kernel log or journal file "
+                                                                           "(dmesg, journalctl -k) to judge for "
+                                                                           "Xid and NCCL errors since the approval "
+                                                                           "(repeatable; read again each "
+                                                                           "interval).")] = None,
     agent_every: Annotated[int, typer.Option("--agent-every", min=0, help="Sample the critical tool-call cases "
                                                                           "every N intervals (0: never).")] = 1,
     agent_case: Annotated[list[str] | None, typer.Option("--agent-case", help="Critical case to sample "
@@ -311,9 +324,11 @@ def watch(
     )
 
     opts = WatchOptions(base_url=base_url, baseline=baseline, duration_s=parse_duration(duration),
-                        interval_s=interval, repeat=repeat, cache_tolerance=cache_tolerance, agent_every=agent_every,
-                        agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES), api_key_env=api_key_env,
-                        verify_tls=not insecure, model=model, allowed_signers=allowed_signers)
+                        interval_s=interval, repeat=repeat, cache_tolerance=cache_tolerance,
+                        latency_tolerance=latency_tolerance, min_requests=min_requests, max_samples=samples,
+                        agent_every=agent_every, agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES),
+                        api_key_env=api_key_env, verify_tls=not insecure, model=model,
+                        allowed_signers=allowed_signers, node_logs=tuple(node_log or ()))
     # Refuse an unsigned, forged, tampered or unapproved decision before anything is written.
     load_baseline(baseline, allowed_signers)
     rd = RunDir.create(runs_dir, "watch", sys.argv, out=out_dir, record={"baseline": str(baseline)})
@@ -326,9 +341,10 @@ def watch(
 
         agent = "-" if s.agent is None else ("ok" if all(v == "pass" for v in s.agent.values()) else "FAIL")
         state = "TRIGGER " + ", ".join(t.id for t in fired) if fired else "ok"
+        real = (s.window or {}).get("requests")
         err.print(f"[{s.t_s:7.1f}s] health={s.health or s.health_error or '-'} running={num(s.running)} "
                   f"waiting={num(s.waiting)} kv={num(s.kv_usage, '.2f')} caching={s.caching_enabled} "
-                  f"agent={agent} -> {state}", markup=False)
+                  f"real_requests={num(real)} probe={s.probe_requests} agent={agent} -> {state}", markup=False)
 
     try:
         result = run_watch(opts, show)

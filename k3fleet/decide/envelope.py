@@ -61,6 +61,35 @@ def held_envelope(points: Sequence[Mapping[str, Any]], options: Mapping[str, Any
             "sustained_s": held_s, "sustained_concurrency": sustained_conc, "slo": slo}
 
 
+def traffic_baseline(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """What the accepted load looked like to the server, for ``watch`` to judge live traffic by: the
+    prefix-cache hit ratio of the load's own sessions (hits over queries summed over the steps that
+    held), their TTFT / inter-token / e2e latency (the worst p50 and p95 of those steps), the queue
+    they left (most requests waiting) and their request rate. The sustained steps when they held,
+    else every agent-ramp step that held; empty when none held. Never the synthetic ratio of the
+    prefix-cache probe: that is a controlled pair of requests, not traffic."""
+    done = [p for p in points if not p.get("partial") and p.get("verdict") == "ok"]
+    rows = [p for p in done if p.get("phase") == "sustained"] or [p for p in done if p.get("phase") == "agent_ramp"]
+    if not rows:
+        return {}
+    out: dict[str, float] = {"steps": float(len(rows))}
+    queries = [q for q in (_num(p.get("prefix_cache_queries_delta")) for p in rows) if q is not None]
+    hits = [h for h in (_num(p.get("prefix_cache_hits_delta")) for p in rows) if h is not None]
+    if queries and hits and len(queries) == len(hits) and sum(queries) > 0:
+        out["hit_ratio"] = round(sum(hits) / sum(queries), 4)
+    for key in ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "e2e_p50_s", "e2e_p95_s", "waiting_max"):
+        values = [v for v in (_num(p.get(key)) for p in rows) if v is not None]
+        if values:
+            out[key] = max(values)
+    rates = [v for v in (_num(p.get("rps")) for p in rows) if v is not None]
+    if rates:
+        out["rps"] = round(sum(rates) / len(rates), 3)
+    requests = [v for v in (_num(p.get("requests")) for p in rows) if v is not None]
+    if requests:
+        out["requests"] = sum(requests)
+    return out
+
+
 def profile_brief(loaded: Any, ref: Ref | None) -> ProfileBrief:
     """A :class:`k3fleet.models.profile.LoadedProfile` as the decision keeps it."""
     from k3fleet.models.profile import profile_record

@@ -228,6 +228,8 @@ class LoadEvidence(_Model):
     sustained_concurrency: int | None = None
     slo: dict[str, float] = Field(default_factory=dict, description="ttft_p95_s, itl_p95_s, error_rate the "
                                                                     "steps were judged by")
+    traffic: dict[str, float] = Field(default_factory=dict, description="the held steps' real traffic: hit ratio, "
+                                                                        "latency, queue, rate (watch's baseline)")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -424,7 +426,11 @@ class Baseline(_Model):
     prefix_caching: bool | None = None
     envelope: dict[str, Any] = Field(default_factory=dict, description="max concurrency / context / duration")
     concurrency_ceiling: int | None = None
-    prefix_cache_hit_ratio: float | None = None
+    prefix_cache_hit_ratio: float | None = Field(default=None, description="the prefix-cache probe's synthetic "
+                                                                         "ratio (a record, never watch's baseline)")
+    load_traffic: dict[str, float] = Field(default_factory=dict, description="the accepted load's real traffic "
+                                                                             "(hit ratio, latency, queue, rate): "
+                                                                             "what watch judges live traffic by")
     base_url: str | None = None
     model: str | None = None
     rollback_image: str | None = Field(default=None, description="custom track: the build record's rollback image")

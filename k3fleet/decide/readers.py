@@ -365,13 +365,13 @@ def _load_evidence(path: Path, label: str, result: Any, ref: Ref) -> LoadEvidenc
                 if p.get("phase") == "agent_ramp")
     counts: dict[str, Any] = d["counts"] if isinstance(d.get("counts"), dict) else d
     envelope: dict[str, Any] = d["envelope"] if isinstance(d.get("envelope"), dict) else {}
-    from k3fleet.decide.envelope import held_envelope
+    from k3fleet.decide.envelope import held_envelope, traffic_baseline
 
     options = d.get("options")
     held = held_envelope(points, options if isinstance(options, dict) else {})
     return LoadEvidence(**held,
         ref=ref, status=result.status, reason=result.reason, outcome=d.get("outcome"), ceiling=_int(d.get("ceiling")),
-        envelope=envelope, phases=phases,
+        envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,
         restarts=_int(counts.get("restarts")), health_failures=_int(counts.get("health_failures")),
         oom_events=_int(counts.get("oom_events")), findings=_facts_of(result, ref))

@@ -548,7 +548,7 @@ def baseline_of(s: EvidenceSummary, limits: list[Limit]) -> Baseline | None:
         parsers={"tool_call_parser": st.tool_call_parser, "reasoning_parser": st.reasoning_parser},
         max_model_len=st.max_model_len, prefix_caching=st.prefix_caching,
         envelope=dict(ld.envelope) if ld else {}, concurrency_ceiling=ceiling,
-        prefix_cache_hit_ratio=pc.hit_ratio if pc else None,
+        prefix_cache_hit_ratio=pc.hit_ratio if pc else None, load_traffic=dict(ld.traffic) if ld else {},
         base_url=s.accept.base_url if s.accept else None, model=s.accept.model if s.accept else None,
         rollback_image=s.build.rollback_image if s.build else None,
         evidence=_refs(st.ref, ld.ref if ld else None, pc.ref if pc else None, s.audit.ref if s.audit else None),

@@ -1,14 +1,17 @@
 """``k3fleet watch`` against the vLLM simulator, with the baseline of a real approved, signed decision.
 
-Healthy: no trigger for the whole window. Made to crash (its engine dies as on an OOM) or to drop
-its prefix cache: the right trigger within two intervals of the fault. A baseline is taken only
-from an evidence package whose signature verifies against --allowed-signers: an audit run, an
-unsigned package, a forged package or a run directory rewritten with a regenerated manifest is
-refused before anything is written.
+Idle (only the watch's own probe) and healthy (real traffic): no trigger for the whole window. Each
+trigger fires in a test that provokes it: the engine dies as on an OOM, the queue grows at a flat
+request rate, the prefix cache drops while prefill gets slower, tool calls fail, a node's kernel log
+gains an Xid line. Windows end after a number of samples (``--samples``), never after a time, so a
+loaded machine stretches a window, not its verdict. A baseline is taken only from an evidence package
+whose signature verifies against --allowed-signers: an audit run, an unsigned package, a forged
+package or a run directory rewritten with a regenerated manifest is refused before anything is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import io
@@ -88,12 +91,44 @@ class Traffic:
         self.thread.join(15)
 
 
-def _watch(base_url: str, baseline: Path, allowed: Path, out: Path, window: str) -> subprocess.Popen[str]:
+def _watch(base_url: str, baseline: Path, allowed: Path, out: Path, samples: int, *extra: str,
+           interval: float = INTERVAL) -> subprocess.Popen[str]:
     bindir = Path(sys.executable).parent
     return subprocess.Popen([str(bindir / "k3fleet"), "watch", "--base-url", base_url, "--baseline", str(baseline),
-                             "--allowed-signers", str(allowed), "--for", window, "--interval", str(INTERVAL),
-                             "--json", "--out", str(out)],
+                             "--allowed-signers", str(allowed), "--samples", str(samples), "--for", "2h",
+                             "--interval", str(interval), "--min-requests", "5", "--json", "--out", str(out),
+                             *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class OpenLoop:
+    """Requests sent on a fixed schedule whether or not the last one was answered (as production clients
+    do): a server that slows down queues them, at the same arrival rate."""
+
+    def __init__(self, base_url: str, every_s: float = 0.1, most: int = 400) -> None:
+        self.base_url, self.every_s, self.most = base_url, every_s, most
+        self.stop = threading.Event()
+        self.body = {"model": "moonshotai/Kimi-K3", "max_tokens": 4,
+                     "messages": [{"role": "user", "content": "status?"}]}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _one(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{self.base_url}/v1/chat/completions", json=self.body, timeout=120)
+
+    def _run(self) -> None:
+        for _ in range(self.most):
+            if self.stop.wait(self.every_s):
+                return
+            threading.Thread(target=self._one, daemon=True).start()
+
+    def __enter__(self) -> OpenLoop:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(15)
 
 
 def _package(run: Path) -> Path:
@@ -120,49 +155,131 @@ def sim(simulator: Any) -> Iterator[Any]:
     yield simulator()
 
 
+CASES = {"one_required_arg": "pass", "streaming_deltas": "pass", "structured_output": "pass"}
+
+
+def test_idle_approved_server_fires_no_trigger(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
+    """Nothing but the watch's own probe reaches the server: its synthetic prompts share no prefix, so
+    the server's hit ratio is its own; a watch that judged it cried wolf within 30 s."""
+    proc = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "w", 8, interval=0.5)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    data = json.loads(stdout)
+    assert data["triggers"] == [] and data["rollback"] is None and data["samples"] == 8
+    samples = _samples(tmp_path / "w")
+    assert all(s["agent"] == CASES and s["probe_requests"] >= 3 for s in samples), samples
+    # The probe's requests were counted and left out: no real request in any interval.
+    assert all(s["window"]["requests"] == 0 for s in samples[1:]), [s.get("window") for s in samples]
+
+
 def test_healthy_server_fires_no_trigger(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
     # The run directory, with its signed package beside it.
     with Traffic(sim.base_url):
-        proc = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "w", "15s")
+        proc = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "w", 8)
         stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
     data = json.loads(stdout)
-    assert data["triggers"] == [] and data["rollback"] is None and data["samples"] >= 3
+    assert data["triggers"] == [] and data["rollback"] is None and data["samples"] == 8
     samples = _samples(tmp_path / "w")
-    assert all(s["health"] == 200 and s["agent"] == {"one_required_arg": "pass", "streaming_deltas": "pass"}
-               for s in samples), samples
+    assert all(s["health"] == 200 and s["agent"] == CASES for s in samples), samples
+    # Real traffic was judged: pools of at least --min-requests real requests with their hit ratio.
+    pools = [s["window"] for s in samples[1:] if s["window"].get("pool_requests")]
+    assert pools and all(p["pool_requests"] >= 5 and p["pool_hit_ratio"] > 0.5 for p in pools), pools
     assert "-> ok" in stderr
 
 
-@pytest.mark.parametrize("fault", ["crash", "drop_cache"])
-def test_fault_fires_the_right_trigger_within_two_intervals(fault: str, approved: Path, evidence_keys: Any,
-                                                            sim: Any, tmp_path: Path) -> None:
-    out = tmp_path / "w"
-    # The signed package itself.
-    with Traffic(sim.base_url):
-        proc = _watch(sim.base_url, _package(approved), evidence_keys.allowed, out, "120s")
+def _fault_run(sim: Any, baseline: Path, allowed: Path, out: Path, fault: Any, *extra: str,
+               traffic: Any = None) -> tuple[dict[str, Any], float]:
+    """Watch, provoke ``fault`` after 3 samples, and return the watch's JSON and the time of the fault."""
+    with traffic or contextlib.nullcontext():
+        proc = _watch(sim.base_url, baseline, allowed, out, 40, *extra)
         _wait_for_samples(out, proc, 3)
         t_fault = time.time()
-        if fault == "crash":
-            sim.call(sim.engine._crash)
-        else:
-            sim.call(lambda: setattr(sim.engine.kv, "prefix_caching", False))
+        fault()
         stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr[-3000:]
     data = json.loads(stdout)
-    want = "process_restart_or_oom" if fault == "crash" else "cache_hit_regression"
+    assert json.loads((out / "watch.json").read_text())["exit_code"] == 1
+    return data, t_fault
+
+
+def _fired_within(data: dict[str, Any], out: Path, want: str, t_fault: float, samples: int) -> None:
     fired = {t["id"]: t for t in data["triggers"]}
     assert want in fired, data["triggers"]
-    # Within two intervals: the trigger comes from one of the first two samples taken after the fault
-    # (counted in samples, not seconds: a loaded machine stretches an interval, never the count).
+    # Counted in samples, not seconds: a loaded machine stretches an interval, never the count.
     after = [s["at"] for s in _samples(out) if s["at"] >= t_fault]
-    assert fired[want]["at"] in after[:2], (fired[want]["at"] - t_fault, after)
+    assert fired[want]["at"] in after[:samples], (fired[want]["at"] - t_fault, after)
+
+
+def test_crash_fires_restart_or_oom_with_the_rollback(approved: Path, evidence_keys: Any, sim: Any,
+                                                      tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    # The signed package itself.
+    data, t_fault = _fault_run(sim, _package(approved), evidence_keys.allowed, out, lambda: sim.call(sim.engine._crash),
+                               "--agent-every", "0", traffic=Traffic(sim.base_url))
+    _fired_within(data, out, "process_restart_or_oom", t_fault, 2)
     rollback = data["rollback"]
     baseline = json.loads((approved / "baseline.json").read_text())
     assert rollback["image"] == f"{baseline['image']}@{baseline['image_digest']}"
     assert rollback["launch_command"] == baseline["launch_command"]
     assert rollback["parallel"]["data_parallel_size"] == 2
-    assert json.loads((out / "watch.json").read_text())["exit_code"] == 1
+
+
+def test_cache_drop_with_prefill_rise_fires_cache_regression(approved: Path, evidence_keys: Any, sim: Any,
+                                                             tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    data, t_fault = _fault_run(sim, approved, evidence_keys.allowed, out,
+                               lambda: sim.call(lambda: setattr(sim.engine.kv, "prefix_caching", False)),
+                               "--agent-every", "0", traffic=Traffic(sim.base_url))
+    # --repeat 2 pools of --min-requests 5 real requests (slower prefill: fewer requests an interval, up to 3
+    # intervals a pool), and the first pool after the fault may straddle it.
+    _fired_within(data, out, "cache_hit_regression", t_fault, 8)
+    message = next(t["message"] for t in data["triggers"] if t["id"] == "cache_hit_regression")
+    assert "real requests" in message and "prefill" in message
+
+
+def test_queue_growth_at_a_flat_rate_fires(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
+    out = tmp_path / "w"
+
+    def slow_down() -> None:
+        def apply() -> None:
+            sim.engine.cfg.max_num_seqs = 1
+            sim.engine.cfg.itl_ms = 100.0
+        sim.call(apply)
+
+    data, t_fault = _fault_run(sim, approved, evidence_keys.allowed, out, slow_down, "--agent-every", "0",
+                               traffic=OpenLoop(sim.base_url))
+    _fired_within(data, out, "queue_growth", t_fault, 5)
+
+
+def test_tool_call_failures_fire(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    data, t_fault = _fault_run(sim, approved, evidence_keys.allowed, out,
+                               lambda: sim.call(lambda: sim.engine.cfg.defects.update(invalid_arguments=1.0)))
+    _fired_within(data, out, "schema_invalid_tool_calls", t_fault, 3)
+    message = next(t["message"] for t in data["triggers"] if t["id"] == "schema_invalid_tool_calls")
+    assert "one_required_arg" in message
+
+
+def test_node_error_line_fires(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
+    """An Xid line appended to a node's kernel log during the watch fires; the Xid 79 dated before the
+    approval that the file held from the start does not."""
+    log = tmp_path / "gpu-b01-kern.log"
+    log.write_text("2020-01-01T00:00:00+0000 gpu-b01 kernel: NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off "
+                   "the bus\n[  12.000000] nvidia-nvlink: Nvlink Core is being initialized\n")
+    out = tmp_path / "w"
+
+    def xid() -> None:
+        with log.open("a") as f:
+            f.write("[ 5012.345678] NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n")
+
+    data, t_fault = _fault_run(sim, approved, evidence_keys.allowed, out, xid, "--node-log", str(log),
+                               "--agent-every", "0")
+    _fired_within(data, out, "node_errors", t_fault, 2)
+    before = [s for s in _samples(out) if s["at"] < t_fault]
+    assert before and all(not s.get("node_errors") for s in before)
+    message = next(t["message"] for t in data["triggers"] if t["id"] == "node_errors")
+    assert "gpu-b01-kern.log" in message and "Xid 79" in message
 
 
 def _watch_once(baseline: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
