@@ -95,14 +95,15 @@ ee-check: $(STAMP)
 bench-verdict: $(STAMP)
 	$(BIN)/python scripts/bench_verdict.py
 
-# accept load's generator beside guidellm on the vLLM simulator at 64, 256, 1024 streams (docs/acceptance-load.md).
+# accept load's generator beside guidellm and vLLM's own benchmark (from the lab's CPU build, .cache/vllm-venv) on
+# the vLLM simulator at 64, 256, 1024 streams and on the lab's real vLLM at 4 (docs/acceptance-load.md).
 # guidellm brings torch and transformers: it gets its own venv, never the test venv.
 .PHONY: bench-load
 BENCH_VENV ?= .venv-bench
 bench-load:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench-load]'
-	$(BENCH_VENV)/bin/python scripts/bench_load.py --streams 64 256 1024
+	$(BENCH_VENV)/bin/python scripts/bench_load.py --streams 64 256 1024 --vllm-bench --real
 
 # Every acceptance probe against a real vLLM: the CPU build in its own venv (.cache/vllm-venv, pinned;
 # built here on first use, about 3.5 GB and 10 minutes) serving a tiny model made on the spot
