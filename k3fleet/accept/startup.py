@@ -34,6 +34,8 @@ _VERSION_PATTERNS = (
     re.compile(r"vLLM API server version (\S+)"),
     re.compile(r"Initializing an? (?:V\d )?LLM engine \(v([^)\s]+)\)"),
     re.compile(r"vLLM Version\s*:\s*(\S+)"),
+    # The block-letter banner of recent releases (0.32: "... █ ▀▄▀ █  version 0.32.0").
+    re.compile(r"[\u2580-\u259f]\s+version (\d+\.\d+\S*)"),
 )
 _IMAGE = re.compile(r"(?<![\w./:-])((?:[\w.-]+(?::\d+)?/)*vllm-openai(?::[\w.-]+)?(?:@sha256:[0-9a-f]{64})?)")
 _DIGEST = re.compile(r"(?:Digest:\s*|@)(sha256:[0-9a-f]{64})")

@@ -195,3 +195,17 @@ def test_cli_exit_codes_and_one_line_errors(tmp_path: Path, capsys: pytest.Captu
     assert err.count("\n") == 1 and "does not exist" in err and "Traceback" not in err
     assert main(["accept", "startup", "--log", str(FIX / "tp2_start_truncated.log")]) == 3
 
+
+
+@pytest.mark.parametrize("name,fid,layer,text", [
+    ("cpu_0_32_kv_capacity.log", "accept.startup.kv_capacity", "environment", "max-model-len 2048"),
+    ("cpu_0_32_unknown_tool_parser.log", "accept.startup.unknown_tool_call_parser", "config", "no-such-parser"),
+])
+def test_real_start_failures_of_the_cpu_build_are_classified(name: str, fid: str, layer: str, text: str) -> None:
+    result = run_startup(FIX / name)
+    assert result.status == "fail" and result.exit_code == 1
+    first = result.findings[0]
+    assert (first.id, first.layer) == (fid, layer) and text in result.reason
+    assert result.data["vllm_version"] == "0.32.0"
+    # The named cause is the only failure: no generic crash finding beside it.
+    assert "accept.startup.crash" not in {f.id for f in result.findings}
