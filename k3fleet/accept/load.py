@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from k3fleet.accept.client import Endpoint, EndpointError, error_from_status, max_model_len_of, model_card_from
 from k3fleet.accept.metrics import SCRAPE_ACCEPT, MetricsError, MetricsSnapshot, metrics_url, parse_metrics
+from k3fleet.accept.oom import engine_kv, oom_records
 from k3fleet.accept.result import Finding, ProbeResult
 from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.bounds import DURATIONS, cap_bytes, limit_hint
@@ -151,6 +152,7 @@ class Shot:
     chunks: int = 0
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    rid: str | None = None  # the response's id: an OOM record names the last successful request by it
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -276,6 +278,8 @@ class _Run:
                             return shot
                         if not isinstance(obj, dict):
                             continue
+                        if shot.rid is None and isinstance(obj.get("id"), str):
+                            shot.rid = obj["id"][:80]
                         if obj.get("error") or obj.get("object") == "error":
                             err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                             shot.kind = "stream_error"
@@ -339,6 +343,9 @@ class _Run:
             snap = await self._scrape()
             if snap is not None:
                 row.update({k: v for k, v in snap.summary(self.ep.model).items()})
+                by_engine = engine_kv(snap, self.ep.model)
+                if by_engine:
+                    row["kv_by_engine"] = by_engine
                 row.update(self._restart_check(snap))
             self.samples.append(row)
             await asyncio.sleep(self.opts.sample_interval_s)
@@ -835,6 +842,7 @@ class _Run:
                        "restarts": self.restarts,
                        "oom_events": sum(1 for s in self.shots if s.message and _OOM.search(s.message)),
                        "preemptions": _delta_total(self.samples, "preemptions")},
+            "oom_records": oom_records(self.shots, self.samples, self.ep.display_url),
             "calibration": {"tokens_per_word": round(self.tokens_per_word, 4), "from_usage": self.calibrated},
             "options": self.opts.model_dump(mode="json"),
             "interrupted": self.interrupted, "bound": self.budget_hit,
@@ -868,6 +876,14 @@ class _Run:
             out.append(Finding(id="accept.load.preemptions", severity="warn", layer="traffic",
                                message=f"{pre:.0f} preemption(s) during the run{where}: the KV cache ran full: load "
                                        "pressure, not a fault; limit traffic or give the KV cache more room"))
+        for rec in oom_records(self.shots, self.samples, self.ep.display_url):
+            if rec["topology"]:
+                kv = ", ".join(f"engine {e} {v:.2f}" for e, v in sorted(rec["memory_before"]["kv_by_engine"].items()))
+                out.append(Finding(id="accept.load.topology_oom", severity="warn", layer="environment",
+                                   message=f"OOM at {rec['t_s']:g}s ({rec['phase']} {rec['step']}) with uneven KV "
+                                           f"pressure across engines ({kv}): a topology OOM, not capacity; check "
+                                           "the data-parallel placement and expert balance", evidence=rec["message"]))
+                break
         if not self.calibrated and self.shots:
             out.append(Finding(id="accept.load.no_usage", severity="info", layer="http",
                                message="the server reports no usage: context lengths are estimated at "

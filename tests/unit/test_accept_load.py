@@ -101,6 +101,14 @@ def test_crash_under_pressure_is_collapse() -> None:
     assert d["outcome"] == "collapse" and res.status == "fail", res.reason
     assert d["counts"]["health_failures"] >= 1 and d["counts"]["oom_events"] >= 1
     assert any(f["kind"] in ("http_5xx", "stream_error") and f["concurrency"] == 16 for f in d["failures"])
+    # Each OOM is a complete record: node, engine, the answers around it, the last success, memory either side.
+    rec = d["oom_records"][0]
+    assert len(d["oom_records"]) <= d["counts"]["oom_events"] and rec["concurrency"] == 16
+    assert rec["node"] == "127.0.0.1" and rec["engine"] == "0" and rec["topology"] is False
+    assert "out of memory" in rec["message"] and any("out of memory" in line for line in rec["excerpt"])
+    assert rec["last_success"]["t_s"] <= rec["t_s"] + 30 and rec["last_success"]["id"]
+    assert rec["memory_before"]["kv_by_engine"] == {"0": rec["memory_before"]["kv_usage"]}
+    assert rec["memory_after"] is not None and "gpu_memory" in rec
     assert not any(r["phase"] == "sustained" for r in d["curves"])  # never sustain a collapsed server
     assert any(f.id == "accept.load.collapse" for f in res.findings)
 
