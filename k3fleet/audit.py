@@ -27,10 +27,32 @@ class AuditOptions:
     out: Path | None = None
     runs_dir: Path = field(default_factory=lambda: Path("runs"))
     probe: bool = False
+    # Active checks (docs/facts.md section 17): none, quick or full.
+    active: str = "none"
     host_timeout: int = 300
     command_timeout: float = 20.0
     # False: connect without checking host keys (an explicit choice, recorded in command.json).
     host_key_checking: bool = True
+
+
+ACTIVE_LEVELS = ("none", "quick", "full")
+
+
+def active_spec(target: Any, level: str) -> tuple[dict[str, Any], int]:
+    """The node module's ``active_spec`` from the target, and the most seconds the checks may take.
+
+    Full runs one ib_write_bw per rail: the budget counts the target's expected rails.
+    """
+    a = target.active
+    t = a.timeouts
+    spec = {
+        "dcgm_level": dict(a.dcgm_level), "dcgm_timeout_s": {"quick": t.dcgm_quick_s, "full": t.dcgm_full_s},
+        "nccl_timeout_s": t.nccl_s, "nccl_max_bytes": a.nccl_max_bytes, "ib_write_bw_timeout_s": t.ib_write_bw_s,
+        "gpu_util": target.serve.gpu_memory_utilization,
+    }
+    budget = t.dcgm_quick_s if level == "quick" else (
+        t.dcgm_full_s + t.nccl_s + (t.ib_write_bw_s + 2) * max(1, target.rdma.rails_per_node))
+    return spec, int(budget)
 
 
 @dataclass
@@ -114,9 +136,16 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             # (docs/scale.md) and costs the controller CPU per host.
             "k3fleet_publish_artifacts": False,
         }
-        if opts.probe:
-            # Extra vars beat host vars: only force the probe on, never off (hosts may opt in).
+        if opts.probe or opts.active != "none":
+            # Extra vars beat host vars: only force the probe on, never off (hosts may opt in). Every
+            # active level includes it: the probe's matmul is the container's real CUDA operation.
             extravars["k3fleet_probe"] = True
+        if opts.active != "none":
+            active, budget = active_spec(target, opts.active)
+            extravars["k3fleet_active"] = opts.active
+            extravars["k3fleet_active_spec"] = active
+            # The host's time grows by what the active checks may take, so their timeouts decide.
+            extravars["k3fleet_host_timeout"] = opts.host_timeout + budget
         play = run_playbook("audit.yml", inventory, rd, extravars=extravars, limit=opts.limit, forks=opts.forks,
                             observer=observer, cancel=cancel, hosts=len(hosts),
                             host_key_checking=opts.host_key_checking)

@@ -31,6 +31,10 @@ def audit(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     probe: Annotated[bool, typer.Option("--probe", help="Run the serving image on each node (CUDA init).")] = False,
+    active: Annotated[str, typer.Option(
+        "--active", metavar="LEVEL",
+        help="Active checks: none, quick (dcgmi diag -r 1 and the probe's matmul) or full (also dcgmi -r 3, "
+             "all_reduce_perf, ib_write_bw per rail); never on nodes whose GPUs are in use.")] = "none",
     host_timeout: Annotated[int, typer.Option("--host-timeout", parser=whole_seconds_option(
         "--host-timeout", "audit --host-timeout"), help="Seconds per host (1 to 86400).")] = 300,
     command_timeout: Annotated[float, typer.Option("--command-timeout", parser=seconds_option(
@@ -43,14 +47,17 @@ def audit(
         help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
 ) -> None:
     """Audit every node against the target and print the verdict and change plan."""
-    from k3fleet.audit import AuditOptions, run_audit
+    from k3fleet.audit import ACTIVE_LEVELS, AuditOptions, run_audit
     from k3fleet.evidence import redact
     from k3fleet.report import terminal
 
+    if active not in ACTIVE_LEVELS:
+        raise UsageError(f"--active {active!r}: choose one of {', '.join(ACTIVE_LEVELS)}")
     if inventory is None and not lab:
         raise UsageError("give an inventory with -i INVENTORY, or --lab for the simulated fleet")
     opts = AuditOptions(inventory=inventory, lab=lab, lab_count=lab_count, limit=limit, forks=forks,
-                        target=target, out=out_dir, runs_dir=runs_dir, probe=probe, host_timeout=host_timeout,
+                        target=target, out=out_dir, runs_dir=runs_dir, probe=probe, active=active,
+                        host_timeout=host_timeout,
                         command_timeout=command_timeout, host_key_checking=not no_host_key_checking)
     observer = ProgressObserver(err, quiet=quiet or as_json)
     cancel = cancel_on_interrupt(err, "stopping the play, writing the evidence gathered so far")

@@ -383,6 +383,15 @@ class RawCapture(_Spec):
     sleep: float = Field(default=0.0, ge=0.0)
 
 
+class ActiveToolsSpec(_Spec):
+    """The active-check tools a lab host has, each printing a recorded real output
+    (k3fleet/lab/active_data/SOURCES.md); absent: not installed (docs/facts.md section 17)."""
+
+    dcgmi: Literal["absent", "pass", "gpu_memory_fail"] = "absent"
+    all_reduce_perf: Literal["absent", "low_busbw"] = "absent"
+    ib_write_bw: Literal["absent", "slow"] = "absent"
+
+
 class Profile(_Spec):
     description: str = ""
     reachable: bool = True
@@ -406,6 +415,7 @@ class Profile(_Spec):
     # 575.57.08-0ubuntu1).
     compat_packages: dict[str, str] = Field(default_factory=dict)
     container: ContainerSpec = Field(default_factory=ContainerSpec)
+    active_tools: ActiveToolsSpec = Field(default_factory=ActiveToolsSpec)
     slurm: SlurmSpec | None = Field(default_factory=SlurmSpec)
     # NVRM Xid lines in the kernel log (dmesg) since boot.
     xid: list[XidSpec] = Field(default_factory=list)

@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from k3fleet.ansible.module_utils import k3fleet_sources as sources
@@ -925,8 +926,39 @@ class ProfileRenderer:
             img.record(sources.probe_argv(self.runtime, self.image), self.probe())
             self._render_tenants(img)
         self._render_process_maps(img)
+        self._render_active_tools(img)
         self._apply_raw(img, host_specific=False, hostname="")
         return img
+
+    # -- active checks (docs/facts.md section 17) ------------------------------------------------
+    _ACTIVE_FILES = {"pass": "dcgmi_diag_r2_pass_excerpt.txt",
+                     "gpu_memory_fail": "dcgmi_diag_r2_gpu_memory_fail_excerpt.txt",
+                     "low_busbw": "all_reduce_perf_h100_2nodes_16ranks.txt", "slow": "ib_write_bw_post_list_8B.txt"}
+
+    def _active_output(self, kind: str) -> str:
+        return (Path(__file__).parent / "active_data" / self._ACTIVE_FILES[kind]).read_text(encoding="utf-8")
+
+    def _render_active_tools(self, img: HostImage) -> None:
+        """Stand-in dcgmi / all_reduce_perf / ib_write_bw printing recorded real outputs."""
+        tools = self.p.active_tools
+        if tools.dcgmi != "absent":
+            text = self._active_output(tools.dcgmi)
+            for level in (1, 2, 3, 4):
+                img.record(sources.dcgmi_diag_argv(level), Recording(stdout=text))
+        if tools.all_reduce_perf != "absent":
+            from k3fleet.targets import load_target
+            max_bytes = load_target().active.nccl_max_bytes
+            img.record(sources.all_reduce_perf_argv(self.p.gpus.count, max_bytes),
+                       Recording(stdout=self._active_output(tools.all_reduce_perf)))
+        if tools.ib_write_bw != "absent":
+            text = self._active_output(tools.ib_write_bw)
+            ib = self.p.infiniband
+            ports = {d: ib.ports.get(d) for d in ib.device_names()}
+            active = [d for d, spec in ports.items() if spec is None or spec.state == "ACTIVE"]
+            for offset, dev in enumerate(active):
+                argv = sources.ib_write_bw_argv(dev, sources.IB_WRITE_BW_PORT + offset)
+                img.record(argv, Recording(stdout=text))
+                img.record([*argv, "127.0.0.1"], Recording(stdout=text))
 
     # -- other tenants (docs/facts.md section 16) ------------------------------------------------
     def tenant_id(self, name: str) -> str:

@@ -392,6 +392,63 @@ class SchedulerFacts(Section):
     jobs_running: int | None = None
 
 
+# -- active checks (audit --active; docs/facts.md section 17) -----------------------
+
+
+class ActiveTool(_Model):
+    """One tool's run: ran False with a reason when it is not installed."""
+
+    ran: bool = False
+    reason: str | None = None
+    rc: int | None = None
+    error: str | None = None
+    duration_s: float | None = None
+
+
+class DcgmTest(_Model):
+    section: str | None = None
+    name: str
+    result: Literal["pass", "fail", "warn", "skip"] | None = None
+    failed_gpus: list[int] = Field(default_factory=list)
+    details: list[dict[str, str]] = Field(default_factory=list)
+
+
+class DcgmDiag(ActiveTool):
+    level: int | None = None
+    result: Literal["pass", "fail", "warn"] | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    tests: list[DcgmTest] = Field(default_factory=list)
+
+
+class NcclRun(ActiveTool):
+    gpus: int | None = None
+    ranks: int | None = None
+    sizes: int | None = None
+    wrong: int | None = None
+    max_bytes: int | None = None
+    peak_busbw_gbs: float | None = Field(default=None, description="busbw of the largest message, GB/s")
+    avg_busbw_gbs: float | None = None
+    out_of_bounds: int | None = None
+
+
+class IbWriteBw(ActiveTool):
+    device: str | None = None
+    port: int | None = None
+    state: str | None = None
+    rate_gbps: float | None = None
+    bytes: int | None = None
+    bw_avg_gbps: float | None = None
+    bw_peak_gbps: float | None = None
+
+
+class ActiveFacts(Section):
+    level: Literal["quick", "full"] | None = None
+    skipped: str | None = Field(default=None, description="why nothing ran (GPUs in use)")
+    dcgm: DcgmDiag | None = None
+    nccl: NcclRun | None = None
+    ib_write_bw: list[IbWriteBw] = Field(default_factory=list)
+
+
 # -- the whole host --------------------------------------------------------------
 
 
@@ -408,6 +465,8 @@ class HostFacts(_Model):
     nccl: NcclFacts = Field(default_factory=NcclFacts)
     container: ContainerFacts = Field(default_factory=ContainerFacts)
     scheduler: SchedulerFacts = Field(default_factory=SchedulerFacts)
+    # Only with audit --active (optional in 1.1): None when no active check was asked for.
+    active: ActiveFacts | None = None
     commands: list[dict[str, Any]] = Field(default_factory=list)
     # Set by k3fleet.verdict.validate_facts: equal for hosts whose facts the host rules read alike
     # (everything but identity, timing and scheduler state), so the verdict judges each kind once.

@@ -457,6 +457,39 @@ class ChangeSpec(_Strict):
     lease_ttl_s: int = Field(default=14400, gt=0, description="how long a Kubernetes lease says it holds a node")
 
 
+class ActiveTimeouts(_Strict):
+    """Seconds each active check may run on a node (docs/facts.md section 17)."""
+
+    dcgm_quick_s: int = Field(default=180, gt=0, le=3600, description="dcgmi diag at the quick level")
+    dcgm_full_s: int = Field(default=2400, gt=0, le=14400, description="dcgmi diag at the full level")
+    nccl_s: int = Field(default=600, gt=0, le=3600, description="all_reduce_perf within the node")
+    ib_write_bw_s: int = Field(default=60, gt=0, le=600, description="ib_write_bw on one rail")
+
+
+class ActiveSpec(_Strict):
+    """Active checks of ``audit --active LEVEL``: what runs at each level and how it is judged."""
+
+    dcgm_level: dict[Literal["quick", "full"], int] = Field(
+        default_factory=lambda: {"quick": 1, "full": 3},  # type: ignore[arg-type,return-value]
+        description="dcgmi diag -r N per level (1-4)")
+    timeouts: ActiveTimeouts = Field(default_factory=ActiveTimeouts)
+    # Largest all_reduce_perf message and its peak bus bandwidth floor per GPU model (GB/s).
+    nccl_max_bytes: str = Field(default="8G", pattern=r"^\d+[KMG]?$")
+    nccl_busbw_min_gbs: dict[str, float] = Field(default_factory=dict)
+    # ib_write_bw's average against the rail's rate (sysfs rate, Gb/s).
+    ib_write_bw_min_fraction: float = Field(default=0.9, gt=0, le=1)
+
+    @field_validator("dcgm_level")
+    @classmethod
+    def _levels(cls, v: dict[str, int]) -> dict[str, int]:
+        if set(v) != {"quick", "full"}:
+            raise ValueError(f"give a level for quick and full, got {', '.join(sorted(v)) or 'none'}")
+        for name, level in v.items():
+            if not 1 <= level <= 4:
+                raise ValueError(f"{name}: dcgmi diag levels are 1 to 4, got {level}")
+        return v
+
+
 class Source(_Strict):
     what: str
     where: str
@@ -481,6 +514,7 @@ class Target(_Strict):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     serve: ServeSpec
     change: ChangeSpec = Field(default_factory=ChangeSpec)
+    active: ActiveSpec = Field(default_factory=ActiveSpec)
     # Filled by the loader from matrix_file; a target is unusable without it.
     matrix: CudaDriverMatrix
 

@@ -127,6 +127,15 @@ SOURCES: dict[str, str] = {
         'docs/facts.md section 16 (NVIDIA CUDA compatibility guide: backward compatibility, forward-compatibility '
         'package cuda-compat-<major>-<minor> built from one driver branch; CUDA error 803)'
     ),
+    "active.dcgm_diag": (
+        'docs/facts.md section 17 (NVIDIA DCGM user guide: dcgmi diag run levels 1-4; the result table per '
+        'test and GPU)'
+    ),
+    "active.nccl_busbw": (
+        'docs/facts.md section 17 (nccl-tests PERFORMANCE.md: busbw; nccl-tests issue 212: ~480 GB/s peak '
+        'on 8 NVLink4 GPUs)'
+    ),
+    "active.ib_write_bw": 'docs/facts.md section 17 (perftest ib_write_bw: BW average[Gb/sec])',
     "target.unconfirmed": 'docs/facts.md section 2 (rows marked confirmed: false)',
 }
 
@@ -341,6 +350,26 @@ _CHECKS: tuple[Check, ...] = (
        "LD_LIBRARY_PATH (or rebuild on a CUDA the R{target_branch} driver runs), remove the host's old "
        "cuda-compat packages, and find out what the unknown ones run; or accept the finding for the night "
        "(--accept-finding workloads.cuda_compat), which is recorded in change.json."),
+    _c("active.dcgm_diag", "DCGM diagnostic passes",
+       "dcgmi diag loads every GPU (memory, compute, PCIe, NVLink at levels 2-4) and names the test and GPU "
+       "that fails: state a node reports can look right while a GPU fails real work. Run only with "
+       "audit --active, never on a node whose GPUs are in use.",
+       "error",
+       "Drain the node; read the failing test's Warning/Info lines in the evidence, reset the GPU it names (or "
+       "reboot), run dcgmi diag -r 3 again and RMA the GPU if it fails again."),
+    _c("active.nccl_busbw", "NCCL all-reduce bandwidth within the node",
+       "all_reduce_perf (nccl-tests) over every GPU of the node measures the bus bandwidth the serving "
+       "engine's tensor-parallel all-reduce gets; its peak at the largest message is judged against the "
+       "target's floor for the GPU model (active.nccl_busbw_min_gbs), and #wrong results mean corrupted data.",
+       "error",
+       "Check the NVLink/NVSwitch state (nvidia-smi nvlink -s, Fabric Manager), NCCL settings (NCCL_ALGO, "
+       "NCCL_P2P_DISABLE) and PCIe ACS, then rerun with audit --active full."),
+    _c("active.ib_write_bw", "RDMA rails reach their bandwidth",
+       "A loopback ib_write_bw on each active rail measures what the HCA and its PCIe path carry; a rail "
+       "well below its rate slows every cross-node collective. Pairs between nodes are not run.",
+       "error",
+       "Check the HCA's PCIe link (lspci -vvv LnkSta), its firmware and NUMA placement, then the cable and "
+       "switch port; rerun with audit --active full."),
     _c("fleet.driver_drift", "One driver version across the fleet",
        "Mixed driver versions make failures host-dependent and can break cross-node NCCL.",
        "warning",

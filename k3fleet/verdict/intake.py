@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from k3fleet.models.facts import (
+    ActiveFacts,
     ContainerFacts,
     DriverFacts,
     FabricManagerFacts,
@@ -48,7 +49,7 @@ from k3fleet.models.facts import (
 # Sections whose content repeats across a fleet's hosts: validated once per distinct content.
 SHARED_SECTIONS: dict[str, Any] = {
     "packages": PackageFacts, "fabricmanager": FabricManagerFacts, "rdma": RdmaFacts, "nccl": NcclFacts,
-    "container": ContainerFacts,
+    "container": ContainerFacts, "active": ActiveFacts,
 }
 
 

@@ -1217,6 +1217,110 @@ def _tenants(f: HostFacts, c: HostContext, e: _Emitter) -> None:
         e.unknown("workloads.cuda_compat", "the CUDA work of other tenants on the GPUs", w.reason, error=busy)
 
 
+# -- active checks (audit --active; docs/facts.md section 17) -----------------------------------
+
+
+def _active_gate(f: HostFacts, e: _Emitter, check: str, what: str) -> bool:
+    """True when the check has results to judge; otherwise say why not (skipped, unread)."""
+    a = f.active
+    if a is None:
+        return False  # no active check was asked for
+    if a.skipped:
+        e.unknown(check, what, f"not run: {a.skipped}")
+        return False
+    if a.status != "ok" and a.dcgm is None:
+        e.unknown(check, what, a.reason)
+        return False
+    return True
+
+
+def _tool_unknown(e: _Emitter, check: str, what: str, tool: Any) -> bool:
+    if tool is None:
+        return True  # not part of this level
+    if not tool.ran or tool.error:
+        e.unknown(check, what, tool.reason or tool.error)
+        return True
+    return False
+
+
+def _active_dcgm(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not _active_gate(f, e, "active.dcgm_diag", "the DCGM diagnostic"):
+        return
+    assert f.active is not None
+    d = f.active.dcgm
+    if d is None or _tool_unknown(e, "active.dcgm_diag", f"dcgmi diag -r {d.level}", d):
+        return
+    if d.result is None:
+        e.unknown("active.dcgm_diag", f"dcgmi diag -r {d.level}'s results",
+                  f"no test row in its output (exit {d.rc})", error=True)
+        return
+    bad = [t for t in d.tests if t.result in ("fail", "warn")]
+    failed = [t for t in bad if t.result == "fail"]
+    ev: dict[str, Any] = {"level": d.level, "tests": [t.model_dump() for t in bad], "metadata": d.metadata}
+    if failed:
+        parts = [f"{t.name} fails" + (f" on GPU {_idx(t.failed_gpus)}" if t.failed_gpus else "")
+                 + (f" ({t.details[0]['text'][:160]})" if t.details else "") for t in failed]
+        e.fail("active.dcgm_diag", f"dcgmi diag -r {d.level}: " + "; ".join(parts[:3]), ev)
+    elif bad:
+        e.fail("active.dcgm_diag", f"dcgmi diag -r {d.level} warns: " + ", ".join(t.name for t in bad), ev,
+               severity="warning")
+    elif d.rc not in (0, None):
+        e.unknown("active.dcgm_diag", f"dcgmi diag -r {d.level}", d.reason or f"exit {d.rc}", error=True)
+
+
+def _active_nccl(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not _active_gate(f, e, "active.nccl_busbw", "the NCCL all-reduce bus bandwidth"):
+        return
+    assert f.active is not None
+    n = f.active.nccl
+    if n is None or _tool_unknown(e, "active.nccl_busbw", "all_reduce_perf within the node", n):
+        return
+    floors = e.ct.target.active.nccl_busbw_min_gbs
+    floor = floors.get(c.gpu_model or "")
+    ev: dict[str, Any] = {"peak_busbw_gbs": n.peak_busbw_gbs, "avg_busbw_gbs": n.avg_busbw_gbs,
+                          "max_bytes": n.max_bytes, "ranks": n.ranks, "gpus": n.gpus, "wrong": n.wrong,
+                          "min_gbs": floor, "gpu_model": c.gpu_model}
+    if n.peak_busbw_gbs is None:
+        e.unknown("active.nccl_busbw", "all_reduce_perf's bus bandwidth",
+                  n.reason or "no result row in its output", error=True)
+    elif n.wrong or n.out_of_bounds:
+        e.fail("active.nccl_busbw", f"all_reduce_perf reports wrong results ({n.wrong or 0} #wrong, "
+               f"{n.out_of_bounds or 0} out of bounds): a GPU or link corrupts data", ev)
+    elif floor is None:
+        e.unknown("active.nccl_busbw", f"the bus bandwidth floor for {c.gpu_model or 'this GPU'}",
+                  f"the target's active.nccl_busbw_min_gbs has no entry for it (measured "
+                  f"{n.peak_busbw_gbs} GB/s)")
+    elif n.peak_busbw_gbs < floor:
+        e.fail("active.nccl_busbw", f"all_reduce_perf peak bus bandwidth {n.peak_busbw_gbs} GB/s at "
+               f"{n.max_bytes} B is below {floor:g} GB/s for {c.gpu_model}", ev)
+
+
+def _active_ib(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    if not _active_gate(f, e, "active.ib_write_bw", "ib_write_bw per rail"):
+        return
+    assert f.active is not None
+    if f.active.level != "full":
+        return
+    frac = e.ct.target.active.ib_write_bw_min_fraction
+    slow: list[str] = []
+    unread: dict[str, list[str]] = {}
+    for r in f.active.ib_write_bw:
+        name = f"{r.device}/{r.port}"
+        if not r.ran or r.error or r.bw_avg_gbps is None:
+            unread.setdefault(r.reason or r.error or "no result row", []).append(name)
+            continue
+        want = (r.rate_gbps or e.ct.target.rdma.min_rate_gbps) * frac
+        if r.bw_avg_gbps < want:
+            slow.append(f"{name} {r.bw_avg_gbps:g} Gb/s < {want:g}")
+    # One finding per reason: a missing tool is one line, not one per rail.
+    for reason, names in unread.items():
+        ran = any(r.ran for r in f.active.ib_write_bw if f"{r.device}/{r.port}" in names)
+        e.unknown("active.ib_write_bw", f"ib_write_bw on {', '.join(names[:8])}", reason, error=ran)
+    if slow:
+        e.fail("active.ib_write_bw", f"rail(s) below {frac:g} of their rate: {', '.join(slow[:8])}",
+               {"rails": [r.model_dump() for r in f.active.ib_write_bw], "min_fraction": frac})
+
+
 @lru_cache(maxsize=256)
 def state_words(state: str | None) -> frozenset[str]:
     """Slurm writes "IDLE+DRAIN", "idle*", "mixed-": the base words, lower case, flags stripped.
@@ -1259,6 +1363,7 @@ RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
     _fabricmanager,
     _rdma, _acs, _nccl,
     _runtime, _toolkit, _image, _cuda_runtime, _probe, _vllm, _tenants,
+    _active_dcgm, _active_nccl, _active_ib,
     _scheduler,
 )
 

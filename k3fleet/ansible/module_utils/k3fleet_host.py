@@ -8,6 +8,7 @@ import socket
 import time
 
 try:
+    from ansible.module_utils.k3fleet_active import collect_active
     from ansible.module_utils.k3fleet_cmd import guard
     from ansible.module_utils.k3fleet_container import collect_container
     from ansible.module_utils.k3fleet_driver import collect_driver
@@ -18,6 +19,7 @@ try:
     from ansible.module_utils.k3fleet_sources import FILES
     from ansible.module_utils.k3fleet_workloads import collect_workloads
 except ImportError:
+    from k3fleet.ansible.module_utils.k3fleet_active import collect_active
     from k3fleet.ansible.module_utils.k3fleet_cmd import guard
     from k3fleet.ansible.module_utils.k3fleet_container import collect_container
     from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
@@ -44,7 +46,7 @@ def node_hostname(reader):
 
 
 def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False, env_files=(),
-                 lspci=True, slurm_node=None, environ=None):
+                 lspci=True, slurm_node=None, environ=None, active="none", active_spec=None):
     """Return the HostFacts dict for one node; every section is guarded independently."""
     started = time.time()
     driver = guard("driver", collect_driver, reader, use_nvml=use_nvml)
@@ -69,6 +71,10 @@ def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False
     if isinstance(facts["container"], dict):
         facts["container"]["workloads"] = guard("workloads", collect_workloads, reader, facts["container"],
                                                 driver, packages)
+    # Active checks (docs/facts.md section 17) last: every state read above is in before they load the node.
+    if active in ("quick", "full") and active_spec:
+        facts["active"] = guard("active", collect_active, reader, active, active_spec, driver, facts["rdma"],
+                                 scheduler=facts["scheduler"])
     if not isinstance(facts["hostname"], str):
         facts["hostname"] = None
     facts["commands"] = reader.commands

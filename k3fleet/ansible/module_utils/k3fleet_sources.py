@@ -137,6 +137,25 @@ def container_inspect_argv(runtime, ids):
     return [runtime, "container", "inspect"] + list(ids)[:MAX_INSPECTED_CONTAINERS]
 
 
+# Active checks (docs/facts.md section 17): only with audit --active.
+def dcgmi_diag_argv(level):
+    return ["dcgmi", "diag", "-r", str(level)]
+
+
+def all_reduce_perf_argv(gpus, max_bytes):
+    """nccl-tests within the node: every GPU in one process, 8 B to ``max_bytes`` doubling."""
+    return ["all_reduce_perf", "-b", "8", "-e", str(max_bytes), "-f", "2", "-g", str(gpus)]
+
+
+# First TCP port of the loopback ib_write_bw pairs (perftest's default is 18515); one per rail.
+IB_WRITE_BW_PORT = 18515
+
+
+def ib_write_bw_argv(device, port):
+    """The server side of a loopback ib_write_bw on one device; the client adds 127.0.0.1."""
+    return ["ib_write_bw", "-d", device, "-p", str(port), "-F", "--report_gbits", "-D", "5"]
+
+
 def scontrol_show_node_argv(node):
     return ["scontrol", "show", "node", node, "--oneliner"]
 

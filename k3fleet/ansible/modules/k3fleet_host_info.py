@@ -36,6 +36,19 @@ options:
       - Starts a throw-away container (C(--rm)); nothing persistent changes.
     type: bool
     default: false
+  active:
+    description:
+      - Active checks (docs/facts.md section 17); C(quick) runs dcgmi diag at the quick level, C(full) adds
+        all_reduce_perf within the node and a loopback ib_write_bw per active rail.
+      - Never on a node whose GPUs another process holds (the section says why); each tool under its own
+        timeout from I(active_spec).
+    type: str
+    choices: [none, quick, full]
+    default: none
+  active_spec:
+    description:
+      - What the active checks run and for how long, from the target file (the controller passes it).
+    type: dict
   use_nvml:
     description: Query NVML through pynvml when it imports; otherwise only nvidia-smi is used.
     type: bool
@@ -130,6 +143,10 @@ k3fleet:
       returned: always
       type: dict
       sample: {"status": "ok", "image": {"ref": "vllm/vllm-openai:kimi-k3", "cuda_version": "13.0.2"}}
+    active:
+      description: Results of the active checks (dcgmi diag, all_reduce_perf, ib_write_bw); only with I(active).
+      returned: when active is quick or full
+      type: dict
     scheduler:
       description: Scheduler node state as seen from the node.
       returned: always
@@ -158,6 +175,8 @@ def main():
         image=dict(type="str"),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
+        active=dict(type="str", default="none", choices=["none", "quick", "full"]),
+        active_spec=dict(type="dict"),
         use_nvml=dict(type="bool", default=True),
         env_files=dict(type="list", elements="path", default=[]),
         lspci=dict(type="bool", default=True),
@@ -170,7 +189,8 @@ def main():
     reader = reader_from_params(p)
     facts = collect_host(reader, host=p["host"] or "",
                          image=p["image"], use_nvml=p["use_nvml"], runtime=p["runtime"], probe=p["probe"],
-                         env_files=p["env_files"], lspci=p["lspci"], slurm_node=p["slurm_node"])
+                         env_files=p["env_files"], lspci=p["lspci"], slurm_node=p["slurm_node"],
+                         active=p["active"], active_spec=p["active_spec"])
     module.exit_json(changed=False, **{RESULT_KEY: facts})
 
 

@@ -1,0 +1,275 @@
+# -*- coding: utf-8 -*-
+# Stdlib only: this file is shipped to every node inside the AnsiballZ payload.
+# ruff: noqa: UP001, UP009, UP010, UP031
+"""Active checks of ``audit --active LEVEL``: DCGM's diagnostic, NCCL all-reduce, ib_write_bw per rail.
+
+They load the GPUs and the HCAs, so they never run on a node whose GPUs another process holds (the
+driver facts' compute processes and memory in use, as ``gpu.in_use`` reads them): the section then
+says why it was skipped. Each tool runs under its own timeout from the target file; a tool that is
+not installed is reported as such, which the verdict reads as unknown, never as a pass
+(docs/facts.md section 17). Parsers read the tools' text output as their documentation and public
+runs show it (k3fleet/lab/active_data/SOURCES.md).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import re
+import threading
+import time
+
+try:
+    from ansible.module_utils.k3fleet_sources import (
+        IB_WRITE_BW_PORT,
+        all_reduce_perf_argv,
+        dcgmi_diag_argv,
+        ib_write_bw_argv,
+    )
+except ImportError:  # imported from the controller package (unit tests, lab)
+    from k3fleet.ansible.module_utils.k3fleet_sources import (
+        IB_WRITE_BW_PORT,
+        all_reduce_perf_argv,
+        dcgmi_diag_argv,
+        ib_write_bw_argv,
+    )
+
+__metaclass__ = type
+
+_SECTION = re.compile(r"^[|+]-{3,}\s+([A-Za-z][A-Za-z /]*?)\s+-{2,}")
+_RESULT = re.compile(r"^(Pass|Fail|Warn|Skip)(?:\s*-\s*(?:GPUs?:\s*)?([\d, ]+|All))?\s*$", re.IGNORECASE)
+_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+\w+\s+\w+\s+(-?\d+\s+)?([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+"
+                  r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s*$")
+_AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
+_OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s+(\w+)")
+_RANK = re.compile(r"^#?\s*Rank\s+\d+\s")
+_IB_HEADER = re.compile(r"#bytes\s+#iterations\s+BW peak\[(Gb|MB)/sec\]\s+BW average\[(?:Gb|MB)/sec\]")
+# Loopback on one device takes a few seconds; the server waits this long for its client.
+IB_SERVER_HEAD_START = 1.0
+
+
+# -- dcgmi diag -------------------------------------------------------------------------------
+
+
+def parse_dcgmi_diag(text):
+    """``dcgmi diag -r N`` table -> ``{"metadata", "tests": [...], "result"}``.
+
+    Each test: section, name, result (pass / fail / warn / skip, the worst of its lines),
+    ``failed_gpus`` and the Warning / Info lines after it. ``result`` None: no test was read.
+    """
+    section = None
+    metadata = {}
+    tests = []
+    current = None
+    for raw in (text or "").splitlines():
+        line = raw.strip()
+        head = _SECTION.match(line)
+        if head:
+            section = head.group(1).strip()
+            current = None
+            continue
+        if not line.startswith("|") or "====" in line:
+            continue
+        raw_cells = line.strip("|").split("|")
+        cells = [c.strip() for c in raw_cells]
+        if len(cells) != 2:
+            continue
+        name, value = cells
+        # dcgmi wraps a long text at the column's width, mid-word: a segment that fills the column
+        # continues on the next line without a space.
+        width = len(raw_cells[1]) - 3
+        if name == "Diagnostic" and value == "Result":
+            continue
+        if section == "Metadata":
+            metadata[name] = value
+            continue
+        if name in ("Info", "Warning", "Error"):
+            if current is not None:
+                current["details"].append({"kind": name.lower(), "text": value, "full": len(value) >= width})
+            continue
+        result = _RESULT.match(value)
+        if name == "" and current is not None:
+            if result:
+                _add_result(current, result)
+            elif current["details"]:
+                last = current["details"][-1]
+                last["text"] += value if last.pop("full", False) else " " + value
+                last["full"] = len(value) >= width
+            continue
+        if result and name:
+            current = {"section": section, "name": name, "results": [], "failed_gpus": [], "details": []}
+            tests.append(current)
+            _add_result(current, result)
+    for t in tests:
+        words = [r for r, _ in t.pop("results")]
+        t["result"] = next((w for w in ("fail", "warn", "pass", "skip") if w in words), None)
+        for d in t["details"]:
+            d.pop("full", None)
+            d["text"] = " ".join(d["text"].split())[:400]
+    overall = None
+    if tests:
+        words = [t["result"] for t in tests]
+        overall = "fail" if "fail" in words else ("warn" if "warn" in words else "pass")
+    return {"metadata": metadata, "tests": tests, "result": overall}
+
+
+def _add_result(test, match):
+    word = match.group(1).lower()
+    test["results"].append((word, match.group(2)))
+    if word == "fail" and match.group(2) and match.group(2).strip().lower() != "all":
+        test["failed_gpus"].extend(int(x) for x in re.findall(r"\d+", match.group(2)))
+
+
+# -- nccl-tests ----------------------------------------------------------------------------------
+
+
+def parse_all_reduce_perf(text):
+    """``all_reduce_perf`` -> ranks, per-size rows, the peak busbw at the largest size, the average line.
+
+    ``peak_busbw_gbs`` is the larger of out-of-place and in-place busbw of the largest message (the
+    figure bandwidth floors are for; the average line spreads over every small size too).
+    """
+    rows = []
+    ranks = 0
+    wrong = 0
+    for line in (text or "").splitlines():
+        if _RANK.match(line.strip()):
+            ranks += 1
+            continue
+        m = _ROW.match(line)
+        if not m:
+            continue
+        size = int(m.group(1))
+        row = {"size": size, "busbw_oop": float(m.group(6)), "busbw_ip": float(m.group(10))}
+        for w in (m.group(7), m.group(11)):
+            if w.isdigit():
+                wrong += int(w)
+        rows.append(row)
+    avg = _AVG.search(text or "")
+    oob = _OOB.search(text or "")
+    top = max(rows, key=lambda r: r["size"]) if rows else None
+    return {
+        "ranks": ranks or None, "sizes": len(rows), "wrong": wrong,
+        "max_bytes": top["size"] if top else None,
+        "peak_busbw_gbs": max(top["busbw_oop"], top["busbw_ip"]) if top else None,
+        "avg_busbw_gbs": float(avg.group(1)) if avg else None,
+        "out_of_bounds": int(oob.group(1)) if oob else None,
+    }
+
+
+# -- perftest ------------------------------------------------------------------------------------
+
+
+def parse_ib_write_bw(text):
+    """``ib_write_bw`` -> the average and peak of its largest message size in Gb/s (MB/sec converted)."""
+    unit = None
+    best = None
+    for line in (text or "").splitlines():
+        head = _IB_HEADER.search(line)
+        if head:
+            unit = head.group(1)
+            continue
+        if unit is None:
+            continue
+        parts = line.split()
+        if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
+            try:
+                peak, avg = float(parts[2]), float(parts[3])
+            except ValueError:
+                continue
+            if best is None or int(parts[0]) >= best[0]:
+                best = (int(parts[0]), peak, avg)
+    if best is None:
+        return {"bytes": None, "bw_avg_gbps": None, "bw_peak_gbps": None}
+    factor = 1.0 if unit == "Gb" else 8.0 / 1000.0
+    return {"bytes": best[0], "bw_avg_gbps": round(best[2] * factor, 3), "bw_peak_gbps": round(best[1] * factor, 3)}
+
+
+# -- collector -----------------------------------------------------------------------------------
+
+
+def gpus_busy(driver, util):
+    """Why the GPUs count as in use (compute processes, memory held), or None when they are free."""
+    gpus = (driver or {}).get("gpus") or []
+    if not gpus:
+        return "no GPUs were read"
+    busy = []
+    for g in gpus:
+        procs = g.get("processes")
+        used, total = g.get("memory_used_mib"), g.get("memory_total_mib")
+        if procs is None and used is None:
+            return "the GPUs' use could not be read"
+        compute = any(p.get("type") is None or "C" in (p.get("type") or "") for p in procs or [])
+        short = used is not None and total and total - used < util * total
+        if compute or short:
+            busy.append(str(g.get("index")))
+    if busy:
+        return "GPU %s in use (gpu.in_use): active checks never run on a serving node" % ",".join(busy)
+    return None
+
+
+def _tool(reader, argv, timeout, parse):
+    if reader.which(argv[0]) is None:
+        return {"ran": False, "reason": "%s: command not found" % argv[0]}
+    res = reader.run(argv, timeout=timeout)
+    out = {"ran": True, "rc": res.rc, "error": res.error, "duration_s": round(res.duration, 1)}
+    if res.error:
+        out["reason"] = res.reason()
+        return out
+    out.update(parse(res.stdout))
+    if res.rc != 0:
+        out["reason"] = res.reason()
+    return out
+
+
+def _rails(rdma):
+    found = []
+    for dev in (rdma or {}).get("devices") or []:
+        for port in dev.get("ports") or []:
+            found.append({"device": dev.get("name"), "port": port.get("port"), "state": port.get("state"),
+                          "rate_gbps": port.get("rate_gbps")})
+    return found
+
+
+def _ib_loopback(reader, device, port, timeout):
+    """Server and client of ``ib_write_bw`` on one device (loopback through the HCA)."""
+    argv = ib_write_bw_argv(device, port)
+    if reader.which(argv[0]) is None:
+        return {"ran": False, "reason": "%s: command not found" % argv[0]}
+    server = []
+    thread = threading.Thread(target=lambda: server.append(reader.run(argv, timeout=timeout)))
+    thread.daemon = True
+    thread.start()
+    time.sleep(IB_SERVER_HEAD_START)
+    out = _tool(reader, argv + ["127.0.0.1"], timeout, parse_ib_write_bw)
+    thread.join(timeout + 5)
+    if server and server[0].error and "reason" not in out:
+        out["reason"] = "server: " + server[0].reason()
+    return out
+
+
+def collect_active(reader, level, spec, driver, rdma, scheduler=None):
+    """ActiveFacts for ``level`` (quick, full) with the controller's ``spec`` (levels, timeouts)."""
+    out = {"status": "ok", "reason": None, "level": level, "skipped": None, "dcgm": None, "nccl": None,
+           "ib_write_bw": []}
+    why = gpus_busy(driver, float(spec.get("gpu_util", 0.9)))
+    jobs = (scheduler or {}).get("jobs_running") if isinstance(scheduler, dict) else None
+    if why is None and jobs:
+        # A job the scheduler placed may not hold the GPUs yet; loading the node would still hurt it.
+        why = "%s scheduler job(s) running on the node: active checks never run on a serving node" % jobs
+    if why:
+        out["skipped"] = why
+        return out
+    dlevel = int(spec["dcgm_level"][level])
+    out["dcgm"] = _tool(reader, dcgmi_diag_argv(dlevel),
+                        float(spec["dcgm_timeout_s"][level]), parse_dcgmi_diag)
+    out["dcgm"]["level"] = dlevel
+    if level != "full":
+        return out
+    count = len((driver or {}).get("gpus") or [])
+    out["nccl"] = _tool(reader, all_reduce_perf_argv(count, spec["nccl_max_bytes"]), float(spec["nccl_timeout_s"]),
+                        parse_all_reduce_perf)
+    out["nccl"]["gpus"] = count
+    for offset, rail in enumerate(r for r in _rails(rdma) if r["state"] == "ACTIVE"):
+        result = _ib_loopback(reader, rail["device"], IB_WRITE_BW_PORT + offset, float(spec["ib_write_bw_timeout_s"]))
+        result.update(rail)
+        out["ib_write_bw"].append(result)
+    return out
