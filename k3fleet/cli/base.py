@@ -118,7 +118,7 @@ COMMAND_OWNERS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("upgrade", "rollback"), ("change",)),
     **dict.fromkeys(("decide", "verify-evidence", "report", "triage", "watch"), ("decide",)),
     "merge": ("merge",),
-    "verify": ("evidence",),
+    **dict.fromkeys(("verify", "prune"), ("evidence",)),
     "lab": ("lab", "serve_vllm", "sshfleet", "lab_vllm"),
     "accept": ("accept",),
 }

@@ -1,4 +1,5 @@
-"""`k3fleet verify`: check a run directory against its manifest (docs/safety.md "Verify")."""
+"""`k3fleet verify` (a run directory against its manifest, docs/safety.md "Verify") and `k3fleet prune` (old run
+directories out, the evidence of accepted decisions kept: docs/safety.md "Evidence privacy")."""
 
 from __future__ import annotations
 
@@ -28,3 +29,42 @@ def verify(
             out.print(line, markup=False)
     err.print(report.summary(), markup=False)
     raise typer.Exit(EXIT_OK if report.ok else EXIT_INCOMPLETE)
+
+
+@app.command()
+def prune(
+    older_than: Annotated[str, typer.Option("--older-than", help="Remove run directories older than this (30d, "
+                                                                 "12h; at most 3650d).")],
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    keep_cited_by: Annotated[list[Path] | None, typer.Option(
+        "--keep-cited-by", help="An accepted decision's run directory outside --runs-dir: the runs it cites are "
+                                "kept too (repeatable).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
+) -> None:
+    """Remove old run directories, never one an accepted decision cites; say what was removed and kept, and why."""
+    import datetime as _dt
+
+    from k3fleet.bounds import parse_seconds
+    from k3fleet.errors import UsageError
+    from k3fleet.evidence.prune import REMOVE, apply_prune, plan_prune
+    from k3fleet.report.escapes import safe_text
+
+    limit = parse_seconds(older_than, "--older-than", "prune --older-than")
+    for d in keep_cited_by or []:
+        if not (d / "decision.json").is_file():
+            raise UsageError(f"--keep-cited-by {d}: not a decision run directory (no decision.json)")
+    plan = plan_prune(runs_dir, limit, _dt.datetime.now(_dt.UTC), keep_cited_by or [])
+    verb = "would remove" if dry_run else "removed"
+    problems = {} if dry_run else apply_prune(plan)
+    for v in plan:
+        kind = f" ({v.kind})" if v.kind else ""
+        if v.action == REMOVE and v.path not in problems:
+            out.print(f"{verb} {safe_text(v.path)}{kind}: {v.why}", markup=False)
+        elif v.action != REMOVE:
+            out.print(f"kept {safe_text(v.path)}{kind}: {safe_text(v.why)}", markup=False)
+    for path, why in problems.items():
+        err.print(f"could not remove {safe_text(path)}: {safe_text(why)}", markup=False)
+    removed = sum(1 for v in plan if v.action == REMOVE) - len(problems)
+    err.print(f"{removed} run director{'y' if removed == 1 else 'ies'} {verb}, "
+              f"{sum(1 for v in plan if v.action != REMOVE)} kept", markup=False)
+    raise typer.Exit(EXIT_INCOMPLETE if problems else EXIT_OK)

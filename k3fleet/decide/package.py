@@ -40,7 +40,7 @@ from k3fleet import __version__
 from k3fleet.bounds import open_tar
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError
 from k3fleet.evidence import is_secret_name
-from k3fleet.evidence.writer import write_output
+from k3fleet.evidence.writer import FILE_MODE, write_output
 
 if TYPE_CHECKING:
     from k3fleet.decide.signing import SignatureCheck, SigningKey
@@ -138,14 +138,14 @@ def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence
                 info = tarfile.TarInfo(f"{root_name}/{arcname}")
                 info.size = len(data)
                 info.mtime = ts
-                info.mode = 0o644
+                info.mode = FILE_MODE  # evidence: its owner's only, extracted or not
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(data))
 
     # The one writer: never through a link or device, never over a file without --force, never
     # inside a run it packages; temp file + fsync + rename, one line on any failure.
-    write_output(dest, fill, "--archive", force=force, inputs=inputs)
+    write_output(dest, fill, "--archive", force=force, inputs=inputs, mode=FILE_MODE)
     return manifest
 
 

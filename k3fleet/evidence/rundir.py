@@ -36,7 +36,9 @@ MANIFEST = "manifest.json"
 COMMAND = "command.json"
 # Controller environment worth keeping as evidence (values still pass the redactor).
 _ENV_PREFIXES = ("K3FLEET_", "ANSIBLE_", "NCCL_", "VLLM_")
-_FILE_MODE = 0o644
+# Run directories hold request bodies and prompts: their owner's only (docs/safety.md "Evidence privacy").
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
 
 
 class EvidenceWriteError(IncompleteError):
@@ -141,7 +143,7 @@ class RunDir:
         except OSError as exc:
             raise UsageError(f"cannot create {where}: {path.parent}: {exc.strerror or exc}") from exc
         try:
-            path.mkdir()
+            path.mkdir(mode=_DIR_MODE)
             made = True
         except FileExistsError:
             if not path.is_dir():
@@ -152,6 +154,8 @@ class RunDir:
             raise UsageError(f"cannot create {where}: {exc.strerror or exc}") from exc
         rd = cls(path)
         try:
+            # An empty --out the user made keeps its own mode otherwise: the owner's only.
+            os.chmod(path, _DIR_MODE)
             fd = os.open(path / COMMAND, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         except FileExistsError:
             raise UsageError(f"{where} is being written by another k3fleet run: choose another --out") from None
@@ -204,7 +208,7 @@ class RunDir:
             raise UsageError(f"refusing to write {rel!r}: it would leave the run directory {self.path}")
         p = self.path / rel
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
+            p.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise _write_error(p, exc) from exc
         base = os.path.realpath(self.path)
@@ -243,7 +247,7 @@ class RunDir:
         p = self.file(rel)
         line = (_dumps(row) + "\n").encode("utf-8")
         try:
-            with p.open("a+b") as fh:
+            with os.fdopen(os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND, _FILE_MODE), "a+b") as fh:
                 fh.seek(0, os.SEEK_END)
                 if fh.tell() > 0:
                     fh.seek(-1, os.SEEK_END)

@@ -33,7 +33,11 @@ from typing import IO
 from k3fleet.errors import IncompleteError, UsageError
 
 STDOUT = "-"
-FILE_MODE = 0o644
+# Evidence (run-directory files, the evidence package) can hold prompts, tool arguments and answers:
+# its owner only (docs/safety.md "Evidence privacy"). A report the user names is redacted and holds no
+# bodies; it stays readable by others, as a node_exporter textfile collector running as its own user needs.
+FILE_MODE = 0o600
+OUTPUT_MODE = 0o644
 # Errors that mean the disk (or the quota) filled while writing: the output is incomplete (exit 3).
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # Filesystems that cannot hard-link (some FUSE and network mounts) answer with one of these.
@@ -69,7 +73,8 @@ def _fill_bytes(data: bytes) -> Fill:
 
 
 def atomic_replace(path: Path, content: bytes | Fill, *, error: Callable[[OSError], Exception],
-                   replace: bool = True, exists: Callable[[], Exception] | None = None) -> None:
+                   replace: bool = True, exists: Callable[[], Exception] | None = None,
+                   mode: int = FILE_MODE) -> None:
     """Write ``content`` (bytes, or a function writing into the file) to ``path`` atomically.
 
     ``replace=False`` never replaces an existing name: the file is hard-linked into place, which
@@ -86,7 +91,7 @@ def atomic_replace(path: Path, content: bytes | Fill, *, error: Callable[[OSErro
             fill(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, FILE_MODE)
+        os.chmod(tmp, mode)
         if replace:
             os.replace(tmp, path)
         else:
@@ -197,7 +202,7 @@ def _output_error(path: Path, flag: str) -> Callable[[OSError], Exception]:
 
 
 def write_output(path: Path, content: bytes | Fill, flag: str, *, force: bool = False,
-                 inputs: Sequence[Path] = ()) -> None:
+                 inputs: Sequence[Path] = (), mode: int = OUTPUT_MODE) -> None:
     """Write an output file the user named (``-``: stdout) by the rules above."""
     if is_stdout(path):
         _write_stdout(content, flag)
@@ -208,7 +213,7 @@ def write_output(path: Path, content: bytes | Fill, flag: str, *, force: bool = 
     def appeared() -> Exception:
         return DestinationExists(f"{flag} {path} appeared while it was written: pass --force to replace it")
 
-    atomic_replace(path, content, error=_output_error(path, flag), replace=force, exists=appeared)
+    atomic_replace(path, content, error=_output_error(path, flag), replace=force, exists=appeared, mode=mode)
 
 
 def _write_stdout(content: bytes | Fill, flag: str) -> None:

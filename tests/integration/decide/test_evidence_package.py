@@ -81,10 +81,11 @@ def test_package_holds_the_runs_the_checklist_the_decision_and_a_full_manifest(
     assert manifest["command"][1] == "decide"
     assert manifest["decision"] == {"outcome": "observe_with_limits", "approved": False, "exit_code": 3,
                                     "track": "official"}
-    # Nothing in it is a link, a device or world-writable; every size matches.
+    # Nothing in it is a link or a device, every member is its owner's only (evidence privacy); every size matches.
+    assert archive.stat().st_mode & 0o777 == 0o600
     with tarfile.open(archive, "r:gz") as tar:
         for m in tar:
-            assert m.isfile() and m.mode == 0o644 and m.uid == 0
+            assert m.isfile() and m.mode == 0o600 and m.uid == 0
     assert members[f"{root}/{PACKAGE_SIGNATURE}"].startswith(b"-----BEGIN SSH SIGNATURE-----")
 
 
