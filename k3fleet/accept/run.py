@@ -238,23 +238,37 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
 async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, ProbeResult], summary: dict[str, Any],
                  rec: Recorder, stop: threading.Event | None, say: Progress) -> bool:
     """Run one probe, timing it; on Ctrl-C (``stop``) cancel it and keep what it had sent as an
-    inconclusive result. False when the run must end here."""
+    inconclusive result. False when the run must end here. The probe runs in this task (a
+    KeyboardInterrupt inside it reaches run_all as it would without the watcher)."""
     t0 = time.monotonic()
-    task = asyncio.ensure_future(coro)
-    while not task.done():
-        await asyncio.wait({task}, timeout=0.2)
-        if stop is not None and stop.is_set() and not task.done():
-            task.cancel()
+    me = asyncio.current_task()
+
+    async def watch() -> None:
+        assert stop is not None and me is not None
+        while not stop.is_set():
+            await asyncio.sleep(0.2)
+        me.cancel()
+
+    watcher = asyncio.ensure_future(watch()) if stop is not None else None
+    try:
+        result = await coro
+    except asyncio.CancelledError:
+        if stop is None or not stop.is_set() or me is None:
+            raise
+        me.uncancel()
+        sent = len(rec.exchanges.get(name, []))
+        results[name] = ProbeResult(probe=name, status="inconclusive", data={"interrupted": True},
+                                    reason=f"interrupted after {sent} request(s); what was measured is in "
+                                           f"requests/{name}.jsonl")
+        summary["interrupted"] = True
+        summary["budget"]["elapsed_s"][name] = round(time.monotonic() - t0, 1)
+        return False
+    finally:
+        if watcher is not None:
+            watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
-            sent = len(rec.exchanges.get(name, []))
-            results[name] = ProbeResult(probe=name, status="inconclusive", data={"interrupted": True},
-                                        reason=f"interrupted after {sent} request(s); what was measured is in "
-                                               f"requests/{name}.jsonl")
-            summary["interrupted"] = True
-            summary["budget"]["elapsed_s"][name] = round(time.monotonic() - t0, 1)
-            return False
-    results[name] = task.result()
+                await watcher
+    results[name] = result
     elapsed = round(time.monotonic() - t0, 1)
     summary["budget"]["elapsed_s"][name] = elapsed
     say(f"{name}: {results[name].status.upper()} in {elapsed:.0f} s ({len(rec.exchanges.get(name, []))} requests "

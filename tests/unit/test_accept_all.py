@@ -49,3 +49,41 @@ def test_unknown_load_option_names_the_known_ones(tmp_path: Path, capsys: pytest
     err = capsys.readouterr().err.strip()
     assert err.startswith("k3fleet: error: --load-option step_seconds: not a load option (one of phases, ")
     assert "step_s" in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_ctrl_c_ends_the_running_probe_and_writes_what_was_measured(tmp_path: Path) -> None:
+    """The first Ctrl-C (the stop event the CLI's signal handler sets) cancels the agent mid-suite: its
+    requests so far are kept, it is inconclusive, load does not start, the run directory is whole."""
+    import asyncio
+    import threading
+
+    from k3fleet.accept.agent import AgentOptions
+    from k3fleet.accept.client import Endpoint
+    from k3fleet.accept.prefix_cache import PrefixOptions
+    from k3fleet.accept.run import AllOptions, run_all
+    from k3fleet.evidence import RunDir
+    from k3fleet.lab.vllm_sim.server import start_simulator
+
+    stop = threading.Event()
+    lines: list[str] = []
+
+    def progress(msg: str) -> None:
+        lines.append(msg)
+        if msg.startswith("agent: round 2/"):
+            stop.set()
+
+    out = tmp_path / "run"
+    with start_simulator(itl_ms=0.2) as sim:
+        ep = Endpoint(base_url=sim.base_url, model="moonshotai/Kimi-K3")
+        opts = AllOptions(out=out, prefix=PrefixOptions(repeats=2), agent=AgentOptions(repeats=50), stop=stop,
+                          budget_s=600)
+        res = asyncio.run(run_all(ep, opts, ["k3fleet", "accept", "all"], progress=progress))
+    assert res.exit_code == 3 and res.summary["interrupted"] is True
+    assert any(line.startswith("plan (budget 600 s):") for line in lines)
+    summary = json.loads((out / "accept.json").read_text())
+    assert summary["probes"]["prefix_cache"]["status"] == "pass"
+    agent = summary["probes"]["agent"]
+    assert agent["status"] == "inconclusive" and agent["reason"].startswith("interrupted after ")
+    assert "load" not in summary["probes"] and set(summary["budget"]["elapsed_s"]) == {"prefix_cache", "agent"}
+    assert (out / "requests" / "agent.jsonl").is_file()
+    assert RunDir.open(out).verify_manifest() == []
