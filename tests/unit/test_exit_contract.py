@@ -109,10 +109,14 @@ def test_change_check_combines_hosts(tmp_path: Path, check: dict[str, dict[str, 
 # -- a usage error writes nothing ----------------------------------------------------------------
 
 
-def test_discard_unstarted_removes_only_claims_without_evidence(tmp_path: Path) -> None:
-    from k3fleet.evidence import RunDir
+def test_discard_unstarted_removes_only_claims_without_evidence(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from k3fleet.evidence import RunDir, rundir
     from k3fleet.evidence.rundir import discard_unstarted
 
+    # The claims are the process's: earlier tests in this worker (make test runs several files per worker)
+    # leave theirs, so this test counts only its own.
+    monkeypatch.setattr(rundir, "_CLAIMED", [])
     bare = RunDir.create(tmp_path / "runs", "audit", ["k3fleet", "audit"])
     started = RunDir.create(tmp_path / "runs", "audit", ["k3fleet", "audit"])
     started.write_json("run.json", {"status": "successful"})
