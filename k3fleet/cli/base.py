@@ -149,6 +149,9 @@ def _input_errors() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a documented exit code."""
+    from k3fleet.evidence.rundir import forget_claims
+
+    forget_claims()  # only this command's claims count below
     rc = _main(argv)
     if rc == EXIT_USAGE:
         # A usage error writes nothing: a run directory claimed before the error was found goes again.

@@ -92,6 +92,11 @@ def _dumps(data: Any, **kw: Any) -> str:
 _CLAIMED: list[tuple[Path, bool]] = []
 
 
+def forget_claims() -> None:
+    """Start a new command: claims made before it are not its to discard."""
+    _CLAIMED.clear()
+
+
 def discard_unstarted() -> list[Path]:
     """Remove the claims of this process's run directories that hold nothing but command.json.
 
