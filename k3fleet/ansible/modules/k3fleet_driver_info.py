@@ -195,6 +195,40 @@ k3fleet:
             other: {}
           memory_used_mib: 0
           processes: []
+    kernel_log:
+      description: >-
+        Xid events of the kernel log since boot (dmesg, else journalctl -k -b); status unknown when
+        no log could be read (docs/facts.md section 14).
+      returned: always
+      type: dict
+      sample: {"status": "ok", "reason": null, "source": "dmesg", "xid": []}
+      contains:
+        status:
+          description: ok, or unknown when neither log could be read.
+          returned: always
+          type: str
+          sample: ok
+        reason:
+          description: Why the log could not be read.
+          returned: when status is unknown
+          type: str
+          sample: "dmesg: Operation not permitted"
+        source:
+          description: Where the lines came from.
+          returned: when status is ok
+          type: str
+          sample: dmesg
+        xid:
+          description: One entry per Xid line (code, PCI address, pid, text, time).
+          returned: always
+          type: list
+          elements: dict
+          sample:
+            - code: 79
+              pci: "0000:3b:00"
+              pid: null
+              text: GPU has fallen off the bus.
+              time: "[ 1234.567890]"
 """
 
 try:
