@@ -50,7 +50,7 @@ def test_secret_names(name: str) -> None:
      "keyboard", "key", "keys", "consistent_keys", "host_key_checking", "k3fleet_host_key_checking", "ssh_host_key",
      "public_key", "sort_key", "api_key_env", "ansible_ssh_private_key_file", "ANSIBLE_VAULT_PASSWORD_FILE",
      "secret_name", "token_url", "auth_method", "AWS_ACCESS_KEY_ID", "NCCL_IB_HCA", "host", "monkey",
-     "hf_token.txt", "secrets.yaml"],
+     "hf_token.txt", "secrets.yaml", "prefill-ms-per-token", "usd_per_token"],
 )
 def test_evidence_names(name: str) -> None:
     assert not is_secret_name(name)

@@ -77,6 +77,9 @@ def _judge_name(name):
     if not words:
         return False
     last = words[-1]
+    if len(words) > 1 and words[-2] == "per":
+        # A rate or a cost (``prefill_ms_per_token``, ``usd_per_token``) is a number about tokens.
+        return False
     if last in _TAIL_WORDS:
         return True
     if last == "key" and len(words) > 1:
