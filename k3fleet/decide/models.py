@@ -203,6 +203,24 @@ class AgentEvidence(_Model):
     findings: list[Fact] = Field(default_factory=list)
 
 
+class OomRecord(_Model):
+    """One OOM answer of the load run (``load.json`` ``oom_records``, k3fleet/accept/oom.py): where and when
+    it happened, and whether the pressure across engines was uneven (a topology OOM)."""
+
+    t_s: float | None = Field(default=None, description="seconds into the load run")
+    phase: str | None = None
+    step: str | int | None = None
+    concurrency: int | None = None
+    context_tokens: int | None = None
+    node: str | None = None
+    engine: str | None = Field(default=None, description="the engine (DP rank) whose KV cache was fullest")
+    message: str | None = None
+    last_success_t_s: float | None = Field(default=None, description="when the last request before it ended")
+    last_success_id: str | None = None
+    kv_by_engine: dict[str, float] = Field(default_factory=dict, description="KV usage per engine before it")
+    topology: bool = Field(default=False, description="uneven KV pressure across engines (accept.load.topology_oom)")
+
+
 class LoadEvidence(_Model):
     ref: Ref
     status: str
@@ -217,6 +235,7 @@ class LoadEvidence(_Model):
     restarts: int | None = None
     health_failures: int | None = None
     oom_events: int | None = None
+    oom_records: list[OomRecord] = Field(default_factory=list)
     # The envelope the run held (curve rows with an ok verdict), and where it first failed.
     held_concurrency: int | None = Field(default=None, description="highest concurrency of an ok ramp or "
                                                                    "sustained step")

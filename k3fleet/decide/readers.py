@@ -24,6 +24,7 @@ from k3fleet.decide.models import (
     Fact,
     HostEvidence,
     LoadEvidence,
+    OomRecord,
     PrefixCacheEvidence,
     Ref,
     RunInfo,
@@ -353,6 +354,50 @@ def _agent_evidence(result: Any, ref: Ref) -> AgentEvidence:
                          findings=_facts_of(result, ref))
 
 
+class _LastSuccess(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    t_s: float | None = Field(default=None, allow_inf_nan=False)
+    id: str | None = None
+
+
+class _Memory(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    kv_by_engine: dict[str, float] = Field(default_factory=dict)
+
+
+class _OomRecordData(BaseModel):
+    """One entry of ``load.json``'s ``oom_records`` as the load probe writes it (k3fleet/accept/oom.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+    t_s: float | None = Field(default=None, allow_inf_nan=False)
+    phase: str | None = None
+    step: str | int | None = None
+    concurrency: int | None = None
+    context_tokens: int | None = None
+    node: str | None = None
+    engine: str | None = None
+    message: str | None = None
+    last_success: _LastSuccess | None = None
+    memory_before: _Memory | None = None
+    topology: bool = False
+
+
+_OOM_RECORDS = TypeAdapter(list[_OomRecordData])
+
+
+def _oom_records(d: Mapping[str, Any], ref: Ref) -> list[OomRecord]:
+    try:
+        records = _OOM_RECORDS.validate_python(d.get("oom_records") or [])
+    except ValidationError as exc:
+        raise UsageError(f"run {ref.run}: {ref.file}: data.oom_records.{validation_line(exc)}") from None
+    return [OomRecord(t_s=r.t_s, phase=r.phase, step=r.step, concurrency=r.concurrency,
+                      context_tokens=r.context_tokens, node=r.node, engine=r.engine, message=r.message,
+                      last_success_t_s=r.last_success.t_s if r.last_success else None,
+                      last_success_id=r.last_success.id if r.last_success else None,
+                      kv_by_engine=dict(r.memory_before.kv_by_engine) if r.memory_before else {},
+                      topology=r.topology) for r in records]
+
+
 def _load_evidence(path: Path, label: str, result: Any, ref: Ref) -> LoadEvidence:
     d = result.data if isinstance(result.data, dict) else {}
     curves_ref = Ref(run=label, file="load/curves.jsonl") if (path / "load" / "curves.jsonl").is_file() else None
@@ -374,7 +419,7 @@ def _load_evidence(path: Path, label: str, result: Any, ref: Ref) -> LoadEvidenc
         envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,
         restarts=_int(counts.get("restarts")), health_failures=_int(counts.get("health_failures")),
-        oom_events=_int(counts.get("oom_events")), findings=_facts_of(result, ref))
+        oom_events=_int(counts.get("oom_events")), oom_records=_oom_records(d, ref), findings=_facts_of(result, ref))
 
 
 def _has_any(point: Mapping[str, Any], keys: Sequence[str]) -> bool:

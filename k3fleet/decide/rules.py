@@ -166,6 +166,35 @@ def _topology(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     return out
 
 
+def _only_topology_ooms(s: EvidenceSummary) -> bool:
+    """Every OOM record of the load run is a topology OOM: uneven pressure, not a lack of memory."""
+    ld = s.accept.load if s.accept else None
+    return ld is not None and bool(ld.oom_records) and all(r.topology for r in ld.oom_records)
+
+
+def _topology_oom(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    ld = s.accept.load if s.accept else None
+    if ld is None:
+        return []
+    tops = [r for r in ld.oom_records if r.topology]
+    if not tops:
+        return []
+    r = tops[0]
+    when = f"{r.t_s:g} s into the load run" if r.t_s is not None else "at an unrecorded time"
+    step = " ".join(str(x) for x in (r.phase, r.step) if x is not None)
+    where = ", ".join(x for x in (step, f"{r.concurrency} concurrent" if r.concurrency else None) if x)
+    kv = ", ".join(f"engine {e} {v:.2f}" for e, v in sorted(r.kv_by_engine.items()))
+    last = (f"the last successful request ended at {r.last_success_t_s:g} s (id {r.last_success_id or '?'})"
+            if r.last_success_t_s is not None else "no request had succeeded before it")
+    more = f"; {len(tops) - 1} more topology OOM record(s)" if len(tops) > 1 else ""
+    return [Hit(f"topology OOM on node {r.node or '?'}, engine {r.engine or '?'}, {when}"
+                + (f" ({where})" if where else "") + (f": KV usage {kv}" if kv else "") + f"; {last}{more}. "
+                "Uneven KV pressure across engines is a configuration / topology fault that more capacity does "
+                "not fix: rebalance the data-parallel ranks (--data-parallel-size and ranks per node), check the "
+                "all-to-all backend (--all2all-backend) and the expert placement (--enable-eplb), then test again",
+                _refs(ld.ref, ld.curves_ref))]
+
+
 def _capacity(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     a = s.audit
     if a is None or a.gpus_after_plan >= a.gpus_required:
@@ -194,10 +223,12 @@ def _collapse(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     if ld is None:
         return []
     out = []
-    if ld.outcome == "collapse" and not _above_profile_only(s):
+    # A collapse whose every OOM was a topology OOM is load.topology_oom's: placement, not capacity.
+    topology_only = _only_topology_ooms(s)
+    if ld.outcome == "collapse" and not _above_profile_only(s) and not topology_only:
         out.append(Hit(f"the server collapsed under controlled load: {ld.reason or 'queue or OOM collapse'}",
                        _refs(ld.ref, ld.curves_ref)))
-    counts = [(ld.restarts, "restart(s)"), (ld.oom_events, "OOM event(s)")]
+    counts = [(ld.restarts, "restart(s)"), (None if topology_only else ld.oom_events, "OOM event(s)")]
     seen = [f"{n} {what}" for n, what in counts if n]
     if seen and ld.outcome != "collapse":
         out.append(Hit(f"{', '.join(seen)} in the sustained run under the tested limits", [ld.ref]))
@@ -207,7 +238,7 @@ def _collapse(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
 def _limit_above_profile(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     ld = s.accept.load if s.accept else None
     p = s.profile
-    if ld is None or p is None or not _above_profile_only(s):
+    if ld is None or p is None or not _above_profile_only(s) or _only_topology_ooms(s):
         return []
     out = []
     if ld.failed_concurrency is not None:
@@ -407,6 +438,9 @@ RULES: tuple[Rule, ...] = (
          "a non-critical agent defect above the bounded rate", _noncritical_unbounded),
     Rule("topology.mismatch", "rebuild_environment", "blocks",
          "GPU count, interconnect or parallel settings do not fit the hosts", _topology),
+    Rule("load.topology_oom", "rebuild_environment", "blocks",
+         "an OOM under load with uneven KV pressure across engines (accept.load.topology_oom): rebalance the "
+         "data-parallel ranks, check the all-to-all backend and expert placement", _topology_oom),
     Rule("load.context_below_profile", "rebuild_environment", "blocks",
          "a context within the production profile is refused: adjust the configuration", _context_below_profile),
     Rule("capacity.short", "expand_capacity", "blocks",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from k3fleet.decide.models import (
     Fact,
     HostEvidence,
     LoadEvidence,
+    OomRecord,
     OwnerEntry,
     OwnersFile,
     PrefixCacheEvidence,
@@ -36,6 +38,7 @@ from k3fleet.decide.models import (
     TargetBrief,
     TriageEvidence,
 )
+from k3fleet.errors import UsageError
 
 DIGEST = "sha256:" + "93aead97" * 8
 OTHER = "sha256:" + "0badc0de" * 8
@@ -203,6 +206,22 @@ def _triage(check: str, chain: bool) -> Callable[[EvidenceSummary], None]:
     return mut
 
 
+def _oom(*topology: bool, failed: int = 32) -> Callable[[EvidenceSummary], None]:
+    """An OOM collapse under load at ``failed`` sessions with one OOM record per flag (True: uneven KV
+    pressure across engines, a topology OOM; False: every engine full, capacity)."""
+    def mut(s: EvidenceSummary) -> None:
+        ld = _acc(s).load
+        assert ld is not None
+        ld.outcome, ld.reason, ld.oom_events = "collapse", f"OOM at {failed} sessions", len(topology)
+        ld.failed_concurrency = failed
+        ld.oom_records = [OomRecord(t_s=41.5 + i, phase="agent_ramp", step=f"{failed} sessions", concurrency=failed,
+                                    node="gpu-b01", engine="1", message="CUDA out of memory",
+                                    last_success_t_s=40.9 + i, last_success_id=f"chatcmpl-{i}",
+                                    kv_by_engine={"0": 0.41, "1": 0.97} if top else {"0": 0.96, "1": 0.97},
+                                    topology=top) for i, top in enumerate(topology)]
+    return mut
+
+
 OWNER = {"owner": "dana", "deadline": dt.date(2026, 12, 15), "rollback": "pin the baseline image"}
 OWNER_LIMITED = {**OWNER, "rate_limit": "20 tool turns/min per tenant", "documented": "docs/known-issues.md#k3-tools"}
 
@@ -264,6 +283,14 @@ CASES: dict[str, tuple[Callable[[EvidenceSummary], None] | None, str, bool, int,
     "oom_within_profile": (_chain(_set("accept.load.outcome", "collapse"), _set("accept.load.failed_concurrency", 32),
                                   _set("accept.load.held_concurrency", 16)),
                            "expand_capacity", False, 1, {"load.collapse", "envelope.gap"}, {}),
+    # OOM records: uneven KV pressure across engines is a topology fault (rebuild), every engine full is capacity.
+    "topology_oom_under_load": (_oom(True), "rebuild_environment", False, 1, {"load.topology_oom"},
+                                {"load.no_termination": "fail"}),
+    "topology_oom_only_above_the_profile": (_oom(True, failed=128), "rebuild_environment", False, 1,
+                                            {"load.topology_oom"}, {}),
+    "capacity_oom_under_load": (_oom(False), "expand_capacity", False, 1, {"load.collapse"}, {}),
+    "topology_and_capacity_ooms": (_oom(True, False), "rebuild_environment", False, 1,
+                                   {"load.topology_oom", "load.collapse"}, {}),
     "reviewer_ran_the_evidence": (_set("reviewer", "Alice@example.org"), "observe_with_limits", False, 1,
                                   {"signoff.same_person"}, {}),
     "reviewer_ran_the_change_night": (_chain(_change(True, {"gpu-b01": "not_started"}, "2026-11-30T11:00:00+00:00"),
@@ -568,3 +595,41 @@ def test_the_served_image_is_compared_with_the_build_record() -> None:
     d = decide(_apply(_chain(_custom(build=True), _set("accept.startup.image", "vllm/vllm-openai:kimi-k3"))))
     text = next(r.text for r in d.reasons if "build record is for" in r.text)
     assert "vllm/vllm-openai:kimi-k3 (the official image)" in text and d.track == "custom"
+
+
+def test_a_topology_oom_is_a_rebuild_that_cites_the_record_never_capacity() -> None:
+    d = decide(_apply(_oom(True)))
+    fired = {r.rule for r in d.reasons}
+    assert "load.collapse" not in fired and "capacity.short" not in fired and d.outcome == "rebuild_environment"
+    text = next(r.text for r in d.reasons if r.rule == "load.topology_oom")
+    for part in ("node gpu-b01", "engine 1", "41.5 s into the load run", "agent_ramp 32 sessions",
+                 "engine 0 0.41, engine 1 0.97", "ended at 40.9 s (id chatcmpl-0)", "data-parallel ranks",
+                 "--all2all-backend", "expert placement"):
+        assert part in text, (part, text)
+    # Above the profile a topology OOM is still the placement's fault, not a limit to document.
+    above = decide(_apply(_oom(True, failed=128)))
+    assert "load.limit_above_profile" not in {r.rule for r in above.reasons} and not above.limits
+
+
+def test_the_reader_takes_the_oom_records_the_load_probe_writes(tmp_path: Path) -> None:
+    """load.json's oom_records, as k3fleet/accept/oom.py builds them, reach the decision."""
+    from k3fleet.accept.load import Shot
+    from k3fleet.accept.oom import oom_records
+    from k3fleet.accept.result import ProbeResult
+    from k3fleet.decide.readers import _load_evidence
+
+    def shot(t: float, ok: bool, rid: str | None = None) -> Shot:
+        return Shot(phase="sustained", step="4 sessions", concurrency=4, context_tokens=None, t=t, ok=ok,
+                    kind=None if ok else "http_5xx", message=None if ok else "CUDA out of memory", e2e=0.5, rid=rid)
+
+    samples = [{"t_s": 2.8, "kv_usage": 0.98, "kv_by_engine": {"0": 0.98, "1": 0.3}}]
+    records = oom_records([shot(1.0, True, "chatcmpl-7"), shot(3.0, False)], samples, "http://gpu-m01:8000")
+    ref = _ref("accept-1", "load.json")
+    result = ProbeResult(probe="load", status="fail", reason="OOM", data={"outcome": "collapse",
+                                                                          "oom_records": records})
+    ld = _load_evidence(tmp_path, "accept-1", result, ref)
+    assert [(r.node, r.engine, r.t_s, r.last_success_t_s, r.last_success_id, r.topology) for r in ld.oom_records] \
+        == [("gpu-m01", "0", 3.0, 1.5, "chatcmpl-7", True)]
+    bad = ProbeResult(probe="load", status="fail", reason="OOM", data={"oom_records": [{"t_s": "soon"}]})
+    with pytest.raises(UsageError, match=r"load.json: data.oom_records.0.t_s"):
+        _load_evidence(tmp_path, "accept-1", bad, ref)
