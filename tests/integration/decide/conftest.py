@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from decide_helpers import k3fleet
+from decide_helpers import LAB_PROFILE, k3fleet
 
 REPO = Path(__file__).resolve().parents[3]
 PROFILES = REPO / "inventories" / "lab" / "profiles"
@@ -126,9 +126,6 @@ QUICK_LOAD = {"ladder_tokens": [256, 1024], "ladder_output_tokens": 8, "ladder_r
               "step_s": 1.5, "sustained_s": 1.5, "system_prompt_tokens": 2000, "turn_output_tokens": 24,
               "sample_interval_s": 0.25}
 FAST_SIM = {"itl_ms": 2.0, "prefill_ms_per_token": 0.005}
-# The production profile the quick schedule covers: 4 concurrent sessions, a 1024-token p99 context, 1.5 s
-# sustained, two production tools, one response schema, a multimodal share (docs/decision.md).
-LAB_PROFILE = REPO / "k3fleet" / "targets" / "profiles" / "lab-small.yaml"
 # An owner, a deadline and a rollback action for every kind of limit a decision can set.
 LIMIT_OWNERS = {"limits": {kind: {"owner": "dana", "deadline": "2026-12-15", "rollback": "pin the baseline image"}
                            for kind in ("concurrency_ceiling", "max_context_tokens", "rate_limit", "retry",

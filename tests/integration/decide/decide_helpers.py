@@ -7,6 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[3]
+# The production profile the quick schedule covers: 4 concurrent sessions, a 1024-token p99 context, 1.5 s
+# sustained, two production tools, one response schema, a multimodal share (docs/decision.md). Here, not in
+# conftest.py: several test directories have a conftest module, and which one `import conftest` finds
+# depends on what the worker collected last.
+LAB_PROFILE = REPO / "k3fleet" / "targets" / "profiles" / "lab-small.yaml"
+
 
 def k3fleet(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAB_PROFILE
-from decide_helpers import k3fleet, load_probe_ran
+from decide_helpers import LAB_PROFILE, k3fleet, load_probe_ran
 
 pytestmark = pytest.mark.integration
 

@@ -80,7 +80,7 @@ def test_prune_removes_old_runs_but_never_the_evidence_of_an_accepted_decision(
         matched_audit: Path, healthy_audit: Path, accept_run: Any, evidence_keys: Any, tmp_path: Path) -> None:
     import shutil
 
-    from conftest import LAB_PROFILE
+    from decide_helpers import LAB_PROFILE
 
     runs = tmp_path / "runs"
     runs.mkdir()
