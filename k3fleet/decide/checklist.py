@@ -6,6 +6,7 @@ not in the summary is ``missing``, never ``pass`` (docs/decision.md "The checkli
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -469,6 +470,84 @@ def _build_field(field: str, title: str) -> Callable[[EvidenceSummary], tuple[It
     return check
 
 
+# vLLM 0.10.1 made request logging opt-in (--enable-log-requests); up to 0.10.0 a server logged every request
+# unless started with --disable-log-requests (docs/facts.md section 18).
+LOG_REQUESTS_OPT_IN = (0, 10, 1)
+_LOG_FLAGS = {"--enable-log-requests": True, "--no-enable-log-requests": False, "--disable-log-requests": False,
+              "--no-disable-log-requests": True}
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def request_logging(st: StartupEvidence) -> tuple[bool | None, str]:
+    """Whether the server logs requests, from its launch command and vLLM version: (on, why); on is None
+    when the evidence cannot say."""
+    if not st.launch_command:
+        return None, ("no launch command in the start-up evidence (accept startup --launch-command): whether the "
+                      "server logs requests is unknown")
+    argv = st.launch_command.split()
+    given = [a for a in argv if a in _LOG_FLAGS]
+    outputs = " and outputs (--enable-log-outputs)" if "--enable-log-outputs" in argv else ""
+    if given:
+        on = _LOG_FLAGS[given[-1]]  # argparse: the last of them wins
+        return on, f"{given[-1]} in the launch command: requests{outputs if on else ''} " \
+            + ("are logged" if on else "are not logged")
+    m = _VERSION.match(st.vllm_version or "")
+    if m is None:
+        return None, ("neither --enable-log-requests nor --disable-log-requests in the launch command, and the vLLM "
+                      "version is unknown: whether it logs requests by default is unknown")
+    version = tuple(int(g or 0) for g in m.groups())
+    if version >= LOG_REQUESTS_OPT_IN:
+        return False, (f"vLLM {st.vllm_version} logs requests only with --enable-log-requests (opt-in since 0.10.1), "
+                       "which the launch command does not give")
+    return True, (f"vLLM {st.vllm_version} logs every request unless started with --disable-log-requests "
+                  "(request logging became opt-in in 0.10.1), which the launch command does not give")
+
+
+def _no_block(s: EvidenceSummary) -> str:
+    if s.profile is None:
+        return "no production profile (decide --profile): its data_protection block says this"
+    return (f"the profile {s.profile.name!r} has no data_protection block (log_retention_days, run_retention_days, "
+            "evidence_readers)")
+
+
+def _logging_scope(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
+    st = startup_of(s)
+    if st is None:
+        return "missing", "no start-up evidence: the launch command says what the server logs", []
+    on, why = request_logging(st)
+    dp = s.profile.data_protection if s.profile is not None else None
+    refs = _refs(st.ref, s.profile.ref if s.profile is not None and on else None)
+    if on is None:
+        return "missing", why, [st.ref]
+    if not on:
+        return "pass", f"request logging off: {why}", [st.ref]
+    if dp is None:
+        return "missing", f"{why}; nothing says prompts may reach the server's logs: {_no_block(s)}", refs
+    if not dp.request_logging:
+        return "fail", (f"{why}, but the profile's data_protection does not allow request logging "
+                        "(request_logging: false): start the server without it"), refs
+    return "pass", (f"{why}; the profile allows request logging, the logs are kept {dp.log_retention_days} days"), refs
+
+
+def _retention(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
+    dp = s.profile.data_protection if s.profile is not None else None
+    if dp is None:
+        return "missing", f"retention of logs and run directories is unproven: {_no_block(s)}", \
+            _refs(s.profile.ref if s.profile else None)
+    return "pass", (f"server logs kept {dp.log_retention_days} days, run directories {dp.run_retention_days} days "
+                    f"(k3fleet prune --older-than {dp.run_retention_days}d; runs an accepted decision cites are "
+                    "kept)"), _refs(s.profile.ref if s.profile else None)
+
+
+def _access(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
+    dp = s.profile.data_protection if s.profile is not None else None
+    if dp is None:
+        return "missing", f"who may read the evidence is unproven: {_no_block(s)}", \
+            _refs(s.profile.ref if s.profile else None)
+    return "pass", (f"evidence readable by {', '.join(dp.evidence_readers)} (run directories 0700, files 0600, the "
+                    "package 0600: grant them access, no one else)"), _refs(s.profile.ref if s.profile else None)
+
+
 ITEMS: tuple[_Item, ...] = (
     _Item("image.tag_digest", "Image tag and digest", "common", _image_tag_digest),
     _Item("vllm.version_channel", "vLLM version and source channel", "common", _vllm_version),
@@ -487,6 +566,9 @@ ITEMS: tuple[_Item, ...] = (
     _Item("agent.client_contract", "reasoning / content / tool_calls match the client contract", "common",
           _agent_item("agent.client_contract")),
     _Item("agent.retry", "Retry and failure behaviour documented", "common", _agent_item("agent.retry")),
+    _Item("data.logging_scope", "Data protection: what the server logs", "common", _logging_scope),
+    _Item("data.retention", "Data protection: retention of logs and run directories", "common", _retention),
+    _Item("data.access", "Data protection: who may read the evidence", "common", _access),
 )
 
 BUILD_ITEMS: tuple[_Item, ...] = (

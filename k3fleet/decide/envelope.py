@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k3fleet.decide.models import EvidenceSummary, LoadEvidence, ProfileBrief, Ref
+from k3fleet.decide.models import DataProtectionBrief, EvidenceSummary, LoadEvidence, ProfileBrief, Ref
 
 # Agent case names a production profile adds (k3fleet/accept/profile_cases.py).
 TOOL_PREFIX = "tool:"
@@ -99,6 +99,8 @@ def profile_brief(loaded: Any, ref: Ref | None) -> ProfileBrief:
                         context_p99=p.context_tokens.p99, context_max=p.context_tokens.max, sustained_s=p.sustained_s,
                         mix=p.mix.model_dump(), slo=p.slo.model_dump(), tools=list(loaded.tool_names),
                         schemas=sorted(loaded.schemas), rate_limits=list(p.rate_limits),
+                        data_protection=DataProtectionBrief(**p.data_protection.model_dump())
+                        if p.data_protection is not None else None,
                         sha256=profile_record(loaded)["sha256"], ref=ref)
 
 
@@ -162,11 +164,13 @@ def envelope_gaps(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
 
 
 def unproven(s: EvidenceSummary) -> list[str]:
-    """Without a profile: what the evidence cannot say about production."""
+    """What the evidence cannot say about production: the envelope's gaps, or everything a profile would say."""
+    privacy = "data protection: retention of logs and run directories, who may read the evidence"
     if s.profile is not None:
-        return [text for text, _ in envelope_gaps(s)]
+        return [text for text, _ in envelope_gaps(s)] + ([privacy] if s.profile.data_protection is None else [])
     ld = s.accept.load if s.accept else None
-    return [f"production concurrency (tested: {ld.held_concurrency if ld and ld.held_concurrency else 'none'})",
+    return [privacy,
+            f"production concurrency (tested: {ld.held_concurrency if ld and ld.held_concurrency else 'none'})",
             f"production p99 context (tested: {ld.held_context if ld and ld.held_context else 'none'} tokens)",
             f"sustained duration (tested: {f'{ld.sustained_s:g} s' if ld and ld.sustained_s else 'none'})",
             "the production tool and response schemas", "multimodal requests, if production sends them",

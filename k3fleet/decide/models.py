@@ -348,6 +348,15 @@ class TargetBrief(_Model):
     ref: Ref | None = None
 
 
+class DataProtectionBrief(_Model):
+    """The profile's data_protection block (k3fleet/models/profile.py)."""
+
+    log_retention_days: int
+    run_retention_days: int
+    evidence_readers: list[str] = Field(default_factory=list)
+    request_logging: bool = False
+
+
 class ProfileBrief(_Model):
     """The production profile the decision is held against (``decide --profile``)."""
 
@@ -362,6 +371,7 @@ class ProfileBrief(_Model):
     tools: list[str] = Field(default_factory=list)
     schemas: list[str] = Field(default_factory=list)
     rate_limits: list[str] = Field(default_factory=list)
+    data_protection: DataProtectionBrief | None = None
     sha256: str | None = None
     ref: Ref | None = None
 

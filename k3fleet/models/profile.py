@@ -61,6 +61,27 @@ class Slo(_Strict):
     error_rate: float = Field(default=0.01, ge=0, le=1, description="share of requests that may fail")
 
 
+class DataProtection(_Strict):
+    """What production promises about the data in logs and evidence: how long it is kept, who may read it."""
+
+    log_retention_days: int = Field(ge=1, le=3650, description="days the serving side's logs are kept")
+    run_retention_days: int = Field(ge=1, le=3650, description="days evidence run directories are kept "
+                                                              "(k3fleet prune --older-than Nd)")
+    evidence_readers: list[str] = Field(min_length=1, max_length=64,
+                                        description="who may read the evidence (run directories, packages): "
+                                                    "people or groups, one line each")
+    request_logging: bool = Field(default=False, description="the server may log requests "
+                                                             "(--enable-log-requests): prompts reach its logs")
+
+    @field_validator("evidence_readers")
+    @classmethod
+    def _readers(cls, v: list[str]) -> list[str]:
+        out = [x.strip() for x in v]
+        if any(not x or len(x) > 128 or any(ch in x for ch in "\n\r\t\x00") for x in out):
+            raise ValueError("each reader is one non-empty line of at most 128 characters")
+        return out
+
+
 class ProductionProfile(_Strict):
     """``--profile FILE``: the production envelope a go-live is decided against."""
 
@@ -80,6 +101,9 @@ class ProductionProfile(_Strict):
                                                     "or {name, schema} as in response_format.json_schema")
     rate_limits: list[str] = Field(default_factory=list, max_length=32,
                                    description="rate limits production enforces (gateway), one line each")
+    data_protection: DataProtection | None = Field(
+        default=None, description="log and evidence retention and who may read the evidence; without it the "
+                                  "checklist's data-protection items are missing, never a pass")
 
     @field_validator("name")
     @classmethod

@@ -23,6 +23,7 @@ from k3fleet.decide.models import (
     AuditEvidence,
     ChangeEvidence,
     CustomBuild,
+    DataProtectionBrief,
     EvidenceSummary,
     Fact,
     HostEvidence,
@@ -89,7 +90,7 @@ def healthy() -> EvidenceSummary:
                                                  model="moonshotai/Kimi-K3", startup=startup, prefix_cache=pc,
                                                  agent=agent, load=load),
                            reviewer="carol", reviewed_at="2026-11-30T12:00:00+00:00", service_owner="serving-team",
-                           rollback_owner="erin", profile=PROFILE,
+                           rollback_owner="erin", profile=PROFILE.model_copy(deep=True),
                            runs=[RunInfo(label="accept-1", kind="accept", path="/runs/accept-1", user="alice"),
                                  RunInfo(label="audit-1", kind="audit", path="/runs/audit-1", user="alice")],
                            owners=OwnersFile(limits={k: OwnerEntry(**LIMIT_OWNER) for k in LIMIT_KINDS}),
@@ -102,6 +103,8 @@ PROFILE = ProfileBrief(name="prod agents", concurrency=64, context_typical=8192,
                                               "multimodal": 0.05},
                        slo={"ttft_p95_s": 2.0, "itl_p95_s": 0.1, "error_rate": 0.01}, tools=["get_gpu_health"],
                        schemas=["incident_summary"], rate_limits=["600 requests/min per tenant"],
+                       data_protection=DataProtectionBrief(log_retention_days=14, run_retention_days=30,
+                                                           evidence_readers=["sre-oncall", "serving-team"]),
                        ref=_ref("decision", "inputs/profile.yaml"))
 LIMIT_OWNER = {"owner": "dana", "deadline": dt.date(2026, 12, 15), "rollback": "pin the baseline image"}
 LIMIT_KINDS = ("concurrency_ceiling", "max_context_tokens", "rate_limit", "hosts_left_out", "retry",
@@ -206,6 +209,16 @@ def _triage(check: str, chain: bool) -> Callable[[EvidenceSummary], None]:
     return mut
 
 
+def _old_vllm(launch: str) -> Callable[[EvidenceSummary], None]:
+    """vLLM 0.10.0 on the hosts and at start-up (the target allowing it), started with ``launch``."""
+    def mut(s: EvidenceSummary) -> None:
+        _st(s).vllm_version, _st(s).launch_command, s.target.vllm_min = "0.10.0", launch, "0.9.0"
+        assert s.audit is not None
+        for h in s.audit.hosts:
+            h.image_vllm = "0.10.0"
+    return mut
+
+
 def _oom(*topology: bool, failed: int = 32) -> Callable[[EvidenceSummary], None]:
     """An OOM collapse under load at ``failed`` sessions with one OOM record per flag (True: uneven KV
     pressure across engines, a topology OOM; False: every engine full, capacity)."""
@@ -297,7 +310,20 @@ CASES: dict[str, tuple[Callable[[EvidenceSummary], None] | None, str, bool, int,
                                              _set("reviewer", "alice"), _set("runs", [])),
                                       "observe_with_limits", False, 1, {"signoff.same_person"}, {}),
     "second_reviewer_recorded": (_set("second_reviewer", "frank"), "go_live", True, 0, {"all.pass"}, {}),
-    "no_profile": (_set("profile", None), "observe_with_limits", True, 0, {"profile.missing"}, {}),
+    # Without a profile, retention and access are unproven: missing, so not approved (never in silence).
+    "no_profile": (_set("profile", None), "observe_with_limits", False, 3, {"profile.missing", "evidence.missing"},
+                   {"data.retention": "missing", "data.access": "missing", "data.logging_scope": "pass"}),
+    "request_logging_allowed_by_the_profile": (
+        _chain(_set("accept.startup.launch_command", "vllm serve moonshotai/Kimi-K3 --enable-log-requests"),
+               _set("profile.data_protection.request_logging", True)),
+        "go_live", True, 0, {"all.pass"}, {"data.logging_scope": "pass"}),
+    "request_logging_the_profile_forbids": (
+        _set("accept.startup.launch_command", "vllm serve moonshotai/Kimi-K3 --enable-log-requests"),
+        "observe_with_limits", False, 1, {"checklist.failed"}, {"data.logging_scope": "fail"}),
+    "old_vllm_logs_requests_by_default": (_old_vllm("vllm serve moonshotai/Kimi-K3"),
+        "observe_with_limits", False, 1, {"checklist.failed"}, {"data.logging_scope": "fail"}),
+    "old_vllm_started_with_disable_log_requests": (_old_vllm("vllm serve moonshotai/Kimi-K3 --disable-log-requests"),
+        "go_live", True, 0, {"all.pass"}, {"data.logging_scope": "pass"}),
     "no_profile_no_owner_for_its_limit": (_chain(_set("profile", None), _set("owners", None)),
                                           "observe_with_limits", False, 3, {"profile.missing", "limits.unowned"}, {}),
     "production_tool_untested": (lambda s: setattr(_acc(s).agent, "cases", [  # type: ignore[union-attr]
@@ -403,6 +429,12 @@ MISSING: dict[str, tuple[Callable[[EvidenceSummary], None], set[str]]] = {
     "audit_older_than_change_night": (_change(False, {"gpu-b01": "upgraded", "gpu-b02": "upgraded"},
                                               "2026-11-30T11:00:00+00:00"), {"hosts.driver_branch"}),
     "audit_interrupted": (_set("audit.interrupted", True), {"hosts.driver_branch"}),
+    "profile_without_data_protection": (_set("profile.data_protection", None), {"data.retention", "data.access"}),
+    "no_launch_command": (_set("accept.startup.launch_command", None), {"data.logging_scope"}),
+    "request_logging_on_without_data_protection": (
+        _chain(_set("accept.startup.launch_command", "vllm serve moonshotai/Kimi-K3 --enable-log-requests"),
+               _set("profile.data_protection", None)), {"data.logging_scope", "data.retention", "data.access"}),
+    "vllm_version_unknown_without_log_flags": (_set("accept.startup.vllm_version", None), {"data.logging_scope"}),
     "driver_unknown_on_a_host": (lambda s: setattr(s.audit.hosts[0], "branch", None),  # type: ignore[union-attr]
                                  {"hosts.driver_branch"}),
 }

@@ -57,6 +57,8 @@ def test_the_shipped_profiles_load_and_validate_against_the_published_schema() -
         loaded = load_profile(path)
         jsonschema.validate(yaml.safe_load(path.read_text()), schema)
         assert loaded.tool_names and loaded.schemas, path
+        # Every shipped profile states its data protection, so a decision against it can approve.
+        assert loaded.profile.data_protection is not None and loaded.profile.data_protection.evidence_readers, path
 
 
 def test_schema_profile_command_prints_it() -> None:
@@ -79,6 +81,15 @@ BAD = {
     "missing_tool_file": ({"tools": ["absent.json"]}, "tools: absent.json"),
     "tools_in_mix_without_file": ({"tools": []}, "no tools file is named"),
     "schemas_in_mix_without_file": ({"response_schemas": []}, "no response_schemas file"),
+    "data_protection_without_readers": ({"data_protection": {"log_retention_days": 7, "run_retention_days": 30,
+                                                             "evidence_readers": []}},
+                                        "data_protection.evidence_readers"),
+    "data_protection_zero_retention": ({"data_protection": {"log_retention_days": 0, "run_retention_days": 30,
+                                                            "evidence_readers": ["sre"]}},
+                                       "data_protection.log_retention_days"),
+    "data_protection_misspelt": ({"data_protection": {"log_retention_days": 7, "run_retention_day": 30,
+                                                      "evidence_readers": ["sre"]}},
+                                 "data_protection.run_retention_days: Field required"),
 }
 
 
@@ -132,3 +143,13 @@ def test_agent_cases_cover_every_production_tool_and_schema(tmp_path: Path) -> N
     assert not is_profile_case("tool:not_in_profile", opts)
     no_image = agent_options_from_profile(load_profile(_profile(tmp_path)), AgentOptions())
     assert "multimodal" not in no_image.cases
+
+
+def test_the_data_protection_block_reaches_the_decision(tmp_path: Path) -> None:
+    from k3fleet.decide.envelope import profile_brief
+
+    block = {"log_retention_days": 7, "run_retention_days": 30, "evidence_readers": ["sre-oncall"]}
+    brief = profile_brief(load_profile(_profile(tmp_path, data_protection=block)), None)
+    assert brief.data_protection is not None and brief.data_protection.model_dump() == {**block,
+                                                                                       "request_logging": False}
+    assert profile_brief(load_profile(_profile(tmp_path)), None).data_protection is None
