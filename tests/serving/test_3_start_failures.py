@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import lab_server
+from conftest import k3fleet, lab_server
 
 from k3fleet.lab import vllm
 from k3fleet.lab.vllm import VllmLabError
@@ -19,8 +19,6 @@ def _failed_start(workdir: Path, *extra: str) -> dict[str, object]:
         pass
     assert "k3fleet accept startup --log" in str(info.value)
     assert vllm.alive_pids(workdir) == []  # nothing left of the failed start
-    from conftest import k3fleet
-
     proc = k3fleet("accept", "startup", "--log", str(workdir / "vllm.log"), "--json")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout)
