@@ -116,7 +116,8 @@ def parse_bytes(text: str, name: str) -> int:
 # -- files the user names ------------------------------------------------------------------------
 
 
-def _file_type(mode: int) -> str:
+def file_type(mode: int) -> str:
+    """What a path of ``mode`` is, as a phrase ("a FIFO"): the one wording for refused files."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISCHR(mode):
@@ -143,7 +144,7 @@ def open_regular(path: Path, label: str, kind: str) -> IO[bytes]:
     if stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{label} is a directory, not {kind}")
     if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{label} is {_file_type(st.st_mode)}, not {kind}: give a regular file")
+        raise UsageError(f"{label} is {file_type(st.st_mode)}, not {kind}: give a regular file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except IsADirectoryError as exc:
@@ -153,7 +154,7 @@ def open_regular(path: Path, label: str, kind: str) -> IO[bytes]:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{label} is {_file_type(st.st_mode)}, not {kind}: give a regular file")
+            raise UsageError(f"{label} is {file_type(st.st_mode)}, not {kind}: give a regular file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -290,7 +291,7 @@ def read_bounded(path: Path, limit: str) -> bytes:
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, f"{_file_type(st.st_mode)}, not a regular file", str(path))
+            raise OSError(errno.EINVAL, f"{file_type(st.st_mode)}, not a regular file", str(path))
         cap = cap_bytes(limit)
         if st.st_size > cap:
             raise OSError(errno.EFBIG, f"{st.st_size} bytes, above the limit ({limit_hint(limit)})", str(path))

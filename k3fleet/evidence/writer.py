@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from k3fleet.bounds import file_type
 from k3fleet.errors import IncompleteError, UsageError
 
 STDOUT = "-"
@@ -134,17 +135,7 @@ def is_stdout(path: Path | str | None) -> bool:
 def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "a symbolic link (k3fleet does not write through links: give the real path)"
-    if stat.S_ISDIR(mode):
-        return "a directory: give a file name"
-    if stat.S_ISCHR(mode):
-        return "a character device: give a regular file name"
-    if stat.S_ISBLK(mode):
-        return "a block device: give a regular file name"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO: give a regular file name"
-    if stat.S_ISSOCK(mode):
-        return "a socket: give a regular file name"
-    return "not a regular file: give a regular file name"
+    return f"{file_type(mode)}: give {'a file name' if stat.S_ISDIR(mode) else 'a regular file name'}"
 
 
 def _inside(path: str, base: str) -> bool:
