@@ -14,8 +14,8 @@ from pathlib import Path
 MODEL = "m"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    mode = "ok"
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet stdlib handler that answers with a whole body and its length (the test servers' base)."""
 
     def log_message(self, format: str, *args: object) -> None:  # quiet test output
         return
@@ -26,6 +26,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+class _Handler(JsonHandler):
+    mode = "ok"
 
     def do_GET(self) -> None:
         mode = type(self).mode

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from accept_servers import JsonHandler
+
 MODEL = "foreign-model"
 
 
@@ -28,18 +30,8 @@ class Foreign:
 
 
 def _handler(mode: str, chats: list[dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:  # quiet test output
-            return
-
-        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
         def do_GET(self) -> None:
             if self.path == "/v1/models":
