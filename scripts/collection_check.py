@@ -45,7 +45,13 @@ def _step(name: str, argv: list[str], env: dict[str, str], cwd: Path, timeout: i
     print(f"== {name}", flush=True)
     proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
-        sys.stdout.write(proc.stdout[-6000:] + proc.stderr[-4000:])
+        # ansible-test's requirement installs print pages of pip lines that would push its findings out.
+        noise = ("WARNING: Location", "Collecting ", "Downloading ", "Installing ", "Successfully ", "Processing ",
+                 "Looking in ", "Using cached ", "Attempting ", "Found existing", "Uninstalling", "  ")
+        keep = "\n".join(line for line in (proc.stdout + "\n" + proc.stderr).splitlines()
+                         if line.strip() and not line.lstrip("━ ").startswith(noise[:-1])
+                         and not (line.startswith(noise[-1]) and ("pip" in line or "whl" in line)))
+        sys.stdout.write(keep[-8000:] + "\n")
         raise SystemExit(f"collection check: {name} failed (exit {proc.returncode})")
     return proc.stdout
 

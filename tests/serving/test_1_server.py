@@ -100,7 +100,10 @@ def _load(server: VllmState, **opts: Any) -> Any:
 
 
 def test_load_names_the_ceiling_from_the_real_queue(server: VllmState) -> None:
-    res = _load(server, ramp=[1, 2, 4], step_s=8, system_prompt_tokens=200, turn_output_tokens=24)
+    # 200 generated tokens a turn (ignore_eos) keep every request in flight for seconds, so with 4 sessions
+    # and --max-num-seqs 2 two of them wait for most of the step whatever the machine's speed; with 24
+    # tokens a turn the requests were so short that most samples saw an empty queue on a busy machine.
+    res = _load(server, ramp=[1, 2, 4], step_s=8, system_prompt_tokens=200, turn_output_tokens=200)
     assert res.data["outcome"] == "ceiling" and res.data["ceiling"] == 2, (res.reason, res.data["curves"])
     ceiling = next(f for f in res.findings if f.id == "accept.load.ceiling")
     assert "vllm:num_requests_waiting" in ceiling.message and "limit traffic to 2" in ceiling.message
@@ -109,7 +112,10 @@ def test_load_names_the_ceiling_from_the_real_queue(server: VllmState) -> None:
 
 
 def test_load_judges_real_preemptions_as_load_pressure(server: VllmState) -> None:
-    res = _load(server, ramp=[1, 2], step_s=4, system_prompt_tokens=400, turn_output_tokens=900)
+    # Each turn generates exactly turn_output_tokens (ignore_eos), whatever the machine's speed: alone a session
+    # needs about 3 shared + 10 own blocks of the 18, two at once need 23, so the second step must preempt.
+    # (With 900 tokens two sessions needed 19 blocks: one block from fitting, decided by the chat template.)
+    res = _load(server, ramp=[1, 2], step_s=4, system_prompt_tokens=400, turn_output_tokens=1200)
     assert res.data["counts"]["preemptions"], res.data["curves"]
     pre = next(f for f in res.findings if f.id == "accept.load.preemptions")
     assert pre.layer == "traffic" and "load pressure" in pre.message

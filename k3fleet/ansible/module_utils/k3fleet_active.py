@@ -99,7 +99,7 @@ def parse_dcgmi_diag(text):
             tests.append(current)
             _add_result(current, result)
     for t in tests:
-        words = [r for r, _ in t.pop("results")]
+        words = [pair[0] for pair in t.pop("results")]
         t["result"] = next((w for w in ("fail", "warn", "pass", "skip") if w in words), None)
         for d in t["details"]:
             d.pop("full", None)

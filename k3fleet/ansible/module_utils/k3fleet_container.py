@@ -148,9 +148,8 @@ def vllm_version_from_config(env, labels):
     value = (labels.get("ai.vllm.version") or "").strip()
     if value:
         return value.lstrip("v"), "label ai.vllm.version"
-    oci_origin = " ".join(str(labels.get(k) or "") for k in ("org.opencontainers.image.source",
-                                                              "org.opencontainers.image.title",
-                                                              "org.opencontainers.image.url"))
+    oci_keys = ("org.opencontainers.image.source", "org.opencontainers.image.title", "org.opencontainers.image.url")
+    oci_origin = " ".join(str(labels.get(k) or "") for k in oci_keys)
     value = (labels.get("org.opencontainers.image.version") or "").strip()
     if value and "vllm" in oci_origin.lower():
         return value.lstrip("v"), "label org.opencontainers.image.version"
@@ -273,8 +272,8 @@ def _judge_matmul(probe, results):
             detail = first["error"]
         else:
             probe["failure"] = "kernel_mismatch"
-            detail = "max abs difference %s from the CPU result, tolerance %s" % (first["max_abs_err"],
-                                                                                 first["tolerance"])
+            detail = "max abs difference %s from the CPU result, tolerance %s" % (
+                first["max_abs_err"], first["tolerance"])
         probe["message"] = "a 256x256 matmul failed on GPU %s of %s in the container: %s" % (
             ",".join(str(k["gpu"]) for k in bad), probe["visible_gpus"], detail)
     elif missing or not probe["kernel"]:

@@ -74,7 +74,7 @@ def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False
     # Active checks (docs/facts.md section 17) last: every state read above is in before they load the node.
     if active in ("quick", "full") and active_spec:
         facts["active"] = guard("active", collect_active, reader, active, active_spec, driver, facts["rdma"],
-                                 scheduler=facts["scheduler"])
+                                scheduler=facts["scheduler"])
     if not isinstance(facts["hostname"], str):
         facts["hostname"] = None
     facts["commands"] = reader.commands

@@ -26,7 +26,6 @@ READER_ARGS = dict(
 )
 
 
-
 def reader_from_params(params):
     return NodeReader(root=params.get("root") or "/", path=params.get("path"),
                       procfs=params.get("procfs"), sysfs=params.get("sysfs"),

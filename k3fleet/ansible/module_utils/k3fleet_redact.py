@@ -127,6 +127,7 @@ _PLACEHOLDER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[A-Za-z][\w .-]{0,30
 def _says_nothing(value):
     return value in _EMPTY_VALUES or _PLACEHOLDER.fullmatch(value) is not None
 
+
 _SCAN = re.compile(
     # A private key block, to its END line or, cut short, to the end of the text.
     r"(?P<pkey>-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----)"

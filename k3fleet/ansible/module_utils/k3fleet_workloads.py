@@ -55,7 +55,7 @@ def _env(config):
     listed = config.get("Env") if isinstance(config, dict) else None
     for item in listed if isinstance(listed, list) else []:
         if isinstance(item, str) and "=" in item:
-            key, _, value = item.partition("=")
+            key, _sep, value = item.partition("=")
             env[key] = value
     return env
 
