@@ -81,6 +81,10 @@ class LoadOptions(BaseModel):
     step_s: float = Field(default=10.0, gt=0, le=_MAX_S["load step"])
     session_turns: int = Field(default=4, ge=1, le=50)
     turn_output_tokens: int = Field(default=64, ge=1)
+    # Sessions' turns generate exactly turn_output_tokens (vLLM's ignore_eos) instead of stopping where the
+    # model does: for a model that stops at random (random weights) or a test that must fill the KV cache or
+    # the queue by design. Off by default: real agent turns end where the model ends them.
+    exact_turn_tokens: bool = False
     system_prompt_tokens: int = Field(default=2048, ge=0)
     sustained_concurrency: int | None = Field(default=None, ge=1)
     sustained_s: float = Field(default=20.0, gt=0, le=_MAX_S["load step"])
@@ -523,6 +527,8 @@ class _Run:
                 body = {"model": self.ep.model, "messages": messages, "tools": tools, "stream": True,
                         "stream_options": {"include_usage": True}, "max_tokens": opts.turn_output_tokens,
                         "temperature": 0}
+                if opts.exact_turn_tokens:
+                    body["ignore_eos"] = True
                 shot = Shot(phase, label, concurrency, None, 0.0)
                 await self._send(body, shot, parse_all=True)
                 shot.context_tokens = shot.prompt_tokens

@@ -95,14 +95,15 @@ def test_agent_fails_at_the_http_layer_on_random_weights(server: VllmState) -> N
 
 def _load(server: VllmState, **opts: Any) -> Any:
     ep = Endpoint(base_url=server.base_url, model=MODEL, timeout_s=300)
+    # exact_turn_tokens: the random-weight model would end a turn wherever greedy decoding meets its EOS,
+    # which differs with every session's prompt; the queue and the KV cache must fill by design.
     return asyncio.run(run_load(ep, LoadOptions(phases=["agent_ramp"], session_turns=1, sample_interval_s=0.5,
-                                                request_timeout_s=300, **opts)))
+                                                request_timeout_s=300, exact_turn_tokens=True, **opts)))
 
 
 def test_load_names_the_ceiling_from_the_real_queue(server: VllmState) -> None:
-    # 200 generated tokens a turn (ignore_eos) keep every request in flight for seconds, so with 4 sessions
-    # and --max-num-seqs 2 two of them wait for most of the step whatever the machine's speed; with 24
-    # tokens a turn the requests were so short that most samples saw an empty queue on a busy machine.
+    # 200 generated tokens a turn keep every request in flight for seconds, so with 4 sessions and
+    # --max-num-seqs 2 two of them wait for most of the step whatever the machine's speed.
     res = _load(server, ramp=[1, 2, 4], step_s=8, system_prompt_tokens=200, turn_output_tokens=200)
     assert res.data["outcome"] == "ceiling" and res.data["ceiling"] == 2, (res.reason, res.data["curves"])
     ceiling = next(f for f in res.findings if f.id == "accept.load.ceiling")
@@ -112,9 +113,8 @@ def test_load_names_the_ceiling_from_the_real_queue(server: VllmState) -> None:
 
 
 def test_load_judges_real_preemptions_as_load_pressure(server: VllmState) -> None:
-    # Each turn generates exactly turn_output_tokens (ignore_eos), whatever the machine's speed: alone a session
-    # needs about 3 shared + 10 own blocks of the 18, two at once need 23, so the second step must preempt.
-    # (With 900 tokens two sessions needed 19 blocks: one block from fitting, decided by the chat template.)
+    # Each turn generates exactly turn_output_tokens, whatever the machine's speed: alone a session needs about
+    # 3 shared + 10 own blocks of the 18, two at once about 23, so the second step must preempt.
     res = _load(server, ramp=[1, 2], step_s=4, system_prompt_tokens=400, turn_output_tokens=1200)
     assert res.data["counts"]["preemptions"], res.data["curves"]
     pre = next(f for f in res.findings if f.id == "accept.load.preemptions")
