@@ -515,3 +515,25 @@ def test_excerpts_are_redacted_before_they_are_cut() -> None:
         assert "sk-E" not in cut and len(cut) <= limit, cut
     assert excerpt("a\n  b", 10) == "a b" and excerpt("a\n  b", 10, one_line=False) == "a\n  b"
     assert excerpt("x" * 50, 10) == "x" * 7 + "..." and excerpt("x" * 50, 10, tail="") == "x" * 10
+
+
+@pytest.mark.parametrize(("name", "value", "kept"), [
+    ("ssh_key", "/work/x/.testbed/ssh/id_ed25519", True),
+    ("sign-key", "~/.ssh/k3fleet_evidence", True),
+    ("tls_client_key", "./certs/client.key", True),
+    ("api_key", "/etc/k3/api", False),
+    ("NGC_API_KEY", "/a/b", False),
+    ("access_key", "/a/b", False),
+    ("ssh_key", "/one", False),                      # a single part: could be anything
+    ("ssh_key", "/x+y/z==", False),                  # base64 shape
+    ("sign_key", "-----BEGIN OPENSSH PRIVATE KEY-----", False),
+    ("token", "/a/b", False),                        # not a key file name
+])
+def test_a_key_files_path_is_evidence_not_a_secret(name: str, value: str, kept: bool) -> None:
+    out = redact({name: value})[name]
+    assert (out == value) is kept, out
+    argv = redact_argv(["cmd", f"--{name}", value])
+    assert (argv[2] == value) is kept, argv
+    if "/" in value:  # (a PEM header keeps its BEGIN line in text by design)
+        for text in (f'"{name}": "{value}"', f"--{name} {value}", f"{name}={value}"):
+            assert (value in redact_text(text)) is kept, redact_text(text)

@@ -224,6 +224,12 @@ def _masked_value(m):
     return _keep_quotes(value)
 
 
+def _unquoted(value):
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
 def _head_key(m):
     return m.group("pair_qk") if m.group("pair_qk") is not None else m.group("pair_k")
 
@@ -288,14 +294,16 @@ def _scan(text):
             if is_secret_name(m.group("opt_k")):
                 v = _value_at(_OPTION_VALUE, text, end)
                 if v is not None:
-                    out.append(_keep_quotes(v.group(0)))
+                    keep = names_key_file(m.group("opt_k"), _unquoted(v.group(0)))
+                    out.append(v.group(0) if keep else _keep_quotes(v.group(0)))
                     end = v.end()
         else:
             out.append(m.group("pair"))
             if is_secret_name(_head_key(m)):
                 v = _value_at(_VALUE, text, end)
                 if v is not None:
-                    out.append(_masked_value(v))
+                    keep = names_key_file(_head_key(m), _unquoted(v.group(0)))
+                    out.append(v.group(0) if keep else _masked_value(v))
                     end = v.end()
         pos = end
     out.append(text[pos:])
@@ -328,19 +336,34 @@ def excerpt(text, limit, tail="...", one_line=True):
 
 _OPTION_NAME = re.compile(r"--?[A-Za-z][\w.-]*")
 
+# Where a key file lives is not the key: under a name ending in "key" that is not an API or access
+# key (ssh_key, --sign-key, tls_client_key), a path of two or more plain file-name parts is kept.
+# Key material never has that shape: a PEM block is redacted whatever its name, and base64 or a
+# token carries "+", "=" or no "/" at all.
+_KEY_FILE_PATH = re.compile(r"(?:~|\.{1,2})?/(?:[A-Za-z0-9_.@-]+/)+[A-Za-z0-9_.@-]+")
+_NOT_FILE_KEYS = frozenset({"api", "apikey", "access", "secret", "auth", "client_secret", "master", "encryption"})
+
+
+def names_key_file(name, value):
+    """True when ``value`` under ``name`` is the path of a key file (readable evidence), not a key."""
+    if not isinstance(name, str) or not isinstance(value, str) or not _KEY_FILE_PATH.fullmatch(value):
+        return False
+    words = [w.lower() for w in _WORDS.findall(name)]
+    return len(words) > 1 and words[-1] == "key" and not _NOT_FILE_KEYS.intersection(words[:-1])
+
 
 def redact_argv(argv):
     """A command line with ``--token X``, ``--token=X``, ``KEY=X`` and secret shapes redacted."""
     out = []
-    hide_next = False
+    hide_next = None
     for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
+        if hide_next is not None:
+            out.append(arg if names_key_file(hide_next, arg) else REDACTED)
+            hide_next = None
             continue
         if _OPTION_NAME.fullmatch(arg) and is_secret_name(arg.lstrip("-")):
             out.append(arg)
-            hide_next = True
+            hide_next = arg.lstrip("-")
             continue
         out.append(redact_text(arg))
     return out
@@ -379,7 +402,9 @@ def redact(obj):
         pair_secret = named is not None and is_secret_name(named)
         out = {}
         for k, v in obj.items():
-            if (isinstance(k, str) and is_secret_name(k)) or (pair_secret and k in _PAIR_VALUES):
+            if isinstance(k, str) and names_key_file(k, v):
+                out[k] = v
+            elif (isinstance(k, str) and is_secret_name(k)) or (pair_secret and k in _PAIR_VALUES):
                 out[k] = _secret_value(v)
             else:
                 out[k] = redact(v)
