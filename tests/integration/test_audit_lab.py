@@ -73,7 +73,9 @@ def test_unreachable_host_is_unreachable_not_failed(verdict: dict[str, Any]) -> 
     host = verdict["hosts"]["gpu-a09"]
     assert host["status"] == "unreachable"
     assert host["findings"] == []
-    assert "Connection refused" in (host["reason"] or "")
+    # Ansible's own words for a host it cannot reach; the ssh detail after them ("Connection refused", or
+    # "Broken pipe" when the refused connection races the multiplexer on a busy machine) varies.
+    assert "reached over ssh" in (host["reason"] or "").lower(), host["reason"]
     assert "gpu-a09" in verdict["plan"]["unreachable"]
 
 
