@@ -61,6 +61,14 @@ class Slo(_Strict):
     error_rate: float = Field(default=0.01, ge=0, le=1, description="share of requests that may fail")
 
 
+def _one_line_each(values: list[str], what: str, limit: int, forbidden: str) -> list[str]:
+    """``values`` stripped; each must be a non-empty line of at most ``limit`` characters."""
+    out = [x.strip() for x in values]
+    if any(not x or len(x) > limit or any(ch in x for ch in forbidden) for x in out):
+        raise ValueError(f"each {what} is one non-empty line of at most {limit} characters")
+    return out
+
+
 class DataProtection(_Strict):
     """What production promises about the data in logs and evidence: how long it is kept, who may read it."""
 
@@ -76,10 +84,7 @@ class DataProtection(_Strict):
     @field_validator("evidence_readers")
     @classmethod
     def _readers(cls, v: list[str]) -> list[str]:
-        out = [x.strip() for x in v]
-        if any(not x or len(x) > 128 or any(ch in x for ch in "\n\r\t\x00") for x in out):
-            raise ValueError("each reader is one non-empty line of at most 128 characters")
-        return out
+        return _one_line_each(v, "reader", 128, "\n\r\t\x00")
 
 
 class ProductionProfile(_Strict):
@@ -116,10 +121,7 @@ class ProductionProfile(_Strict):
     @field_validator("rate_limits")
     @classmethod
     def _lines(cls, v: list[str]) -> list[str]:
-        out = [x.strip() for x in v]
-        if any(not x or len(x) > 200 or any(ch in x for ch in "\n\r\x00") for x in out):
-            raise ValueError("each rate limit is one non-empty line of at most 200 characters")
-        return out
+        return _one_line_each(v, "rate limit", 200, "\n\r\x00")
 
     @field_validator("tools", "response_schemas")
     @classmethod

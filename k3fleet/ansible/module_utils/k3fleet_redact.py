@@ -120,8 +120,10 @@ _PROSE_STOP = frozenset({
 # (``--api-key $VLLM_API_KEY``).
 _EMPTY_VALUES = frozenset({"None", "null", "NULL", "nil", "~", "''", '""', REDACTED, "'" + REDACTED + "'",
                            '"' + REDACTED + '"', "KEY", "FILE", "PATH", "VAR", "VALUE", "NAME", "TOKEN", "SECRET",
-                           "PASSWORD", "ENV", "X", "XXX", "..."})
-_PLACEHOLDER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[A-Za-z][\w .-]{0,30}>|\{\{[\w .|()'\"-]{1,60}\}\}")
+                           "PASSWORD", "ENV", "..."})
+# A variable reference, <token>, {{ template }}, or X / XXX standing for a value in a usage line.
+_PLACEHOLDER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[A-Za-z][\w .-]{0,30}>|\{\{[\w .|()'\"-]{1,60}\}\}"
+                          r"|X(?:XX)?")
 
 
 def _says_nothing(value):

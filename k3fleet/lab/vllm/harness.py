@@ -30,6 +30,7 @@ from k3fleet.lab.vllm.state import (
     default_model_dir,
     default_venv,
     default_workdir,
+    last_log_line,
     load_state,
     save_state,
 )
@@ -109,18 +110,6 @@ def _get(url: str, timeout: float = 3.0) -> tuple[int | None, bytes]:
         return None, b""
 
 
-def _last_log_line(log: Path) -> str:
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 16384))
-            lines = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    useful = [ln.strip() for ln in lines if ln.strip()]
-    return useful[-1][:200] if useful else ""
-
-
 def up(port: int = DEFAULT_PORT, extra_args: Sequence[str] = (), *, workdir: Path | None = None,
        venv: Path | None = None, model_dir: Path | None = None, timeout_s: float = START_TIMEOUT_S,
        progress: Progress) -> VllmState:
@@ -168,7 +157,7 @@ def _wait_ready(state: VllmState, layout: Layout, timeout_s: float, progress: Pr
             state.phase, state.exit_code = "failed", code if isinstance(code, int) else None
             state.error = (f"vLLM exited with {code} after {elapsed:.0f} s, before it was ready; start-up log "
                            f"{layout.vllm_log} (k3fleet accept startup --log classifies it); last line: "
-                           f"{_last_log_line(layout.vllm_log)}")
+                           f"{last_log_line(layout.vllm_log)}")
             save_state(state)
             raise VllmLabError(f"lab vllm: {state.error}")
         health, _ = _get(state.base_url + "/health")
@@ -183,9 +172,9 @@ def _wait_ready(state: VllmState, layout: Layout, timeout_s: float, progress: Pr
             state.phase, state.error = "failed", f"not ready after {timeout_s:.0f} s"
             save_state(state)
             raise VllmLabError(f"lab vllm: not ready after {timeout_s:.0f} s; start-up log {layout.vllm_log}; "
-                               f"last line: {_last_log_line(layout.vllm_log)}")
+                               f"last line: {last_log_line(layout.vllm_log)}")
         if time.monotonic() >= next_note:
-            progress(f"vllm: starting, {elapsed:.0f} s: {_last_log_line(layout.vllm_log)}")
+            progress(f"vllm: starting, {elapsed:.0f} s: {last_log_line(layout.vllm_log)}")
             next_note += _PROGRESS_EVERY_S
         time.sleep(1.0)
 

@@ -100,3 +100,19 @@ def save_state(state: VllmState) -> None:
 
 def load_state(workdir: Path) -> VllmState | None:
     return common.load_state(workdir, VllmState, VllmLabError, "lab vllm")
+
+
+def last_log_line(log: Path | None, *, window: int = 16384, width: int = 200, skip: tuple[str, ...] = ()) -> str:
+    """The last non-empty line among the final ``window`` bytes of ``log`` (lines starting with one of
+    ``skip`` left out), cut to ``width``; "" when there is none or the log cannot be read."""
+    if log is None:
+        return ""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - window))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    useful = [ln.strip() for ln in lines if ln.strip() and not (skip and ln.startswith(skip))]
+    return useful[-1][:width] if useful else ""

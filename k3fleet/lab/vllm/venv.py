@@ -15,7 +15,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from k3fleet.lab.vllm.state import PINS, TORCH_VERSION, UNWANTED, VLLM_DIST, VLLM_VERSION, VllmLabError
+from k3fleet.lab.vllm.state import (
+    PINS,
+    TORCH_VERSION,
+    UNWANTED,
+    VLLM_DIST,
+    VLLM_VERSION,
+    VllmLabError,
+    last_log_line,
+)
 
 Progress = Callable[[str], None]
 STAMP = ".k3fleet-vllm.json"
@@ -143,14 +151,5 @@ def _run(argv: list[str], venv: Path, what: str, progress: Progress, *, log: Pat
 
 def _last_line(log: Path | None) -> str:
     """The last meaningful line of pip's log (warnings about missing index locations skipped)."""
-    if log is None:
-        return ""
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 8192))
-            lines = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    useful = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("WARNING: Location")]
-    return f": {useful[-1][:160]}" if useful else ""
+    line = last_log_line(log, window=8192, width=160, skip=("WARNING: Location",))
+    return f": {line}" if line else ""
