@@ -7,11 +7,11 @@ print them through the replaying stand-ins and go through the real collectors an
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from labfleet import lab_fleet_verdict
 
 from k3fleet.ansible.module_utils.k3fleet_active import (
     collect_active,
@@ -21,11 +21,8 @@ from k3fleet.ansible.module_utils.k3fleet_active import (
     parse_ib_write_bw,
 )
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_host import collect_host
 from k3fleet.audit import active_spec
-from k3fleet.lab.fleet import default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.targets import load_target
-from k3fleet.verdict import evaluate_fleet, validate_facts
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "k3fleet" / "lab" / "active_data"
@@ -100,25 +97,14 @@ def test_budget_covers_every_timeout() -> None:
 
 @pytest.fixture(scope="module")
 def active_lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    d = tmp_path_factory.mktemp("active")
-    shutil.copytree(ROOT / "inventories" / "lab" / "profiles", d / "profiles")
-    (d / "fleet.yaml").write_text("description: active\nhosts:\n"
-                                  "  a01: {profile: h200-r580-diag-fail}\n"
-                                  "  a02: {profile: h200-r580-low-busbw}\n"
-                                  "  a03: {profile: h200-r580}\n"
-                                  "  a04: {profile: h200-r575-busy}\n")
-    spec = load_fleet(d / "fleet.yaml")
-    generate_fleet(spec, d / "out")
     target = load_target(None)
     active, _ = active_spec(target, "full")
-    raw = {}
-    for name, _host in expand_hosts(spec, None):
-        root = d / "out" / "hosts" / name
-        raw[name] = collect_host(NodeReader(root=str(root), path=str(root / "bin"), timeout=10), name,
-                                 default_image(), use_nvml=False, probe=True, active="full", active_spec=active)
-    facts, invalid = validate_facts(raw, freeze=False)
-    assert invalid == {}
-    return evaluate_fleet(facts, target, {})
+    fleet = ("description: active\nhosts:\n"
+             "  a01: {profile: h200-r580-diag-fail}\n"
+             "  a02: {profile: h200-r580-low-busbw}\n"
+             "  a03: {profile: h200-r580}\n"
+             "  a04: {profile: h200-r575-busy}\n")
+    return lab_fleet_verdict(tmp_path_factory.mktemp("active"), fleet, target, active="full", active_spec=active)
 
 
 def _found(v: Any, host: str, prefix: str = "active.") -> dict[str, Any]:

@@ -7,21 +7,15 @@ computes a wrong product goes through the real collectors and verdict.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from labfleet import lab_fleet_verdict
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.ansible.module_utils.k3fleet_container import parse_probe_output
-from k3fleet.ansible.module_utils.k3fleet_host import collect_host
 from k3fleet.ansible.module_utils.k3fleet_sources import PROBE_MARKER, PROBE_SCRIPT
-from k3fleet.lab.fleet import default_image, expand_hosts, generate_fleet, load_fleet
-from k3fleet.targets import load_target
-from k3fleet.verdict import evaluate_fleet, validate_facts
 
-ROOT = Path(__file__).resolve().parents[2]
 TOL = 0.0068984375
 
 
@@ -73,18 +67,7 @@ def test_the_script_asks_for_a_verified_matmul() -> None:
 
 
 def _verdict(tmp: Path, set_yaml: str) -> Any:
-    shutil.copytree(ROOT / "inventories" / "lab" / "profiles", tmp / "profiles")
-    (tmp / "fleet.yaml").write_text("description: probe\nhosts:\n  p01:\n    profile: h200-r580\n" + set_yaml)
-    spec = load_fleet(tmp / "fleet.yaml")
-    generate_fleet(spec, tmp / "out")
-    raw = {}
-    for name, _host in expand_hosts(spec, None):
-        root = tmp / "out" / "hosts" / name
-        raw[name] = collect_host(NodeReader(root=str(root), path=str(root / "bin"), timeout=10), name,
-                                 default_image(), use_nvml=False, probe=True)
-    facts, invalid = validate_facts(raw, freeze=False)
-    assert invalid == {}
-    return evaluate_fleet(facts, load_target(None), {})
+    return lab_fleet_verdict(tmp, "description: probe\nhosts:\n  p01:\n    profile: h200-r580\n" + set_yaml)
 
 
 def test_lab_gpu_that_computes_wrong_fails_the_probe(tmp_path: Path) -> None:

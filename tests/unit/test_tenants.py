@@ -8,14 +8,12 @@ real collectors, verdict and plan.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from labfleet import lab_fleet_verdict
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_host import collect_host
 from k3fleet.ansible.module_utils.k3fleet_packages import classify_package
 from k3fleet.ansible.module_utils.k3fleet_workloads import (
     collect_workloads,
@@ -24,16 +22,13 @@ from k3fleet.ansible.module_utils.k3fleet_workloads import (
     parse_containers_inspect,
     parse_maps,
 )
-from k3fleet.lab.fleet import default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.models.facts import CompatPackage, TenantContainer, TenantProcess, WorkloadFacts
 from k3fleet.targets import load_target
-from k3fleet.verdict import evaluate_fleet, validate_facts
 from k3fleet.verdict.rules import CompiledTarget
 from k3fleet.verdict.tenants import judge_tenants
 from tests.unit.nodetree import fake_command, node
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "workloads"
-ROOT = Path(__file__).resolve().parents[2]
 TRAIN = "309864aec6999a436aebdc10af1891219773108195de9f3a65fb02c2c860f669"
 EMBED = "2b47521b08bcbe6016ae012c6563ab917a874287d86c83e4e21a71bf35824dd9"
 
@@ -162,22 +157,10 @@ def test_containers_without_gpus_are_not_tenants_and_bare_processes_are_judged()
 
 @pytest.fixture(scope="module")
 def tenant_lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    d = tmp_path_factory.mktemp("tenants")
-    shutil.copytree(ROOT / "inventories" / "lab" / "profiles", d / "profiles")
-    (d / "fleet.yaml").write_text("description: tenants\nhosts:\n"
-                                  "  t01: {profile: h200-r575-compat-tenant}\n"
-                                  "  t02: {profile: h200-r575-busy}\n"
-                                  "  t03: {profile: h200-r575}\n")
-    spec = load_fleet(d / "fleet.yaml")
-    generate_fleet(spec, d / "out")
-    raw = {}
-    for name, _host in expand_hosts(spec, None):
-        root = d / "out" / "hosts" / name
-        raw[name] = collect_host(NodeReader(root=str(root), path=str(root / "bin"), timeout=10), name,
-                                 default_image(), use_nvml=False, probe=True)
-    facts, invalid = validate_facts(raw, freeze=False)
-    assert invalid == {}
-    return evaluate_fleet(facts, load_target(None), {})
+    return lab_fleet_verdict(tmp_path_factory.mktemp("tenants"), "description: tenants\nhosts:\n"
+                             "  t01: {profile: h200-r575-compat-tenant}\n"
+                             "  t02: {profile: h200-r575-busy}\n"
+                             "  t03: {profile: h200-r575}\n")
 
 
 def test_lab_forward_compat_tenant_blocks_its_host(tenant_lab: Any) -> None:
