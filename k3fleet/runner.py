@@ -278,7 +278,7 @@ def run_playbook(
     """
     import ansible_runner.interface  # heavy import kept off the CLI's start-up path
 
-    from k3fleet.inventory import load_inventory
+    from k3fleet.audit.inventory import load_inventory
 
     observer = observer or Observer()
     pb = playbook_path(playbook)

@@ -101,7 +101,7 @@ _CUDA_INIT = (
 )
 _NCCL = re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|"
                    r"NCCL WARN .*(?:failed|error)", re.IGNORECASE)
-# watch judges a node's journal by the same pattern (k3fleet.watch.judge_node_log).
+# watch judges a node's journal by the same pattern (k3fleet.decide.watch.judge_node_log).
 NCCL_ERROR = _NCCL
 _DMABUF = re.compile(r"(?:mlx5dv|ibv)_reg_dmabuf_mr.*(?:524|not supported)", re.IGNORECASE)
 _MISSING_KERNEL = re.compile(r"no kernel image is available for execution on the device|"

@@ -11,8 +11,8 @@ Rooms:
 - ``resume``: ``upgrade --resume`` from the journal.
 - ``rollback``: ``run_rollback`` -> playbooks/rollback.yml, snapshots handed in from the journal.
 - ``timing``: where each host's time went, keyed on its journal stages.
-
-The journal itself (format, tearing, replay) is ``k3fleet.journal``; each run reads it once.
+- ``journal``: the journal itself (format, tearing, replay); each run reads it once.
+- ``interrupt``: Ctrl-C and SIGTERM during a play (the first stops it cleanly, the second aborts).
 """
 
 from __future__ import annotations

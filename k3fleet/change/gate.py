@@ -225,7 +225,7 @@ def host_plans(plan: Mapping[str, Any], hosts: Sequence[str], target_version: st
 def fresh_audit(opts: UpgradeOptions, argv: Sequence[str], dest: Path, limit: str | None,
                 observer: Observer | None, cancel: threading.Event | None) -> Any:
     """Audit the hosts again (same inventory, target and forks) into ``dest``; its result, or UsageError."""
-    from k3fleet.audit import AuditOptions, run_audit
+    from k3fleet.audit.run import AuditOptions, run_audit
 
     audit = run_audit(AuditOptions(inventory=opts.inventory, limit=limit, forks=opts.forks, target=opts.target,
                                    out=dest, runs_dir=opts.runs_dir, host_key_checking=opts.host_key_checking),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.audit.inventory import inventory_hosts, refuse_simulated
 from k3fleet.change.gate import (
     NothingToChange,
     UpgradeOptions,
@@ -32,14 +33,13 @@ from k3fleet.change.gate import (
     plan_batches,
     resolve_max_unavailable,
 )
+from k3fleet.change.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, summarize
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.record import CHANGE_FILE, ChangeRecord
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, sha256_file, verify_run
-from k3fleet.inventory import inventory_hosts, refuse_simulated
-from k3fleet.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, summarize
 from k3fleet.runner import Observer, PlayResult, run_playbook
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3fleet.bounds import read_bounded
+from k3fleet.change.journal import JOURNAL_FILE
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import MANIFEST, RunDir, verify_run
-from k3fleet.journal import JOURNAL_FILE
 
 CHANGE_FILE = "change.json"
 

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from k3fleet.audit.inventory import refuse_simulated
 from k3fleet.change.gate import (
     UpgradeOptions,
     accepted_blocked,
@@ -23,11 +24,10 @@ from k3fleet.change.gate import (
     held_by_others,
     host_plans,
 )
+from k3fleet.change.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, resume_plan, summarize
 from k3fleet.change.night import ChangeResult, execute, extravars, finish, night_lock
 from k3fleet.change.record import load_change, verified
 from k3fleet.errors import UsageError
-from k3fleet.inventory import refuse_simulated
-from k3fleet.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, resume_plan, summarize
 from k3fleet.runner import Observer
 
 

@@ -16,15 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.change.lease import ROLLBACK_TEXT, Lease, validate_operator
-from k3fleet.change.lock import NightLock, PlayGuard
-from k3fleet.change.night import real_ansible_playbook
-from k3fleet.change.record import verified
-from k3fleet.change.timing import ChangeRecorder
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
-from k3fleet.evidence import COMMAND, RunDir
-from k3fleet.inventory import inventory_hosts, refuse_simulated
-from k3fleet.journal import (
+from k3fleet.audit.inventory import inventory_hosts, refuse_simulated
+from k3fleet.change.journal import (
     JOURNAL_FILE,
     HostHistory,
     Journal,
@@ -34,6 +27,13 @@ from k3fleet.journal import (
     replay_journal,
     rollback_targets,
 )
+from k3fleet.change.lease import ROLLBACK_TEXT, Lease, validate_operator
+from k3fleet.change.lock import NightLock, PlayGuard
+from k3fleet.change.night import real_ansible_playbook
+from k3fleet.change.record import verified
+from k3fleet.change.timing import ChangeRecorder
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.evidence import COMMAND, RunDir
 from k3fleet.runner import Observer, PlayResult, run_playbook
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3fleet.journal import HostHistory
+from k3fleet.change.journal import HostHistory
 from k3fleet.runner import HostOutcome, Observer, PlayResult
 
 # External time per stage: (stage the span starts at, stage it ends at).

@@ -284,7 +284,7 @@ def accept_all(
         else:
             load_options(overrides)
     from k3fleet.bounds import parse_seconds
-    from k3fleet.interrupt import cancel_on_signals
+    from k3fleet.change.interrupt import cancel_on_signals
 
     budget_s = parse_seconds(budget, "--budget", "load step")
     agent_opts = AgentOptions(repeats=agent_repeats, concurrency=agent_concurrency, max_tokens=agent_max_tokens)

@@ -24,6 +24,7 @@ from k3fleet.accept.load import LoadObserver, LoadOptions, run_load
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult
 from k3fleet.bounds import seconds_option
+from k3fleet.change.interrupt import cancel_on_signals
 from k3fleet.cli.accept import (
     ApiKeyEnv,
     AsJson,
@@ -38,7 +39,6 @@ from k3fleet.cli.accept import (
 from k3fleet.cli.base import err
 from k3fleet.errors import UsageError
 from k3fleet.evidence import REDACTED, RunDir
-from k3fleet.interrupt import cancel_on_signals
 from k3fleet.report.escapes import safe_markup
 
 SCHEMA_VERSION = "1.0"

@@ -47,7 +47,7 @@ def audit(
         help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
 ) -> None:
     """Audit every node against the target and print the verdict and change plan."""
-    from k3fleet.audit import ACTIVE_LEVELS, AuditOptions, run_audit
+    from k3fleet.audit.run import ACTIVE_LEVELS, AuditOptions, run_audit
     from k3fleet.evidence import redact
     from k3fleet.report import terminal
 

@@ -311,8 +311,7 @@ def watch(
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
 ) -> None:
     """Watch a served model after approval; exit 1 with the trigger and the rollback artifact when one fires."""
-    from k3fleet.evidence import RunDir
-    from k3fleet.watch import (
+    from k3fleet.decide.watch import (
         DEFAULT_AGENT_CASES,
         Sample,
         Trigger,
@@ -322,6 +321,7 @@ def watch(
         rollback_artifact,
         run_watch,
     )
+    from k3fleet.evidence import RunDir
 
     opts = WatchOptions(base_url=base_url, baseline=baseline, duration_s=parse_duration(duration),
                         interval_s=interval, repeat=repeat, cache_tolerance=cache_tolerance,

@@ -29,7 +29,7 @@ def merge(
     one (runner artifacts, artifact files) whatever their times; among equals the newer facts win;
     merge.json records it and stderr names each slice ignored for trust.
     """
-    from k3fleet.merge import check_inputs_exist, run_merge
+    from k3fleet.audit.merge import check_inputs_exist, run_merge
     from k3fleet.report import terminal
 
     check_inputs_exist(runs)

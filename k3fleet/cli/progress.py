@@ -23,7 +23,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from k3fleet.interrupt import cancel_on_signals
+from k3fleet.change.interrupt import cancel_on_signals
 from k3fleet.report.escapes import safe_markup, safe_text
 from k3fleet.runner import HostOutcome, Observer, PlayResult
 

@@ -177,7 +177,7 @@ def _branch(version: str | None) -> int | None:
 
 
 def read_change(path: Path, info: RunInfo) -> ChangeEvidence:
-    from k3fleet.journal import JOURNAL_FILE, read_journal
+    from k3fleet.change.journal import JOURNAL_FILE, read_journal
 
     label = info.label
     change = _obj(_load_json(path, "change.json", label), label, "change.json")

@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
-from k3fleet.journal import read_journal, replay
+from k3fleet.change.journal import read_journal, replay
 from k3fleet.lab import testbed
 from k3fleet.lab.standin import build_repo, install_pins
 from k3fleet.runner import Observer

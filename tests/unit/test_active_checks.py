@@ -21,7 +21,7 @@ from k3fleet.ansible.module_utils.k3fleet_active import (
     parse_ib_write_bw,
 )
 from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.audit import active_spec
+from k3fleet.audit.run import active_spec
 from k3fleet.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from k3fleet.audit.inventory import as_bool, load_inventory
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir
-from k3fleet.inventory import as_bool, load_inventory
 from k3fleet.runner import (
     PASS_ENV,
     _evidence_dir,

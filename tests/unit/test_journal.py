@@ -22,8 +22,7 @@ from nodetree import ExitJson, FailJson
 from k3fleet.ansible.module_utils import k3fleet_journal_format as fmt
 from k3fleet.ansible.modules import k3fleet_journal
 from k3fleet.change import ChangeRecorder, check_reports, host_timings, plan_batches
-from k3fleet.errors import UsageError
-from k3fleet.journal import (
+from k3fleet.change.journal import (
     STAGES,
     read_journal,
     replay,
@@ -32,6 +31,7 @@ from k3fleet.journal import (
     rollback_targets,
     summarize,
 )
+from k3fleet.errors import UsageError
 from k3fleet.runner import HostOutcome, PlayResult
 
 SNAP = {"manager": "dpkg", "packages": [
@@ -246,7 +246,7 @@ def test_outcome_per_history(stages: list[str], outcome: str, touched: bool) -> 
 
 
 def read_line(data: dict[str, Any]) -> Any:
-    from k3fleet.journal import JournalEntry
+    from k3fleet.change.journal import JournalEntry
 
     return JournalEntry.model_validate(data)
 

@@ -11,8 +11,8 @@ import datetime as _dt
 
 import pytest
 
+from k3fleet.audit.merge import CLOCK_SKEW_S, Observation, Slice, _iso, merge_slices
 from k3fleet.errors import UsageError
-from k3fleet.merge import CLOCK_SKEW_S, Observation, Slice, _iso, merge_slices
 
 NOW = _dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=_dt.UTC)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.errors import EXIT_USAGE
-from k3fleet.inventory import inventory_hosts
 from k3fleet.lab.fleet import MARKER, generate_fleet, load_fleet
 from k3fleet.lab.sshfleet import SshFleetUsageError, harness, state
 from k3fleet.lab.testbed import proc

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from k3fleet.decide.models import Baseline
-from k3fleet.errors import UsageError
-from k3fleet.watch import (
+from k3fleet.decide.watch import (
     Sample,
     WatchState,
     evaluate,
@@ -24,6 +23,7 @@ from k3fleet.watch import (
     real_traffic,
     rollback_artifact,
 )
+from k3fleet.errors import UsageError
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 # The accepted load: its sessions hit the prefix cache 80% of the time at a 50 ms TTFT p50, none waited.

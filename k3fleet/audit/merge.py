@@ -427,7 +427,7 @@ class MergeResult:
 def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None = None,
               runs_dir: Path = Path("runs"), target: Path | None = None) -> MergeResult:
     """Read, verify and merge the slices; write one run directory with one verdict."""
-    from k3fleet.audit import AuditResult
+    from k3fleet.audit.run import AuditResult
     from k3fleet.report import markdown
     from k3fleet.runner import PlayResult
     from k3fleet.verdict import evaluate_fleet, validate_facts

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir
-from k3fleet.inventory import inventory_hosts
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
 from k3fleet.runner import Observer, PlayResult, run_playbook
 
