@@ -61,10 +61,10 @@ molecule: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule test
 
 lint: $(STAMP)
-	$(BIN)/ruff check k3fleet tests scripts
+	$(BIN)/ruff check k3fleet ansible_collections tests scripts
 	$(BIN)/mypy k3fleet
 	# Playbooks and roles, production profile (.ansible-lint: kinds, extra vars for syntax-check).
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/ansible-lint -q playbooks roles
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/ansible-lint -q playbooks ansible_collections/k3fleet/gpu/roles
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --sizes 50 200 1000
@@ -94,6 +94,12 @@ ee-check: $(STAMP)
 
 bench-verdict: $(STAMP)
 	$(BIN)/python scripts/bench_verdict.py
+
+# AWX's execution path: one controller against the lab fleet split over 1, 2 and 4
+# transmit | worker | process pipelines merged by k3fleet merge (docs/scale.md "AWX's execution path").
+.PHONY: bench-awx
+bench-awx: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_awx_stream.py --count 40 --workers 1 2 4
 
 # accept load's generator beside guidellm and vLLM's own benchmark (from the lab's CPU build, .cache/vllm-venv) on
 # the vLLM simulator at 64, 256, 1024 streams and on the lab's real vLLM at 4 (docs/acceptance-load.md).

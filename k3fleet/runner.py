@@ -13,7 +13,6 @@ inventory turns checking off, and that choice is recorded in command.json.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from k3fleet.errors import UsageError
 from k3fleet.evidence.redact import redact_text
-from k3fleet.paths import data_dir
+from k3fleet.paths import collections_path, data_dir
 
 if TYPE_CHECKING:
     from k3fleet.evidence import RunDir
@@ -105,17 +104,15 @@ _UNCHECKED_CONTROL_DIR = "~/.ansible/cp-unchecked"
 
 
 def ansible_env(extra_roles: Sequence[Path] = (), *, host_key_checking: bool = True) -> dict[str, str]:
-    """Where Ansible finds k3fleet's modules, module_utils and roles (from a checkout or a wheel),
-    and how it connects: host keys checked unless ``host_key_checking`` is False."""
-    pkg = Path(__file__).resolve().parent
-    roles = [str(p) for p in extra_roles]
-    with contextlib.suppress(FileNotFoundError):  # no roles shipped: playbooks without roles still run
-        roles.insert(0, str(data_dir("roles")))
+    """Where Ansible finds the k3fleet.gpu collection (from a checkout or a wheel) and any extra
+    roles, and how it connects: host keys checked unless ``host_key_checking`` is False."""
+    # Ours first: a k3fleet.gpu installed elsewhere (an older release in ~/.ansible/collections)
+    # must not be the one that runs; the operator's own paths stay for other collections.
+    collections = [str(collections_path())]
+    collections += [p for p in os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(os.pathsep) if p]
     env = {
-        "ANSIBLE_LIBRARY": str(pkg / "ansible" / "modules"),
-        "ANSIBLE_MODULE_UTILS": str(pkg / "ansible" / "module_utils"),
-        "ANSIBLE_DOC_FRAGMENT_PLUGINS": str(pkg / "ansible" / "doc_fragments"),
-        "ANSIBLE_ROLES_PATH": os.pathsep.join(roles),
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(dict.fromkeys(collections)),
+        "ANSIBLE_ROLES_PATH": os.pathsep.join(str(p) for p in extra_roles),
         # Set either way: a value inherited from the operator's shell must not decide silently.
         "ANSIBLE_HOST_KEY_CHECKING": str(bool(host_key_checking)),
         "ANSIBLE_GATHERING": "explicit",

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from build_collection import NAME, NAMESPACE, build, stage  # noqa: E402
+from build_collection import NAME, NAMESPACE, ROOT, build  # noqa: E402
 
 
 def _env(collections: Path, config: Path) -> dict[str, str]:
@@ -76,7 +76,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="k3fleet-collection-") as tmp_name:
         tmp = Path(tmp_name)
-        tarball = build(stage(tmp / "staging"), tmp / "dist")
+        tarball = build(ROOT, tmp / "dist")
         print(f"== built {tarball.name}")
         collections = tmp / "collections"
         env = _env(collections, tmp / "ansible.cfg")

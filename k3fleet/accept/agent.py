@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept import toolcheck
 from k3fleet.accept.client import (
     Endpoint,
@@ -37,7 +38,6 @@ from k3fleet.accept.client import (
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import Finding, ProbeResult, Status
 from k3fleet.accept.toolcheck import Expect, View
-from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 
 PROBE = "agent"
 Progress = Callable[[str], None]

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from k3fleet.ansible.module_utils.k3fleet_redact import excerpt, remember_secret
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt, remember_secret
 from k3fleet.bounds import CAPS, DURATIONS, cap_bytes
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError, UsageError
 

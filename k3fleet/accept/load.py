@@ -38,11 +38,11 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.client import Endpoint, EndpointError, error_from_status, max_model_len_of, model_card_from
 from k3fleet.accept.metrics import SCRAPE_ACCEPT, MetricsError, MetricsSnapshot, metrics_url, parse_metrics
 from k3fleet.accept.oom import engine_kv, oom_records
 from k3fleet.accept.result import Finding, ProbeResult
-from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.bounds import DURATIONS, cap_bytes, limit_hint
 
 Outcome = Literal["stable", "ceiling", "adjust_config", "collapse"]

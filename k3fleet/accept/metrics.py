@@ -25,7 +25,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as _parse_prometheus
 from pydantic import BaseModel, Field
 
-from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import IncompleteError
 
 OPENMETRICS_TYPE = "application/openmetrics-text"

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import Finding, ProbeResult
-from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import UsageError, read_input
 
 PROBE = "prefix_lint"

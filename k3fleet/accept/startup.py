@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import Finding, ProbeResult, Status
-from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import UsageError, read_input
 from k3fleet.evidence import redact_argv
 from k3fleet.models.target import Target, version_tuple

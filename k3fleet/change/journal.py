@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
-from k3fleet.ansible.module_utils.k3fleet_journal_format import STAGES as _STAGES
-from k3fleet.ansible.module_utils.k3fleet_journal_format import split_lines
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import STAGES as _STAGES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import split_lines
 from k3fleet.errors import read_input
 
 JOURNAL_FILE = "journal.jsonl"

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from k3fleet.ansible.module_utils.k3fleet_lease import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_lease import (
     CHANGE_ID_PATTERN,
     LEASE_PREFIX,
     lease_holder,

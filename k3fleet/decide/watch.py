@@ -54,7 +54,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from k3fleet.ansible.module_utils.k3fleet_redact import excerpt
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.bounds import check_seconds, parse_seconds, read_bounded
 from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
@@ -344,8 +344,8 @@ def judge_node_log(text: str, since: _dt.datetime | None, host: str = "node") ->
     """(errors, notes) on a node's kernel log or journal since the approval: its Xid lines judged by the
     audit's ``gpu.xid`` verdict (error and critical fire; a warning, often the application's own fault,
     is a note) and NCCL errors by the start-up analyser's pattern."""
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
     from k3fleet.accept.startup import NCCL_ERROR
-    from k3fleet.ansible.module_utils.k3fleet_driver import parse_xid_lines
 
     kept = lines_since(text, since)
     errors: list[str] = []

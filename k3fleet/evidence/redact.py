@@ -1,8 +1,8 @@
 """The one redactor: everything that enters a run directory passes through here.
 
-The rules by key name and by value shape live in ``k3fleet/ansible/module_utils/k3fleet_redact.py``
-(stdlib only, so the journal module applies the same rules to the lines it writes); this module adds
-the structural redaction of inventories on top. Rules (docs/safety.md "Redaction"):
+The rules by key name and by value shape live in the collection's module_utils
+``k3fleet_redact.py`` (stdlib only, so the journal module applies the same rules to the lines it
+writes); this module adds the structural redaction of inventories on top. Rules (docs/safety.md "Redaction"):
 
 - **By key name** and **by value shape**: the rules module's docstring lists them.
 - **Structurally** for inventories: YAML (any depth, quoted or not, block scalars, flow style,
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from k3fleet.ansible.module_utils.k3fleet_redact import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import (
     _METADATA,
     _QUOTED,
     REDACTED,
@@ -29,8 +29,8 @@ from k3fleet.ansible.module_utils.k3fleet_redact import (
     remember_environment_secrets,
     remember_secret,
 )
-from k3fleet.ansible.module_utils.k3fleet_redact import redact as _redact
-from k3fleet.ansible.module_utils.k3fleet_redact import redact_argv as _redact_argv
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import redact as _redact
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import redact_argv as _redact_argv
 
 __all__ = ["REDACTED", "VAULT_HEADER", "excerpt", "forget_secrets", "is_secret_name", "redact", "redact_argv",
            "redact_file_text", "redact_ini", "redact_text", "redact_yaml", "remember_environment_secrets",

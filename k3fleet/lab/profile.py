@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from k3fleet.ansible.module_utils import k3fleet_sources as sources
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
 
 # Command sources whose argv depends on the host (runtime, image or node name); a profile
 # names them like the k3fleet_sources helper that builds the argv, without "_argv".

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.ansible.module_utils import k3fleet_sources as sources
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
 from k3fleet.lab.osdata import OS_INFO, OsInfo, kernel_package_rows
 from k3fleet.lab.profile import (
     BRANCH_CUDA,

@@ -1,6 +1,6 @@
 """Host facts: the contract between node collectors and the controller.
 
-Collectors (``k3fleet/ansible/module_utils``) emit plain JSON of this shape; the
+Collectors (``ansible_collections/k3fleet/gpu/plugins/module_utils``) emit plain JSON of this shape; the
 controller validates it here. ``schema_version`` changes on any incompatible
 change. Every section carries ``status`` (``ok`` / ``unknown`` / ``absent``)
 and a ``reason`` when it is not ``ok``: a node that cannot answer a question is

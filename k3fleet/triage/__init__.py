@@ -114,7 +114,7 @@ def sniff(text: str) -> str | None:
         return "kernel_log"
     if _VLLM_LOG.search(text):
         return "vllm_startup"
-    from k3fleet.ansible.module_utils.k3fleet_container import classify_probe_failure
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import classify_probe_failure
 
     if classify_probe_failure(text)[0] is not None:
         return "container_error"
@@ -286,7 +286,7 @@ def build_facts(host: str, captures: Sequence[Capture]) -> dict[str, Any]:
     if fm is not None:
         version = (drv.get("kernel_module") or {}).get("version") or drv.get("driver_version")
         if fm.get("version") and version and not fm.get("version_named_in_text"):
-            from k3fleet.ansible.module_utils.k3fleet_fabricmanager import versions_match
+            from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import versions_match
 
             fm["driver_version"] = version
             fm["version_matches_driver"] = versions_match(fm["version"], version)

@@ -1,7 +1,7 @@
 """Thin adapters: raw captured text -> the shapes the audit's collectors produce.
 
 Each adapter reads one kind of capture and calls the collectors' own pure parse functions
-(``k3fleet/ansible/module_utils``) wherever one exists for that text; where the capture is a
+(``ansible_collections/k3fleet/gpu/plugins/module_utils``) wherever one exists for that text; where the capture is a
 different rendering of the same fact (the plain ``nvidia-smi`` table instead of its CSV query,
 ``ibstat`` instead of sysfs), the adapter only re-spells it into the collector's input, so the
 same parser and the same verdict rules judge it (docs/decision.md "Triage").
@@ -14,11 +14,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from k3fleet.ansible.module_utils import k3fleet_container as ctr
-from k3fleet.ansible.module_utils import k3fleet_driver as drv
-from k3fleet.ansible.module_utils import k3fleet_fabricmanager as fmu
-from k3fleet.ansible.module_utils import k3fleet_packages as pkg
-from k3fleet.ansible.module_utils import k3fleet_rdma as rdma
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_container as ctr
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_fabricmanager as fmu
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_packages as pkg
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_rdma as rdma
 
 FM_UNIT = "nvidia-fabricmanager.service"
 

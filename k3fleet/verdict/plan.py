@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3fleet.models.facts import HostFacts, unchecked
+from k3fleet.models.facts import HostFacts, SchedulerFacts, unchecked
 from k3fleet.models.findings import (
     BlockedHost,
     Canary,
@@ -53,21 +53,23 @@ RESOLVED_BY_FM_CHANGE = FM_MISMATCH | {"fabricmanager.active", "gpu.fabric_state
 @dataclass(slots=True)
 class HostEval:
     host: str
+    # What the rules read: for a host of a node kind, the facts of one host of that kind (equal in
+    # every section the rule key covers); the host's own scheduler section is ``scheduler``.
     facts: HostFacts
     ctx: HostContext
     findings: list[Finding]
     status: str
+    scheduler: SchedulerFacts
     # The node kind (validate_facts' rule key) whose findings these exactly are, or None: then what
     # the plan reads from them holds for every host of the kind.
     kind: int | None = None
 
 
-def idle(facts: HostFacts, ct: CompiledTarget, ctx: HostContext | None = None) -> bool | None:
-    """Idle: no GPU held by a process (``ctx``), no running jobs and a state the target calls idle;
-    None if unknown."""
+def idle(sc: SchedulerFacts, ct: CompiledTarget, ctx: HostContext | None = None) -> bool | None:
+    """Idle: no GPU held by a process (``ctx``), no running jobs and a state the target calls idle
+    (the host's scheduler section ``sc``); None if unknown."""
     if ctx is not None and ctx.gpus_in_use:
         return False
-    sc = facts.scheduler
     if sc.jobs_running:
         return False
     if sc.kind == "none" or (sc.kind is None and sc.status == "absent"):
@@ -281,7 +283,7 @@ def build_plan(
             UpgradeItem, host=ev.host, scope=scope, current_version=c.version or "", current_branch=c.branch,
             target_version=to_version, target_branch=to_branch,
             gpu_model=c.gpu_model, gpu_count=c.gpu_count, profile=profiles.get(id(c)) or profiles.setdefault(
-                id(c), profile(c)), idle=idle(ev.facts, ct, c),
+                id(c), profile(c)), idle=idle(ev.scheduler, ct, c),
             packages=changes, notes=notes,
         )
         needs.append(item)

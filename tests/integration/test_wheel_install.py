@@ -32,8 +32,8 @@ def test_wheel_carries_data_files(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "k3fleet/_data/playbooks/audit.yml" in names
     assert "k3fleet/_data/ansible.cfg" in names
-    assert "k3fleet/ansible/modules/k3fleet_host_info.py" in names
-    assert "k3fleet/ansible/module_utils/k3fleet_cmd.py" in names
+    assert "ansible_collections/k3fleet/gpu/plugins/modules/k3fleet_host_info.py" in names
+    assert "ansible_collections/k3fleet/gpu/plugins/module_utils/k3fleet_cmd.py" in names
     assert any(n.startswith("k3fleet/_data/inventories/lab/") for n in names)
 
 

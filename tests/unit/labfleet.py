@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_host import collect_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from k3fleet.lab.fleet import default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.targets import load_target
 from k3fleet.verdict import evaluate_fleet, validate_facts

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from labfleet import lab_fleet_verdict
 
-from k3fleet.ansible.module_utils.k3fleet_active import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import (
     collect_active,
     gpus_busy,
     parse_all_reduce_perf,
     parse_dcgmi_diag,
     parse_ib_write_bw,
 )
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.audit.run import active_spec
 from k3fleet.targets import load_target
 

@@ -13,8 +13,8 @@ import shutil
 import pytest
 import yaml
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_host import collect_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import InterconnectSummary

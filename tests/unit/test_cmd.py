@@ -7,8 +7,8 @@ from pathlib import Path
 
 from nodetree import exe
 
-from k3fleet.ansible.module_utils import k3fleet_host
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader, guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, guard
 from k3fleet.models import facts
 
 

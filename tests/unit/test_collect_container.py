@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_container import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import (
     classify_probe_failure,
     collect_container,
     parse_ctk_version,
@@ -23,7 +23,7 @@ from k3fleet.ansible.module_utils.k3fleet_container import (
     toolkit_version_from_packages,
     vllm_version_from_config,
 )
-from k3fleet.ansible.module_utils.k3fleet_sources import PROBE_MARKER, PROBE_SCRIPT
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PROBE_MARKER, PROBE_SCRIPT
 from k3fleet.models.facts import ContainerFacts
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "container"

@@ -15,8 +15,8 @@ import pynvml
 import pytest
 from nodetree import fake_command, node
 
-from k3fleet.ansible.module_utils import k3fleet_driver as drv
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.models.facts import DriverFacts
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "driver"

@@ -12,10 +12,10 @@ import nodetree
 import pytest
 from nodetree import fake_command
 
-from k3fleet.ansible.module_utils import k3fleet_fabricmanager as fmc
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_driver import parse_proc_version
-from k3fleet.ansible.module_utils.k3fleet_packages import parse_systemctl_show
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_fabricmanager as fmc
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_proc_version
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import parse_systemctl_show
 from k3fleet.models.facts import FabricManagerFacts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

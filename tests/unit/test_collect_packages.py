@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from nodetree import fake_command, node
 
-from k3fleet.ansible.module_utils import k3fleet_packages as pk
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_packages as pk
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.models.facts import PackageFacts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

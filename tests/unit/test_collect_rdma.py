@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_rdma import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import (
     collect_nccl,
     collect_rdma,
     merge_nccl_settings,

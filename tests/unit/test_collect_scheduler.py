@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from nodetree import exe
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_scheduler import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import (
     collect_scheduler,
     count_running_jobs,
     normalize_slurm_state,

@@ -1,72 +1,74 @@
-"""The collection build's source rewrite: one copy of each module, two import forms."""
+"""The collection tree is the collection: built as it is, nothing rewritten, node code imports only
+the collection's own paths (docs/architecture.md "Layout", docs/scale.md "Collection")."""
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from build_collection import FQ_UTILS, BuildError, rewrite_source  # noqa: E402
+from build_collection import FQ_UTILS, ROOT, BuildError, build, check_tree, node_side_problems  # noqa: E402
 
-SOURCES = sorted((REPO / "k3fleet" / "ansible" / "modules").glob("k3fleet_*.py")) + sorted(
-    (REPO / "k3fleet" / "ansible" / "module_utils").glob("k3fleet_*.py"))
-
-
-def _imported_modules(source: str) -> set[str]:
-    tree = ast.parse(source)
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-    return found
-
-
-def _names(source: str, prefix: str) -> set[tuple[str, str]]:
-    return {(n.module.rsplit(".", 1)[-1], a.asname or a.name) for n in ast.walk(ast.parse(source))
-            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(prefix) for a in n.names}
+SOURCES = sorted((ROOT / "plugins" / "modules").glob("*.py")) + sorted((ROOT / "plugins" / "module_utils").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
-def test_collection_form_imports_only_the_collection(path: Path) -> None:
-    original = path.read_text()
-    rewritten = rewrite_source(original, docs=path.parent.name == "modules")
-    before, after = _imported_modules(original), _imported_modules(rewritten)
-    assert not any(m.startswith("k3fleet") for m in after), "the controller-package fallback must not ship"
-    assert not any(m.startswith("ansible.module_utils.k3fleet_") for m in after)
-    # Every module_util the source used is still imported, under the collection's name.
-    wanted = {FQ_UTILS + m.split(".")[-1] for m in before if m.startswith("ansible.module_utils.k3fleet_")}
-    assert wanted <= after
-    # The same names come in, only from the collection's namespace.
-    assert _names(original, "ansible.module_utils.k3fleet_") == _names(rewritten, FQ_UTILS)
-    if path.parent.name == "modules":
-        assert "\n  - k3fleet_reader\n" not in rewritten
-        assert "\nmodule: k3fleet_" in rewritten  # the module's own name stays short
+def test_node_code_imports_only_the_collection(path: Path) -> None:
+    assert node_side_problems(path) == []
+    tree = ast.parse(path.read_text())
+    # No dual imports: one import form that resolves on the node and on the controller.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            caught = [h.type.id for h in node.handlers if isinstance(h.type, ast.Name)]
+            body_imports = [s for s in node.body if isinstance(s, ast.ImportFrom)]
+            assert not ("ImportError" in caught and any((s.module or "").startswith(FQ_UTILS) for s in body_imports)), \
+                f"{path.name}:{node.lineno}: a fallback import of k3fleet module_utils"
 
 
-def test_a_bare_controller_import_is_refused() -> None:
-    with pytest.raises(BuildError, match="k3fleet"):
-        rewrite_source("from k3fleet.ansible.module_utils.k3fleet_cmd import guard\n")
+def test_short_name_and_controller_imports_are_found(tmp_path: Path) -> None:
+    src = tmp_path / "bad.py"
+    src.write_text("from ansible.module_utils.k3fleet_cmd import unknown\nimport k3fleet.errors\n")
+    problems = node_side_problems(src)
+    assert len(problems) == 2
+    assert "short name" in problems[0] and "controller package" in problems[1]
 
 
-def test_fallback_block_is_flattened_with_its_indentation() -> None:
-    src = (
-        "def load():\n"
-        "    try:\n"
-        "        from ansible.module_utils.k3fleet_cmd import guard, unknown as unk\n"
-        "    except ImportError:  # controller package\n"
-        "        from k3fleet.ansible.module_utils.k3fleet_cmd import guard, unknown as unk\n"
-        "    return guard, unk\n"
-    )
-    out = rewrite_source(src)
-    assert out == (
-        "def load():\n"
-        f"    from {FQ_UTILS}k3fleet_cmd import guard, unknown as unk\n"
-        "    return guard, unk\n"
-    )
+@pytest.mark.parametrize("path", sorted((ROOT / "plugins" / "modules").glob("*.py")), ids=lambda p: p.name)
+def test_doc_fragments_and_seealso_are_named_by_fqcn(path: Path) -> None:
+    docs = [yaml.safe_load(ast.literal_eval(node.value)) for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "DOCUMENTATION"]
+    assert len(docs) == 1
+    doc = docs[0]
+    assert doc["module"] == path.stem  # a module's own name stays short
+    for fragment in doc.get("extends_documentation_fragment") or []:
+        assert fragment.startswith("k3fleet.gpu."), fragment
+    for also in doc.get("seealso") or []:
+        if "module" in also:
+            assert "." in also["module"], also
+
+
+def test_a_version_other_than_the_package_is_refused(tmp_path: Path) -> None:
+    fake = tmp_path / "ansible_collections" / "k3fleet" / "gpu"
+    (fake / "plugins" / "modules").mkdir(parents=True)
+    (fake / "galaxy.yml").write_text(yaml.safe_dump({"namespace": "k3fleet", "name": "gpu", "version": "9.9.9"}))
+    with pytest.raises(BuildError, match="one version for both"):
+        check_tree(fake)
+
+
+def test_the_tarball_holds_the_tree_byte_for_byte(tmp_path: Path) -> None:
+    tarball = build(ROOT, tmp_path)
+    with tarfile.open(tarball) as tar:
+        files = json.load(tar.extractfile("FILES.json"))["files"]  # type: ignore[arg-type]
+        shipped = {f["name"]: f["chksum_sha256"] for f in files if f["ftype"] == "file"}
+    tree = {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in ROOT.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.name != "galaxy.yml"}
+    assert shipped == tree

@@ -54,7 +54,7 @@ CITE = re.compile(r"\.\./shared|\b(DESIGN|FACTS|TESTBED|STYLE)\.md")
 
 def test_nothing_cites_notes_outside_the_repository() -> None:
     offenders = []
-    for top in ("k3fleet", "roles", "playbooks", "tests", "scripts", "inventories", "molecule", "docs"):
+    for top in ("k3fleet", "ansible_collections", "playbooks", "tests", "scripts", "inventories", "molecule", "docs"):
         for path in (ROOT / top).rglob("*"):
             if not path.is_file() or path.suffix not in (".py", ".md", ".yml", ".yaml", ".txt", ".c", ".j2", ".cfg"):
                 continue

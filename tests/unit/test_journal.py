@@ -19,8 +19,8 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from nodetree import ExitJson, FailJson
 
-from k3fleet.ansible.module_utils import k3fleet_journal_format as fmt
-from k3fleet.ansible.modules import k3fleet_journal
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_journal_format as fmt
+from ansible_collections.k3fleet.gpu.plugins.modules import k3fleet_journal
 from k3fleet.change import ChangeRecorder, check_reports, host_timings, plan_batches
 from k3fleet.change.journal import (
     STAGES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from k3fleet.ansible.module_utils.k3fleet_journal_format import append_line
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import append_line
 from k3fleet.evidence import redact, redact_text
 
 SECRET = "hunter2-canary-7731"
@@ -31,7 +31,7 @@ def test_a_drain_reason_and_snapshot_secrets_never_reach_the_journal(tmp_path: P
 def test_the_controller_and_the_journal_share_one_set_of_rules() -> None:
     sample = {"Authorization": "Bearer abcdefgh12345678", "url": f"https://ops:{SECRET}@repo.example/x",
               "args": ["--api-key", SECRET], "passed": 3}
-    from k3fleet.ansible.module_utils import k3fleet_redact
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_redact
 
     assert k3fleet_redact.redact(sample) == redact(sample)
     assert SECRET not in json.dumps(redact(sample))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3fleet.ansible.module_utils import k3fleet_sources as sources
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.lab.fleet import LabFleetError, default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.lab.profile import FleetSpec, LabProfileError, load_fleet_file
 from k3fleet.lab.render import ProfileRenderer
@@ -460,7 +460,7 @@ def test_data_dir_finds_packaged_entries(tmp_path: Path) -> None:
 
 
 def test_collectors_see_the_story(lab: Path, fleet: FleetSpec) -> None:
-    from k3fleet.ansible.module_utils.k3fleet_host import collect_host
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
     from k3fleet.models.facts import HostFacts
 
     facts: dict[str, HostFacts] = {}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3fleet.ansible.module_utils import k3fleet_sources as sources
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_host import collect_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
 from k3fleet.lab.profile import LabProfileError, load_fleet_file
 from k3fleet.models.facts import HostFacts

@@ -6,9 +6,6 @@ node is a temporary tree of recorded files and commands (fixture sources in test
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,10 +13,14 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
-from nodetree import ExitJson, FailJson, fake_command, patch_exits, write_tree
+from nodetree import ExitJson, FailJson, ansible_doc, documentation, fake_command, patch_exits, write_tree
 
-from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
-from k3fleet.ansible.modules import k3fleet_driver_info, k3fleet_fabricmanager_info, k3fleet_packages_info
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
+from ansible_collections.k3fleet.gpu.plugins.modules import (
+    k3fleet_driver_info,
+    k3fleet_fabricmanager_info,
+    k3fleet_packages_info,
+)
 from k3fleet.models.facts import DriverFacts, FabricManagerFacts, PackageFacts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,19 +180,14 @@ def test_documented_return_covers_the_model(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_attributes_declared(name: str) -> None:
     module, _ = MODULES[name]
-    attributes = doc(module, "DOCUMENTATION")["attributes"]
+    attributes = documentation(module)["attributes"]
     assert attributes["check_mode"]["support"] == "full"
     assert attributes["diff_mode"]["support"] == "none"
     assert attributes["idempotent"]["support"] == "full"
 
 
 def test_ansible_doc_parses_all_three() -> None:
-    env = dict(os.environ, ANSIBLE_MODULE_UTILS=str(REPO / "k3fleet/ansible/module_utils"))
-    out = subprocess.run(
-        [sys.executable, "-m", "ansible.cli.doc", "-M", str(REPO / "k3fleet/ansible/modules"), "--json", *MODULES],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr
-    docs = json.loads(out.stdout)
+    docs = ansible_doc(*MODULES)
     for name in MODULES:
         assert docs[name]["doc"]["module"] == name
         assert docs[name]["examples"].strip()

@@ -17,16 +17,18 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
-from nodetree import ExitJson, FailJson, exe
+from nodetree import ExitJson, FailJson, documentation, exe
 
-from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
-from k3fleet.ansible.modules import k3fleet_container_info, k3fleet_rdma_info, k3fleet_scheduler_info
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
+from ansible_collections.k3fleet.gpu.plugins.modules import (
+    k3fleet_container_info,
+    k3fleet_rdma_info,
+    k3fleet_scheduler_info,
+)
 from k3fleet.models.facts import ContainerFacts, NcclFacts, RdmaFacts, SchedulerFacts
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures"
-MODULES_DIR = REPO / "k3fleet" / "ansible" / "modules"
-UTILS_DIR = REPO / "k3fleet" / "ansible" / "module_utils"
 MODULES = {"k3fleet_rdma_info": k3fleet_rdma_info, "k3fleet_container_info": k3fleet_container_info,
            "k3fleet_scheduler_info": k3fleet_scheduler_info}
 
@@ -189,7 +191,7 @@ def test_scheduler_info_rejects_a_node_list(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_documentation_matches_argument_spec(name: str) -> None:
     module = MODULES[name]
-    doc = yaml.safe_load(module.DOCUMENTATION)
+    doc = documentation(module)
     yaml.safe_load(module.EXAMPLES)
     returned = yaml.safe_load(module.RETURN)
     assert doc["attributes"]["check_mode"]["support"] == "full"
@@ -206,13 +208,14 @@ def test_documentation_matches_argument_spec(name: str) -> None:
 
 
 def test_module_runs_through_ansible_with_its_module_utils(tmp_path: Path) -> None:
-    # A real AnsiballZ run: proves the ansible.module_utils.k3fleet_* imports ship with the module.
+    # A real AnsiballZ run from the collection tree: proves the module_utils it imports by collection
+    # path ship with the module.
     bin_dir = scheduler_bin(tmp_path)
-    env = dict(os.environ, ANSIBLE_MODULE_UTILS=str(UTILS_DIR), ANSIBLE_LIBRARY=str(MODULES_DIR),
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO),
                ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
                ANSIBLE_NOCOLOR="1", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "k3fleet_scheduler_info",
+        [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "k3fleet.gpu.k3fleet_scheduler_info",
          "-a", json.dumps({"node": "gpu02", "path": str(bin_dir), "root": str(tmp_path)})],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

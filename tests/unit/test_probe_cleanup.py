@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_container import collect_container
-from k3fleet.ansible.module_utils.k3fleet_sources import PROBE_CONTAINER, probe_argv
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PROBE_CONTAINER, probe_argv
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "container"
 IMAGE = "vllm/vllm-openai:kimi-k3"

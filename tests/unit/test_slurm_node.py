@@ -25,7 +25,7 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from nodetree import ExitJson, FailJson, exe
 
-from k3fleet.ansible.module_utils.k3fleet_lease import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_lease import (
     adopted_text,
     lease_holder,
     lease_owner,
@@ -33,8 +33,8 @@ from k3fleet.ansible.module_utils.k3fleet_lease import (
     previous_reason,
     valid_change_id,
 )
-from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
-from k3fleet.ansible.module_utils.k3fleet_slurm import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_slurm import (
     drain_complete,
     parse_job_ids,
     plan_drain,
@@ -43,7 +43,7 @@ from k3fleet.ansible.module_utils.k3fleet_slurm import (
     status_from_scontrol,
     status_from_sinfo_json,
 )
-from k3fleet.ansible.modules import k3fleet_slurm_node
+from ansible_collections.k3fleet.gpu.plugins.modules import k3fleet_slurm_node
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 CHANGE = "CHG-1042"

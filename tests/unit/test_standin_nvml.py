@@ -318,7 +318,7 @@ def test_nvlink_beyond_the_gpus_links_is_invalid_argument(node: Node, nvml: Modu
 
 
 def test_health_calls_answer_a_healthy_idle_gpu(node: Node, nvml: ModuleType) -> None:
-    from k3fleet.ansible.module_utils.k3fleet_driver import nvml_health
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import nvml_health
 
     node.boot(LIB_VERSION)
     nvml.nvmlInit()
@@ -351,8 +351,8 @@ def test_health_of_a_node_is_judged_healthy_by_the_verdict(node: Node, nvml: Mod
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The audit's collector on a stand-in node (NVML through the shim, nvidia-smi and dmesg on PATH):
     every GPU health check and the platform pass, none reads unknown."""
-    from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-    from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
     from k3fleet.models.facts import HostFacts
     from k3fleet.targets import load_target
     from k3fleet.verdict.rules import evaluate_host
@@ -379,7 +379,7 @@ def test_health_of_a_node_is_judged_healthy_by_the_verdict(node: Node, nvml: Mod
 
 
 def test_dmesg_prints_the_kernel_banner_and_the_driver_load_line(node: Node) -> None:
-    from k3fleet.ansible.module_utils.k3fleet_driver import parse_xid_lines
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
 
     assert node.run("dmesg.py").stdout == ""  # nothing booted yet: an empty log, not an error
     node.boot(LIB_VERSION)
@@ -515,7 +515,7 @@ DRIVER_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
 
 
 def test_nvidia_smi_q_health_reads_healthy(node: Node) -> None:
-    from k3fleet.ansible.module_utils.k3fleet_driver import parse_smi_q_blocks, smi_q_health
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_smi_q_blocks, smi_q_health
 
     node.boot(LIB_VERSION)
     done = node.run("nvidia_smi.py", "-q")
@@ -554,7 +554,7 @@ def q_keys(block: list[str]) -> list[tuple[int, str]]:
 
 
 def test_nvidia_smi_q_fabric_follows_the_fabric_manager(node: Node, nvml: ModuleType) -> None:
-    from k3fleet.ansible.module_utils.k3fleet_driver import parse_smi_q_fabric
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_smi_q_fabric
 
     node.boot(LIB_VERSION)
     down = node.run("nvidia_smi.py", "-q")

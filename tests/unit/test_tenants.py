@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from labfleet import lab_fleet_verdict
 
-from k3fleet.ansible.module_utils.k3fleet_packages import classify_package
-from k3fleet.ansible.module_utils.k3fleet_workloads import (
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import classify_package
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_workloads import (
     collect_workloads,
     container_of_cgroup,
     parse_container_ids,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-from k3fleet.ansible.module_utils.k3fleet_host import collect_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from k3fleet.lab.fleet import default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.models.findings import FleetVerdict
 from k3fleet.targets import load_target

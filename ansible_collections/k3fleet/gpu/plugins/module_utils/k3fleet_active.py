@@ -17,20 +17,12 @@ import re
 import threading
 import time
 
-try:
-    from ansible.module_utils.k3fleet_sources import (
-        IB_WRITE_BW_PORT,
-        all_reduce_perf_argv,
-        dcgmi_diag_argv,
-        ib_write_bw_argv,
-    )
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_sources import (
-        IB_WRITE_BW_PORT,
-        all_reduce_perf_argv,
-        dcgmi_diag_argv,
-        ib_write_bw_argv,
-    )
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    IB_WRITE_BW_PORT,
+    all_reduce_perf_argv,
+    dcgmi_diag_argv,
+    ib_write_bw_argv,
+)
 
 __metaclass__ = type
 

@@ -17,28 +17,16 @@ from __future__ import absolute_import, division, print_function
 import json
 import re
 
-try:
-    from ansible.module_utils.k3fleet_cmd import unknown
-    from ansible.module_utils.k3fleet_sources import (
-        COMMANDS,
-        CONTAINER_RUNTIMES,
-        PROBE_CONTAINER,
-        PROBE_MARKER,
-        image_inspect_argv,
-        probe_argv,
-        runtime_version_argv,
-    )
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import unknown
-    from k3fleet.ansible.module_utils.k3fleet_sources import (
-        COMMANDS,
-        CONTAINER_RUNTIMES,
-        PROBE_CONTAINER,
-        PROBE_MARKER,
-        image_inspect_argv,
-        probe_argv,
-        runtime_version_argv,
-    )
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    COMMANDS,
+    CONTAINER_RUNTIMES,
+    PROBE_CONTAINER,
+    PROBE_MARKER,
+    image_inspect_argv,
+    probe_argv,
+    runtime_version_argv,
+)
 
 __metaclass__ = type
 

@@ -14,12 +14,8 @@ import csv
 import re
 from typing import Any
 
-try:
-    from ansible.module_utils.k3fleet_cmd import NodeReader
-    from ansible.module_utils.k3fleet_sources import COMMANDS, FILES
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-    from k3fleet.ansible.module_utils.k3fleet_sources import COMMANDS, FILES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
 
 # The --query-gpu fields of COMMANDS["nvidia_smi_query"], in order.
 SMI_QUERY_FIELDS = tuple(

@@ -13,26 +13,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-try:
-    from ansible.module_utils.k3fleet_cmd import NodeReader
-    from ansible.module_utils.k3fleet_driver import kernel_module_facts
-    from ansible.module_utils.k3fleet_packages import (
-        collect_packages,
-        parse_systemctl_show,
-        systemctl_show_problem,
-        upstream_version,
-    )
-    from ansible.module_utils.k3fleet_sources import COMMANDS, FILES
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-    from k3fleet.ansible.module_utils.k3fleet_driver import kernel_module_facts
-    from k3fleet.ansible.module_utils.k3fleet_packages import (
-        collect_packages,
-        parse_systemctl_show,
-        systemctl_show_problem,
-        upstream_version,
-    )
-    from k3fleet.ansible.module_utils.k3fleet_sources import COMMANDS, FILES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import kernel_module_facts
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import (
+    collect_packages,
+    parse_systemctl_show,
+    systemctl_show_problem,
+    upstream_version,
+)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
 
 UNIT = "nvidia-fabricmanager.service"
 # Character devices the driver creates per switch; nvidia-nvswitchctl is the control node, not a switch.

@@ -7,28 +7,16 @@ from __future__ import absolute_import, division, print_function
 import socket
 import time
 
-try:
-    from ansible.module_utils.k3fleet_active import collect_active
-    from ansible.module_utils.k3fleet_cmd import guard
-    from ansible.module_utils.k3fleet_container import collect_container
-    from ansible.module_utils.k3fleet_driver import collect_driver
-    from ansible.module_utils.k3fleet_fabricmanager import collect_fabricmanager
-    from ansible.module_utils.k3fleet_packages import collect_packages
-    from ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
-    from ansible.module_utils.k3fleet_scheduler import collect_scheduler
-    from ansible.module_utils.k3fleet_sources import FILES
-    from ansible.module_utils.k3fleet_workloads import collect_workloads
-except ImportError:
-    from k3fleet.ansible.module_utils.k3fleet_active import collect_active
-    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
-    from k3fleet.ansible.module_utils.k3fleet_container import collect_container
-    from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
-    from k3fleet.ansible.module_utils.k3fleet_fabricmanager import collect_fabricmanager
-    from k3fleet.ansible.module_utils.k3fleet_packages import collect_packages
-    from k3fleet.ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
-    from k3fleet.ansible.module_utils.k3fleet_scheduler import collect_scheduler
-    from k3fleet.ansible.module_utils.k3fleet_sources import FILES
-    from k3fleet.ansible.module_utils.k3fleet_workloads import collect_workloads
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_active
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import FILES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_workloads import collect_workloads
 
 __metaclass__ = type
 

@@ -28,10 +28,7 @@ import os
 import re
 import time
 
-try:
-    from ansible.module_utils.k3fleet_redact import redact
-except ImportError:  # imported from the controller package
-    from k3fleet.ansible.module_utils.k3fleet_redact import redact
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import redact
 
 __metaclass__ = type
 

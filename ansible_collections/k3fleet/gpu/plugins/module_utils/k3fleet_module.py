@@ -6,10 +6,7 @@ from __future__ import absolute_import, division, print_function
 
 import os
 
-try:
-    from ansible.module_utils.k3fleet_cmd import DEFAULT_TIMEOUT, NodeReader
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import DEFAULT_TIMEOUT, NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import DEFAULT_TIMEOUT, NodeReader
 
 __metaclass__ = type
 

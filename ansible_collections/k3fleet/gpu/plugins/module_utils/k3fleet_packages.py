@@ -14,12 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-try:
-    from ansible.module_utils.k3fleet_cmd import NodeReader
-    from ansible.module_utils.k3fleet_sources import COMMANDS, FILES
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-    from k3fleet.ansible.module_utils.k3fleet_sources import COMMANDS, FILES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
 
 # Package name patterns (docs/facts.md sections 3-4), first match wins. "open" is the
 # flavour when the name says so; None means the name does not decide it.

@@ -16,12 +16,8 @@ from __future__ import absolute_import, division, print_function
 import os
 import re
 
-try:
-    from ansible.module_utils.k3fleet_cmd import unknown
-    from ansible.module_utils.k3fleet_sources import COMMANDS, FILES
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import unknown
-    from k3fleet.ansible.module_utils.k3fleet_sources import COMMANDS, FILES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
 
 __metaclass__ = type
 

@@ -14,16 +14,12 @@ from __future__ import absolute_import, division, print_function
 import re
 import socket
 
-try:
-    from ansible.module_utils.k3fleet_cmd import unknown
-    from ansible.module_utils.k3fleet_sources import FILES, scontrol_show_node_argv, squeue_running_argv
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import unknown
-    from k3fleet.ansible.module_utils.k3fleet_sources import (
-        FILES,
-        scontrol_show_node_argv,
-        squeue_running_argv,
-    )
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    FILES,
+    scontrol_show_node_argv,
+    squeue_running_argv,
+)
 
 __metaclass__ = type
 

@@ -27,14 +27,12 @@ import json
 import re
 import time
 
-try:
-    from ansible.module_utils.k3fleet_lease import lease_owner, previous_reason
-    from ansible.module_utils.k3fleet_scheduler import normalize_slurm_state, parse_scontrol_nodes
-    from ansible.module_utils.k3fleet_sources import scontrol_show_node_argv
-except ImportError:  # imported from the controller package (unit tests)
-    from k3fleet.ansible.module_utils.k3fleet_lease import lease_owner, previous_reason
-    from k3fleet.ansible.module_utils.k3fleet_scheduler import normalize_slurm_state, parse_scontrol_nodes
-    from k3fleet.ansible.module_utils.k3fleet_sources import scontrol_show_node_argv
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_lease import lease_owner, previous_reason
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import (
+    normalize_slurm_state,
+    parse_scontrol_nodes,
+)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import scontrol_show_node_argv
 
 __metaclass__ = type
 

@@ -18,14 +18,11 @@ from __future__ import absolute_import, division, print_function
 import json
 import re
 
-try:
-    from ansible.module_utils.k3fleet_sources import PROC_PID_FILES, container_inspect_argv, container_ps_argv
-except ImportError:  # imported from the controller package (unit tests, lab)
-    from k3fleet.ansible.module_utils.k3fleet_sources import (
-        PROC_PID_FILES,
-        container_inspect_argv,
-        container_ps_argv,
-    )
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    PROC_PID_FILES,
+    container_inspect_argv,
+    container_ps_argv,
+)
 
 __metaclass__ = type
 

@@ -47,20 +47,15 @@ options:
     default: false
 attributes:
   check_mode:
-    support: full
     description:
       - Read-only; runs the same way in check mode. The probe starts a container that is removed when
         it exits (C(--rm), C(--network none)); it leaves nothing persistent, so it also runs in check mode.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
-    description: Never reports a change.
 seealso:
   - name: CUDA compatibility
     link: https://docs.nvidia.com/deploy/cuda-compatibility/
 extends_documentation_fragment:
-  - k3fleet_reader
+  - k3fleet.gpu.k3fleet_reader
+  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -159,14 +154,13 @@ k3fleet:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:
-    from ansible.module_utils.k3fleet_cmd import guard
-    from ansible.module_utils.k3fleet_container import collect_container
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
-except ImportError:  # imported from the controller package (unit tests)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
-    from k3fleet.ansible.module_utils.k3fleet_container import collect_container
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
+    READER_ARGS,
+    RESULT_KEY,
+    reader_from_params,
+)
 
 
 def main():

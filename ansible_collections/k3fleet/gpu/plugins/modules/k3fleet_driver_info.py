@@ -31,23 +31,14 @@ options:
         and RV(k3fleet.nvml.status) reads V(skipped) or V(not_installed).
     type: bool
     default: true
-attributes:
-  check_mode:
-    description: Runs unchanged in check mode; it only reads.
-    support: full
-  diff_mode:
-    description: Nothing is changed, so there is no diff.
-    support: none
-  idempotent:
-    description: Reading the same node twice gives the same report and never a change.
-    support: full
 notes:
   - The module result is under the single key RV(k3fleet); the k3fleet controller reads nothing else.
 seealso:
-  - module: k3fleet_packages_info
-  - module: k3fleet_fabricmanager_info
+  - module: k3fleet.gpu.k3fleet_packages_info
+  - module: k3fleet.gpu.k3fleet_fabricmanager_info
 extends_documentation_fragment:
-  - k3fleet_reader
+  - k3fleet.gpu.k3fleet_reader
+  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -231,17 +222,11 @@ k3fleet:
               time: "[ 1234.567890]"
 """
 
-try:
-    from ansible.module_utils.basic import AnsibleModule
-    from ansible.module_utils.k3fleet_cmd import guard
-    from ansible.module_utils.k3fleet_driver import collect_driver
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
-except ImportError:  # imported from the controller package (unit tests)
-    from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule
 
-    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
-    from k3fleet.ansible.module_utils.k3fleet_driver import collect_driver
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
 
 
 def main() -> None:

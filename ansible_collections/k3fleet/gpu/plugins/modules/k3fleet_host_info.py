@@ -68,18 +68,11 @@ options:
   host:
     description: Inventory name recorded in the facts (pass C(inventory_hostname)).
     type: str
-attributes:
-  check_mode:
-    support: full
-    details: Nothing is changed in either mode; the module runs the same in check mode.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
 author:
   - k3fleet contributors
 extends_documentation_fragment:
-  - k3fleet_reader
+  - k3fleet.gpu.k3fleet_reader
+  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -162,12 +155,12 @@ k3fleet:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:
-    from ansible.module_utils.k3fleet_host import collect_host
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
-except ImportError:  # imported from the controller package (unit tests)
-    from k3fleet.ansible.module_utils.k3fleet_host import collect_host
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
+    READER_ARGS,
+    RESULT_KEY,
+    reader_from_params,
+)
 
 
 def main():

@@ -149,12 +149,8 @@ import datetime
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:
-    from ansible.module_utils.k3fleet_journal_format import STAGES, append_line, take_slot
-    from ansible.module_utils.k3fleet_module import RESULT_KEY
-except ImportError:  # imported from the controller package (unit tests)
-    from k3fleet.ansible.module_utils.k3fleet_journal_format import STAGES, append_line, take_slot
-    from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import STAGES, append_line, take_slot
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
 
 
 def now_utc():

@@ -20,23 +20,14 @@ description:
 version_added: "0.1.0"
 author:
   - k3fleet contributors
-attributes:
-  check_mode:
-    description: Runs unchanged in check mode; it only reads.
-    support: full
-  diff_mode:
-    description: Nothing is changed, so there is no diff.
-    support: none
-  idempotent:
-    description: Reading the same node twice gives the same report and never a change.
-    support: full
 notes:
   - The module result is under the single key RV(k3fleet); the k3fleet controller reads nothing else.
 seealso:
-  - module: k3fleet_driver_info
-  - module: k3fleet_fabricmanager_info
+  - module: k3fleet.gpu.k3fleet_driver_info
+  - module: k3fleet.gpu.k3fleet_fabricmanager_info
 extends_documentation_fragment:
-  - k3fleet_reader
+  - k3fleet.gpu.k3fleet_reader
+  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -171,17 +162,11 @@ k3fleet:
       sample: true
 """
 
-try:
-    from ansible.module_utils.basic import AnsibleModule
-    from ansible.module_utils.k3fleet_cmd import guard
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
-    from ansible.module_utils.k3fleet_packages import collect_packages
-except ImportError:  # imported from the controller package (unit tests)
-    from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule
 
-    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
-    from k3fleet.ansible.module_utils.k3fleet_packages import collect_packages
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:

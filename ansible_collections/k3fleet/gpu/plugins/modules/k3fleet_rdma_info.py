@@ -39,15 +39,6 @@ options:
         reported as not checked, with the reason.
     type: bool
     default: true
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same way in check mode.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
-    description: Never reports a change.
 notes:
   - The module's own environment stands for the serving process's environment; set it with the task's
     C(environment) keyword when the process gets variables from elsewhere.
@@ -58,7 +49,8 @@ seealso:
   - name: NCCL troubleshooting, PCI Access Control Services
     link: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs
 extends_documentation_fragment:
-  - k3fleet_reader
+  - k3fleet.gpu.k3fleet_reader
+  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -174,14 +166,13 @@ k3fleet:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:
-    from ansible.module_utils.k3fleet_cmd import guard
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
-    from ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
-except ImportError:  # imported from the controller package (unit tests)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
-    from k3fleet.ansible.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
+    READER_ARGS,
+    RESULT_KEY,
+    reader_from_params,
+)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 
 
 def main():

@@ -30,17 +30,9 @@ options:
       - Slurm NodeName of this host. Defaults to the short host name from C(/etc/hostname) under I(root).
       - Set it where the Slurm NodeName differs from the host name.
     type: str
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same way in check mode.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
-    description: Never reports a change.
 extends_documentation_fragment:
-  - k3fleet_reader
+  - k3fleet.gpu.k3fleet_reader
+  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""
@@ -110,14 +102,13 @@ k3fleet:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:
-    from ansible.module_utils.k3fleet_cmd import guard
-    from ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
-    from ansible.module_utils.k3fleet_scheduler import collect_scheduler
-except ImportError:  # imported from the controller package (unit tests)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import guard
-    from k3fleet.ansible.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, reader_from_params
-    from k3fleet.ansible.module_utils.k3fleet_scheduler import collect_scheduler
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
+    READER_ARGS,
+    RESULT_KEY,
+    reader_from_params,
+)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
 
 
 def main():

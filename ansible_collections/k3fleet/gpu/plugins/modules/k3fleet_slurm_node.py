@@ -221,36 +221,23 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:
-    from ansible.module_utils.k3fleet_cmd import NodeReader
-    from ansible.module_utils.k3fleet_lease import (
-        adopted_text,
-        check_lease,
-        lease_holder,
-        lease_id,
-        lease_owner,
-        previous_reason,
-    )
-    from ansible.module_utils.k3fleet_module import RESULT_KEY
-    from ansible.module_utils.k3fleet_slurm import SlurmError, SlurmNode, drain_complete, plan_drain, plan_resume
-except ImportError:  # imported from the controller package (unit tests)
-    from k3fleet.ansible.module_utils.k3fleet_cmd import NodeReader
-    from k3fleet.ansible.module_utils.k3fleet_lease import (
-        adopted_text,
-        check_lease,
-        lease_holder,
-        lease_id,
-        lease_owner,
-        previous_reason,
-    )
-    from k3fleet.ansible.module_utils.k3fleet_module import RESULT_KEY
-    from k3fleet.ansible.module_utils.k3fleet_slurm import (
-        SlurmError,
-        SlurmNode,
-        drain_complete,
-        plan_drain,
-        plan_resume,
-    )
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_lease import (
+    adopted_text,
+    check_lease,
+    lease_holder,
+    lease_id,
+    lease_owner,
+    previous_reason,
+)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_slurm import (
+    SlurmError,
+    SlurmNode,
+    drain_complete,
+    plan_drain,
+    plan_resume,
+)
 
 # After `state=resume` slurmctld may show IDLE+NOT_RESPONDING for a ping or two; DRAIN goes at once.
 RESUME_SETTLE_S = 10.0
