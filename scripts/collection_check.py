@@ -37,6 +37,9 @@ def _env(collections: Path, config: Path) -> dict[str, str]:
     env.update({"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "ANSIBLE_COLLECTIONS_PATH": str(collections),
                 # An empty configuration: nothing of this repository's ansible.cfg (library paths) applies.
                 "ANSIBLE_CONFIG": str(config), "ANSIBLE_HOST_KEY_CHECKING": "True",
+                # The checkout's own tree is on sys.path (an editable install): only the installed
+                # tarball may answer, or a broken build would pass on the source tree.
+                "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
                 "ANSIBLE_DEPRECATION_WARNINGS": "False", "ANSIBLE_NOCOLOR": "1"})
     return env
 
@@ -81,7 +84,7 @@ def main() -> int:
         collections = tmp / "collections"
         env = _env(collections, tmp / "ansible.cfg")
         _step("ansible-galaxy collection install", [str(BIN / "ansible-galaxy"), "collection", "install",
-                                                   str(tarball), "-p", str(collections)], env, tmp)
+                                                   "--force", str(tarball), "-p", str(collections)], env, tmp)
         installed = collections / "ansible_collections" / NAMESPACE / NAME
         modules = sorted(p.stem for p in (installed / "plugins" / "modules").glob("*.py"))
         listing = _step("ansible-doc -l", [str(BIN / "ansible-doc"), "-l", f"{NAMESPACE}.{NAME}"], env, tmp)
