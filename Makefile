@@ -89,8 +89,15 @@ collection-check: $(STAMP)
 
 # CI: the execution environment definition is accepted by ansible-builder (no container engine here).
 ee-check: $(STAMP)
-	rm -rf build/ee
+	rm -rf build/ee build/ee-wheel
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/ansible-builder create -f execution-environment.yml -c build/ee
+	# The context's source tree must build the wheel the image installs, with the package and the collection.
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w build/ee-wheel build/ee/_build/k3fleet-src
+	$(BIN)/python -c "import sys, zipfile, glob; n = set(zipfile.ZipFile(glob.glob('build/ee-wheel/k3fleet-*.whl')[0]).namelist()); \
+	  need = ['k3fleet/cli/base.py', 'k3fleet/_data/playbooks/audit.yml', 'ansible_collections/k3fleet/gpu/plugins/modules/k3fleet_host_info.py', \
+	          'ansible_collections/k3fleet/gpu/roles/k3_verify/tasks/main.yml']; miss = [x for x in need if x not in n]; \
+	  sys.exit('ee-check: the image wheel lacks ' + ', '.join(miss) if miss else 0)"
+	@echo "ee-check: build context and its wheel are complete"
 
 bench-verdict: $(STAMP)
 	$(BIN)/python scripts/bench_verdict.py
