@@ -17,22 +17,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import STAGES as _STAGES
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import split_lines
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import (
+    CHANGED_STAGES,
+    STAGES,
+    TOUCHED_STAGES,
+    split_lines,
+)
 from k3fleet.errors import read_input
 
 JOURNAL_FILE = "journal.jsonl"
-Stage = Literal["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned", "failed",
-                "rolled_back", "held"]
-STAGES: tuple[str, ...] = tuple(_STAGES)
-# Stages after which the host's packages or loaded driver may differ from the snapshot.
-_TOUCHED = ("upgrading", "rebooting", "verifying")
-# Stages that say this change did something to the host (so its snapshot matters).
-_CHANGED = ("draining", "drained", "upgrading", "rebooting", "verifying", "failed", "rolled_back")
+if TYPE_CHECKING:
+    Stage = str
+else:
+    # The journal format's own list, so a line naming any other stage is not a journal line.
+    Stage = Literal[STAGES]
 Outcome = Literal["not_started", "in_progress", "upgraded", "failed", "rolled_back", "held"]
 
 
@@ -172,11 +174,12 @@ class HostHistory:
     @property
     def touched(self) -> bool:
         """Packages or the loaded driver may have changed since the snapshot."""
-        return any(e.stage in _TOUCHED for e in self.entries) or any(u.stage in _TOUCHED for u in self.unreadable)
+        return (any(e.stage in TOUCHED_STAGES for e in self.entries)
+                or any(u.stage in TOUCHED_STAGES for u in self.unreadable))
 
     @property
     def changed_something(self) -> bool:
-        return any(e.stage in _CHANGED for e in self.entries) or bool(self.unreadable)
+        return any(e.stage in CHANGED_STAGES for e in self.entries) or bool(self.unreadable)
 
     @property
     def snapshot_problem(self) -> str | None:

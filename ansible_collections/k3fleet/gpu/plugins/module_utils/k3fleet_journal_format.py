@@ -32,6 +32,9 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import 
 
 __metaclass__ = type
 
+# The stages a host's journal lines name (the way through a good night first, then failed, rolled_back
+# and held): the one list. The module's stage choices and the controller's journal reader take it from
+# here; a unit test holds the module's documented choices equal to it.
 STAGES = ("snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned", "failed",
           "rolled_back", "held")
 # Every line the writer produces starts with these bytes (json.dumps of a dict whose first key is ts).
@@ -39,6 +42,10 @@ LINE_START = b'{"ts": '
 # Stages after which the node is out of service because of the change, until a later line says
 # otherwise: the slot is taken with the snapshot line, right before the drain.
 OUT_STAGES = ("snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "failed")
+# Stages after which the host's packages or loaded driver may differ from the snapshot.
+TOUCHED_STAGES = ("upgrading", "rebooting", "verifying")
+# Stages that say the change did something to the host (so its snapshot matters).
+CHANGED_STAGES = ("draining", "drained", "upgrading", "rebooting", "verifying", "failed", "rolled_back")
 _HOST_RE = re.compile(r'"host": "((?:[^"\\]|\\.)*)"')
 _STAGE_RE = re.compile(r'"stage": "([a-z_]+)"')
 _CHANGE_RE = re.compile(r'"change_id": "((?:[^"\\]|\\.)*)"')
