@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import Finding, ProbeResult, Status
 from k3fleet.errors import UsageError, read_input
@@ -222,7 +223,7 @@ def _scan_line(scan: _Scan, raw: str) -> None:
             break
     m = _IMAGE.search(line) or _ANY_IMAGE.search(line)
     if m:
-        scan.set("image", m.group(1).split("@", 1)[0])
+        scan.set("image", parse_image_ref(m.group(1)).without_digest())
     d = _DIGEST.search(line)
     if d and ("Digest:" in line or "vllm-openai" in line or (m is not None and "@sha256:" in m.group(1))):
         scan.set("image_digest", d.group(1))
@@ -344,7 +345,9 @@ def _run_image(tokens: list[str]) -> int | None:
                 if tok.startswith("-"):
                     i += 2 if tok in _RUN_VALUED else 1
                     continue
-                return i if _IMAGE_REF.fullmatch(tok) or ":" in tok or "/" in tok else None
+                # A token that starts with its digest names no repository.
+                names = not tok.startswith("@") and (_IMAGE_REF.fullmatch(tok) or ":" in tok or "/" in tok)
+                return i if names else None
     return None
 
 
@@ -365,7 +368,7 @@ def parse_launch_command(text: str) -> dict[str, Any]:
         tok = tokens[i]
         m = _IMAGE.fullmatch(tok)
         if m or (run_image is not None and i == run_image):
-            out["image"] = tok.split("@", 1)[0]
+            out["image"] = parse_image_ref(tok).without_digest()
             dm = _DIGEST.search(tok)
             if dm:
                 out["image_digest"] = dm.group(1)

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
 from k3fleet.decide.models import (
     AgentCase,
     AgentEvidence,
@@ -50,25 +51,21 @@ def agent_item_of(case: str) -> str | None:
 
 
 def image_repository(ref: str | None) -> str | None:
-    """``docker.io/vllm/vllm-openai:kimi-k3@sha256:..`` -> ``vllm/vllm-openai``."""
-    if not ref:
+    """``docker.io/vllm/vllm-openai:kimi-k3@sha256:..`` -> ``vllm/vllm-openai`` (docker's familiar name, so
+    every spelling of a Docker Hub repository compares equal); None without a reference (or for text that
+    names none)."""
+    try:
+        return str(parse_image_ref(ref).familiar) if ref else None
+    except ValueError:
         return None
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)
-    if ":" in last[-1]:
-        name = name[: name.rfind(":")]
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return name
 
 
 def image_tag(ref: str | None) -> str | None:
-    if not ref:
+    """The reference's tag; ``latest`` when it names none (what a pull of it would take)."""
+    try:
+        return str(parse_image_ref(ref).tag or "latest") if ref else None
+    except ValueError:
         return None
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    return last.split(":", 1)[1] if ":" in last else "latest"
 
 
 def startup_of(s: EvidenceSummary) -> StartupEvidence | None:

@@ -18,6 +18,7 @@ import json
 import re
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref, same_repository
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
     COMMANDS,
     CONTAINER_RUNTIMES,
@@ -88,18 +89,6 @@ def is_image_not_found(text):
     return any(p in lowered for p in _NOT_FOUND_PATTERNS)
 
 
-def _ref_repository(ref):
-    """``"docker.io/vllm/vllm-openai:kimi-k3"`` -> ``"vllm/vllm-openai"`` (for matching RepoDigests)."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)
-    if ":" in last[-1]:
-        name = name.rsplit(":", 1)[0]
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/", "localhost/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return name
-
-
 def _env_map(env_list):
     env = {}
     # Inspect output is data from the node: a field of the wrong type is read as absent.
@@ -113,7 +102,11 @@ def _env_map(env_list):
 def _tag_version(tag_ref):
     if not tag_ref:
         return None
-    tag = tag_ref.rsplit(":", 1)[-1] if ":" in tag_ref.rsplit("/", 1)[-1] else tag_ref
+    # A whole reference (vllm/vllm-openai:v0.23.0) or the bare tag (v0.23.0).
+    try:
+        tag = parse_image_ref(tag_ref).tag or tag_ref
+    except ValueError:
+        return None
     match = _VLLM_TAG_VERSION_RE.match(tag.strip())
     return match.group(1) if match else None
 
@@ -189,14 +182,15 @@ def parse_image_inspect(ref, rc, stdout, stderr):
     repo_digests = [d for d in listed if isinstance(d, str) and "@" in d] if isinstance(listed, list) else []
     image["repo_digests"] = repo_digests
 
-    digest = None
-    if "@sha256:" in ref:
-        digest = ref.split("@", 1)[1]
-    if digest is None:
-        wanted = _ref_repository(ref)
+    try:
+        wanted = parse_image_ref(ref)
+    except ValueError:
+        wanted = None
+    digest = wanted.digest if wanted is not None and (wanted.digest or "").startswith("sha256:") else None
+    if digest is None and wanted is not None:
         for entry in repo_digests:
             name, _, dig = entry.partition("@")
-            if _ref_repository(name) == wanted:
+            if name and same_repository(name, ref):
                 digest = dig
                 break
     if digest is None and isinstance(data.get("Digest"), str) and data["Digest"]:
