@@ -203,9 +203,9 @@ def report(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
 ) -> None:
     """Render a run for people (Markdown, HTML), CI (JUnit XML) or node_exporter (Prometheus textfile)."""
+    from k3fleet.decide.views import load_view
     from k3fleet.evidence.writer import STDOUT, check_output, is_stdout, write_output
     from k3fleet.report.render import FORMATS, render
-    from k3fleet.report.view import load_view
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")

@@ -6,7 +6,6 @@ The decision itself is :func:`k3fleet.decide.rules.decide` (pure); everything wi
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from k3fleet.bounds import read_bounded
 from k3fleet.decide.checklist import ITEM_IDS
 from k3fleet.decide.models import (
     AcceptEvidence,
@@ -45,7 +43,8 @@ from k3fleet.decide.readers import (
 from k3fleet.decide.rules import decide
 from k3fleet.decide.signing import SigningKey, signing_key
 from k3fleet.errors import UsageError, read_input
-from k3fleet.evidence import RunDir
+from k3fleet.evidence import RunDir, layout
+from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.writer import check_output, is_stdout
 
 
@@ -281,15 +280,15 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
         from k3fleet.models.profile import load_profile
 
         write_profile_evidence(rd, load_profile(opts.profile))
-    rd.write_json("summary.json", _jsonable(summary))
-    rd.write_json("checklist.json", [_jsonable(i) for i in decision.checklist])
-    rd.write_json("decision.json", _jsonable(decision))
+    rd.write_json(layout.SUMMARY, _jsonable(summary))
+    rd.write_json(layout.CHECKLIST, [_jsonable(i) for i in decision.checklist])
+    rd.write_json(layout.DECISION, _jsonable(decision))
     if decision.baseline is not None:
-        rd.write_json("baseline.json", _jsonable(decision.baseline))
+        rd.write_json(layout.BASELINE, _jsonable(decision.baseline))
     curves = _curves(src)
     if curves:
-        rd.write_json("curves.json", curves)
-    rd.write_text("report.md", render_markdown(decision_view(decision, summary, rd.path.name, curves)))
+        rd.write_json(layout.CURVES, curves)
+    rd.write_text(layout.REPORT, render_markdown(decision_view(decision, summary, rd.path.name, curves)))
     rd.write_manifest()
     archive = opts.archive or rd.path.with_name(rd.path.name + ".tar.gz")
     operators = sorted({r.user for r in src.runs if r.user} | {r.operator for r in src.runs if r.operator}
@@ -325,12 +324,10 @@ def _curves(src: Sources) -> list[dict[str, Any]]:
     merged = merge_accept(src.accepts)
     if merged is None or merged.load is None:
         return []
-    path = src.paths[merged.load.ref.run]
-    data = json.loads(read_bounded(path / merged.load.ref.file, "run_json")).get("data") or {}
-    return curve_points(path, data if isinstance(data, dict) else {})
+    run = RunReader(src.paths[merged.load.ref.run], merged.load.ref.run)
+    data = run.object(merged.load.ref.file).get("data") or {}
+    return curve_points(run, data if isinstance(data, dict) else {})
 
 
 def _command_argv(rd: RunDir) -> list[str]:
-    data = rd.read_json("command.json")
-    argv = data.get("argv") if isinstance(data, dict) else None
-    return [str(a) for a in argv] if isinstance(argv, list) else []
+    return list(RunReader(rd.path).command.argv)

@@ -1,26 +1,29 @@
 """The reader layer: verified run directories -> the typed evidence summary ``decide`` works on.
 
 Each run is verified against its manifest before anything in it is read (a missing, changed or
-extra file refuses the run, exit 3). Readers keep only what the decision and the reports need
-and attach to every fact the file it came from (docs/decision.md "Sources").
+extra file refuses the run, exit 3), then read through the one reader of run directories
+(:mod:`k3fleet.evidence.reader`): every file a validated model. Readers keep only what the decision
+and the reports need and attach to every fact the file it came from (docs/decision.md "Sources").
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from k3fleet.bounds import read_bounded
+from k3fleet.change.journal import read_journal
 from k3fleet.decide.models import (
     AcceptEvidence,
     AgentCase,
     AgentEvidence,
     AuditEvidence,
     ChangeEvidence,
+    Decision,
+    EvidenceSummary,
     Fact,
     HostEvidence,
     LoadEvidence,
@@ -33,65 +36,31 @@ from k3fleet.decide.models import (
     TimelineEvent,
     TriageEvidence,
 )
-from k3fleet.errors import IncompleteError, UsageError, validation_line
-from k3fleet.evidence import RunDir, verify_run
+from k3fleet.errors import UsageError, validation_line
+from k3fleet.evidence import layout
+from k3fleet.evidence.reader import RecordedExitCode, RunReader, RunRecord
+from k3fleet.evidence.reader import open_run as open_checked
 from k3fleet.evidence.redact import excerpt
+from k3fleet.models.facts import HostFacts
 from k3fleet.verdict import all2all
 
 KINDS = ("audit", "change", "accept", "triage")
 
 
-class RunVerificationError(IncompleteError):
-    """A run whose files do not match its manifest: tampered or incomplete evidence."""
+def open_run(path: Path, *, label: str | None = None, kinds: Sequence[str] = KINDS,
+             reads: str = "decide reads") -> tuple[RunInfo, RunReader]:
+    """Verify a run directory and read its command.json: (info, the run's reader)."""
+    run = open_checked(path, kinds, reads, label=label)
+    cmd = run.command
+    info = RunInfo(label=run.label, kind=cmd.kind, path=str(path), started_at=cmd.started_at,  # type: ignore[arg-type]
+                   argv=list(cmd.argv), user=cmd.user, operator=cmd.operator, k3fleet_version=cmd.k3fleet_version,
+                   operator_supplied=cmd.kind == "triage", files=run.file_count())
+    return info, run
 
 
-def verify(path: Path) -> list[str]:
-    """Differences between a run directory and its manifest (empty: intact)."""
-    return verify_run(path).problems
-
-
-def _load_json(path: Path, rel: str, label: str) -> Any:
-    p = path / rel
-    try:
-        return json.loads(read_bounded(p, "run_json").decode("utf-8"))
-    except FileNotFoundError as exc:
-        raise IncompleteError(f"run {label}: {rel} is missing") from exc
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"run {label}: {rel} is not valid JSON ({exc})") from exc
-
-
-def _obj(data: Any, label: str, rel: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise UsageError(f"run {label}: {rel} is not a JSON object")
-    return data
-
-
-def open_run(path: Path, *, label: str | None = None) -> tuple[RunInfo, dict[str, Any]]:
-    """Verify a run directory and read its command.json: (info, command)."""
-    if not path.is_dir():
-        raise UsageError(f"{path} is not a directory")
-    if not (path / "command.json").is_file():
-        raise UsageError(f"{path} is not a k3fleet run directory (no command.json)")
-    name = label or path.name
-    problems = verify(path)
-    if problems:
-        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise RunVerificationError(f"run {name} does not match its manifest: {'; '.join(problems[:3])}{more}")
-    cmd = _obj(_load_json(path, "command.json", name), name, "command.json")
-    kind = cmd.get("kind")
-    if kind not in KINDS:
-        raise UsageError(f"run {name} is of kind {kind!r}; decide reads {', '.join(KINDS)} runs")
-    files = sum(1 for p in path.rglob("*") if p.is_file())
-    argv = cmd.get("argv") if isinstance(cmd.get("argv"), list) else []
-    info = RunInfo(label=name, kind=kind, path=str(path), started_at=cmd.get("started_at"),
-                   argv=[str(a) for a in argv or []], user=cmd.get("user"),
-                   operator=cmd.get("operator") if isinstance(cmd.get("operator"), str) else None,
-                   k3fleet_version=cmd.get("k3fleet_version"), operator_supplied=kind == "triage", files=files)
-    return info, cmd
-
-
-def _invalid(label: str, rel: str, exc: ValidationError) -> UsageError:
-    return UsageError(f"run {label}: {rel}: {validation_line(exc)}")
+def _reader(path: Path, info: RunInfo) -> RunReader:
+    """The reader of a run ``open_run`` has already verified."""
+    return RunReader(path, info.label)
 
 
 # -- audit -------------------------------------------------------------------------------------------
@@ -99,16 +68,8 @@ def _invalid(label: str, rel: str, exc: ValidationError) -> UsageError:
 
 def read_target(path: Path, label: str) -> TargetBrief | None:
     """The target the audit judged against (inputs/target.json), when the run kept it."""
-    from k3fleet.models.target import Target
-
-    p = path / "inputs" / "target.json"
-    if not p.is_file():
-        return None
-    try:
-        target = Target.model_validate(_load_json(path, "inputs/target.json", label))
-    except ValidationError as exc:
-        raise _invalid(label, "inputs/target.json", exc) from exc
-    return target_brief(target, Ref(run=label, file="inputs/target.json"))
+    target = RunReader(path, label).target()
+    return target_brief(target, Ref(run=label, file=layout.TARGET)) if target is not None else None
 
 
 def target_brief(target: Any, ref: Ref | None = None) -> TargetBrief:
@@ -120,49 +81,42 @@ def target_brief(target: Any, ref: Ref | None = None) -> TargetBrief:
                        gpus_per_node=target.gpus.per_node, required_flags=dict(target.serve.required_flags), ref=ref)
 
 
-def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
-    from k3fleet.models.findings import FleetVerdict
+def audit_facts(run: RunReader, hosts: Iterable[str]) -> Iterator[tuple[str, HostFacts]]:
+    """Each host's validated facts, for the hosts the run kept valid facts of."""
+    for host in hosts:
+        facts = run.facts(host)
+        if facts is not None:
+            yield host, facts
 
+
+def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
+    run = _reader(path, info)
     label = info.label
-    raw = _obj(_load_json(path, "verdict.json", label), label, "verdict.json")
-    try:
-        v = FleetVerdict.model_validate(raw)
-    except ValidationError as exc:
-        raise _invalid(label, "verdict.json", exc) from exc
-    ref = Ref(run=label, file="verdict.json")
-    run = _obj(_load_json(path, "run.json", label), label, "run.json")
-    hosts: list[HostEvidence] = []
+    v = run.verdict()
+    ref = Ref(run=label, file=layout.VERDICT)
+    record = run.model(layout.RUN, RunRecord)
+    hosts = {name: HostEvidence(host=name, status=hv.status, driver_version=hv.driver_version,
+                                gpu_model=hv.gpu_model, gpu_count=hv.gpu_count, reason=hv.reason,
+                                branch=_branch(hv.driver_version)) for name, hv in v.hosts.items()}
     nccl_seen: dict[str, set[str]] = {}
-    facts_hosts = 0
-    for name, hv in v.hosts.items():
-        he = HostEvidence(host=name, status=hv.status, driver_version=hv.driver_version, gpu_model=hv.gpu_model,
-                          gpu_count=hv.gpu_count, reason=hv.reason)
-        he.branch = _branch(hv.driver_version)
-        rel = RunDir.host_file("facts", name)
-        if (path / rel).is_file():
-            facts = _load_json(path, rel, label)
-            if isinstance(facts, dict):
-                facts_hosts += 1
-                image = ((facts.get("container") or {}).get("image") or {}) if isinstance(
-                    facts.get("container"), dict) else {}
-                if isinstance(image, dict):
-                    he.image_ref, he.image_digest = image.get("ref"), image.get("digest")
-                    he.image_cuda, he.image_vllm = image.get("cuda_version"), image.get("vllm_version")
-                settings = (facts.get("nccl") or {}).get("settings") if isinstance(facts.get("nccl"), dict) else None
-                for k, s in (settings or {}).items():
-                    if isinstance(s, dict) and "value" in s:
-                        nccl_seen.setdefault(k, set()).add(str(s["value"]))
-        hosts.append(he)
+    for name, facts in audit_facts(run, v.hosts):
+        he, image = hosts[name], facts.container.image
+        if image is not None:
+            he.image_ref, he.image_digest = image.ref, image.digest
+            he.image_cuda, he.image_vllm = image.cuda_version, image.vllm_version
+        for k, s in facts.nccl.settings.items():
+            nccl_seen.setdefault(k, set()).add(s.value)
     findings = [Fact(id=f.check_id, severity=f.severity, kind=f.kind, host=f.host, message=f.message, fix=f.fix,
                      chain=f.chain, ref=ref) for f in v.all_findings()]
     nccl = {k: next(iter(vals)) for k, vals in nccl_seen.items() if len(vals) == 1}
     return AuditEvidence(
-        run=label, ref=ref, started_at=info.started_at, outcome=v.outcome, reasons=v.reasons, hosts=hosts,
-        findings=findings, gpus_healthy=v.summary.gpus_healthy, gpus_after_plan=v.summary.gpus_after_plan,
-        gpus_required=v.summary.gpus_required, strategy=v.strategy.strategy if v.strategy else None,
+        run=label, ref=ref, started_at=info.started_at, outcome=v.outcome, reasons=v.reasons,
+        hosts=list(hosts.values()), findings=findings, gpus_healthy=v.summary.gpus_healthy,
+        gpus_after_plan=v.summary.gpus_after_plan, gpus_required=v.summary.gpus_required,
+        strategy=v.strategy.strategy if v.strategy else None,
         rdma_required=v.strategy.rdma_required if v.strategy else None,
-        unreachable=sorted(h.host for h in hosts if h.status == "unreachable"),
-        evidence_incomplete=v.summary.evidence_incomplete, interrupted=run.get("status") == "interrupted",
+        unreachable=sorted(h for h, he in hosts.items() if he.status == "unreachable"),
+        evidence_incomplete=v.summary.evidence_incomplete, interrupted=record.interrupted,
         nccl=nccl, plan=v.plan.model_dump(mode="json"), interconnect=v.interconnect)
 
 
@@ -177,37 +131,31 @@ def _branch(version: str | None) -> int | None:
 
 
 def read_change(path: Path, info: RunInfo) -> ChangeEvidence:
-    from k3fleet.change.journal import JOURNAL_FILE, read_journal
+    from k3fleet.change.record import ChangeRecord
 
+    run = _reader(path, info)
     label = info.label
-    change = _obj(_load_json(path, "change.json", label), label, "change.json")
-    run = _load_json(path, "run.json", label) if (path / "run.json").is_file() else {}
-    run = run if isinstance(run, dict) else {}
-    ref = Ref(run=label, file="run.json" if run else "change.json")
-    hosts: dict[str, str] = {}
-    for host, h in (run.get("hosts") or {}).items():
-        if isinstance(h, dict):
-            hosts[str(host)] = str(h.get("outcome") or "unknown")
+    change = run.model(layout.CHANGE, ChangeRecord)
+    record = run.run_record()
+    ref = Ref(run=label, file=layout.RUN if record is not None else layout.CHANGE)
+    hosts = {str(host): str(h.get("outcome") or "unknown") for host, h in (record.hosts if record else {}).items()}
     timeline: list[TimelineEvent] = []
-    problems: list[str] = [str(p) for p in run.get("journal_problems") or []]
-    jp = path / JOURNAL_FILE
-    if jp.is_file():
-        journal = read_journal(jp)
+    problems: list[str] = list(record.journal_problems) if record else []
+    if run.has(layout.JOURNAL):
+        journal = read_journal(path / layout.JOURNAL)
         problems += [p.replace(str(path), label) for p in journal.problems]
         for e in journal.entries:
             timeline.append(TimelineEvent(ts=e.ts, host=e.host, stage=e.stage, detail=_detail(e.detail)))
-        ref = Ref(run=label, file=JOURNAL_FILE)
-    elif (path / "check.json").is_file():
-        check = _load_json(path, "check.json", label)
-        for host, rep in (check.items() if isinstance(check, dict) else []):
+        ref = Ref(run=label, file=layout.JOURNAL)
+    elif run.has(layout.CHECK):
+        for host, rep in run.object(layout.CHECK).items():
             for stage, text in _check_steps(rep):
                 timeline.append(TimelineEvent(ts=None, host=str(host), stage=stage, detail=text))
     return ChangeEvidence(
-        run=label, ref=ref, change_id=change.get("change_id"), operator=change.get("operator"),
-        check=bool(change.get("check")), started_at=info.started_at, status=run.get("status"),
-        exit_code=run.get("exit_code") if isinstance(run.get("exit_code"), int) else None,
-        message=run.get("message"), target_version=change.get("target_version"), hosts=hosts, timeline=timeline,
-        journal_problems=sorted(set(problems)))
+        run=label, ref=ref, change_id=change.change_id, operator=change.operator, check=change.check,
+        started_at=info.started_at, status=record.status if record else None,
+        exit_code=record.exit_code if record else None, message=record.message if record else None,
+        target_version=change.target_version, hosts=hosts, timeline=timeline, journal_problems=sorted(set(problems)))
 
 
 def _detail(detail: Any) -> str | None:
@@ -244,16 +192,19 @@ def _check_steps(rep: Any) -> Iterable[tuple[str, str]]:
 # -- acceptance --------------------------------------------------------------------------------------
 
 
-def _probe(path: Path, label: str, rel: str) -> tuple[Any, Ref] | None:
+def probe_result(run: RunReader, probe: str) -> tuple[Any, Ref] | None:
+    """A probe's result file as its :class:`k3fleet.accept.result.ProbeResult`, with its ref; None when
+    the probe did not run."""
     from k3fleet.accept.result import result_from_json
 
-    if not (path / rel).is_file():
+    rel = layout.probe_file(probe)
+    if not run.has(rel):
         return None
-    data = _obj(_load_json(path, rel, label), label, rel)
+    data = run.object(rel)
     try:
-        return result_from_json(data), Ref(run=label, file=rel)
+        return result_from_json(data), Ref(run=run.label, file=rel)
     except ValidationError as exc:
-        raise _invalid(label, rel, exc) from exc
+        raise run.invalid(rel, exc) from exc
 
 
 def _facts_of(result: Any, ref: Ref) -> list[Fact]:
@@ -398,10 +349,10 @@ def _oom_records(d: Mapping[str, Any], ref: Ref) -> list[OomRecord]:
                       topology=r.topology) for r in records]
 
 
-def _load_evidence(path: Path, label: str, result: Any, ref: Ref) -> LoadEvidence:
+def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
     d = result.data if isinstance(result.data, dict) else {}
-    curves_ref = Ref(run=label, file="load/curves.jsonl") if (path / "load" / "curves.jsonl").is_file() else None
-    points = curve_points(path, d)
+    curves_ref = Ref(run=run.label, file=layout.LOAD_CURVES) if run.has(layout.LOAD_CURVES) else None
+    points = curve_points(run, d)
     phases = sorted({str(p.get("phase")) for p in points if p.get("phase")})
     params = any(_has_any(p, ("prompt_tokens", "max_tokens", "input_tokens", "context_tokens")) for p in points
                  if p.get("phase") == "long_input")
@@ -426,19 +377,11 @@ def _has_any(point: Mapping[str, Any], keys: Sequence[str]) -> bool:
     return any(any(k in key for k in keys) for key in point)
 
 
-def curve_points(path: Path, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+def curve_points(run: RunReader, data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Load curve points: ``load/curves.jsonl`` when saved, else ``data["curves"]``."""
-    p = path / "load" / "curves.jsonl"
+    if run.has(layout.LOAD_CURVES):
+        return run.rows(layout.LOAD_CURVES)
     rows: list[dict[str, Any]] = []
-    if p.is_file():
-        for line in read_bounded(p, "run_json").decode("utf-8", errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
     curves = data.get("curves")
     if isinstance(curves, list):
         return [r for r in curves if isinstance(r, dict)]
@@ -450,26 +393,36 @@ def curve_points(path: Path, data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+class AcceptRecord(BaseModel):
+    """``accept.json`` as ``accept all`` and ``accept load`` write it (k3fleet/accept/run.py): the parts
+    read back."""
+
+    model_config = ConfigDict(extra="ignore")
+    base_url: str | None = None
+    model: str | None = None
+    started_at: str | None = None
+    exit_code: RecordedExitCode = None
+
+
 def read_accept(path: Path, info: RunInfo) -> AcceptEvidence:
-    label = info.label
-    head = _load_json(path, "accept.json", label) if (path / "accept.json").is_file() else {}
-    head = head if isinstance(head, dict) else {}
-    out = AcceptEvidence(run=label, base_url=head.get("base_url"), model=head.get("model"),
-                         started_at=head.get("started_at") or info.started_at)
-    got = _probe(path, label, "startup.json")
+    run = _reader(path, info)
+    head = run.model(layout.ACCEPT, AcceptRecord) if run.has(layout.ACCEPT) else AcceptRecord()
+    out = AcceptEvidence(run=run.label, base_url=head.base_url, model=head.model,
+                         started_at=head.started_at or info.started_at)
+    got = probe_result(run, "startup")
     if got:
         out.startup = startup_evidence(*got)
-    got = _probe(path, label, "prefix_cache.json")
+    got = probe_result(run, "prefix_cache")
     if got:
         out.prefix_cache = _prefix_evidence(*got)
-    got = _probe(path, label, "agent.json")
+    got = probe_result(run, "agent")
     if got:
         out.agent = _agent_evidence(*got)
-    got = _probe(path, label, "load.json")
+    got = probe_result(run, "load")
     if got:
-        out.load = _load_evidence(path, label, *got)
-    if (path / "profile.json").is_file():
-        prof = _load_json(path, "profile.json", label)
+        out.load = _load_evidence(run, *got)
+    if run.has(layout.PROFILE):
+        prof = run.json(layout.PROFILE)
         inner = prof.get("profile") if isinstance(prof, dict) else None
         out.profile_name = str(inner.get("name")) if isinstance(inner, dict) and inner.get("name") else None
         out.profile_sha256 = str(prof.get("sha256")) if isinstance(prof, dict) and prof.get("sha256") else None
@@ -492,23 +445,43 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
 # -- triage ------------------------------------------------------------------------------------------
 
 
-def read_triage(path: Path, info: RunInfo) -> TriageEvidence:
+def triage_record(run: RunReader) -> Any:
+    """``triage.json`` as its :class:`k3fleet.triage.record.TriageRecord`."""
     from k3fleet.triage.record import parse_triage_record
 
+    return parse_triage_record(run.json(layout.TRIAGE), run.label)
+
+
+def read_triage(path: Path, info: RunInfo) -> TriageEvidence:
+    run = _reader(path, info)
     label = info.label
-    data = parse_triage_record(_load_json(path, "triage.json", label), label)
-    ref = Ref(run=label, file="triage.json", operator_supplied=True)
+    data = triage_record(run)
+    ref = Ref(run=label, file=layout.TRIAGE, operator_supplied=True)
     findings = [Fact(id=f.id, severity=f.severity, kind=f.kind, host=f.host, message=f.message, chain=f.chain,
-                     layer=f.layer, ref=Ref(run=label, file=f.file or "triage.json", operator_supplied=True))
+                     layer=f.layer, ref=Ref(run=label, file=f.file or layout.TRIAGE, operator_supplied=True))
                 for f in data.findings]
     startup = None
     if data.startup is not None:
         from k3fleet.accept.result import result_from_json
 
         try:
-            startup = startup_evidence(result_from_json(data.startup),
-                                       Ref(run=label, file="triage.json", operator_supplied=True))
+            startup = startup_evidence(result_from_json(data.startup), ref)
         except ValidationError as exc:
-            raise _invalid(label, "triage.json", exc) from exc
+            raise run.invalid(layout.TRIAGE, exc) from exc
     return TriageEvidence(run=label, ref=ref, host=data.host, kinds=data.kinds, findings=findings,
                           driver_version=data.driver_version, image_digest=data.image_digest, startup=startup)
+
+
+# -- decision ----------------------------------------------------------------------------------------
+
+
+def read_decision(run: RunReader) -> tuple[Decision, EvidenceSummary, list[dict[str, Any]]]:
+    """A decision run's decision, the evidence it was taken on, and the load curves it drew."""
+    try:
+        d = Decision.model_validate(run.json(layout.DECISION))
+        s = EvidenceSummary.model_validate(run.json(layout.SUMMARY))
+    except ValueError as exc:
+        raise UsageError(f"{run.path}: {layout.DECISION} or {layout.SUMMARY} does not validate "
+                         f"({str(exc).splitlines()[0]})") from exc
+    curves = run.json(layout.CURVES) if run.has(layout.CURVES) else []
+    return d, s, curves if isinstance(curves, list) else []

@@ -8,6 +8,7 @@ manifest before anyone trusts it.
 
 from __future__ import annotations
 
+from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file_name, host_from_file_name
 from k3fleet.evidence.redact import (
     REDACTED,
     is_secret_name,
@@ -21,13 +22,9 @@ from k3fleet.evidence.redact import (
     remember_secret,
 )
 from k3fleet.evidence.rundir import (
-    COMMAND,
-    MANIFEST,
     EvidenceWriteError,
     RunDir,
     atomic_write,
-    host_file_name,
-    host_from_file_name,
     new_run_id,
     sha256_file,
 )

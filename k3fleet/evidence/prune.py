@@ -21,6 +21,7 @@ from typing import Any
 
 from k3fleet.bounds import read_bounded
 from k3fleet.errors import UsageError
+from k3fleet.evidence.layout import COMMAND, DECISION, SUMMARY
 
 REMOVE, KEEP = "remove", "keep"
 
@@ -50,7 +51,7 @@ def _started(path: Path, command: dict[str, Any]) -> _dt.datetime | None:
         except ValueError:
             pass
     try:
-        return _dt.datetime.fromtimestamp((path / "command.json").stat().st_mtime, _dt.UTC)
+        return _dt.datetime.fromtimestamp((path / COMMAND).stat().st_mtime, _dt.UTC)
     except OSError:
         return None
 
@@ -61,12 +62,12 @@ def _real(p: Path | str) -> str:
 
 def cited_by(decision: Path) -> set[str] | None:
     """The real paths an approved decision cites (itself included); ``None`` when not approved."""
-    d = _json(decision / "decision.json")
+    d = _json(decision / DECISION)
     if not isinstance(d, dict) or d.get("approved") is not True:
         return None
     out = {_real(decision)}
-    summary = _json(decision / "summary.json")
-    command = _json(decision / "command.json")
+    summary = _json(decision / SUMMARY)
+    command = _json(decision / COMMAND)
     cwd = command.get("cwd") if isinstance(command, dict) and isinstance(command.get("cwd"), str) else None
     for run in (summary.get("runs") if isinstance(summary, dict) else None) or []:
         p = run.get("path") if isinstance(run, dict) else None
@@ -87,9 +88,9 @@ def plan_prune(runs_dir: Path, older_than_s: float, now: _dt.datetime,
         if p.is_symlink() or not p.is_dir():
             out.append(Verdict(p, KEEP, "not a run directory (a link or a file): never touched"))
             continue
-        command = _json(p / "command.json")
+        command = _json(p / COMMAND)
         if not isinstance(command, dict) or not isinstance(command.get("kind"), str):
-            out.append(Verdict(p, KEEP, "no readable command.json: not a k3fleet run directory, never touched"))
+            out.append(Verdict(p, KEEP, f"no readable {COMMAND}: not a k3fleet run directory, never touched"))
             continue
         runs[p] = command
     protected: dict[str, str] = {}

@@ -8,7 +8,7 @@ and rendered reports, with a sha256 manifest written last (docs/safety.md). Writ
 - every file is written to a unique temporary file in the same directory, fsync'd, renamed over
   its name, and the directory is fsync'd: a crash leaves the old file or the new one, never half;
 - nothing is written outside the directory: host names become file names by percent-encoding
-  (``host_file_name``), and a path that would leave the directory is refused.
+  (``k3fleet.evidence.layout.host_file_name``), and a path that would leave the directory is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import socket
-import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,10 @@ from typing import Any
 from k3fleet import __version__
 from k3fleet.bounds import InputTooLarge, cap_bytes, read_bounded, read_input
 from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
 from k3fleet.evidence.writer import atomic_replace, fsync_dir
 
-MANIFEST = "manifest.json"
-COMMAND = "command.json"
 # Controller environment worth keeping as evidence (values still pass the redactor).
 _ENV_PREFIXES = ("K3FLEET_", "ANSIBLE_", "NCCL_", "VLLM_")
 # Run directories hold request bodies and prompts: their owner's only (docs/safety.md "Evidence privacy").
@@ -51,26 +49,6 @@ def _utcnow() -> _dt.datetime:
 
 def new_run_id(kind: str) -> str:
     return f"{_utcnow().strftime('%Y%m%dT%H%M%SZ')}-{kind}-{secrets.token_hex(3)}"
-
-
-def host_file_name(host: str) -> str:
-    """A file name for ``host`` that stays inside its directory, reversibly (percent-encoding).
-
-    Letters, digits, ``_``, ``-``, ``.`` and ``~`` stay as they are; everything else (``/``,
-    ``%``, spaces, control characters) becomes ``%XX``; a leading dot is encoded too, so ``.``,
-    ``..`` and hidden names cannot appear. ``host_from_file_name`` maps it back.
-    """
-    if not host:
-        raise UsageError("an empty host name cannot be stored in the run directory")
-    name = urllib.parse.quote(host, safe="")
-    if name.startswith("."):
-        name = "%2E" + name[1:]
-    return name
-
-
-def host_from_file_name(name: str) -> str:
-    """The host name ``host_file_name`` encoded into ``name`` (without its suffix)."""
-    return urllib.parse.unquote(name)
 
 
 def _write_error(path: Path, exc: OSError) -> EvidenceWriteError:
@@ -223,8 +201,8 @@ class RunDir:
 
     @staticmethod
     def host_file(folder: str, host: str, suffix: str = ".json") -> str:
-        """``folder/<encoded host><suffix>``: where a per-host file goes (see ``host_file_name``)."""
-        return f"{folder}/{host_file_name(host)}{suffix}"
+        """``folder/<encoded host><suffix>``: where a per-host file goes (``layout.host_file``)."""
+        return host_file(folder, host, suffix)
 
     # -- writing ----------------------------------------------------------------------------------
 

@@ -1,24 +1,21 @@
 """One view of any run (audit, change, accept, triage, decision) for the report renderers.
 
-``k3fleet report`` verifies the run against its manifest, builds a :class:`ReportView` here,
-and hands it to the Markdown, HTML, JUnit or Prometheus renderer, so the four formats always
-say the same thing (docs/decision.md "Reports").
+``k3fleet report`` reads the run through decide's readers (k3fleet/decide/views.py), builds a
+:class:`ReportView` here from the typed evidence they return, and hands it to the Markdown, HTML,
+JUnit or Prometheus renderer, so the four formats always say the same thing (docs/decision.md
+"Reports"). Nothing here reads a file: the flows that write a report (decide, triage) and the report
+command hand this module what they read, so it imports none of them.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from k3fleet.bounds import read_bounded
-from k3fleet.contracts import EXIT_CODES
-from k3fleet.errors import UsageError
+from k3fleet.models.facts import Gpu, HostFacts
 
 CheckStatus = Literal["pass", "warn", "fail", "error", "skipped"]
-REPORT_KINDS = ("audit", "change", "accept", "triage", "decision")
 # Worst first: a heat-map cell, a folded row and a host take the worst status of what they hold.
 STATUS_ORDER: tuple[str, ...] = ("fail", "error", "warn", "skipped", "pass")
 
@@ -169,39 +166,11 @@ class ReportView:
         return folded
 
 
-def _read(path: Path, rel: str) -> Any:
-    try:
-        return json.loads(read_bounded(path / rel, "run_json").decode("utf-8"))
-    except FileNotFoundError as exc:
-        raise UsageError(f"{path}: {rel} is missing") from exc
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{path}: {rel} is not valid JSON ({exc})") from exc
-
-
-def _exit_code(v: Any) -> int | None:
-    """A recorded exit code, or None when the file holds anything but one of the contract's codes."""
-    return v if isinstance(v, int) and not isinstance(v, bool) and v in EXIT_CODES else None
-
-
-def load_view(path: Path) -> ReportView:
-    """Verify ``path`` against its manifest, then build its view."""
-    from k3fleet.decide.readers import RunVerificationError, verify
-
-    if not path.is_dir() or not (path / "command.json").is_file():
-        raise UsageError(f"{path} is not a k3fleet run directory (no command.json)")
-    problems = verify(path)
-    if problems:
-        raise RunVerificationError(f"run {path.name} does not match its manifest: {'; '.join(problems[:3])}")
-    cmd = _read(path, "command.json")
-    kind = cmd.get("kind") if isinstance(cmd, dict) else None
-    if kind not in REPORT_KINDS:
-        raise UsageError(f"run {path.name} is of kind {kind!r}; report renders {', '.join(REPORT_KINDS)} runs")
-    builder = {"audit": _audit_view, "change": _change_view, "accept": _accept_view, "triage": _triage_view,
-               "decision": _decision_view}[kind]
-    view = builder(path, cmd)
-    view.meta.insert(0, ("run", path.name))
-    if cmd.get("started_at"):
-        view.meta.insert(1, ("started", str(cmd["started_at"])))
+def with_run(view: ReportView, run: str, started_at: str | None) -> ReportView:
+    """The run's name and start first in the view's facts, as every report shows them."""
+    view.meta.insert(0, ("run", run))
+    if started_at:
+        view.meta.insert(1, ("started", started_at))
     return view
 
 
@@ -289,80 +258,58 @@ def heat_map(hosts: Iterable[tuple[str, str]], findings: Iterable[Any]) -> HeatM
     return HeatMap(groups, rows)
 
 
-def _audit_view(path: Path, cmd: dict[str, Any]) -> ReportView:
-    from k3fleet.decide.readers import RunInfo, read_audit
-
-    info = RunInfo(label=path.name, kind="audit", path=str(path), started_at=cmd.get("started_at"))
-    a = read_audit(path, info)
-    view = ReportView(kind="audit", run=path.name, title=f"k3fleet audit: {a.outcome}", outcome=a.outcome)
-    run = _read(path, "run.json")
-    view.exit_code = _exit_code(run.get("exit_code") if isinstance(run, dict) else None)
+def audit_view(a: Any, run: str, exit_code: int | None, facts: Iterable[tuple[str, HostFacts]]) -> ReportView:
+    """An audit run: its evidence summary (``k3fleet.decide.readers.read_audit``), the exit code its
+    run.json recorded (None: none of the contract's), and the validated facts of its reachable hosts
+    (for the GPU grid)."""
+    view = ReportView(kind="audit", run=run, title=f"k3fleet audit: {a.outcome}", outcome=a.outcome)
+    view.exit_code = exit_code
     view.reasons = [{"rule": "audit", "outcome": a.outcome, "text": r, "evidence": str(a.ref)} for r in a.reasons]
     view.meta += [("hosts", str(len(a.hosts))), ("GPUs healthy / required", f"{a.gpus_healthy} / {a.gpus_required}"),
                   ("strategy", a.strategy or "?")]
     _hosts_into(view, a)
-    view.gpus = gpu_hosts(path, [h.host for h in a.hosts if h.status != "unreachable"])
+    view.gpus = gpu_hosts(facts)
     return view
 
 
-def gpu_hosts(path: Path, hosts: Sequence[str]) -> list[GpuHost]:
+def gpu_hosts(facts: Iterable[tuple[str, HostFacts]]) -> list[GpuHost]:
     """Per GPU of each host's facts: memory total and in use, and its health (ECC, remapped rows,
     fabric, PCIe link, clock events), as the audit's facts files hold them."""
-    from k3fleet.evidence import RunDir
-
-    out: list[GpuHost] = []
-    for host in hosts:
-        rel = RunDir.host_file("facts", host)
-        if not (path / rel).is_file():
-            continue
-        facts = _read(path, rel)
-        driver = facts.get("driver") if isinstance(facts, dict) else None
-        gpus = driver.get("gpus") if isinstance(driver, dict) else None
-        if not isinstance(gpus, list):
-            continue
-        out.append(GpuHost(host, [_gpu_cell(i, g) for i, g in enumerate(gpus) if isinstance(g, dict)]))
-    return out
+    return [GpuHost(host, [_gpu_cell(g) for g in f.driver.gpus]) for host, f in facts]
 
 
 def _dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def _int_or_none(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _gpu_cell(i: int, g: dict[str, Any]) -> GpuCell:
+def _gpu_cell(g: Gpu) -> GpuCell:
     fails: list[str] = []
     warns: list[str] = []
-    ecc = _dict(g.get("ecc"))
-    if (_int_or_none(ecc.get("volatile_uncorrected")) or 0) > 0:
-        fails.append(f"{ecc['volatile_uncorrected']} uncorrectable ECC errors since the driver loaded")
-    rows = _dict(g.get("remapped_rows"))
-    if rows.get("failure"):
+    if g.ecc is not None and (g.ecc.volatile_uncorrected or 0) > 0:
+        fails.append(f"{g.ecc.volatile_uncorrected} uncorrectable ECC errors since the driver loaded")
+    rows = g.remapped_rows
+    if rows is not None and rows.failure:
         fails.append("row remapping failed")
-    elif rows.get("pending"):
+    elif rows is not None and rows.pending:
         fails.append("row remap pending (reset or reboot)")
-    if g.get("fabric_state") not in (None, "completed", "not_supported"):
-        fails.append(f"fabric {g.get('fabric_state')}")
-    pcie = _dict(g.get("pcie"))
-    gen, gen_max = _int_or_none(pcie.get("gen_current")), _int_or_none(pcie.get("gen_max"))
-    width, width_max = _int_or_none(pcie.get("width_current")), _int_or_none(pcie.get("width_max"))
+    if g.fabric_state not in (None, "completed", "not_supported"):
+        fails.append(f"fabric {g.fabric_state}")
+    pcie = g.pcie
+    gen, gen_max = (pcie.gen_current, pcie.gen_max) if pcie is not None else (None, None)
+    width, width_max = (pcie.width_current, pcie.width_max) if pcie is not None else (None, None)
     if width and width_max and width < width_max:
         warns.append(f"PCIe x{width} of x{width_max}")
-    throttle = _dict(g.get("throttle"))
-    active = [str(a) for a in throttle.get("active") or [] if str(a) not in ("idle", "none", "applications_clocks")]
+    active = [a for a in (g.throttle.active if g.throttle is not None else [])
+              if a not in ("idle", "none", "applications_clocks")]
     if active:
         warns.append("clocks held: " + ", ".join(active))
-    used = _int_or_none(g.get("memory_used_mib"))
+    used = g.memory_used_mib
     if used:
         warns.append(f"{used} MiB in use")
     if gen and gen_max and gen < gen_max and not width:
         warns.append(f"PCIe gen {gen} of {gen_max}")
-    index = _int_or_none(g.get("index"))
-    return GpuCell(index if index is not None else i, str(g.get("name") or "?"),
-                   _int_or_none(g.get("memory_total_mib")), used,
-                   "fail" if fails else "warn" if warns else "pass", fails + warns)
+    return GpuCell(g.index, g.name or "?", g.memory_total_mib, used, "fail" if fails else "warn" if warns else "pass",
+                   fails + warns)
 
 
 def _hosts_into(view: ReportView, a: Any) -> None:
@@ -387,12 +334,10 @@ def _hosts_into(view: ReportView, a: Any) -> None:
 # -- change night ------------------------------------------------------------------------------------
 
 
-def _change_view(path: Path, cmd: dict[str, Any]) -> ReportView:
-    from k3fleet.decide.readers import RunInfo, read_change
-
-    c = read_change(path, RunInfo(label=path.name, kind="change", path=str(path), started_at=cmd.get("started_at")))
+def change_view(c: Any, run: str) -> ReportView:
+    """A change run from its evidence summary (``k3fleet.decide.readers.read_change``)."""
     mode = "check (nothing changed)" if c.check else "change night"
-    view = ReportView(kind="change", run=path.name, title=f"k3fleet change {c.change_id or ''}: {mode}".strip(),
+    view = ReportView(kind="change", run=run, title=f"k3fleet change {c.change_id or ''}: {mode}".strip(),
                       exit_code=c.exit_code)
     view.meta += [("change id", c.change_id or "?"), ("operator", c.operator or "?"),
                   ("target version", c.target_version or "?"), ("status", c.status or "?")]
@@ -414,13 +359,13 @@ def _status(s: str) -> CheckStatus:
     return {"pass": "pass", "fail": "fail", "skipped": "skipped"}.get(s, "error")  # type: ignore[return-value]
 
 
-def _accept_view(path: Path, cmd: dict[str, Any]) -> ReportView:
-    from k3fleet.decide.readers import RunInfo, curve_points, read_accept
-
-    acc = read_accept(path, RunInfo(label=path.name, kind="accept", path=str(path), started_at=cmd.get("started_at")))
-    head = _read(path, "accept.json") if (path / "accept.json").is_file() else {}
-    view = ReportView(kind="accept", run=path.name, title=f"k3fleet accept: {acc.model or '?'}",
-                      exit_code=_exit_code(head.get("exit_code") if isinstance(head, dict) else None))
+def accept_view(acc: Any, run: str, exit_code: int | None, results: Mapping[str, Any],
+                curves: Sequence[dict[str, Any]]) -> ReportView:
+    """An acceptance run: its evidence summary (``k3fleet.decide.readers.read_accept``), the exit code
+    its accept.json recorded, each probe's result (:class:`k3fleet.accept.result.ProbeResult`, in
+    probe order) and the load curves."""
+    view = ReportView(kind="accept", run=run, title=f"k3fleet accept: {acc.model or '?'}",
+                      exit_code=exit_code)
     view.meta += [("endpoint", acc.base_url or "?"), ("model", acc.model or "?")]
     for name in ("startup", "prefix_cache", "agent", "load"):
         probe = getattr(acc, name)
@@ -438,12 +383,10 @@ def _accept_view(path: Path, cmd: dict[str, Any]) -> ReportView:
             view.checks.append(CheckRow("accept.agent.cases", case.name, "fail" if case.failures else "pass",
                                         f"{case.passed}/{case.runs} passed"
                                         + (f"; {case.defects}" if case.defects else "")))
-    view.probes = probe_summaries({name: _read(path, f"{name}.json") for name in ("startup", "prefix_cache", "agent",
-                                                                                "load")
-                                   if (path / f"{name}.json").is_file()})
-    if acc.load is not None:
-        data = _read(path, "load.json").get("data") or {}
-        view.charts = load_charts(curve_points(path, data))
+    view.probes = probe_summaries(results)
+    if acc.load is not None and "load" in results:
+        data = results["load"].data or {}
+        view.charts = load_charts(curves)
         view.slo = load_slo(data)
     return view
 
@@ -482,14 +425,12 @@ def load_slo(data: dict[str, Any]) -> dict[str, tuple[str, float]]:
     return {"latency": ("TTFT p95 SLO", slo)} if slo else {}
 
 
-def probe_summaries(files: dict[str, Any]) -> list[ProbeSummary]:
-    """Each probe's figures from its result file (``{status, reason, data}``): prefix-cache tokens and
-    TTFT cold vs warm, agent pass rates per case, the load envelope and ceiling, start-up layout."""
+def probe_summaries(results: Mapping[str, Any]) -> list[ProbeSummary]:
+    """Each probe's figures from its result (a ProbeResult: status, reason, data): prefix-cache tokens
+    and TTFT cold vs warm, agent pass rates per case, the load envelope and ceiling, start-up layout."""
     out: list[ProbeSummary] = []
-    for name, res in files.items():
-        if not isinstance(res, dict):
-            continue
-        data = _dict(res.get("data"))
+    for name, res in results.items():
+        data = _dict(res.data)
         figures: list[tuple[str, str]] = []
         if name == "prefix_cache":
             ttft = _dict(data.get("ttft_s"))
@@ -546,7 +487,7 @@ def probe_summaries(files: dict[str, Any]) -> list[ProbeSummary]:
                                ("max_model_len", "max model length")):
                 if data.get(key) is not None:
                     figures.append((label, str(data[key])))
-        out.append(ProbeSummary(name, str(res.get("status") or "?"), str(res.get("reason") or ""), figures))
+        out.append(ProbeSummary(name, str(res.status or "?"), str(res.reason or ""), figures))
     return out
 
 
@@ -590,12 +531,10 @@ def _num(v: Any) -> float | None:
 # -- triage ------------------------------------------------------------------------------------------
 
 
-def _triage_view(path: Path, cmd: dict[str, Any]) -> ReportView:
-    from k3fleet.triage.record import parse_triage_record
-
-    data = parse_triage_record(_read(path, "triage.json"), path.name)
+def triage_view(data: Any, run: str) -> ReportView:
+    """A triage run from its record (``k3fleet.triage.record.TriageRecord``)."""
     host = data.host or "capture"
-    view = ReportView(kind="triage", run=path.name, title=f"k3fleet triage: {host} (operator-supplied)")
+    view = ReportView(kind="triage", run=run, title=f"k3fleet triage: {host} (operator-supplied)")
     view.meta += [("kinds", ", ".join(data.kinds)), ("files", str(len(data.files)))]
     for capture in data.files:
         view.notes.append(f"{capture.name}: {capture.kind}")
@@ -608,19 +547,6 @@ def _triage_view(path: Path, cmd: dict[str, Any]) -> ReportView:
 
 
 # -- decision ----------------------------------------------------------------------------------------
-
-
-def _decision_view(path: Path, cmd: dict[str, Any]) -> ReportView:
-    from k3fleet.decide.models import Decision, EvidenceSummary
-
-    try:
-        d = Decision.model_validate(_read(path, "decision.json"))
-        s = EvidenceSummary.model_validate(_read(path, "summary.json"))
-    except ValueError as exc:
-        raise UsageError(f"{path}: decision.json or summary.json does not validate ({str(exc).splitlines()[0]})") \
-            from exc
-    return decision_view(d, s, path.name, curves=_read(path, "curves.json") if (path / "curves.json").is_file()
-                         else [])
 
 
 def _owner_text(entry: Any) -> str | None:

@@ -311,10 +311,12 @@ def covered(kinds: set[str]) -> set[str]:
 
 
 def _file_of(check: str, captures: Sequence[Capture]) -> str:
+    from k3fleet.evidence import layout
+
     for i, c in enumerate(captures):
         if check in COVERS.get(c.kind, frozenset()):
             return stored_name(i, c)
-    return "triage.json"
+    return layout.TRIAGE
 
 
 def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
@@ -517,17 +519,20 @@ def _chat_into(result: TriageResult, c: Capture, stored: str) -> None:
 def write_run(result: TriageResult, argv: Sequence[str], *, runs_dir: Path, out: Path | None) -> Any:
     """The triage run directory (kind ``triage``): every capture (through the redactor), triage.json,
     report.md and the manifest. It enters ``decide`` as operator-supplied evidence."""
-    from k3fleet.evidence import RunDir
+    from k3fleet.evidence import RunDir, layout
+    from k3fleet.evidence.reader import open_run
     from k3fleet.report.decision_md import render_markdown
-    from k3fleet.report.view import load_view
+    from k3fleet.report.view import triage_view, with_run
+    from k3fleet.triage.record import parse_triage_record
 
     rd = RunDir.create(runs_dir, "triage", argv, out=out, record={"operator_supplied": True})
     for i, c in enumerate(result.captures):
         rd.write_text(stored_name(i, c), c.text)
-    rd.write_json("triage.json", result.to_json())
+    rd.write_json(layout.TRIAGE, result.to_json())
     rd.write_manifest()
     # The report is rendered from the verified run itself, as `k3fleet report` would.
-    text = render_markdown(load_view(rd.path))
-    rd.write_text("report.md", text)
+    run = open_run(rd.path, ("triage",), "triage writes")
+    view = triage_view(parse_triage_record(run.json(layout.TRIAGE), run.label), run.label)
+    rd.write_text(layout.REPORT, render_markdown(with_run(view, run.label, run.command.started_at)))
     rd.write_manifest()
     return rd

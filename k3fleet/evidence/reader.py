@@ -1,0 +1,209 @@
+"""The one reader of run directories: checked against the manifest first, then each file as a typed record.
+
+Every command that reads evidence back (decide, report, merge, watch, a change night's resume and
+rollback) reads through here, by the names of :mod:`k3fleet.evidence.layout`. ``open_run`` refuses
+what is not a run (exit 2), a run that does not match its manifest (exit 3) and a run of a kind the
+command does not read (exit 2); a ``RunReader`` then turns each file into a validated model:
+``command.json`` into :class:`CommandRecord`, ``run.json`` into :class:`RunRecord`, the verdict,
+the target and each host's facts into the audit's own models (``k3fleet.models``), any other file
+into the model its flow gives (``model``). A file that is missing is one line and exit 3; one that
+is not JSON, not an object or not of its model's shape is one line naming the run, the file and the
+field, exit 2 (docs/safety.md "Bad input").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from k3fleet.bounds import read_bounded
+from k3fleet.contracts import EXIT_CODES
+from k3fleet.errors import IncompleteError, UsageError, validation_line
+from k3fleet.evidence import layout
+from k3fleet.evidence.verify import verify_run
+from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.findings import FleetVerdict
+from k3fleet.models.target import Target
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _contract_code(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v in EXIT_CODES else None
+
+
+# A recorded exit code: anything but one of the contract's codes is read as absent, never shown as one.
+RecordedExitCode = Annotated[int | None, BeforeValidator(_contract_code)]
+
+
+class RunVerificationError(IncompleteError):
+    """A run whose files do not match its manifest: tampered or incomplete evidence."""
+
+
+class CommandRecord(BaseModel):
+    """``command.json`` as ``RunDir.create`` writes it; a run adds the choices it started with."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    cwd: str | None = None
+    k3fleet_version: str | None = None
+    user: str | None = None
+    controller: str | None = None
+    started_at: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    operator: str | None = Field(default=None, description="an explicit --operator the run recorded")
+
+
+class RunRecord(BaseModel):
+    """``run.json``: how a run ended. Each kind adds its own fields (an audit its host counts, a
+    change night its per-host outcomes)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: str | None = None
+    exit_code: RecordedExitCode = None
+    message: str | None = None
+    wall_s: float | None = None
+    unreachable: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
+    invalid_evidence: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
+    hosts: dict[str, dict[str, Any]] = Field(default_factory=dict, description="change: host -> its outcome")
+    journal_problems: list[str] = Field(default_factory=list)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.status == "interrupted"
+
+
+class RunReader:
+    """One run directory, read through typed records (``open_run`` checks it first)."""
+
+    def __init__(self, path: Path, label: str | None = None) -> None:
+        self.path = Path(path)
+        self.label = label or self.path.name
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def has(self, rel: str) -> bool:
+        return (self.path / rel).is_file()
+
+    def json(self, rel: str) -> Any:
+        """``rel`` parsed as JSON, read under the run-file cap."""
+        try:
+            return json.loads(read_bounded(self.path / rel, "run_json").decode("utf-8"))
+        except FileNotFoundError as exc:
+            raise IncompleteError(f"run {self.label}: {rel} is missing") from exc
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"run {self.label}: {rel} is not valid JSON ({exc})") from exc
+
+    def object(self, rel: str) -> dict[str, Any]:
+        data = self.json(rel)
+        if not isinstance(data, dict):
+            raise UsageError(f"run {self.label}: {rel} is not a JSON object")
+        return data
+
+    def invalid(self, rel: str, exc: ValidationError) -> UsageError:
+        """The one line for a file (or a part of one) that does not have its model's shape."""
+        return UsageError(f"run {self.label}: {rel}: {validation_line(exc)}")
+
+    def model(self, rel: str, model: type[M], **extra: Any) -> M:
+        """``rel`` validated as ``model`` (``extra``: fields the file leaves to its place, such as a
+        facts file's host)."""
+        data = self.object(rel)
+        try:
+            return model.model_validate({**data, **extra} if extra else data)
+        except ValidationError as exc:
+            raise self.invalid(rel, exc) from exc
+
+    def rows(self, rel: str) -> list[dict[str, Any]]:
+        """The JSON objects of a JSON-lines file; a line that is not one (a torn last line) is left out."""
+        rows: list[dict[str, Any]] = []
+        for line in read_bounded(self.path / rel, "run_json").decode("utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    def file_count(self) -> int:
+        return sum(1 for p in self.path.rglob("*") if p.is_file())
+
+    # -- the records every kind shares ----------------------------------------------------------
+
+    @cached_property
+    def command(self) -> CommandRecord:
+        return self.model(layout.COMMAND, CommandRecord)
+
+    @property
+    def kind(self) -> str | None:
+        return self.command.kind
+
+    def run_record(self) -> RunRecord | None:
+        """``run.json``, or None for a run that has none (it stopped before it ended, or writes none)."""
+        return self.model(layout.RUN, RunRecord) if self.has(layout.RUN) else None
+
+    # -- audit ------------------------------------------------------------------------------------
+
+    def verdict(self) -> FleetVerdict:
+        return self.model(layout.VERDICT, FleetVerdict)
+
+    def target(self) -> Target | None:
+        """The target the run judged against (``inputs/target.json``), when it kept one."""
+        return self.model(layout.TARGET, Target) if self.has(layout.TARGET) else None
+
+    def fact_hosts(self) -> list[str]:
+        """The hosts with a facts file, by name (decoded from the file names)."""
+        folder = self.path / layout.FACTS
+        if not folder.is_dir():
+            return []
+        return sorted(layout.host_from_file_name(p.stem) for p in folder.glob("*.json"))
+
+    def raw_facts(self, host: str) -> Any:
+        """A host's facts file as the node returned it, before validation (a merge re-judges it)."""
+        return self.json(layout.facts_file(host))
+
+    def facts(self, host: str) -> HostFacts | None:
+        """A host's facts validated as the audit validates them; None when the run has no facts file
+        for it, or when its facts are of another schema or do not validate (the verdict already
+        counts such a host as evidence incomplete)."""
+        rel = layout.facts_file(host)
+        if not self.has(rel):
+            return None
+        data = self.object(rel)
+        if str(data.get("schema_version", "")).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            return None
+        try:
+            return HostFacts.model_validate({**data, "host": host})
+        except ValidationError:
+            return None
+
+
+def verify(path: Path) -> list[str]:
+    """Differences between a run directory and its manifest (empty: intact)."""
+    return verify_run(path).problems
+
+
+def open_run(path: Path, kinds: Sequence[str], reads: str, *, label: str | None = None) -> RunReader:
+    """A run directory checked against its manifest, of one of ``kinds`` (``reads``: who reads it,
+    for the refusal: "decide reads", "report renders")."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a directory")
+    if not (path / layout.COMMAND).is_file():
+        raise UsageError(f"{path} is not a k3fleet run directory (no {layout.COMMAND})")
+    run = RunReader(path, label)
+    problems = verify(path)
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise RunVerificationError(f"run {run.label} does not match its manifest: {'; '.join(problems[:3])}{more}")
+    if run.kind not in kinds:
+        raise UsageError(f"run {run.label} is of kind {run.kind!r}; {reads} {', '.join(kinds)} runs")
+    return run
