@@ -387,7 +387,7 @@ def test_dmesg_prints_the_kernel_banner_and_the_driver_load_line(node: Node) -> 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"[    0.000000] {KERNEL_BANNER}"
-    # The lab's kernel log carries the same load line (k3fleet/lab/render.py, dmesg).
+    # The lab's kernel log carries the same load line (k3fleet/lab/render/driver.py, dmesg).
     first = node.version_line().removeprefix("NVRM version: ")
     assert lines[1] == f"[81234.560000] NVRM: loading {first}"
     assert parse_xid_lines(done.stdout) == []

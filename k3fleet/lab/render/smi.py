@@ -1,0 +1,153 @@
+"""``nvidia-smi -q``: the header, then one block per GPU in nvidia-smi's key order and nesting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from k3fleet.lab.profile import KMD_HEADER_BRANCH, FabricHealthSpec
+from k3fleet.lab.render.driver import DriverView
+from k3fleet.lab.render.node import LAB_TIMESTAMP, Node, Part, Recording, gpu_uuid
+
+
+class SmiLog(Part):
+    """The full ``nvidia-smi -q`` of one host (its GPU UUIDs make it host-specific)."""
+
+    def __init__(self, node: Node, driver: DriverView) -> None:
+        super().__init__(node)
+        self.driver = driver
+
+    def nvidia_smi_q(self, hostname: str) -> Recording:
+        """Full `nvidia-smi -q`: the header, then one block per GPU in nvidia-smi's key order.
+
+        The blocks carry the sections a collector reads (identity, PCI, memory, compute mode,
+        Fabric with its Health, Processes) in the order and nesting of a real 8x H100 HGX capture
+        (tests/fixtures/lab/nvidia_smi_q_gpu_h100_565.txt); sections with sensor readings are
+        left out rather than invented. R610-and-newer drivers print the KMD header.
+        """
+        failure = self.driver.smi_failure()
+        if failure:
+            return failure
+        assert self.drv is not None
+        v = self.drv.running_version
+        g = self.p.gpus
+
+        def row(label: str, value: str, indent: int = 0) -> str:
+            return f"{' ' * indent}{label:<{42 - indent}}: {value}\n"
+
+        out = "\n==============NVSMI LOG==============\n\n"
+        out += self._smi_header(v)
+        out += "\n" + row("Attached GPUs", str(g.count))
+        state = self.driver.fabric_state()
+        completed = state == "Completed"
+        for index, bus_id in enumerate(self.node.bus_ids()):
+            _domain, bus, dev_fn = bus_id.split(":")
+            device = dev_fn.split(".", 1)[0]
+            used = g.used_mib(index)
+            out += f"GPU {bus_id}\n"
+            out += row("Product Name", g.model, 4) + row("Product Brand", "NVIDIA", 4)
+            out += row("Persistence Mode", "Enabled" if g.persistence_mode else "Disabled", 4)
+            out += "    MIG Mode\n" + row("Current", "Disabled", 8) + row("Pending", "Disabled", 8)
+            out += row("GPU UUID", gpu_uuid(hostname, index), 4) + row("Minor Number", str(index), 4)
+            out += row("GSP Firmware Version", v, 4)
+            out += "    PCI\n" + row("Bus", f"0x{bus}", 8) + row("Device", f"0x{device}", 8)
+            out += row("Domain", "0x0000", 8) + row("Device Id", f"0x{g.pci_device_id.upper()}10DE", 8)
+            out += row("Bus Id", bus_id, 8) + self._link_rows(index, row)
+            out += self._clock_event_rows(index, row)
+            out += "    FB Memory Usage\n" + row("Total", f"{g.memory_mib} MiB", 8)
+            out += row("Used", f"{used} MiB", 8) + row("Free", f"{g.memory_mib - used} MiB", 8)
+            out += row("Compute Mode", g.compute_mode, 4) + self._memory_error_rows(index, row)
+            # A single-node NVSwitch fabric has clique 0 and a zero cluster UUID (the H100 capture).
+            out += "    Fabric\n" + row("State", state, 8) + row("Status", "Success" if completed else "N/A", 8)
+            out += row("CliqueId", "0" if completed else "N/A", 8)
+            out += row("ClusterUUID", "00000000-0000-0000-0000-000000000000" if completed else "N/A", 8)
+            out += "        Health\n" + self._health_rows(g.fabric_health, index, completed, row)
+            out += self._process_rows(index, row) + "\n"
+        return Recording(stdout=out)
+
+
+    def _smi_header(self, version: str) -> str:
+        def row(label: str, value: str) -> str:
+            return f"{label:<42}: {value}\n"
+
+        cuda = self.node.cuda_of(version)
+        out = row("Timestamp", LAB_TIMESTAMP)
+        branch = version.split(".", 1)[0]
+        if branch.isdigit() and int(branch) >= KMD_HEADER_BRANCH:
+            # R610 keeps the old lines, marked deprecated, and adds the new names after them
+            # (docs/facts.md section 12; tests/fixtures/driver/smi_q_610_header_kmd.txt).
+            gone = "[Deprecated; will be removed in CUDA 14.0. Use {} instead]"
+            out += row("Driver Version", f"{version} {gone.format('KMD Version')}")
+            out += row("CUDA Version", f"{cuda} {gone.format('CUDA UMD Version')}")
+            return out + row("KMD Version", version) + row("CUDA UMD Version", cuda)
+        return out + row("Driver Version", version) + row("CUDA Version", cuda)
+
+    @staticmethod
+    def _health_rows(spec: FabricHealthSpec | None, index: int, completed: bool,
+                     row: Callable[[str, str, int], str]) -> str:
+        """The Fabric > Health lines: R565's one line without a spec, R580's seven with one."""
+        if spec is None:
+            return row("Bandwidth", "N/A", 12)
+        faulty = spec if spec.gpus is None or index in spec.gpus else FabricHealthSpec()
+        values = [("Summary", faulty.summary), ("Bandwidth", faulty.bandwidth),
+                  ("Route Recovery in progress", faulty.route_recovery_in_progress),
+                  ("Route Unhealthy", faulty.route_unhealthy),
+                  ("Access Timeout Recovery", faulty.access_timeout_recovery),
+                  ("Incorrect Configuration", faulty.incorrect_configuration),
+                  ("Partition Assigned", faulty.partition_assigned)]
+        # Before registration completes nothing is known about the fabric's health.
+        return "".join(row(label, value if completed else "N/A", 12) for label, value in values)
+
+    def _process_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        procs = self.p.gpus.processes_on(index)
+        if not procs:
+            return row("Processes", "None", 4)
+        # The layout of a real busy node (tests/fixtures/driver/smi_q_535_rtx4090x8_fabric_na.txt).
+        out = "    Processes\n"
+        for proc in procs:
+            out += row("GPU instance ID", "N/A", 8) + row("Compute instance ID", "N/A", 8)
+            out += row("Process ID", str(proc.pid), 8) + row("Type", proc.type, 12) + row("Name", proc.name, 12)
+            out += row("Used GPU Memory", f"{proc.used_mib} MiB", 12)
+        return out
+
+    def _link_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        """PCI > GPU Link Info, in the nesting of the 8x H100 capture (tests/fixtures/driver/SOURCES.md)."""
+        g = self.p.gpus
+        h = g.health_of(index)
+        gen = h.pcie_gen or g.pcie_gen_max
+        return ("        GPU Link Info\n            PCIe Generation\n" + row("Max", str(g.pcie_gen_max), 16)
+                + row("Current", str(gen), 16) + row("Device Current", str(gen), 16)
+                + row("Device Max", str(g.pcie_gen_max), 16) + row("Host Max", str(g.pcie_gen_max), 16)
+                + "            Link Width\n" + row("Max", "16x", 16) + row("Current", f"{h.pcie_width or 16}x", 16))
+
+    def _clock_event_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        """Clocks Event Reasons in R565's labels and order (the H100 capture; docs/facts.md section 14)."""
+        h = self.p.gpus.health_of(index)
+
+        def flag(label: str, indent: int = 8) -> str:
+            return row(label, "Active" if label in h.clock_events else "Not Active", indent)
+
+        idle = "Idle" in h.clock_events or not self.p.gpus.processes_on(index)
+        out = "    Clocks Event Reasons\n" + row("Idle", "Active" if idle else "Not Active", 8)
+        out += row("Applications Clocks Setting", "Not Active", 8) + flag("SW Power Cap") + flag("HW Slowdown")
+        out += flag("HW Thermal Slowdown", 12) + flag("HW Power Brake Slowdown", 12)
+        out += row("Sync Boost", "Not Active", 8) + flag("SW Thermal Slowdown")
+        return out + row("Display Clock Setting", "Not Active", 8)
+
+    def _memory_error_rows(self, index: int, row: Callable[[str, str, int], str]) -> str:
+        """ECC Mode, ECC Errors, Retired Pages and Remapped Rows as the H100 capture prints them."""
+        h = self.p.gpus.health_of(index)
+        out = "    ECC Mode\n" + row("Current", "Enabled", 8) + row("Pending", "Enabled", 8) + "    ECC Errors\n"
+        for scope, dram in (("Volatile", h.ecc_volatile_uncorrectable), ("Aggregate", h.ecc_aggregate_uncorrectable)):
+            out += f"        {scope}\n" + row("SRAM Correctable", "0", 12) + row("SRAM Uncorrectable Parity", "0", 12)
+            out += row("SRAM Uncorrectable SEC-DED", "0", 12) + row("DRAM Correctable", "0", 12)
+            out += row("DRAM Uncorrectable", str(dram), 12)
+            if scope == "Aggregate":
+                out += row("SRAM Threshold Exceeded", "No", 12)
+        out += "    Retired Pages\n" + row("Single Bit ECC", "N/A", 8) + row("Double Bit ECC", "N/A", 8)
+        out += row("Pending Page Blacklist", "N/A", 8)
+        out += "    Remapped Rows\n" + row("Correctable Error", "0", 8)
+        out += row("Uncorrectable Error", str(h.remapped_uncorrectable), 8)
+        out += row("Pending", "Yes" if h.remap_pending else "No", 8)
+        out += row("Remapping Failure Occurred", "Yes" if h.remap_failure else "No", 8)
+        return out
+
