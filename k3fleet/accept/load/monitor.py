@@ -1,0 +1,116 @@
+"""The server's side of a load run: /health and /metrics sampled through the whole run, restarts seen
+in them, and the raw pages kept for the run directory."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from k3fleet.accept.load.shots import Tally
+from k3fleet.accept.load.transport import Transport
+from k3fleet.accept.metrics import MetricsError, MetricsSnapshot
+from k3fleet.accept.oom import engine_kv
+from k3fleet.accept.record import Recorder
+
+# The server's side of every step; a run that could not read one of them says so, and a run that read
+# none of them is never a pass on client figures alone (docs/acceptance-load.md, "Server evidence").
+SERVER_METRICS = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+                  "kv_usage": "vllm:kv_cache_usage_perc", "preemptions": "vllm:num_preemptions_total"}
+
+
+class Monitor:
+    """The samples (one row per ``sample_interval_s``: health, the metrics summary, where the run was)."""
+
+    def __init__(self, transport: Transport, tally: Tally, recorder: Recorder | None) -> None:
+        self.http = transport
+        self.tally = tally
+        self.recorder = recorder
+        self.model = transport.ep.model
+        self.samples: list[dict[str, Any]] = []
+        self.health_failures = 0
+        self.restarts = 0
+        self.metrics_errors: list[str] = []
+        self.old_names: list[str] = []
+        self.last_raw: str | None = None
+        self._last_start: float | None = None
+        self._last_counters: dict[str, float] = {}
+
+    async def run(self) -> None:
+        while True:
+            row: dict[str, Any] = {"t_s": round(self.tally.elapsed(), 3), **self.tally.where}
+            row["health"] = await self.http.health()
+            if row["health"] != 200:
+                self.health_failures += 1
+            snap = await self._scrape()
+            if snap is not None:
+                row.update({k: v for k, v in snap.summary(self.model).items()})
+                by_engine = engine_kv(snap, self.model)
+                if by_engine:
+                    row["kv_by_engine"] = by_engine
+                row.update(self._restart_check(snap))
+            self.samples.append(row)
+            await asyncio.sleep(self.tally.opts.sample_interval_s)
+
+    def snapshot(self, window: str) -> None:
+        """The last raw /metrics page for the run directory (``metrics/<window>.txt``), when a recorder is
+        given."""
+        self._snapshot(window, self.last_raw)
+
+    def unread(self) -> list[str]:
+        """The server metrics no sample of the run could read (all of them when nothing was sampled)."""
+        return unread_of(self.samples)
+
+    def delta_total(self, key: str) -> float | None:
+        return delta_total(self.samples, key)
+
+    async def _scrape(self) -> MetricsSnapshot | None:
+        try:
+            snap = await self.http.metrics()
+        except MetricsError as exc:
+            message = str(exc)
+            if message not in self.metrics_errors and len(self.metrics_errors) < 20:
+                self.metrics_errors.append(message)
+            return None
+        if snap.is_old_server and not self.old_names:
+            self.old_names = snap.old_names()
+        if self.last_raw is None:
+            self._snapshot("load-start", snap.raw)
+        self.last_raw = snap.raw
+        return snap
+
+    def _snapshot(self, window: str, raw: str | None) -> None:
+        if self.recorder is not None and raw is not None:
+            self.recorder.snapshot(window, raw)
+
+    def _restart_check(self, snap: MetricsSnapshot) -> dict[str, Any]:
+        """A new process start time, or a counter that went down, is a server restart."""
+        start = snap.process_start_time()
+        counters = {k: v for k, v in (("prompt_tokens", snap.counter("vllm:prompt_tokens", self.model)),
+                                      ("generation_tokens", snap.counter("vllm:generation_tokens", self.model)))
+                    if v is not None}
+        restarted = False
+        if start is not None and self._last_start is not None and start > self._last_start + 0.5:
+            restarted = True
+        if any(v < self._last_counters.get(k, 0.0) for k, v in counters.items()):
+            restarted = True
+        if start is not None:
+            self._last_start = start
+        self._last_counters = counters
+        if restarted:
+            self.restarts += 1
+            where = self.tally.where
+            self.tally.obs.note(f"server restart seen during {where['phase']} {where['step']}")
+        return {"restarted": restarted} if restarted else {}
+
+
+def unread_of(samples: list[dict[str, Any]]) -> list[str]:
+    return [name for key, name in SERVER_METRICS.items() if not any(s.get(key) is not None for s in samples)]
+
+
+def delta_total(samples: list[dict[str, Any]], key: str) -> float | None:
+    vals = [s[key] for s in samples if s.get(key) is not None]
+    if len(vals) < 2:
+        return None
+    # Sum the rises, skipping resets (a restart zeroes counters).
+    return float(sum(b - a for a, b in itertools.pairwise(vals) if b >= a))

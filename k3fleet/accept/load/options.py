@@ -1,0 +1,85 @@
+"""The load run's schedule and bounds (:class:`LoadOptions`) and what it reports while it goes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from k3fleet.bounds import DURATIONS
+
+Phase = Literal["long_input", "agent_ramp", "sustained"]
+PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained")
+
+
+
+# The longest each seconds option may be (k3fleet.bounds DURATIONS).
+_MAX_S = {span: DURATIONS[span].high for span in ("load step", "load slo", "request --timeout")}
+
+
+class LoadOptions(BaseModel):
+    """The schedule and its bounds. Defaults are small: a full run takes about two minutes."""
+
+    # Finite numbers only: Infinity or NaN (JSON from --load-option) would unbound the run.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    phases: list[Phase] = Field(default_factory=lambda: list(PHASES))
+    ladder_tokens: list[int] = Field(default_factory=lambda: [1024, 4096, 16384])
+    ladder_output_tokens: int = Field(default=32, ge=1)
+    ladder_repeats: int = Field(default=2, ge=1, le=20)
+    ramp: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
+    step_s: float = Field(default=10.0, gt=0, le=_MAX_S["load step"])
+    session_turns: int = Field(default=4, ge=1, le=50)
+    turn_output_tokens: int = Field(default=64, ge=1)
+    # Sessions' turns generate exactly turn_output_tokens (vLLM's ignore_eos) instead of stopping where the
+    # model does: for a model that stops at random (random weights) or a test that must fill the KV cache or
+    # the queue by design. Off by default: real agent turns end where the model ends them.
+    exact_turn_tokens: bool = False
+    system_prompt_tokens: int = Field(default=2048, ge=0)
+    sustained_concurrency: int | None = Field(default=None, ge=1)
+    sustained_s: float = Field(default=20.0, gt=0, le=_MAX_S["load step"])
+    # Bounds: whatever the schedule says, no more requests and no longer than this.
+    max_requests: int = Field(default=5000, ge=1)
+    max_duration_s: float = Field(default=600.0, gt=0, le=_MAX_S["load step"])
+    request_timeout_s: float = Field(default=120.0, gt=0, le=_MAX_S["request --timeout"])
+    sample_interval_s: float = Field(default=1.0, gt=0, le=_MAX_S["load step"])
+    # What "stable" means at a step.
+    ttft_p95_slo_s: float = Field(default=5.0, gt=0, le=_MAX_S["load slo"])
+    itl_p95_slo_s: float = Field(default=0.25, gt=0, le=_MAX_S["load slo"])
+    error_rate_limit: float = Field(default=0.01, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _sane(self) -> LoadOptions:
+        if any(n < 16 for n in self.ladder_tokens) or self.ladder_tokens != sorted(self.ladder_tokens):
+            raise ValueError("ladder_tokens must be ascending context lengths of at least 16 tokens")
+        if any(c < 1 for c in self.ramp) or self.ramp != sorted(self.ramp):
+            raise ValueError("ramp must be ascending concurrencies of at least 1")
+        if max(self.ramp, default=1) > 4096 or (self.sustained_concurrency or 0) > 4096:
+            raise ValueError("concurrency above 4096 is refused (bounded load)")
+        return self
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        return {"max_context_tokens": max(self.ladder_tokens) if "long_input" in self.phases else None,
+                "max_concurrency": max(self.ramp) if "agent_ramp" in self.phases else self.sustained_concurrency,
+                "duration_s": self.sustained_s if "sustained" in self.phases else None}
+
+
+class LoadObserver:
+    """What the run reports while it goes (the CLI draws a progress bar from it); no-ops here."""
+
+    def phase_started(self, phase: str, steps: int) -> None:
+        """A phase begins with this many steps."""
+
+    def step_started(self, phase: str, label: str, seconds: float | None) -> None:
+        """A step begins; ``seconds`` when it is time-boxed."""
+
+    def requests(self, done: int, errors: int) -> None:
+        """Running totals, after every finished request."""
+
+    def step_finished(self, row: Mapping[str, Any]) -> None:
+        """A curve row (one step's summary)."""
+
+    def note(self, message: str) -> None:
+        """Something worth a line (a refused context, a restart, an interruption)."""
