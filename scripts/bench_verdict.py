@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Time validation + verdict + change plan on large generated fleets, against the per-host path.
+"""Time and measure validation + verdict + change plan on large generated fleets: the streaming
+verdict beside the batch and the per-host paths.
 
 Generates N host fact dicts per size (default 10,000 and 100,000) from the synthetic fixtures in
 tests/fixtures/verdict, as a production fleet looks the night before the change: R575 and R580
@@ -9,28 +10,40 @@ scheduler, a GPU missing, Fabric Manager down, a rail down, NCCL debug left on, 
 unreadable, image drift, a pending reboot, persistence off), 30% running jobs, 3% drained, and
 25 unreachable hosts. The plan therefore has a canary and waves, so the planner is measured too.
 
-Per size it times, best of --repeat runs, wall and CPU seconds of:
+Three paths, each size of each in a fresh process (so no two share a peak RSS, read with
+resource.getrusage after the runs), best of --repeat runs by wall time:
 
-  1. validation: validate_facts (sections repeated across hosts validated once per content)
-  2. verdict + plan: evaluate_fleet (host rules once per node kind, drift, capacity, plan)
+  stream    evaluate_stream over a generator: each host's facts are made (parsed from JSON, as the
+            controller receives them) and validated and judged as they come; nothing of the input is
+            held. The time spent making the facts is measured inside the generator and left out:
+            the figure is validation + verdict + plan, like the others'.
+  batch     validate_facts over every host's facts held in memory, then evaluate_fleet (the audit's
+            path: Ansible's results are in memory anyway).
+  per-host  each host validated whole (HostFacts.model_validate) and every rule run on each host:
+            the path before sections were shared (--baseline-sizes).
 
-and, side by side in the same run, the per-host path (HostFacts.model_validate per host, every
-rule run per host) at the sizes given by --baseline-sizes, with the ratio. Growth between the
-sizes is printed against linear growth. Nothing is asserted: machines differ, and a machine
-shared with other work inflates wall time (CPU seconds are shown beside it).
+The batch and per-host peaks include the generated facts they hold. Where two paths run at one
+size, their verdicts are compared (SHA-256 of the verdict JSON). Growth between the sizes is
+printed against linear growth. Nothing is asserted: machines differ, and a machine shared with
+other work inflates wall time (CPU seconds are shown beside it, and the load average).
 
-    .venv/bin/python scripts/bench_verdict.py [--sizes 10000 100000] [--repeat 3] [--baseline-sizes 10000]
+    .venv/bin/python scripts/bench_verdict.py [--sizes 10000 100000] [--repeat 3]
+        [--baseline-sizes 10000] [--batch-sizes 10000 100000]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
+import os
 import random
+import resource
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +53,16 @@ sys.path.insert(0, str(ROOT))
 from k3fleet.models.facts import HostFacts  # noqa: E402
 from k3fleet.models.findings import FleetVerdict  # noqa: E402
 from k3fleet.targets import load_target  # noqa: E402
-from k3fleet.verdict import evaluate_fleet, validate_facts  # noqa: E402
+from k3fleet.verdict import evaluate_fleet, evaluate_stream, validate_facts  # noqa: E402
 from k3fleet.verdict.intake import gc_paused  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "verdict"
-# What the issue asks of this machine: validation + verdict + plan.
-GOALS = {10_000: 1.0, 100_000: 10.0}
+# What is asked of a 2-core controller: validation + verdict + plan in seconds, and peak RSS.
+GOALS = {10_000: 1.0, 100_000: 5.0}
+RSS_GOAL_MB = 1024
+# Time growth asked of the stream for 10x the hosts.
+GROWTH_GOAL = 10.5
+PATHS = ("stream", "batch", "per-host")
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -100,6 +117,10 @@ def _vary(base_json: str, name: str, index: int, rng: random.Random) -> dict[str
 
 
 def generate(n: int, seed: int) -> dict[str, dict[str, Any]]:
+    return dict(iter_hosts(n, seed))
+
+
+def iter_hosts(n: int, seed: int) -> Iterator[tuple[str, dict[str, Any]]]:
     rng = random.Random(seed)
     r575 = _load("host_r575_h200_hgx.json")
     # A production R575 fleet runs GPUDirect RDMA: nvidia_peermem is loaded (the fixture's host lacks
@@ -112,7 +133,6 @@ def generate(n: int, seed: int) -> dict[str, dict[str, Any]]:
         g["name"], g["memory_total_mib"] = "NVIDIA H100 80GB HBM3", 81559
     bases = [(json.dumps(r575), 0.55), (json.dumps(h100), 0.15), (json.dumps(r580), 0.2), (json.dumps(b200), 0.1)]
     width = max(5, len(str(n - 1)))
-    out: dict[str, dict[str, Any]] = {}
     for i in range(n):
         x = rng.random()
         acc = 0.0
@@ -123,8 +143,42 @@ def generate(n: int, seed: int) -> dict[str, dict[str, Any]]:
                 base = b
                 break
         name = f"gpu{i:0{width}d}"
-        out[name] = _vary(base, name, i, rng)
-    return out
+        yield name, _vary(base, name, i, rng)
+
+
+class _Source:
+    """The generated hosts one at a time, with the wall time spent making them and freeing them again
+    (the input's cost, not the verdict's).
+
+    It holds the host it gave last and frees it when asked for the next one, after the verdict has
+    let go of it, so that freeing a host's facts is counted here. Only the wall clock is read per
+    host: reading the process's CPU clock is a system call that would cost more than the facts it
+    measures; the CPU seconds of making the facts are measured by making them alone (_making_cpu).
+    """
+
+    def __init__(self, hosts: Iterator[tuple[str, dict[str, Any]]]) -> None:
+        self.hosts = hosts
+        self.wall = 0.0
+        self.last: tuple[str, dict[str, Any]] | None = None
+
+    def __iter__(self) -> _Source:
+        return self
+
+    def __next__(self) -> tuple[str, dict[str, Any]]:
+        w0 = time.perf_counter()
+        try:
+            self.last = None
+            self.last = next(self.hosts)
+            return self.last
+        finally:
+            self.wall += time.perf_counter() - w0
+
+
+def _making_cpu(n: int, seed: int) -> float:
+    c0 = time.process_time()
+    for _ in iter_hosts(n, seed):
+        pass
+    return time.process_time() - c0
 
 
 def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, float, Any]:
@@ -135,81 +189,147 @@ def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, fl
 
 
 def _plain_validate(raw: dict[str, dict[str, Any]]) -> dict[str, HostFacts]:
-    # The previous controller path: each host validated whole, the cyclic GC paused as validate_facts does.
+    # The per-host path: each host validated whole, the cyclic GC paused as validate_facts does.
     with gc_paused(freeze=True):
         return {k: HostFacts.model_validate(v) for k, v in raw.items()}
 
 
-def run_size(n: int, args: argparse.Namespace, target: Any) -> dict[str, Any]:
-    raw = generate(n, args.seed)
-    names = sorted(raw)
-    unreachable = {h: "ssh: connect to host: Connection timed out" for h in names[: args.unreachable]}
-    best: dict[str, tuple[float, float]] = {}
+def _peak_mb() -> float:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _summary(v: FleetVerdict) -> dict[str, Any]:
+    s, p = v.summary, v.plan
+    return {"outcome": v.outcome, "passed": s.passed, "warned": s.warned, "failed": s.failed,
+            "unreachable": s.unreachable, "findings": s.findings, "needs": len(p.needs_upgrade),
+            "done": len(p.done), "blocked": len(p.blocked), "canary": p.canary.host if p.canary else None,
+            "waves": len(p.waves), "wave_size": p.wave_size}
+
+
+def child(path: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One path at one size, in this process: best of --repeat, then the peak RSS of the runs."""
+    target = load_target(None)
+    width = max(5, len(str(n - 1)))
+    unreachable = {f"gpu{i:0{width}d}": "ssh: connect to host: Connection timed out" for i in range(args.unreachable)}
+    start_mb = _peak_mb()
+    best: dict[str, Any] = {}
     verdict: FleetVerdict | None = None
+    raw = generate(n, args.seed) if path != "stream" else None
+    making_cpu = min(_making_cpu(n, args.seed) for _ in range(min(2, args.repeat))) if path == "stream" else 0.0
     for _ in range(args.repeat):
-        w_val, c_val, (facts, invalid) = _timed(validate_facts, raw)
-        w_ev, c_ev, verdict = _timed(evaluate_fleet, facts, target, unreachable, invalid=invalid)
-        for key, w, c in (("validate", w_val, c_val), ("verdict", w_ev, c_ev),
-                          ("total", w_val + w_ev, c_val + c_ev)):
-            if key not in best or w < best[key][0]:
-                best[key] = (w, c)
-        facts = {}
+        verdict = None
+        stage: dict[str, tuple[float, float]] = {}
+        if path == "stream":
+            source = _Source(iter_hosts(n, args.seed))
+            w, c, verdict = _timed(evaluate_stream, source, target, unreachable)
+            w, c = w - source.wall, c - making_cpu
+            stage["facts made (left out)"] = (source.wall, making_cpu)
+        else:
+            assert raw is not None
+            if path == "batch":
+                wv, cv, (facts, invalid) = _timed(validate_facts, raw)
+            else:
+                wv, cv, facts = _timed(_plain_validate, raw)
+                invalid = {}
+            we, ce, verdict = _timed(evaluate_fleet, facts, target, unreachable, invalid=invalid)
+            facts = {}
+            w, c = wv + we, cv + ce
+            stage = {"validate": (wv, cv), "verdict + plan": (we, ce)}
+        if not best or w < best["wall"]:
+            best = {"wall": w, "cpu": c, "stages": stage}
         gc.unfreeze()
-    out: dict[str, Any] = {"n": n, "best": best, "verdict": verdict}
-    if n in args.baseline_sizes:
-        # The per-host path: every host validated whole and judged rule by rule on its own.
-        w_val, c_val, plain = _timed(_plain_validate, raw)
-        w_ev, c_ev, base_verdict = _timed(evaluate_fleet, plain, target, unreachable)
-        out["baseline"] = {"validate": (w_val, c_val), "verdict": (w_ev, c_ev),
-                           "total": (w_val + w_ev, c_val + c_ev)}
-        assert verdict is not None
-        out["same"] = base_verdict.model_dump_json() == verdict.model_dump_json()
+    assert verdict is not None
+    out = {"path": path, "n": n, **best, "rss_mb": _peak_mb(), "start_mb": start_mb, "summary": _summary(verdict)}
+    if args.digest:
+        out["digest"] = hashlib.sha256(verdict.model_dump_json().encode()).hexdigest()
     return out
 
 
+def _spawn(path: str, n: int, args: argparse.Namespace, digest: bool) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", path, str(n), "--repeat", str(args.repeat),
+           "--seed", str(args.seed), "--unreachable", str(args.unreachable)] + (["--digest"] if digest else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_verdict: the {path} run at {n:,} hosts failed (exit {proc.returncode}): "
+                         f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def _row(r: dict[str, Any], n: int, stream: dict[str, Any] | None) -> str:
+    w, c = r["wall"], r["cpu"]
+    line = (f"  {r['path']:<9}{w:8.3f} s wall {c:8.3f} s CPU {w / n * 1e6:7.1f} us/host   peak RSS "
+            f"{r['rss_mb']:7.0f} MB")
+    if stream is not None and r is not stream:
+        line += f"   x{w / stream['wall']:4.1f} the stream's time, x{r['rss_mb'] / stream['rss_mb']:4.1f} its RSS"
+    return line
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    ap.add_argument("--repeat", type=int, default=3, help="runs per size; the best is shown")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="hosts, one run per size")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per path and size; the best is shown")
     ap.add_argument("--baseline-sizes", type=int, nargs="*", default=[10_000],
-                    help="sizes at which the per-host path is timed beside it (once each)")
+                    help="sizes at which the per-host path runs beside the stream")
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[10_000, 100_000],
+                    help="sizes at which the batch path (validate_facts + evaluate_fleet) runs beside the stream")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--unreachable", type=int, default=25, help="hosts reported unreachable")
+    ap.add_argument("--child", nargs=2, metavar=("PATH", "HOSTS"), help=argparse.SUPPRESS)
+    ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    target = load_target(None)
-    results = [run_size(n, args, target) for n in args.sizes]
+    if args.child:
+        path, n = args.child[0], int(args.child[1])
+        if path not in PATHS:
+            raise SystemExit(f"bench_verdict: unknown path {path!r}; one of {', '.join(PATHS)}")
+        print(json.dumps(child(path, n, args)))
+        return 0
 
-    print(f"validation + verdict + plan, best of {args.repeat} (wall s / CPU s; per host in us of wall)")
-    for r in results:
-        n = r["n"]
+    print(f"validation + verdict + plan, best of {args.repeat}; each path and size in a fresh process "
+          f"(wall s / CPU s; us of wall per host; peak RSS of the process)")
+    print(f"before: {_load_average()}")
+    streams: list[dict[str, Any]] = []
+    for n in args.sizes:
+        paths = ["stream"] + (["batch"] if n in args.batch_sizes else []) + (
+            ["per-host"] if n in args.baseline_sizes else [])
+        runs = [_spawn(p, n, args, digest=len(paths) > 1) for p in paths]
+        stream = runs[0]
+        streams.append(stream)
         print(f"\n{n:,} hosts")
-        for key in ("validate", "verdict", "total"):
-            w, c = r["best"][key]
-            line = f"  {key:<9} {w:8.3f} s wall {c:8.3f} s CPU {w / n * 1e6:8.1f} us/host"
-            if "baseline" in r:
-                bw, bc = r["baseline"][key]
-                line += f"   per-host path {bw:8.3f} s wall {bc:8.3f} s CPU   x{bw / w:5.1f} faster"
-            print(line)
+        for r in runs:
+            print(_row(r, n, stream))
+            for name, (w, c) in r["stages"].items():
+                print(f"    {name:<22}{w:8.3f} s wall {c:8.3f} s CPU")
+        print(f"  interpreter and imports before the runs: {stream['start_mb']:.0f} MB")
         goal = GOALS.get(n)
         if goal is not None:
-            w = r["best"]["total"][0]
-            print(f"  goal: under {goal:g} s -> {w:.3f} s ({'within' if w < goal else 'over'})")
-        if "same" in r:
-            print(f"  same verdict as the per-host path: {r['same']}")
-        v = r["verdict"]
-        s, p = v.summary, v.plan
-        print(f"  outcome {v.outcome}; hosts pass/warn/fail/unreachable {s.passed}/{s.warned}/{s.failed}/"
-              f"{s.unreachable}; findings {s.findings}")
-        print(f"  plan: {len(p.needs_upgrade)} to change, {len(p.done)} done, {len(p.blocked)} blocked, canary "
-              f"{p.canary.host if p.canary else None}, {len(p.waves)} waves of {p.wave_size}")
-    if len(results) > 1:
-        a, b = results[0], results[-1]
+            w, mb = stream["wall"], stream["rss_mb"]
+            ok = w < goal and mb < RSS_GOAL_MB
+            print(f"  goal (stream): under {goal:g} s and {RSS_GOAL_MB} MB -> {w:.3f} s, {mb:.0f} MB "
+                  f"({'within' if ok else 'over'})")
+        if len(runs) > 1:
+            same = all(r["digest"] == stream["digest"] for r in runs)
+            print(f"  same verdict on every path ({', '.join(r['path'] for r in runs)}): {same}")
+        s = stream["summary"]
+        print(f"  outcome {s['outcome']}; hosts pass/warn/fail/unreachable {s['passed']}/{s['warned']}/"
+              f"{s['failed']}/{s['unreachable']}; findings {s['findings']}")
+        print(f"  plan: {s['needs']} to change, {s['done']} done, {s['blocked']} blocked, canary {s['canary']}, "
+              f"{s['waves']} waves of {s['wave_size']}")
+    if len(streams) > 1:
+        a, b = streams[0], streams[-1]
         size = b["n"] / a["n"]
-        grow = b["best"]["total"][0] / a["best"]["total"][0]
-        grow_cpu = b["best"]["total"][1] / a["best"]["total"][1]
-        print(f"\ngrowth {a['n']:,} -> {b['n']:,} hosts (x{size:g}): wall x{grow:.1f}, CPU x{grow_cpu:.1f} "
-              f"(linear: x{size:g})")
+        grow, grow_cpu = b["wall"] / a["wall"], b["cpu"] / a["cpu"]
+        print(f"\ngrowth {a['n']:,} -> {b['n']:,} hosts (x{size:g}), stream: wall x{grow:.1f}, CPU x{grow_cpu:.1f}, "
+              f"peak RSS x{b['rss_mb'] / a['rss_mb']:.1f} (linear: x{size:g}; asked: time at most "
+              f"x{GROWTH_GOAL * size / 10:g})")
+    print(f"after: {_load_average()}")
     return 0
 
 

@@ -17,6 +17,11 @@ Outcome precedence (first that applies; ``incomplete`` before all when no host w
 4. ``go_live``: nothing above info, every host reached.
 
 Drift checks count values with Counters: one pass over the hosts, nothing quadratic.
+
+Hosts are folded one at a time (:class:`FleetFold`): :func:`evaluate_stream` takes (host, raw
+facts) pairs from any iterator and never holds more of a host than its scheduler section, its
+context and its results; :func:`evaluate_fleet` folds facts validated beforehand. Both give the
+same verdict for the same facts.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from k3fleet.models.facts import HostFacts, unchecked
+from k3fleet.models.facts import HostFacts, SchedulerFacts, unchecked
 from k3fleet.models.findings import (
     SEVERITY_RANK,
     BlockedHost,
@@ -44,9 +49,9 @@ from k3fleet.models.findings import (
 from k3fleet.models.target import Target, is_multi_node
 from k3fleet.verdict import all2all
 from k3fleet.verdict.catalogue import CHECKS
-from k3fleet.verdict.intake import gc_paused
+from k3fleet.verdict.intake import Intake, gc_paused
 from k3fleet.verdict.plan import HostEval, build_plan
-from k3fleet.verdict.rules import CompiledTarget, RuleCache, host_rails
+from k3fleet.verdict.rules import CompiledTarget, HostContext, RuleCache, host_rails, rule_key
 
 _NO_HOSTS: Mapping[str, str] = MappingProxyType({})
 # Drift evidence names at most this many outlying hosts: a 10,000-host report stays readable.
@@ -95,22 +100,37 @@ def _drift(evals: list[HostEval], fl: _Fleet) -> None:
     # Hosts validated together share one NCCL section object: read its values once per object.
     nccl_groups: dict[int, tuple[tuple[str, ...], list[str]]] = {}
     keys = ct.target.nccl.consistent_keys
+    # Hosts of a node kind share one facts object (and context): its image, rail count and NCCL group
+    # are read once per object.
+    per_facts: dict[int, tuple[str | None, str | None, list[str] | None]] = {}
     for ev in evals:
         f = ev.facts
+        host = ev.host
         if ev.ctx.version:
-            versions[ev.host] = ev.ctx.version
-        img = f.container.image
-        if img is not None and img.present and (img.digest or img.id):
-            images[ev.host] = img.digest or img.id or ""
-        if ct.rdma_required and f.rdma.status == "ok":
-            rail_counts[ev.host] = str(len(host_rails(f, ev.ctx, ct)[0]))
-        if f.nccl.status == "ok":
-            group = nccl_groups.get(id(f.nccl))
-            if group is None:
-                s = f.nccl.settings
-                group = nccl_groups[id(f.nccl)] = (
-                    tuple(s[k].value if k in s else "<unset>" for k in keys), [])
-            group[1].append(ev.host)
+            versions[host] = ev.ctx.version
+        known = per_facts.get(id(f))
+        if known is None:
+            img = f.container.image
+            image = ((img.digest or img.id or "") if img is not None and img.present and (img.digest or img.id)
+                     else None)
+            rails = (str(len(host_rails(f, ev.ctx, ct)[0])) if ct.rdma_required and f.rdma.status == "ok"
+                     else None)
+            members = None
+            if f.nccl.status == "ok":
+                group = nccl_groups.get(id(f.nccl))
+                if group is None:
+                    s = f.nccl.settings
+                    group = nccl_groups[id(f.nccl)] = (
+                        tuple(s[k].value if k in s else "<unset>" for k in keys), [])
+                members = group[1]
+            known = per_facts[id(f)] = (image, rails, members)
+        image, rails, members = known
+        if image is not None:
+            images[host] = image
+        if rails is not None:
+            rail_counts[host] = rails
+        if members is not None:
+            members.append(host)
 
     for check, values, what in (
         ("fleet.driver_drift", versions, "driver versions"),
@@ -156,51 +176,148 @@ def evaluate_fleet(
     ``wave_size`` overrides the target's wave fraction for the change plan.
     """
     with gc_paused():
-        return _evaluate_fleet(facts, target, unreachable, invalid, wave_size)
+        fold = FleetFold(target, unreachable, invalid=invalid)
+        for name, host_facts in facts.items():
+            fold.add_facts(name, host_facts)
+        return fold.verdict(wave_size)
 
 
-def _evaluate_fleet(
-    facts: Mapping[str, HostFacts],
+def evaluate_stream(
+    hosts: Iterable[tuple[str, Any]],
     target: Target,
-    unreachable: Mapping[str, str],
-    invalid: Mapping[str, str],
+    unreachable: Mapping[str, str] = _NO_HOSTS,
+    *,
+    invalid: Mapping[str, str] = _NO_HOSTS,
+    wave_size: int | None = None,
+    freeze: bool = True,
+) -> FleetVerdict:
+    """The fleet verdict for (host, raw facts dict) pairs taken one at a time, as :func:`evaluate_fleet`
+    gives it for ``validate_facts`` of the same facts.
+
+    Each host is validated and folded as it comes; what is kept per host is its scheduler section and
+    a reference to its node kind's facts (:class:`FleetFold`), so memory grows with the verdict, not
+    with the facts. ``freeze`` as for ``validate_facts``. A host named twice: the later facts count.
+    """
+    with gc_paused(freeze=freeze):
+        fold = FleetFold(target, unreachable, invalid=invalid)
+        for name, data in hosts:
+            fold.add(name, data)
+        return fold.verdict(wave_size)
+
+
+class FleetFold:
+    """The fleet verdict built host by host: :meth:`add` (raw facts) or :meth:`add_facts` (validated)
+    per host, then :meth:`verdict` once.
+
+    Per host it keeps the facts the rules read (for a host of a node kind, the kind's facts, one
+    object per kind), the host's own scheduler section and its context (one per kind); the strategy
+    needs every host's hardware before any rule runs, so the rules run in :meth:`verdict`.
+    """
+
+    def __init__(self, target: Target, unreachable: Mapping[str, str] = _NO_HOSTS, *,
+                 invalid: Mapping[str, str] = _NO_HOSTS) -> None:
+        self.target = target
+        self.unreachable = unreachable
+        self.ct = CompiledTarget(target)
+        self._cache = RuleCache(self.ct)
+        self._intake = Intake()
+        self._kinds: dict[tuple[Any, ...], HostFacts] = {}
+        self._given = invalid
+        self._found: dict[str, str] = {}
+        self._hosts: dict[str, tuple[HostFacts, SchedulerFacts, HostContext]] = {}
+        self._closed = False
+        self._measured = 0
+
+    @property
+    def invalid(self) -> dict[str, str]:
+        """Host -> why its facts could not be read: those given, then those found invalid here."""
+        return {**self._given, **self._found}
+
+    @property
+    def measured(self) -> int:
+        """Hosts with valid facts that are not unreachable (the hosts the verdict judges)."""
+        return self._measured if self._closed else len(self._hosts)
+
+    def add(self, host: str, data: Any) -> None:
+        """One host's raw facts (a collector JSON object), validated here."""
+        self._check_open(host)
+        judged = self._intake.judged(host, data)
+        if isinstance(judged, str):
+            self._hosts.pop(host, None)
+            self._found[host] = judged
+            return
+        self._found.pop(host, None)
+        self._keep(host, *judged)
+
+    def add_facts(self, host: str, facts: HostFacts) -> None:
+        """One host's validated facts; a host of a node kind is kept as its kind's facts and scheduler."""
+        self._check_open(host)
+        key = rule_key(facts)
+        self._found.pop(host, None)
+        self._keep(host, facts if key is None else self._kinds.setdefault(key, facts), facts.scheduler)
+
+    def _check_open(self, host: str) -> None:
+        if self._closed:
+            raise ValueError(f"host {host}: added after the fold gave its verdict")
+
+    def _keep(self, host: str, facts: HostFacts, scheduler: SchedulerFacts) -> None:
+        if host in self.unreachable:
+            self._hosts.pop(host, None)
+            return
+        self._hosts[host] = (facts, scheduler, self._cache.context(facts, host))
+
+    def verdict(self, wave_size: int | None = None) -> FleetVerdict:
+        """The fleet verdict over the hosts added; call once, after the last host."""
+        if self._closed:
+            raise ValueError("the fold already gave its verdict: a fold gives one")
+        self._closed = True
+        target, ct, unreachable = self.target, self.ct, self.unreachable
+        hosts: dict[str, HostVerdict] = {}
+        evals: list[HostEval] = []
+        unconfirmed: set[str] = {r.label for r in target.unconfirmed_rows_used()}
+        invalid_findings: list[Finding] = []
+
+        # The strategy (RDMA or not) depends on every audited host's hardware: decided before any rule
+        # runs. Hosts of one kind share their context and rule results.
+        names = sorted(self._hosts)
+        kept = [self._hosts[n] for n in names]
+        self._hosts, self._measured = {}, len(names)
+        decision = ct.decide([row[2] for row in kept])
+        cache = self._cache
+        for name, (facts, scheduler, ctx) in zip(names, kept, strict=True):
+            findings, worst, of_kind = cache.run(facts, name, ctx, scheduler)
+            status = status_of(worst)
+            if ctx.unconfirmed:
+                unconfirmed |= ctx.unconfirmed
+            evals.append(HostEval(name, facts, ctx, findings, status, scheduler, id(ctx) if of_kind else None))
+            # Built from the verdict's own typed values: validating them again would cost more than the
+            # host's rules.
+            hosts[name] = unchecked(
+                HostVerdict, host=name, status=status, reason=None, findings=findings,
+                driver_version=ctx.version, gpu_model=ctx.gpu_model, gpu_count=ctx.gpu_count)
+        del kept
+        invalid = self.invalid
+        for name in sorted(invalid):
+            if name in unreachable or name in hosts:
+                continue
+            bad = Finding(check_id="facts.schema", severity="error", kind="unknown", host=name,
+                          message=f"host facts could not be read: {invalid[name]}", evidence={"reason": invalid[name]},
+                          fix=ct.fix["facts.schema"])
+            hosts[name] = HostVerdict(host=name, status="fail", reason=None, findings=[bad])
+            invalid_findings.append(bad)
+        for name in sorted(unreachable):
+            hosts[name] = HostVerdict(
+                host=name, status="unreachable", reason=unreachable[name], findings=[], driver_version=None,
+                gpu_model=None, gpu_count=None)
+        return _fleet_verdict(target, ct, decision, hosts, evals, invalid_findings, unconfirmed, unreachable,
+                              wave_size)
+
+
+def _fleet_verdict(
+    target: Target, ct: CompiledTarget, decision: StrategyDecision, hosts: dict[str, HostVerdict],
+    evals: list[HostEval], invalid_findings: list[Finding], unconfirmed: set[str], unreachable: Mapping[str, str],
     wave_size: int | None,
 ) -> FleetVerdict:
-    ct = CompiledTarget(target)
-    hosts: dict[str, HostVerdict] = {}
-    evals: list[HostEval] = []
-    unconfirmed: set[str] = {r.label for r in target.unconfirmed_rows_used()}
-    invalid_findings: list[Finding] = []
-
-    # Two passes: the strategy (RDMA or not) depends on every audited host's hardware. Hosts of one
-    # kind (validate_facts' rule key) share their context and rule results.
-    names = [n for n in sorted(facts) if n not in unreachable]
-    cache = RuleCache(ct)
-    contexts = [cache.context(facts[n], n) for n in names]
-    decision = ct.decide(contexts)
-    for name, ctx in zip(names, contexts, strict=True):
-        findings, worst, of_kind = cache.run(facts[name], name, ctx)
-        status = status_of(worst)
-        if ctx.unconfirmed:
-            unconfirmed |= ctx.unconfirmed
-        evals.append(HostEval(name, facts[name], ctx, findings, status, id(ctx) if of_kind else None))
-        # Built from the verdict's own typed values: validating them again would cost more than the host's rules.
-        hosts[name] = unchecked(
-            HostVerdict, host=name, status=status, reason=None, findings=findings, driver_version=ctx.version,
-            gpu_model=ctx.gpu_model, gpu_count=ctx.gpu_count)
-    for name in sorted(invalid):
-        if name in unreachable or name in hosts:
-            continue
-        bad = Finding(check_id="facts.schema", severity="error", kind="unknown", host=name,
-                      message=f"host facts could not be read: {invalid[name]}", evidence={"reason": invalid[name]},
-                      fix=ct.fix["facts.schema"])
-        hosts[name] = HostVerdict(host=name, status="fail", reason=None, findings=[bad])
-        invalid_findings.append(bad)
-    for name in sorted(unreachable):
-        hosts[name] = HostVerdict(
-            host=name, status="unreachable", reason=unreachable[name], findings=[], driver_version=None,
-            gpu_model=None, gpu_count=None)
-
     fl = _Fleet(ct)
     _strategy_findings(decision, target, fl)
     _drift(evals, fl)

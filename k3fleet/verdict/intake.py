@@ -21,6 +21,11 @@ content; the hosts share that one validated, read-only object. Each host also ge
 the GPUs' UUIDs, so the verdict runs the host rules once per node kind
 (:func:`k3fleet.verdict.evaluate_fleet`). Any host whose sections are not plain JSON, or that
 fails the fast path, is validated on its own as before, with the same error message.
+
+The streaming verdict (:func:`k3fleet.verdict.evaluate_stream`) takes hosts one at a time through
+:meth:`Intake.judged`: once a node kind has been seen, a host of that kind validates only what is
+its own (identity, timing, scheduler section, the GPUs' UUIDs) and keeps only its scheduler
+section beside the kind's facts; no per-host model of the rest is built or held.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import gc
 import marshal
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from copy import copy
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import ValidationError, create_model
 
 from k3fleet.models.facts import (
     ActiveFacts,
@@ -43,6 +49,7 @@ from k3fleet.models.facts import (
     NcclFacts,
     PackageFacts,
     RdmaFacts,
+    SchedulerFacts,
     replaced,
 )
 
@@ -51,6 +58,16 @@ SHARED_SECTIONS: dict[str, Any] = {
     "packages": PackageFacts, "fabricmanager": FabricManagerFacts, "rdma": RdmaFacts, "nccl": NcclFacts,
     "container": ContainerFacts, "active": ActiveFacts,
 }
+
+_SHARED_NAMES = tuple(SHARED_SECTIONS)
+
+# HostFacts' fields that are each host's own (identity, timing, scheduler state, commands), built from
+# HostFacts' own field definitions so the two never drift apart. Validating a host of a known kind
+# through it gives the same result as validating the whole host: every other field is a shared
+# section or the driver, whose validity the kind's content keys already settled.
+_OWN_FIELDS: dict[str, Any] = {name: (info.annotation, copy(info)) for name, info in HostFacts.model_fields.items()
+                               if name != "driver" and name not in SHARED_SECTIONS}
+HostOwnFacts = create_model("HostOwnFacts", __config__=HostFacts.model_config, **_OWN_FIELDS)
 
 
 @contextmanager
@@ -92,21 +109,85 @@ def validate_facts(
     """
     valid: dict[str, HostFacts] = {}
     invalid: dict[str, str] = {}
-    shared: dict[tuple[str, bytes], Any] = {}
+    intake = Intake()
     with gc_paused(freeze=freeze):
         for host, data in raw.items():
-            if not isinstance(data, Mapping):
-                invalid[host] = f"host {host}: facts invalid: expected a JSON object, got {type(data).__name__}"
-                continue
-            facts = _validate_shared(data, shared)
-            if facts is not None:
+            facts = intake.facts(host, data)
+            if isinstance(facts, str):
+                invalid[host] = facts
+            else:
                 valid[host] = facts
-                continue
-            try:
-                valid[host] = HostFacts.model_validate(data)
-            except ValidationError as exc:
-                invalid[host] = describe_invalid(host, exc)
     return valid, invalid
+
+
+class Intake:
+    """One fleet's host facts validated one host at a time, equal sections once per content.
+
+    :meth:`facts` gives each host its own :class:`HostFacts` (what :func:`validate_facts` returns);
+    :meth:`judged` gives what the verdict reads of a host: its node kind's facts and its own
+    scheduler section. Pure: the raw facts are never changed.
+    """
+
+    __slots__ = ("_by_content", "_kinds", "_shared")
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple[str, bytes], Any] = {}
+        # Rule key -> the facts of the first host of that kind.
+        self._kinds: dict[tuple[Any, ...], HostFacts] = {}
+        # (schema version, marshal bytes of the shared sections and the driver without GPU UUIDs) -> the
+        # facts of that node kind: one key and one look-up for a host of a kind already seen.
+        self._by_content: dict[tuple[str, bytes], HostFacts] = {}
+
+    def facts(self, host: str, data: Any) -> HostFacts | str:
+        """The host's validated facts (with a rule key when it took the shared path), or why not."""
+        if not isinstance(data, Mapping):
+            return _not_an_object(host, data)
+        taken = _validate_shared(data, self._shared)
+        if taken is not None:
+            return taken[0]
+        try:
+            return HostFacts.model_validate(data)
+        except ValidationError as exc:
+            return describe_invalid(host, exc)
+
+    def judged(self, host: str, data: Any) -> tuple[HostFacts, SchedulerFacts] | str:
+        """(facts the host rules read, the host's own scheduler section), or why the facts are invalid.
+
+        For a host of a node kind the facts are the kind's first host's: equal in every section the
+        rule key covers (all the host rules and the fleet checks read but the scheduler's state and
+        the host's name); the host's own identity, timing and GPU UUIDs are validated, not kept.
+        A host of no kind gets its own facts. Valid or not, and with what reason, as :meth:`facts`.
+        """
+        if not isinstance(data, Mapping):
+            return _not_an_object(host, data)
+        content: tuple[str, bytes] | None = None
+        driver = data.get("driver")
+        try:
+            if type(driver) is dict and type(driver.get("gpus")) is list and _own_uuids_valid(driver):
+                own = HostOwnFacts.model_validate(data)
+                content = (own.schema_version, marshal.dumps((tuple(map(data.get, _SHARED_NAMES)),
+                                                              _without_uuids(driver))))
+                kind = self._by_content.get(content)
+                if kind is not None:
+                    return kind, own.scheduler
+        except (ValidationError, ValueError, TypeError):
+            # Invalid own fields, or values marshal cannot take: the paths below say which.
+            content = None
+        taken = _validate_shared(data, self._shared, self._kinds)
+        if taken is not None:
+            private = taken[0].__pydantic_private__
+            if content is not None and private and private.get("_rule_key") is not None:
+                self._by_content[content] = taken[0]
+            return taken
+        try:
+            facts = HostFacts.model_validate(data)
+        except ValidationError as exc:
+            return describe_invalid(host, exc)
+        return facts, facts.scheduler
+
+
+def _not_an_object(host: str, data: Any) -> str:
+    return f"host {host}: facts invalid: expected a JSON object, got {type(data).__name__}"
 
 
 def _driver_key(driver: Any) -> bytes | None:
@@ -129,6 +210,19 @@ def _driver_key(driver: Any) -> bytes | None:
             del g["uuid"]
         stripped.append(g)
     return marshal.dumps((rest, stripped))
+
+
+def _without_uuids(driver: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a driver section (its ``gpus`` a list) without the GPUs' UUIDs, for a content key."""
+    rest = driver.copy()
+    stripped = []
+    for g in driver["gpus"]:
+        if type(g) is dict and "uuid" in g:
+            g = g.copy()
+            del g["uuid"]
+        stripped.append(g)
+    rest["gpus"] = stripped
+    return rest
 
 
 _set = object.__setattr__
@@ -165,19 +259,34 @@ def _with_own_uuids(template: DriverFacts, driver: dict[str, Any]) -> DriverFact
     return replaced(template, gpus=own) if changed else template
 
 
-def _validate_shared(data: Mapping[str, Any], shared: dict[tuple[str, bytes], Any]) -> HostFacts | None:
-    """One host through the shared-section cache; None when it must take the plain path.
+def _own_uuids_valid(driver: dict[str, Any]) -> bool:
+    """Every GPU's UUID is a string or absent: all that can differ from its kind's validated driver."""
+    for entry in driver["gpus"]:
+        if type(entry) is dict:
+            uuid = entry.get("uuid")
+            if uuid is not None and type(uuid) is not str:
+                return False
+    return True
 
-    The plain path then gives the usual error for invalid facts (with the section in its field path).
+
+def _validate_shared(
+    data: Mapping[str, Any], shared: dict[tuple[str, bytes], Any],
+    kinds: dict[tuple[Any, ...], HostFacts] | None = None,
+) -> tuple[HostFacts, SchedulerFacts] | None:
+    """One host through the shared-section cache: (facts, its scheduler section), or None when it must
+    take the plain path.
+
+    ``kinds`` None: the host's own facts. Otherwise (:meth:`Intake.judged`) the facts of the host's
+    node kind: the first host of a kind becomes the kind's facts. The plain path then gives the usual
+    error for invalid facts (with the section in its field path).
     """
-    fast = dict(data)
     try:
-        sections = tuple(data.get(name) for name in SHARED_SECTIONS)
+        sections = tuple(map(data.get, _SHARED_NAMES))
         # All shared sections at once first (one key for the common case of a whole node kind
         # repeating); on a miss each section on its own, so kinds still share equal sections.
         combined = ("*", marshal.dumps(sections))
-        validated = shared.get(combined)
-        if validated is None:
+        hit_all = shared.get(combined)
+        if hit_all is None:
             parts: list[Any] = []
             for (name, model), section in zip(SHARED_SECTIONS.items(), sections, strict=True):
                 if section is None:
@@ -188,17 +297,21 @@ def _validate_shared(data: Mapping[str, Any], shared: dict[tuple[str, bytes], An
                 if hit is None:
                     hit = shared[key] = model.model_validate(section)
                 parts.append(hit)
-            validated = shared[combined] = tuple(parts)
-        ids = [id(part) if part is not None else 0 for part in validated]
-        for name, part in zip(SHARED_SECTIONS, validated, strict=True):
-            if part is not None:
-                fast[name] = part
+            hit_all = shared[combined] = (tuple(parts), tuple(id(part) if part is not None else 0 for part in parts))
+        validated, ids = hit_all
         driver = data.get("driver")
         driver_key = _driver_key(driver)
+        template = None
         if driver_key is not None and isinstance(driver, dict) and type(driver.get("gpus")) is list:
             template = shared.get(("driver", driver_key))
             if template is None:
                 template = shared[("driver", driver_key)] = DriverFacts.model_validate(driver)
+        fast = dict(data)
+        for name, part in zip(SHARED_SECTIONS, validated, strict=True):
+            if part is not None:
+                fast[name] = part
+        if template is not None:
+            assert isinstance(driver, dict)
             fast["driver"] = _with_own_uuids(template, driver)
         facts = HostFacts.model_validate(fast)
     except (ValidationError, ValueError, TypeError):
@@ -208,5 +321,7 @@ def _validate_shared(data: Mapping[str, Any], shared: dict[tuple[str, bytes], An
         # The private attribute's own dict: pydantic's attribute hook costs more than the assignment.
         private = facts.__pydantic_private__
         if private is not None:
-            private["_rule_key"] = (facts.schema_version, driver_key, *ids)
-    return facts
+            rule_key = private["_rule_key"] = (facts.schema_version, driver_key, *ids)
+            if kinds is not None:
+                return kinds.setdefault(rule_key, facts), facts.scheduler
+    return facts, facts.scheduler

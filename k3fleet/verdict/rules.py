@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from k3fleet.ansible.module_utils.k3fleet_driver import classify_driver_platform, normalize_bus_id
-from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, XidEvent, replaced
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import (
+    classify_driver_platform,
+    normalize_bus_id,
+)
+from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, SchedulerFacts, XidEvent
 from k3fleet.models.findings import SEVERITY_RANK, Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
@@ -1333,7 +1336,10 @@ def state_words(state: str | None) -> frozenset[str]:
 
 
 def _scheduler(f: HostFacts, c: HostContext, e: _Emitter) -> None:
-    sc = f.scheduler
+    _scheduler_state(f.scheduler, e)
+
+
+def _scheduler_state(sc: SchedulerFacts, e: _Emitter) -> None:
     if sc.kind == "none" or (sc.status == "absent" and sc.kind is None):
         return
     if sc.status == "unknown" or not sc.state:
@@ -1381,16 +1387,36 @@ def rule_key(facts: HostFacts) -> tuple[Any, ...] | None:
     return private.get("_rule_key") if private else None
 
 
-def _for_host(f: Finding, host: str) -> Finding:
-    """``f`` for another host of the same kind; the evidence stays shared (read-only)."""
-    return replaced(f, host=host)
+_set = object.__setattr__
+_new = object.__new__
+
+
+def _for_host(shared: list[Finding], host: str) -> list[Finding]:
+    """A kind's findings for another host of the kind; the evidence stays shared (read-only).
+
+    :func:`k3fleet.models.facts.replaced`, inlined: this runs for every finding of the fleet.
+    """
+    out: list[Finding] = []
+    for f in shared:
+        if f.host == host:
+            out.append(f)
+            continue
+        fields = f.__dict__.copy()
+        fields["host"] = host
+        new = _new(Finding)
+        _set(new, "__dict__", fields)
+        _set(new, "__pydantic_fields_set__", f.__pydantic_fields_set__)
+        _set(new, "__pydantic_extra__", f.__pydantic_extra__)
+        _set(new, "__pydantic_private__", f.__pydantic_private__)
+        out.append(new)
+    return out
 
 
 class RuleCache:
     """Host rules once per node kind: hosts with one rule key (validate_facts) share their context
     and the findings of SHARED_RULES, stamped with each host's name; PER_HOST_RULES run per host."""
 
-    __slots__ = ("contexts", "ct", "findings", "kinds", "ranks")
+    __slots__ = ("_own", "contexts", "ct", "findings", "kinds", "ranks")
 
     def __init__(self, ct: CompiledTarget) -> None:
         self.ct = ct
@@ -1399,6 +1425,8 @@ class RuleCache:
         self.kinds: set[int] = set()
         self.findings: dict[int, list[Finding]] = {}
         self.ranks: dict[int, int] = {}
+        # The emitter of the per-host rules, reused host after host (its host and list are reset).
+        self._own = _Emitter(ct, "")
 
     def context(self, facts: HostFacts, host: str) -> HostContext:
         key = rule_key(facts)
@@ -1410,9 +1438,14 @@ class RuleCache:
             self.kinds.add(id(ctx))
         return ctx
 
-    def run(self, facts: HostFacts, host: str, ctx: HostContext) -> tuple[list[Finding], int, bool]:
+    def run(self, facts: HostFacts, host: str, ctx: HostContext,
+            scheduler: SchedulerFacts | None = None) -> tuple[list[Finding], int, bool]:
         """The host's findings, the highest SEVERITY_RANK among them, and whether they are exactly its
-        kind's (no finding of its own): then whatever follows from the findings holds for the kind."""
+        kind's (no finding of its own): then whatever follows from the findings holds for the kind.
+
+        ``facts`` may be the facts of another host of the kind (the streaming verdict keeps one per
+        kind): ``scheduler`` is then the host's own scheduler section.
+        """
         if id(ctx) not in self.kinds:
             findings = run_rules(facts, self.ct, host, ctx)[0]
             return findings, max((SEVERITY_RANK[f.severity] for f in findings), default=0), False
@@ -1425,17 +1458,18 @@ class RuleCache:
             self.ranks[id(ctx)] = max((SEVERITY_RANK[f.severity] for f in shared), default=0)
             stamped = list(shared)
         else:
-            stamped = [f if f.host == host else _for_host(f, host) for f in shared]
+            stamped = _for_host(shared, host)
         rank = self.ranks[id(ctx)]
-        em = _Emitter(self.ct, host)
+        em = self._own
+        em.host = host
+        head = em.out = []
         _schema(facts, ctx, em)
-        head = em.out
-        em.out = []
-        _scheduler(facts, ctx, em)
-        if not head and not em.out:
+        tail = em.out = []
+        _scheduler_state(facts.scheduler if scheduler is None else scheduler, em)
+        if not head and not tail:
             return stamped, rank, True
-        own = [*head, *em.out]
-        return [*head, *stamped, *em.out], max(rank, *(SEVERITY_RANK[f.severity] for f in own)), False
+        own = [*head, *tail]
+        return [*head, *stamped, *tail], max(rank, *(SEVERITY_RANK[f.severity] for f in own)), False
 
 
 def run_rules(
