@@ -141,7 +141,7 @@ def _mitogen_strategy_dir() -> str | None:
 def _sessions_closed(workdir: Path, timeout: float = 20.0) -> None:
     """Wait until no sshd listener has a live child: their sessions' CPU is then in its cutime."""
     from k3fleet.lab import sshfleet
-    from k3fleet.lab.testbed import proc
+    from k3fleet.lab.common import proc
 
     listeners = set(sshfleet.sshd_pids(workdir).values())
     deadline = time.monotonic() + timeout

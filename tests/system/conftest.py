@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from k3fleet.lab import testbed
-from k3fleet.lab.testbed import proc
+from k3fleet.lab.common import proc
+from k3fleet.lab.testbed import tools as testbed_tools
 
 PR_SET_CHILD_SUBREAPER = 36
 HOSTS = 4
@@ -27,7 +28,7 @@ def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return f"real testbed needs root (euid {os.geteuid()})"
     try:
-        proc.require_tools()
+        testbed_tools.require_tools()
     except testbed.MissingToolError as exc:
         return str(exc)
     return None

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from k3fleet.lab import sshfleet
+from k3fleet.lab.common import proc
 from k3fleet.lab.sshfleet import harness
-from k3fleet.lab.testbed import proc
 
 pytestmark = pytest.mark.system
 
@@ -38,7 +38,7 @@ def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return f"SSH lab fleet needs root (euid {os.geteuid()})"
     for tool in ("ip", "nsenter", "sshd", "ssh"):
-        if shutil.which(tool, path=harness.SEARCH_PATH) is None:
+        if shutil.which(tool, path=proc.SEARCH_PATH) is None:
             return f"SSH lab fleet needs `{tool}` (scripts/sshfleet-deps.sh installs it)"
     return None
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from k3fleet.lab import testbed
-from k3fleet.lab.testbed import proc
+from k3fleet.lab.common import proc
 
 pytestmark = pytest.mark.system
 HOSTS = 4  # what the session fixture brings up

@@ -16,9 +16,9 @@ import yaml
 
 from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.errors import EXIT_USAGE
+from k3fleet.lab.common import proc
 from k3fleet.lab.fleet import MARKER, generate_fleet, load_fleet
 from k3fleet.lab.sshfleet import SshFleetUsageError, harness, state
-from k3fleet.lab.testbed import proc
 
 
 def test_addresses_are_link_local_disjoint_and_apart_from_the_testbed() -> None:
@@ -94,7 +94,7 @@ def test_keys_are_openssh_ed25519(tmp_path: Path) -> None:
 
 
 def test_sshd_accepts_the_generated_configuration(planned: tuple[state.SshFleetState, Path]) -> None:
-    sshd = shutil.which("sshd", path=harness.SEARCH_PATH)
+    sshd = shutil.which("sshd", path=proc.SEARCH_PATH)
     if sshd is None or os.geteuid() != 0:
         pytest.skip("sshd -t needs openssh-server and root (it reads the host key as root)")
     st, _ = planned

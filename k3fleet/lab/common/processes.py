@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import k3fleet
+from k3fleet.lab.common import proc
 from k3fleet.lab.common.workdir import WorkdirLayout
-from k3fleet.lab.testbed import proc
 
 KILL_WAIT = 5.0
 

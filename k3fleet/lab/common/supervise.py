@@ -14,12 +14,12 @@ import signal
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from k3fleet.lab.common import proc
 from k3fleet.lab.common.workdir import write_atomic
-from k3fleet.lab.testbed import proc
 
 PR_SET_CHILD_SUBREAPER = 36
 TICK = 0.2
@@ -85,14 +85,17 @@ class BaseSupervisor(ABC):
     """The life of a supervisor: take charge, start, run until a stop signal, shut down, exit 0.
 
     A subclass starts its children, reaps them on every tick and stops them; its live view
-    carries ``phase`` (starting, running, stopping, stopped).
+    (``spec["live_file"]``) carries ``pid``, ``phase`` (starting, running, stopping, stopped),
+    ``updated`` and what ``live_view`` says of the children.
     """
 
     label: ClassVar[str]
+    live_indent: ClassVar[int | None] = None
 
-    def __init__(self) -> None:
+    def __init__(self, spec: Mapping[str, Any]) -> None:
         self.stopping = False
         self.phase = "starting"
+        self.live_file = Path(spec["live_file"])
 
     def log(self, message: str) -> None:
         log_line(self.label, message)
@@ -100,19 +103,40 @@ class BaseSupervisor(ABC):
     def request_stop(self, signum: int, _frame: object) -> None:
         self.stopping = True
 
+    def write_live(self) -> None:
+        data = {"pid": os.getpid(), "phase": self.phase, "updated": time.time(), **self.live_view()}
+        write_live(self.live_file, data, indent=self.live_indent)
+
     @abstractmethod
-    def write_live(self) -> None: ...
+    def live_view(self) -> dict[str, Any]:
+        """The children as the harness reads them (pids, running, exits)."""
 
     @abstractmethod
     def start_children(self) -> None:
         """Start everything, waiting for readiness; return early once ``stopping`` is set."""
 
     @abstractmethod
+    def reap(self) -> object:
+        """Collect every exited child, ours or adopted, without blocking."""
+
+    @abstractmethod
     def tick(self) -> None:
         """Reap what exited and react to it."""
 
     @abstractmethod
-    def shutdown(self) -> None: ...
+    def stop_children(self) -> None:
+        """Stop our children (SIGTERM, a grace, SIGKILL)."""
+
+    def shutdown(self) -> None:
+        self.phase = "stopping"
+        self.write_live()
+        self.stop_children()
+        # Stragglers and orphans adopted as subreaper: SIGKILL and reap until none is left.
+        kill_adopted_children(self.reap)
+        self.reap()
+        self.phase = "stopped"
+        self.write_live()
+        self.log("stopped")
 
     def run(self) -> int:
         take_charge(self.log, self.request_stop)

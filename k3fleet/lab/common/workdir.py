@@ -10,13 +10,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import k3fleet
 
-StateT = TypeVar("StateT", bound=BaseModel)
+StateT = TypeVar("StateT", bound="SavedState")
 
 
 def default_workdir(*parts: str) -> Path:
@@ -33,9 +33,20 @@ def resolve_workdir(workdir: Path | None, default: Callable[[], Path]) -> Path:
 
 @dataclass(frozen=True)
 class WorkdirLayout:
-    """The paths every lab work directory has; each harness adds its own in a subclass."""
+    """The paths every lab work directory has; each harness adds its own in a subclass, and says
+    where its work directory is by default (``default_parts`` below the checkout)."""
 
     workdir: Path
+    default_parts: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def default_workdir(cls) -> Path:
+        return default_workdir(*cls.default_parts)
+
+    @classmethod
+    def resolve(cls, workdir: Path | None) -> Path:
+        """Absolute work directory; the default one when None."""
+        return resolve_workdir(workdir, cls.default_workdir)
 
     @property
     def state_file(self) -> Path:
@@ -89,9 +100,25 @@ def write_atomic(path: Path, text: str, *, prefix: str) -> None:
     os.replace(tmp, path)
 
 
-def save_state(state: BaseModel, workdir: Path) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_atomic(WorkdirLayout(workdir).state_file, state.model_dump_json(indent=2), prefix=".state-")
+class SavedState(BaseModel):
+    """What every lab harness saves of itself: where, how far it got, its supervisor, what failed.
+
+    Written before anything is created and updated as pieces come up, so ``down`` knows what to
+    remove even when ``up`` died half-way or everything was killed with SIGKILL.
+    """
+
+    version: int = 1
+    workdir: Path
+    phase: str
+    supervisor_pid: int | None = None
+    supervisor_start_time: int | None = Field(default=None, description="guards against pid reuse")
+    error: str | None = None
+
+
+def save_state(state: SavedState) -> None:
+    """Atomic write: a reader (status, down after kill -9) never sees half a file."""
+    state.workdir.mkdir(parents=True, exist_ok=True)
+    write_atomic(WorkdirLayout(state.workdir).state_file, state.model_dump_json(indent=2), prefix=".state-")
 
 
 def load_state(workdir: Path, model: type[StateT], error: type[Exception], label: str) -> StateT | None:

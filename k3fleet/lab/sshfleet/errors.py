@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
+from k3fleet.errors import EXIT_USAGE
+from k3fleet.lab.common.errors import LabError
 
 
-class SshFleetError(K3FleetError):
-    """The SSH lab fleet could not be brought up, inspected or torn down."""
-
-    exit_code = EXIT_INCOMPLETE
+class SshFleetError(LabError):
+    """The SSH lab fleet could not be brought up, inspected or torn down (exit 3)."""
 
 
 class SshFleetUsageError(SshFleetError):

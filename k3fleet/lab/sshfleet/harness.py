@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -34,8 +33,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from k3fleet.errors import K3FleetError
-from k3fleet.lab.common import processes
+from k3fleet.lab.common import network, proc, processes, teardown
+from k3fleet.lab.common.network import NETNS_RUN_DIR
 from k3fleet.lab.common.workdir import locked
 from k3fleet.lab.sshfleet.errors import SshFleetError, SshFleetUsageError
 from k3fleet.lab.sshfleet.state import (
@@ -51,17 +50,15 @@ from k3fleet.lab.sshfleet.state import (
     resolve_workdir,
     save_state,
 )
-from k3fleet.lab.testbed import proc
 
 SUPERVISOR_MODULE = "k3fleet.lab.sshfleet.supervisor"
-NETNS_RUN_DIR = Path("/run/netns")
+LABEL = "ssh fleet"
 PRIVSEP_DIR = Path("/run/sshd")
 # Memory and start-up time grow linearly; past this the machine's 23 GB is the limit (docs/scale.md).
 MAX_FLEET = 2000
 READY_TIMEOUT = 60.0
 SUPERVISOR_STOP_GRACE = 20.0
 LOG_TAIL = 3  # lines of the supervisor log quoted in an error
-SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 Progress = Callable[[str], None]
 
@@ -75,13 +72,11 @@ def _quiet(_message: str) -> None:
 
 
 def _require_root() -> None:
-    if os.geteuid() != 0:
-        raise SshFleetUsageError(
-            f"ssh fleet: root required (network namespaces, veth pairs, sshd as root); euid is {os.geteuid()}")
+    proc.require_root(LABEL, "network namespaces, veth pairs, sshd as root", SshFleetUsageError)
 
 
 def _tool(name: str, package: str) -> str:
-    path = shutil.which(name, path=SEARCH_PATH)
+    path = proc.which(name)
     if path is None:
         raise SshFleetUsageError(f"ssh fleet: `{name}` not found; install the Debian package {package}")
     return path
@@ -98,14 +93,6 @@ def _tools() -> dict[str, str]:
 
 def _locked(layout: Layout) -> AbstractContextManager[None]:
     return locked(layout, SshFleetUsageError(f"ssh fleet: another up/down is running on {layout.workdir}"))
-
-
-def _run(argv: list[str], what: str, *, input_text: str | None = None, check: bool = True,
-         timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    try:
-        return proc.run(argv, what=what, input_text=input_text, check=check, timeout=timeout)
-    except K3FleetError as exc:
-        raise SshFleetError(str(exc)) from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,74 +160,15 @@ def _write_host_files(layout: Layout, host: SshHost, known: list[str]) -> dict[s
 
 
 def list_netns() -> list[str]:
-    if not NETNS_RUN_DIR.is_dir():
-        return []
-    return sorted(p.name for p in NETNS_RUN_DIR.iterdir() if p.name.startswith(NETNS_PREFIX))
+    return network.list_netns(NETNS_PREFIX)
 
 
 def list_links() -> list[str]:
-    result = _run(["ip", "-j", "link", "show"], "ssh fleet network: listing links", check=False)
-    try:
-        links = json.loads(result.stdout or "[]")
-    except ValueError:
-        return []
-    return sorted(str(link.get("ifname", "")) for link in links
-                  if str(link.get("ifname", "")).startswith(VETH_PREFIX))
+    return network.list_links(VETH_PREFIX, LABEL)
 
 
 def _create_network(hosts: list[SshHost]) -> None:
-    # One `ip -batch` for every namespace and the machine's side, one per namespace for the
-    # inside: 200 hosts cost ~200 short processes, not ~1800.
-    lines = []
-    for h in hosts:
-        lines += [f"netns add {h.netns}",
-                  f"link add {h.veth} type veth peer name eth0 netns {h.netns}",
-                  f"addr add {h.host_address}/30 dev {h.veth}",
-                  f"link set {h.veth} up"]
-    _run(["ip", "-batch", "-"], "ssh fleet network: namespaces and veth pairs", input_text="\n".join(lines) + "\n")
-    for h in hosts:
-        inside = f"addr add {h.address}/30 dev eth0\nlink set eth0 up\nlink set lo up\n"
-        _run(["ip", "-n", h.netns, "-batch", "-"], f"ssh fleet network: host {h.name} (netns {h.netns})",
-             input_text=inside)
-
-
-def _ns_id(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def netns_pids(names: list[str]) -> dict[str, list[int]]:
-    """Live pids inside each named namespace, in one pass over /proc (what `ip netns pids` does)."""
-    ids = {}
-    for name in names:
-        ns = _ns_id(str(NETNS_RUN_DIR / name))
-        if ns is not None:
-            ids[ns] = name
-    found: dict[str, list[int]] = {name: [] for name in names}
-    if not ids:
-        return found
-    for pid in proc.all_pids():
-        ns = _ns_id(f"/proc/{pid}/ns/net")
-        if ns in ids and proc.pid_alive(pid):
-            found[ids[ns]].append(pid)
-    return found
-
-
-def _inside(names: list[str]) -> list[int]:
-    return [pid for pids in netns_pids(names).values() for pid in pids]
-
-
-def _clear_netns(names: list[str]) -> None:
-    # Kill before `ip netns del`: a process inside (an sshd session kept by ControlPersist)
-    # keeps the namespace alive and the next `up` fails with "File exists".
-    processes.kill_until_gone(functools.partial(_inside, names))
-    existing = [n for n in names if (NETNS_RUN_DIR / n).exists()]
-    if existing:
-        _run(["ip", "-batch", "-"], "ssh fleet teardown: deleting namespaces",
-             input_text="".join(f"netns del {n}\n" for n in existing), check=False)
+    network.create([network.HostLink(h.name, h.netns, h.veth, h.host_address, h.address) for h in hosts], LABEL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,8 +392,8 @@ def _check_ssh(state: SshFleetState) -> None:
     """A real login to the first and last sshd, host key checked: keys, config and routes are right."""
     served = [h for h in state.hosts if h.sshd]
     for h in {served[0].name: served[0], served[-1].name: served[-1]}.values() if served else ():
-        result = _run(ssh_argv(state, h.name, "true"), f"ssh fleet: login check on {h.name} ({h.address})",
-                      check=False, timeout=30.0)
+        result = proc.run(ssh_argv(state, h.name, "true"), what=f"ssh fleet: login check on {h.name} ({h.address})",
+                          check=False, timeout=30.0)
         if result.returncode != 0:
             detail = " ".join(result.stderr.split())[-300:] or f"exit {result.returncode}"
             raise SshFleetError(f"ssh fleet: login check on {h.name} ({h.address}) failed: {detail}")
@@ -547,39 +475,20 @@ def node_cpu_seconds(workdir: Path | None = None) -> float:
 
 
 @dataclass
-class Leftovers:
+class Leftovers(teardown.Leftovers):
     """What of an SSH fleet is still on the machine; empty after a successful `down`."""
 
-    processes: dict[int, str] = field(default_factory=dict)
-    netns: list[str] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
 
-    @property
-    def empty(self) -> bool:
-        return not (self.processes or self.netns or self.links or self.paths)
-
-    def describe(self) -> str:
-        parts = []
-        if self.processes:
-            parts.append("processes " + ", ".join(f"{p} ({c})" for p, c in sorted(self.processes.items())[:5]))
-        if self.netns:
-            parts.append(f"{len(self.netns)} netns ({', '.join(self.netns[:3])}...)")
-        if self.links:
-            parts.append(f"{len(self.links)} links ({', '.join(self.links[:3])}...)")
-        if self.paths:
-            parts.append("files " + ", ".join(self.paths))
-        return "; ".join(parts) or "nothing"
+    def kinds(self) -> list[tuple[str, list[str]]]:
+        return [*super().kinds(), ("files", self.paths)]
 
 
 def leftovers(workdir: Path | None = None) -> Leftovers:
     wd = resolve_workdir(workdir)
     found = Leftovers()
-    found.processes = {**_marked_processes(wd), **ssh_clients()}
     found.netns = list_netns()
-    for pids in netns_pids(found.netns).values():
-        for pid in pids:
-            found.processes[pid] = " ".join(proc.cmdline(pid))[:120]
+    found.processes = {**_marked_processes(wd), **ssh_clients(), **network.processes_inside(found.netns)}
     found.links = list_links()
     found.paths = [str(p) for p in Layout(wd).owned if p.exists()]
     return found
@@ -598,11 +507,8 @@ def _down_locked(wd: Path) -> None:
     names = set(list_netns())
     if state is not None:
         names |= {h.netns for h in state.hosts if (NETNS_RUN_DIR / h.netns).exists()}
-    _clear_netns(sorted(names))
-    links = list_links()
-    if links:
-        _run(["ip", "-batch", "-"], "ssh fleet teardown: deleting links",
-             input_text="".join(f"link del {name}\n" for name in links), check=False)
+    network.clear_netns(names, LABEL)
+    network.delete_links(list_links(), LABEL)
     if state is not None and state.created_privsep_dir:
         with contextlib.suppress(OSError):
             PRIVSEP_DIR.rmdir()  # only when empty: another sshd may have come to use it

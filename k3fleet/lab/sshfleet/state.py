@@ -13,8 +13,6 @@ from pydantic import BaseModel, Field
 from k3fleet.lab.common import workdir as common
 from k3fleet.lab.sshfleet.errors import SshFleetError
 
-STATE_VERSION = 1
-
 NETNS_PREFIX = "k3sf-"
 VETH_PREFIX = "k3sfh"
 # Every process the supervisor starts carries this mark, so `down` finds them after a SIGKILL.
@@ -41,17 +39,11 @@ def is_fleet_address(address: str) -> bool:
     return FIRST_OCTET <= int(parts[2]) < FIRST_OCTET + MAX_HOSTS // HOSTS_PER_OCTET
 
 
-def default_workdir() -> Path:
-    """<checkout>/.lab/ssh-fleet from a checkout, else ./.lab/ssh-fleet (installed from a wheel)."""
-    return common.default_workdir(".lab", "ssh-fleet")
-
-
-def resolve_workdir(workdir: Path | None) -> Path:
-    return common.resolve_workdir(workdir, default_workdir)
-
-
 class Layout(common.WorkdirLayout):
-    """Every path under the work directory, in one place (the shared ones in WorkdirLayout)."""
+    """Every path under the work directory, in one place (the shared ones in WorkdirLayout);
+    <checkout>/.lab/ssh-fleet from a checkout, else ./.lab/ssh-fleet (installed from a wheel)."""
+
+    default_parts = (".lab", "ssh-fleet")
 
     @property
     def fleet_dir(self) -> Path:
@@ -71,6 +63,10 @@ class Layout(common.WorkdirLayout):
         return (self.fleet_dir, self.ssh_dir, self.hosts_dir, self.run_dir, self.inventory, self.state_file)
 
 
+default_workdir = Layout.default_workdir
+resolve_workdir = Layout.resolve
+
+
 class SshHost(BaseModel):
     name: str
     index: int
@@ -82,9 +78,7 @@ class SshHost(BaseModel):
     sshd: bool = Field(description="false for a host the fleet spec makes unreachable: a namespace, no sshd")
 
 
-class SshFleetState(BaseModel):
-    version: int = STATE_VERSION
-    workdir: Path
+class SshFleetState(common.SavedState):
     phase: str = Field(description="planned | starting | up | failed")
     hosts: list[SshHost]
     inventory: Path
@@ -92,15 +86,10 @@ class SshFleetState(BaseModel):
     client_key: Path
     image: str
     created_privsep_dir: bool = Field(default=False, description="up made /run/sshd; down removes it")
-    supervisor_pid: int | None = None
-    supervisor_start_time: int | None = Field(default=None, description="guards against pid reuse")
     up_seconds: float | None = None
-    error: str | None = None
 
 
-def save_state(state: SshFleetState) -> None:
-    """Atomic write: `status` and a `down` after kill -9 never see half a file."""
-    common.save_state(state, state.workdir)
+save_state = common.save_state
 
 
 def load_state(workdir: Path) -> SshFleetState | None:

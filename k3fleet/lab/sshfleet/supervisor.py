@@ -39,25 +39,18 @@ class Supervisor(supervise.BaseSupervisor):
     label = LABEL
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__()
+        super().__init__(spec)
         self.mark_env = str(spec["mark_env"])
         self.workdir = str(spec["workdir"])
-        self.live_file = Path(spec["live_file"])
         self.log_file = Path(spec["log_file"])
         self.daemons: list[dict[str, Any]] = list(spec["daemons"])
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.exits: dict[str, int] = {}
         self.by_pid: dict[int, str] = {}
 
-    def write_live(self) -> None:
-        data = {
-            "pid": os.getpid(),
-            "phase": self.phase,
-            "updated": time.time(),
-            "sshd": {name: {"pid": p.pid, "running": name not in self.exits, "exit": self.exits.get(name)}
-                     for name, p in self.procs.items()},
-        }
-        supervise.write_live(self.live_file, data)
+    def live_view(self) -> dict[str, Any]:
+        return {"sshd": {name: {"pid": p.pid, "running": name not in self.exits, "exit": self.exits.get(name)}
+                         for name, p in self.procs.items()}}
 
     def start_all(self) -> None:
         env = dict(os.environ)
@@ -101,9 +94,8 @@ class Supervisor(supervise.BaseSupervisor):
                 self.log(f"sshd of {name} (pid {pid}) exited with {code}")
         return changed
 
-    def shutdown(self) -> None:
-        self.phase = "stopping"
-        self.write_live()
+    def stop_children(self) -> None:
+        # All at once; the sessions of a killed listener are adopted orphans, killed after this.
         live = [p for name, p in self.procs.items() if name not in self.exits]
         for p in live:
             with contextlib.suppress(ProcessLookupError):
@@ -112,12 +104,6 @@ class Supervisor(supervise.BaseSupervisor):
         while time.monotonic() < deadline and len(self.exits) < len(self.procs):
             self.reap()
             time.sleep(0.05)
-        # Stragglers and adopted orphans (sessions of a killed listener): SIGKILL until none is left.
-        supervise.kill_adopted_children(self.reap)
-        self.reap()
-        self.phase = "stopped"
-        self.write_live()
-        self.log("stopped")
 
     def start_children(self) -> None:
         self.start_all()

@@ -5,15 +5,15 @@ Every message is one line: what failed, on which object, and the detail (stderr 
 
 from __future__ import annotations
 
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
+from k3fleet.errors import EXIT_USAGE
+from k3fleet.lab.common.errors import LabError
 
 
-class TestbedError(K3FleetError):
-    """The testbed could not be brought up, inspected or torn down."""
+class TestbedError(LabError):
+    """The testbed could not be brought up, inspected or torn down (exit 3)."""
 
     # pytest collects classes named Test*; this one is not a test case.
     __test__ = False
-    exit_code = EXIT_INCOMPLETE
 
 
 class NotRootError(TestbedError):

@@ -26,10 +26,11 @@ from typing import Any
 
 import yaml
 
-from k3fleet.lab.common import processes
+from k3fleet.lab.common import network, proc, processes
+from k3fleet.lab.common.errors import LabError
 from k3fleet.lab.common.workdir import locked
 from k3fleet.lab.testbed import image as image_mod
-from k3fleet.lab.testbed import network, podman, proc, slurm
+from k3fleet.lab.testbed import podman, slurm
 from k3fleet.lab.testbed.errors import TestbedError
 from k3fleet.lab.testbed.state import (
     GUEST_PROCFS,
@@ -49,7 +50,8 @@ from k3fleet.lab.testbed.state import (
     resolve_workdir,
     save_state,
 )
-from k3fleet.lab.testbed.teardown import SUPERVISOR_MODULE, down, supervisor_alive
+from k3fleet.lab.testbed.teardown import LABEL, SUPERVISOR_MODULE, down, supervisor_alive
+from k3fleet.lab.testbed.tools import require_root, require_tools
 
 BOOT_TIMEOUT = 120.0
 SLURM_TIMEOUT = 60.0
@@ -388,10 +390,10 @@ def up(n: int = 4, workdir: Path | None = None, repo: Path | None = None) -> Tes
     everything is torn down again, the logs are kept in `workdir/last-failure`, and the error
     says which step failed.
     """
-    proc.require_root()
+    require_root()
     if not 1 <= n <= MAX_HOSTS:
         raise TestbedError(f"testbed: {n} hosts requested; between 1 and {MAX_HOSTS} fit the 169.254.77.0/24 plan")
-    tools = proc.require_tools()
+    tools = require_tools()
     wd = resolve_workdir(workdir)
     layout = Layout(wd)
     started = time.monotonic()
@@ -408,7 +410,7 @@ def up(n: int = 4, workdir: Path | None = None, repo: Path | None = None) -> Tes
             _keep_failure_logs(layout)
             try:
                 down(wd)
-            except TestbedError as cleanup_exc:
+            except LabError as cleanup_exc:
                 raise TestbedError(f"{exc}; and teardown after it failed: {cleanup_exc}") from exc
             raise
         state.up_seconds = round(time.monotonic() - started, 2)
@@ -448,7 +450,7 @@ def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: 
     for h in state.hosts:
         h.overlay.lower = rootfs
         save_state(state)  # before creating: down must know about it even if the next line dies
-        network.create_host_network(h)
+        network.create([network.HostLink(h.name, h.netns, h.veth_host, h.host_address, h.address)], LABEL)
         _mount_overlay(h)
         image_mod.prepare_guest(
             h.overlay.merged,

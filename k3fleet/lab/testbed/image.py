@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from k3fleet.lab.common.proc import run
 from k3fleet.lab.testbed.errors import TestbedError
-from k3fleet.lab.testbed.proc import run
 from k3fleet.lab.testbed.state import GUEST_REPO_MOUNT
 
 SUITE = "bookworm"

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from k3fleet.lab.common.proc import run
 from k3fleet.lab.testbed.errors import TestbedError
-from k3fleet.lab.testbed.proc import run
 from k3fleet.lab.testbed.state import Layout, PodmanState, resolve_workdir
 
 REGISTRY = "docker.io"

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.lab.common.proc import run
 from k3fleet.lab.testbed.errors import TestbedError
-from k3fleet.lab.testbed.proc import run
 from k3fleet.lab.testbed.state import SlurmState, TestbedState
 
 CLUSTER = "k3tb"

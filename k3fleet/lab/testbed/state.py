@@ -13,12 +13,9 @@ from pydantic import BaseModel, Field
 from k3fleet.lab.common import workdir as common
 from k3fleet.lab.testbed.errors import TestbedError
 
-STATE_VERSION = 1
-
 # Global names: one testbed per machine, found again by these prefixes after a crash.
 NETNS_PREFIX = "k3tb-"
 VETH_HOST_PREFIX = "k3tbh"
-VETH_GUEST_TMP_PREFIX = "k3tbg"
 HOSTNAME_FORMAT = "tb-node{index:02d}"
 SLURM_NODE_FORMAT = "node{index:02d}"
 # Link-local only (docs/architecture.md, testbed): 169.254.77.(4i+1)/30 on the machine, .(4i+2)/30 in the guest.
@@ -36,23 +33,16 @@ def guest_address(index: int) -> str:
     return f"{ADDRESS_PREFIX}{4 * index + 2}"
 
 
-def default_workdir() -> Path:
-    """<checkout>/.testbed when running from a checkout, else ./.testbed (installed from a wheel)."""
-    return common.default_workdir(".testbed")
-
-
-def resolve_workdir(workdir: Path | None) -> Path:
-    """Absolute work directory; the default one when None."""
-    return common.resolve_workdir(workdir, default_workdir)
-
-
 def known_hosts_of(ssh_key: Path) -> Path:
     """The known_hosts file the testbed writes for its guests, beside its client key."""
     return ssh_key.parent / "known_hosts"
 
 
 class Layout(common.WorkdirLayout):
-    """Every path under the work directory, in one place (the shared ones in WorkdirLayout)."""
+    """Every path under the work directory, in one place (the shared ones in WorkdirLayout);
+    <checkout>/.testbed when running from a checkout, else ./.testbed (installed from a wheel)."""
+
+    default_parts = (".testbed",)
 
     @property
     def cache(self) -> Path:
@@ -78,6 +68,10 @@ class Layout(common.WorkdirLayout):
     @property
     def repo_dir(self) -> Path:
         return self.workdir / "repo"
+
+
+default_workdir = Layout.default_workdir
+resolve_workdir = Layout.resolve
 
 
 class OverlayDirs(BaseModel):
@@ -120,11 +114,9 @@ class PodmanState(BaseModel):
     images: dict[str, dict[str, str]] = Field(description="image reference -> its ENV settings")
 
 
-class TestbedState(BaseModel):
+class TestbedState(common.SavedState):
     __test__ = False  # not a pytest test class
 
-    version: int = STATE_VERSION
-    workdir: Path
     phase: str = Field(description="planned | starting | up | failed")
     hosts: list[HostState]
     ssh_key: Path
@@ -133,10 +125,7 @@ class TestbedState(BaseModel):
     image: Path | None = None
     slurm: SlurmState | None = None
     podman: PodmanState | None = None
-    supervisor_pid: int | None = None
-    supervisor_start_time: int | None = Field(default=None, description="guards against pid reuse")
     up_seconds: float | None = None
-    error: str | None = None
 
     @property
     def known_hosts(self) -> Path:
@@ -149,9 +138,7 @@ class TestbedState(BaseModel):
         raise TestbedError(f"testbed: no host named {name!r} (have {', '.join(h.name for h in self.hosts)})")
 
 
-def save_state(state: TestbedState) -> None:
-    """Write atomically: a reader (status, down after kill -9) never sees half a file."""
-    common.save_state(state, state.workdir)
+save_state = common.save_state
 
 
 def load_state(workdir: Path) -> TestbedState | None:

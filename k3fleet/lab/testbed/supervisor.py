@@ -64,11 +64,11 @@ class Service:
 
 class Supervisor(supervise.BaseSupervisor):
     label = LABEL
+    live_indent = 2
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__()
+        super().__init__(spec)
         self.workdir = Path(spec["workdir"])
-        self.live_file = Path(spec["live_file"])
         self.log_dir = Path(spec["log_dir"])
         self.services = [
             Service(
@@ -85,11 +85,8 @@ class Supervisor(supervise.BaseSupervisor):
         self.events: list[str] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def write_live(self) -> None:
-        data = {
-            "pid": os.getpid(),
-            "phase": self.phase,
-            "updated": time.time(),
+    def live_view(self) -> dict[str, Any]:
+        return {
             "services": {
                 s.name: {
                     "kind": s.kind,
@@ -102,7 +99,6 @@ class Supervisor(supervise.BaseSupervisor):
                 for s in self.services
             },
         }
-        supervise.write_live(self.live_file, data, indent=2)
 
     # -- starting ----------------------------------------------------------------------------
     def start(self, service: Service) -> None:
@@ -200,21 +196,15 @@ class Supervisor(supervise.BaseSupervisor):
                 return
             time.sleep(0.1)
 
-    def shutdown(self) -> None:
-        self.phase = "stopping"
-        self.write_live()
+    def stop_children(self) -> None:
+        # Guests first (a clean halt), then the daemons; orphans adopted as subreaper (slurmstepd,
+        # job processes) are killed after this.
         guests = [s for s in self.services if s.kind == "guest"]
         daemons = [s for s in self.services if s.kind != "guest"]
         self._stop_group(guests, GUEST_HALT_GRACE)
         # Reverse start order: slurmd before slurmctld before munged.
         for service in reversed(daemons):
             self._stop_group([service], DAEMON_STOP_GRACE)
-        # Orphans adopted as subreaper (slurmstepd, job processes): kill and reap them all.
-        supervise.kill_adopted_children(self.reap)
-        self.reap()
-        self.phase = "stopped"
-        self.write_live()
-        self.log("stopped")
 
     # -- main ----------------------------------------------------------------------------------
     def start_children(self) -> None:

@@ -16,12 +16,13 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3fleet.lab.common import processes
-from k3fleet.lab.testbed import network, proc
+from k3fleet.lab.common import network, proc, processes, teardown
 from k3fleet.lab.testbed.errors import TestbedError
 from k3fleet.lab.testbed.state import (
     ADDRESS_PREFIX,
     HOSTNAME_FORMAT,
+    NETNS_PREFIX,
+    VETH_HOST_PREFIX,
     Layout,
     TestbedState,
     load_state,
@@ -29,6 +30,7 @@ from k3fleet.lab.testbed.state import (
 )
 from k3fleet.lab.testbed.supervisor import MARK_ENV
 from k3fleet.lab.testbed.supervisor import MODULE as SUPERVISOR_MODULE
+from k3fleet.lab.testbed.tools import require_root
 
 SUPERVISOR_STOP_GRACE = 60.0
 
@@ -37,33 +39,26 @@ def supervisor_alive(state: TestbedState) -> bool:
     return processes.supervisor_alive(state)
 
 
+LABEL = "testbed"
+
+
 @dataclass
-class Leftovers:
+class Leftovers(teardown.Leftovers):
     """What of a testbed is still on the machine; empty after a successful `down`."""
 
-    processes: dict[int, str] = field(default_factory=dict)
-    netns: list[str] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
     runtime: list[str] = field(default_factory=list)
 
-    @property
-    def empty(self) -> bool:
-        return not (self.processes or self.netns or self.links or self.mounts or self.runtime)
+    def kinds(self) -> list[tuple[str, list[str]]]:
+        return [*super().kinds(), ("mounts", self.mounts), ("nspawn runtime dirs", self.runtime)]
 
-    def describe(self) -> str:
-        parts = []
-        if self.processes:
-            parts.append("processes " + ", ".join(f"{pid} ({cmd})" for pid, cmd in sorted(self.processes.items())))
-        if self.netns:
-            parts.append("netns " + ", ".join(self.netns))
-        if self.links:
-            parts.append("links " + ", ".join(self.links))
-        if self.mounts:
-            parts.append("mounts " + ", ".join(self.mounts))
-        if self.runtime:
-            parts.append("nspawn runtime dirs " + ", ".join(self.runtime))
-        return "; ".join(parts) or "nothing"
+
+def list_netns() -> list[str]:
+    return network.list_netns(NETNS_PREFIX)
+
+
+def list_links() -> list[str]:
+    return network.list_links(VETH_HOST_PREFIX, LABEL)
 
 
 def _root_of(pid: int) -> str:
@@ -114,13 +109,9 @@ def leftovers(workdir: Path | None = None) -> Leftovers:
     """Processes, namespaces, links and mounts of the testbed still present on the machine."""
     wd = resolve_workdir(workdir)
     found = Leftovers()
-    found.processes = _marked_processes(wd)
-    found.netns = network.list_netns()
-    for ns in found.netns:
-        for pid in network.netns_pids(ns):
-            if proc.pid_alive(pid):
-                found.processes[pid] = " ".join(proc.cmdline(pid))[:120]
-    found.links = network.list_links()
+    found.netns = list_netns()
+    found.processes = {**_marked_processes(wd), **network.processes_inside(found.netns)}
+    found.links = list_links()
     found.mounts = _mounts_under(wd)
     found.runtime = [str(NSPAWN_RUNTIME / "propagate" / name) for name in _nspawn_propagate_dirs()]
     return found
@@ -139,18 +130,6 @@ def _kill_leftover_processes(wd: Path) -> None:
         proc.signal_pids(nspawns, signal.SIGTERM)
         proc.wait_gone(nspawns, 20.0)
     processes.kill_until_gone(functools.partial(_marked_processes, wd))
-
-
-def _alive_in(ns: str) -> list[int]:
-    return [pid for pid in network.netns_pids(ns) if proc.pid_alive(pid)]
-
-
-def _clear_netns(names: list[str]) -> None:
-    for ns in names:
-        # Kill everything inside BEFORE deleting the name: otherwise processes (an sshd child kept
-        # by ControlPersist, a guest) keep the namespace alive and the next `ip netns add` fails.
-        processes.kill_until_gone(functools.partial(_alive_in, ns))
-        network.delete_netns(ns)
 
 
 NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
@@ -198,7 +177,7 @@ def down(workdir: Path | None = None) -> None:
     Keeps `workdir/cache` (image tarball, podman store, stand-in repository) and
     `workdir/last-failure`. Raises TestbedError naming what could not be removed.
     """
-    proc.require_root()
+    require_root()
     wd = resolve_workdir(workdir)
     layout = Layout(wd)
     try:
@@ -209,16 +188,15 @@ def down(workdir: Path | None = None) -> None:
     _stop_supervisor(state, wd)
     _kill_leftover_processes(wd)
 
-    names = set(network.list_netns())
+    names = set(list_netns())
     if state is not None:
         names |= {h.netns for h in state.hosts if (network.NETNS_RUN_DIR / h.netns).exists()}
-    _clear_netns(sorted(names))
+    network.clear_netns(names, LABEL)
 
     mounts = _mounts_under(wd)
     _clear_nspawn_runtime(mounts, _nspawn_propagate_dirs())
     _unmount(mounts)
-    for link in network.list_links():
-        network.delete_link(link)
+    network.delete_links(list_links(), LABEL)
 
     for path in (layout.hosts_dir, layout.slurm_dir, layout.run_dir, layout.ssh_dir):
         if path.exists():

@@ -29,9 +29,9 @@ from k3fleet.lab.vllm.state import (
     VllmState,
     default_model_dir,
     default_venv,
-    default_workdir,
     last_log_line,
     load_state,
+    resolve_workdir,
     save_state,
 )
 from k3fleet.lab.vllm.venv import ensure_venv, python_of
@@ -43,10 +43,6 @@ START_TIMEOUT_S = 900.0
 _PROGRESS_EVERY_S = 15.0
 _DOWN_GRACE_S = supervisor.STOP_GRACE + 10.0
 _MODEL_RECIPE = 1
-
-
-def resolve_workdir(workdir: Path | None) -> Path:
-    return common.resolve_workdir(workdir, default_workdir)
 
 
 def ensure_model(py: Path, model_dir: Path, progress: Progress) -> Path:

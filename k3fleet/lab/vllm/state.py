@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
 from k3fleet.lab.common import workdir as common
@@ -29,7 +29,6 @@ MODEL_ENV = "K3FLEET_VLLM_MODEL_DIR"
 # Every process the supervisor starts carries this mark, so `down` finds them after a SIGKILL.
 MARK_ENV = "K3FLEET_VLLM_WORKDIR"
 SERVED_NAME = "k3fleet-tiny"
-STATE_VERSION = 1
 # Arguments every lab server gets; the operator's (after `--`) come later, and argparse lets the last win.
 BASE_ARGS = ("--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16", "--enable-prefix-caching",
              "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
@@ -49,10 +48,6 @@ class VllmLabUsageError(VllmLabError):
     exit_code = EXIT_USAGE
 
 
-def default_workdir() -> Path:
-    return common.default_workdir(".lab", "vllm")
-
-
 def default_venv() -> Path:
     env = os.environ.get(VENV_ENV)
     return Path(env).expanduser().resolve() if env else common.default_workdir(".cache", "vllm-venv")
@@ -64,6 +59,8 @@ def default_model_dir() -> Path:
 
 
 class Layout(common.WorkdirLayout):
+    default_parts = (".lab", "vllm")
+
     @property
     def vllm_log(self) -> Path:
         """The server's own stdout and stderr from its start: what `accept startup --log` reads."""
@@ -75,9 +72,11 @@ class Layout(common.WorkdirLayout):
         return self.workdir / "launch-command.txt"
 
 
-class VllmState(BaseModel):
-    version: int = STATE_VERSION
-    workdir: Path
+default_workdir = Layout.default_workdir
+resolve_workdir = Layout.resolve
+
+
+class VllmState(common.SavedState):
     phase: str = Field(description="starting | up | failed | down")
     port: int
     base_url: str
@@ -86,16 +85,12 @@ class VllmState(BaseModel):
     venv: Path
     argv: list[str]
     log: Path
-    supervisor_pid: int | None = None
-    supervisor_start_time: int | None = None
     started_at: float | None = None
     ready_seconds: float | None = None
     exit_code: int | None = None
-    error: str | None = None
 
 
-def save_state(state: VllmState) -> None:
-    common.save_state(state, state.workdir)
+save_state = common.save_state
 
 
 def load_state(workdir: Path) -> VllmState | None:

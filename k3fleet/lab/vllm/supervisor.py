@@ -30,19 +30,16 @@ class Supervisor(supervise.BaseSupervisor):
     label = LABEL
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__()
+        super().__init__(spec)
         self.argv = [str(a) for a in spec["argv"]]
         self.env = {str(k): str(v) for k, v in spec["env"].items()}
-        self.live_file = Path(spec["live_file"])
         self.vllm_log = Path(spec["vllm_log"])
         self.child: subprocess.Popen[bytes] | None = None
         self.exit_code: int | None = None
 
-    def write_live(self) -> None:
-        supervise.write_live(self.live_file, {
-            "pid": os.getpid(), "phase": self.phase, "updated": time.time(),
-            "vllm": {"pid": self.child.pid if self.child else None, "running": self.child is not None
-                     and self.exit_code is None, "exit": self.exit_code}})
+    def live_view(self) -> dict[str, Any]:
+        return {"vllm": {"pid": self.child.pid if self.child else None,
+                         "running": self.child is not None and self.exit_code is None, "exit": self.exit_code}}
 
     def start_children(self) -> None:
         env = {**os.environ, **self.env}
@@ -69,9 +66,7 @@ class Supervisor(supervise.BaseSupervisor):
             self.write_live()
             self.stopping = True
 
-    def shutdown(self) -> None:
-        self.phase = "stopping"
-        self.write_live()
+    def stop_children(self) -> None:
         child = self.child
         if child is not None and self.exit_code is None:
             with contextlib.suppress(ProcessLookupError):
@@ -83,11 +78,6 @@ class Supervisor(supervise.BaseSupervisor):
         if child is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, signal.SIGKILL)
-        supervise.kill_adopted_children(self.reap)
-        self.reap()
-        self.phase = "stopped"
-        self.write_live()
-        self.log("stopped")
 
 
 def main(argv: list[str] | None = None) -> int:

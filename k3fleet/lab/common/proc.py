@@ -1,4 +1,4 @@
-"""Process, command and /proc helpers shared by the harness and its supervisor.
+"""Process, command and /proc helpers of the lab harnesses and their supervisors.
 
 This machine's PID 1 does not reap orphans, so "is it gone" treats a zombie as gone, and every
 kill also tries to reap the pid when it happens to be our child.
@@ -15,57 +15,37 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from k3fleet.lab.testbed.errors import MissingToolError, NotRootError, TestbedError
+from k3fleet.lab.common.errors import LabError
 
-# Commands the harness itself calls on the machine (the guests' own tools live in the image).
-HOST_TOOLS: tuple[str, ...] = (
-    "debootstrap",
-    "systemd-nspawn",
-    "ip",
-    "nsenter",
-    "mount",
-    "umount",
-    "tar",
-    "ssh",
-    "ssh-keygen",
-    "munged",
-    "slurmctld",
-    "slurmd",
-    "sbatch",
-    "scontrol",
-    "sinfo",
-    "podman",
-    "runc",
-    "mknod",
-)
+# Where the harnesses look for the machine's tools: PATH, then the sbin directories a non-login
+# root shell may leave out.
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 STDERR_TAIL = 400
 
 
-def require_root() -> None:
-    """Fail with one line unless we run as root (namespaces, mounts and nspawn need it)."""
+def require_root(label: str, needs: str, error: type[LabError]) -> None:
+    """Fail with one line unless we run as root; ``needs`` says what for."""
     if os.geteuid() != 0:
-        raise NotRootError(
-            f"testbed: root required (network namespaces, overlay mounts, systemd-nspawn); euid is {os.geteuid()}"
-        )
+        raise error(f"{label}: root required ({needs}); euid is {os.geteuid()}")
 
 
-def require_tools(names: Iterable[str] = HOST_TOOLS) -> dict[str, str]:
-    """Resolve every tool to its absolute path, or name all the missing ones in one error."""
+def which(name: str) -> str | None:
+    """The absolute path of a tool on SEARCH_PATH, or None."""
+    return shutil.which(name, path=SEARCH_PATH)
+
+
+def find_tools(names: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+    """(name -> absolute path of every tool found, the names not found)."""
     found: dict[str, str] = {}
     missing: list[str] = []
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
     for name in names:
-        path = shutil.which(name, path=search)
+        path = which(name)
         if path is None:
             missing.append(name)
         else:
             found[name] = path
-    if missing:
-        raise MissingToolError(
-            f"testbed: missing programs {', '.join(missing)}; install them with scripts/testbed-deps.sh"
-        )
-    return found
+    return found, missing
 
 
 def _tail(text: str | bytes | None) -> str:
@@ -100,12 +80,12 @@ def run(
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise TestbedError(f"{what}: `{' '.join(argv)}` timed out after {timeout:.0f}s: {_tail(exc.stderr)}") from exc
+        raise LabError(f"{what}: `{' '.join(argv)}` timed out after {timeout:.0f}s: {_tail(exc.stderr)}") from exc
     except OSError as exc:
-        raise TestbedError(f"{what}: cannot run `{argv[0]}`: {exc}") from exc
+        raise LabError(f"{what}: cannot run `{argv[0]}`: {exc}") from exc
     if check and proc.returncode != 0:
         detail = _tail(proc.stderr) or _tail(proc.stdout) or "(no output)"
-        raise TestbedError(f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {detail}")
+        raise LabError(f"{what}: `{' '.join(argv)}` exited {proc.returncode}: {detail}")
     return proc
 
 
@@ -237,7 +217,7 @@ def terminate(pids: Iterable[int], *, grace: float, what: str) -> None:
         signal_pids(left, signal.SIGKILL)
         left = wait_gone(left, 5.0)
     if left:
-        raise TestbedError(f"{what}: pids {left} survived SIGKILL (stuck in the kernel?)")
+        raise LabError(f"{what}: pids {left} survived SIGKILL (stuck in the kernel?)")
 
 
 def wait_for(
@@ -255,5 +235,5 @@ def wait_for(
             return
         if time.monotonic() >= deadline:
             extra = f": {detail()}" if detail is not None else ""
-            raise TestbedError(f"{what}: not ready after {timeout:.0f}s{extra}")
+            raise LabError(f"{what}: not ready after {timeout:.0f}s{extra}")
         time.sleep(interval)
