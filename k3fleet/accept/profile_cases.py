@@ -180,12 +180,13 @@ async def _multimodal(ctx: Ctx, out: RunOutcome) -> None:
 def write_profile_evidence(rd: Any, loaded: LoadedProfile) -> None:
     """``profile.json`` (the envelope, tool and schema names with their JSON) and the files as given,
     under ``inputs/``: the decision reads the profile the run was tested against."""
+    from k3fleet.evidence import layout
     from k3fleet.models.profile import profile_record
 
-    rd.write_json("profile.json", profile_record(loaded))
-    rd.write_text("inputs/profile.yaml", loaded.text)
+    rd.write_json(layout.PROFILE, profile_record(loaded))
+    rd.write_text(layout.PROFILE_SOURCE, loaded.text)
     for i, (rel, text) in enumerate(sorted(loaded.files.items())):
-        rd.write_text(f"inputs/profile-files/{i:02d}-{_safe_name(rel)}", text)
+        rd.write_text(f"{layout.PROFILE_FILES}/{i:02d}-{_safe_name(rel)}", text)
 
 
 def _safe_name(rel: str) -> str:

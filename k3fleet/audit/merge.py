@@ -33,7 +33,8 @@ from typing import Any
 
 from k3fleet.bounds import read_bounded
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine, read_input
-from k3fleet.evidence import MANIFEST, RunDir, host_from_file_name, verify_run
+from k3fleet.evidence import RunDir, layout, verify_run
+from k3fleet.evidence.reader import RunReader, RunRecord
 from k3fleet.models.facts import SCHEMA_VERSION
 from k3fleet.runner import RESULT_KEY
 
@@ -75,7 +76,7 @@ class Slice:
     status: str
     started_at: str
     observations: list[Observation] = field(default_factory=list)
-    target: dict[str, Any] | None = None
+    target: Any = None  # the Target the slice was audited against (a run directory keeps it)
     wall_s: float | None = None
 
     @property
@@ -155,50 +156,37 @@ def read_run(path: Path) -> Slice:
     report = verify_run(path)
     # A tampered or unfinished slice must not vote in the fleet's verdict.
     report.raise_if_bad()
-    rd = RunDir.open(path)
-    command = rd.read_json("command.json")
-    if not isinstance(command, dict) or command.get("kind") not in ("audit", "merge"):
-        raise UsageError(f"{path} is a {command.get('kind') if isinstance(command, dict) else '?'} run, "
-                         "not an audit: only audit runs can be merged")
-    run = rd.read_json("run.json")
-    if not isinstance(run, dict):
-        raise UsageError(f"{path}/run.json is not an object")
+    run = RunReader(path)
+    command = run.command
+    if command.kind not in ("audit", "merge"):
+        raise UsageError(f"{path} is a {command.kind} run, not an audit: only audit runs can be merged")
+    record = run.model(layout.RUN, RunRecord)
     src = str(path)
-    started = _iso(command.get("started_at"), _EPOCH, f"slice {src}: command.json started_at")
-    wall = run.get("wall_s")
-    sl = Slice(source=src, kind="run", verified=f"{MANIFEST} ok", status=str(run.get("status", "unknown")),
-               started_at=started,
-               wall_s=float(wall) if isinstance(wall, int | float) and not isinstance(wall, bool)
-               and math.isfinite(wall) else None)
-    trusted = _verified_hosts(rd) if command.get("kind") == "merge" else None
+    started = _iso(command.started_at, _EPOCH, f"slice {src}: {layout.COMMAND} started_at")
+    wall = record.wall_s
+    sl = Slice(source=src, kind="run", verified=f"{layout.MANIFEST} ok",
+               status=record.status if record.status is not None else "unknown", started_at=started,
+               wall_s=wall if wall is not None and math.isfinite(wall) else None)
+    trusted = _verified_hosts(run) if command.kind == "merge" else None
 
     def verified(host: str) -> bool:
         return trusted is None or host in trusted
 
-    facts_dir = path / "facts"
-    if facts_dir.is_dir():
-        for p in sorted(facts_dir.glob("*.json")):
-            host = host_from_file_name(p.stem)
-            sl.observations.append(_facts_observation(host, _read_json(p, f"slice {src}"), started, src,
-                                                      verified=verified(host)))
-    for key, kind in (("unreachable", "unreachable"), ("invalid_evidence", "invalid")):
-        entries = run.get(key) or {}
-        if not isinstance(entries, dict):
-            raise UsageError(f"{path}/run.json: {key} is not an object")
+    for host in run.fact_hosts():
+        # As the node returned them: a merge validates the union (k3fleet.verdict), and facts of
+        # another schema are evidence that is invalid, not a broken slice.
+        sl.observations.append(_facts_observation(host, run.raw_facts(host), started, src, verified=verified(host)))
+    for entries, kind in ((record.unreachable, "unreachable"), (record.invalid_evidence, "invalid")):
         for host, why in entries.items():
-            sl.observations.append(Observation(str(host), kind, started, src, reason=str(why),
-                                               verified=verified(str(host))))
-    target = path / "inputs" / "target.json"
-    if target.is_file():
-        data = _read_json(target, f"slice {src}")
-        sl.target = data if isinstance(data, dict) else None
+            sl.observations.append(Observation(host, kind, started, src, reason=why, verified=verified(host)))
+    sl.target = run.target()
     return sl
 
 
-def _verified_hosts(rd: RunDir) -> set[str]:
+def _verified_hosts(run: RunReader) -> set[str]:
     """The hosts a merge run took from verified slices: a manifest over merged facts proves only that
     the merge wrote them, not where they came from, so the rest stay unverified."""
-    record = rd.read_json("merge.json") if rd.file("merge.json").is_file() else None
+    record = run.json(layout.MERGE) if run.has(layout.MERGE) else None
     marks = record.get("verified_of") if isinstance(record, dict) else None
     if not isinstance(marks, dict):
         return set()  # an older merge run: it did not record where its hosts came from
@@ -330,7 +318,7 @@ def read_slice(path: Path) -> list[Slice]:
         raise UsageError(f"{path} does not exist: give audit run directories or ansible-runner artifact directories")
     if path.is_file():
         return [read_artifacts_file(path)]
-    if (path / "command.json").is_file() or (path / MANIFEST).is_file():
+    if (path / layout.COMMAND).is_file() or (path / layout.MANIFEST).is_file():
         return [read_run(path)]
     jobs = _runner_job_dirs(path)
     if jobs:
@@ -398,7 +386,6 @@ def merge_slices(slices: Sequence[Slice]) -> Merged:
 
 
 def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
-    from k3fleet.models.target import Target
     from k3fleet.targets import load_target
 
     if target_path is not None:
@@ -411,7 +398,7 @@ def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
         if other != first:
             raise UsageError(f"slices were audited against different targets ({first_src} and {src}): "
                              "give --target to judge them all by one")
-    return Target.model_validate(first)
+    return first
 
 
 @dataclass
@@ -448,12 +435,12 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     sources = [{"source": sl.source, "kind": sl.kind, "verified": sl.verified, "status": sl.status,
                 "started_at": sl.started_at, "hosts": len(sl.observations),
                 "facts": sum(1 for o in sl.observations if o.kind == "facts")} for sl in slices]
-    rd.write_json("inputs/sources.json", sources)
-    rd.write_json("inputs/target.json", tgt.model_dump(mode="json"))
+    rd.write_json(layout.SOURCES, sources)
+    rd.write_json(layout.TARGET, tgt.model_dump(mode="json"))
     for host, obs in sorted(merged.chosen.items()):
         if obs.kind == "facts":
-            rd.write_json(RunDir.host_file("facts", host), obs.facts)
-    rd.write_json("merge.json", {
+            rd.write_json(layout.facts_file(host), obs.facts)
+    rd.write_json(layout.MERGE, {
         "slices": len(slices),
         "hosts": len(merged.chosen),
         "duplicates": merged.duplicates,
@@ -466,8 +453,8 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     wall = sum(sl.wall_s for sl in slices if sl.wall_s is not None)
     play = PlayResult(playbook="audit.yml", status="merged", rc=None, wall_s=wall, interrupted=bool(incomplete))
     result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
-    rd.write_json("verdict.json", verdict.model_dump(mode="json"))
-    rd.write_json("run.json", {
+    rd.write_json(layout.VERDICT, verdict.model_dump(mode="json"))
+    rd.write_json(layout.RUN, {
         "status": "merged",
         "slices": sources,
         "incomplete_slices": incomplete,
@@ -479,7 +466,7 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
         "slices_wall_s": round(wall, 3),
         "exit_code": code,
     })
-    rd.write_text("report.md", markdown.render_audit(result, tgt))
+    rd.write_text(layout.REPORT, markdown.render_audit(result, tgt))
     rd.write_manifest()
     return MergeResult(rd, verdict, merged, unreachable, invalid, code)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
-from k3fleet.evidence import RunDir
+from k3fleet.evidence import RunDir, layout
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
 from k3fleet.runner import Observer, PlayResult, run_playbook
 
@@ -126,8 +126,8 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         rd = RunDir.create(opts.runs_dir, "audit", argv, out=opts.out)
         rd.copy_inventory(inventory)
         if opts.target is not None:
-            rd.copy_input(opts.target, "inputs/target.yaml")
-        rd.write_json("inputs/target.json", target.model_dump(mode="json"))
+            rd.copy_input(opts.target, layout.TARGET_SOURCE)
+        rd.write_json(layout.TARGET, target.model_dump(mode="json"))
         extravars: dict[str, Any] = {
             "k3fleet_image": target.image.ref,
             "k3fleet_host_timeout": opts.host_timeout,
@@ -149,10 +149,10 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         play = run_playbook("audit.yml", inventory, rd, extravars=extravars, limit=opts.limit, forks=opts.forks,
                             observer=observer, cancel=cancel, hosts=len(hosts),
                             host_key_checking=opts.host_key_checking)
-    rd.write_jsonl("events.jsonl", play.events)
+    rd.write_jsonl(layout.EVENTS, play.events)
     facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
     for host, data in raw.items():
-        rd.write_json(RunDir.host_file("facts", host), data)
+        rd.write_json(layout.facts_file(host), data)
     verdict = evaluate_fleet(facts, target, unreachable=unreachable, invalid=invalid)
     result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
     _write_outputs(result, target)
@@ -163,8 +163,8 @@ def _write_outputs(result: AuditResult, target: Any) -> None:
     from k3fleet.report import markdown
 
     rd, v, play = result.run_dir, result.verdict, result.play
-    rd.write_json("verdict.json", v.model_dump(mode="json"))
-    rd.write_json("run.json", {
+    rd.write_json(layout.VERDICT, v.model_dump(mode="json"))
+    rd.write_json(layout.RUN, {
         "status": "interrupted" if play.interrupted else play.status,
         "ansible_rc": play.rc,
         "hosts_total": len(result.facts) + len(result.unreachable) + len(result.invalid),
@@ -176,5 +176,5 @@ def _write_outputs(result: AuditResult, target: Any) -> None:
         "exit_code": result.exit_code,
         "ansible_stats": play.stats,
     })
-    rd.write_text("report.md", markdown.render_audit(result, target))
+    rd.write_text(layout.REPORT, markdown.render_audit(result, target))
     rd.write_manifest()

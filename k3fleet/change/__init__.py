@@ -29,12 +29,11 @@ from k3fleet.change.gate import (
 )
 from k3fleet.change.lease import Lease, validate_change_id, validate_operator
 from k3fleet.change.night import ChangeResult, check_reports, run_upgrade
-from k3fleet.change.record import CHANGE_FILE, ChangeRecord, load_change
+from k3fleet.change.record import ChangeRecord, load_change
 from k3fleet.change.rollback import RollbackOptions, RollbackResult, rollback_sources, run_rollback
 from k3fleet.change.timing import ChangeRecorder, host_timings
 
 __all__ = [
-    "CHANGE_FILE",
     "ChangeRecord",
     "ChangeRecorder",
     "ChangeResult",

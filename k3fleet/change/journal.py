@@ -29,7 +29,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format
 )
 from k3fleet.errors import read_input
 
-JOURNAL_FILE = "journal.jsonl"
 if TYPE_CHECKING:
     Stage = str
 else:

@@ -33,13 +33,13 @@ from k3fleet.change.gate import (
     plan_batches,
     resolve_max_unavailable,
 )
-from k3fleet.change.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, summarize
+from k3fleet.change.journal import Journal, read_journal, replay_journal, summarize
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
-from k3fleet.change.record import CHANGE_FILE, ChangeRecord
+from k3fleet.change.record import ChangeRecord
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
-from k3fleet.evidence import RunDir, sha256_file, verify_run
+from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.runner import Observer, PlayResult, run_playbook
 
 
@@ -124,7 +124,7 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
         if lock is not None:
             lock.set_run(rd.path)
         rd.copy_inventory(opts.inventory)
-        audit = fresh_audit(opts, argv, rd.path / "audit", opts.limit, observer, cancel)
+        audit = fresh_audit(opts, argv, rd.path / layout.gate_audit_dir(), opts.limit, observer, cancel)
         plan: dict[str, Any] = audit.verdict.plan.model_dump(mode="json")
         check_accept_found(accept, finding_ids(audit.verdict), f"the audit {rd.path / 'audit'}")
         target_version = opts.target_version or plan["target_version"]
@@ -146,14 +146,14 @@ def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | 
             failure_budget=opts.failure_budget, max_unavailable_arg=max_arg,
             max_unavailable=resolve_max_unavailable(max_arg, len(audit.verdict.hosts), serial),
             drain_timeout=int(timeouts["drain"]), force=opts.force, audit_max_age=int(timeouts["audit_max_age"]),
-            audit=str((rd.path / "audit" / "verdict.json").resolve()), inventory=str(opts.inventory),
+            audit=str((rd.path / layout.gate_audit_dir() / layout.VERDICT).resolve()), inventory=str(opts.inventory),
             blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
             accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
             timeouts=timeouts, image=target.image.ref)
-        rd.write_json(CHANGE_FILE, record.model_dump(mode="json"))
+        rd.write_json(layout.CHANGE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
-        ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / "audit")
-        return execute(rd, record, opts, ev, hosts, "ansible", "events.jsonl", observer, cancel,
+        ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
+        return execute(rd, record, opts, ev, hosts, layout.ansible_dir(), layout.events_file(), observer, cancel,
                        journal=None, skipped=skipped)
 
 
@@ -168,7 +168,7 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_change_id": record.change_id,
         "k3fleet_operator": operator or record.operator,
         "k3fleet_run_id": rd.path.name,
-        "k3fleet_journal": str((rd.path / JOURNAL_FILE).resolve()),
+        "k3fleet_journal": str((rd.path / layout.JOURNAL).resolve()),
         "k3fleet_change_hosts": list(hosts),
         "k3fleet_serial": list(serial),
         "k3fleet_canary": record.canary,
@@ -179,8 +179,8 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_timeouts": {k: t[k] for k in ("drain", "reboot", "fabricmanager_settle", "command")},
         "k3fleet_drain_force": record.force,
         "k3fleet_image": record.image,
-        "k3fleet_audit": str((audit_dir / "verdict.json").resolve()),
-        "k3fleet_audit_sha256": sha256_file(audit_dir / "verdict.json"),
+        "k3fleet_audit": str((audit_dir / layout.VERDICT).resolve()),
+        "k3fleet_audit_sha256": sha256_file(audit_dir / layout.VERDICT),
         "k3fleet_audit_max_age": record.audit_max_age,
         "k3fleet_resume": resume,
         "k3fleet_accepted_blocked": list(record.accepted_blocked),
@@ -196,9 +196,9 @@ def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str,
     change = {"change_id": opts.change_id, "operator": operator, "target_version": target_version,
               "target_branch": plan["target_branch"], "canary": None, "waves": [], "check": opts.check,
               "done": plan.get("done") or [], "blocked": plan.get("blocked") or [], "held": dict(held)}
-    rd.write_json(CHANGE_FILE, change)
+    rd.write_json(layout.CHANGE, change)
     result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
-    rd.write_json("run.json", {"status": "nothing_to_do", "exit_code": result.exit_code, "message": result.message,
+    rd.write_json(layout.RUN, {"status": "nothing_to_do", "exit_code": result.exit_code, "message": result.message,
                                "hosts": {}, "done": change["done"], "blocked": change["blocked"],
                                "held": change["held"]})
     rd.write_manifest()
@@ -223,8 +223,8 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
     result = ChangeResult(run_dir=rd, change=change, play=play, skipped=dict(skipped or {}))
     if opts.check:
         result.check = check_reports(play, hosts)
-        rd.write_json("check.json", result.check)
-    path = rd.path / JOURNAL_FILE
+        rd.write_json(layout.CHECK, result.check)
+    path = rd.path / layout.JOURNAL
     if journal is None:
         journal = read_journal(path) if path.exists() else Journal(path=path)
     else:
@@ -305,7 +305,7 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
     elif any(o in ("failed", "rolled_back") for o in outcomes):
         result.exit_code = EXIT_FAILED
         failed = [h for h, s in result.hosts.items() if s.get("outcome") in ("failed", "rolled_back")]
-        result.message = f"change failed on {', '.join(failed)}: waves stopped, see {rd.path / JOURNAL_FILE}"
+        result.message = f"change failed on {', '.join(failed)}: waves stopped, see {rd.path / layout.JOURNAL}"
     elif held:
         result.exit_code = EXIT_INCOMPLETE
         holders = ", ".join(f"{h} ({result.hosts[h].get('failure')})" for h in held)
@@ -317,7 +317,7 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
     else:
         result.exit_code = EXIT_OK
         result.message = result.message or f"{len(outcomes)} host(s) on {result.change.get('target_version')}"
-    rd.write_json("run.json", {
+    rd.write_json(layout.RUN, {
         "status": ("interrupted" if play is not None and play.interrupted else
                    (play.status if play is not None else "nothing_to_do")),
         "ansible_rc": play.rc if play is not None else None,
@@ -334,5 +334,5 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
         # Each host's pre-change snapshot as its own file too: readable without parsing the journal.
         for host, h in replay_journal(journal).items():
             if h.snapshot is not None:
-                rd.write_json(RunDir.host_file("snapshots", host), h.snapshot)
+                rd.write_json(layout.host_file(layout.SNAPSHOTS, host), h.snapshot)
     rd.write_manifest()

@@ -10,18 +10,14 @@ trusted.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3fleet.bounds import read_bounded
-from k3fleet.change.journal import JOURNAL_FILE
 from k3fleet.errors import IncompleteError, UsageError
-from k3fleet.evidence import MANIFEST, RunDir, verify_run
-
-CHANGE_FILE = "change.json"
+from k3fleet.evidence import RunDir, layout, verify_run
+from k3fleet.evidence.reader import RunReader
 
 
 class PackagePlan(BaseModel):
@@ -74,8 +70,9 @@ class ChangeRecord(BaseModel):
 
 # What a change run writes after the manifest it takes before its play: the journal grows, the
 # play's output and the summary appear. A run killed mid-play has them beside its manifest.
-_PLAY_FILES = (JOURNAL_FILE, "run.json", "check.json")
-_PLAY_PREFIXES = ("events", "ansible", "snapshots/", "resume-", "audit-resume-")
+_PLAY_FILES = (layout.JOURNAL, layout.RUN, layout.CHECK)
+_PLAY_PREFIXES = (layout.EVENTS_STEM, layout.ANSIBLE, f"{layout.SNAPSHOTS}/", layout.RESUME_PREFIX,
+                  layout.gate_audit_dir(layout.RESUME_PREFIX))
 
 
 def _written_by_play(rel: str) -> bool:
@@ -114,12 +111,12 @@ def verified(path: Path) -> RunDir:
     rd = RunDir.open(path)
     report = verify_run(rd.path)
     if not report.has_manifest:
-        raise IncompleteError(f"run {rd.path} has no {MANIFEST}: it stopped before its play started, so no node "
-                              "was changed by it; plan a new night")
+        raise IncompleteError(f"run {rd.path} has no {layout.MANIFEST}: it stopped before its play started, so "
+                              "no node was changed by it; plan a new night")
     if report.problem:
         raise IncompleteError(report.summary())
-    listed = {e["path"]: e for e in json.loads(read_bounded(rd.path / MANIFEST, "run_json"))["files"]}
-    changed = [p for p in report.changed if not (p == JOURNAL_FILE and _grew_from(rd.path / p, listed[p]))]
+    listed = {e["path"]: e for e in RunReader(rd.path).object(layout.MANIFEST)["files"]}
+    changed = [p for p in report.changed if not (p == layout.JOURNAL and _grew_from(rd.path / p, listed[p]))]
     extra = [p for p in report.extra if not _written_by_play(p)]
     bad = [f"{p}: missing" for p in report.missing] + [f"{p}: changed" for p in changed] + [
         f"{p}: not in the manifest" for p in extra]
@@ -131,13 +128,14 @@ def verified(path: Path) -> RunDir:
 
 
 def load_change(rd: RunDir) -> ChangeRecord:
-    p = rd.path / CHANGE_FILE
+    """change.json of a verified run (``verified``), through the run reader; a damaged record is exit 3."""
+    p = rd.path / layout.CHANGE
     try:
-        data = json.loads(read_bounded(p, "run_json"))
-    except FileNotFoundError as exc:
-        raise UsageError(f"run {rd.path} has no {CHANGE_FILE}: it is not a change run") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise IncompleteError(f"{p} cannot be read as JSON ({exc}): the run's record is damaged") from exc
+        data = RunReader(rd.path).json(layout.CHANGE)
+    except IncompleteError as exc:  # the reader's word for a missing file
+        raise UsageError(f"run {rd.path} has no {layout.CHANGE}: it is not a change run") from exc
+    except UsageError as exc:  # not JSON: the reader keeps the decoder's own words as the cause
+        raise IncompleteError(f"{p} cannot be read as JSON ({exc.__cause__}): the run's record is damaged") from exc
     if not isinstance(data, dict):
         raise IncompleteError(f"{p} holds a JSON {type(data).__name__}, not a change record: the run's record is "
                               "damaged")

@@ -24,10 +24,11 @@ from k3fleet.change.gate import (
     held_by_others,
     host_plans,
 )
-from k3fleet.change.journal import JOURNAL_FILE, Journal, read_journal, replay_journal, resume_plan, summarize
+from k3fleet.change.journal import Journal, read_journal, replay_journal, resume_plan, summarize
 from k3fleet.change.night import ChangeResult, execute, extravars, finish, night_lock
 from k3fleet.change.record import load_change, verified
 from k3fleet.errors import UsageError
+from k3fleet.evidence import layout
 from k3fleet.runner import Observer
 
 
@@ -49,7 +50,7 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
             raise UsageError(f"run {rd.path} planned no host: there is nothing to resume")
         # A resume changes nodes like the night did: simulated lab hosts are refused here too.
         refuse_simulated(opts.inventory, ",".join(record.hosts))
-        path = rd.path / JOURNAL_FILE
+        path = rd.path / layout.JOURNAL
         journal = read_journal(path) if path.exists() else Journal(path=path)
         histories = replay_journal(journal)
         with_waves = record.with_waves or opts.waves
@@ -59,14 +60,14 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
             why = "; ".join(f"{h}: {r}" for h, r in rp.failed.items())
             raise UsageError(f"run {rd.path.name} stopped after a failure ({why}); fix it and plan a new night, or "
                              f"roll back with: k3fleet rollback -i INVENTORY --run {rd.path}")
-        n = 1 + sum(1 for p in rd.path.glob("ansible-resume-*") if p.is_dir())
+        n = 1 + sum(1 for p in rd.path.glob(layout.ansible_dir(layout.RESUME_PREFIX) + "*") if p.is_dir())
         skipped = {h: f"refused: {why}" for h, why in rp.refused.items()}
         todo = rp.todo
-        audit_dir = rd.path / "audit"
+        audit_dir = rd.path / layout.gate_audit_dir()
         accept_all = list(dict.fromkeys(record.accept_findings + accept))
         if rp.pending:
             # Hosts the night never reached are gated again by a fresh audit of just them.
-            audit_dir = rd.path / f"audit-resume-{n}"
+            audit_dir = rd.path / layout.gate_audit_dir(layout.resume_tag(n))
             audit = fresh_audit(opts, argv, audit_dir, ",".join(rp.pending), observer, cancel)
             plan = audit.verdict.plan.model_dump(mode="json")
             check_accept_found(accept, [f.check_id for f in audit.verdict.all_findings()], f"the audit {audit_dir}")
@@ -107,13 +108,14 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
                 batches.append(batch)
         hosts = [h for b in batches for h in b]
         serial = [len(b) for b in batches]
-        rd.write_json(f"resume-{n}.json", {"resumed_hosts": rp.resume, "pending": rp.pending, "done": rp.done,
+        rd.write_json(layout.resume_file(n), {"resumed_hosts": rp.resume, "pending": rp.pending, "done": rp.done,
                                            "skipped": skipped, "hosts": hosts, "serial": serial,
                                            "operator": operator, "journal_problems": journal.problems})
         record.with_waves = with_waves
         ev = extravars(record, rd, hosts, serial, audit_dir=audit_dir, snapshots=rp.snapshots, resume=True,
                        operator=operator)
-        result = execute(rd, record, opts, ev, hosts, f"ansible-resume-{n}", f"events-resume-{n}.jsonl", observer,
+        result = execute(rd, record, opts, ev, hosts, layout.ansible_dir(layout.resume_tag(n)),
+                         layout.events_file(layout.resume_tag(n)), observer,
                          cancel, journal=journal, skipped=skipped, report_hosts=planned)
         result.change.update(operator_resume=operator)
         return result

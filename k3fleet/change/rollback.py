@@ -18,7 +18,6 @@ from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts, refuse_simulated
 from k3fleet.change.journal import (
-    JOURNAL_FILE,
     HostHistory,
     Journal,
     JournalEntry,
@@ -33,7 +32,7 @@ from k3fleet.change.night import real_ansible_playbook
 from k3fleet.change.record import verified
 from k3fleet.change.timing import ChangeRecorder
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
-from k3fleet.evidence import COMMAND, RunDir
+from k3fleet.evidence import COMMAND, RunDir, layout
 from k3fleet.runner import Observer, PlayResult, run_playbook
 
 
@@ -85,7 +84,7 @@ def _journals_under(runs_dir: Path) -> list[Path]:
     if not runs_dir.is_dir():
         raise UsageError(f"runs directory {runs_dir} does not exist: give --run RUN")
     out = []
-    for p in sorted(runs_dir.glob(f"*/{JOURNAL_FILE}")):
+    for p in sorted(runs_dir.glob(f"*/{layout.JOURNAL}")):
         if p.is_file() and RunDir.open(p.parent).read_object(COMMAND).get("kind") == "change":
             out.append(p)
     return out
@@ -100,9 +99,9 @@ def rollback_sources(opts: RollbackOptions) -> tuple[list[Source], dict[str, str
     wanted = hosts_of(opts.inventory, opts.limit) if opts.limit else None
     if opts.run is not None:
         rd = verified(opts.run)
-        path = rd.path / JOURNAL_FILE
+        path = rd.path / layout.JOURNAL
         if not path.exists():
-            raise UsageError(f"run {rd.path} has no {JOURNAL_FILE}: nothing was changed in it")
+            raise UsageError(f"run {rd.path} has no {layout.JOURNAL}: nothing was changed in it")
         journal = read_journal(path)
         histories = replay_journal(journal)
         targets, skipped, refused_run = rollback_targets(histories, wanted, journal)
@@ -174,7 +173,7 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
                 "fabricmanager_settle": float(c.fabricmanager_settle_s), "command": float(c.command_timeout_s)}
     result = RollbackResult(run_dir=rd, sources={str(s.journal.path): s.hosts for s in sources}, skipped=skipped,
                             refused=refused)
-    rd.write_json("rollback.json", {"sources": result.sources, "skipped": skipped, "refused": refused,
+    rd.write_json(layout.ROLLBACK, {"sources": result.sources, "skipped": skipped, "refused": refused,
                                     "check": opts.check, "operator": operator})
     interrupted = False
     for i, src in enumerate(sources):
@@ -197,11 +196,11 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
         }
         recorder = ChangeRecorder(inner=observer or Observer())
         with PlayGuard(opts.runs_dir, f"{rd.path.name}-{i + 1}", real_ansible_playbook()):
-            play = run_playbook("rollback.yml", opts.inventory, rd.path / f"ansible-{i + 1}", extravars=ev,
+            play = run_playbook("rollback.yml", opts.inventory, rd.path / layout.ansible_dir(str(i + 1)), extravars=ev,
                                 forks=opts.forks, check=opts.check, observer=recorder, cancel=cancel,
                                 host_key_checking=opts.host_key_checking)
         result.plays.append(play)
-        rd.write_jsonl(f"events-{i + 1}.jsonl", play.events)
+        rd.write_jsonl(layout.events_file(str(i + 1)), play.events)
         # The rollback's own lines, from the play: the source journal keeps them too.
         mine = []
         for line in recorder.lines:
@@ -210,7 +209,7 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
             except ValueError:
                 continue
         for e in mine:
-            rd.append_jsonl(JOURNAL_FILE, e.model_dump(mode="json", exclude_none=True))
+            rd.append_jsonl(layout.JOURNAL, e.model_dump(mode="json", exclude_none=True))
         now = replay(mine)
         for host in src.hosts:
             h = now.get(host)
@@ -254,7 +253,7 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
         result.exit_code = EXIT_OK
         result.message = f"{len(outcomes)} host(s) {'checked' if opts.check else 'rolled back'}"
     result.problems = [p for s in sources for p in s.journal.problems]
-    rd.write_json("run.json", {"exit_code": result.exit_code, "message": result.message, "hosts": result.hosts,
+    rd.write_json(layout.RUN, {"exit_code": result.exit_code, "message": result.message, "hosts": result.hosts,
                                "skipped": skipped, "refused": refused, "sources": result.sources,
                                "journal_problems": result.problems,
                                "wall_s": round(sum(p.wall_s for p in result.plays), 3)})

@@ -311,17 +311,7 @@ def watch(
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
 ) -> None:
     """Watch a served model after approval; exit 1 with the trigger and the rollback artifact when one fires."""
-    from k3fleet.decide.watch import (
-        DEFAULT_AGENT_CASES,
-        Sample,
-        Trigger,
-        WatchOptions,
-        load_baseline,
-        parse_duration,
-        rollback_artifact,
-        run_watch,
-    )
-    from k3fleet.evidence import RunDir
+    from k3fleet.decide.watch import DEFAULT_AGENT_CASES, Sample, Trigger, WatchOptions, parse_duration, run_watch
 
     opts = WatchOptions(base_url=base_url, baseline=baseline, duration_s=parse_duration(duration),
                         interval_s=interval, repeat=repeat, cache_tolerance=cache_tolerance,
@@ -329,13 +319,8 @@ def watch(
                         agent_every=agent_every, agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES),
                         api_key_env=api_key_env, verify_tls=not insecure, model=model,
                         allowed_signers=allowed_signers, node_logs=tuple(node_log or ()))
-    # Refuse an unsigned, forged, tampered or unapproved decision before anything is written.
-    load_baseline(baseline, allowed_signers)
-    rd = RunDir.create(runs_dir, "watch", sys.argv, out=out_dir, record={"baseline": str(baseline)})
 
     def show(s: Sample, fired: list[Trigger]) -> None:
-        rd.append_jsonl("samples.jsonl", s.model_dump(mode="json"))
-
         def num(v: float | None, fmt: str = "g") -> str:
             return "-" if v is None else format(v, fmt)
 
@@ -346,18 +331,10 @@ def watch(
                   f"waiting={num(s.waiting)} kv={num(s.kv_usage, '.2f')} caching={s.caching_enabled} "
                   f"real_requests={num(real)} probe={s.probe_requests} agent={agent} -> {state}", markup=False)
 
-    try:
-        result = run_watch(opts, show)
-    except BaseException:
-        rd.write_manifest()
-        raise
-    artifact = rollback_artifact(result.baseline)
-    data = {"samples": len(result.samples), "triggers": [t.model_dump(mode="json") for t in result.triggers],
-            "rollback": artifact if result.triggers else None, "exit_code": result.exit_code}
-    rd.write_json("watch.json", data)
-    rd.write_manifest()
+    watched = run_watch(opts, sys.argv, runs_dir=runs_dir, out=out_dir, on_sample=show)
+    result, artifact = watched.result, watched.artifact
     if as_json:
-        out.print_json(json.dumps(data))
+        out.print_json(json.dumps(watched.record))
     elif result.triggers:
         for t in result.triggers:
             out.print(f"TRIGGER {t.id} at {t.t_s:.1f}s: {t.message}", markup=False)
@@ -367,5 +344,5 @@ def watch(
                 out.print(f"  {key}: {value}", markup=False)
     else:
         out.print(f"no trigger in {len(result.samples)} samples over the window", markup=False)
-    err.print(f"run directory: {rd.path}")
+    err.print(f"run directory: {watched.run_dir.path}")
     raise typer.Exit(result.exit_code)

@@ -210,12 +210,12 @@ def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> Eviden
         from k3fleet.decide.envelope import profile_brief
         from k3fleet.models.profile import load_profile
 
-        profile = profile_brief(load_profile(opts.profile), Ref(run="decision", file="inputs/profile.yaml"))
+        profile = profile_brief(load_profile(opts.profile), Ref(run="decision", file=layout.PROFILE_SOURCE))
     summary = EvidenceSummary(
         runs=src.runs, target=target, audit=_newest(src.audits), change=_newest(src.changes),
         accept=merge_accept(src.accepts), triage=src.triage, owners=owners,
-        owners_ref=Ref(run="decision", file="inputs/owners.yaml") if owners else None, build=build,
-        build_ref=Ref(run="decision", file="inputs/build.yaml") if build else None,
+        owners_ref=Ref(run="decision", file=layout.OWNERS_SOURCE) if owners else None, build=build,
+        build_ref=Ref(run="decision", file=layout.BUILD_SOURCE) if build else None,
         reviewer=validate_name(opts.reviewer, "--reviewer"), reviewed_at=reviewed_at,
         service_owner=validate_name(opts.owner, "--owner"), policy=opts.policy,
         second_reviewer=validate_name(opts.second_reviewer, "--second-reviewer"),
@@ -263,18 +263,18 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
         check_output(opts.archive, "--archive", force=opts.force, inputs=archive_inputs)
     elif opts.out is not None:
         # The default archive sits beside --out: judged now too, not after the decision is written.
-        check_output(opts.out.with_name(opts.out.name + ".tar.gz"), "evidence package", force=opts.force,
+        check_output(layout.package_beside(opts.out), "evidence package", force=opts.force,
                      inputs=archive_inputs)
     now = _now()
     summary = build_summary(src, opts, now.isoformat())
     decision = decide(summary)
     rd = RunDir.create(opts.runs_dir, "decision", argv, out=opts.out)
     if opts.owners_file is not None:
-        rd.copy_input(opts.owners_file, "inputs/owners.yaml")
+        rd.copy_input(opts.owners_file, layout.OWNERS_SOURCE)
     if opts.build_file is not None:
-        rd.copy_input(opts.build_file, "inputs/build.yaml")
+        rd.copy_input(opts.build_file, layout.BUILD_SOURCE)
     if opts.target is not None:
-        rd.copy_input(opts.target, "inputs/target.yaml")
+        rd.copy_input(opts.target, layout.TARGET_SOURCE)
     if opts.profile is not None:
         from k3fleet.accept.profile_cases import write_profile_evidence
         from k3fleet.models.profile import load_profile
@@ -290,7 +290,7 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
         rd.write_json(layout.CURVES, curves)
     rd.write_text(layout.REPORT, render_markdown(decision_view(decision, summary, rd.path.name, curves)))
     rd.write_manifest()
-    archive = opts.archive or rd.path.with_name(rd.path.name + ".tar.gz")
+    archive = opts.archive or layout.package_beside(rd.path)
     operators = sorted({r.user for r in src.runs if r.user} | {r.operator for r in src.runs if r.operator}
                        | {c.operator for c in src.changes if c.operator})
     meta = {

@@ -55,10 +55,12 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
-from k3fleet.bounds import check_seconds, parse_seconds, read_bounded
+from k3fleet.bounds import check_seconds, parse_seconds
 from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence import RunDir, layout
+from k3fleet.evidence.reader import RunReader
 
 TRIGGERS = ("process_restart_or_oom", "queue_beyond_envelope", "queue_growth", "cache_hit_regression",
             "schema_invalid_tool_calls", "node_errors")
@@ -404,9 +406,9 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
     if run_dir is not None:
         _same_decision(run_dir, package, check)
     try:
-        decision = _loads(read_package_file(package, "decision/decision.json"), package.name)
+        decision = _loads(read_package_file(package, layout.package_member(layout.DECISION)), package.name)
         try:
-            raw = _loads(read_package_file(package, "decision/baseline.json"), package.name)
+            raw = _loads(read_package_file(package, layout.package_member(layout.BASELINE)), package.name)
         except UsageError:
             raw = None
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -424,22 +426,21 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
 
 def _decision_dir_package(path: Path) -> Path:
     """The evidence package of a decision run directory that matches its manifest."""
-    from k3fleet.evidence import COMMAND, verify_run
+    from k3fleet.evidence import verify_run
 
-    if not (path / COMMAND).is_file():
+    if not (path / layout.COMMAND).is_file():
         raise UsageError(f"--baseline {path} is not a k3fleet run directory")
-    command = _json(path / COMMAND, path.name)
-    kind = command.get("kind") if isinstance(command, dict) else None
+    kind = RunReader(path).kind
     if kind != "decision":
-        if not isinstance(kind, str) or not kind:
-            raise UsageError(f"--baseline {path}: its {COMMAND} names no run kind: not a k3fleet decision")
+        if not kind:
+            raise UsageError(f"--baseline {path}: its {layout.COMMAND} names no run kind: not a k3fleet decision")
         article = "an" if kind[:1] in "aeiou" else "a"
         raise UsageError(f"--baseline {path} is {article} {kind} run, not a decision: give the signed evidence "
                          "package (.tar.gz) that k3fleet decide wrote for an approved decision")
     report = verify_run(path)
     if not report.ok:
         raise IncompleteError(report.summary())
-    package = path.with_name(path.name + ".tar.gz")
+    package = layout.package_beside(path)
     if not package.is_file():
         raise UsageError(f"--baseline {path}: no evidence package {package.name} beside it: give the signed "
                          "package itself (decide --archive names where it went); a run directory alone does not "
@@ -463,23 +464,14 @@ def _trusted_package(package: Path, allowed_signers: Path, label: Path) -> Packa
 def _same_decision(run_dir: Path, package: Path, check: PackageCheck) -> None:
     """The run directory is the one the package signs: its manifest (which covers every file in it,
     verify_run checked) is byte for byte the package's ``decision/manifest.json``."""
-    from k3fleet.evidence import MANIFEST, sha256_file
+    from k3fleet.evidence import sha256_file
 
     files = (check.manifest or {}).get("files") or []
-    signed = next((f.get("sha256") for f in files if isinstance(f, dict) and f.get("path") == f"decision/{MANIFEST}"),
-                  None)
-    if signed is None or signed != sha256_file(run_dir / MANIFEST):
+    member = layout.package_member(layout.MANIFEST)
+    signed = next((f.get("sha256") for f in files if isinstance(f, dict) and f.get("path") == member), None)
+    if signed is None or signed != sha256_file(run_dir / layout.MANIFEST):
         raise UsageError(f"--baseline {run_dir} is not the decision its signed package {package.name} holds: its "
-                         f"{MANIFEST} differs (changed after signing, or another decision's package)")
-
-
-def _json(p: Path, label: str) -> Any:
-    try:
-        return json.loads(read_bounded(p, "run_json").decode("utf-8"))
-    except FileNotFoundError as exc:
-        raise IncompleteError(f"{label}: {p.name} is missing") from exc
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{label}: {p.name} is not valid JSON ({exc})") from exc
+                         f"{layout.MANIFEST} differs (changed after signing, or another decision's package)")
 
 
 def _loads(data: bytes, label: str) -> Any:
@@ -702,8 +694,8 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
                                     opts.interval_s - (time.monotonic() - started)))
 
 
-def run_watch(opts: WatchOptions, on_sample: Callable[[Sample, list[Trigger]], None] | None = None
-              ) -> WatchResult:
+def check_options(opts: WatchOptions) -> None:
+    """Every option a watch cannot start with, refused before anything is written."""
     for flag, value, span in (("--interval", opts.interval_s, "watch --interval"),
                               ("--for", opts.duration_s, "watch --for")):
         problem = check_seconds(value, span)
@@ -721,8 +713,43 @@ def run_watch(opts: WatchOptions, on_sample: Callable[[Sample, list[Trigger]], N
     unknown = [c for c in opts.agent_cases if c not in _agent_case_names()]
     if unknown:
         raise UsageError(f"--agent-case {unknown[0]!r}: not an agent contract case ({', '.join(_agent_case_names())})")
+
+
+@dataclass
+class WatchRun:
+    """A finished watch and its run directory (kind ``watch``)."""
+
+    result: WatchResult
+    run_dir: RunDir
+    record: dict[str, Any]  # watch.json: samples, triggers, the rollback artifact, the exit code
+    artifact: dict[str, Any]  # what the serving side goes back to (``rollback_artifact``)
+
+
+def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: Path | None = None,
+              on_sample: Callable[[Sample, list[Trigger]], None] | None = None) -> WatchRun:
+    """Watch the endpoint into a run directory: ``command.json``, ``samples.jsonl`` one line per sample as
+    it is taken, ``watch.json`` and the manifest (also when the watch is stopped or fails). Bad options and
+    an untrusted baseline (unsigned, forged, tampered, unapproved) are refused before it exists."""
+    check_options(opts)
     baseline, decision = load_baseline(opts.baseline, opts.allowed_signers)
-    return asyncio.run(_watch(opts, baseline, decision, on_sample or (lambda _s, _t: None)))
+    rd = RunDir.create(runs_dir, "watch", argv, out=out, record={"baseline": str(opts.baseline)})
+
+    def sample(s: Sample, fired: list[Trigger]) -> None:
+        rd.append_jsonl(layout.SAMPLES, s.model_dump(mode="json"))
+        if on_sample is not None:
+            on_sample(s, fired)
+
+    try:
+        result = asyncio.run(_watch(opts, baseline, decision, sample))
+    except BaseException:
+        rd.write_manifest()
+        raise
+    artifact = rollback_artifact(result.baseline)
+    record = {"samples": len(result.samples), "triggers": [t.model_dump(mode="json") for t in result.triggers],
+              "rollback": artifact if result.triggers else None, "exit_code": result.exit_code}
+    rd.write_json(layout.WATCH, record)
+    rd.write_manifest()
+    return WatchRun(result, rd, record, artifact)
 
 
 def _agent_case_names() -> tuple[str, ...]:

@@ -9,6 +9,7 @@ host name never leaves its folder.
 from __future__ import annotations
 
 import urllib.parse
+from pathlib import Path
 
 from k3fleet.errors import UsageError
 
@@ -17,11 +18,11 @@ COMMAND = "command.json"  # claimed first (O_EXCL): the run's kind, argv, user, 
 MANIFEST = "manifest.json"  # sha256 of every other file, written last
 RUN = "run.json"  # how the run ended: status, exit code, per-host outcomes
 REPORT = "report.md"
-EVENTS = "events.jsonl"  # the play's events, as k3fleet.runner keeps them
+EVENTS_STEM = "events"  # events.jsonl: the play's events, as k3fleet.runner keeps them (events-<tag>.jsonl)
 INPUTS = "inputs"
 TARGET = f"{INPUTS}/target.json"  # the target judged against, validated
 TARGET_SOURCE = f"{INPUTS}/target.yaml"  # the target file as given
-ANSIBLE = "ansible"  # the play's redacted output (k3fleet.runner)
+ANSIBLE = "ansible"  # the play's redacted output (k3fleet.runner; ansible-<tag> for a later play)
 RUNNER_SUMMARY = "runner.json"  # inside the play's output folder
 
 # -- audit and merge ------------------------------------------------------------------------------
@@ -37,13 +38,14 @@ JOURNAL = "journal.jsonl"  # one fsync'd line per stage transition
 ROLLBACK = "rollback.json"
 SNAPSHOTS = "snapshots"  # snapshots/<host>.json: each host's state before the change
 GATE_AUDIT = "audit"  # the fresh audit the gate runs, a run directory inside the change run
-RESUME_PREFIX = "resume-"
-GATE_AUDIT_RESUME_PREFIX = "audit-resume-"
+RESUME_PREFIX = "resume-"  # resume-<n>.json and the n-th resume's play, events and gate audit
 
 # -- acceptance -----------------------------------------------------------------------------------
 ACCEPT = "accept.json"  # the endpoint, which probes ran, the exit code
 PROBES = ("startup", "prefix_cache", "agent", "load")
 PROFILE = "profile.json"  # the production profile the run was held against
+PROFILE_SOURCE = f"{INPUTS}/profile.yaml"  # the profile file as given (its files under profile-files/)
+PROFILE_FILES = f"{INPUTS}/profile-files"
 STARTUP_LOG = f"{INPUTS}/startup.log"
 LAUNCH_COMMAND = f"{INPUTS}/launch_command.txt"
 LOAD_ROWS = ("curves", "samples", "failures")
@@ -57,8 +59,11 @@ SUMMARY = "summary.json"  # the evidence the decision was taken on
 CHECKLIST = "checklist.json"
 BASELINE = "baseline.json"  # what watch holds live traffic against
 CURVES = "curves.json"  # the load curves the decision's charts draw
+OWNERS_SOURCE = f"{INPUTS}/owners.yaml"  # decide --owners
+BUILD_SOURCE = f"{INPUTS}/build.yaml"  # decide --build
 
 # -- the evidence package (decide --archive) ------------------------------------------------------
+PACKAGE_SUFFIX = ".tar.gz"  # <decision run>.tar.gz beside the decision's run directory
 PACKAGE_MANIFEST = "PACKAGE.json"
 PACKAGE_SIGNATURE = f"{PACKAGE_MANIFEST}.sig"
 PACKAGE_DECISION = "decision"  # the decision's run directory inside the package
@@ -92,9 +97,41 @@ def metrics_file(window: str) -> str:
     return f"metrics/{window}.txt"
 
 
+def _tagged(stem: str, tag: str, suffix: str = "") -> str:
+    return f"{stem}-{tag}{suffix}" if tag else f"{stem}{suffix}"
+
+
+def events_file(tag: str = "") -> str:
+    """``events.jsonl`` (``events-<tag>.jsonl`` for a run's later plays: a resume, a rollback's n-th)."""
+    return _tagged(EVENTS_STEM, tag, ".jsonl")
+
+
+EVENTS = events_file()
+
+
+def ansible_dir(tag: str = "") -> str:
+    """``ansible/`` (``ansible-<tag>/``): a play's redacted output."""
+    return _tagged(ANSIBLE, tag)
+
+
+def gate_audit_dir(tag: str = "") -> str:
+    """``audit/`` (``audit-<tag>/``): the fresh audit a change night (or its resume) runs first."""
+    return _tagged(GATE_AUDIT, tag)
+
+
+def resume_tag(n: int) -> str:
+    """``resume-<n>``: the tag of the n-th ``upgrade --resume`` of a night."""
+    return f"{RESUME_PREFIX}{n}"
+
+
 def resume_file(n: int) -> str:
     """``resume-<n>.json``: what the n-th ``upgrade --resume`` of a night did."""
-    return f"{RESUME_PREFIX}{n}.json"
+    return f"{resume_tag(n)}.json"
+
+
+def package_beside(run: Path) -> Path:
+    """Where ``decide`` puts a decision's evidence package by default: ``<run>.tar.gz`` beside it."""
+    return run.with_name(run.name + PACKAGE_SUFFIX)
 
 
 def package_member(rel: str) -> str:

@@ -164,7 +164,7 @@ class RunReader:
         folder = self.path / layout.FACTS
         if not folder.is_dir():
             return []
-        return sorted(layout.host_from_file_name(p.stem) for p in folder.glob("*.json"))
+        return [layout.host_from_file_name(p.stem) for p in sorted(folder.glob("*.json"))]
 
     def raw_facts(self, host: str) -> Any:
         """A host's facts file as the node returned it, before validation (a merge re-judges it)."""

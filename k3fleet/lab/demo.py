@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3fleet.errors import UsageError
+from k3fleet.evidence import layout
 from k3fleet.report.escapes import safe_text
 
 DATA = Path(__file__).resolve().parent / "demo_data"
@@ -225,7 +226,7 @@ def run_demo(work: Path) -> int:
                             "--out", str(decision)], expected=(0, 1),
                  shown=f"the signing key option names the file made by ssh-keygen above: {key}",
                  note=lambda rc: "approved" if rc == 0 else "not approved: the checklist says why")
-        package = decision.with_name(decision.name + ".tar.gz")
+        package = layout.package_beside(decision)
         if package.is_file():
             demo.run("verify-evidence", ["verify-evidence", str(package), "--allowed-signers", str(allowed)])
         if (decision / "baseline.json").is_file():
