@@ -70,6 +70,24 @@ def test_run_cached_runs_once(tmp_path: Path) -> None:
     assert counter.read_text().count("x") == 1
 
 
+def test_read_cached_and_which_ask_the_node_once(tmp_path: Path) -> None:
+    # Several collectors read /proc/modules and look up the same command: one read, one PATH search.
+    (tmp_path / "proc").mkdir()
+    modules = tmp_path / "proc" / "modules"
+    modules.write_text("nvidia 56717312 550 - Live 0x0000000000000000 (POE)\n")
+    bindir = tmp_path / "bin"
+    exe(bindir / "tool", "echo ok")
+    r = NodeReader(root=str(tmp_path), path=str(bindir))
+    first = r.read_cached("/proc/modules")
+    modules.write_text("changed\n")
+    assert r.read_cached("/proc/modules") == first
+    assert r.read("/proc/modules") == "changed\n"
+    assert r.which("tool") == str(bindir / "tool")
+    (bindir / "tool").unlink()
+    assert r.which("tool") == str(bindir / "tool")
+    assert NodeReader(root=str(tmp_path), path=str(bindir)).which("tool") is None
+
+
 def test_guard_turns_a_collector_crash_into_unknown() -> None:
     def broken() -> dict:
         raise KeyError("surprise")

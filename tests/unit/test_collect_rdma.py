@@ -111,7 +111,7 @@ def test_parse_rate_gbps(text: str | None, expected: float | None) -> None:
     ("proc_modules_no_peermem_talos.txt", {"nvidia", "nvidia_uvm", "nvidia_drm"}, "nvidia_peermem"),
 ])
 def test_parse_proc_modules(name: str, loaded: set[str], absent: str) -> None:
-    names = parse_proc_modules(fixture(name))
+    names = set(parse_proc_modules(fixture(name)))
     assert loaded <= names
     assert absent not in names
 

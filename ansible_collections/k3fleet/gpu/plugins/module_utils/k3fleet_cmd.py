@@ -80,6 +80,10 @@ class NodeReader:
         self._env = env
         self.commands = []
         self._cache = {}
+        # Files several collectors read (/proc/modules, /etc/hostname) and command lookups on the
+        # path: each read and looked up once per reader, however many collectors ask.
+        self._files = {}
+        self._which = {}
         # The whole node's time budget: once spent, commands are not started and say so, so the
         # module returns partial facts before the controller's task timeout kills it.
         self.deadline = time.time() + float(budget) if budget else None
@@ -115,6 +119,13 @@ class NodeReader:
             return None
         return b"".join(chunks).decode("utf-8", "replace")
 
+    def read_cached(self, path, limit=MAX_OUTPUT):
+        """:meth:`read` once per reader, however many collectors ask for the file."""
+        key = (path, limit)
+        if key not in self._files:
+            self._files[key] = self.read(path, limit=limit)
+        return self._files[key]
+
     def read_error(self, path):
         """Why ``path`` cannot be read (for ``unknown`` reasons), or None if it can."""
         try:
@@ -138,6 +149,11 @@ class NodeReader:
 
     # -- commands ----------------------------------------------------------
     def which(self, name):
+        if name not in self._which:
+            self._which[name] = self._find(name)
+        return self._which[name]
+
+    def _find(self, name):
         if os.sep in name:
             return name if os.access(name, os.X_OK) else None
         for d in self.path.split(os.pathsep):
@@ -206,6 +222,26 @@ class NodeReader:
                             err[-MAX_OUTPUT:].decode("utf-8", "replace"), duration=time.time() - started)
         self.commands.append(res.as_dict())
         return res
+
+
+def parse_proc_modules(text):
+    """Parse /proc/modules into ``{name: {"size", "refcount", "state"}}``.
+
+    Lines that are not module lines (a short read) are skipped: presence is all the
+    collectors need (the driver's module, GPUDirect's peer-memory module), and a half
+    line cannot name a module reliably.
+    """
+    modules = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) < 5 or not parts[1].isdigit():
+            continue
+        modules[parts[0]] = {
+            "size": int(parts[1]),
+            "refcount": int(parts[2]) if parts[2].isdigit() else None,
+            "state": parts[4],
+        }
+    return modules
 
 
 def unknown(reason, **extra):

@@ -10,11 +10,10 @@ collector turns that into ``unknown`` + reason, never an exception.
 from __future__ import annotations
 
 import contextlib
-import csv
 import re
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, parse_proc_modules
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
 
 # The --query-gpu fields of COMMANDS["nvidia_smi_query"], in order.
@@ -84,25 +83,6 @@ def parse_proc_version(text: str) -> dict[str, Any]:
     }
 
 
-def parse_proc_modules(text: str) -> dict[str, dict[str, Any]]:
-    """Parse /proc/modules into ``{name: {"size", "refcount", "state"}}``.
-
-    Lines that are not module lines (a short read) are skipped: presence is all
-    the collector needs, and a half line cannot name a module reliably.
-    """
-    modules = {}
-    for line in (text or "").splitlines():
-        parts = line.split()
-        if len(parts) < 5 or not parts[1].isdigit():
-            continue
-        modules[parts[0]] = {
-            "size": int(parts[1]),
-            "refcount": int(parts[2]) if parts[2].isdigit() else None,
-            "state": parts[4],
-        }
-    return modules
-
-
 def _na(value: str) -> bool:
     return value.strip().lower() in _NA_VALUES
 
@@ -142,6 +122,8 @@ def parse_smi_csv(text: str, fields: tuple[str, ...] = SMI_QUERY_FIELDS) -> list
     on a row with the wrong number of fields or a value of the wrong kind, which
     is what truncated output looks like.
     """
+    import csv  # only nodes without NVML parse nvidia-smi's CSV
+
     rows = []
     reader = csv.reader((text or "").splitlines(), skipinitialspace=True)
     line_no = 0
@@ -1163,7 +1145,7 @@ def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:
     or not understood.
     """
     km: dict[str, Any] = {"loaded": None, "version": None, "flavour": None, "arch": None, "raw": None}
-    modules_text = reader.read(FILES["proc_modules"])
+    modules_text = reader.read_cached(FILES["proc_modules"])
     in_modules = None if modules_text is None else "nvidia" in parse_proc_modules(modules_text)
     # A small read size: procfs handlers may refuse to allocate a multi-megabyte read buffer.
     text = reader.read(FILES["proc_driver_version"], limit=64 * 1024)

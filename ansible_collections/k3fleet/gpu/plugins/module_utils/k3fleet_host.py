@@ -7,7 +7,6 @@ from __future__ import absolute_import, division, print_function
 import socket
 import time
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_active
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
@@ -15,7 +14,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import FILES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import FILES, HOSTNAME_LIMIT
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_workloads import collect_workloads
 
 __metaclass__ = type
@@ -25,7 +24,7 @@ SCHEMA_VERSION = "1.1"
 
 
 def node_hostname(reader):
-    text = reader.read(FILES["hostname"])
+    text = reader.read_cached(FILES["hostname"], limit=HOSTNAME_LIMIT)
     if text and text.strip():
         return text.strip().split()[0]
     if reader.root == "/":
@@ -61,6 +60,9 @@ def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False
                                                 driver, packages)
     # Active checks (docs/facts.md section 17) last: every state read above is in before they load the node.
     if active in ("quick", "full") and active_spec:
+        # Imported here: an audit without active checks does not compile them on every node.
+        from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_active
+
         facts["active"] = guard("active", collect_active, reader, active, active_spec, driver, facts["rdma"],
                                 scheduler=facts["scheduler"])
     if not isinstance(facts["hostname"], str):

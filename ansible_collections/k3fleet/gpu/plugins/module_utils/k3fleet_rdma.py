@@ -16,7 +16,7 @@ from __future__ import absolute_import, division, print_function
 import os
 import re
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import parse_proc_modules, unknown
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
 
 __metaclass__ = type
@@ -84,16 +84,6 @@ def parse_port(port, values):
         "rate_gbps": parse_rate_gbps(rate),
         "link_layer": link_layer.strip() if link_layer and link_layer.strip() else None,
     }
-
-
-def parse_proc_modules(text):
-    """Names of loaded kernel modules from ``/proc/modules`` (first column of each line)."""
-    names = set()
-    for line in (text or "").splitlines():
-        fields = line.split()
-        if fields:
-            names.add(fields[0])
-    return names
 
 
 def _split_lspci_devices(text):
@@ -287,7 +277,7 @@ def collect_rdma(reader, lspci=True):
            "nvidia_peermem_loaded": None, "acs_checked": False, "acs_reason": None,
            "acs_enabled_bridges": []}
 
-    modules_text = reader.read(FILES["proc_modules"])
+    modules_text = reader.read_cached(FILES["proc_modules"])
     if modules_text is None:
         out["peermem_reason"] = reader.read_error(FILES["proc_modules"])
     else:

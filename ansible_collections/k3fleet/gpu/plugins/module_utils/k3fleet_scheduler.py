@@ -17,6 +17,7 @@ import socket
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
     FILES,
+    HOSTNAME_LIMIT,
     scontrol_show_node_argv,
     squeue_running_argv,
 )
@@ -112,7 +113,7 @@ def count_running_jobs(text):
 
 
 def short_hostname(reader):
-    text = reader.read(FILES["hostname"], limit=1024)
+    text = reader.read_cached(FILES["hostname"], limit=HOSTNAME_LIMIT)
     name = text.strip().splitlines()[0].strip() if text and text.strip() else ""
     source = FILES["hostname"]
     if not name:

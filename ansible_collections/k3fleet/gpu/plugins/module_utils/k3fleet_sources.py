@@ -30,6 +30,9 @@ FILES = {
     "infiniband_dir": "/sys/class/infiniband",
 }
 
+# /etc/hostname holds one name: the most of it any collector reads.
+HOSTNAME_LIMIT = 1024
+
 # name -> argv (fixed command lines)
 COMMANDS = {
     "nvidia_smi_query": [
