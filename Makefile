@@ -70,11 +70,16 @@ bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --sizes 50 200 1000
 
 # The same comparison over real SSH: one network namespace and sshd per lab host (root; docs/scale.md).
-# Mitogen's strategy is measured beside Ansible's default.
+# Every size twice on its fleet, then one table of ratios, node CPU per host and load averages;
+# sizes from the command line (make bench-ssh BENCH_SSH_SIZES="50 200"). BENCH_SSH_ARGS adds options
+# (--playbook: ansible-playbook by hand beside the audit; --mitogen: Mitogen's strategy too).
+BENCH_SSH_SIZES ?= 50 200 1000
+BENCH_SSH_ARGS ?=
 bench-ssh: $(STAMP)
 	bash scripts/sshfleet-deps.sh
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --ssh --sizes 50 200 --forks 20 --mitogen
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --ssh --sizes $(BENCH_SSH_SIZES) --forks 20 \
+		--repeat 2 $(BENCH_SSH_ARGS)
 
 ssh-fleet-down: $(STAMP)
 	$(BIN)/k3fleet lab ssh-fleet down

@@ -14,11 +14,17 @@ local (default): the simulated lab over Ansible's local connection. For each siz
     controller CPU: the run's process tree plus its ssh ControlPersist masters (this process is a
       child subreaper, so the masters that detach are reparented here and reaped when closed);
     node CPU: the sshd listeners with their reaped sessions and modules (read from /proc);
-  both include nothing of the other side. --mitogen adds the same two runs under Mitogen's
-  mitogen_linear strategy. Use the same --forks for every run: the ratio is at equal forks.
+  both include nothing of the other side. The audit's own row also shows the k3fleet process's
+  CPU apart ("k3fleet"): the rest of its controller CPU is ansible-playbook and ssh. --playbook
+  adds ansible-playbook audit.yml run by hand (Ansible's own share of the audit, without k3fleet);
+  --mitogen adds the baseline and audit runs under Mitogen's mitogen_linear strategy. --repeat N
+  runs every size's set N times on the same fleet (each run from cold connections), and the end
+  prints one table over every size and repeat: audit / baseline ratios of wall and controller CPU,
+  node CPU per host of both, and the load averages seen. Use the same --forks for every run: the
+  ratio is at equal forks.
 
     python scripts/bench_audit.py --sizes 50 200 1000 --forks 10
-    python scripts/bench_audit.py --ssh --sizes 50 200 --forks 20 --mitogen
+    python scripts/bench_audit.py --ssh --sizes 50 200 1000 --forks 20 --repeat 2
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class Run:
     rc: int
     node_cpu: float | None = None
     detail: str = ""
+    # The k3fleet process's own CPU (the audit run only): the rest of cpu is ansible-playbook and ssh.
+    own_cpu: float | None = None
 
 
 def _children_cpu() -> float:
@@ -79,13 +87,15 @@ def _baseline_argv(bindir: Path, inventory: Path, forks: int) -> list[str]:
 
 def _row(n: int, name: str, r: Run) -> None:
     node = f"{r.node_cpu:>8.1f} {r.node_cpu / n:>9.3f}" if r.node_cpu is not None else f"{'':>8} {'':>9}"
+    own = f"{r.own_cpu:>7.1f}" if r.own_cpu is not None else f"{'':>7}"
     util = r.cpu / r.wall if r.wall else 0.0
-    print(f"{n:>6} {name:<17} {r.wall:>7.1f} {r.cpu:>8.1f} {r.cpu / n:>9.3f} {util:>5.2f} {node} {r.rc:>3}  {r.detail}")
+    print(f"{n:>6} {name:<17} {r.wall:>7.1f} {r.cpu:>8.1f} {r.cpu / n:>9.3f} {util:>5.2f} {own} {node} {r.rc:>3}  "
+          f"{r.detail}")
     sys.stdout.flush()
 
 
 def _header() -> None:
-    print(f"{'hosts':>6} {'run':<17} {'wall s':>7} {'ctl cpu':>8} {'ctl/host':>9} {'util':>5} "
+    print(f"{'hosts':>6} {'run':<17} {'wall s':>7} {'ctl cpu':>8} {'ctl/host':>9} {'util':>5} {'k3fleet':>7} "
           f"{'node cpu':>8} {'node/host':>9} {'rc':>3}")
 
 
@@ -157,6 +167,28 @@ def _sessions_closed(workdir: Path, timeout: float = 20.0) -> None:
         time.sleep(0.2)
 
 
+# Runs the k3fleet CLI as its console script does and reports the process's own CPU on exit, so the
+# audit's controller CPU splits into k3fleet's share and ansible-playbook's (with ssh).
+_OWN_CPU_MARK = "K3FLEET_BENCH_OWN_CPU"
+_OWN_CPU_WRAPPER = (
+    "import atexit, resource, sys\n"
+    "def _own():\n"
+    "    r = resource.getrusage(resource.RUSAGE_SELF)\n"
+    f"    sys.stderr.write('{_OWN_CPU_MARK} %.3f\\n' % (r.ru_utime + r.ru_stime))\n"
+    "atexit.register(_own)\n"
+    "sys.argv[0] = 'k3fleet'\n"
+    "from k3fleet.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def _own_cpu(stderr: str) -> float | None:
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(_OWN_CPU_MARK + " "):
+            return float(line.split()[1])
+    return None
+
+
 def _ssh_run(argv: list[str], env: dict[str, str], workdir: Path) -> Run:
     from k3fleet.lab import sshfleet
 
@@ -176,7 +208,7 @@ def _ssh_run(argv: list[str], env: dict[str, str], workdir: Path) -> Run:
     node = sshfleet.node_cpu_seconds(workdir) - node0
     if proc.returncode not in (0, 1, 3, 4):
         sys.stderr.write(f"{argv[0]} exited {proc.returncode}: {proc.stderr[-800:]}\n")
-    return Run(wall, cpu, proc.returncode, node, detail=proc.stdout)
+    return Run(wall, cpu, proc.returncode, node, detail=proc.stdout, own_cpu=_own_cpu(proc.stderr))
 
 
 def _baseline_detail(stdout: str) -> str:
@@ -195,6 +227,67 @@ def _audit_detail(run_dir: Path) -> str:
             f"verdict {verdict.get('outcome')}")
 
 
+def _playbook_detail(stdout: str) -> str:
+    """ok / unreachable counts from PLAY RECAP (printed by the default callback, for this figure only)."""
+    ok = unreachable = 0
+    for line in stdout.splitlines():
+        if " ok=" not in line or " unreachable=" not in line:
+            continue
+        fields = dict(f.split("=", 1) for f in line.split(":", 1)[1].split() if "=" in f)
+        if int(fields.get("unreachable", "0")):
+            unreachable += 1
+        elif int(fields.get("ok", "0")):
+            ok += 1
+    return f"{ok} answered, {unreachable} unreachable"
+
+
+def _playbook_argv(bindir: Path, inventory: Path, forks: int) -> list[str]:
+    """ansible-playbook audit.yml as the CLI runs it (same extra vars), without k3fleet around it."""
+    from k3fleet.runner import playbook_path
+    from k3fleet.targets import load_target
+
+    extravars = {"k3fleet_image": load_target(None).image.ref, "k3fleet_host_timeout": 300,
+                 "k3fleet_command_timeout": 20.0, "k3fleet_publish_artifacts": False}
+    return [str(bindir / "ansible-playbook"), str(playbook_path("audit.yml")), "-i", str(inventory), "-f", str(forks),
+            "-e", json.dumps(extravars)]
+
+
+def _loadavg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.1f} {five:.1f} {fifteen:.1f}"
+
+
+@dataclass
+class Pair:
+    """One repeat of one size: the baseline and the audit, and the load average after them."""
+
+    base: Run
+    audit: Run
+    load: str
+
+
+def _span(values: list[float], fmt: str = "{:.2f}") -> str:
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def _summary(pairs: dict[tuple[int, str], list[Pair]]) -> None:
+    """The issue's table: per size, every repeat's ratios, node CPU per host of both sides."""
+    print("\n| hosts | run | audit / plain `ansible -m command`: wall | controller CPU | "
+          "k3fleet process CPU per host | node CPU per host (audit vs plain) | load average (1, 5, 15 min) |")
+    print("|---|---|---|---|---|---|---|")
+    for (n, strategy), runs in pairs.items():
+        wall = ", ".join(f"{p.audit.wall / p.base.wall:.2f}" for p in runs)
+        cpu = ", ".join(f"{p.audit.cpu / p.base.cpu:.2f}" for p in runs)
+        own = [p.audit.own_cpu / n for p in runs if p.audit.own_cpu is not None]
+        node_a = [p.audit.node_cpu / n for p in runs if p.audit.node_cpu is not None]
+        node_b = [p.base.node_cpu / n for p in runs if p.base.node_cpu is not None]
+        node = f"{_span(node_a)} s vs {_span(node_b)} s" if node_a and node_b else ""
+        print(f"| {n} | {strategy} | {wall} | {cpu} | {_span(own, '{:.3f}') + ' s' if own else ''} | {node} | "
+              f"{'; '.join(p.load for p in runs)} |")
+    sys.stdout.flush()
+
+
 def _mem_available_mib() -> float:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -202,7 +295,8 @@ def _mem_available_mib() -> float:
     return 0.0
 
 
-def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None) -> int:
+def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None, repeat: int = 1,
+              playbook: bool = False) -> int:
     from k3fleet.lab import sshfleet
     from k3fleet.lab.common import supervise
 
@@ -220,7 +314,9 @@ def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None)
     bindir = Path(sys.executable).parent
     base_env = {**os.environ, **ansible_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="k3fleet-bench-ssh-"))
-    print(f"controller: {os.cpu_count()} CPUs; forks {forks}; node side on the same machine (its CPU apart)")
+    print(f"controller: {os.cpu_count()} CPUs; forks {forks}; node side on the same machine (its CPU apart); "
+          f"load average {_loadavg()}")
+    pairs: dict[tuple[int, str], list[Pair]] = {}
     try:
         for n in sizes:
             mem0 = _mem_available_mib()
@@ -229,27 +325,37 @@ def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None)
             mem = mem0 - _mem_available_mib()
             print(f"\n{n} SSH hosts up in {state.up_seconds:.1f}s: {st.sshd_running} sshd "
                   f"({n - st.sshd_expected} hosts unreachable by profile), {mem:.0f} MiB of memory "
-                  f"(sshd resident {st.sshd_rss_mib:.0f} MiB, shared pages counted per process)")
+                  f"(sshd resident {st.sshd_rss_mib:.0f} MiB, shared pages counted per process); "
+                  f"load average {_loadavg()}")
             _header()
-            for name, sdir in strategies:
-                env = dict(base_env)
-                if sdir is not None:
-                    env.update({"ANSIBLE_STRATEGY_PLUGINS": sdir, "ANSIBLE_STRATEGY": "mitogen_linear"})
-                base = _ssh_run(_baseline_argv(bindir, state.inventory, forks), env, wd)
-                base.detail = _baseline_detail(base.detail)
-                with tempfile.TemporaryDirectory(prefix="k3fleet-bench-run-") as tmp:
-                    out = Path(tmp) / "run"
-                    audit = _ssh_run([str(bindir / "k3fleet"), "audit", "-i", str(state.inventory), "--forks",
-                                      str(forks), "--quiet", "--out", str(out)], env, wd)
-                    audit.detail = _audit_detail(out)
-                _row(n, f"baseline {name}", base)
-                _row(n, f"audit {name}", audit)
-                _ratio(n, f"ratio {name}", audit, base)
-                _saturation(n, audit)
+            for rep in range(1, repeat + 1):
+                for name, sdir in strategies:
+                    env = dict(base_env)
+                    if sdir is not None:
+                        env.update({"ANSIBLE_STRATEGY_PLUGINS": sdir, "ANSIBLE_STRATEGY": "mitogen_linear"})
+                    tag = f"{name} #{rep}" if repeat > 1 else name
+                    base = _ssh_run(_baseline_argv(bindir, state.inventory, forks), env, wd)
+                    base.detail = _baseline_detail(base.detail)
+                    _row(n, f"baseline {tag}", base)
+                    if playbook:
+                        play = _ssh_run(_playbook_argv(bindir, state.inventory, forks), env, wd)
+                        play.detail = _playbook_detail(play.detail)
+                        _row(n, f"playbook {tag}", play)
+                    with tempfile.TemporaryDirectory(prefix="k3fleet-bench-run-") as tmp:
+                        out = Path(tmp) / "run"
+                        audit = _ssh_run([sys.executable, "-c", _OWN_CPU_WRAPPER, "audit", "-i", str(state.inventory),
+                                          "--forks", str(forks), "--quiet", "--out", str(out)], env, wd)
+                        audit.detail = _audit_detail(out)
+                    _row(n, f"audit {tag}", audit)
+                    _ratio(n, f"ratio {tag}", audit, base)
+                    _saturation(n, audit)
+                    pairs.setdefault((n, name), []).append(Pair(base, audit, _loadavg()))
+                print(f"{'':>6} load average {_loadavg()}")
             sshfleet.down(wd)
     finally:
         with contextlib.suppress(Exception):
             sshfleet.down(wd)
+    _summary(pairs)
     return 0
 
 
@@ -260,11 +366,17 @@ def main() -> int:
     ap.add_argument("--ssh", action="store_true", help="the SSH lab fleet instead of the local connection (root)")
     ap.add_argument("--mitogen", action="store_true", help="with --ssh: also under Mitogen's mitogen_linear strategy")
     ap.add_argument("--workdir", type=Path, default=None, help="with --ssh: the fleet's work directory")
+    ap.add_argument("--repeat", type=int, default=1, help="with --ssh: run each size's set this many times")
+    ap.add_argument("--playbook", action="store_true",
+                    help="with --ssh: also ansible-playbook audit.yml by hand (Ansible's own share)")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if args.ssh:
-        return bench_ssh(args.sizes or [50, 200], args.forks or 20, args.mitogen, args.workdir)
-    if args.mitogen:
-        ap.error("--mitogen needs --ssh")
+        return bench_ssh(args.sizes or [50, 200], args.forks or 20, args.mitogen, args.workdir, args.repeat,
+                         args.playbook)
+    if args.mitogen or args.repeat != 1 or args.playbook:
+        ap.error("--mitogen, --repeat and --playbook need --ssh")
     bench_local(args.sizes or [50, 200, 1000], args.forks or 10)
     return 0
 
