@@ -28,7 +28,7 @@ from k3fleet.accept.client import Endpoint, EndpointError, preflight
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, UsageError, read_input
-from k3fleet.evidence import REDACTED, RunDir
+from k3fleet.evidence import REDACTED, RunDir, layout
 
 SCHEMA_VERSION = "1.0"
 # Probes an acceptance run needs; startup joins them when a log is given. Absent means not proven.
@@ -152,7 +152,42 @@ async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
         _write_evidence(ev, rec, results, summary, opts)
     if summary["error"] is None:
         summary["exit_code"] = _exit_code(results, summary)
-        ev.json("accept.json", summary)
+        ev.json(layout.ACCEPT, summary)
+    rd.write_manifest()
+    return AllResult(rd, summary, results)
+
+
+def run_accept_load(endpoint: Endpoint, opts: Any, observer: Any, argv: Sequence[str], *, runs_dir: Path,
+                    out: Path | None = None, profile: Any = None, stop: threading.Event | None = None) -> AllResult:
+    """``accept load``: the load probe alone, into a run directory of ``accept all``'s layout with only the
+    load probe (docs/acceptance-load.md "Run directory"), so ``decide`` reads it as acceptance evidence.
+
+    ``opts`` are the load probe's options, ``observer`` its progress, ``profile`` the production
+    profile they came from (kept as ``profile.json`` and ``inputs/``). When nothing was measured (the
+    first request failed, a second Ctrl-C) accept.json still says what was attempted, and the error
+    goes on."""
+    from k3fleet.accept.load import run_load
+
+    rd = RunDir.create(runs_dir, "accept", safe_argv(argv), out=out)
+    key = endpoint.api_key()
+    ev = _Evidence(rd, [key] if key else [])
+    started_at = _now()
+    rec = Recorder()
+    try:
+        result = asyncio.run(run_load(endpoint, opts, observer, stop=stop, recorder=rec))
+    except BaseException:
+        ev.json(layout.ACCEPT, {"schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url,
+                                "model": endpoint.model, "tls_verify": endpoint.verify_tls, "started_at": started_at,
+                                "probes": {}, "error": "no load measured", "exit_code": EXIT_INCOMPLETE})
+        rd.write_manifest()
+        raise
+    summary: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url, "model": endpoint.model,
+        "tls_verify": endpoint.verify_tls, "started_at": started_at, "finished_at": None, "server": {},
+        "probes": {}, "not_run": {p: "accept load runs the load probe only" for p in layout.PROBES if p != "load"},
+        "interrupted": bool(result.data.get("interrupted")), "error": None, "exit_code": result.exit_code}
+    results = {"load": result}
+    _write_evidence(ev, rec, results, summary, AllOptions(profile=profile))
     rd.write_manifest()
     return AllResult(rd, summary, results)
 
@@ -179,9 +214,9 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
 
         say("startup: reading the start-up log")
         results["startup"] = run_startup(opts.log, opts.launch_command, target=load_target(opts.target))
-        _copy_input(ev, opts.log, "inputs/startup.log")
+        _copy_input(ev, opts.log, layout.STARTUP_LOG)
         if opts.launch_command is not None:
-            _copy_input(ev, opts.launch_command, "inputs/launch_command.txt")
+            _copy_input(ev, opts.launch_command, layout.LAUNCH_COMMAND)
     elif opts.log is None:
         summary["not_run"]["startup"] = "no --log given"
 
@@ -259,7 +294,7 @@ async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, Pro
         sent = len(rec.exchanges.get(name, []))
         results[name] = ProbeResult(probe=name, status="inconclusive", data={"interrupted": True},
                                     reason=f"interrupted after {sent} request(s); what was measured is in "
-                                           f"requests/{name}.jsonl")
+                                           f"{layout.requests_file(name)}")
         summary["interrupted"] = True
         summary["budget"]["elapsed_s"][name] = round(time.monotonic() - t0, 1)
         return False
@@ -376,24 +411,24 @@ def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeRes
     """Everything gathered, whatever happened: probe files, requests, metric snapshots, accept.json."""
     for name, result in results.items():
         data = result.model_dump(mode="json")
-        ev.json(f"{name}.json", data)
+        ev.json(layout.probe_file(name), data)
         summary["probes"][name] = data
         if name == "load":
-            for part in ("curves", "samples", "failures"):
+            for part in layout.LOAD_ROWS:
                 rows = result.data.get(part)
                 if isinstance(rows, list):
-                    ev.jsonl(f"load/{part}.jsonl", [r for r in rows if isinstance(r, Mapping)])
+                    ev.jsonl(layout.load_rows(part), [r for r in rows if isinstance(r, Mapping)])
     for probe, rows in rec.exchanges.items():
         if opts.no_bodies:
             from k3fleet.evidence.privacy import without_bodies
 
             rows = [without_bodies(r) for r in rows]
-        ev.jsonl(f"requests/{probe}.jsonl", rows)
+        ev.jsonl(layout.requests_file(probe), rows)
     if opts.profile is not None:
         from k3fleet.accept.profile_cases import write_profile_evidence
 
         write_profile_evidence(ev.rd, opts.profile)
     for window, raw in rec.metrics.items():
-        ev.text(f"metrics/{window}.txt", raw)
+        ev.text(layout.metrics_file(window), raw)
     summary["finished_at"] = _now()
-    ev.json("accept.json", summary)
+    ev.json(layout.ACCEPT, summary)

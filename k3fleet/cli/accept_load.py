@@ -1,17 +1,16 @@
-"""`k3fleet accept load`: the load schedule against an endpoint, with a progress bar and a run directory.
+"""`k3fleet accept load`: the load schedule against an endpoint, with a progress bar.
 
-The run directory has the layout of ``accept all`` with only the load probe (docs/acceptance-load.md,
-"Run directory"), so ``decide`` reads it as acceptance evidence. The first Ctrl-C stops the run and
-writes what was measured (exit 3); a second aborts.
+The run directory (the layout of ``accept all`` with only the load probe, docs/acceptance-load.md
+"Run directory") is written by the flow, ``k3fleet.accept.run.run_accept_load``; this command parses
+the options and shows the progress. The first Ctrl-C stops the run and writes what was measured
+(exit 3); a second aborts.
 """
 
 from __future__ import annotations
 
-import asyncio
-import datetime as _dt
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,10 +18,8 @@ import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from k3fleet.accept.client import Endpoint
-from k3fleet.accept.load import LoadObserver, LoadOptions, run_load
-from k3fleet.accept.record import Recorder
-from k3fleet.accept.result import ProbeResult
+from k3fleet.accept.load import LoadObserver, LoadOptions
+from k3fleet.accept.run import run_accept_load
 from k3fleet.bounds import seconds_option
 from k3fleet.change.interrupt import cancel_on_signals
 from k3fleet.cli.accept import (
@@ -38,10 +35,7 @@ from k3fleet.cli.accept import (
 )
 from k3fleet.cli.base import err
 from k3fleet.errors import UsageError
-from k3fleet.evidence import REDACTED, RunDir
 from k3fleet.report.escapes import safe_markup
-
-SCHEMA_VERSION = "1.0"
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -91,46 +85,6 @@ class _Bar(LoadObserver):
 
     def note(self, message: str) -> None:
         self.p.console.print(f"  [yellow]{safe_markup(message)}[/yellow]")
-
-
-def _scrub(obj: Any, secret: str | None) -> Any:
-    """The key's value out of everything written (the run directory's redactor does names and forms)."""
-    if not secret or len(secret) < 4:
-        return obj
-    if isinstance(obj, str):
-        return obj.replace(secret, REDACTED)
-    if isinstance(obj, Mapping):
-        return {k: _scrub(v, secret) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_scrub(v, secret) for v in obj]
-    return obj
-
-
-def write_run(rd: RunDir, endpoint: Endpoint, result: ProbeResult, recorder: Recorder, started_at: str,
-              secret: str | None) -> None:
-    """load.json, load/*.jsonl, metrics/*.txt, accept.json, then the manifest."""
-    data = _scrub(result.model_dump(mode="json"), secret)
-    rd.write_json("load.json", data)
-    for name in ("curves", "samples", "failures"):
-        rows = data["data"].get(name)
-        if isinstance(rows, list):
-            rd.write_jsonl(f"load/{name}.jsonl", [r for r in rows if isinstance(r, Mapping)])
-    for window, raw in recorder.metrics.items():
-        rd.write_text(f"metrics/{window}.txt", _scrub(raw, secret))
-    rd.write_json("accept.json", {
-        "schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url, "model": endpoint.model,
-        "tls_verify": endpoint.verify_tls, "started_at": started_at,
-        "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "server": {},
-        "probes": {"load": data}, "not_run": {p: "accept load runs the load probe only"
-                                              for p in ("startup", "prefix_cache", "agent")},
-        "interrupted": bool(result.data.get("interrupted")), "error": None, "exit_code": result.exit_code})
-    rd.write_manifest()
-
-
-def _safe_argv(argv: Sequence[str]) -> list[str]:
-    from k3fleet.accept.run import safe_argv
-
-    return safe_argv(argv)
 
 
 @accept_app.command("load")
@@ -206,32 +160,15 @@ def load(
         where = ".".join(str(x) for x in first["loc"]) or "options"
         raise UsageError(f"accept load: {where}: {first['msg']}") from exc
     endpoint = make_endpoint(base_url, model, api_key_env, insecure, timeout)
-    secret = endpoint.api_key()
-    rd = RunDir.create(runs_dir, "accept", _safe_argv(sys.argv), out=out_dir)
-    started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     stop = cancel_on_signals(lambda: err.print("[yellow]interrupt: stopping the load; writing what was measured "
                                                "(Ctrl-C again to abort)[/yellow]"))
-    recorder = Recorder()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=err, disable=quiet,
                         transient=False)
-    try:
-        with progress:
-            result = asyncio.run(run_load(endpoint, opts, _Bar(progress), stop=stop, recorder=recorder))
-    except BaseException:
-        # Nothing measured to keep (the first request failed, or a second Ctrl-C): the run directory
-        # still says what was attempted.
-        rd.write_json("accept.json", {"schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url,
-                                      "model": endpoint.model, "tls_verify": endpoint.verify_tls,
-                                      "started_at": started_at, "probes": {}, "error": "no load measured",
-                                      "exit_code": 3})
-        rd.write_manifest()
-        raise
-    if loaded is not None:
-        from k3fleet.accept.profile_cases import write_profile_evidence
-
-        write_profile_evidence(rd, loaded)
-    write_run(rd, endpoint, result, recorder, started_at, secret)
+    with progress:
+        done = run_accept_load(endpoint, opts, _Bar(progress), sys.argv, runs_dir=runs_dir, out=out_dir,
+                               profile=loaded, stop=stop)
+    result, rd = done.results["load"], done.run_dir
     data = result.data
     lines = [f"outcome: {data.get('outcome')}" + (f" (ceiling {data['ceiling']})" if data.get("ceiling") else ""),
              f"requests: {data['counts']['requests']} ({data['counts']['ok']} ok), health failures "
