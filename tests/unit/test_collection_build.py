@@ -4,6 +4,7 @@ the collection's own paths (docs/architecture.md "Layout", docs/scale.md "Collec
 from __future__ import annotations
 
 import ast
+import fnmatch
 import hashlib
 import json
 import sys
@@ -69,6 +70,13 @@ def test_the_tarball_holds_the_tree_byte_for_byte(tmp_path: Path) -> None:
     with tarfile.open(tarball) as tar:
         files = json.load(tar.extractfile("FILES.json"))["files"]  # type: ignore[arg-type]
         shipped = {f["name"]: f["chksum_sha256"] for f in files if f["ftype"] == "file"}
+    ignored = yaml.safe_load((ROOT / "galaxy.yml").read_text())["build_ignore"]
+
+    def kept(rel: Path) -> bool:
+        return rel.name != "galaxy.yml" and not any(
+            fnmatch.fnmatch(part, pat) or fnmatch.fnmatch(str(rel), pat) or str(rel).startswith(pat + "/")
+            for pat in ignored for part in rel.parts)
+
     tree = {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in ROOT.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.name != "galaxy.yml"}
+            for p in ROOT.rglob("*") if p.is_file() and kept(p.relative_to(ROOT))}
     assert shipped == tree
