@@ -103,20 +103,21 @@ def read_audit_plan(run: Path) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from k3fleet.errors import IncompleteError
-    from k3fleet.evidence import COMMAND, RunDir, verify_run
+    from k3fleet.evidence import COMMAND, RunDir, layout, verify_run
     from k3fleet.models.findings import FleetVerdict
 
     rd = RunDir.open(run)
     verify_run(rd.path).raise_if_bad()
     kind = rd.read_object(COMMAND).get("kind")
     if kind != "audit":
-        hint = f" (its gating audit is {run / 'audit'})" if (run / "audit" / COMMAND).is_file() else ""
+        gate = run / layout.gate_audit_dir()
+        hint = f" (its gating audit is {gate})" if (gate / COMMAND).is_file() else ""
         raise UsageError(f"{run} is a {kind!r} run, not an audit{hint}")
-    status = rd.read_object("run.json").get("status")
+    status = rd.read_object(layout.RUN).get("status")
     if status == "interrupted":
         raise IncompleteError(f"the audit in {run} was interrupted: its plan covers only the hosts that answered; "
                               "run the audit again")
-    data = rd.read_object("verdict.json")
+    data = rd.read_object(layout.VERDICT)
     try:
         verdict = FleetVerdict.model_validate(data)
     except ValidationError as exc:

@@ -46,13 +46,14 @@ def prune(
 
     from k3fleet.bounds import parse_seconds
     from k3fleet.errors import UsageError
+    from k3fleet.evidence import layout
     from k3fleet.evidence.prune import REMOVE, apply_prune, plan_prune
     from k3fleet.report.escapes import safe_text
 
     limit = parse_seconds(older_than, "--older-than", "prune --older-than")
     for d in keep_cited_by or []:
-        if not (d / "decision.json").is_file():
-            raise UsageError(f"--keep-cited-by {d}: not a decision run directory (no decision.json)")
+        if not (d / layout.DECISION).is_file():
+            raise UsageError(f"--keep-cited-by {d}: not a decision run directory (no {layout.DECISION})")
     plan = plan_prune(runs_dir, limit, _dt.datetime.now(_dt.UTC), keep_cited_by or [])
     verb = "would remove" if dry_run else "removed"
     problems = {} if dry_run else apply_prune(plan)

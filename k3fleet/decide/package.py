@@ -39,14 +39,13 @@ from typing import IO, TYPE_CHECKING, Any
 from k3fleet import __version__
 from k3fleet.bounds import open_tar
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError
-from k3fleet.evidence import is_secret_name
+from k3fleet.evidence import is_secret_name, layout
+from k3fleet.evidence.layout import PACKAGE_MANIFEST, PACKAGE_SIGNATURE
 from k3fleet.evidence.writer import FILE_MODE, write_output
 
 if TYPE_CHECKING:
     from k3fleet.decide.signing import SignatureCheck, SigningKey
 
-PACKAGE_MANIFEST = "PACKAGE.json"
-PACKAGE_SIGNATURE = "PACKAGE.json.sig"
 PACKAGE_FORMAT = "k3fleet-evidence-1"
 # A secret shorter than this is too likely to occur by chance ("true", "1").
 _MIN_SECRET_LEN = 8
@@ -101,14 +100,14 @@ def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence
     made before the archive is opened, so a key that cannot sign leaves no archive behind."""
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", root_name):
         raise UsageError(f"package name {root_name!r} is not a plain file name")
-    entries: list[PackageEntry] = [PackageEntry(f"decision/{rel}", p) for rel, p in _run_files(decision_dir,
-                                                                                                "decision")]
+    entries: list[PackageEntry] = [PackageEntry(layout.package_member(rel), p)
+                                   for rel, p in _run_files(decision_dir, layout.PACKAGE_DECISION)]
     labels: set[str] = set()
     for label, path in runs:
         if label in labels or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", label):
             raise UsageError(f"run label {label!r} is repeated or not a plain directory name")
         labels.add(label)
-        entries += [PackageEntry(f"runs/{label}/{rel}", p) for rel, p in _run_files(path, label)]
+        entries += [PackageEntry(f"{layout.PACKAGE_RUNS}/{label}/{rel}", p) for rel, p in _run_files(path, label)]
     secrets = secret_values(environ)
     files: list[dict[str, Any]] = []
     blobs: list[tuple[str, bytes]] = []

@@ -37,6 +37,7 @@ from k3fleet.decide.models import (
     Ref,
 )
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
+from k3fleet.evidence import layout
 
 # Rules that block only because something is not shown yet (exit 3, not 1): more evidence can lift them.
 NOT_DEFINITE = frozenset({"evidence.missing", "envelope.gap", "limits.unowned"})
@@ -408,7 +409,7 @@ def _two_people(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
                 runs.append(s.change.run)
             out.append(Hit(f"the {role} {who!r} is also the operator of {', '.join(sorted(set(runs))) or 'the runs'}: "
                            "a decision needs a second person who did not run the evidence",
-                           [Ref(run=r, file="command.json") for r in sorted(set(runs))]))
+                           [Ref(run=r, file=layout.COMMAND) for r in sorted(set(runs))]))
     if s.second_reviewer and _norm(s.second_reviewer) == _norm(s.reviewer):
         out.append(Hit(f"the second reviewer is the reviewer ({s.reviewer!r})", []))
     return out

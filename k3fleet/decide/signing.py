@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence.layout import PACKAGE_MANIFEST, PACKAGE_SIGNATURE
 
 NAMESPACE = "k3fleet-evidence"
 SIGNATURE_SUFFIX = ".sig"
@@ -141,11 +142,11 @@ def verify_signature(data: bytes, signature: bytes, allowed_signers: Path) -> Si
     _check_readable(allowed_signers, "--allowed-signers", "an allowed-signers file")
     key = signature_key(data, signature)
     if key is None:
-        return SignatureCheck(False, reason=f"the signature does not match PACKAGE.json (or is not an SSH "
+        return SignatureCheck(False, reason=f"the signature does not match {PACKAGE_MANIFEST} (or is not an SSH "
                                             f"signature in the {NAMESPACE} namespace)")
     key_type, fp = key
     with tempfile.TemporaryDirectory(prefix="k3fleet-verify-") as tmp:
-        sig = Path(tmp) / "PACKAGE.json.sig"
+        sig = Path(tmp) / PACKAGE_SIGNATURE
         sig.write_bytes(signature)
         found = _run(["-Y", "find-principals", "-s", str(sig), "-f", str(allowed_signers)],
                      what=f"--allowed-signers {allowed_signers}")

@@ -229,7 +229,7 @@ def run_demo(work: Path) -> int:
         package = layout.package_beside(decision)
         if package.is_file():
             demo.run("verify-evidence", ["verify-evidence", str(package), "--allowed-signers", str(allowed)])
-        if (decision / "baseline.json").is_file():
+        if (decision / layout.BASELINE).is_file():
             demo.run("watch", ["watch", "--base-url", sim.base_url, "--baseline", str(package), "--allowed-signers",
                                str(allowed), *WATCH_WINDOW, "--out", str(work / "watch")],
                      note=lambda rc: "no rollback trigger" if rc == 0 else "")

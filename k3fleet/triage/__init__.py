@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.errors import UsageError, read_input
+from k3fleet.evidence import layout
 from k3fleet.triage import adapters as ad
 
 NOT_CAPTURED = "not in the captured text"
@@ -177,7 +178,7 @@ class TriageResult:
 
 def stored_name(i: int, c: Capture) -> str:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", c.name)[:80] or "capture"
-    return f"inputs/{i + 1:02d}-{safe}"
+    return f"{layout.INPUTS}/{i + 1:02d}-{safe}"
 
 
 STDIN = Path("-")
@@ -311,8 +312,6 @@ def covered(kinds: set[str]) -> set[str]:
 
 
 def _file_of(check: str, captures: Sequence[Capture]) -> str:
-    from k3fleet.evidence import layout
-
     for i, c in enumerate(captures):
         if check in COVERS.get(c.kind, frozenset()):
             return stored_name(i, c)
@@ -519,7 +518,7 @@ def _chat_into(result: TriageResult, c: Capture, stored: str) -> None:
 def write_run(result: TriageResult, argv: Sequence[str], *, runs_dir: Path, out: Path | None) -> Any:
     """The triage run directory (kind ``triage``): every capture (through the redactor), triage.json,
     report.md and the manifest. It enters ``decide`` as operator-supplied evidence."""
-    from k3fleet.evidence import RunDir, layout
+    from k3fleet.evidence import RunDir
     from k3fleet.evidence.reader import open_run
     from k3fleet.report.decision_md import render_markdown
     from k3fleet.report.view import triage_view, with_run

@@ -649,6 +649,7 @@ def test_the_reader_takes_the_oom_records_the_load_probe_writes(tmp_path: Path) 
     from k3fleet.accept.oom import oom_records
     from k3fleet.accept.result import ProbeResult
     from k3fleet.decide.readers import _load_evidence
+    from k3fleet.evidence.reader import RunReader
 
     def shot(t: float, ok: bool, rid: str | None = None) -> Shot:
         return Shot(phase="sustained", step="4 sessions", concurrency=4, context_tokens=None, t=t, ok=ok,
@@ -659,9 +660,9 @@ def test_the_reader_takes_the_oom_records_the_load_probe_writes(tmp_path: Path) 
     ref = _ref("accept-1", "load.json")
     result = ProbeResult(probe="load", status="fail", reason="OOM", data={"outcome": "collapse",
                                                                           "oom_records": records})
-    ld = _load_evidence(tmp_path, "accept-1", result, ref)
+    ld = _load_evidence(RunReader(tmp_path, "accept-1"), result, ref)
     assert [(r.node, r.engine, r.t_s, r.last_success_t_s, r.last_success_id, r.topology) for r in ld.oom_records] \
         == [("gpu-m01", "0", 3.0, 1.5, "chatcmpl-7", True)]
     bad = ProbeResult(probe="load", status="fail", reason="OOM", data={"oom_records": [{"t_s": "soon"}]})
     with pytest.raises(UsageError, match=r"load.json: data.oom_records.0.t_s"):
-        _load_evidence(tmp_path, "accept-1", bad, ref)
+        _load_evidence(RunReader(tmp_path, "accept-1"), bad, ref)
