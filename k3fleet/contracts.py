@@ -7,11 +7,20 @@ evidence incomplete. When one command has several results (hosts, probes, slices
 ``combine`` picks the code it exits with: a usage error (2) says the command itself was wrong,
 so it wins; then a definite failure (1), since a known no-go must not be retried by a caller that
 retries on 3; then missing evidence (3); 0 only when every part passed.
+
+Findings: one severity scale (info < warning < error < critical) and one kind (fail: a problem;
+unknown: could not be read; note) for what the audit, acceptance, triage and the decision find.
+A finding at error or above is blocking; a blocking finding of kind fail is a definite failure
+(exit 1). The pydantic ``Finding`` (``k3fleet.models.findings``) is built on these.
+
+The journal stages live in the collection (``module_utils/k3fleet_journal_format.py``): nodes
+import them, and this package is not on a node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -42,3 +51,37 @@ def combine(*codes: int | Iterable[int], empty: int = EXIT_INCOMPLETE) -> int:
     if unknown:
         raise ValueError(f"not a k3fleet exit code: {sorted(unknown)}")
     return next(c for c in _PRECEDENCE if c in seen)
+
+
+# -- findings -------------------------------------------------------------------------------------
+
+Severity = Literal["critical", "error", "warning", "info"]
+FindingKind = Literal["fail", "unknown", "note"]
+# What a report shows for a finding: fail (a definite problem), error (it could not be read),
+# warn (a warning), pass (a note or an informative finding).
+FindingStatus = Literal["fail", "error", "warn", "pass"]
+
+# Lowest first.
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "error", "critical")
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+FINDING_KINDS: tuple[FindingKind, ...] = ("fail", "unknown", "note")
+# The two words of the scale acceptance results were written with before this one (fail / warn /
+# info), as run directories of that time still hold them: the same meanings, read into this scale.
+EARLIER_SEVERITY: dict[str, Severity] = {"fail": "error", "warn": "warning"}
+
+
+def is_blocking(severity: str) -> bool:
+    """error or critical: the host (or the served model) cannot be signed off while it stands."""
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK["error"]
+
+
+def is_failure(kind: str, severity: str) -> bool:
+    """A definite failure: a blocking finding of kind ``fail`` (a blocking ``unknown`` is missing evidence)."""
+    return kind == "fail" and is_blocking(severity)
+
+
+def finding_status(kind: str | None, severity: str | None) -> FindingStatus:
+    """fail (a definite problem), error (a blocking fact could not be read), warn, pass (a note)."""
+    if severity in ("critical", "error"):
+        return "error" if kind == "unknown" else "fail"
+    return "warn" if severity == "warning" else "pass"

@@ -36,8 +36,10 @@ from k3fleet.accept.client import (
     stream_chat,
 )
 from k3fleet.accept.record import Recorder
-from k3fleet.accept.result import Finding, ProbeResult, Status
+from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.accept.toolcheck import Expect, View
+from k3fleet.contracts import Severity
+from k3fleet.models.findings import Finding
 
 PROBE = "agent"
 Progress = Callable[[str], None]
@@ -429,7 +431,7 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
     result = _result(outcomes, opts, ctx.rec)
     result.data.update(rounds=rounds, repeats_planned=opts.repeats, elapsed_s=round(time.monotonic() - t0, 3))
     if rounds < opts.repeats:
-        result.findings.append(Finding(id="accept.agent.budget", severity="info",
+        result.findings.append(finding(check_id="accept.agent.budget", severity="info",
                                        message=f"the time budget ({opts.time_budget_s:.0f} s) allowed {rounds} of "
                                                f"{opts.repeats} runs per case"))
     return result
@@ -500,14 +502,14 @@ def _result(outcomes: dict[str, list[RunOutcome]], opts: AgentOptions, rec: Reco
                        "reasoning_fields": dict(Counter(r.reasoning_field or "none" for r in runs)),
                        "finish_reasons": dict(Counter(f for r in runs for f in r.finish_reasons))}
         for d, count in sorted(counts.items()):
-            sev = "fail" if critical and (passed / n if n else 0) < opts.min_pass_rate else "warn"
-            findings.append(Finding(
-                id=f"accept.agent.{d}", severity=sev, layer=layers[d],  # type: ignore[arg-type]
+            sev: Severity = "error" if critical and (passed / n if n else 0) < opts.min_pass_rate else "warning"
+            findings.append(finding(
+                check_id=f"accept.agent.{d}", severity=sev, layer=layers[d],
                 message=f"{case}: {toolcheck.DEFECTS.get(d, d)}: {count}/{n} runs ({layers[d]} layer)",
                 evidence=_short(evidence.get(d, ""), 300)))
     ref = next((e for e in rec.exchanges.get(PROBE, []) if e.get("label") == "reference_client"), None)
     if ref is not None and ref.get("error"):
-        findings.append(Finding(id="accept.agent.reference_client", severity="warn", layer="client",
+        findings.append(finding(check_id="accept.agent.reference_client", severity="warning", layer="client",
                                 message=f"the openai SDK's own request failed on this endpoint: {ref['error']}"))
     data = {"cases": cases, "repeats": opts.repeats, "min_pass_rate": opts.min_pass_rate,
             "sampling": {k: getattr(opts, k) for k in ("temperature", "top_p", "max_tokens")} | {
@@ -515,7 +517,7 @@ def _result(outcomes: dict[str, list[RunOutcome]], opts: AgentOptions, rec: Reco
     status: Status
     if total_runs == 0 or errored == total_runs:
         status, reason = "error", "no run reached the model (every request failed)"
-        findings.insert(0, Finding(id="accept.endpoint.unreachable", severity="fail", layer="http",
+        findings.insert(0, finding(check_id="accept.endpoint.unreachable", severity="error", layer="http",
                                    message=reason))
     else:
         low = [c for c, v in cases.items() if v["critical"] and v["pass_rate"] is not None

@@ -21,7 +21,9 @@ from pydantic import BaseModel, Field
 
 from k3fleet.accept.client import Endpoint, Exchange, max_model_len_of, model_card, post_json, stream_chat
 from k3fleet.accept.record import Recorder
-from k3fleet.accept.result import Finding, ProbeResult, Status
+from k3fleet.accept.result import ProbeResult, Status, finding
+from k3fleet.contracts import Severity
+from k3fleet.models.findings import Finding
 
 PROBE = "prefix_cache"
 # Kimi K3's hybrid cache hits only on prefix_match_unit boundaries: 1536 tokens unless the server sets
@@ -251,8 +253,8 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
                 prefix_caching_enabled=s0.prefix_caching_enabled() if s0 is not None else None,
                 old_names=s0.old_names() if s0 is not None else [], max_model_len=max_len)
     if unit_source == "target default":
-        findings.append(Finding(
-            id="accept.prefix_cache.unit_target_default", severity="info", layer="config",
+        findings.append(finding(
+            check_id="accept.prefix_cache.unit_target_default", severity="info", layer="config",
             message=f"the server publishes no prefix_match_unit or block_size: the target's default unit ({unit}) "
                     f"is used because {endpoint.model} is the target's model"))
     limit = max_len - opts.max_tokens - _TURN_ROOM if max_len is not None else None
@@ -265,8 +267,8 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
     data["prompt_sizing"] = {"method": sizing, "target_tokens": target, "desired_tokens": desired, "limit": limit,
                              "measured_tokens": measured, "text_scale": round(cpt, 3)}
     if sizing == "estimate":
-        findings.append(Finding(
-            id="accept.prefix_cache.size_estimated", severity="info", layer="http",
+        findings.append(finding(
+            check_id="accept.prefix_cache.size_estimated", severity="info", layer="http",
             message=f"the server has no /tokenize: the prompt was sized by an estimate ({cpt:g} characters a token), "
                     "not measured"))
     system, tools = system_prompt(nonce, target, cpt), tools_for(nonce)
@@ -330,8 +332,8 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
     excluded = [i + 1 for i, (p, _) in enumerate(warm_u) if p is not None and unit and p % unit == 0]
     data["excluded_exact_multiple"] = excluded
     if excluded:
-        findings.append(Finding(
-            id="accept.prefix_cache.exact_multiple", severity="info", layer="model",
+        findings.append(finding(
+            check_id="accept.prefix_cache.exact_multiple", severity="info", layer="model",
             message=f"warm request(s) {excluded} were an exact multiple of the {unit}-token unit, a known K3 miss "
                     "(vLLM issue 50235): left out of the judgement", evidence=f"prompt_tokens {data['prompt_tokens']}"))
     valid = [(p, c) for i, (p, c) in enumerate(warm_u) if i + 1 not in excluded]
@@ -385,7 +387,7 @@ def _no_room(findings: list[Finding], data: dict[str, Any], unit: int, max_len: 
              opts: PrefixOptions) -> ProbeResult:
     reason = (f"the server's context ({max_len} tokens) cannot hold one {unit}-token match unit besides the user "
               f"turn and {opts.max_tokens} output tokens: a hit cannot be shown")
-    findings.append(Finding(id="accept.prefix_cache.context_below_unit", severity="warn", layer="config",
+    findings.append(finding(check_id="accept.prefix_cache.context_below_unit", severity="warning", layer="config",
                             message=reason, evidence=f"max_model_len {max_len}, match unit {unit} "
                                                      f"({data['match_unit_source']})"))
     return ProbeResult(probe=PROBE, status="inconclusive", reason=reason, findings=findings, data=data)
@@ -394,7 +396,7 @@ def _no_room(findings: list[Finding], data: dict[str, Any], unit: int, max_len: 
 def _error(ex: Exchange, data: dict[str, Any]) -> ProbeResult:
     kind = ex.error_kind or "protocol"
     return ProbeResult(probe=PROBE, status="error", reason=ex.error or "request failed", data=data,
-                       findings=[Finding(id=f"accept.endpoint.{kind}", severity="fail", layer="http",
+                       findings=[finding(check_id=f"accept.endpoint.{kind}", severity="error", layer="http",
                                          message=ex.error or "request failed", evidence=ex.label)])
 
 
@@ -406,16 +408,15 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
            ctrl_cached: float | None, s0: Any, opts: PrefixOptions) -> tuple[Status, str]:
     """Counters and cached-token counts decide; TTFT is reported beside them and never decides: on a
     small model or a noisy host warm and cold differ by milliseconds either way."""
-    def add(fid: str, severity: str, message: str, layer: str | None = None, evidence: str | None = None) -> None:
-        findings.append(Finding(id=f"accept.prefix_cache.{fid}", severity=severity,  # type: ignore[arg-type]
-                                message=message, layer=layer, evidence=evidence))
+    def add(fid: str, severity: Severity, message: str, layer: str | None = None, evidence: str | None = None) -> None:
+        findings.append(finding(f"accept.prefix_cache.{fid}", severity, message, layer=layer, evidence=evidence))
 
     if data["prefix_caching_enabled"] is False:
-        add("caching_off", "fail", "prefix caching is off on the server (cache_config_info enable_prefix_caching="
+        add("caching_off", "error", "prefix caching is off on the server (cache_config_info enable_prefix_caching="
             "False); Kimi K3 needs --enable-prefix-caching", "config", str(data["cache_config"]))
         return "fail", "prefix caching is off in vllm:cache_config_info"
     if s0 is not None and s0.is_old_server:
-        add("old_server", "warn", "the server exposes only removed metric names "
+        add("old_server", "warning", "the server exposes only removed metric names "
             f"({', '.join(s0.old_names())}): its cache counters cannot be read as current ones", "config")
         return "inconclusive", "old server: only removed metric names on /metrics, the cache counters cannot be read"
     warm_w, ctrl_w = windows["warm"], windows["control"]
@@ -425,7 +426,7 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
     if len(missing) == len(_COUNTERS) and not usage_cached:
         where = (f"/metrics could not be read ({data['metrics_error']})" if data["metrics_error"] is not None
                  else "/metrics has none of " + ", ".join(missing))
-        add("metrics_unavailable" if data["metrics_error"] is not None else "counters_missing", "warn",
+        add("metrics_unavailable" if data["metrics_error"] is not None else "counters_missing", "warning",
             f"the server reports no prefix-cache evidence: {where}, and no "
             "usage.prompt_tokens_details.cached_tokens (vLLM: --enable-prompt-tokens-details)", "http",
             ", ".join(missing))
@@ -433,17 +434,17 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
                 if data["metrics_error"] is not None else f"no prefix-cache counters ({', '.join(missing)})")
         return "inconclusive", f"{lead} and no cached_tokens in usage: reuse cannot be shown (TTFT alone never decides)"
     for name in missing:
-        add("counter_missing", "warn", f"{name} is not on /metrics", "http", name)
+        add("counter_missing", "warning", f"{name} is not on /metrics", "http", name)
     if unit is None:
-        add("unit_unknown", "warn", "the server publishes neither prefix_match_unit nor block_size in "
+        add("unit_unknown", "warning", "the server publishes neither prefix_match_unit nor block_size in "
             "vllm:cache_config_info and the model is not the target's: pass --match-unit", "config")
         return "inconclusive", ("the prefix match unit is unknown (no prefix_match_unit or block_size): "
                                 "pass --match-unit")
     if exp_low is None or high is None:
-        add("no_usage", "warn", "the server reported no usage.prompt_tokens: the prefix length is unknown", "http")
+        add("no_usage", "warning", "the server reported no usage.prompt_tokens: the prefix length is unknown", "http")
         return "inconclusive", "the prefix length is unknown (no usage in the stream)"
     if exp_low < unit:
-        add("prefix_below_unit", "warn",
+        add("prefix_below_unit", "warning",
             f"the shared prefix (about {data['prefix_tokens']['low']}-{high} tokens) is not surely one full "
             f"{unit}-token match unit: a hit cannot be shown", None)
         return "inconclusive", f"the shared prefix is shorter than one match unit ({unit} tokens)"
@@ -455,7 +456,7 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
         if d is None:
             unknown.append(f"{name} is not on /metrics")
         elif d <= 0:
-            add(f"no_{what}", "fail", f"{name} did not rise over the warm requests", "model",
+            add(f"no_{what}", "error", f"{name} did not rise over the warm requests", "model",
                 f"warm window delta {d}")
             failed.append(f"prefix-cache {what} did not rise")
     if not cached_warm:
@@ -463,34 +464,34 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
     else:
         low_seen = min(cached_warm)
         if low_seen < exp_low:
-            add("cached_below_prefix", "fail",
+            add("cached_below_prefix", "error",
                 f"warm requests reused {low_seen:.0f} cached prompt tokens, expected at least {exp_low} (the shared "
                 f"prefix rounded down to the {unit}-token match unit)", "model",
                 f"cached {cached_warm}, expected {exp_low}-{exp_high}")
             failed.append(f"cached tokens {low_seen:.0f} < {exp_low}")
         elif max(cached_warm) > high + 1:
-            add("cached_above_prefix", "warn",
+            add("cached_above_prefix", "warning",
                 f"warm requests report {max(cached_warm):.0f} cached tokens, more than the shared prefix ({high}): "
                 "other traffic on the server may be in the window", "model")
     cold_t, warm_t = data["ttft_s"]["cold"], data["ttft_s"]["warm_median"]
     if cold_t is not None and warm_t is not None and warm_t >= cold_t * opts.ttft_ratio:
-        add("ttft_not_lower", "warn",
+        add("ttft_not_lower", "warning",
             f"warm TTFT {warm_t * 1000:.0f} ms is not below {opts.ttft_ratio:.0%} of the cold {cold_t * 1000:.0f} ms "
             "(reported, not judged: the counters decide)", "model")
     hits_ctrl = ctrl_w["vllm:prefix_cache_hits"]
     if ctrl_cached is not None and ctrl_cached >= unit:
-        add("control_hit", "fail", f"the control request (changed system prompt) reused {ctrl_cached:.0f} cached "
+        add("control_hit", "error", f"the control request (changed system prompt) reused {ctrl_cached:.0f} cached "
             "tokens: the cache matches something other than the shared prefix, or other traffic is in the window",
             "model")
         failed.append("control was a hit")
     elif ctrl_cached is None and hits_ctrl is not None and hits_ctrl >= unit:
-        add("control_hit", "fail", f"prefix-cache hits rose by {hits_ctrl:.0f} over the control request", "model")
+        add("control_hit", "error", f"prefix-cache hits rose by {hits_ctrl:.0f} over the control request", "model")
         failed.append("control was a hit")
     if failed:
         return "fail", "; ".join(failed)
     if unknown:
         for u in unknown:
-            add("not_measured", "warn", u)
+            add("not_measured", "warning", u)
         return "inconclusive", "; ".join(unknown)
     ttft = (f", warm TTFT {warm_t * 1000:.0f} ms vs cold {cold_t * 1000:.0f} ms"
             if cold_t is not None and warm_t is not None else "")

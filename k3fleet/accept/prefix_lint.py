@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
-from k3fleet.accept.result import Finding, ProbeResult
+from k3fleet.accept.result import ProbeResult, finding
 from k3fleet.errors import UsageError, read_input
+from k3fleet.models.findings import Finding
 
 PROBE = "prefix_lint"
 
@@ -234,12 +235,12 @@ def lint_captures(path: Path) -> ProbeResult:
             if key in seen:
                 continue
             seen.add(key)
-            findings.append(Finding(id=f"accept.prefix_lint.{cid}", severity="fail", layer="client",
+            findings.append(finding(check_id=f"accept.prefix_lint.{cid}", severity="error", layer="client",
                                     message=f"lines {ia + 1} -> {ib + 1}: {message}",
                                     evidence=excerpt(evidence, 300, tail="", one_line=False)))
     data = {"requests": len(records), "pairs": compared}
     if findings:
-        kinds = sorted({f.id.rsplit(".", 1)[1] for f in findings})
+        kinds = sorted({f.check_id.rsplit(".", 1)[1] for f in findings})
         return ProbeResult(probe=PROBE, status="fail", reason="the shared prefix breaks: " + ", ".join(kinds),
                            findings=findings, data=data)
     return ProbeResult(probe=PROBE, status="pass", data=data,

@@ -1,36 +1,37 @@
 """What every acceptance probe returns: a status with its reason, findings, and the measured data.
 
 A probe that could not gather its evidence says ``inconclusive`` or ``error``, never ``pass``: a
-reviewer signs against these files (docs/acceptance.md, "Statuses and exit codes").
+reviewer signs against these files (docs/acceptance.md, "Statuses and exit codes"). Its findings
+are the one :class:`k3fleet.models.findings.Finding`, made by :func:`finding`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
+from k3fleet.contracts import Severity, is_failure
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.models.findings import Finding, earlier_finding
 
-Severity = Literal["fail", "warn", "info"]
 Status = Literal["pass", "fail", "inconclusive", "error", "skipped"]
 
 PROBE_NAMES = ("startup", "prefix_cache", "agent", "load")
+# An acceptance finding's id: accept.<probe>.<what>[.<detail>].
+ACCEPT_ID = re.compile(r"^accept\.[a-z0-9_]+(\.[a-z0-9_]+)+$")
 
 
-class Finding(BaseModel):
-    """One observation with a stable dotted id (``accept.<probe>.<what>``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(pattern=r"^accept\.[a-z0-9_]+(\.[a-z0-9_]+)+$")
-    severity: Severity
-    message: str
-    # Where a defect sits: "http" (the raw response: model or server parser), "client" (the
-    # reference SDK), "environment" (host, driver, topology), "config" (server flags), "traffic".
-    layer: str | None = None
-    evidence: str | None = None
+def finding(check_id: str, severity: Severity, message: str, *, layer: str | None = None,
+            evidence: str | None = None) -> Finding:
+    """One acceptance observation. A blocking one is a failure (kind fail), anything below a note;
+    ``evidence`` is the text it rests on (``evidence.detail``)."""
+    if not ACCEPT_ID.match(check_id):
+        raise ValueError(f"not an acceptance finding id (accept.<probe>.<what>): {check_id!r}")
+    return Finding(check_id=check_id, severity=severity, kind="fail" if is_failure("fail", severity) else "note",
+                   message=message, layer=layer, evidence={"detail": evidence} if evidence is not None else {})
 
 
 class ProbeResult(BaseModel):
@@ -44,6 +45,12 @@ class ProbeResult(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
     data: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("findings", mode="before")
+    @classmethod
+    def _earlier_findings(cls, v: Any) -> Any:
+        # Result files written before the one Finding (id, fail / warn, evidence as text).
+        return [earlier_finding(f) for f in v] if isinstance(v, list) else v
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def exit_code(self) -> int:
@@ -55,7 +62,7 @@ class ProbeResult(BaseModel):
         return EXIT_INCOMPLETE
 
     def failing(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "fail"]
+        return [f for f in self.findings if f.failed]
 
 
 def combined_exit_code(results: Iterable[ProbeResult]) -> int:

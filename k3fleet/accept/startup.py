@@ -18,9 +18,11 @@ from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
-from k3fleet.accept.result import Finding, ProbeResult, Status
+from k3fleet.accept.result import ProbeResult, Status, finding
+from k3fleet.contracts import Severity
 from k3fleet.errors import UsageError, read_input
 from k3fleet.evidence import redact_argv
+from k3fleet.models.findings import Finding
 from k3fleet.models.target import Target, version_tuple
 from k3fleet.verdict import all2all
 
@@ -149,14 +151,13 @@ class _Scan:
             self.fields[key] = value
         self.recognised = True
 
-    def add(self, fid: str, severity: str, message: str, layer: str | None, evidence: str) -> None:
+    def add(self, fid: str, severity: Severity, message: str, layer: str | None, evidence: str) -> None:
         # One finding per kind: a multi-GPU log repeats each error once per rank.
         if fid in self.seen_ids:
             return
         self.seen_ids.add(fid)
         self.recognised = True
-        self.findings.append(Finding(id=fid, severity=severity, message=message, layer=layer,  # type: ignore[arg-type]
-                                     evidence=_evidence(evidence)))
+        self.findings.append(finding(fid, severity, message, layer=layer, evidence=_evidence(evidence)))
 
 
 def _evidence(line: str) -> str:
@@ -287,7 +288,7 @@ def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
     m = _KV_CAPACITY.search(msg)
     if m:
         fits = f"; about {m.group(4)} tokens would fit" if m.group(4) else ""
-        scan.add("accept.startup.kv_capacity", "fail",
+        scan.add("accept.startup.kv_capacity", "error",
                  f"the KV cache cannot hold one request at max-model-len {m.group(1)} ({m.group(2)} GiB needed, "
                  f"{m.group(3)} GiB available{fits}): a start-up capacity failure of the environment: give the KV "
                  "cache more memory (GPUs, gpu-memory-utilization, KV cache space) or lower --max-model-len", _ENV, msg)
@@ -295,7 +296,7 @@ def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
     m = _BAD_PARSER.search(msg)
     if m:
         kind = m.group(1).replace(" ", "_")
-        scan.add(f"accept.startup.unknown_{kind}_parser", "fail",
+        scan.add(f"accept.startup.unknown_{kind}_parser", "error",
                  f"the server refused to start: {m.group(1)} parser {m.group(2)} is not one this vLLM registers "
                  f"(--{m.group(1).replace(' ', '-')}-parser must name a registered parser; the log lists them)",
                  "config", msg)
@@ -303,26 +304,26 @@ def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
     for cause, pat, text in _CUDA_INIT:
         m = pat.search(msg)
         if m:
-            scan.add(f"accept.startup.cuda_init.{cause}", "fail",
+            scan.add(f"accept.startup.cuda_init.{cause}", "error",
                      "CUDA initialisation failed: " + text.format(*m.groups()), _ENV, msg)
             break
     if _DMABUF.search(msg):
-        scan.add("accept.startup.nccl_dmabuf", "fail",
+        scan.add("accept.startup.nccl_dmabuf", "error",
                  "RDMA memory registration through DMA-BUF failed (errno 524 / not supported): set "
                  "NCCL_DMABUF_ENABLE=0 to fall back to nvidia_peermem, which must then be loaded", _ENV, msg)
     elif _NCCL.search(msg):
-        scan.add("accept.startup.nccl", "fail",
+        scan.add("accept.startup.nccl", "error",
                  "NCCL failed while the workers set up their communicators: a fabric / RDMA / topology problem "
                  "on the hosts (rerun with NCCL_DEBUG=INFO), not a serving setting", _ENV, msg)
     if _MISSING_KERNEL.search(msg):
-        scan.add("accept.startup.missing_kernel", "fail",
+        scan.add("accept.startup.missing_kernel", "error",
                  "a GPU kernel this build needs is missing for this GPU or driver (build or image does not match "
                  "the hardware)", _ENV, msg)
     if _UNSUPPORTED_ARCH.search(msg):
-        scan.add("accept.startup.unsupported_arch", "fail",
+        scan.add("accept.startup.unsupported_arch", "error",
                  "the GPU architecture is not supported by the PyTorch / kernels in this image", _ENV, msg)
     if _FALLBACK.search(msg):
-        scan.add("accept.startup.fallback", "warn",
+        scan.add("accept.startup.fallback", "warning",
                  "vLLM fell back to a slower or different path at start-up: the serving layer is not the one the "
                  "recipe measured", "config", msg)
     if _OOM.search(msg) and scan.oom_line is None:
@@ -449,25 +450,25 @@ def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Ta
     if scan.oom_line is not None:
         during_load = scan.loading and not scan.oom_after_load
         phase = "while loading the model weights" if during_load else "during start-up (weights, KV cache or graphs)"
-        scan.add("accept.startup.load_oom", "fail",
+        scan.add("accept.startup.load_oom", "error",
                  f"GPU out of memory {phase}: an environment / topology problem (GPU memory per rank, parallel "
                  "layout, gpu-memory-utilization, other processes on the GPUs), not a traffic one: limiting "
                  "traffic does not fix it", _ENV, scan.oom_line)
-    if not scan.ready and scan.first_exception and not any(f.severity == "fail" for f in scan.findings):
-        scan.add("accept.startup.crash", "fail", "the server stopped with an exception before it was ready",
+    if not scan.ready and scan.first_exception and not any(f.failed for f in scan.findings):
+        scan.add("accept.startup.crash", "error", "the server stopped with an exception before it was ready",
                  "environment", scan.first_exception)
     status: Status
-    failing = sorted((f for f in scan.findings if f.severity == "fail"), key=_priority)
+    failing = sorted((f for f in scan.findings if f.failed), key=_priority)
     if failing:
         status, reason = "fail", failing[0].message
     elif scan.ready and not scan.vllm_evidence and launch is None:
-        scan.add("accept.startup.no_vllm_evidence", "warn",
+        scan.add("accept.startup.no_vllm_evidence", "warning",
                  "the log reports a server ready but nothing in it comes from vLLM (no version, engine, arguments "
                  "or model line): it proves nothing about a vLLM start-up", None, "no vLLM line in the log")
         status, reason = "inconclusive", ("the log shows a server ready but no vLLM evidence (no version, engine or "
                                           "arguments line)")
     elif scan.ready and not scan.vllm_evidence:
-        scan.add("accept.startup.no_vllm_evidence", "warn",
+        scan.add("accept.startup.no_vllm_evidence", "warning",
                  "the log reports a server ready but nothing in it comes from vLLM (no version, engine, arguments "
                  "or model line); the launch command alone does not show what ran", None, "no vLLM line in the log")
         status, reason = "inconclusive", ("the log shows a server ready but no vLLM evidence (no version, engine or "
@@ -488,7 +489,7 @@ _CAUSE_ORDER = ("accept.startup.kv_capacity", "accept.startup.unknown_tool_call_
 
 
 def _priority(f: Finding) -> int:
-    base = f.id.rsplit(".", 1)[0] if f.id.startswith("accept.startup.cuda_init.") else f.id
+    base = f.check_id.rsplit(".", 1)[0] if f.check_id.startswith("accept.startup.cuda_init.") else f.check_id
     return _CAUSE_ORDER.index(base) if base in _CAUSE_ORDER else len(_CAUSE_ORDER)
 
 
@@ -503,7 +504,7 @@ def _merge_launch(scan: _Scan, data: dict[str, Any], launch: dict[str, Any]) -> 
         if data.get(key) is None:
             data[key] = lv
         elif data[key] != lv and key not in ("model", "image"):
-            scan.add(f"accept.startup.launch_mismatch_{key}", "warn",
+            scan.add(f"accept.startup.launch_mismatch_{key}", "warning",
                      f"the launch command says {key}={lv} but the log shows {data[key]}: the log is what ran",
                      "config", f"{key}: launch {lv} / log {data[key]}")
     if launch.get("enable_expert_parallel"):
@@ -534,7 +535,7 @@ def _is_target_model(model: Any, target: Target) -> bool:
 def _check_target(scan: _Scan, data: dict[str, Any], target: Target, launch: dict[str, Any] | None) -> None:
     """Compare against the target's serve flags and minimum vLLM; binding only for the target's model."""
     binding = _is_target_model(data.get("model"), target)
-    sev = "fail" if binding else "warn"
+    sev: Severity = "error" if binding else "warning"
     scope = "" if binding else f" (the log serves {data.get('model')!r}, not {target.serve.model}: informative only)"
     want_tool = target.serve.required_flags.get("--tool-call-parser")
     if want_tool and data.get("tool_call_parser") not in (None, want_tool):
@@ -551,7 +552,7 @@ def _check_target(scan: _Scan, data: dict[str, Any], target: Target, launch: dic
                  f"reasoning parser is {data['reasoning_parser']}, the target needs {want_reason}{scope}", "config",
                  f"reasoning_parser={data['reasoning_parser']}")
     if "--enable-prefix-caching" in target.serve.required_flags and data.get("prefix_caching") is False:
-        scan.add("accept.startup.prefix_caching_off", "warn",
+        scan.add("accept.startup.prefix_caching_off", "warning",
                  "prefix caching is off: for Kimi K3 it is off by default and must be turned on with "
                  "--enable-prefix-caching" + scope, "config", "prefix_caching=False")
     have = version_tuple(data.get("vllm_version"))
@@ -563,7 +564,7 @@ def _check_target(scan: _Scan, data: dict[str, Any], target: Target, launch: dic
     cuda = version_tuple(data.get("cuda_version"))
     want_cuda = version_tuple(target.image.cuda)
     if binding and cuda is not None and want_cuda is not None and cuda[0] < want_cuda[0]:
-        scan.add("accept.startup.unofficial_build", "warn",
+        scan.add("accept.startup.unofficial_build", "warning",
                  f"the container runs CUDA {data['cuda_version']} but the target image is CUDA {target.image.cuda}: a "
                  "self-built stack is a separate evidence track, never equivalent to the official image",
                  "environment", f"cuda_version={data['cuda_version']}")

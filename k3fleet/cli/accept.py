@@ -25,6 +25,7 @@ from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.errors import UsageError
 from k3fleet.report.escapes import safe_markup
+from k3fleet.report.terminal import SEVERITY_STYLE
 
 T = TypeVar("T")
 
@@ -33,7 +34,6 @@ accept_app = typer.Typer(help="Serving acceptance: start-up log, prefix cache, a
 app.add_typer(accept_app, name="accept")
 
 _STATUS_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "red", "skipped": "dim"}
-_SEVERITY_STYLE = {"fail": "red", "warn": "yellow", "info": "dim"}
 
 
 def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None = None) -> None:
@@ -54,8 +54,8 @@ def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None 
         table.add_column("layer")
         table.add_column("finding", overflow="fold")
         for f in result.findings:
-            sev = _SEVERITY_STYLE.get(f.severity, "")
-            table.add_row(f"[{sev}]{f.severity}[/{sev}]", safe_markup(f.id), safe_markup(f.layer or ""),
+            sev = SEVERITY_STYLE[f.severity]
+            table.add_row(f"[{sev}]{f.severity}[/{sev}]", safe_markup(f.check_id), safe_markup(f.layer or ""),
                           safe_markup(f.message))
         out.print(table)
 
@@ -337,9 +337,9 @@ def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> 
                   markup=True)
     for name, why in (summary.get("not_run") or {}).items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
-    failing = [f for r in results.values() for f in r.findings if f.severity == "fail"]
+    failing = [f for r in results.values() for f in r.failing()]
     for f in failing[:20]:
-        out.print(f"    [red]{safe_markup(f.id)}[/red] {safe_markup(f.message)}", markup=True)
+        out.print(f"    [red]{safe_markup(f.check_id)}[/red] {safe_markup(f.message)}", markup=True)
 
 
 @accept_app.command("prefix-lint")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -18,6 +18,9 @@ from rich.table import Table
 from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.errors import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from k3fleet.models.findings import Finding
 
 _OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
                   "rebuild_environment": "bold red", "expand_capacity": "bold magenta"}
@@ -250,9 +253,9 @@ def triage(
         table = Table(title=f"triage: {escape(result.host)} (operator-supplied)")
         for col in ("file", "kind", "finding", "severity", "message"):
             table.add_column(col)
-        by_file: dict[str, list[dict[str, object]]] = {}
+        by_file: dict[str, list[Finding]] = {}
         for f in result.findings:
-            by_file.setdefault(str(f["file"]), []).append(f)
+            by_file.setdefault(str(f.evidence.get("file")), []).append(f)
         from k3fleet.triage import stored_name
 
         for i, c in enumerate(result.captures):
@@ -260,8 +263,7 @@ def triage(
             if not found:
                 table.add_row(escape(c.name), c.kind, "-", "", "nothing wrong in this capture")
             for f in found:
-                table.add_row(escape(c.name), c.kind, escape(str(f["id"])), str(f["severity"]),
-                              escape(str(f["message"])))
+                table.add_row(escape(c.name), c.kind, escape(f.check_id), f.severity, escape(f.message))
         out.print(table)
     err.print(f"run directory: {rd.path}")
     raise typer.Exit(result.exit_code)

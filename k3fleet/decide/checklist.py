@@ -179,7 +179,7 @@ def _cuda13(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
 
 
 def _driver_branch(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
-    triage_bad = [f for f in all_facts(s) if f.ref.operator_supplied and f.id in ("driver.branch",
+    triage_bad = [f for f in all_facts(s) if f.ref.operator_supplied and f.check_id in ("driver.branch",
                                                                                    "driver.version_min")]
     a = s.audit
     if a is None:
@@ -244,10 +244,10 @@ def _hosts_text(s: EvidenceSummary, hosts: list[str]) -> str:
 def chain_problems(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
     """Every disagreement in the image -> CUDA -> driver chain, each with its evidence."""
     out: list[tuple[str, list[Ref]]] = []
-    chain = [f for f in all_facts(s) if f.blocking and (f.chain or f.id in CHAIN_CHECKS)]
+    chain = [f for f in all_facts(s) if f.failed and (f.chain or f.check_id in CHAIN_CHECKS)]
     by_id: dict[str, list[Fact]] = {}
     for f in chain:
-        by_id.setdefault(f.id, []).append(f)
+        by_id.setdefault(f.check_id, []).append(f)
     for cid, facts in sorted(by_id.items()):
         hosts = sorted({f.host for f in facts if f.host})
         where = f" on {len(hosts)} host(s): {_hosts_text(s, hosts)}" if hosts else ""
@@ -317,10 +317,10 @@ def topology_problems(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
     a = s.audit
     # The audit leaves hosts with interconnect failures out of serving (the audit.limits rule); a
     # capture the operator took from a serving host is about the topology itself.
-    bad = [f for f in all_facts(s) if f.blocking and f.id in INTERCONNECT_CHECKS and f.ref.operator_supplied]
+    bad = [f for f in all_facts(s) if f.failed and f.check_id in INTERCONNECT_CHECKS and f.ref.operator_supplied]
     by_id: dict[str, list[Fact]] = {}
     for f in bad:
-        by_id.setdefault(f.id, []).append(f)
+        by_id.setdefault(f.check_id, []).append(f)
     for cid, facts in sorted(by_id.items()):
         hosts = sorted({f.host for f in facts if f.host})
         out.append((f"{cid} on {_hosts_text(s, hosts) or 'the fleet'}: {facts[0].message}", _fail_refs(facts)))

@@ -12,9 +12,9 @@ import datetime as _dt
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from k3fleet.models.findings import InterconnectSummary
+from k3fleet.models.findings import Finding, InterconnectSummary, earlier_finding
 
 Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity"]
 ItemStatus = Literal["pass", "fail", "missing"]
@@ -56,22 +56,16 @@ class RunInfo(_Model):
     files: int = 0
 
 
-class Fact(_Model):
-    """One finding from any source, in one shape: audit check ids or ``accept.*`` ids."""
+class Fact(Finding):
+    """A finding of any source (audit check ids, ``accept.*`` ids, triage), with the run file it rests on."""
 
-    id: str
-    severity: str = Field(description="audit: critical/error/warning/info; acceptance: fail/warn/info")
-    kind: str = "fail"
-    host: str | None = None
-    message: str
-    fix: str | None = None
-    chain: bool = False
-    layer: str | None = None
     ref: Ref
 
-    @property
-    def blocking(self) -> bool:
-        return self.kind == "fail" and self.severity in ("critical", "error", "fail")
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier(cls, data: Any) -> Any:
+        # summary.json written before the one Finding: id, acceptance's fail / warn.
+        return earlier_finding(data)
 
 
 # -- per source ------------------------------------------------------------------------------------
@@ -165,7 +159,7 @@ class StartupEvidence(_Model):
 
     @property
     def model_load_oom(self) -> list[Fact]:
-        return [f for f in self.findings if f.severity == "fail" and "oom" in f.id.split(".")[-1]]
+        return [f for f in self.findings if f.failed and "oom" in f.check_id.split(".")[-1]]
 
 
 class PrefixCacheEvidence(_Model):

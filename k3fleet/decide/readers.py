@@ -106,8 +106,8 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
             he.image_cuda, he.image_vllm = image.cuda_version, image.vllm_version
         for k, s in facts.nccl.settings.items():
             nccl_seen.setdefault(k, set()).add(s.value)
-    findings = [Fact(id=f.check_id, severity=f.severity, kind=f.kind, host=f.host, message=f.message, fix=f.fix,
-                     chain=f.chain, ref=ref) for f in v.all_findings()]
+    findings = [Fact(check_id=f.check_id, severity=f.severity, kind=f.kind, host=f.host, message=f.message,
+                     fix=f.fix, chain=f.chain, ref=ref) for f in v.all_findings()]
     nccl = {k: next(iter(vals)) for k, vals in nccl_seen.items() if len(vals) == 1}
     return AuditEvidence(
         run=label, ref=ref, started_at=info.started_at, outcome=v.outcome, reasons=v.reasons,
@@ -208,8 +208,8 @@ def probe_result(run: RunReader, probe: str) -> tuple[Any, Ref] | None:
 
 
 def _facts_of(result: Any, ref: Ref) -> list[Fact]:
-    return [Fact(id=f.id, severity=f.severity, kind="fail" if f.severity == "fail" else "note", message=f.message,
-                 layer=f.layer, ref=ref) for f in result.findings]
+    return [Fact(check_id=f.check_id, severity=f.severity, kind=f.kind, message=f.message, layer=f.layer, ref=ref)
+            for f in result.findings]
 
 
 def _int(v: Any) -> int | None:
@@ -267,7 +267,7 @@ def _prefix_evidence(result: Any, ref: Ref) -> PrefixCacheEvidence:
     ratio = (float(hits) / float(queries) if isinstance(hits, int | float) and isinstance(queries, int | float)
              and queries > 0 else None)
     caching = _flag(d.get("prefix_caching_enabled"))
-    if any(f.id == "accept.prefix_cache.caching_off" for f in result.findings):
+    if any(f.check_id == "accept.prefix_cache.caching_off" for f in result.findings):
         caching = False
     reuse = True if result.status == "pass" else False if result.status == "fail" else None
     return PrefixCacheEvidence(
@@ -457,8 +457,9 @@ def read_triage(path: Path, info: RunInfo) -> TriageEvidence:
     label = info.label
     data = triage_record(run)
     ref = Ref(run=label, file=layout.TRIAGE, operator_supplied=True)
-    findings = [Fact(id=f.id, severity=f.severity, kind=f.kind, host=f.host, message=f.message, chain=f.chain,
-                     layer=f.layer, ref=Ref(run=label, file=f.file or layout.TRIAGE, operator_supplied=True))
+    findings = [Fact(check_id=f.check_id, severity=f.severity, kind=f.kind, host=f.host, message=f.message,
+                     chain=f.chain, layer=f.layer,
+                     ref=Ref(run=label, file=f.evidence.get("file") or layout.TRIAGE, operator_supplied=True))
                 for f in data.findings]
     startup = None
     if data.startup is not None:

@@ -102,7 +102,7 @@ def _startup_failed(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
     st = startup_of(s)
     if st is None or st.status != "fail":
         return []
-    others = [f for f in st.findings if f.severity == "fail" and f not in st.model_load_oom]
+    others = [f for f in st.findings if f.failed and f not in st.model_load_oom]
     return [Hit(f"start-up failed: {f.message}", [f.ref]) for f in others]
 
 

@@ -4,6 +4,10 @@ A :class:`Finding` is one problem (or note) a rule found on a host or across the
 with the facts it used as evidence and a fix. Only problems and notes are findings: a
 check that has nothing to say about a host passed (the check catalogue lists them all).
 A fact that could not be read yields a finding of kind ``unknown``, never a pass.
+
+The one :class:`Finding` is what the audit, the acceptance probes, triage and the decision emit; its
+severity scale and kinds are ``k3fleet.contracts``'s. Run files written before it
+(acceptance results, triage records, decision summaries) are read through :func:`earlier_finding`.
 """
 
 from __future__ import annotations
@@ -12,17 +16,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.contracts import (
+    EARLIER_SEVERITY,
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    SEVERITY_RANK,
+    FindingKind,
+    Severity,
+    combine,
+    is_blocking,
+    is_failure,
+)
 from k3fleet.models.target import Strategy, StrategySetting
 
-Severity = Literal["critical", "error", "warning", "info"]
-FindingKind = Literal["fail", "unknown", "note"]
+__all__ = ["SEVERITY_RANK", "Finding", "FindingKind", "Severity", "earlier_finding"]
+
 HostStatus = Literal["pass", "warn", "fail", "unreachable"]
 # incomplete: no host was measured (every host unreachable or without readable facts): nothing to judge.
 Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity", "incomplete"]
-
-SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
-
 
 
 class _Out(BaseModel):
@@ -30,7 +42,7 @@ class _Out(BaseModel):
 
 
 class Finding(_Out):
-    check_id: str = Field(description="stable dotted id from the check catalogue")
+    check_id: str = Field(description="stable dotted id: the check catalogue's, or accept.<probe>.<what>")
     severity: Severity
     kind: FindingKind = Field(default="fail", description="fail: a problem; unknown: could not be read; note")
     host: str | None = Field(default=None, description="None for fleet-wide findings")
@@ -41,10 +53,49 @@ class Finding(_Out):
         default=False,
         description="part of the image -> CUDA -> driver version chain (the planned driver change resolves it)",
     )
+    layer: str | None = Field(
+        default=None, description="where a served model's defect sits (acceptance, triage): http (the raw "
+        "response: model or server parser), client (the reference SDK), environment (host, driver, topology), "
+        "config (server flags), traffic, model")
 
     @property
     def blocking(self) -> bool:
-        return SEVERITY_RANK[self.severity] >= SEVERITY_RANK["error"]
+        """error or critical, whatever the kind."""
+        return is_blocking(self.severity)
+
+    @property
+    def failed(self) -> bool:
+        """A definite failure: blocking and of kind ``fail`` (exit 1)."""
+        return is_failure(self.kind, self.severity)
+
+
+def earlier_finding(data: Any) -> Any:
+    """A finding as run files written before the one :class:`Finding` hold it, in today's shape.
+
+    Acceptance results, triage records and decision summaries named the id ``id``; acceptance rated
+    ``fail`` / ``warn`` / ``info`` (read as error / warning / info) without a kind (read as fail for a
+    fail and note otherwise, as every reader took them) and gave its evidence as text (kept as
+    ``evidence.detail``); triage named the stored capture beside (kept as ``evidence.file``). Anything
+    else is returned as it is.
+    """
+    if not isinstance(data, dict) or not ("id" in data or "file" in data or data.get("severity") in EARLIER_SEVERITY):
+        return data
+    out = dict(data)
+    old = out.get("severity")
+    if "id" in out and "check_id" not in out:
+        out["check_id"] = out.pop("id")
+        # An acceptance finding had no kind: every reader took a fail for a failure, the rest for notes.
+        out.setdefault("kind", "fail" if old == "fail" else "note")
+    if old in EARLIER_SEVERITY:
+        out["severity"] = EARLIER_SEVERITY[old]
+    evidence = out.pop("evidence", None)
+    evidence = {"detail": evidence} if isinstance(evidence, str) else evidence or {}
+    file = out.pop("file", None)
+    if file:
+        evidence = {**evidence, "file": file}
+    if evidence:
+        out["evidence"] = evidence
+    return out
 
 
 class HostVerdict(_Out):
@@ -208,7 +259,7 @@ class FleetVerdict(_Out):
     @property
     def checks_failed(self) -> bool:
         """A check definitely failed: an error or critical finding of kind ``fail``."""
-        return any(f.kind == "fail" and f.blocking for f in self.all_findings())
+        return any(f.failed for f in self.all_findings())
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -19,7 +19,8 @@ from k3fleet.report.escapes import safe_text
 from k3fleet.report.plan import host_list, package_groups, plan_lines, plan_title
 
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "unreachable": "magenta"}
-_SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
+# One style per step of the severity scale (k3fleet.contracts), for every table that prints findings.
+SEVERITY_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
 _OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
                   "rebuild_environment": "bold red", "expand_capacity": "bold magenta", "incomplete": "bold magenta"}
 
@@ -102,7 +103,7 @@ def print_audit(console: Console, result: Any, show_all: bool = False) -> None:
         console.print(grid)
     fleet = sorted(v.fleet_findings, key=lambda f: -SEVERITY_RANK[f.severity])
     for f in fleet[:_FLEET_LINES]:
-        line = Text(f"{f.severity:<8}", style=_SEV_STYLE[f.severity])
+        line = Text(f"{f.severity:<8}", style=SEVERITY_STYLE[f.severity])
         line.append(f" {f.check_id}: {safe_text(f.message)}")
         console.print(line)
     if len(fleet) > _FLEET_LINES:

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from k3fleet.contracts import finding_status
 from k3fleet.models.facts import Gpu, HostFacts
+from k3fleet.models.findings import Finding
 
 CheckStatus = Literal["pass", "warn", "fail", "error", "skipped"]
 # Worst first: a heat-map cell, a folded row and a host take the worst status of what they hold.
@@ -184,7 +186,7 @@ def audit_checks(hosts: Iterable[tuple[str, str, str | None]], findings: Sequenc
 
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for f in findings:
-        by.setdefault((f.get("host") or "fleet", f["id"]), []).append(f)
+        by.setdefault((f.get("host") or "fleet", f["check_id"]), []).append(f)
     rows: list[CheckRow] = []
     for host, status, reason in hosts:
         for check in CHECKS.values():
@@ -198,13 +200,6 @@ def audit_checks(hosts: Iterable[tuple[str, str, str | None]], findings: Sequenc
         if check.scope == "fleet":
             rows.append(_row("fleet", check.id, by.get(("fleet", check.id), [])))
     return rows
-
-
-def finding_status(kind: str | None, severity: str | None) -> str:
-    """fail (a definite problem), error (could not be read), warn (a warning), pass (a note)."""
-    if severity in ("critical", "error", "fail"):
-        return "error" if kind == "unknown" else "fail"
-    return "warn" if severity in ("warning", "warn") else "pass"
 
 
 def worst(statuses: Iterable[str]) -> str:
@@ -225,12 +220,11 @@ def check_group(check_id: str) -> str:
     return check_id.split(".", 1)[0]
 
 
-def finding_rows(findings: Iterable[Any]) -> list[FindingRow]:
-    """Findings (with ``id``/``check_id``, severity, kind, host, message, fix) folded: one row per
-    identical finding, naming its hosts; worst first, then by check id."""
+def finding_rows(findings: Iterable[Finding]) -> list[FindingRow]:
+    """Findings folded: one row per identical finding, naming its hosts; worst first, then by check id."""
     by: dict[tuple[str, str, str, str, str], FindingRow] = {}
     for f in findings:
-        cid = getattr(f, "check_id", None) or f.id
+        cid = f.check_id
         status = finding_status(f.kind, f.severity)
         key = (cid, f.severity, status, f.message, f.fix or "")
         row = by.get(key)
@@ -241,7 +235,7 @@ def finding_rows(findings: Iterable[Any]) -> list[FindingRow]:
     return sorted(by.values(), key=lambda r: (rank.get(r.status, 9), r.check, -len(r.hosts), r.hosts[0]))
 
 
-def heat_map(hosts: Iterable[tuple[str, str]], findings: Iterable[Any]) -> HeatMap:
+def heat_map(hosts: Iterable[tuple[str, str]], findings: Iterable[Finding]) -> HeatMap:
     """Hosts (name, status) x the host-scope check groups of the catalogue."""
     from k3fleet.verdict import CHECKS
 
@@ -249,8 +243,7 @@ def heat_map(hosts: Iterable[tuple[str, str]], findings: Iterable[Any]) -> HeatM
     cell: dict[tuple[str, str], list[str]] = {}
     for f in findings:
         if f.host:
-            cid = getattr(f, "check_id", None) or f.id
-            cell.setdefault((f.host, check_group(cid)), []).append(finding_status(f.kind, f.severity))
+            cell.setdefault((f.host, check_group(f.check_id)), []).append(finding_status(f.kind, f.severity))
     rows = []
     for host, status in hosts:
         cells = ["skipped" if status == "unreachable" else worst(cell.get((host, g), [])) for g in groups]
@@ -313,10 +306,10 @@ def _gpu_cell(g: Gpu) -> GpuCell:
 
 
 def _hosts_into(view: ReportView, a: Any) -> None:
-    findings = [{"id": f.id, "severity": f.severity, "kind": f.kind, "host": f.host, "message": f.message,
+    findings = [{"check_id": f.check_id, "severity": f.severity, "kind": f.kind, "host": f.host, "message": f.message,
                  "evidence": str(f.ref)} for f in a.findings]
     for h in a.hosts:
-        ids = sorted({f.id for f in a.findings if f.host == h.host and f.severity not in ("info",)})
+        ids = sorted({f.check_id for f in a.findings if f.host == h.host and f.severity != "info"})
         view.hosts.append(HostRow(h.host, h.status, h.driver_version,
                                   f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else None, ids or
                                   ([h.reason] if h.reason else [])))
@@ -375,8 +368,8 @@ def accept_view(acc: Any, run: str, exit_code: int | None, results: Mapping[str,
         view.checks.append(CheckRow(f"accept.{name}", name, _status(probe.status), probe.reason or "",
                                     evidence=str(probe.ref)))
         for f in probe.findings:
-            st: CheckStatus = "fail" if f.severity == "fail" else "pass"
-            view.checks.append(CheckRow(f"accept.{name}", f.id, st, f.message, severity=f.severity,
+            st: CheckStatus = "fail" if f.failed else "pass"
+            view.checks.append(CheckRow(f"accept.{name}", f.check_id, st, f.message, severity=f.severity,
                                         evidence=str(f.ref)))
     if acc.agent is not None:
         for case in acc.agent.cases:
@@ -539,9 +532,9 @@ def triage_view(data: Any, run: str) -> ReportView:
     for capture in data.files:
         view.notes.append(f"{capture.name}: {capture.kind}")
     for f in data.findings:
-        status: CheckStatus = ("fail" if f.kind == "fail" and f.severity in ("critical", "error", "fail")
-                               else "error" if f.kind == "unknown" else "pass")
-        view.checks.append(CheckRow(host, f.id, status, f.message, severity=f.severity, evidence=f.file or ""))
+        status: CheckStatus = "fail" if f.failed else "error" if f.kind == "unknown" else "pass"
+        view.checks.append(CheckRow(host, f.check_id, status, f.message, severity=f.severity,
+                                    evidence=f.evidence.get("file") or ""))
     view.exit_code = data.exit_code
     return view
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.contracts import Severity
 from k3fleet.errors import UsageError, read_input
 from k3fleet.evidence import layout
+from k3fleet.models.findings import Finding
 from k3fleet.triage import adapters as ad
 
 NOT_CAPTURED = "not in the captured text"
@@ -146,7 +148,7 @@ class TriageResult:
     host: str
     captures: list[Capture]
     facts: dict[str, Any]
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     startup: dict[str, Any] | None = None
     metrics: dict[str, Any] | None = None
     chat: dict[str, Any] | None = None
@@ -157,8 +159,7 @@ class TriageResult:
 
     @property
     def exit_code(self) -> int:
-        blocking = any(f["kind"] == "fail" and f["severity"] in ("critical", "error", "fail") for f in self.findings)
-        return 1 if blocking else 0
+        return 1 if any(f.failed for f in self.findings) else 0
 
     def to_json(self) -> dict[str, Any]:
         drv = self.facts.get("driver") or {}
@@ -170,7 +171,8 @@ class TriageResult:
                        "stored": stored_name(i, c)} for i, c in enumerate(self.captures)],
             "driver_version": km.get("version") or drv.get("driver_version"),
             "image_digest": image.get("digest") if isinstance(image, dict) else None,
-            "findings": self.findings, "startup": self.startup, "metrics": self.metrics, "chat": self.chat,
+            "findings": [f.model_dump(mode="json") for f in self.findings],
+            "startup": self.startup, "metrics": self.metrics, "chat": self.chat,
             "facts": self.facts,
             "exit_code": self.exit_code,
         }
@@ -342,9 +344,9 @@ def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
                 continue
             if f.kind == "unknown" and NOT_CAPTURED in (f.message or ""):
                 continue
-            result.findings.append({"id": f.check_id, "severity": f.severity, "kind": f.kind, "host": host,
-                                    "message": f.message, "chain": f.chain, "layer": None, "fix": f.fix,
-                                    "file": _file_of(f.check_id, captures)})
+            # The capture it was judged from stands for the rule's evidence.
+            result.findings.append(f.model_copy(update={"host": host,
+                                                        "evidence": {"file": _file_of(f.check_id, captures)}}))
     for i, c in enumerate(captures):
         if c.kind == "vllm_startup":
             _startup_into(result, c, stored_name(i, c), tgt)
@@ -361,9 +363,16 @@ def _startup_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
     probe = analyse_startup(c.text, None, target=target, source=str(c.path))
     result.startup = probe.model_dump(mode="json")
     for f in probe.findings:
-        result.findings.append({"id": f.id, "severity": f.severity, "kind": "fail" if f.severity == "fail" else "note",
-                                "host": result.host, "message": f.message, "chain": False, "layer": f.layer,
-                                "fix": None, "file": stored})
+        result.findings.append(f.model_copy(update={"host": result.host, "evidence": {"file": stored}}))
+
+
+def _accept_finding(result: TriageResult, check_id: str, severity: Severity, message: str, layer: str | None,
+                    stored: str) -> None:
+    """An acceptance probe's finding about the capture stored as ``stored``."""
+    from k3fleet.accept.result import finding
+
+    result.findings.append(finding(check_id, severity, message, layer=layer).model_copy(
+        update={"host": result.host, "evidence": {"file": stored}}))
 
 
 def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
@@ -388,10 +397,8 @@ def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
                       "cache_config": snap.cache_config(), "prefix_caching_enabled": snap.prefix_caching_enabled(),
                       "summary": summary}
 
-    def add(fid: str, severity: str, message: str, layer: str | None) -> None:
-        result.findings.append({"id": f"accept.metrics.{fid}", "severity": severity,
-                                "kind": "fail" if severity == "fail" else "note", "host": result.host,
-                                "message": message, "chain": False, "layer": layer, "fix": None, "file": stored})
+    def add(fid: str, severity: Severity, message: str, layer: str | None) -> None:
+        _accept_finding(result, f"accept.metrics.{fid}", severity, message, layer, stored)
 
     if cut is not None:
         add("cut_line", "info", f"the last line is cut mid-way and was left out: {cut[:120]!r}", None)
@@ -403,23 +410,23 @@ def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
         old = sorted(n for n in families if n in REMOVED_NAMES)
         result.metrics.update(old_names=old, old_server=bool(old), values_known=False)
         if old:
-            add("old_server", "warn", f"only # HELP / # TYPE lines, of removed metric names ({', '.join(old[:4])}): "
-                                      "a vLLM server older than 0.12 whose values are unknown (the excerpt has "
-                                      "no samples)", "config")
+            add("old_server", "warning", f"only # HELP / # TYPE lines, of removed metric names "
+                                         f"({', '.join(old[:4])}): a vLLM server older than 0.12 whose values are "
+                                         "unknown (the excerpt has no samples)", "config")
         else:
-            add("no_values", "warn", f"only # HELP / # TYPE lines of {len(families)} vllm: metric(s): a vLLM "
-                                     "server whose values are unknown (the excerpt has no samples)", "http")
+            add("no_values", "warning", f"only # HELP / # TYPE lines of {len(families)} vllm: metric(s): a vLLM "
+                                        "server whose values are unknown (the excerpt has no samples)", "http")
         return
     if not snap.has_vllm:
-        add("not_vllm", "warn", "the page has no vllm: metrics: not a vLLM server's /metrics", "http")
+        add("not_vllm", "warning", "the page has no vllm: metrics: not a vLLM server's /metrics", "http")
         return
     if snap.is_old_server:
-        add("old_server", "warn", f"only removed metric names ({', '.join(snap.old_names())}): a server older than "
-                                  "vLLM 0.12, its cache counters cannot be read as current ones", "config")
+        add("old_server", "warning", f"only removed metric names ({', '.join(snap.old_names())}): a server older "
+                                     "than vLLM 0.12, its cache counters cannot be read as current ones", "config")
     enabled = snap.prefix_caching_enabled()
     if enabled is False and "--enable-prefix-caching" in target.serve.required_flags:
-        add("prefix_caching_off", "fail", "vllm:cache_config_info says enable_prefix_caching=False; Kimi K3 needs "
-                                          "--enable-prefix-caching", "config")
+        add("prefix_caching_off", "error", "vllm:cache_config_info says enable_prefix_caching=False; Kimi K3 needs "
+                                           "--enable-prefix-caching", "config")
     if summary.get("preemptions"):
         add("preemptions", "info", f"{summary['preemptions']:g} preemptions since start: the KV cache ran full",
             "traffic")
@@ -509,10 +516,8 @@ def _chat_into(result: TriageResult, c: Capture, stored: str) -> None:
     result.chat = {"expected_calls": expect.calls, "defects": sorted(defects),
                    "finish_reason": view.finish_reason, "tool_calls": len(view.tool_calls)}
     for d, evidence in sorted(defects.items()):
-        sev = "fail" if d in _CALL_BREAKING else "warn"
-        result.findings.append({"id": f"accept.agent.{d}", "severity": sev, "kind": "fail" if sev == "fail" else "note",
-                                "host": result.host, "message": f"{toolcheck.DEFECTS.get(d, d)}: {evidence}",
-                                "chain": False, "layer": "http", "fix": None, "file": stored})
+        sev: Severity = "error" if d in _CALL_BREAKING else "warning"
+        _accept_finding(result, f"accept.agent.{d}", sev, f"{toolcheck.DEFECTS.get(d, d)}: {evidence}", "http", stored)
 
 
 def write_run(result: TriageResult, argv: Sequence[str], *, runs_dir: Path, out: Path | None) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from k3fleet.errors import UsageError, validation_line
+from k3fleet.models.findings import Finding, earlier_finding
 
 
 class _Lenient(BaseModel):
@@ -27,17 +28,6 @@ class TriageFile(_Lenient):
     stored: str | None = None
 
 
-class TriageFinding(_Lenient):
-    id: str
-    severity: str = "info"
-    kind: str = "fail"
-    message: str
-    host: str | None = None
-    file: str | None = None
-    chain: bool = False
-    layer: str | None = None
-
-
 class TriageRecord(_Lenient):
     schema_version: str | None = None
     host: str | None = None
@@ -45,10 +35,17 @@ class TriageRecord(_Lenient):
     files: list[TriageFile] = Field(default_factory=list)
     driver_version: str | None = None
     image_digest: str | None = None
-    findings: list[TriageFinding] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list, description="each with evidence.file, the stored "
+                                    "capture it was judged from")
     startup: dict[str, Any] | None = None
     metrics: dict[str, Any] | None = None
     exit_code: int | None = None
+
+    @field_validator("findings", mode="before")
+    @classmethod
+    def _earlier_findings(cls, v: Any) -> Any:
+        # Records written before the one Finding (id, the capture's file beside).
+        return [earlier_finding(f) for f in v] if isinstance(v, list) else v
 
     @field_validator("exit_code")
     @classmethod

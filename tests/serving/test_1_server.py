@@ -77,7 +77,7 @@ def test_prefix_cache_passes_on_real_counters(server: VllmState) -> None:
 def test_prefix_cache_is_inconclusive_when_the_context_cannot_hold_one_unit(server: VllmState) -> None:
     rc, res = _prefix(server, "--match-unit", "4096")
     assert rc == 3 and res["status"] == "inconclusive"
-    assert [f["id"] for f in res["findings"]] == ["accept.prefix_cache.context_below_unit"]
+    assert [f["check_id"] for f in res["findings"]] == ["accept.prefix_cache.context_below_unit"]
     assert "2048 tokens" in res["reason"]
 
 
@@ -106,7 +106,7 @@ def test_load_names_the_ceiling_from_the_real_queue(server: VllmState) -> None:
     # --max-num-seqs 2 two of them wait for most of the step whatever the machine's speed.
     res = _load(server, ramp=[1, 2, 4], step_s=8, system_prompt_tokens=200, turn_output_tokens=200)
     assert res.data["outcome"] == "ceiling" and res.data["ceiling"] == 2, (res.reason, res.data["curves"])
-    ceiling = next(f for f in res.findings if f.id == "accept.load.ceiling")
+    ceiling = next(f for f in res.findings if f.check_id == "accept.load.ceiling")
     assert "vllm:num_requests_waiting" in ceiling.message and "limit traffic to 2" in ceiling.message
     assert res.data["unread_metrics"] == []
     assert res.status == "fail" and res.exit_code == 1
@@ -117,7 +117,7 @@ def test_load_judges_real_preemptions_as_load_pressure(server: VllmState) -> Non
     # 3 shared + 10 own blocks of the 18, two at once about 23, so the second step must preempt.
     res = _load(server, ramp=[1, 2], step_s=4, system_prompt_tokens=400, turn_output_tokens=1200)
     assert res.data["counts"]["preemptions"], res.data["curves"]
-    pre = next(f for f in res.findings if f.id == "accept.load.preemptions")
+    pre = next(f for f in res.findings if f.check_id == "accept.load.preemptions")
     assert pre.layer == "traffic" and "load pressure" in pre.message
     assert res.data["outcome"] == "ceiling" and res.data["ceiling"] == 1, (res.reason, res.data["curves"])
 

@@ -23,7 +23,7 @@ def test_prefix_cache_fails_with_caching_off_and_accept_all_keeps_its_budget(
     res = json.loads(proc.stdout)
     assert proc.returncode == 1 and res["status"] == "fail", res["reason"]
     assert res["data"]["cache_config"]["enable_prefix_caching"] == "False"
-    assert "accept.prefix_cache.caching_off" in [f["id"] for f in res["findings"]]
+    assert "accept.prefix_cache.caching_off" in [f["check_id"] for f in res["findings"]]
 
     assert every.returncode == 1, every.stderr[-3000:]
     summary = json.loads((run / "accept.json").read_text())

@@ -29,12 +29,12 @@ def test_a_max_model_len_the_kv_cache_cannot_hold_is_an_environment_capacity_fai
     # 512 KiB of KV cache holds 1024 tokens of this model; one request at 2048 does not fit.
     res = _failed_start(tmp_path_factory.mktemp("vllm-kv"), "--kv-cache-memory-bytes", str(512 * 1024))
     first = res["findings"][0]
-    assert first["id"] == "accept.startup.kv_capacity" and first["layer"] == "environment", res
+    assert first["check_id"] == "accept.startup.kv_capacity" and first["layer"] == "environment", res
     assert "max-model-len 2048" in res["reason"]
 
 
 def test_an_unknown_tool_call_parser_is_a_config_failure(tmp_path_factory: pytest.TempPathFactory) -> None:
     res = _failed_start(tmp_path_factory.mktemp("vllm-parser"), "--tool-call-parser", "no-such-parser")
     first = res["findings"][0]
-    assert first["id"] == "accept.startup.unknown_tool_call_parser" and first["layer"] == "config", res
+    assert first["check_id"] == "accept.startup.unknown_tool_call_parser" and first["layer"] == "config", res
     assert "no-such-parser" in res["reason"]

@@ -62,7 +62,7 @@ def test_injected_defect_reported_at_its_rate_and_layer(defect: str) -> None:
     assert not others, others
     assert all(c["defect_layers"].get(defect, "http") == "http" for c in cases.values())
     assert result.status == "fail"
-    assert any(f.id == f"accept.agent.{defect}" and f.layer == "http" for f in result.findings)
+    assert any(f.check_id == f"accept.agent.{defect}" and f.layer == "http" for f in result.findings)
 
 
 def test_merged_stream_calls_only_in_the_streamed_multi_call_case() -> None:
@@ -83,4 +83,4 @@ def test_critical_cases_and_threshold_are_data() -> None:
     # The failing case is not critical: reported as a warning, the suite passes.
     assert result.status == "pass"
     assert result.data["cases"]["one_required_arg"]["critical"] is False
-    assert all(f.severity == "warn" for f in result.findings)
+    assert all(f.severity == "warning" for f in result.findings)

@@ -29,7 +29,7 @@ def test_load_names_every_unread_server_metric_and_is_not_a_pass() -> None:
     assert res.data["counts"]["ok"] > 0  # the client side went well...
     assert res.status == "inconclusive" and res.exit_code == 3  # ...which is not stability
     assert "client figures only" in res.reason
-    unread = {f.evidence for f in res.findings if f.id == "accept.load.metric_unread"}
+    unread = {f.evidence.get("detail") for f in res.findings if f.check_id == "accept.load.metric_unread"}
     assert unread == set(SERVER_METRICS.values()) == set(res.data["unread_metrics"])
 
 
@@ -58,9 +58,9 @@ def test_prefix_cache_names_missing_counters_first_and_ttft_never_decides() -> N
     assert res.status == "inconclusive", res.reason
     assert res.reason.startswith("no prefix-cache counters (vllm:prefix_cache_queries, vllm:prefix_cache_hits, "
                                  "vllm:prompt_tokens_cached)")
-    assert res.findings[0].id != "accept.prefix_cache.ttft_not_lower"
-    assert not [f for f in res.findings if f.severity == "fail"]
-    assert {f.id for f in res.findings} >= {"accept.prefix_cache.counters_missing",
+    assert res.findings[0].check_id != "accept.prefix_cache.ttft_not_lower"
+    assert not [f for f in res.findings if f.severity == "error"]
+    assert {f.check_id for f in res.findings} >= {"accept.prefix_cache.counters_missing",
                                             "accept.prefix_cache.size_estimated"}
 
 
@@ -79,7 +79,7 @@ def test_agent_result_on_non_json_is_error_with_the_sdk_evidence() -> None:
         res = asyncio.run(run_agent(_ep(srv.base_url), AgentOptions(repeats=1, cases=["one_required_arg"],
                                                                     critical=["one_required_arg"])))
     assert res.status == "error" and res.exit_code == 3
-    assert any(f.id == "accept.agent.reference_client" for f in res.findings)
+    assert any(f.check_id == "accept.agent.reference_client" for f in res.findings)
 
 
 @pytest.mark.parametrize("log", [
@@ -90,7 +90,7 @@ def test_agent_result_on_non_json_is_error_with_the_sdk_evidence() -> None:
 def test_startup_without_vllm_evidence_does_not_pass(log: str) -> None:
     res = analyse_startup(log)
     assert res.status == "inconclusive" and res.exit_code == 3
-    assert any(f.id == "accept.startup.no_vllm_evidence" for f in res.findings)
+    assert any(f.check_id == "accept.startup.no_vllm_evidence" for f in res.findings)
 
 
 def test_startup_evidence_is_redacted_before_it_is_cut() -> None:
@@ -100,6 +100,6 @@ def test_startup_evidence_is_redacted_before_it_is_cut() -> None:
     log = ("(APIServer pid=1) INFO 12-01 12:00:00 [api_server.py:1] vLLM API server version 0.32.0\n"
            f"(APIServer pid=1) ERROR 12-01 12:00:01 [api_server.py:2] {message}\n")
     res = analyse_startup(log)
-    assert any(f.id == "accept.startup.crash" for f in res.findings)
-    evidence = " ".join(f.evidence or "" for f in res.findings)
+    assert any(f.check_id == "accept.startup.crash" for f in res.findings)
+    evidence = " ".join(f.evidence.get("detail", "") for f in res.findings)
     assert "sk-E" not in evidence and "EXAMPLEKEY" not in evidence

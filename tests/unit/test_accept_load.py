@@ -85,7 +85,7 @@ def test_small_server_names_a_ceiling() -> None:
     # The sustained run confirms the ceiling holds.
     sustained = [r for r in d["curves"] if r["phase"] == "sustained"]
     assert sustained and all(r["concurrency"] == 2 and r["verdict"] == "ok" for r in sustained)
-    assert any(f.id == "accept.load.ceiling" and "2" in f.message for f in res.findings)
+    assert any(f.check_id == "accept.load.ceiling" and "2" in f.message for f in res.findings)
 
 
 def test_crash_under_pressure_is_collapse() -> None:
@@ -110,7 +110,7 @@ def test_crash_under_pressure_is_collapse() -> None:
     assert rec["memory_before"]["kv_by_engine"] == {"0": rec["memory_before"]["kv_usage"]}
     assert rec["memory_after"] is not None and "gpu_memory" in rec
     assert not any(r["phase"] == "sustained" for r in d["curves"])  # never sustain a collapsed server
-    assert any(f.id == "accept.load.collapse" for f in res.findings)
+    assert any(f.check_id == "accept.load.collapse" for f in res.findings)
 
 
 def test_restart_is_counted() -> None:
@@ -147,7 +147,7 @@ def test_request_bound_stops_the_run() -> None:
     with start_simulator(**FAST) as sim:
         res = asyncio.run(run_load(ep(sim.base_url), opts))
     assert res.data["counts"]["requests"] == 5 and res.status == "inconclusive"
-    assert any(f.id == "accept.load.bound" for f in res.findings)
+    assert any(f.check_id == "accept.load.bound" for f in res.findings)
 
 
 def test_old_server_metrics_are_a_finding() -> None:
@@ -155,7 +155,7 @@ def test_old_server_metrics_are_a_finding() -> None:
     with start_simulator(**FAST, old_metric_names=True, metrics_format="openmetrics") as sim:
         res = asyncio.run(run_load(ep(sim.base_url), opts))
     assert "vllm:gpu_cache_usage_perc" in res.data["old_metric_names"]
-    assert any(f.id == "accept.load.old_metric_names" for f in res.findings)
+    assert any(f.check_id == "accept.load.old_metric_names" for f in res.findings)
     assert res.data["curves"][0]["kv_usage_max"] is None  # never read the old name as the new one
 
 
@@ -277,7 +277,7 @@ def test_server_failures_under_load_are_collapse(fault: FaultServer, kind: str) 
 def test_metrics_not_prometheus_text_is_a_finding(fault: FaultServer) -> None:
     opts = LoadOptions(**{**QUICK, "phases": ["agent_ramp"], "ramp": [1], "step_s": 0.5})
     res = asyncio.run(run_load(ep(fault.url), opts))
-    found = [f for f in res.findings if f.id == "accept.load.metrics_unavailable"]
+    found = [f for f in res.findings if f.check_id == "accept.load.metrics_unavailable"]
     assert found and "not Prometheus or OpenMetrics text" in found[0].message
     assert res.data["outcome"] == "stable"
 

@@ -28,7 +28,7 @@ def _run(sim: SimHandle, opts: PrefixOptions | None = None, rec: Recorder | None
 
 
 def _ids(result) -> set[str]:
-    return {f.id for f in result.findings}
+    return {f.check_id for f in result.findings}
 
 
 # 0.5 ms per uncached token: the cold prefix (over 3 units of 1536) costs over 2.3 s, a warm one under one unit

@@ -37,7 +37,7 @@ def write(tmp_path: Path, rows: list[Any]) -> Path:
 
 
 def ids(result) -> set[str]:
-    return {f.id for f in result.findings}
+    return {f.check_id for f in result.findings}
 
 
 def test_growing_conversation_keeps_the_prefix(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ def _run(name: str, launch: str | None = None):
 
 
 def _ids(result) -> set[str]:
-    return {f.id for f in result.findings}
+    return {f.check_id for f in result.findings}
 
 
 # (fixture, status, finding that must be there, its layer)
@@ -41,16 +41,16 @@ def test_startup_failures_are_environment_findings(name: str, fid: str, evidence
     result = _run(name)
     assert result.status == "fail"
     assert result.exit_code == 1
-    found = {f.id: f for f in result.findings}
+    found = {f.check_id: f for f in result.findings}
     assert fid in found, result.findings
-    assert found[fid].severity == "fail"
+    assert found[fid].severity == "error"
     assert found[fid].layer == "environment"
-    assert evidence in (found[fid].evidence or "")
+    assert evidence in found[fid].evidence.get("detail", "")
 
 
 def test_load_oom_is_named_an_environment_problem_not_traffic() -> None:
     result = _run("oom_load_model.log")
-    msg = next(f.message for f in result.findings if f.id == "accept.startup.load_oom")
+    msg = next(f.message for f in result.findings if f.check_id == "accept.startup.load_oom")
     # The worker reports "while processing method load_model" after the OOM line: still a load OOM.
     assert "while loading the model weights" in msg
     assert "not a traffic one" in msg
@@ -94,9 +94,9 @@ def test_deepseek_expert_parallel_layout() -> None:
     assert d["max_model_len"] == 512
     # Not the target's model: target mismatches are warnings, never a fail of this log.
     assert result.status == "inconclusive"
-    sev = {f.id: f.severity for f in result.findings}
-    assert sev["accept.startup.vllm_version"] == "warn"
-    assert sev["accept.startup.tool_call_parser"] == "warn"
+    sev = {f.check_id: f.severity for f in result.findings}
+    assert sev["accept.startup.vllm_version"] == "warning"
+    assert sev["accept.startup.tool_call_parser"] == "warning"
 
 
 def test_engine_config_line_gives_prefix_caching() -> None:
@@ -108,9 +108,9 @@ def test_engine_config_line_gives_prefix_caching() -> None:
 
 def test_fallback_is_a_warning() -> None:
     result = _run("fallback_v0_engine.log")
-    f = next(f for f in result.findings if f.id == "accept.startup.fallback")
-    assert f.severity == "warn"
-    assert "Falling back to V0" in (f.evidence or "")
+    f = next(f for f in result.findings if f.check_id == "accept.startup.fallback")
+    assert f.severity == "warning"
+    assert "Falling back to V0" in f.evidence.get("detail", "")
     assert result.status == "inconclusive"
 
 
@@ -146,12 +146,12 @@ def test_kimi_k3_with_wrong_parsers_and_no_caching_fails() -> None:
               .replace("enable_prefix_caching=True", "enable_prefix_caching=False")
               .replace("version 0.27.1", "version 0.26.0").replace("(v0.27.1)", "(v0.26.0)"))
     result = analyse_startup(log, launch, target=TARGET)
-    sev = {f.id: f.severity for f in result.findings}
+    sev = {f.check_id: f.severity for f in result.findings}
     assert result.status == "fail"
-    assert sev["accept.startup.tool_call_parser"] == "fail"
-    assert sev["accept.startup.reasoning_parser"] == "fail"
-    assert sev["accept.startup.vllm_version"] == "fail"
-    assert sev["accept.startup.prefix_caching_off"] == "warn"
+    assert sev["accept.startup.tool_call_parser"] == "error"
+    assert sev["accept.startup.reasoning_parser"] == "error"
+    assert sev["accept.startup.vllm_version"] == "error"
+    assert sev["accept.startup.prefix_caching_off"] == "warning"
 
 
 def test_log_wins_over_launch_command_and_says_so() -> None:
@@ -205,7 +205,7 @@ def test_real_start_failures_of_the_cpu_build_are_classified(name: str, fid: str
     result = run_startup(FIX / name)
     assert result.status == "fail" and result.exit_code == 1
     first = result.findings[0]
-    assert (first.id, first.layer) == (fid, layer) and text in result.reason
+    assert (first.check_id, first.layer) == (fid, layer) and text in result.reason
     assert result.data["vllm_version"] == "0.32.0"
     # The named cause is the only failure: no generic crash finding beside it.
-    assert "accept.startup.crash" not in {f.id for f in result.findings}
+    assert "accept.startup.crash" not in {f.check_id for f in result.findings}

@@ -164,7 +164,7 @@ def _set(path: str, value: Any) -> Callable[[EvidenceSummary], None]:
 def _audit_finding(check: str, host: str = "gpu-b01", chain: bool = True) -> Callable[[EvidenceSummary], None]:
     def mut(s: EvidenceSummary) -> None:
         assert s.audit is not None
-        s.audit.findings.append(Fact(id=check, severity="critical", kind="fail", host=host, chain=chain,
+        s.audit.findings.append(Fact(check_id=check, severity="critical", kind="fail", host=host, chain=chain,
                                      message=f"{check} failed on {host}", ref=s.audit.ref))
     return mut
 
@@ -173,7 +173,7 @@ def _startup_finding(fid: str, message: str) -> Callable[[EvidenceSummary], None
     def mut(s: EvidenceSummary) -> None:
         st = _st(s)
         st.status = "fail"
-        st.findings.append(Fact(id=fid, severity="fail", message=message, layer="environment", ref=st.ref))
+        st.findings.append(Fact(check_id=fid, severity="error", message=message, layer="environment", ref=st.ref))
     return mut
 
 
@@ -203,7 +203,7 @@ def _triage(check: str, chain: bool) -> Callable[[EvidenceSummary], None]:
     def mut(s: EvidenceSummary) -> None:
         ref = _ref("triage-1", "triage.json", op=True)
         s.triage.append(TriageEvidence(run="triage-1", ref=ref, host="gpu-x01", kinds=["nvidia_smi"],
-                                       findings=[Fact(id=check, severity="critical", kind="fail", host="gpu-x01",
+                                       findings=[Fact(check_id=check, severity="critical", kind="fail", host="gpu-x01",
                                                       chain=chain, message=f"{check} in a pasted capture",
                                                       ref=ref)]))
     return mut

@@ -159,7 +159,7 @@ def test_audit_and_triage_name_the_same_health_finding(health_lab: Path, host: s
     assert text
     capture = tmp_path / f"{source}.txt"
     capture.write_text(text)
-    triaged = {f["id"] for f in triage([capture], host=host).findings}
+    triaged = {f.check_id for f in triage([capture], host=host).findings}
     assert ids <= triaged, triaged
 
 

@@ -108,25 +108,25 @@ def test_no_misjudged_class_passes_in_silence(rel: str) -> None:
 def test_jetson_540_is_named_a_tegra_driver_not_r540() -> None:
     r = triage([FIX / "driver/proc_version_open_aarch64_540_jetpack6.txt"])
     (f,) = r.findings
-    assert "Tegra driver" in f["message"] and "R540" not in f["message"]
+    assert "Tegra driver" in f.message and "R540" not in f.message
 
 
 def test_cut_metrics_line_is_dropped_and_said() -> None:
     r = triage([FIX / "metrics/vllm_v0_qwen25coder_cut_mid_line.prom"])
-    cut = next(f for f in r.findings if f["id"] == "accept.metrics.cut_line")
-    assert "Qwen/Qwen2.5-Co" in cut["message"]
+    cut = next(f for f in r.findings if f.check_id == "accept.metrics.cut_line")
+    assert "Qwen/Qwen2.5-Co" in cut.message
 
 
 def test_fm_refusal_names_both_versions() -> None:
     r = triage([FIX / "triage/fm_error_unprefixed_siderolabs.txt"])
-    f = next(f for f in r.findings if f["id"] == "fabricmanager.version_match")
-    assert "525.85.12" in f["message"] and "530.41.03" in f["message"]
+    f = next(f for f in r.findings if f.check_id == "fabricmanager.version_match")
+    assert "525.85.12" in f.message and "530.41.03" in f.message
 
 
 def test_xid_names_the_code_and_its_meaning() -> None:
     r = triage([FIX / "gpu_health/xid79_line_nvsentinel155.txt"])
     (f,) = r.findings
-    assert "Xid 79 (GPU has fallen off the bus) on PCI:0000:44:00" in f["message"]
+    assert "Xid 79 (GPU has fallen off the bus) on PCI:0000:44:00" in f.message
 
 
 def test_stdin_is_read_with_the_same_rules(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_stdin_is_read_with_the_same_rules(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["triage", "-", "--json", "--runs-dir", str(tmp_path)], input=text)
     assert res.exit_code == 1, res.output
     data = json.loads(res.stdout)
-    assert [f["id"] for f in data["findings"]] == ["gpu.xid"]
+    assert [f["check_id"] for f in data["findings"]] == ["gpu.xid"]
     assert data["files"][0]["name"] == "stdin"
     import io
     import sys
@@ -160,12 +160,12 @@ def test_each_kind_of_real_capture(rel: str) -> None:
         return
     assert sniff(path.read_text(errors="replace")) == kind
     r = triage([path], host="gpu-x01")
-    got = {f["id"] for f in r.findings if f["severity"] not in ("info",)}
-    assert got == ids, [(f["id"], f["message"]) for f in r.findings]
+    got = {f.check_id for f in r.findings if f.severity != "info"}
+    assert got == ids, [(f.check_id, f.message) for f in r.findings]
     assert r.exit_code == code
-    assert all(f["host"] == "gpu-x01" and f["file"].startswith("inputs/01-") for f in r.findings)
+    assert all(f.host == "gpu-x01" and f.evidence["file"].startswith("inputs/01-") for f in r.findings)
     # Only rules whose facts the capture holds speak: nothing is judged from text that was not given.
-    audit_ids = {f["id"] for f in r.findings if not f["id"].startswith("accept.")}
+    audit_ids = {f.check_id for f in r.findings if not f.check_id.startswith("accept.")}
     assert audit_ids <= COVERS.get(kind, frozenset())
 
 
@@ -219,14 +219,14 @@ def test_captures_of_one_node_are_judged_together() -> None:
                 FIX / "driver" / "proc_version_proprietary_580.txt"], host="gpu-x01")
     # /proc says the loaded module is 580.173.02: it wins over the table's older version (as in the audit).
     assert r.to_json()["driver_version"] == "580.173.02"
-    ids = {f["id"] for f in r.findings}
+    ids = {f.check_id for f in r.findings}
     assert "driver.branch" not in ids
     assert r.kinds == ["docker_inspect", "nvidia_smi", "proc_driver_version"]
 
 
 def test_docker_inspect_alone_does_not_judge_the_host_driver() -> None:
     r = triage([FIX / "container" / "docker_inspect_vllm_v0.23.0.json"])
-    assert "container.cuda_runtime" not in {f["id"] for f in r.findings}
+    assert "container.cuda_runtime" not in {f.check_id for f in r.findings}
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -242,7 +242,7 @@ def test_bad_captures_are_one_line_usage_errors(tmp_path: Path, content: bytes, 
     if message is None:
         # A CA block without ports is a device with no port: judged, not refused.
         r = triage([p])
-        assert {f["id"] for f in r.findings} == {"rdma.rail_count"}
+        assert {f.check_id for f in r.findings} == {"rdma.rail_count"}
         return
     with pytest.raises(UsageError, match=message):
         triage([p])

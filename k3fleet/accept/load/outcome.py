@@ -14,7 +14,8 @@ from k3fleet.accept.load.options import PHASES, LoadOptions
 from k3fleet.accept.load.shots import SERVER_KINDS, Tally
 from k3fleet.accept.load.steps import Curve
 from k3fleet.accept.oom import oom_records
-from k3fleet.accept.result import Finding, ProbeResult
+from k3fleet.accept.result import ProbeResult, finding
+from k3fleet.models.findings import Finding
 
 Outcome = Literal["stable", "ceiling", "adjust_config", "collapse"]
 _OOM = re.compile(r"out of memory|\bOOM\b", re.IGNORECASE)
@@ -78,37 +79,37 @@ class Report:
         out: list[Finding] = []
         monitor = self.monitor
         if monitor.old_names:
-            out.append(Finding(id="accept.load.old_metric_names", severity="warn", layer="config",
+            out.append(finding(check_id="accept.load.old_metric_names", severity="warning", layer="config",
                                message="the server exposes only removed metric names (" + ", ".join(monitor.old_names)
                                        + "): queue and KV curves are missing; upgrade vLLM"))
         if monitor.metrics_errors:
-            out.append(Finding(id="accept.load.metrics_unavailable", severity="warn", layer="http",
+            out.append(finding(check_id="accept.load.metrics_unavailable", severity="warning", layer="http",
                                message=f"/metrics could not be read during the run: {monitor.metrics_errors[0]}"))
         for name in monitor.unread():
-            out.append(Finding(id="accept.load.metric_unread", severity="warn", layer="http",
+            out.append(finding(check_id="accept.load.metric_unread", severity="warning", layer="http",
                                message=f"{name} could not be read during the run: what it shows (running, "
                                        "waiting, KV usage, preemptions) is unknown, not fine", evidence=name))
         pre = self.monitor.delta_total("preemptions")
         if pre:
             first = next((r for r in self.curve.rows if r.get("preemptions_delta")), None)
             where = f", first at {first['concurrency']} session(s) ({first['phase']})" if first else ""
-            out.append(Finding(id="accept.load.preemptions", severity="warn", layer="traffic",
+            out.append(finding(check_id="accept.load.preemptions", severity="warning", layer="traffic",
                                message=f"{pre:.0f} preemption(s) during the run{where}: the KV cache ran full: load "
                                        "pressure, not a fault; limit traffic or give the KV cache more room"))
         for rec in oom_records(self.tally.shots, self.monitor.samples, self.display_url):
             if rec["topology"]:
                 kv = ", ".join(f"engine {e} {v:.2f}" for e, v in sorted(rec["memory_before"]["kv_by_engine"].items()))
-                out.append(Finding(id="accept.load.topology_oom", severity="warn", layer="environment",
+                out.append(finding(check_id="accept.load.topology_oom", severity="warning", layer="environment",
                                    message=f"OOM at {rec['t_s']:g}s ({rec['phase']} {rec['step']}) with uneven KV "
                                            f"pressure across engines ({kv}): a topology OOM, not capacity; check "
                                            "the data-parallel placement and expert balance", evidence=rec["message"]))
                 break
         if not self.calibrated and self.tally.shots:
-            out.append(Finding(id="accept.load.no_usage", severity="info", layer="http",
+            out.append(finding(check_id="accept.load.no_usage", severity="info", layer="http",
                                message="the server reports no usage: context lengths are estimated at "
                                        f"{self.tokens_per_word} tokens per word"))
         if self.tally.budget_hit:
-            out.append(Finding(id="accept.load.bound", severity="warn", layer="traffic",
+            out.append(finding(check_id="accept.load.bound", severity="warning", layer="traffic",
                                message=self.tally.budget_hit))
         return out
 
@@ -120,7 +121,7 @@ class Report:
             r = server_rows[0] if server_rows else None
             where = (f"{r['phase']} at {r['step']}" if r else "during the run")
             why = self._server_why(r)
-            findings.append(Finding(id="accept.load.collapse", severity="fail", layer="environment",
+            findings.append(finding(check_id="accept.load.collapse", severity="error", layer="environment",
                                     message=f"the server failed under load ({where}): {why}",
                                     evidence=json.dumps(self.tally.failures[:3], default=str)))
             return "collapse", None, f"collapse {where}: {why}; expand capacity", findings
@@ -130,14 +131,14 @@ class Report:
         if (refused is not None and (envelope is None or refused <= envelope)) or ctx_rows:
             what = (f"a {refused}-token context" if refused is not None else
                     f"agent contexts of about {ctx_rows[0].get('prompt_tokens_mean') or '?'} tokens")
-            findings.append(Finding(id="accept.load.context_refused", severity="fail", layer="config",
+            findings.append(finding(check_id="accept.load.context_refused", severity="error", layer="config",
                                     message=f"{what} is refused by the server inside the tested envelope "
                                             f"({envelope} tokens): raise --max-model-len (and KV capacity) "
                                             "or lower the envelope"))
             return "adjust_config", None, f"{what} is refused inside the envelope", findings
         for r in rows:
             if r["phase"] == "long_input" and r["verdict"] == "errors":
-                findings.append(Finding(id="accept.load.long_input_errors", severity="warn", layer="traffic",
+                findings.append(finding(check_id="accept.load.long_input_errors", severity="warning", layer="traffic",
                                         message=f"long input {r['step']}: {self._slo_text(r)}"))
         # A step cut short by Ctrl-C or a bound says nothing about latency at its concurrency.
         ramp = [r for r in rows if r["phase"] == "agent_ramp" and not r.get("partial")]
@@ -148,13 +149,13 @@ class Report:
             first_bad = bad[0]
             held = [c for c in ok_ramp if c < first_bad["concurrency"]]
             if not held:
-                findings.append(Finding(id="accept.load.collapse", severity="fail", layer="environment",
+                findings.append(finding(check_id="accept.load.collapse", severity="error", layer="environment",
                                         message=f"not even {first_bad['concurrency']} session(s) stay within the SLO "
                                                 f"({self._slo_text(first_bad)})"))
                 return "collapse", None, (f"no tested concurrency holds the SLO ({self._slo_text(first_bad)}); "
                                           "expand capacity"), findings
             ceiling = max(held)
-            findings.append(Finding(id="accept.load.ceiling", severity="warn", layer="traffic",
+            findings.append(finding(check_id="accept.load.ceiling", severity="warning", layer="traffic",
                                     message=f"stable up to {ceiling} concurrent sessions; at "
                                             f"{first_bad['concurrency']} ({first_bad['phase']}): "
                                             f"{self._pressure_text(first_bad)}; limit traffic to {ceiling}"))
