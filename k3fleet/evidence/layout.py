@@ -1,4 +1,4 @@
-"""Every name in a run directory, once (docs/architecture.md "The run directory").
+"""Every name in a run directory, once (docs/architecture.md "Contracts", "The run directory").
 
 Writers name their files through these (``rd.write_json(layout.VERDICT, ...)``) and so does the one
 reader (:mod:`k3fleet.evidence.reader`): a file name spelled out anywhere else is a second copy of

@@ -8,7 +8,7 @@ command does not read (exit 2); a ``RunReader`` then turns each file into a vali
 the target and each host's facts into the audit's own models (``k3fleet.models``), any other file
 into the model its flow gives (``model``). A file that is missing is one line and exit 3; one that
 is not JSON, not an object or not of its model's shape is one line naming the run, the file and the
-field, exit 2 (docs/safety.md "Bad input").
+field, exit 2 (docs/safety.md "Exit codes of bad input").
 """
 
 from __future__ import annotations
