@@ -166,7 +166,7 @@ def run_accept_load(endpoint: Endpoint, opts: Any, observer: Any, argv: Sequence
     profile they came from (kept as ``profile.json`` and ``inputs/``). When nothing was measured (the
     first request failed, a second Ctrl-C) accept.json still says what was attempted, and the error
     goes on."""
-    from k3fleet.accept.load import run_load
+    from k3fleet.accept.load import run_load  # the load probe can be left out of a build (load_available)
 
     rd = RunDir.create(runs_dir, "accept", safe_argv(argv), out=out)
     key = endpoint.api_key()

@@ -15,7 +15,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from k3fleet.accept.result import result_from_json
 from k3fleet.change.journal import read_journal
+from k3fleet.change.record import ChangeRecord
+from k3fleet.decide.checklist import image_repository
+from k3fleet.decide.envelope import held_envelope, traffic_baseline
 from k3fleet.decide.models import (
     AcceptEvidence,
     AgentCase,
@@ -42,6 +46,7 @@ from k3fleet.evidence.reader import RecordedExitCode, RunReader, RunRecord
 from k3fleet.evidence.reader import open_run as open_checked
 from k3fleet.evidence.redact import excerpt
 from k3fleet.models.facts import HostFacts
+from k3fleet.triage.record import parse_triage_record
 from k3fleet.verdict import all2all
 
 KINDS = ("audit", "change", "accept", "triage")
@@ -73,8 +78,6 @@ def read_target(path: Path, label: str) -> TargetBrief | None:
 
 
 def target_brief(target: Any, ref: Ref | None = None) -> TargetBrief:
-    from k3fleet.decide.checklist import image_repository
-
     return TargetBrief(name=target.name, image=target.image.ref, image_repository=image_repository(target.image.ref)
                        or target.image.ref, image_cuda=target.image.cuda, image_digest=target.image.digest,
                        vllm_min=target.vllm.min_version, driver_branch=target.driver.branch,
@@ -131,8 +134,6 @@ def _branch(version: str | None) -> int | None:
 
 
 def read_change(path: Path, info: RunInfo) -> ChangeEvidence:
-    from k3fleet.change.record import ChangeRecord
-
     run = _reader(path, info)
     label = info.label
     change = run.model(layout.CHANGE, ChangeRecord)
@@ -195,8 +196,6 @@ def _check_steps(rep: Any) -> Iterable[tuple[str, str]]:
 def probe_result(run: RunReader, probe: str) -> tuple[Any, Ref] | None:
     """A probe's result file as its :class:`k3fleet.accept.result.ProbeResult`, with its ref; None when
     the probe did not run."""
-    from k3fleet.accept.result import result_from_json
-
     rel = layout.probe_file(probe)
     if not run.has(rel):
         return None
@@ -361,8 +360,6 @@ def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
                 if p.get("phase") == "agent_ramp")
     counts: dict[str, Any] = d["counts"] if isinstance(d.get("counts"), dict) else d
     envelope: dict[str, Any] = d["envelope"] if isinstance(d.get("envelope"), dict) else {}
-    from k3fleet.decide.envelope import held_envelope, traffic_baseline
-
     options = d.get("options")
     held = held_envelope(points, options if isinstance(options, dict) else {})
     return LoadEvidence(**held,
@@ -447,8 +444,6 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
 
 def triage_record(run: RunReader) -> Any:
     """``triage.json`` as its :class:`k3fleet.triage.record.TriageRecord`."""
-    from k3fleet.triage.record import parse_triage_record
-
     return parse_triage_record(run.json(layout.TRIAGE), run.label)
 
 
@@ -463,8 +458,6 @@ def read_triage(path: Path, info: RunInfo) -> TriageEvidence:
                 for f in data.findings]
     startup = None
     if data.startup is not None:
-        from k3fleet.accept.result import result_from_json
-
         try:
             startup = startup_evidence(result_from_json(data.startup), ref)
         except ValidationError as exc:
