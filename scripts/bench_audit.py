@@ -41,6 +41,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence import layout
+from k3fleet.evidence.reader import RunReader, RunRecord
 from k3fleet.lab.fleet import generate_fleet, load_fleet
 from k3fleet.runner import ansible_env
 
@@ -218,13 +221,13 @@ def _baseline_detail(stdout: str) -> str:
 
 
 def _audit_detail(run_dir: Path) -> str:
+    run = RunReader(run_dir)
     try:
-        run = json.loads((run_dir / "run.json").read_text())
-        verdict = json.loads((run_dir / "verdict.json").read_text())
-    except (OSError, ValueError) as exc:
-        return f"no run.json/verdict.json: {exc}"
-    return (f"{run.get('hosts_with_facts')} with facts, {len(run.get('unreachable') or {})} unreachable, "
-            f"verdict {verdict.get('outcome')}")
+        record, verdict = run.model(layout.RUN, RunRecord), run.verdict()
+    except (UsageError, IncompleteError) as exc:
+        return f"no usable {layout.RUN}/{layout.VERDICT}: {exc}"
+    return (f"{getattr(record, 'hosts_with_facts', None)} with facts, {len(record.unreachable)} unreachable, "
+            f"verdict {verdict.outcome}")
 
 
 def _playbook_detail(stdout: str) -> str:
