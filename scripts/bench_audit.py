@@ -41,11 +41,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3fleet.audit.runner import ansible_env
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import layout
 from k3fleet.evidence.reader import RunReader, RunRecord
 from k3fleet.lab.fleet import generate_fleet, load_fleet
-from k3fleet.runner import ansible_env
 
 
 @dataclass
@@ -246,7 +246,7 @@ def _playbook_detail(stdout: str) -> str:
 
 def _playbook_argv(bindir: Path, inventory: Path, forks: int) -> list[str]:
     """ansible-playbook audit.yml as the CLI runs it (same extra vars), without k3fleet around it."""
-    from k3fleet.runner import playbook_path
+    from k3fleet.audit.runner import playbook_path
     from k3fleet.targets import load_target
 
     extravars = {"k3fleet_image": load_target(None).image.ref, "k3fleet_host_timeout": 300,

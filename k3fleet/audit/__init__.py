@@ -8,7 +8,7 @@ Rooms:
 - ``merge``: audit slices (run directories, ansible-runner artifacts, AWX job artifacts) merged
   into one run directory with one verdict over the whole fleet (docs/scale.md).
 
-``k3fleet.runner`` (ansible-runner, its events) is shared by the audit and the change night, so
+``k3fleet.audit.runner`` (ansible-runner, its events) is shared by the audit and the change night, so
 it stays beside both. This package imports nothing at its top: importing the inventory reader
 or the merge does not load the audit flow.
 """

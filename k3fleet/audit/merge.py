@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.audit.runner import RESULT_KEY
 from k3fleet.bounds import read_bounded
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine, read_input
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader, RunRecord
 from k3fleet.models.facts import SCHEMA_VERSION
-from k3fleet.runner import RESULT_KEY
 
 # What the audit play publishes with set_stats (playbooks/audit.yml).
 ARTIFACT_KEY = "k3fleet_audit"
@@ -276,7 +276,7 @@ def read_runner_job(job: Path) -> Slice:
         host = str(host)
         raw_res = data.get("res")
         res: dict[str, Any] = raw_res if isinstance(raw_res, dict) else {}
-        # ansible-core 2.19 prefixes task errors with this; the audit drops it too (k3fleet.runner).
+        # ansible-core 2.19 prefixes task errors with this; the audit drops it too (k3fleet.audit.runner).
         msg = " ".join(str(res.get("msg") or "").split()).removeprefix("Task failed: ")[:400] or None
         if name == _RUNNER_OK and RESULT_KEY in res:
             from_events[host] = _facts_observation(host, res[RESULT_KEY], when, src)
@@ -415,8 +415,8 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
               runs_dir: Path = Path("runs"), target: Path | None = None) -> MergeResult:
     """Read, verify and merge the slices; write one run directory with one verdict."""
     from k3fleet.audit.run import AuditResult
+    from k3fleet.audit.runner import PlayResult
     from k3fleet.report import markdown
-    from k3fleet.runner import PlayResult
     from k3fleet.verdict import evaluate_fleet, validate_facts
 
     if not inputs:

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts
+from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
-from k3fleet.runner import Observer, PlayResult, run_playbook
 
 
 @dataclass

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.audit.runner import Observer
 from k3fleet.change.lease import lease_holder, lease_owner
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
-from k3fleet.runner import Observer
 
 
 @dataclass

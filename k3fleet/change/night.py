@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts, refuse_simulated
+from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.change.gate import (
     NothingToChange,
     UpgradeOptions,
@@ -40,7 +41,6 @@ from k3fleet.change.record import ChangeRecord
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
-from k3fleet.runner import Observer, PlayResult, run_playbook
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from k3fleet.audit.inventory import refuse_simulated
+from k3fleet.audit.runner import Observer
 from k3fleet.change.gate import (
     UpgradeOptions,
     accepted_blocked,
@@ -29,7 +30,6 @@ from k3fleet.change.night import ChangeResult, execute, extravars, finish, night
 from k3fleet.change.record import load_change, verified
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
-from k3fleet.runner import Observer
 
 
 def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list[str], argv: Sequence[str],

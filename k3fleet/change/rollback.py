@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts, refuse_simulated
+from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.change.journal import (
     HostHistory,
     Journal,
@@ -33,7 +34,6 @@ from k3fleet.change.record import verified
 from k3fleet.change.timing import ChangeRecorder
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
-from k3fleet.runner import Observer, PlayResult, run_playbook
 
 
 @dataclass

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3fleet.audit.runner import HostOutcome, Observer, PlayResult
 from k3fleet.change.journal import HostHistory
-from k3fleet.runner import HostOutcome, Observer, PlayResult
 
 # External time per stage: (stage the span starts at, stage it ends at).
 EXTERNAL_SPANS: dict[str, tuple[str, str]] = {

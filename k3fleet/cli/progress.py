@@ -2,7 +2,7 @@
 
 Audit-style commands print one line per host as it finishes; change-night commands print one
 line per journaled stage transition and every failure. Display stays here, the core only calls
-the ``Observer`` interface (k3fleet.runner).
+the ``Observer`` interface (k3fleet.audit.runner).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from k3fleet.audit.runner import HostOutcome, Observer, PlayResult
 from k3fleet.change.interrupt import cancel_on_signals
 from k3fleet.report.escapes import safe_markup, safe_text
-from k3fleet.runner import HostOutcome, Observer, PlayResult
 
 _STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "magenta", "timeout": "magenta",
                  "skipped": "dim", "ignored": "yellow"}

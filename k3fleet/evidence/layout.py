@@ -18,11 +18,11 @@ COMMAND = "command.json"  # claimed first (O_EXCL): the run's kind, argv, user, 
 MANIFEST = "manifest.json"  # sha256 of every other file, written last
 RUN = "run.json"  # how the run ended: status, exit code, per-host outcomes
 REPORT = "report.md"
-EVENTS_STEM = "events"  # events.jsonl: the play's events, as k3fleet.runner keeps them (events-<tag>.jsonl)
+EVENTS_STEM = "events"  # events.jsonl: the play's events, as k3fleet.audit.runner keeps them (events-<tag>.jsonl)
 INPUTS = "inputs"
 TARGET = f"{INPUTS}/target.json"  # the target judged against, validated
 TARGET_SOURCE = f"{INPUTS}/target.yaml"  # the target file as given
-ANSIBLE = "ansible"  # the play's redacted output (k3fleet.runner; ansible-<tag> for a later play)
+ANSIBLE = "ansible"  # the play's redacted output (k3fleet.audit.runner; ansible-<tag> for a later play)
 RUNNER_SUMMARY = "runner.json"  # inside the play's output folder
 
 # -- audit and merge ------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import IO, Any
 import pytest
 import yaml
 
-from k3fleet.runner import ansible_env, play_environment, playbook_path
+from k3fleet.audit.runner import ansible_env, play_environment, playbook_path
 from k3fleet.targets import default_target_path
 
 pytestmark = pytest.mark.integration

@@ -161,7 +161,7 @@ def test_bad_input_is_refused_before_anything_runs(node: dict[str, Any], kw: dic
 
 # -- k3_drain's Kubernetes backend against kmock's API emulator ---------------------------------
 # The emulator keeps Nodes and applies JSON merge patches (cordon, annotations) like an API server;
-# it has no eviction subresource, so evictions are not exercised here (roles/k3_drain/README.md).
+# it has no eviction subresource, so evictions are not exercised here (the collection's roles/k3_drain/README.md).
 
 KMOCK_SERVER = """
 import asyncio
@@ -180,7 +180,7 @@ K8S_PLAY = """
   gather_facts: false
   tasks:
     - ansible.builtin.include_role:
-        name: k3_drain
+        name: k3fleet.gpu.k3_drain
       vars:
         k3_drain_backend: kubernetes
         k3_drain_k8s_evict: false
@@ -222,8 +222,8 @@ def kube(tmp_path: Path) -> Any:
 
 def _k8s_run(kube: dict[str, Any], state: str, check: bool = False, change_id: str = "CHG-9"
              ) -> dict[str, dict[str, Any]]:
+    from k3fleet.audit.runner import run_playbook
     from k3fleet.change.lease import DRAIN_TEXT, Lease
-    from k3fleet.runner import run_playbook
 
     # The lease as the controller builds it and hands it in: the role never rebuilds it.
     lease = Lease.build(change_id, "carol", DRAIN_TEXT, ttl_s=3600)

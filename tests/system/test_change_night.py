@@ -35,11 +35,11 @@ from typing import Any
 import pytest
 import yaml
 
+from k3fleet.audit.runner import Observer
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
 from k3fleet.change.journal import read_journal, replay
 from k3fleet.lab import testbed
 from k3fleet.lab.standin import build_repo, install_pins
-from k3fleet.runner import Observer
 
 pytestmark = pytest.mark.system
 
@@ -525,9 +525,9 @@ def test_happy_path_canary_then_wave_with_a_job_on_the_canary(tb: testbed.Testbe
                         ["k3fleet", "upgrade"])
     assert again.exit_code == 0 and again.message.startswith("nothing to change"), again.message
     # ... and the playbook itself, forced onto the same hosts with the night's own values, changes nothing.
+    from k3fleet.audit.runner import run_playbook
     from k3fleet.change.night import extravars
     from k3fleet.change.record import load_change, verified
-    from k3fleet.runner import run_playbook
 
     rd = verified(result.run_dir.path)
     record = load_change(rd)

@@ -16,8 +16,8 @@ from typing import Any
 import ansible_runner
 import pytest
 
+from k3fleet.audit.runner import ansible_env
 from k3fleet.lab import testbed
-from k3fleet.runner import ansible_env
 
 pytestmark = pytest.mark.system
 

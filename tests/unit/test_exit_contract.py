@@ -13,9 +13,9 @@ import pytest
 from k3fleet import contracts, errors
 from k3fleet.accept.result import ProbeResult, combined_exit_code
 from k3fleet.audit.run import AuditResult
+from k3fleet.audit.runner import PlayResult
 from k3fleet.change.gate import NothingToChange
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, combine
-from k3fleet.runner import PlayResult
 
 
 @pytest.mark.parametrize(("codes", "want"), [

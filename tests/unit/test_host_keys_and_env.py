@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 
 from k3fleet.audit.inventory import as_bool, load_inventory
-from k3fleet.errors import UsageError
-from k3fleet.evidence import RunDir
-from k3fleet.runner import (
+from k3fleet.audit.runner import (
     PASS_ENV,
     _evidence_dir,
     _outcome,
@@ -20,6 +18,8 @@ from k3fleet.runner import (
     host_key_message,
     play_environment,
 )
+from k3fleet.errors import UsageError
+from k3fleet.evidence import RunDir
 
 SSH = Path(__file__).resolve().parents[1] / "fixtures" / "ssh"
 

@@ -21,6 +21,7 @@ from nodetree import ExitJson, FailJson
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_journal_format as fmt
 from ansible_collections.k3fleet.gpu.plugins.modules import k3fleet_journal
+from k3fleet.audit.runner import HostOutcome, PlayResult
 from k3fleet.change import ChangeRecorder, check_reports, host_timings, plan_batches
 from k3fleet.change.journal import (
     STAGES,
@@ -32,7 +33,6 @@ from k3fleet.change.journal import (
     summarize,
 )
 from k3fleet.errors import UsageError
-from k3fleet.runner import HostOutcome, PlayResult
 
 SNAP = {"manager": "dpkg", "packages": [
     {"name": "nvidia-driver-575-server", "version": "575.57.08-0ubuntu1", "held": True, "branch": "575"}],

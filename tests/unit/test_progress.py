@@ -6,8 +6,8 @@ import re
 
 from rich.console import Console
 
+from k3fleet.audit.runner import HostOutcome
 from k3fleet.cli.progress import ProgressObserver
-from k3fleet.runner import HostOutcome
 
 
 def test_each_host_is_counted_once_and_a_later_skip_is_not_shown() -> None:
@@ -27,7 +27,7 @@ def test_each_host_is_counted_once_and_a_later_skip_is_not_shown() -> None:
 
 
 def test_a_terminal_gets_a_bar_with_counts_and_the_log_is_bounded() -> None:
-    from k3fleet.runner import PlayResult
+    from k3fleet.audit.runner import PlayResult
 
     console = Console(record=True, width=100, force_terminal=True, color_system=None)
     obs = ProgressObserver(console)

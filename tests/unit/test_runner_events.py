@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k3fleet.runner import RESULT_KEY, PlayResult, _outcome, _slim
+from k3fleet.audit.runner import RESULT_KEY, PlayResult, _outcome, _slim
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "runner"
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from k3fleet.audit.inventory import load_inventory
 from k3fleet.errors import UsageError
 from k3fleet.evidence.redact import redact_text
 from k3fleet.paths import collections_path, data_dir
@@ -274,8 +275,6 @@ def run_playbook(
     choice); an inventory's ``k3fleet_host_key_checking`` set to false turns it off for its hosts.
     """
     import ansible_runner.interface  # heavy import kept off the CLI's start-up path
-
-    from k3fleet.audit.inventory import load_inventory
 
     observer = observer or Observer()
     pb = playbook_path(playbook)
