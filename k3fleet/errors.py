@@ -5,13 +5,12 @@ The exit codes and the rule that combines them are owned by ``k3fleet.contracts`
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, combine
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "IncompleteError", "K3FleetError",
-           "UsageError", "combine", "read_input", "validation_line"]
+           "UsageError", "combine", "validation_line"]
 
 
 class K3FleetError(Exception):
@@ -30,15 +29,6 @@ class IncompleteError(K3FleetError):
     """The run could not gather the evidence it needs (interrupted, Ansible failed to start)."""
 
     exit_code = EXIT_INCOMPLETE
-
-
-def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, max_bytes: int | None = None,
-               text: bool = False) -> bytes:
-    """The bytes of a file the user named, bounded: the one reader lives in ``k3fleet.bounds``
-    (caps per kind, devices and FIFOs refused, gzip decompressed under the cap)."""
-    from k3fleet.bounds import read_input as _read_input
-
-    return _read_input(path, what, kind=kind, limit=limit, max_bytes=max_bytes, text=text)
 
 
 def validation_line(exc: Any) -> str:

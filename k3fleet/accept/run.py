@@ -27,7 +27,8 @@ from pydantic import ValidationError
 from k3fleet.accept.client import Endpoint, EndpointError, preflight
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, UsageError, read_input
+from k3fleet.bounds import read_input
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, UsageError
 from k3fleet.evidence import REDACTED, RunDir, layout
 
 SCHEMA_VERSION = "1.0"

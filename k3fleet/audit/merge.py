@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.audit.runner import RESULT_KEY
-from k3fleet.bounds import read_bounded
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine, read_input
+from k3fleet.bounds import read_bounded, read_input
+from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader, RunRecord
 from k3fleet.models.facts import SCHEMA_VERSION

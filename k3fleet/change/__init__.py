@@ -7,7 +7,8 @@ Rooms:
 - ``lock``: one change at a time per runs directory; plays that die with their controller.
 - ``gate``: options, accepted findings, canary and waves, max-unavailable, the fresh audit.
 - ``record``: change.json and reading a run back only after checking it against its manifest.
-- ``night``: ``run_upgrade`` -> playbooks/change_night.yml -> run directory.
+- ``upgrade``: ``run_upgrade`` -> a fresh night (``night``: playbooks/change_night.yml -> run
+  directory) or its continuation (``resume``).
 - ``resume``: ``upgrade --resume`` from the journal.
 - ``rollback``: ``run_rollback`` -> playbooks/rollback.yml, snapshots handed in from the journal.
 - ``timing``: where each host's time went, keyed on its journal stages.
@@ -28,10 +29,11 @@ from k3fleet.change.gate import (
     resolve_max_unavailable,
 )
 from k3fleet.change.lease import Lease, validate_change_id, validate_operator
-from k3fleet.change.night import ChangeResult, check_reports, run_upgrade
+from k3fleet.change.night import ChangeResult, check_reports
 from k3fleet.change.record import ChangeRecord, load_change
 from k3fleet.change.rollback import RollbackOptions, RollbackResult, rollback_sources, run_rollback
 from k3fleet.change.timing import ChangeRecorder, host_timings
+from k3fleet.change.upgrade import run_upgrade
 
 __all__ = [
     "ChangeRecord",

@@ -27,7 +27,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format
     TOUCHED_STAGES,
     split_lines,
 )
-from k3fleet.errors import read_input
+from k3fleet.bounds import read_input
 
 if TYPE_CHECKING:
     Stage = str

@@ -1,6 +1,6 @@
 """The change night: gate -> playbooks/change_night.yml (canary, then the waves) -> run directory.
 
-``run_upgrade`` validates the request, takes the state directory's lock, runs a fresh audit,
+``run_night`` validates the request, takes the state directory's lock, runs a fresh audit,
 plans the batches and hands the playbook everything as values (lease, per-host package plans,
 slot gate, timeouts from the target). ``execute`` runs the play (shared with the resume) and
 reads the journal once, afterwards, to say what happened to every host.
@@ -105,18 +105,14 @@ def validate_request(opts: UpgradeOptions) -> tuple[str, str, str | None, list[s
     return change_id, operator, max_arg, accept
 
 
-def run_upgrade(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | None = None,
-                cancel: threading.Event | None = None) -> ChangeResult:
-    """The change night, or its continuation with ``opts.resume``. Never raises for host failures:
-    they are in the result, the journal and the exit code."""
+def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | None = None,
+              cancel: threading.Event | None = None) -> ChangeResult:
+    """A fresh change night (``k3fleet.change.upgrade.run_upgrade`` sends ``--resume`` elsewhere).
+    Never raises for host failures: they are in the result, the journal and the exit code."""
     from k3fleet.targets import load_target
 
     change_id, operator, max_arg, accept = validate_request(opts)
     target = load_target(opts.target)
-    if opts.resume is not None:
-        from k3fleet.change.resume import run_resume
-
-        return run_resume(opts, change_id, operator, accept, argv, observer, cancel, target)
     # --check only simulates (apt-get -s): a lab host may be checked, never changed.
     (inventory_hosts if opts.check else refuse_simulated)(opts.inventory, opts.limit)
     with night_lock(opts, "change night", change_id, operator) as lock:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from k3fleet.bounds import read_input
 from k3fleet.decide.checklist import ITEM_IDS
 from k3fleet.decide.models import (
     AcceptEvidence,
@@ -42,7 +43,7 @@ from k3fleet.decide.readers import (
 )
 from k3fleet.decide.rules import decide
 from k3fleet.decide.signing import SigningKey, signing_key
-from k3fleet.errors import UsageError, read_input
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.writer import check_output, is_stdout

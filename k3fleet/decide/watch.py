@@ -594,7 +594,7 @@ class _NodeLogs:
         self.seen: dict[Path, tuple[float, int, list[str], list[str]]] = {}
 
     def read(self) -> tuple[list[str], list[str]]:
-        from k3fleet.errors import read_input
+        from k3fleet.bounds import read_input
 
         errors: list[str] = []
         notes: list[str] = []

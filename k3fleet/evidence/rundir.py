@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import getpass
-import hashlib
 import json
 import os
 import secrets
@@ -30,7 +29,8 @@ from k3fleet.bounds import InputTooLarge, cap_bytes, read_bounded, read_input
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
-from k3fleet.evidence.writer import atomic_replace, fsync_dir
+from k3fleet.evidence.verify import verify_run
+from k3fleet.evidence.writer import atomic_replace, fsync_dir, sha256_file
 
 # Controller environment worth keeping as evidence (values still pass the redactor).
 _ENV_PREFIXES = ("K3FLEET_", "ANSIBLE_", "NCCL_", "VLLM_")
@@ -344,19 +344,9 @@ class RunDir:
 
     def verify(self) -> list[str]:
         """Differences from the manifest as ``path: what`` (empty: intact); see ``verify_run``."""
-        from k3fleet.evidence.verify import verify_run
-
         return verify_run(self.path).problems
 
     verify_manifest = verify
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _user() -> str:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from k3fleet.bounds import read_bounded
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST
-from k3fleet.evidence.rundir import sha256_file
+from k3fleet.evidence.writer import sha256_file
 
 _LISTED = 5
 

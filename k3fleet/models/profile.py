@@ -171,7 +171,8 @@ def _validation_line(label: str, exc: ValidationError) -> str:
 
 
 def _read_text(path: Path, what: str) -> str:
-    from k3fleet.errors import UsageError, read_input
+    from k3fleet.bounds import read_input
+    from k3fleet.errors import UsageError
 
     raw = read_input(path, what, kind="a YAML or JSON file", limit="record")
     try:

@@ -77,7 +77,8 @@ def _from_validation(label: str, exc: ValidationError) -> TargetError:
 
 
 def _read_yaml(label: str, path: Path) -> dict[str, Any]:
-    from k3fleet.errors import UsageError, read_input
+    from k3fleet.bounds import read_input
+    from k3fleet.errors import UsageError
 
     try:
         text = read_input(path, "", kind="a target file", limit="record").decode("utf-8")

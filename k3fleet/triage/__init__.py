@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3fleet.bounds import read_input
 from k3fleet.contracts import Severity
-from k3fleet.errors import UsageError, read_input
+from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
 from k3fleet.models.findings import Finding
 from k3fleet.triage import adapters as ad

@@ -1,4 +1,4 @@
-"""k3fleet.errors.read_input: every way a named input file fails is one UsageError line."""
+"""k3fleet.bounds.read_input: every way a named input file fails is one UsageError line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from k3fleet.errors import UsageError, read_input
+from k3fleet.bounds import read_input
+from k3fleet.errors import UsageError
 
 
 def test_each_failure_is_one_line_naming_the_file(tmp_path: Path) -> None:
