@@ -220,27 +220,32 @@ def _expect(*names: str, values: dict[str, dict[str, Any]] | None = None) -> Exp
     return Expect(calls=list(names), schemas={n: TOOLS[n]["parameters"] for n in names}, values=values or {})
 
 
+def _question(text: str) -> list[dict[str, Any]]:
+    """A conversation's start: the system prompt and the user's ``text``."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+
+
+async def _ask(ctx: Ctx, out: RunOutcome, case: str, label: str, text: str, tools: tuple[str, ...],
+               expect: Expect, *, stream: bool = False, tool_choice: str = "auto") -> None:
+    """A one-turn case: ``text`` asked with ``tools`` offered, the answer judged against ``expect``."""
+    await _turn(ctx, case, label, ctx.body(_question(text), tools=tool_defs(*tools), tool_choice=tool_choice),
+                expect, stream=stream, outcome=out)
+
+
 async def case_one_required_arg(ctx: Ctx, out: RunOutcome) -> None:
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": 'Check one node: call get_node_status with node="gpu-017".'}]
-    await _turn(ctx, "one_required_arg", "call",
-                ctx.body(msgs, tools=tool_defs("get_node_status", "lookup_runbook"), tool_choice="auto"),
-                _expect("get_node_status", values={"get_node_status": {"node": "gpu-017"}}), stream=False, outcome=out)
+    await _ask(ctx, out, "one_required_arg", "call", 'Check one node: call get_node_status with node="gpu-017".',
+               ("get_node_status", "lookup_runbook"),
+               _expect("get_node_status", values={"get_node_status": {"node": "gpu-017"}}))
 
 
 async def case_nested_args(ctx: Ctx, out: RunOutcome) -> None:
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": "Call open_ticket for 'NCCL timeouts on rail 3': labels nccl and rail-3, "
-                                        "owner team infra and user ana, impact on nodes gpu-017 and gpu-018 at "
-                                        "severity sev2."}]
-    await _turn(ctx, "nested_args", "call", ctx.body(msgs, tools=tool_defs("open_ticket"), tool_choice="auto"),
-                _expect("open_ticket"), stream=False, outcome=out)
+    await _ask(ctx, out, "nested_args", "call",
+               "Call open_ticket for 'NCCL timeouts on rail 3': labels nccl and rail-3, owner team infra and user "
+               "ana, impact on nodes gpu-017 and gpu-018 at severity sev2.", ("open_ticket",), _expect("open_ticket"))
 
 
 async def case_call_then_result(ctx: Ctx, out: RunOutcome) -> None:
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                  {"role": "user", "content": 'Call get_node_status with node="gpu-002", then tell me '
-                                                              'what you found.'}]
+    msgs = _question('Call get_node_status with node="gpu-002", then tell me what you found.')
     tools = tool_defs("get_node_status")
     view, _ = await _turn(ctx, "call_then_result", "call", ctx.body(msgs, tools=tools, tool_choice="auto"),
                           _expect("get_node_status"), stream=False, outcome=out)
@@ -253,27 +258,21 @@ async def case_call_then_result(ctx: Ctx, out: RunOutcome) -> None:
 
 
 async def case_no_tool_turn(ctx: Ctx, out: RunOutcome) -> None:
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": "In one sentence, what does a canary host prove before a driver change? "
-                                        "Answer from your own knowledge."}]
-    await _turn(ctx, "no_tool_turn", "answer",
-                ctx.body(msgs, tools=tool_defs("get_node_status", "drain_node"), tool_choice="auto"),
-                Expect(content=True), stream=False, outcome=out)
+    await _ask(ctx, out, "no_tool_turn", "answer",
+               "In one sentence, what does a canary host prove before a driver change? Answer from your own "
+               "knowledge.", ("get_node_status", "drain_node"), Expect(content=True))
 
 
 async def case_invalid_args(ctx: Ctx, out: RunOutcome) -> None:
     # Tight schema (pattern, range, enum, no extra properties): invalid or incomplete arguments show.
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": 'Call scale_replicas with deployment="kimi-k3-prod", replicas=12, '
-                                        'mode="rolling".'}]
-    await _turn(ctx, "invalid_args", "call", ctx.body(msgs, tools=tool_defs("scale_replicas"), tool_choice="required"),
-                _expect("scale_replicas", values={"scale_replicas": {"replicas": 12}}), stream=False, outcome=out)
+    await _ask(ctx, out, "invalid_args", "call", 'Call scale_replicas with deployment="kimi-k3-prod", replicas=12, '
+               'mode="rolling".', ("scale_replicas",),
+               _expect("scale_replicas", values={"scale_replicas": {"replicas": 12}}), tool_choice="required")
 
 
 async def case_structured_output(ctx: Ctx, out: RunOutcome) -> None:
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": "Summarise this incident as JSON: node gpu-017 lost its NVLink, severity "
-                                        "sev2, actions: drain, open a ticket."}]
+    msgs = _question("Summarise this incident as JSON: node gpu-017 lost its NVLink, severity sev2, actions: drain, "
+                     "open a ticket.")
     fmt = {"type": "json_schema", "json_schema": {"name": "incident", "schema": INCIDENT_SCHEMA, "strict": True}}
     await _turn(ctx, "structured_output", "answer", ctx.body(msgs, response_format=fmt),
                 Expect(structured_schema=INCIDENT_SCHEMA), stream=False, outcome=out)
@@ -281,9 +280,8 @@ async def case_structured_output(ctx: Ctx, out: RunOutcome) -> None:
 
 async def case_timeout_retry(ctx: Ctx, out: RunOutcome) -> None:
     """A client gives up mid-stream, then retries with the same request id: one call, executed once."""
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": 'Call drain_node with node="gpu-031" reason="xid 79".'}]
-    body = ctx.body(msgs, tools=tool_defs("drain_node"), tool_choice="auto")
+    body = ctx.body(_question('Call drain_node with node="gpu-031" reason="xid 79".'), tools=tool_defs("drain_node"),
+                    tool_choice="auto")
     request_id = f"accept-{uuid.uuid4().hex[:16]}"
     headers = {"X-Request-Id": request_id}
     abandoned = await _abandon_after_first_chunk(ctx, body, headers)
@@ -351,20 +349,15 @@ async def case_multi_turn(ctx: Ctx, out: RunOutcome) -> None:
 
 
 async def case_streaming_deltas(ctx: Ctx, out: RunOutcome) -> None:
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": 'Two calls: get_node_status with node="gpu-001", then lookup_runbook with '
-                                        'alert="XidError79".'}]
-    await _turn(ctx, "streaming_deltas", "call",
-                ctx.body(msgs, tools=tool_defs("get_node_status", "lookup_runbook"), tool_choice="auto"),
-                _expect("get_node_status", "lookup_runbook"), stream=True, outcome=out)
+    await _ask(ctx, out, "streaming_deltas", "call",
+               'Two calls: get_node_status with node="gpu-001", then lookup_runbook with alert="XidError79".',
+               ("get_node_status", "lookup_runbook"), _expect("get_node_status", "lookup_runbook"), stream=True)
 
 
 async def case_reasoning_contract(ctx: Ctx, out: RunOutcome) -> None:
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": 'Think it through, then call lookup_runbook with alert="NVLinkDown".'}]
-    await _turn(ctx, "reasoning_contract", "call",
-                ctx.body(msgs, tools=tool_defs("lookup_runbook"), tool_choice="auto"),
-                _expect("lookup_runbook"), stream=True, outcome=out)
+    await _ask(ctx, out, "reasoning_contract", "call",
+               'Think it through, then call lookup_runbook with alert="NVLinkDown".', ("lookup_runbook",),
+               _expect("lookup_runbook"), stream=True)
 
 
 CASE_FUNCS: dict[str, Callable[[Ctx, RunOutcome], Awaitable[None]]] = {

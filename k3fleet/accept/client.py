@@ -284,22 +284,7 @@ def _per_read(timeout_s: float | None) -> dict[str, Any]:
 async def get_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, *, probe: str = "",
                    label: str = "", kind: str = "models") -> Exchange:
     ex = Exchange(probe=probe, label=label, method="GET", path=path, started_at=time.time())
-    url = endpoint.display_url + path
-    t0 = time.perf_counter()
-    try:
-        resp = await fetch(client, "GET", endpoint.url(path), shown=url, kind=kind, deadline_s=endpoint.timeout_s)
-    except EndpointError as limit:
-        ex.error, ex.error_kind, ex.elapsed_s = limit.message, limit.kind, time.perf_counter() - t0
-        return ex
-    except httpx.HTTPError as exc:
-        err = error_from_exception(exc, url)
-        ex.error, ex.error_kind, ex.elapsed_s = err.message, err.kind, time.perf_counter() - t0
-        return ex
-    ex.elapsed_s = time.perf_counter() - t0
-    ex.status = resp.status
-    ex.response, bad = _decode(resp)
-    _judge(ex, endpoint, url, bad)
-    return ex
+    return await _round_trip(client, endpoint, ex, kind=kind, deadline_s=endpoint.timeout_s)
 
 
 async def post_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, body: Mapping[str, Any], *,
@@ -308,12 +293,19 @@ async def post_json(client: httpx.AsyncClient, endpoint: Endpoint, path: str, bo
     """POST a JSON body (non-streaming); transport and HTTP failures land in ``error``, never raised.
     ``timeout_s`` (default: the endpoint's) is the deadline of the whole request."""
     ex = Exchange(probe=probe, label=label, path=path, request=dict(body), started_at=time.time())
-    url = endpoint.display_url + path
+    return await _round_trip(client, endpoint, ex, kind="completion", deadline_s=timeout_s or endpoint.timeout_s,
+                             content=dumps_body(body), headers={"Content-Type": "application/json", **(headers or {})},
+                             **_per_read(timeout_s))
+
+
+async def _round_trip(client: httpx.AsyncClient, endpoint: Endpoint, ex: Exchange, *, kind: str, deadline_s: float,
+                      **fetch_kw: Any) -> Exchange:
+    """``ex``'s request, answered: transport and HTTP failures land in its ``error``, never raised."""
+    url = endpoint.display_url + ex.path
     t0 = time.perf_counter()
     try:
-        resp = await fetch(client, "POST", endpoint.url(path), shown=url, kind="completion",
-                           deadline_s=timeout_s or endpoint.timeout_s, content=dumps_body(body),
-                           headers={"Content-Type": "application/json", **(headers or {})}, **_per_read(timeout_s))
+        resp = await fetch(client, ex.method, endpoint.url(ex.path), shown=url, kind=kind, deadline_s=deadline_s,
+                           **fetch_kw)
     except EndpointError as limit:
         ex.error, ex.error_kind, ex.elapsed_s = limit.message, limit.kind, time.perf_counter() - t0
         return ex

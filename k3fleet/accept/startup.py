@@ -19,8 +19,9 @@ from typing import Any
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import ProbeResult, Status, finding
+from k3fleet.bounds import read_input
 from k3fleet.contracts import Severity
-from k3fleet.errors import UsageError, read_input
+from k3fleet.errors import UsageError
 from k3fleet.evidence import redact_argv
 from k3fleet.models.findings import Finding
 from k3fleet.models.target import Target, version_tuple
@@ -284,6 +285,19 @@ def _scan_line(scan: _Scan, raw: str) -> None:
     _scan_failures(scan, line, msg)
 
 
+# Lines that each say one thing went wrong: (pattern, finding id, severity, message, layer).
+_SIGNS: tuple[tuple[re.Pattern[str], str, Severity, str, str], ...] = (
+    (_MISSING_KERNEL, "accept.startup.missing_kernel", "error",
+     "a GPU kernel this build needs is missing for this GPU or driver (build or image does not match the hardware)",
+     _ENV),
+    (_UNSUPPORTED_ARCH, "accept.startup.unsupported_arch", "error",
+     "the GPU architecture is not supported by the PyTorch / kernels in this image", _ENV),
+    (_FALLBACK, "accept.startup.fallback", "warning",
+     "vLLM fell back to a slower or different path at start-up: the serving layer is not the one the recipe "
+     "measured", "config"),
+)
+
+
 def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
     m = _KV_CAPACITY.search(msg)
     if m:
@@ -315,17 +329,9 @@ def _scan_failures(scan: _Scan, line: str, msg: str) -> None:
         scan.add("accept.startup.nccl", "error",
                  "NCCL failed while the workers set up their communicators: a fabric / RDMA / topology problem "
                  "on the hosts (rerun with NCCL_DEBUG=INFO), not a serving setting", _ENV, msg)
-    if _MISSING_KERNEL.search(msg):
-        scan.add("accept.startup.missing_kernel", "error",
-                 "a GPU kernel this build needs is missing for this GPU or driver (build or image does not match "
-                 "the hardware)", _ENV, msg)
-    if _UNSUPPORTED_ARCH.search(msg):
-        scan.add("accept.startup.unsupported_arch", "error",
-                 "the GPU architecture is not supported by the PyTorch / kernels in this image", _ENV, msg)
-    if _FALLBACK.search(msg):
-        scan.add("accept.startup.fallback", "warning",
-                 "vLLM fell back to a slower or different path at start-up: the serving layer is not the one the "
-                 "recipe measured", "config", msg)
+    for pat, fid, severity, text, layer in _SIGNS:
+        if pat.search(msg):
+            scan.add(fid, severity, text, layer, msg)
     if _OOM.search(msg) and scan.oom_line is None:
         # The phase is decided at the end: a worker's "while processing method load_model" often follows the
         # OOM line it explains.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,9 +31,33 @@ _OUTCOME_STYLE = {"upgraded": "green", "rolled_back": "yellow", "failed": "red",
                   "held": "yellow", "refused": "red"}
 _WHAT_NEXT = "stopping the play; resume with --resume RUN or roll back with --run RUN"
 
+# The options both commands take, spelled once.
+Inventory = Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet.")]
+Forks = Annotated[int, typer.Option("--forks", "-f", min=1, max=500, help="Hosts Ansible works on at once.")]
+DrainTimeout = Annotated[int | None, typer.Option(
+    "--drain-timeout", parser=whole_seconds_option("--drain-timeout", "--drain-timeout"),
+    help="Seconds to wait for running jobs (default: the target's; at most 7 days).")]
+ForceDrain = Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")]
+TargetFile = Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")]
+NoHostKeyChecking = Annotated[bool, typer.Option(
+    "--no-host-key-checking",
+    help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")]
+OutDir = Annotated[Path | None, typer.Option("--out", help="Run directory to write.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")]
+
 
 def _fmt_s(value: Any) -> str:
     return f"{float(value):.0f}s" if isinstance(value, int | float) else ""
+
+
+def _batches(change: dict[str, Any]) -> dict[str, str]:
+    """Each host's batch: the canary, or its wave."""
+    batch_of = {change["canary"]: "canary"} if change.get("canary") else {}
+    for i, wave in enumerate(change.get("waves") or [], 1):
+        for h in wave:
+            batch_of.setdefault(h, f"wave {i}")
+    return batch_of
 
 
 def print_change(console: Console, result: Any) -> None:
@@ -42,10 +67,7 @@ def print_change(console: Console, result: Any) -> None:
                         f"{safe_markup(change['target_version'])} ({safe_markup(change['operator'])})")
     for col in ("host", "batch", "outcome", "last stage", "wall", "k3fleet", "note"):
         table.add_column(col)
-    batch_of = {change["canary"]: "canary"} if change.get("canary") else {}
-    for i, wave in enumerate(change.get("waves") or [], 1):
-        for h in wave:
-            batch_of.setdefault(h, f"wave {i}")
+    batch_of = _batches(change)
     for host, h in result.hosts.items():
         outcome = str(h.get("outcome"))
         style = _OUTCOME_STYLE.get(outcome, "white")
@@ -65,10 +87,7 @@ def print_check(console: Console, result: Any) -> None:
     change = result.change
     console.print(f"[bold]check[/bold] change {safe_markup(change['change_id'])} -> "
                   f"{safe_markup(change['target_version'])}: nothing was changed")
-    batch_of = {change["canary"]: "canary"} if change.get("canary") else {}
-    for i, wave in enumerate(change.get("waves") or [], 1):
-        for h in wave:
-            batch_of.setdefault(h, f"wave {i}")
+    batch_of = _batches(change)
     for host, rep in result.check.items():
         console.print(f"[bold]{escape(safe_text(host))}[/bold] ({batch_of.get(host, '?')})")
         if "error" in rep:
@@ -96,7 +115,7 @@ def print_check(console: Console, result: Any) -> None:
 
 @app.command("upgrade")
 def upgrade(
-    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet.")],
+    inventory: Inventory,
     change_id: Annotated[str, typer.Option("--change-id", help="Change id; goes into drain reasons and the journal.")],
     operator: Annotated[str, typer.Option("--operator", help="Who runs the change.")],
     canary: Annotated[str | None, typer.Option("--canary", help="Canary host (default: the audit's choice).")] = None,
@@ -109,32 +128,27 @@ def upgrade(
                                                        help="Exact driver version (default: the audit plan's).")
                               ] = None,
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Ansible host pattern for the audit.")] = None,
-    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500, help="Hosts Ansible works on at once.")] = 20,
+    forks: Forks = 20,
     failure_budget: Annotated[int, typer.Option("--failure-budget", min=0,
                                                 help="Failed hosts tolerated before further drains stop.")] = 0,
     max_unavailable: Annotated[str | None, typer.Option(
         "--max-unavailable", help="Most nodes this change has out of service at any moment: a number, or a "
                                   "percentage of the audited fleet like 10% (default: the largest wave).")] = None,
-    drain_timeout: Annotated[int | None, typer.Option(
-        "--drain-timeout", parser=whole_seconds_option("--drain-timeout", "--drain-timeout"),
-        help="Seconds to wait for running jobs (default: the target's; at most 7 days).")] = None,
-    force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
-                     ] = False,
+    drain_timeout: DrainTimeout = None,
+    force: ForceDrain = False,
     audit_max_age: Annotated[int | None, typer.Option(
         "--audit-max-age", parser=whole_seconds_option("--audit-max-age", "--audit-max-age"),
         help="Seconds an audit stays fresh for the gate (default: the target's; at most 30 days).")] = None,
-    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
+    target: TargetFile = None,
     accept_finding: Annotated[list[str] | None, typer.Option(
         "--accept-finding", help="Check id (or pattern like 'rdma.*') that does not stop the driver change; it must "
                                  "name known checks and match a finding of the audit; repeat it. Recorded in the "
                                  "run directory.")] = None,
-    no_host_key_checking: Annotated[bool, typer.Option(
-        "--no-host-key-checking",
-        help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
+    no_host_key_checking: NoHostKeyChecking = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
+    out_dir: OutDir = None,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
 ) -> None:
     """Run the change night: canary, then (with --waves) the waves; or --resume an interrupted one."""
     from k3fleet.change import UpgradeOptions, run_upgrade
@@ -148,17 +162,31 @@ def upgrade(
                           drain_timeout=drain_timeout, force=force, audit_max_age=audit_max_age, target=target,
                           accept_findings=list(accept_finding or []), host_key_checking=not no_host_key_checking,
                           runs_dir=runs_dir, out=out_dir)
-    result = run_upgrade(opts, sys.argv, observer=ProgressObserver(err, quiet=quiet or as_json, stages=True),
-                         cancel=cancel_on_interrupt(err, _WHAT_NEXT))
+    result = _run(run_upgrade, opts, quiet=quiet or as_json)
     if as_json:
-        out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
-                                   "message": result.message, "change": result.change, "hosts": result.hosts,
-                                   "check": result.check, "skipped": result.skipped,
-                                   "journal_problems": result.problems}, default=str))
+        _print_json(result, change=result.change, hosts=result.hosts, check=result.check, skipped=result.skipped)
     elif check:
         print_check(out, result)
     else:
         print_change(out, result)
+    _finish(result)
+
+
+def _run(run: Callable[..., Any], opts: Any, *, quiet: bool) -> Any:
+    """The change night or the rollback, with stage progress on stderr and Ctrl-C as a clean stop."""
+    return run(opts, sys.argv, observer=ProgressObserver(err, quiet=quiet, stages=True),
+               cancel=cancel_on_interrupt(err, _WHAT_NEXT))
+
+
+def _print_json(result: Any, **fields: Any) -> None:
+    """The result as one JSON document: its run directory, exit code and message, ``fields``, the journal's problems."""
+    out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
+                               "message": result.message, **fields, "journal_problems": result.problems},
+                              default=str))
+
+
+def _finish(result: Any) -> None:
+    """The result's one line and its run directory on stderr, then its exit code."""
     err.print(result.message, markup=False)
     err.print(f"run directory: {result.run_dir.path}")
     raise typer.Exit(result.exit_code)
@@ -166,27 +194,22 @@ def upgrade(
 
 @app.command("rollback")
 def rollback(
-    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet.")],
+    inventory: Inventory,
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Hosts to roll back (their latest change).")
                      ] = None,
     run: Annotated[Path | None, typer.Option("--run", help="Roll back every host a change run touched.")] = None,
     operator: Annotated[str | None, typer.Option("--operator", help="Who runs the rollback.")] = None,
-    forks: Annotated[int, typer.Option("--forks", "-f", min=1, max=500, help="Hosts Ansible works on at once.")] = 20,
+    forks: Forks = 20,
     serial: Annotated[str, typer.Option("--serial", help="Hosts at a time (a number or a percentage).")] = "100%",
-    drain_timeout: Annotated[int | None, typer.Option(
-        "--drain-timeout", parser=whole_seconds_option("--drain-timeout", "--drain-timeout"),
-        help="Seconds to wait for running jobs (default: the target's; at most 7 days).")] = None,
-    force: Annotated[bool, typer.Option("--force-drain", help="Cancel jobs still running after the drain timeout.")
-                     ] = False,
+    drain_timeout: DrainTimeout = None,
+    force: ForceDrain = False,
     check: Annotated[bool, typer.Option("--check", help="Say what would be restored; change nothing.")] = False,
-    target: Annotated[Path | None, typer.Option("--target", help="Target file (default: Kimi K3).")] = None,
-    no_host_key_checking: Annotated[bool, typer.Option(
-        "--no-host-key-checking",
-        help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
+    target: TargetFile = None,
+    no_host_key_checking: NoHostKeyChecking = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories are.")] = Path("runs"),
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
+    out_dir: OutDir = None,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
 ) -> None:
     """Roll hosts back to their journal snapshot: one host (--limit) or a whole run (--run)."""
     from k3fleet.change import RollbackOptions, run_rollback
@@ -198,13 +221,9 @@ def rollback(
     opts = RollbackOptions(inventory=inventory, limit=limit, run=run, operator=operator, forks=forks, serial=serial,
                            drain_timeout=drain_timeout, force=force, check=check, target=target,
                            host_key_checking=not no_host_key_checking, runs_dir=runs_dir, out=out_dir)
-    result = run_rollback(opts, sys.argv, observer=ProgressObserver(err, quiet=quiet or as_json, stages=True),
-                          cancel=cancel_on_interrupt(err, _WHAT_NEXT))
+    result = _run(run_rollback, opts, quiet=quiet or as_json)
     if as_json:
-        out.print_json(json.dumps({"run_dir": str(result.run_dir.path), "exit_code": result.exit_code,
-                                   "message": result.message, "hosts": result.hosts, "skipped": result.skipped,
-                                   "refused": result.refused, "sources": result.sources,
-                                   "journal_problems": result.problems}, default=str))
+        _print_json(result, hosts=result.hosts, skipped=result.skipped, refused=result.refused, sources=result.sources)
     else:
         table = Table(title="rollback")
         for col in ("host", "outcome", "stages", "back in service", "from", "note"):
@@ -221,6 +240,4 @@ def rollback(
             out.print(f"  refused {host}: {safe_text(why)}", markup=False)
     for problem in result.problems:
         err.print(f"journal: {safe_text(problem)}", markup=False)
-    err.print(result.message, markup=False)
-    err.print(f"run directory: {result.run_dir.path}")
-    raise typer.Exit(result.exit_code)
+    _finish(result)

@@ -15,9 +15,11 @@ from k3fleet.decide.models import (
     AgentCase,
     AgentEvidence,
     ChecklistItem,
+    DataProtectionBrief,
     EvidenceSummary,
     Fact,
     ItemStatus,
+    LoadEvidence,
     Ref,
     StartupEvidence,
 )
@@ -368,33 +370,46 @@ def _model_load(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
     return "pass", "the model loaded without running out of memory", [st.ref]
 
 
-def _load_long_input(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
-    ld = s.accept.load if s.accept else None
-    if ld is None:
-        return "missing", "no load run (accept load)", []
-    refs = _refs(ld.ref, ld.curves_ref)
-    if "long_input" not in ld.phases or not ld.request_params_saved:
-        return "missing", "the long-input ladder's curves or request parameters were not saved", refs
-    return "pass", "long-input ladder saved with its request parameters", refs
+def _on_load(check: Callable[[LoadEvidence], tuple[ItemStatus, str, list[Ref]]]
+             ) -> Callable[[EvidenceSummary], tuple[ItemStatus, str, list[Ref]]]:
+    """An item judged on the load run; missing when there is none."""
+
+    def item(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
+        ld = s.accept.load if s.accept else None
+        if ld is None:
+            return "missing", "no load run (accept load)", []
+        return check(ld)
+
+    return item
 
 
-def _load_agent_queue(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
-    ld = s.accept.load if s.accept else None
-    if ld is None:
-        return "missing", "no load run (accept load)", []
+def _phase_saved(ld: LoadEvidence, phase: str, saved: bool, unsaved: str, text: str
+                 ) -> tuple[ItemStatus, str, list[Ref]]:
+    """Pass with ``text`` when ``phase`` ran and its figures were ``saved``; missing (``unsaved``) otherwise."""
     refs = _refs(ld.ref, ld.curves_ref)
-    if "agent_ramp" not in ld.phases or not ld.queue_latency_saved:
-        return "missing", "the concurrent agent ramp's queue and latency were not saved", refs
-    text = "agent ramp saved (queue, latency percentiles)"
-    if ld.ceiling is not None:
-        text += f"; stable only up to {ld.ceiling} concurrent sessions"
+    if phase not in ld.phases or not saved:
+        return "missing", unsaved, refs
     return "pass", text, refs
 
 
-def _load_termination(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
-    ld = s.accept.load if s.accept else None
-    if ld is None:
-        return "missing", "no load run (accept load)", []
+@_on_load
+def _load_long_input(ld: LoadEvidence) -> tuple[ItemStatus, str, list[Ref]]:
+    return _phase_saved(ld, "long_input", ld.request_params_saved,
+                        "the long-input ladder's curves or request parameters were not saved",
+                        "long-input ladder saved with its request parameters")
+
+
+@_on_load
+def _load_agent_queue(ld: LoadEvidence) -> tuple[ItemStatus, str, list[Ref]]:
+    text = "agent ramp saved (queue, latency percentiles)"
+    if ld.ceiling is not None:
+        text += f"; stable only up to {ld.ceiling} concurrent sessions"
+    return _phase_saved(ld, "agent_ramp", ld.queue_latency_saved,
+                        "the concurrent agent ramp's queue and latency were not saved", text)
+
+
+@_on_load
+def _load_termination(ld: LoadEvidence) -> tuple[ItemStatus, str, list[Ref]]:
     if "sustained" not in ld.phases:
         return "missing", "the sustained phase did not run", [ld.ref]
     counts = {"restarts": ld.restarts, "OOM events": ld.oom_events, "/health failures": ld.health_failures}
@@ -526,23 +541,26 @@ def _logging_scope(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
     return "pass", (f"{why}; the profile allows request logging, the logs are kept {dp.log_retention_days} days"), refs
 
 
-def _retention(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
+def _declared(s: EvidenceSummary, unproven: str, text: Callable[[DataProtectionBrief], str]
+              ) -> tuple[ItemStatus, str, list[Ref]]:
+    """Pass with ``text`` of the profile's data_protection block; missing (``unproven``) without one."""
     dp = s.profile.data_protection if s.profile is not None else None
+    refs = _refs(s.profile.ref if s.profile else None)
     if dp is None:
-        return "missing", f"retention of logs and run directories is unproven: {_no_block(s)}", \
-            _refs(s.profile.ref if s.profile else None)
-    return "pass", (f"server logs kept {dp.log_retention_days} days, run directories {dp.run_retention_days} days "
-                    f"(k3fleet prune --older-than {dp.run_retention_days}d; runs an accepted decision cites are "
-                    "kept)"), _refs(s.profile.ref if s.profile else None)
+        return "missing", f"{unproven}: {_no_block(s)}", refs
+    return "pass", text(dp), refs
+
+
+def _retention(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
+    return _declared(s, "retention of logs and run directories is unproven", lambda dp: (
+        f"server logs kept {dp.log_retention_days} days, run directories {dp.run_retention_days} days "
+        f"(k3fleet prune --older-than {dp.run_retention_days}d; runs an accepted decision cites are kept)"))
 
 
 def _access(s: EvidenceSummary) -> tuple[ItemStatus, str, list[Ref]]:
-    dp = s.profile.data_protection if s.profile is not None else None
-    if dp is None:
-        return "missing", f"who may read the evidence is unproven: {_no_block(s)}", \
-            _refs(s.profile.ref if s.profile else None)
-    return "pass", (f"evidence readable by {', '.join(dp.evidence_readers)} (run directories 0700, files 0600, the "
-                    "package 0600: grant them access, no one else)"), _refs(s.profile.ref if s.profile else None)
+    return _declared(s, "who may read the evidence is unproven", lambda dp: (
+        f"evidence readable by {', '.join(dp.evidence_readers)} (run directories 0700, files 0600, the package "
+        "0600: grant them access, no one else)"))
 
 
 ITEMS: tuple[_Item, ...] = (

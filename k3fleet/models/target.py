@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Strategy = Literal["single_node_tp", "multi_node_tp_dp", "multi_node_tp_pp", "multi_node_dep"]
 # "auto": derive the strategy from the fleet's GPU memory (see GpuSpec.weights_memory).
@@ -65,6 +66,28 @@ def cuda_tuple(text: str | None) -> tuple[int, int, int] | None:
     return (v[0], v[1], v[2] if len(v) > 2 else 0)
 
 
+def _form(ok: Callable[[str], object], expected: str) -> AfterValidator:
+    """A string field (or None) that ``ok`` accepts; otherwise "expected <expected>, got '<value>'"."""
+
+    def check(v: str | None) -> str | None:
+        if v is not None and not ok(v):
+            raise ValueError(f"expected {expected}, got {v!r}")
+        return v
+
+    return AfterValidator(check)
+
+
+def _driver_like(v: str) -> bool:
+    return len(version_tuple(v) or ()) >= 2
+
+
+def _version_like(example: str) -> AfterValidator:
+    return _form(version_tuple, f"a version like {example}")
+
+
+DriverVersion = Annotated[str, _form(version_tuple, "a driver version like 580.95.05")]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -98,25 +121,13 @@ def tensor_parallel_for(strategy: Strategy, per_node: int) -> int:
 
 
 class MatrixRow(_Strict):
-    cuda: str = Field(description="toolkit release as major.minor.patch; Update N is patch N")
+    cuda: Annotated[str, _form(_CUDA_RE.match, "a CUDA release like 13.0.2")] = Field(
+        description="toolkit release as major.minor.patch; Update N is patch N")
     label: str
-    min_driver: str | None = Field(default=None, description="minimum Linux x86_64 driver; None if unknown")
+    min_driver: Annotated[str | None, _form(_driver_like, "a driver version like 580.65.06")] = Field(
+        default=None, description="minimum Linux x86_64 driver; None if unknown")
     confirmed: bool = True
     source: str
-
-    @field_validator("cuda")
-    @classmethod
-    def _cuda_form(cls, v: str) -> str:
-        if not _CUDA_RE.match(v):
-            raise ValueError(f"expected a CUDA release like 13.0.2, got {v!r}")
-        return v
-
-    @field_validator("min_driver")
-    @classmethod
-    def _driver_form(cls, v: str | None) -> str | None:
-        if v is not None and (version_tuple(v) is None or len(version_tuple(v) or ()) < 2):
-            raise ValueError(f"expected a driver version like 580.65.06, got {v!r}")
-        return v
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -205,42 +216,22 @@ class CudaDriverMatrix(_Strict):
 
 class ImageSpec(_Strict):
     ref: str
-    cuda: str = Field(description="CUDA release the image is built against, e.g. 13.0")
+    cuda: Annotated[str, _form(_CUDA_RE.match, "a CUDA release like 13.0")] = Field(
+        description="CUDA release the image is built against, e.g. 13.0")
     digest: str | None = Field(default=None, description="pin: every host must hold this digest")
-
-    @field_validator("cuda")
-    @classmethod
-    def _cuda_form(cls, v: str) -> str:
-        if not _CUDA_RE.match(v):
-            raise ValueError(f"expected a CUDA release like 13.0, got {v!r}")
-        return v
 
 
 class VllmSpec(_Strict):
-    min_version: str
-
-    @field_validator("min_version")
-    @classmethod
-    def _form(cls, v: str) -> str:
-        if version_tuple(v) is None:
-            raise ValueError(f"expected a version like 0.27.1, got {v!r}")
-        return v
+    min_version: Annotated[str, _version_like("0.27.1")]
 
 
 class DriverSpec(_Strict):
     branch: int = Field(gt=0, description="branch the fleet moves to (R580)")
-    target_version: str = Field(description="exact driver (and Fabric Manager) version the change installs")
-    min_version: str | None = Field(
+    target_version: DriverVersion = Field(description="exact driver (and Fabric Manager) version the change installs")
+    min_version: DriverVersion | None = Field(
         default=None, description="override of the matrix minimum for image.cuda; None = from the matrix"
     )
     require_persistence_mode: bool = True
-
-    @field_validator("target_version", "min_version")
-    @classmethod
-    def _form(cls, v: str | None) -> str | None:
-        if v is not None and version_tuple(v) is None:
-            raise ValueError(f"expected a driver version like 580.95.05, got {v!r}")
-        return v
 
 
 class OpenModulesSpec(_Strict):
@@ -352,16 +343,9 @@ class NcclSpec(_Strict):
 
 class ContainerSpec(_Strict):
     runtimes: list[str] = Field(default_factory=lambda: ["docker", "podman", "nerdctl"])
-    toolkit_min_version: str = "1.17.8"
+    toolkit_min_version: Annotated[str, _version_like("1.17.8")] = "1.17.8"
     toolkit_advisory: str | None = None
     require_probe: bool = True
-
-    @field_validator("toolkit_min_version")
-    @classmethod
-    def _form(cls, v: str) -> str:
-        if version_tuple(v) is None:
-            raise ValueError(f"expected a version like 1.17.8, got {v!r}")
-        return v
 
 
 class PackagesSpec(_Strict):

@@ -122,6 +122,12 @@ def _badge(status: str, css: str = "s") -> str:
     return f'<span class="badge {css}-{escape(status)}">{escape(status)}</span>'
 
 
+def _section(title: str, headers: list[str], rows: list[str], table_id: str, *, sid: str | None = None) -> str:
+    """A report section: its heading (plain text, not escaped) over one table."""
+    attr = f' id="{sid}"' if sid else ""
+    return f"<section{attr}><h2>{title}</h2>{_table(headers, rows, table_id)}</section>"
+
+
 def _table(headers: Sequence[str], rows: Sequence[str], table_id: str) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
@@ -337,16 +343,15 @@ def render_html(view: ReportView) -> str:
     if view.limits:
         rows = [f'<tr><td>{escape(lim["kind"])}</td><td>{escape(str(lim["value"]))}</td>'
                 f'<td>{escape(lim.get("owner") or "")}</td><td>{escape(lim["text"])}</td></tr>' for lim in view.limits]
-        sections.append(f'<section><h2>Limits</h2>{_table(["limit", "value", "owner", "what"], rows, "limits")}'
-                        f'</section>')
+        sections.append(_section("Limits", ["limit", "value", "owner", "what"], rows, "limits"))
     if view.checklist:
         rows = [f'<tr data-status="{escape(i["status"])}" data-item="{escape(i["id"])}">'
                 f'<td>{escape(i["title"])}{" <em>(custom build)</em>" if i.get("track") == "custom" else ""}</td>'
                 f'<td>{_badge(i["status"])}</td><td>{_long(i["detail"])}</td>'
                 f'<td class="evidence">{_long(i.get("evidence") or "", 160)}</td>'
                 f'<td>{escape(i.get("owner") or "")}</td></tr>' for i in view.checklist]
-        sections.append(f'<section><h2>Sign-off checklist</h2>'
-                        f'{_table(["item", "status", "detail", "evidence", "owner"], rows, "checklist")}</section>')
+        sections.append(_section("Sign-off checklist", ["item", "status", "detail", "evidence", "owner"], rows,
+                                 "checklist"))
     if view.heatmap is not None and view.heatmap.rows:
         sections.append(heatmap_html(view.heatmap))
     if view.findings:
@@ -356,8 +361,8 @@ def render_html(view: ReportView) -> str:
                         f' <small>{escape(f.severity)}</small></td><td><code>{escape(f.check)}</code></td>'
                         f'<td class="hosts">{_hosts_cell(f.hosts)}</td><td>{escape(f.message)}</td>'
                         f'<td class="fix">{escape(f.fix or "")}</td></tr>')
-        sections.append(f'<section id="fixes"><h2>Findings and fixes</h2>'
-                        f'{_table(["status", "check", "hosts", "finding", "fix"], rows, "findings-fixes")}</section>')
+        sections.append(_section("Findings and fixes", ["status", "check", "hosts", "finding", "fix"], rows,
+                                 "findings-fixes", sid="fixes"))
     if view.plan:
         items = "".join(f"<li>{escape(line)}</li>" for line in plan_lines(view.plan, limit=60))
         groups = package_groups(view.plan)
@@ -378,13 +383,11 @@ def render_html(view: ReportView) -> str:
     if problems:
         rows = [f'<tr data-status="{escape(c.status)}"><td>{escape(c.group)}</td><td><code>{escape(c.check)}</code>'
                 f'</td><td>{_badge(c.status)}</td><td>{escape(c.message)}</td></tr>' for c, _ in problems]
-        sections.append(f'<section><h2>Checks not passed</h2>'
-                        f'{_table(["where", "check", "status", "message"], rows, "findings")}</section>')
+        sections.append(_section("Checks not passed", ["where", "check", "status", "message"], rows, "findings"))
     if view.timeline:
         rows = [f'<tr data-stage="{escape(t.stage)}"><td>{escape(t.ts or "(check)")}</td><td>{escape(t.host)}</td>'
                 f'<td>{escape(t.stage)}</td><td>{escape(t.detail or "")}</td></tr>' for t in view.timeline]
-        sections.append(f'<section><h2>Change-night timeline</h2>'
-                        f'{_table(["time", "host", "stage", "detail"], rows, "timeline")}</section>')
+        sections.append(_section("Change-night timeline", ["time", "host", "stage", "detail"], rows, "timeline"))
     if view.charts:
         charts = "".join(svg_chart(c, slo=next((v for k, v in view.slo.items() if c.title.endswith(k)), None))
                          for c in view.charts)
@@ -392,8 +395,8 @@ def render_html(view: ReportView) -> str:
     if view.baseline:
         rows = [f'<tr><td>{escape(k)}</td><td><code>{escape(str(v))}</code></td></tr>'
                 for k, v in view.baseline.items() if v not in (None, {}, []) and k != "evidence"]
-        sections.append(f'<section id="baseline"><h2>Accepted baseline (serving rollback artifact)</h2>'
-                        f'{_table(["setting", "value"], rows, "baseline-table")}</section>')
+        sections.append(_section("Accepted baseline (serving rollback artifact)", ["setting", "value"], rows,
+                                 "baseline-table", sid="baseline"))
     if view.notes:
         sections.append('<section><h2>Notes</h2><ul>' + "".join(f"<li>{escape(n)}</li>" for n in view.notes)
                         + "</ul></section>")

@@ -9,7 +9,6 @@ is bad input (exit 2).
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
 import signal
@@ -24,8 +23,9 @@ import pytest
 import yaml
 from rich.console import Console
 
+from k3fleet.audit.runner import HostOutcome
 from k3fleet.evidence import RunDir
-from k3fleet.runner import HostOutcome
+from tests.diskfull import disk_full_on
 
 pytestmark = pytest.mark.integration
 
@@ -148,14 +148,7 @@ def test_full_disk_while_writing_evidence(tmp_path: Path, monkeypatch: pytest.Mo
     """ENOSPC when the verdict is written: exit 3, one line, the old file untouched, no temp file."""
     from k3fleet.cli import main
 
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        if ".verdict.json." in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    disk_full_on(monkeypatch, ".verdict.json.")
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     rc = main(["audit", "--lab", "-q", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err

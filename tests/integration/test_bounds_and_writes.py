@@ -24,15 +24,17 @@ import stat
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+
+from tests.diskfull import disk_full_on
+from tests.unit.accept_servers import loopback
 
 pytestmark = pytest.mark.integration
 
@@ -398,16 +400,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @contextmanager
 def server(mode: str) -> Iterator[str]:
-    handler = type("Handler", (_Handler,), {"mode": mode})
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with loopback(type("Handler", (_Handler,), {"mode": mode})) as url:
+        yield url
 
 
 def test_the_trickle_server_really_trickles() -> None:
@@ -490,20 +484,11 @@ def test_a_disk_that_fills_while_the_archive_is_written(tmp_path: Path, triage_r
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """ENOSPC on the package's temporary file: exit 3, one line, the old archive untouched, no temp file."""
-    import errno
-
     from k3fleet.cli import main
 
     archive = tmp_path / "decision.tar.gz"
     archive.write_bytes(b"the previous package")
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        if ".decision.tar.gz." in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    disk_full_on(monkeypatch, ".decision.tar.gz.")
     rc = main(["decide", str(triage_run), "--reviewer", "carol", "--out", str(tmp_path / "d"), "--archive",
                str(archive), "--force"])
     err = capsys.readouterr().err

@@ -79,9 +79,10 @@ class _Handler(JsonHandler):
 
 
 @contextmanager
-def bad_server(mode: str, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
-    handler = type("Handler", (_Handler,), {"mode": mode})
+def loopback(handler: type[BaseHTTPRequestHandler], *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """``handler`` served on a free loopback port in a thread (TLS with ``(cert, key)``); yields its base URL."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
     scheme = "http"
     if tls is not None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -96,6 +97,12 @@ def bad_server(mode: str, *, tls: tuple[Path, Path] | None = None) -> Iterator[s
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@contextmanager
+def bad_server(mode: str, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    with loopback(type("Handler", (_Handler,), {"mode": mode}), tls=tls) as url:
+        yield url
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:

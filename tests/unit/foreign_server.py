@@ -10,15 +10,14 @@ would call the prefix cache broken.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from accept_servers import JsonHandler
+from accept_servers import JsonHandler, loopback
 
 MODEL = "foreign-model"
 
@@ -90,12 +89,5 @@ def _handler(mode: str, chats: list[dict[str, Any]]) -> type[BaseHTTPRequestHand
 @contextmanager
 def foreign_server(mode: str = "ok") -> Iterator[Foreign]:
     chats: list[dict[str, Any]] = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _handler(mode, chats))
-    srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Foreign(f"http://127.0.0.1:{srv.server_address[1]}", chats)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with loopback(_handler(mode, chats)) as url:
+        yield Foreign(url, chats)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,6 +20,31 @@ import yaml
 from ansible.module_utils import basic
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def fixtures(area: str) -> tuple[Path, Callable[[str], str]]:
+    """tests/fixtures/<area>, and a reader of one of its files by name."""
+    base = FIXTURES / area
+
+    def read(name: str) -> str:
+        return (base / name).read_text(encoding="utf-8")
+
+    return base, read
+
+
+def replay_steps(stdout: Path | str | None, stderr: Path | str | None, rc: int, sleep: float | None) -> list[str]:
+    """The shell steps of a command replaying recorded files: wait ``sleep`` s, print them, exit ``rc``."""
+    if sleep and not (stdout or stderr):
+        # exec: a timed-out command is killed by pid; a child sleep would keep the pipes open.
+        return [f"exec /bin/sleep {sleep}"]
+    steps = [f"/bin/sleep {sleep}"] if sleep else []
+    if stdout:
+        steps.append(f"/bin/cat '{stdout}'")
+    if stderr:
+        steps.append(f"/bin/cat '{stderr}' >&2")
+    return [*steps, f"exit {rc}"]
 
 
 def exe(path: Path, body: str) -> None:

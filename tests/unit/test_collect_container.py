@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from nodetree import fixtures, replay_steps
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import (
@@ -26,12 +27,8 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container impo
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PROBE_MARKER, PROBE_SCRIPT
 from k3fleet.models.facts import ContainerFacts
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "container"
+FIX, fixture = fixtures("container")
 IMAGE = "vllm/vllm-openai:kimi-k3"
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text()
 
 
 def marker_line(**fields: object) -> str:
@@ -45,19 +42,7 @@ Reply = tuple[str | None, str | None, int, float]  # stdout file, stderr file, r
 
 
 def _branch(reply: Reply) -> str:
-    out, err, rc, sleep = reply
-    if sleep and not (out or err):
-        # exec: a timed-out command is killed by pid; a child sleep would keep the pipes open.
-        return f"exec /bin/sleep {sleep}"
-    parts = []
-    if sleep:
-        parts.append(f"/bin/sleep {sleep}")
-    if out:
-        parts.append(f"/bin/cat '{out}'")
-    if err:
-        parts.append(f"/bin/cat '{err}' >&2")
-    parts.append(f"exit {rc}")
-    return "; ".join(parts)
+    return "; ".join(replay_steps(*reply))
 
 
 def fake_runtime(bin_dir: Path, name: str, version_file: str, inspect: Reply | None = None,

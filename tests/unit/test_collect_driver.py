@@ -13,17 +13,13 @@ from typing import Any
 
 import pynvml
 import pytest
-from nodetree import fake_command, node
+from nodetree import fake_command, fixtures, node
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.models.facts import DriverFacts
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text(encoding="utf-8")
+FIX, fixture = fixtures("driver")
 
 
 def smi(tmp_path: Path, csv: str, q: str, rc: int = 0, stderr: str = "") -> None:
@@ -530,6 +526,18 @@ def use_pynvml(monkeypatch: pytest.MonkeyPatch, fake: Any) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake)
 
 
+def smi_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, proc: str, csv: str, q: str,
+               rc: int = 0) -> tuple[NodeReader, dict[str, Any]]:
+    """The driver collector's facts (schema-valid) on a node without pynvml: /proc/driver/nvidia/version
+    from the fixture ``proc``, nvidia-smi answering ``csv`` to its query and ``q`` to -q."""
+    use_pynvml(monkeypatch, None)
+    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture(proc)})
+    smi(tmp_path, csv, q, rc=rc)
+    facts = drv.collect_driver(reader)
+    DriverFacts.model_validate(facts)
+    return reader, facts
+
+
 def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     use_pynvml(monkeypatch, FakeNvml(H200))
     reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt"),
@@ -549,11 +557,8 @@ def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_collect_driver_without_pynvml_uses_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_pynvml(monkeypatch, None)
-    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_proprietary_580.txt")})
-    smi(tmp_path, fixture("smi_query_quadro_rtx4000.csv"), fixture("smi_q_580_gb10.txt"))
-    facts = drv.collect_driver(reader)
-    DriverFacts.model_validate(facts)
+    _, facts = smi_driver(tmp_path, monkeypatch, "proc_version_proprietary_580.txt",
+                          fixture("smi_query_quadro_rtx4000.csv"), fixture("smi_q_580_gb10.txt"))
     assert facts["status"] == "ok"
     assert facts["source"] == "nvidia-smi"
     assert facts["nvml"]["status"] == "not_installed"
@@ -592,10 +597,8 @@ def test_collect_driver_version_mismatch_after_upgrade(tmp_path: Path, monkeypat
 
 
 def test_collect_driver_mismatch_seen_only_by_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_pynvml(monkeypatch, None)
-    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_proprietary_580.txt")})
-    smi(tmp_path, fixture("nvidia_smi_mismatch.txt"), "", rc=18)
-    facts = drv.collect_driver(reader)
+    _, facts = smi_driver(tmp_path, monkeypatch, "proc_version_proprietary_580.txt",
+                          fixture("nvidia_smi_mismatch.txt"), "", rc=18)
     assert facts["nvml"]["status"] == "lib_rm_version_mismatch"
     assert facts["nvml"]["error"].startswith("via nvidia-smi: nvidia-smi failed (exit 18)")
     assert facts["status"] == "unknown"
@@ -623,11 +626,8 @@ def test_collect_driver_nothing_installed(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_collect_driver_truncated_csv_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_pynvml(monkeypatch, None)
-    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
-    smi(tmp_path, fixture("smi_query_truncated.csv"), fixture("smi_q_580_gb10.txt"))
-    facts = drv.collect_driver(reader)
-    DriverFacts.model_validate(facts)
+    _, facts = smi_driver(tmp_path, monkeypatch, "proc_version_open_x86_64.txt",
+                          fixture("smi_query_truncated.csv"), fixture("smi_q_580_gb10.txt"))
     assert facts["status"] == "unknown"
     assert facts["source"] is None
     assert "nvidia-smi --query-gpu output not understood: nvidia-smi CSV line 2 has 3 fields" in facts["reason"]
@@ -643,22 +643,18 @@ def test_collect_driver_nvidia_smi_timeout_is_unknown(tmp_path: Path, monkeypatc
 
 
 def test_collect_driver_missing_cuda_header_keeps_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_pynvml(monkeypatch, None)
-    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
-    smi(tmp_path, fixture("smi_query_quadro_rtx4000.csv"), fixture("nvidia_smi_no_driver.txt"))
-    facts = drv.collect_driver(reader)
+    _, facts = smi_driver(tmp_path, monkeypatch, "proc_version_open_x86_64.txt",
+                          fixture("smi_query_quadro_rtx4000.csv"), fixture("nvidia_smi_no_driver.txt"))
     assert facts["status"] == "ok"
     assert facts["cuda_driver_version"] is None
     assert facts["reason"].startswith("CUDA version unknown: nvidia-smi -q output has no")
 
 
 def test_collect_driver_nvidia_smi_fills_fabric_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_pynvml(monkeypatch, None)
-    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
     q = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:3A:00.0",
                           fixture("smi_q_fabric_insufficient_resources_block.txt"), indent=4)
-    smi(tmp_path, fixture("smi_query_h100x8.csv"), q)
-    facts = drv.collect_driver(reader)
+    reader, facts = smi_driver(tmp_path, monkeypatch, "proc_version_open_x86_64.txt",
+                               fixture("smi_query_h100x8.csv"), q)
     parsed = DriverFacts.model_validate(facts)
     assert parsed.source == "nvidia-smi"
     assert [g.fabric_state for g in parsed.gpus] == ["completed"] * 8
@@ -668,12 +664,10 @@ def test_collect_driver_nvidia_smi_fills_fabric_state(tmp_path: Path, monkeypatc
 
 
 def test_collect_driver_nvidia_smi_fabric_na_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_pynvml(monkeypatch, None)
-    reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
     q = fixture("smi_q_565_h100x8_fabric_completed.txt").replace(
         "        State                             : Completed", "        State                             : N/A")
-    smi(tmp_path, fixture("smi_query_h100x8.csv"), q)
-    facts = drv.collect_driver(reader)
+    _, facts = smi_driver(tmp_path, monkeypatch, "proc_version_open_x86_64.txt",
+                          fixture("smi_query_h100x8.csv"), q)
     assert facts["status"] == "ok"
     assert [g["fabric_state"] for g in facts["gpus"]] == [None] * 8
     assert facts["reason"] == "GPU fabric state unknown: GPU 0-7: State N/A"

@@ -15,17 +15,13 @@ from typing import Any
 
 import pynvml
 import pytest
-from nodetree import fake_command, node
+from nodetree import fake_command, fixtures, node
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
 from k3fleet.models.facts import DriverFacts
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
+FIX, fixture = fixtures("driver")
 H100_Q = "smi_q_565_h100x8_fabric_completed.txt"
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text(encoding="utf-8")
 
 
 def with_block(q: str, bus: str, section: str, block: str) -> str:

@@ -62,6 +62,15 @@ def packages(fm: str | None, driver: str | None = None) -> dict[str, Any]:
     return {"status": "ok", "manager": "dpkg", "fabricmanager_version": fm, "driver_version": driver}
 
 
+def fm_facts(tmp_path: Path, unit: str, driver: dict[str, Any], pkgs: dict[str, Any], **node_kw: Any) -> dict[str, Any]:
+    """The collector's facts, validated, on ``node(**node_kw)`` whose systemctl replays the fixture ``unit``."""
+    reader = node(tmp_path, **node_kw)
+    systemctl(tmp_path, unit)
+    facts = fmc.collect_fabricmanager(reader, driver=driver, packages=pkgs)
+    FabricManagerFacts.model_validate(facts)
+    return facts
+
+
 # -- parsers ---------------------------------------------------------------------------
 
 
@@ -128,11 +137,8 @@ def test_nvswitch_device_nodes_fallback(tmp_path: Path) -> None:
 
 
 def test_hgx_fabric_manager_matches_driver(tmp_path: Path) -> None:
-    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
-    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
-    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "450.102.04"}},
-                                      packages=packages("450.102.04"))
-    FabricManagerFacts.model_validate(facts)
+    facts = fm_facts(tmp_path, "systemctl_show_fm_failed.txt", {"kernel_module": {"version": "450.102.04"}},
+                     packages("450.102.04"), switches=HGX_A100_SWITCHES)
     assert facts["status"] == "ok"
     assert (facts["nvswitch_present"], facts["nvswitch_count"], facts["required"]) == (True, 6, True)
     assert facts["unit"] == {"installed": True, "active": "failed", "enabled": "enabled"}
@@ -140,12 +146,9 @@ def test_hgx_fabric_manager_matches_driver(tmp_path: Path) -> None:
 
 
 def test_version_from_binary_mismatching_loaded_driver(tmp_path: Path) -> None:
-    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
-    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
     fake_command(tmp_path / "bin", "nv-fabricmanager", [("--version", fixture("nv_fabricmanager_version.txt"), "", 0)])
-    facts = fmc.collect_fabricmanager(reader, driver=driver_loaded("proc_version_open_x86_64.txt"),
-                                      packages=packages(None, "565.57.01"))
-    FabricManagerFacts.model_validate(facts)
+    facts = fm_facts(tmp_path, "systemctl_show_fm_failed.txt", driver_loaded("proc_version_open_x86_64.txt"),
+                     packages(None, "565.57.01"), switches=HGX_A100_SWITCHES)
     assert facts["version"] == "450.102.04"
     assert facts["driver_version"] == "565.57.01"
     assert facts["version_matches_driver"] is False
@@ -154,20 +157,15 @@ def test_version_from_binary_mismatching_loaded_driver(tmp_path: Path) -> None:
 
 def test_loaded_module_wins_over_package_version(tmp_path: Path) -> None:
     # After an upgrade without reboot the package says 580 while 575 is still loaded.
-    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
-    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
-    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "575.57.08"}},
-                                      packages=packages("580.95.05", "580.95.05"))
+    facts = fm_facts(tmp_path, "systemctl_show_fm_failed.txt", {"kernel_module": {"version": "575.57.08"}},
+                     packages("580.95.05", "580.95.05"), switches=HGX_A100_SWITCHES)
     assert facts["driver_version"] == "575.57.08"
     assert facts["version_matches_driver"] is False
 
 
 def test_no_systemd_makes_unit_unknown(tmp_path: Path) -> None:
-    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
-    systemctl(tmp_path, "systemctl_show_no_systemd.stderr")
-    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "450.102.04"}},
-                                      packages=packages("450.102.04"))
-    FabricManagerFacts.model_validate(facts)
+    facts = fm_facts(tmp_path, "systemctl_show_no_systemd.stderr", {"kernel_module": {"version": "450.102.04"}},
+                     packages("450.102.04"), switches=HGX_A100_SWITCHES)
     assert facts["status"] == "unknown"
     assert facts["unit"] == {"installed": None, "active": None, "enabled": None}
     assert facts["reason"].startswith("nvidia-fabricmanager.service state unknown: systemd not running: "
@@ -176,11 +174,9 @@ def test_no_systemd_makes_unit_unknown(tmp_path: Path) -> None:
 
 
 def test_not_installed_without_nvswitch_is_absent(tmp_path: Path) -> None:
-    reader = node(tmp_path, switches=[])
-    systemctl(tmp_path, "systemctl_show_fm_not_found.txt")
-    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"loaded": True, "version": "580.95.05"}},
-                                      packages=packages(None, "580.95.05"))
-    FabricManagerFacts.model_validate(facts)
+    facts = fm_facts(tmp_path, "systemctl_show_fm_not_found.txt",
+                     {"kernel_module": {"loaded": True, "version": "580.95.05"}},
+                     packages(None, "580.95.05"), switches=[])
     assert facts["status"] == "absent"
     assert facts["reason"] == "Fabric Manager not installed (no NVSwitch)"
     assert facts["required"] is False
@@ -188,21 +184,17 @@ def test_not_installed_without_nvswitch_is_absent(tmp_path: Path) -> None:
 
 
 def test_not_installed_with_nvswitch_is_absent_and_required(tmp_path: Path) -> None:
-    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
-    systemctl(tmp_path, "systemctl_show_fm_not_found.txt")
-    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"loaded": True, "version": "580.95.05"}},
-                                      packages=packages(None, "580.95.05"))
+    facts = fm_facts(tmp_path, "systemctl_show_fm_not_found.txt",
+                     {"kernel_module": {"loaded": True, "version": "580.95.05"}},
+                     packages(None, "580.95.05"), switches=HGX_A100_SWITCHES)
     assert facts["status"] == "absent"
     assert facts["required"] is True
     assert facts["reason"] == "Fabric Manager not installed (NVSwitch present: 6)"
 
 
 def test_driver_not_loaded_leaves_nvswitch_unknown(tmp_path: Path) -> None:
-    reader = node(tmp_path, dev=DEV_WITH_CTL_ONLY)
-    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
-    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"loaded": False}},
-                                      packages=packages("450.102.04", "450.102.04"))
-    FabricManagerFacts.model_validate(facts)
+    facts = fm_facts(tmp_path, "systemctl_show_fm_failed.txt", {"kernel_module": {"loaded": False}},
+                     packages("450.102.04", "450.102.04"), dev=DEV_WITH_CTL_ONLY)
     assert facts["nvswitch_present"] is None
     assert facts["required"] is None
     assert facts["status"] == "unknown"
@@ -211,12 +203,10 @@ def test_driver_not_loaded_leaves_nvswitch_unknown(tmp_path: Path) -> None:
 
 
 def test_binary_with_garbage_output_is_unknown(tmp_path: Path) -> None:
-    reader = node(tmp_path, switches=HGX_A100_SWITCHES)
-    systemctl(tmp_path, "systemctl_show_fm_failed.txt")
     fake_command(tmp_path / "bin", "nv-fabricmanager",
                  [("--version", fixture("nvidia_smi_mismatch.txt", "driver"), "", 0)])
-    facts = fmc.collect_fabricmanager(reader, driver={"kernel_module": {"version": "580.95.05"}},
-                                      packages=packages(None, "580.95.05"))
+    facts = fm_facts(tmp_path, "systemctl_show_fm_failed.txt", {"kernel_module": {"version": "580.95.05"}},
+                     packages(None, "580.95.05"), switches=HGX_A100_SWITCHES)
     assert facts["status"] == "unknown"
     assert facts["version"] is None
     assert "nv-fabricmanager --version printed no version" in facts["reason"]

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from nodetree import fixtures, replay_steps
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import (
@@ -23,26 +24,14 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import (
 )
 from k3fleet.models.facts import NcclFacts, RdmaFacts
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "rdma"
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text()
+FIX, fixture = fixtures("rdma")
 
 
 def fake_command(bin_dir: Path, name: str, stdout_file: str | None = None, rc: int = 0,
                  sleep: float | None = None) -> None:
     """An executable that replays a fixture; absolute paths because the reader's PATH is only bin_dir."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    body = ["#!/bin/sh"]
-    if sleep and not stdout_file:
-        # exec: a timed-out command is killed by pid; a child sleep would keep the pipes open.
-        body.append(f"exec /bin/sleep {sleep}")
-    elif sleep:
-        body.append(f"/bin/sleep {sleep}")
-    if stdout_file:
-        body.append(f"/bin/cat '{FIX / stdout_file}'")
-    body.append(f"exit {rc}")
+    body = ["#!/bin/sh", *replay_steps(FIX / stdout_file if stdout_file else None, None, rc, sleep)]
     path = bin_dir / name
     path.write_text("\n".join(body) + "\n")
     path.chmod(0o755)

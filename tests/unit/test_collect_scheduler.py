@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from nodetree import exe
+from nodetree import exe, fixtures
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import (
@@ -20,12 +20,8 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler impo
 )
 from k3fleet.models.facts import SchedulerFacts
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "scheduler"
+FIX, fixture = fixtures("scheduler")
 DRAIN_REASON = "k3fleet CHG-1042 R575->R580 driver change [root@2026-11-29T17:17:55]"
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text()
 
 
 def slurm_bin(bin_dir: Path, scontrol: dict[str, str], squeue: dict[str, str] | None = None,

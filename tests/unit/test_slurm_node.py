@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
-from nodetree import ExitJson, FailJson, exe
+from nodetree import ExitJson, FailJson, exe, fixtures
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_lease import (
     adopted_text,
@@ -45,14 +45,10 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_slurm import (
 )
 from ansible_collections.k3fleet.gpu.plugins.modules import k3fleet_slurm_node
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+FIX, fixture = fixtures("slurm")
 CHANGE = "CHG-1042"
 OUR_REASON = "k3fleet:CHG-1042 alice: R580 driver change"
 ADOPTED = OUR_REASON + " [was: disk replacement INC-7731]"
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text()
 
 
 # -- pure functions on recorded output ------------------------------------------------------

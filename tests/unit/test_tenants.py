@@ -26,9 +26,9 @@ from k3fleet.models.facts import CompatPackage, TenantContainer, TenantProcess, 
 from k3fleet.targets import load_target
 from k3fleet.verdict.rules import CompiledTarget
 from k3fleet.verdict.tenants import judge_tenants
-from tests.unit.nodetree import fake_command, node
+from tests.unit.nodetree import fake_command, fixtures, node
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "workloads"
+_, fixture = fixtures("workloads")
 TRAIN = "309864aec6999a436aebdc10af1891219773108195de9f3a65fb02c2c860f669"
 EMBED = "2b47521b08bcbe6016ae012c6563ab917a874287d86c83e4e21a71bf35824dd9"
 
@@ -39,7 +39,7 @@ def test_container_ids_skip_noise_and_repeats() -> None:
 
 
 def test_inspect_reads_cuda_compat_and_gpu_use() -> None:
-    found, problem = parse_containers_inspect((FIX / "docker_container_inspect.json").read_text())
+    found, problem = parse_containers_inspect(fixture("docker_container_inspect.json"))
     assert problem is None
     train, embed, exporter = found
     assert train["name"] == "train-llama" and train["pid"] == 52110 and train["uses_gpu"] is True
@@ -60,13 +60,13 @@ def test_inspect_garbage_is_a_problem_or_nothing(text: str) -> None:
 
 def test_cgroup_names_the_container_in_v1_and_v2() -> None:
     ids = {TRAIN, EMBED}
-    assert container_of_cgroup((FIX / "proc_cgroup_docker_v2.txt").read_text(), ids) == TRAIN
-    assert container_of_cgroup((FIX / "proc_cgroup_v1.txt").read_text(), ids) == EMBED
+    assert container_of_cgroup(fixture("proc_cgroup_docker_v2.txt"), ids) == TRAIN
+    assert container_of_cgroup(fixture("proc_cgroup_v1.txt"), ids) == EMBED
     assert container_of_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n", ids) is None
 
 
 def test_maps_show_the_compat_libcuda() -> None:
-    got = parse_maps((FIX / "proc_maps_compat.txt").read_text())
+    got = parse_maps(fixture("proc_maps_compat.txt"))
     assert got == {"libcuda": "/usr/local/cuda-12.9/compat/libcuda.so.575.57.08", "libcuda_version": "575.57.08",
                    "libcuda_compat": True, "cudart_version": "12.9.37"}
     plain = parse_maps("7f00-7f10 r-xp 0 103:02 1 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05\n")
@@ -84,12 +84,12 @@ def _driver(pids: list[int] | None) -> dict[str, Any]:
 
 def test_collector_joins_processes_to_containers(tmp_path: Path) -> None:
     reader = node(tmp_path, {
-        "/proc/52110/cgroup": (FIX / "proc_cgroup_docker_v2.txt").read_text(),
-        "/proc/52110/maps": (FIX / "proc_maps_compat.txt").read_text(),
+        "/proc/52110/cgroup": fixture("proc_cgroup_docker_v2.txt"),
+        "/proc/52110/maps": fixture("proc_maps_compat.txt"),
     })
     fake_command(tmp_path / "bin", "docker", [
         ("'ps --quiet --no-trunc'", f"{TRAIN}\n{EMBED}\n", "", 0),
-        (f"'container inspect {TRAIN} {EMBED}'", (FIX / "docker_container_inspect.json").read_text(), "", 0),
+        (f"'container inspect {TRAIN} {EMBED}'", fixture("docker_container_inspect.json"), "", 0),
     ])
     packages = {"status": "ok", "packages": [
         {"name": "cuda-compat-12-9", "version": "575.57.08-0ubuntu1", "role": "compat", "branch": "575"}]}

@@ -10,24 +10,19 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from verdict_fixtures import B200, GOOD, R575, SINGLE, TARGET, patched, raw
 
 from k3fleet.models.facts import HostFacts, host_facts_json_schema
 from k3fleet.models.findings import FleetVerdict, fleet_verdict_json_schema
 from k3fleet.models.target import Target
-from k3fleet.targets import load_target
 from k3fleet.verdict import CHECKS, catalogue, catalogue_markdown, catalogue_rows, evaluate_fleet, validate_facts
 from k3fleet.verdict.catalogue import fixes_for
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verdict"
-GOOD, R575, B200 = "r580_h200_hgx", "r575_h200_hgx", "r580_b200_hgx"
-TARGET = load_target(None)
 MULTI = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "multi_node_tp_dp"})})
-SINGLE = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "single_node_tp"})})
 # Per-GPU memory (MiB) at which one 8-GPU node holds the target's 1680 GB weights estimate.
 BIG = {"driver.gpus": lambda gs: [{**g, "memory_total_mib": 1680 * 1024 // 8} for g in gs]}
 NO_PEERMEM = {"rdma.nvidia_peermem_loaded": False}
@@ -39,28 +34,12 @@ BUSY = {"scheduler.state": "mixed", "scheduler.jobs_running": 2}
 FM_FAILED = {"fabricmanager.unit.active": "failed"}
 
 
-def raw(base: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIXTURES / f"host_{base}.json").read_text())
-    return data
-
-
-def set_path(data: Any, path: str, value: Any) -> None:
-    node = data
-    keys = path.split(".")
-    for k in keys[:-1]:
-        node = node[int(k)] if isinstance(node, list) else node[k]
-    last: Any = int(keys[-1]) if isinstance(node, list) else keys[-1]
-    node[last] = value(node[last]) if callable(value) else value
-
-
 def host_raw(name: str, base: str = GOOD, patch: dict[str, Any] | None = None) -> dict[str, Any]:
     data = raw(base)
     data["host"] = data["hostname"] = data["scheduler"]["node"] = name
     if base == R575:
         data["rdma"]["nvidia_peermem_loaded"] = True
-    for path, value in (patch or {}).items():
-        set_path(data, path, value)
-    return data
+    return patched(data, patch)
 
 
 def host(name: str, base: str = GOOD, patch: dict[str, Any] | None = None) -> HostFacts:

@@ -12,23 +12,17 @@ explicitly (SINGLE); the multi-node one uses MULTI; AUTO_CASES pin the derivatio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from verdict_fixtures import B200, GOOD, R575, SINGLE, TARGET, patched, raw
 
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import Finding
 from k3fleet.models.target import Target
-from k3fleet.targets import load_target
 from k3fleet.verdict import CHECKS, evaluate_host
 from k3fleet.verdict.rules import missing_hcas, release_key
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verdict"
-GOOD, R575, B200 = "r580_h200_hgx", "r575_h200_hgx", "r580_b200_hgx"
-TARGET = load_target(None)
 
 
 def _multi(**rdma: Any) -> Target:
@@ -39,28 +33,10 @@ def _multi(**rdma: Any) -> Target:
 
 
 MULTI = _multi()
-SINGLE = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "single_node_tp"})})
-
-
-def raw(base: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIXTURES / f"host_{base}.json").read_text())
-    return data
-
-
-def set_path(data: Any, path: str, value: Any) -> None:
-    node = data
-    keys = path.split(".")
-    for k in keys[:-1]:
-        node = node[int(k)] if isinstance(node, list) else node[k]
-    last: Any = int(keys[-1]) if isinstance(node, list) else keys[-1]
-    node[last] = value(node[last]) if callable(value) else value
 
 
 def facts(base: str, patch: dict[str, Any] | None = None) -> HostFacts:
-    data = raw(base)
-    for path, value in (patch or {}).items():
-        set_path(data, path, value)
-    return HostFacts.model_validate(data)
+    return HostFacts.model_validate(patched(raw(base), patch))
 
 
 def keys(findings: list[Finding]) -> set[str]:

@@ -82,7 +82,11 @@ def _tool(name: str, package: str) -> str:
     return path
 
 
-def _tools() -> dict[str, str]:
+def _prerequisites(n: int) -> dict[str, str]:
+    """Root, a size that fits, and the tools `up` runs (name -> path); one usage error otherwise."""
+    _require_root()
+    if not 1 <= n <= MAX_FLEET:
+        raise SshFleetUsageError(f"ssh fleet: size {n} outside 1..{MAX_FLEET}")
     return {
         "ip": _tool("ip", "iproute2"),
         "nsenter": _tool("nsenter", "util-linux"),
@@ -318,13 +322,10 @@ def up(n: int, workdir: Path | None = None, *, fleet: Path | None = None, target
     from k3fleet.lab.fleet import MARKER, generate_fleet, load_fleet
     from k3fleet.targets import load_target
 
-    _require_root()
-    if not 1 <= n <= MAX_FLEET:
-        raise SshFleetUsageError(f"ssh fleet: size {n} outside 1..{MAX_FLEET}")
-    tools = _tools()
-    wd = resolve_workdir(workdir)
-    layout = Layout(wd)
     started = time.monotonic()
+    tools = _prerequisites(n)
+    layout = Layout(resolve_workdir(workdir))
+    wd = layout.workdir
     with _locked(layout):
         old = load_state(wd) if layout.state_file.exists() else None
         if _supervisor_pids(wd, old):
