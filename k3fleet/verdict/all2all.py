@@ -106,11 +106,13 @@ def _nvlink_state(f: HostFacts) -> tuple[str | None, str | None, bool]:
 
 
 def summarise(serving: Iterable[tuple[str, HostFacts]], multi_node: bool, min_rate: float) -> InterconnectSummary:
-    """What the serving group's hosts offer each transport (one pass over the hosts).
+    """What the serving group's hosts offer each transport (one pass over the hosts, in name order).
 
     Hosts of one node kind may share one facts object (the streaming verdict): each object is read once.
     """
     out = InterconnectSummary(multi_node=multi_node)
+    rdma_unknown, rdma_missing = out.rdma_unknown, out.rdma_missing
+    nvlink_missing, nvlink_unknown = out.nvlink_missing, out.nvlink_unknown
     # id -> (the object itself, which keeps the id from being reused while it is in here, its states)
     seen: dict[int, tuple[HostFacts, tuple[bool | None, str | None], tuple[str | None, str | None, bool]]] = {}
     count = 0
@@ -121,18 +123,19 @@ def summarise(serving: Iterable[tuple[str, HostFacts]], multi_node: bool, min_ra
             hit = seen[id(f)] = (f, _rdma_state(f, min_rate), _nvlink_state(f))
         _, (ready, why), (uuid, nwhy, known) = hit
         if ready is None:
-            out.rdma_unknown[name] = why or "unknown"
+            rdma_unknown[name] = why or "unknown"
         elif not ready:
-            out.rdma_missing[name] = why or "not ready"
+            rdma_missing[name] = why or "not ready"
         if uuid is not None:
             out.nvlink_domains[uuid] = out.nvlink_domains.get(uuid, 0) + 1
             if uuid == ZERO_UUID:
                 out.nvlink_single_node.append(name)
         elif known:
-            out.nvlink_missing[name] = nwhy or "no NVLink fabric"
+            nvlink_missing[name] = nwhy or "no NVLink fabric"
         else:
-            out.nvlink_unknown[name] = nwhy or "unknown"
-    out.serving_hosts = count  # one assignment: the model's attribute hook costs more than the count
+            nvlink_unknown[name] = nwhy or "unknown"
+    if count:
+        out.serving_hosts = count  # one assignment: the model's attribute hook costs more than the count
     return out
 
 

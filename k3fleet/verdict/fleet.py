@@ -26,8 +26,11 @@ same verdict for the same facts.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
@@ -83,77 +86,65 @@ class _Fleet:
             host=None, message=message, evidence=evidence, fix=self.ct.fix[check_id], chain=chain))
 
 
-def _outliers(values: dict[str, str], majority: str) -> dict[str, Any]:
-    odd = sorted(h for h, v in values.items() if v != majority)
-    return {"outliers": odd[:MAX_LISTED], "outlier_count": len(odd)}
+def _outliers(odd: list[list[str]]) -> dict[str, Any]:
+    """The first outlying hosts by name and how many: ``odd`` holds lists of names, each in name order."""
+    return {"outliers": list(islice(heapq.merge(*odd), MAX_LISTED)), "outlier_count": sum(map(len, odd))}
 
 
 def _spread(counter: Counter[str]) -> str:
     return ", ".join(f"{v} ({n})" for v, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:6])
 
 
-def _drift(evals: list[HostEval], fl: _Fleet) -> None:
+def _drift(groups: list[_Group], fl: _Fleet) -> None:
     ct = fl.ct
-    versions: dict[str, str] = {}
-    images: dict[str, str] = {}
-    rail_counts: dict[str, str] = {}
+    # (value, the hosts with it) per check, one entry per group of hosts sharing facts and context.
+    versions: list[tuple[str, list[str]]] = []
+    images: list[tuple[str, list[str]]] = []
+    rail_counts: list[tuple[str, list[str]]] = []
     # Hosts validated together share one NCCL section object: read its values once per object.
-    nccl_groups: dict[int, tuple[tuple[str, ...], list[str]]] = {}
+    nccl_groups: dict[int, tuple[tuple[str, ...], list[list[str]]]] = {}
     keys = ct.target.nccl.consistent_keys
-    # Hosts of a node kind share one facts object (and context): its image, rail count and NCCL group
-    # are read once per object.
-    per_facts: dict[int, tuple[str | None, str | None, list[str] | None]] = {}
-    for ev in evals:
-        f = ev.facts
-        host = ev.host
-        if ev.ctx.version:
-            versions[host] = ev.ctx.version
-        known = per_facts.get(id(f))
-        if known is None:
-            img = f.container.image
-            image = ((img.digest or img.id or "") if img is not None and img.present and (img.digest or img.id)
-                     else None)
-            rails = (str(len(host_rails(f, ev.ctx, ct)[0])) if ct.rdma_required and f.rdma.status == "ok"
-                     else None)
-            members = None
-            if f.nccl.status == "ok":
-                group = nccl_groups.get(id(f.nccl))
-                if group is None:
-                    s = f.nccl.settings
-                    group = nccl_groups[id(f.nccl)] = (
-                        tuple(s[k].value if k in s else "<unset>" for k in keys), [])
-                members = group[1]
-            known = per_facts[id(f)] = (image, rails, members)
-        image, rails, members = known
-        if image is not None:
-            images[host] = image
-        if rails is not None:
-            rail_counts[host] = rails
-        if members is not None:
-            members.append(host)
+    for g in groups:
+        f, names = g.facts, g.hosts
+        if g.ctx.version:
+            versions.append((g.ctx.version, names))
+        img = f.container.image
+        if img is not None and img.present and (img.digest or img.id):
+            images.append((img.digest or img.id or "", names))
+        if ct.rdma_required and f.rdma.status == "ok":
+            rail_counts.append((str(len(host_rails(f, g.ctx, ct)[0])), names))
+        if f.nccl.status == "ok":
+            nccl = nccl_groups.get(id(f.nccl))
+            if nccl is None:
+                s = f.nccl.settings
+                nccl = nccl_groups[id(f.nccl)] = (tuple(s[k].value if k in s else "<unset>" for k in keys), [])
+            nccl[1].append(names)
 
     for check, values, what in (
         ("fleet.driver_drift", versions, "driver versions"),
         ("fleet.image_digest_drift", images, "image builds (digest or id)"),
         ("fleet.rdma_rail_drift", rail_counts, "RDMA rail counts"),
     ):
-        counter = Counter(values.values())
+        counter: Counter[str] = Counter()
+        for value, names in values:
+            counter[value] += len(names)
         if len(counter) > 1:
             majority = min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-            fl.add(check, f"{len(counter)} {what} across {len(values)} hosts: {_spread(counter)}",
-                   {"values": dict(counter.most_common(20)), "majority": majority, **_outliers(values, majority)})
+            fl.add(check, f"{len(counter)} {what} across {counter.total()} hosts: {_spread(counter)}",
+                   {"values": dict(counter.most_common(20)), "majority": majority,
+                    **_outliers([names for value, names in values if value != majority])})
 
     drifting: dict[str, Any] = {}
     spreads: list[str] = []
     for i, k in enumerate(keys):
         seen: Counter[str] = Counter()
         for row, members in nccl_groups.values():
-            seen[row[i]] += len(members)
+            seen[row[i]] += sum(map(len, members))
         if len(seen) > 1:
             top = min(seen.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-            odd = sorted(h for row, members in nccl_groups.values() if row[i] != top for h in members)
             drifting[k] = {"values": dict(seen.most_common(10)), "majority": top,
-                           "outliers": odd[:MAX_LISTED], "outlier_count": len(odd)}
+                           **_outliers([names for row, members in nccl_groups.values() if row[i] != top
+                                        for names in members])}
             spreads.append(f"{k}: {_spread(seen)}")
     if drifting:
         fl.add("fleet.nccl_drift", "NCCL settings differ between hosts: " + "; ".join(spreads), {"keys": drifting})
@@ -222,6 +213,7 @@ class FleetFold:
         self._cache = RuleCache(self.ct)
         self._intake = Intake()
         self._kinds: dict[tuple[Any, ...], HostFacts] = {}
+        self._contexts: dict[int, HostContext] = {}
         self._given = invalid
         self._found: dict[str, str] = {}
         self._hosts: dict[str, tuple[HostFacts, SchedulerFacts, HostContext]] = {}
@@ -264,7 +256,13 @@ class FleetFold:
         if host in self.unreachable:
             self._hosts.pop(host, None)
             return
-        self._hosts[host] = (facts, scheduler, self._cache.context(facts, host))
+        # A kind's facts object has one context: looked up by the object (alive in the kinds held).
+        ctx = self._contexts.get(id(facts))
+        if ctx is None:
+            ctx = self._cache.context(facts, host)
+            if rule_key(facts) is not None:
+                self._contexts[id(facts)] = ctx
+        self._hosts[host] = (facts, scheduler, ctx)
 
     def verdict(self, wave_size: int | None = None) -> FleetVerdict:
         """The fleet verdict over the hosts added; call once, after the last host."""
@@ -284,18 +282,32 @@ class FleetFold:
         self._hosts, self._measured = {}, len(names)
         decision = ct.decide([row[2] for row in kept])
         cache = self._cache
+        # Hosts sharing facts and context (a node kind), for the fleet checks that read each once.
+        groups: dict[tuple[int, int], _Group] = {}
+        tally = _Tally()
+        healthy = 0
+        statuses: Counter[str] = Counter()
+        facts_of: list[HostFacts] = []
         for name, (facts, scheduler, ctx) in zip(names, kept, strict=True):
+            facts_of.append(facts)
             findings, worst, of_kind = cache.run(facts, name, ctx, scheduler)
             status = status_of(worst)
             if ctx.unconfirmed:
                 unconfirmed |= ctx.unconfirmed
             evals.append(HostEval(name, facts, ctx, findings, status, scheduler, id(ctx) if of_kind else None))
+            group = groups.get((id(facts), id(ctx)))
+            if group is None:
+                group = groups[(id(facts), id(ctx))] = _Group(facts, ctx, findings)
+            group.hosts.append(name)
+            tally.add(findings, id(ctx) if of_kind else None)
+            statuses[status] += 1
+            if status in ("pass", "warn"):
+                healthy += ctx.gpu_count or 0
             # Built from the verdict's own typed values: validating them again would cost more than the
             # host's rules.
             hosts[name] = unchecked(
                 HostVerdict, host=name, status=status, reason=None, findings=findings,
                 driver_version=ctx.version, gpu_model=ctx.gpu_model, gpu_count=ctx.gpu_count)
-        del kept
         invalid = self.invalid
         for name in sorted(invalid):
             if name in unreachable or name in hosts:
@@ -305,24 +317,76 @@ class FleetFold:
                           fix=ct.fix["facts.schema"])
             hosts[name] = HostVerdict(host=name, status="fail", reason=None, findings=[bad])
             invalid_findings.append(bad)
+            statuses["fail"] += 1
         for name in sorted(unreachable):
             hosts[name] = HostVerdict(
                 host=name, status="unreachable", reason=unreachable[name], findings=[], driver_version=None,
                 gpu_model=None, gpu_count=None)
-        return _fleet_verdict(target, ct, decision, hosts, evals, invalid_findings, unconfirmed, unreachable,
-                              wave_size)
+        statuses["unreachable"] += len(unreachable)
+        del kept
+        return _fleet_verdict(target, ct, decision, hosts, evals, names, facts_of, list(groups.values()), tally,
+                              statuses, healthy, invalid_findings, unconfirmed, unreachable, wave_size)
+
+
+@dataclass(slots=True)
+class _Group:
+    """Hosts sharing one facts object and context (a node kind, or one host of no kind), by name."""
+
+    facts: HostFacts
+    ctx: HostContext
+    # The first host's findings: what the kind's rules found (a host's own findings come on top).
+    findings: list[Finding]
+    hosts: list[str] = field(default_factory=list)
+
+
+class _Tally:
+    """Findings by severity and of kind unknown: a host whose findings are exactly its node kind's
+    (HostEval.kind) counts by its kind, whose findings are read once and weighed by its hosts."""
+
+    __slots__ = ("kinds", "lists")
+
+    def __init__(self) -> None:
+        self.kinds: dict[int, list[Any]] = {}
+        self.lists: list[tuple[list[Finding], int]] = []
+
+    def add(self, findings: list[Finding], kind: int | None) -> None:
+        if kind is None:
+            if findings:
+                self.lists.append((findings, 1))
+            return
+        counted = self.kinds.get(kind)
+        if counted is None:
+            self.kinds[kind] = [findings, 1]
+        else:
+            counted[1] += 1
+
+    def counts(self, others: list[list[Finding]]) -> tuple[Counter[str], int, int]:
+        """(by severity, of kind unknown, unknown and blocking), with the findings of ``others``."""
+        by_sev: Counter[str] = Counter()
+        unknown = unknown_blocking = 0
+        for findings, n in [*self.lists, *((fs, n) for fs, n in self.kinds.values()), *((fs, 1) for fs in others)]:
+            for f in findings:
+                by_sev[f.severity] += n
+                if f.kind == "unknown":
+                    unknown += n
+                    if f.blocking:
+                        unknown_blocking += n
+        return by_sev, unknown, unknown_blocking
 
 
 def _fleet_verdict(
     target: Target, ct: CompiledTarget, decision: StrategyDecision, hosts: dict[str, HostVerdict],
-    evals: list[HostEval], invalid_findings: list[Finding], unconfirmed: set[str], unreachable: Mapping[str, str],
-    wave_size: int | None,
+    evals: list[HostEval], names: list[str], facts_of: list[HostFacts], groups: list[_Group], tally: _Tally,
+    statuses: Counter[str], healthy: int, invalid_findings: list[Finding], unconfirmed: set[str],
+    unreachable: Mapping[str, str], wave_size: int | None,
 ) -> FleetVerdict:
+    """``names`` the hosts judged in name order, ``facts_of`` their facts, ``evals`` their results;
+    ``statuses`` every host's status counted, ``healthy`` the GPUs of the hosts that pass or warn."""
     fl = _Fleet(ct)
     _strategy_findings(decision, target, fl)
-    _drift(evals, fl)
-    plan, changeable = build_plan(evals, list(unreachable), ct, wave_size)
-    interconnect = _all2all(evals, decision, target, fl)
+    _drift(groups, fl)
+    plan, repaired = build_plan(evals, list(unreachable), ct, wave_size)
+    interconnect = _all2all(zip(names, facts_of, strict=True), decision, target, fl)
     if invalid_findings:
         # Hosts without readable facts cannot be planned: they are blocked until re-audited.
         plan.blocked = sorted(
@@ -330,13 +394,12 @@ def _fleet_verdict(
                               for f in invalid_findings)],
             key=lambda b: b.host)
 
-    healthy = sum(e.ctx.gpu_count or 0 for e in evals if e.status in ("pass", "warn"))
-    after = healthy + sum(e.ctx.gpu_count or 0 for e in changeable if e.status not in ("pass", "warn"))
-    models = sorted({e.ctx.gpu_model for e in evals if e.ctx.gpu_model})
+    after = healthy + repaired
+    models = sorted({g.ctx.gpu_model for g in groups if g.ctx.gpu_model})
     need, basis = target.gpus.min_total(models, decision.strategy)
     if decision.derived and basis.startswith("strategy "):
         basis += ", derived from GPU memory"
-    if healthy < need and evals:  # with no host measured there is no capacity to judge
+    if healthy < need and groups:  # with no host measured there is no capacity to judge
         fl.add("fleet.capacity",
                f"{healthy} healthy GPUs, {need} required ({basis}); {after} after the planned driver change",
                {"gpus_healthy": healthy, "gpus_after_plan": after, "gpus_required": need, "basis": basis,
@@ -347,20 +410,16 @@ def _fleet_verdict(
                f"the verdict relied on unconfirmed CUDA driver matrix rows: {', '.join(sorted(unconfirmed))}",
                {"rows": sorted(unconfirmed)})
 
-    all_host = [f for e in evals for f in e.findings]
-    every = all_host + invalid_findings + fl.out
-    by_sev = Counter(f.severity for f in every)
-    unknown_blocking = sum(1 for f in every if f.kind == "unknown" and f.blocking)
-    statuses = Counter(h.status for h in hosts.values())
+    by_sev, unknown, unknown_blocking = tally.counts([invalid_findings, fl.out])
     summary = VerdictSummary(
         hosts=len(hosts), passed=statuses["pass"], warned=statuses["warn"], failed=statuses["fail"],
         unreachable=statuses["unreachable"],
         findings={s: by_sev.get(s, 0) for s in ("critical", "error", "warning", "info")},
-        unknown_findings=sum(1 for f in every if f.kind == "unknown"),
+        unknown_findings=unknown,
         gpus_healthy=healthy, gpus_after_plan=after, gpus_required=need,
         evidence_incomplete=unknown_blocking > 0,
     )
-    outcome, reasons = _outcome(evals, summary, need, basis, plan, fl.out)
+    outcome, reasons = _outcome(groups, summary, need, basis, plan, fl.out)
     reasons.append(f"strategy {decision.strategy} "
                    f"({'derived from GPU memory' if decision.derived else 'named by the target'}): {decision.reason}")
     return FleetVerdict(
@@ -370,12 +429,12 @@ def _fleet_verdict(
     )
 
 
-def _all2all(evals: list[HostEval], decision: StrategyDecision, target: Target, fl: _Fleet) -> InterconnectSummary:
+def _all2all(serving: Iterable[tuple[str, HostFacts]], decision: StrategyDecision, target: Target,
+             fl: _Fleet) -> InterconnectSummary:
     """The serving group's interconnect and the target's all-to-all backend judged against it
     (docs/facts.md section 15). The serving group is every audited host with readable facts: the
     inventory is the nodes the engine is meant to span, and a node the backend cannot run on must be
     repaired or taken out of that group, whatever else it fails."""
-    serving = [(e.host, e.facts) for e in evals]
     summary = all2all.summarise(serving, is_multi_node(decision.strategy), target.rdma.min_rate_gbps)
     backend, source = all2all.backend_of(target.serve.flags, target.serve.env)
     summary.backend, summary.backend_source = backend, source
@@ -414,24 +473,21 @@ def _strategy_findings(d: StrategyDecision, target: Target, fl: _Fleet) -> None:
 
 
 def _outcome(
-    evals: list[HostEval], s: VerdictSummary, need: int, basis: str, plan: ChangePlan, fleet_findings: list[Finding]
+    groups: list[_Group], s: VerdictSummary, need: int, basis: str, plan: ChangePlan, fleet_findings: list[Finding]
 ) -> tuple[Outcome, list[str]]:
     reasons: list[str] = []
-    if not evals:
+    if not groups:
         return "incomplete", [f"no host was measured ({s.unreachable} unreachable, {s.failed} without readable "
                               "facts): nothing can be judged; reach the hosts and audit again"]
     chain_ids: Counter[str] = Counter()
     n_chain = 0
     # Chain findings come from the rules hosts of one kind share (their context): read once per kind.
-    per_kind: dict[int, set[str]] = {}
-    for e in evals:
-        ids = per_kind.get(id(e.ctx))
-        if ids is None:
-            ids = per_kind[id(e.ctx)] = {f.check_id for f in e.findings if f.chain and f.kind == "fail"
-                                          and f.blocking}
+    for g in groups:
+        ids = {f.check_id for f in g.findings if f.chain and f.kind == "fail" and f.blocking}
         if ids:
-            n_chain += 1
-            chain_ids.update(ids)
+            n_chain += len(g.hosts)
+            for check_id in ids:
+                chain_ids[check_id] += len(g.hosts)
     if s.unreachable:
         reasons.append(f"{s.unreachable} host(s) unreachable: their GPUs are not counted")
     if s.gpus_after_plan < need:

@@ -125,7 +125,7 @@ class Intake:
 
     :meth:`facts` gives each host its own :class:`HostFacts` (what :func:`validate_facts` returns);
     :meth:`judged` gives what the verdict reads of a host: its node kind's facts and its own
-    scheduler section. Pure: the raw facts are never changed.
+    scheduler section. The raw facts read the same afterwards (see :func:`_content_key`).
     """
 
     __slots__ = ("_by_content", "_kinds", "_shared")
@@ -163,13 +163,14 @@ class Intake:
         content: tuple[str, bytes] | None = None
         driver = data.get("driver")
         try:
-            if type(driver) is dict and type(driver.get("gpus")) is list and _own_uuids_valid(driver):
-                own = HostOwnFacts.model_validate(data)
-                content = (own.schema_version, marshal.dumps((tuple(map(data.get, _SHARED_NAMES)),
-                                                              _without_uuids(driver))))
-                kind = self._by_content.get(content)
-                if kind is not None:
-                    return kind, own.scheduler
+            if type(driver) is dict and type(driver.get("gpus")) is list:
+                key = _content_key(data, driver)
+                if key is not None:
+                    own = HostOwnFacts.model_validate(data)
+                    content = (own.schema_version, key)
+                    kind = self._by_content.get(content)
+                    if kind is not None:
+                        return kind, own.scheduler
         except (ValidationError, ValueError, TypeError):
             # Invalid own fields, or values marshal cannot take: the paths below say which.
             content = None
@@ -212,17 +213,28 @@ def _driver_key(driver: Any) -> bytes | None:
     return marshal.dumps((rest, stripped))
 
 
-def _without_uuids(driver: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a driver section (its ``gpus`` a list) without the GPUs' UUIDs, for a content key."""
-    rest = driver.copy()
-    stripped = []
-    for g in driver["gpus"]:
-        if type(g) is dict and "uuid" in g:
-            g = g.copy()
-            del g["uuid"]
-        stripped.append(g)
-    rest["gpus"] = stripped
-    return rest
+def _content_key(data: Mapping[str, Any], driver: dict[str, Any]) -> bytes | None:
+    """The marshal bytes of a host's shared sections and driver section with every GPU's UUID read as
+    None (no host rule reads them); None when a UUID is neither a string nor absent.
+
+    The UUIDs are set to None in the facts themselves for the one marshal call and put back at once,
+    also when it fails: copying every GPU's dict to leave its UUID out costs a fifth of the key. Key
+    order is kept (a value is replaced, no key is added or removed), so the facts read the same after.
+    """
+    saved: list[tuple[dict[str, Any], Any]] = []
+    for gpu in driver["gpus"]:
+        if type(gpu) is dict and "uuid" in gpu:
+            uuid = gpu["uuid"]
+            if uuid is not None and type(uuid) is not str:
+                return None
+            saved.append((gpu, uuid))
+    try:
+        for gpu, _ in saved:
+            gpu["uuid"] = None
+        return marshal.dumps((tuple(map(data.get, _SHARED_NAMES)), driver))
+    finally:
+        for gpu, uuid in saved:
+            gpu["uuid"] = uuid
 
 
 _set = object.__setattr__
@@ -257,16 +269,6 @@ def _with_own_uuids(template: DriverFacts, driver: dict[str, Any]) -> DriverFact
         own.append(copy)
         changed = True
     return replaced(template, gpus=own) if changed else template
-
-
-def _own_uuids_valid(driver: dict[str, Any]) -> bool:
-    """Every GPU's UUID is a string or absent: all that can differ from its kind's validated driver."""
-    for entry in driver["gpus"]:
-        if type(entry) is dict:
-            uuid = entry.get("uuid")
-            if uuid is not None and type(uuid) is not str:
-                return False
-    return True
 
 
 def _validate_shared(

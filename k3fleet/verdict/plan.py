@@ -235,8 +235,9 @@ def _judge(ev: HostEval, scope: UpgradeScope, resolved: frozenset[str]) -> _Judg
 
 def build_plan(
     evals: Sequence[HostEval], unreachable: Sequence[str], ct: CompiledTarget, wave_size: int | None = None
-) -> tuple[ChangePlan, list[HostEval]]:
-    """The plan and the hosts it can change (canary first, then wave order)."""
+) -> tuple[ChangePlan, int]:
+    """The plan, and the GPUs of the hosts it can change that do not count as healthy today (failed
+    hosts the change repairs: they count after it)."""
     if wave_size is not None and wave_size < 1:
         raise ValueError(f"wave_size must be at least 1, got {wave_size}")
     t = ct.target
@@ -245,6 +246,7 @@ def build_plan(
     blocked: list[BlockedHost] = []
     # (item, host, problem warnings, all warnings)
     eligible: list[tuple[UpgradeItem, HostEval, int, int]] = []
+    repaired = 0
     memo: dict[_PkgKey, tuple[list[PackageChange], list[str]]] = {}
     fm_memo: dict[_FmKey, tuple[list[PackageChange], list[str]]] = {}
     # Hosts of one kind share their context: its profile text, and what its findings say for the
@@ -298,12 +300,25 @@ def build_plan(
                                        reasons=reasons))
         else:
             eligible.append((item, ev, problems, warns))
+            if ev.status not in ("pass", "warn"):
+                repaired += c.gpu_count or 0
 
     counts = Counter(i.profile for i in needs if i.scope == "driver")
     # Driver-change hosts first (the canary proves that change), then idle, then hosts without
-    # problem warnings (a canary's trouble should be the change's), then the commonest profile.
-    eligible.sort(key=lambda x: (x[0].scope != "driver", _idle_rank(x[0].idle), x[2] > 0,
-                                 -counts[x[0].profile], x[0].profile, x[3], x[0].host))
+    # problem warnings (a canary's trouble should be the change's), then the commonest profile, then
+    # by name. The hosts came in name order and a fleet has few distinct orderings of the rest: each
+    # host goes to its ordering's bucket and the buckets are sorted, which is the same order as
+    # sorting every host (and linear in hosts, where a sort of every host is not).
+    buckets: dict[tuple[bool, int, bool, int, str, int], list[tuple[UpgradeItem, HostEval, int, int]]] = {}
+    for x in eligible:
+        item = x[0]
+        order = (item.scope != "driver", _idle_rank(item.idle), x[2] > 0, -counts[item.profile], item.profile, x[3])
+        bucket = buckets.get(order)
+        if bucket is None:
+            buckets[order] = [x]
+        else:
+            bucket.append(x)
+    eligible = [x for order in sorted(buckets) for x in buckets[order]]
     plan = ChangePlan(
         target_branch=t.driver.branch, target_version=t.driver.target_version, needs_upgrade=needs,
         done=done, blocked=blocked, unreachable=sorted(unreachable),
@@ -312,12 +327,12 @@ def build_plan(
         plan.canary_note = (
             "no host needs the change" if not needs else
             f"all {len(needs)} hosts needing the change are blocked: fix their findings first")
-        return plan, []
+        return plan, 0
     pick = next((x for x in eligible if not x[1].ctx.gpus_in_use), None)
     if pick is None:
         plan.canary_note = (f"every one of the {len(eligible)} unblocked hosts has GPUs in use by processes "
                             "outside the scheduler: free one before the night, the canary must be idle")
-        return plan, [x[1] for x in eligible]
+        return plan, repaired
     eligible.remove(pick)
     eligible.insert(0, pick)
     item, _, problems, warns = pick
@@ -343,4 +358,4 @@ def build_plan(
     rest = [x[0].host for x in eligible[1:]]
     plan.wave_size = size
     plan.waves = [rest[i:i + size] for i in range(0, len(rest), size)]
-    return plan, [x[1] for x in eligible]
+    return plan, repaired

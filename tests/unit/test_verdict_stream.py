@@ -7,6 +7,7 @@ Timing and memory at fleet size are measured by scripts/bench_verdict.py (make b
 from __future__ import annotations
 
 import gc
+import json
 import random
 import tracemalloc
 import weakref
@@ -118,6 +119,17 @@ def test_a_host_named_twice_counts_with_its_later_facts() -> None:
     assert got.model_dump_json() == evaluate_fleet(facts, TARGET).model_dump_json()
     back = evaluate_stream(iter([("a", later), ("a", first)]), TARGET, freeze=False)
     assert [f.check_id for f in back.hosts["a"].findings] == ["facts.schema"]
+
+
+def test_the_stream_leaves_the_raw_facts_as_they_were() -> None:
+    raw = mixed_fleet()
+    odd = raw.pop("odd")
+    before = json.dumps(raw)
+    odd_gpus = [(list(g), g.get("uuid")) for g in odd["driver"]["gpus"]]
+    evaluate_stream(iter([*raw.items(), ("odd", odd)]), TARGET, freeze=False)
+    # Same keys in the same order, same values: the GPUs' UUIDs are back, also where the key failed.
+    assert json.dumps(raw) == before
+    assert [(list(g), g.get("uuid")) for g in odd["driver"]["gpus"]] == odd_gpus
 
 
 class _Facts(dict[str, Any]):
