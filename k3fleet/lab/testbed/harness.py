@@ -7,7 +7,8 @@
 What `up` builds (docs/architecture.md has the testbed's recipes and this kind of machine's quirks): per host a network
 namespace `k3tb-<i>` with a veth pair (169.254.77.(4i+1)/30 here, .(4i+2)/30 in the guest), an
 overlay writable layer over the cached Debian image, and a booted systemd-nspawn guest
-`tb-nodeNN` with sshd; munged + slurmctld + one slurmd per host on this machine; podman images.
+`tb-nodeNN` with sshd and podman (over this machine's image store, read-only); munged + slurmctld +
+one slurmd per host on this machine; podman images.
 Every long-running process is a child of one supervisor (see supervisor.py).
 
 Teardown (`down`, `leftovers`) lives in teardown.py.
@@ -33,6 +34,8 @@ from k3fleet.lab.testbed import image as image_mod
 from k3fleet.lab.testbed import podman, slurm
 from k3fleet.lab.testbed.errors import TestbedError
 from k3fleet.lab.testbed.state import (
+    GUEST_CONTAINERS,
+    GUEST_IMAGE_STORE,
     GUEST_PROCFS,
     GUEST_REPO_MOUNT,
     HOSTNAME_FORMAT,
@@ -294,7 +297,7 @@ def _mount_overlay(h: HostState) -> None:
     )
 
 
-def _guest_spec(h: HostState, repo: Path, tools: dict[str, str]) -> dict[str, Any]:
+def _guest_spec(h: HostState, repo: Path, tools: dict[str, str], image_store: Path) -> dict[str, Any]:
     return {
         "name": f"guest-{h.name}",
         "kind": "guest",
@@ -310,6 +313,11 @@ def _guest_spec(h: HostState, repo: Path, tools: dict[str, str]) -> dict[str, An
             "-D",
             str(h.overlay.merged),
             f"--bind-ro={repo}:{GUEST_REPO_MOUNT}",
+            # podman in the guest (image.py has its settings): the machine's images read-only, the
+            # guest's containers in memory, and the right to set up a container's own network.
+            f"--bind-ro={image_store}:{GUEST_IMAGE_STORE}",
+            f"--tmpfs={GUEST_CONTAINERS}:mode=0700",
+            "--capability=CAP_NET_ADMIN",
         ],
         "env": {},
         "ready_path": None,
@@ -344,8 +352,8 @@ def _inventory(state: TestbedState) -> dict[str, Any]:
                         "ansible_python_interpreter": "/usr/bin/python3",
                         "k3fleet_procfs": GUEST_PROCFS,
                         "k3fleet_slurm_conf": str(state.slurm.conf),
-                        # podman runs on this machine, not in the guests: a play that checks the
-                        # images on localhost passes this as its `environment`.
+                        # The images' store on this machine (the guests' podman reads it read-only):
+                        # a play that checks the images on localhost passes this as its `environment`.
                         "k3fleet_podman_env": podman_vars,
                     },
                 }
@@ -472,7 +480,8 @@ def _bring_up(state: TestbedState, layout: Layout, tools: dict[str, str], repo: 
 
     services = slurm.service_specs(slurm_state, tools)
     # Guests after munged/slurmctld are ready (a few hundred ms) and before the slurmds.
-    services[2:2] = [_guest_spec(h, repo_dir, tools) for h in state.hosts]
+    image_store = layout.podman_dir / "storage"
+    services[2:2] = [_guest_spec(h, repo_dir, tools, image_store) for h in state.hosts]
     spec = {
         "workdir": str(layout.workdir),
         "live_file": str(layout.supervisor_live),

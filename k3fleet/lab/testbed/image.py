@@ -20,12 +20,13 @@ from pathlib import Path
 
 from k3fleet.lab.common.proc import run
 from k3fleet.lab.testbed.errors import TestbedError
-from k3fleet.lab.testbed.state import GUEST_REPO_MOUNT
+from k3fleet.lab.testbed.state import GUEST_CONTAINERS, GUEST_IMAGE_STORE, GUEST_REPO_MOUNT
 
 SUITE = "bookworm"
 VARIANT = "minbase"
 # What the guests need: systemd as init, sshd for Ansible, python3 + python3-apt for Ansible's
-# apt modules, iproute2/procps/kmod for the collectors' commands. Nothing else: 2 cores are shared.
+# apt modules, iproute2/procps/kmod for the collectors' commands, podman for the serving image (the
+# change night's smoke, the container probe). Nothing else: 2 cores are shared.
 INCLUDE: tuple[str, ...] = (
     "python3",
     "python3-apt",
@@ -35,6 +36,13 @@ INCLUDE: tuple[str, ...] = (
     "iproute2",
     "procps",
     "kmod",
+    "podman",
+    # Inside a guest runc cannot make cgroups (systemd-nspawn mounts the v1 hierarchies read-only);
+    # crun runs containers without them.
+    "crun",
+    # debootstrap does not resolve the virtual container-network-stack that podman's containers-common
+    # needs; containers here only ever get --network host or none.
+    "netavark",
 )
 # Bump when the way the tarball is made changes, so old caches are not reused.
 IMAGE_FORMAT = 1
@@ -54,7 +62,65 @@ MASKED_UNITS: tuple[str, ...] = (
     "e2scrub_reap.service",
     "fstrim.timer",
     "systemd-tmpfiles-clean.timer",
+    # podman's API service and its timers: nothing in a guest talks to them.
+    "podman.service",
+    "podman.socket",
+    "podman-auto-update.service",
+    "podman-auto-update.timer",
 )
+
+# podman inside a guest (checked on this kind of machine in a systemd-nspawn guest): crun with cgroups
+# off (the v1 hierarchies are read-only in the guest), no session keyring (nspawn's seccomp filter
+# refuses keyctl), no default sysctls (/proc/sys is read-only), the fixed ulimits of the machine's own
+# podman, and logs and events in files, not the guest's journal.
+GUEST_CONTAINERS_CONF = """\
+# k3fleet testbed guest: podman inside systemd-nspawn.
+[containers]
+cgroups = "disabled"
+keyring = false
+default_sysctls = []
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+log_driver = "k8s-file"
+[engine]
+runtime = "crun"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+# The images come from the machine's store, mounted read-only; containers live in a tmpfs (overlay
+# layers cannot sit on the guest's own overlay root).
+GUEST_STORAGE_CONF = f"""\
+# k3fleet testbed guest: the machine's images read-only, this guest's containers in a tmpfs.
+[storage]
+driver = "overlay"
+graphroot = "{GUEST_CONTAINERS}/storage"
+runroot = "/run/containers/storage"
+[storage.options]
+additionalimagestores = ["{GUEST_IMAGE_STORE}"]
+"""
+# What `--device nvidia.com/gpu=all` gives a container, as `nvidia-ctk cdi generate` writes it for a
+# real driver (its libraries and device nodes): here the stand-in driver's state, its /proc view
+# (/run/nvidia-sim, written at boot by the loaded "kernel module") and its hardware file with the
+# testbed's serving fault knob (/etc/nvidia-sim). CDI 0.5.0 is what podman 4.3 reads.
+GUEST_CDI_SPEC = """\
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+  - name: all
+    containerEdits:
+      env:
+        - NVIDIA_VISIBLE_DEVICES=all
+containerEdits:
+  mounts:
+    - hostPath: /run/nvidia-sim
+      containerPath: /run/nvidia-sim
+      options: [ro, nosuid, nodev, rbind]
+    - hostPath: /etc/nvidia-sim
+      containerPath: /etc/nvidia-sim
+      options: [ro, nosuid, nodev, rbind]
+"""
+# Both directories the spec mounts exist from boot, driver packages or not (a missing source would
+# fail every GPU container, not only those on a node without a driver).
+GUEST_TMPFILES = "d /run/nvidia-sim 0755 root root -\n"
 
 SSHD_CONFIG = """\
 # k3fleet testbed: key-only root login; StrictModes off because the overlay's owners are the image's.
@@ -271,6 +337,14 @@ def prepare_image(rootfs: Path, *, public_key: str) -> None:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to("/dev/null")
+    # podman in the guests: its settings, the stand-in GPUs' CDI spec, and the mount points.
+    _write(rootfs / "etc" / "containers" / "containers.conf", GUEST_CONTAINERS_CONF)
+    _write(rootfs / "etc" / "containers" / "storage.conf", GUEST_STORAGE_CONF)
+    _write(rootfs / "etc" / "cdi" / "nvidia.yaml", GUEST_CDI_SPEC)
+    _write(rootfs / "usr" / "lib" / "tmpfiles.d" / "k3fleet-nvidia-sim.conf", GUEST_TMPFILES)
+    for mount_point in (GUEST_IMAGE_STORE, GUEST_CONTAINERS, "/etc/nvidia-sim"):
+        (rootfs / mount_point.lstrip("/")).mkdir(parents=True, exist_ok=True)
+
     # Each guest gets its own machine-id in its upper layer; an empty one here means "generate".
     _write(rootfs / "etc" / "machine-id", "")
 

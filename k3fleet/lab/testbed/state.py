@@ -23,6 +23,10 @@ ADDRESS_PREFIX = "169.254.77."
 MAX_HOSTS = 63
 GUEST_PROCFS = "/run/nvidia-sim/proc"
 GUEST_REPO_MOUNT = "/srv/k3fleet-repo"
+# The machine's podman image store, mounted read-only into every guest as an additional image store;
+# the guests' own store (containers, their layers) is a tmpfs at GUEST_CONTAINERS, new at every boot.
+GUEST_IMAGE_STORE = "/var/lib/k3fleet-images"
+GUEST_CONTAINERS = "/var/lib/containers"
 
 
 def host_address(index: int) -> str:
