@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.k3fleet-installed
 
 .PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict wheel-check clean testbed-down
-.PHONY: bench-ssh collection collection-check ee-check ssh-fleet-down
+.PHONY: bench-ssh collection collection-check ee-check ssh-fleet-down test-under-load
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ test: $(STAMP)
 	  echo "make test: installing Debian packages if missing (chromium, fonts-dejavu-core: scripts/report-deps.sh; K3FLEET_NO_SYSTEM_PACKAGES=1 skips)"; \
 	  bash scripts/report-deps.sh; fi
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -n auto --dist loadfile -m "not system and not serving" tests
+
+# make test three times in a row with every core kept busy (issue: tests that hold under load).
+test-under-load: $(STAMP)
+	bash scripts/test_under_load.sh --runs 3 --spinners 8
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
