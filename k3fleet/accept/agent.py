@@ -15,33 +15,33 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept import toolcheck
 from k3fleet.accept.client import (
     Endpoint,
     EndpointError,
     Exchange,
-    assemble_stream,
     body_lines,
     dumps_body,
     error_from_exception,
     model_card,
-    post_json,
-    stream_chat,
 )
+from k3fleet.accept.profile_cases import case_func, is_profile_case
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.accept.toolcheck import Expect, View
+from k3fleet.accept.turn import PROBE, SYSTEM, Ctx, RunOutcome
+from k3fleet.accept.turn import add_defect as _add
+from k3fleet.accept.turn import short as _short
+from k3fleet.accept.turn import turn as _turn
 from k3fleet.contracts import Severity
+from k3fleet.errors import UsageError
 from k3fleet.models.findings import Finding
 
-PROBE = "agent"
 Progress = Callable[[str], None]
 
 # --- tools the cases offer (fixed, so a run is comparable with the next) --------------------------
@@ -85,8 +85,6 @@ INCIDENT_SCHEMA: dict[str, Any] = {
                    "actions": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
     "required": ["node", "severity", "actions"], "additionalProperties": False}
 
-SYSTEM = "You are the on-call agent for a GPU serving fleet. Use the tools when asked; answer briefly."
-
 # Cases a go-live depends on; the rest are reported, not gating. Operators override with --critical.
 CRITICAL = ("one_required_arg", "nested_args", "call_then_result", "no_tool_turn", "invalid_args",
             "timeout_retry", "multi_turn", "streaming_deltas", "reasoning_contract")
@@ -118,90 +116,6 @@ class AgentOptions(BaseModel):
     # A time budget for the suite (accept all --budget): rounds of every case run until it is spent; the
     # first round always runs, so every case is judged on at least one run.
     time_budget_s: float | None = Field(default=None, gt=0)
-
-
-# Where structured outputs force the shape (tool_choice required or named, response_format), the server
-# constrains every token and a string argument runs until the grammar lets it close: such a case gets at
-# least this many tokens when --max-tokens is lower, so what is judged is what the model made of it.
-FORCED_ROOM = 256
-
-
-@dataclass
-class RunOutcome:
-    passed: bool
-    defects: dict[str, str] = field(default_factory=dict)  # defect -> layer
-    evidence: dict[str, str] = field(default_factory=dict)
-    reasoning_field: str | None = None
-    finish_reasons: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Ctx:
-    client: httpx.AsyncClient
-    endpoint: Endpoint
-    opts: AgentOptions
-    rec: Recorder
-
-    def body(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.endpoint.model, "messages": messages}
-        for key in ("temperature", "top_p", "max_tokens"):
-            val = getattr(self.opts, key)
-            if val is not None:
-                body[key] = val
-        choice = extra.get("tool_choice")
-        if "max_tokens" in body and ("response_format" in extra or choice == "required" or isinstance(choice, dict)):
-            body["max_tokens"] = max(body["max_tokens"], FORCED_ROOM)
-        body.update(extra)
-        body.update(self.opts.extra_body)
-        return body
-
-
-# --- one exchange, judged at both layers ----------------------------------------------------------
-async def _turn(ctx: Ctx, case: str, label: str, body: dict[str, Any], expect: Expect, *, stream: bool,
-                outcome: RunOutcome, headers: Mapping[str, str] | None = None) -> tuple[View | None, Exchange]:
-    if stream:
-        ex = await stream_chat(ctx.client, ctx.endpoint, body, probe=PROBE, label=f"{case}/{label}",
-                               timeout_s=ctx.opts.timeout_s, headers=headers)
-    else:
-        ex = await post_json(ctx.client, ctx.endpoint, "/v1/chat/completions", body, probe=PROBE,
-                             label=f"{case}/{label}", timeout_s=ctx.opts.timeout_s, headers=headers)
-    ctx.rec.exchange(ex)
-    if ex.error is not None:
-        _add(outcome, "malformed_response" if ex.error_kind == "bad_response" else "http_error", "http",
-             _short(ex.error))
-        return None, ex
-    if stream:
-        raw = toolcheck.raw_stream_view(assemble_stream(ex.chunks).model_dump())
-        sdk, sdk_err = toolcheck.sdk_stream_view(ex.chunks)
-    else:
-        raw_or_none = toolcheck.raw_view(ex.response)
-        if raw_or_none is None:
-            _add(outcome, "malformed_response", "http", _short(json.dumps(ex.response)))
-            return None, ex
-        raw = raw_or_none
-        sdk, sdk_err = toolcheck.sdk_view(ex.response)
-    raw_defects = toolcheck.classify(raw, expect)
-    for d, ev in raw_defects.items():
-        _add(outcome, d, "http", ev)
-    if sdk_err is not None:
-        _add(outcome, "sdk_error", "client", sdk_err)
-    elif sdk is not None:
-        for d, ev in toolcheck.classify(sdk, expect).items():
-            if d not in raw_defects:
-                _add(outcome, d, "client", ev)
-    outcome.reasoning_field = outcome.reasoning_field or raw.reasoning_field
-    outcome.finish_reasons.append(raw.finish_reason or "none")
-    return raw, ex
-
-
-def _add(outcome: RunOutcome, defect: str, layer: str, evidence: str) -> None:
-    outcome.defects.setdefault(defect, layer)
-    outcome.evidence.setdefault(defect, evidence)
-    outcome.passed = False
-
-
-def _short(text: str, n: int = 200) -> str:
-    return str(excerpt(text, n))
 
 
 def _assistant_msg(view: View) -> dict[str, Any]:
@@ -372,21 +286,15 @@ def case_function(name: str) -> Callable[[Ctx, RunOutcome], Awaitable[None]]:
     """A built-in case, else a production profile's (tool:<name>, schema:<name>, invalid_schema, multimodal)."""
     if name in CASE_FUNCS:
         return CASE_FUNCS[name]
-    from k3fleet.accept.profile_cases import case_func
-
     return case_func(name)
 
 
 # --- the suite ------------------------------------------------------------------------------------
 async def run_agent(endpoint: Endpoint, opts: AgentOptions | None = None, *, recorder: Recorder | None = None,
                     progress: Progress | None = None, client: httpx.AsyncClient | None = None) -> ProbeResult:
-    from k3fleet.accept.profile_cases import is_profile_case
-
     opts = opts or AgentOptions()
     unknown = [c for c in [*opts.cases, *opts.critical] if c not in CASE_FUNCS and not is_profile_case(c, opts)]
     if unknown:
-        from k3fleet.errors import UsageError
-
         raise UsageError(f"unknown agent case(s): {', '.join(unknown)} (known: {', '.join(CASES)})")
     rec = recorder if recorder is not None else Recorder()
     say = progress or (lambda _m: None)

@@ -9,7 +9,8 @@
   response_format whose schema is not a JSON Schema must be refused with a 4xx, never served or
   answered with a 5xx) and ``multimodal`` when the mix has image requests.
 
-The case functions are the suite's (k3fleet/accept/agent.py): same exchange, same two-layer judging.
+The case functions send their requests as the suite's do (k3fleet/accept/turn.py): same exchange,
+same two-layer judging.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
+from k3fleet.accept.client import post_json
+from k3fleet.accept.toolcheck import Expect
+from k3fleet.accept.turn import PROBE, SYSTEM, Ctx, RunOutcome, add_defect, short, turn
 from k3fleet.bounds import DURATIONS
+from k3fleet.evidence import layout
+from k3fleet.models.profile import profile_record
 
 if TYPE_CHECKING:
-    from k3fleet.accept.agent import AgentOptions, Ctx, RunOutcome
+    from k3fleet.accept.agent import AgentOptions
     from k3fleet.accept.load import LoadOptions
     from k3fleet.models.profile import LoadedProfile
 
@@ -51,7 +58,8 @@ def ramp_to(concurrency: int) -> list[int]:
 
 def load_options_from_profile(loaded: LoadedProfile, overrides: Mapping[str, Any] | None = None) -> LoadOptions:
     """The load schedule that tests the profile's envelope; ``overrides`` (``--load-option``) win."""
-    from k3fleet.accept.run import load_options
+    # lazy: the load probe (and aiohttp with it) loads only when a load schedule is asked for
+    from k3fleet.accept.load.options import load_options
 
     p = loaded.profile
     ladder = sorted({p.context_tokens.typical, p.context_tokens.p99, p.context_tokens.max})
@@ -112,44 +120,29 @@ def case_func(name: str) -> Callable[[Ctx, RunOutcome], Awaitable[None]]:
     return lambda ctx, out: _production_schema(ctx, out, schema)
 
 
-def _system() -> str:
-    from k3fleet.accept.agent import SYSTEM
-
-    return SYSTEM
-
-
 async def _production_tool(ctx: Ctx, out: RunOutcome, name: str) -> None:
-    from k3fleet.accept.agent import _turn
-    from k3fleet.accept.toolcheck import Expect
-
     fn = next(t for t in ctx.opts.profile_tools if t.get("name") == name)
     tools = [{"type": "function", "function": json.loads(json.dumps(t))} for t in ctx.opts.profile_tools]
-    msgs = [{"role": "system", "content": _system()},
+    msgs = [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"Call {name} once now, with arguments that satisfy its parameters "
                                         f"({fn.get('description') or 'production tool'})."}]
-    await _turn(ctx, TOOL_PREFIX + name, "call", ctx.body(msgs, tools=tools, tool_choice="auto"),
+    await turn(ctx, TOOL_PREFIX + name, "call", ctx.body(msgs, tools=tools, tool_choice="auto"),
                 Expect(calls=[name], schemas={name: fn.get("parameters") or {}}), stream=False, outcome=out)
 
 
 async def _production_schema(ctx: Ctx, out: RunOutcome, name: str) -> None:
-    from k3fleet.accept.agent import _turn
-    from k3fleet.accept.toolcheck import Expect
-
     schema = ctx.opts.profile_schemas[name]
-    msgs = [{"role": "system", "content": _system()},
+    msgs = [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"Answer as JSON in the {name} format: node gpu-017 lost its NVLink, "
                                         "severity sev2, actions: drain, open a ticket."}]
     fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-    await _turn(ctx, SCHEMA_PREFIX + name, "answer", ctx.body(msgs, response_format=fmt),
+    await turn(ctx, SCHEMA_PREFIX + name, "answer", ctx.body(msgs, response_format=fmt),
                 Expect(structured_schema=schema), stream=False, outcome=out)
 
 
 async def _invalid_schema(ctx: Ctx, out: RunOutcome) -> None:
     """An invalid response_format schema is the client's error: 400, not output and not a crash."""
-    from k3fleet.accept.agent import PROBE, _add, _short
-    from k3fleet.accept.client import post_json
-
-    msgs = [{"role": "system", "content": _system()},
+    msgs = [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": "Summarise the incident on gpu-017 as JSON."}]
     fmt = {"type": "json_schema", "json_schema": {"name": "broken", "schema": BROKEN_SCHEMA, "strict": True}}
     body = ctx.body(msgs, response_format=fmt)
@@ -157,32 +150,26 @@ async def _invalid_schema(ctx: Ctx, out: RunOutcome) -> None:
                          label=f"{INVALID_SCHEMA}/request", timeout_s=ctx.opts.timeout_s)
     ctx.rec.exchange(ex)
     if ex.status is None:
-        _add(out, "http_error", "http", _short(ex.error or "no answer"))
+        add_defect(out, "http_error", "http", short(ex.error or "no answer"))
     elif ex.status >= 500:
-        _add(out, "invalid_schema_server_error", "http", f"answered {ex.status}: {_short(ex.error or '')}")
+        add_defect(out, "invalid_schema_server_error", "http", f"answered {ex.status}: {short(ex.error or '')}")
     elif 200 <= ex.status < 300:
-        _add(out, "invalid_schema_accepted", "http", "an invalid response_format schema was served with status "
+        add_defect(out, "invalid_schema_accepted", "http", "an invalid response_format schema was served with status "
                                                      f"{ex.status}")
 
 
 async def _multimodal(ctx: Ctx, out: RunOutcome) -> None:
     """One text-and-image request, as the mix's multimodal share sends them: a text answer comes back."""
-    from k3fleet.accept.agent import _turn
-    from k3fleet.accept.toolcheck import Expect
-
     msgs: list[dict[str, Any]] = [
-            {"role": "system", "content": _system()},
+            {"role": "system", "content": SYSTEM},
             {"role": "user", "content": [{"type": "text", "text": "Describe this image in one sentence."},
                                          {"type": "image_url", "image_url": {"url": PIXEL_PNG}}]}]
-    await _turn(ctx, MULTIMODAL, "answer", ctx.body(msgs), Expect(content=True), stream=False, outcome=out)
+    await turn(ctx, MULTIMODAL, "answer", ctx.body(msgs), Expect(content=True), stream=False, outcome=out)
 
 
 def write_profile_evidence(rd: Any, loaded: LoadedProfile) -> None:
     """``profile.json`` (the envelope, tool and schema names with their JSON) and the files as given,
     under ``inputs/``: the decision reads the profile the run was tested against."""
-    from k3fleet.evidence import layout
-    from k3fleet.models.profile import profile_record
-
     rd.write_json(layout.PROFILE, profile_record(loaded))
     rd.write_text(layout.PROFILE_SOURCE, loaded.text)
     for i, (rel, text) in enumerate(sorted(loaded.files.items())):
@@ -190,7 +177,5 @@ def write_profile_evidence(rd: Any, loaded: LoadedProfile) -> None:
 
 
 def _safe_name(rel: str) -> str:
-    from pathlib import PurePath
-
     name = PurePath(rel).name or "file"
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)[:80]

@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from k3fleet.accept.client import Endpoint, EndpointError, preflight
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
 from k3fleet.bounds import read_input
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, UsageError
+from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE
 from k3fleet.evidence import REDACTED, RunDir, layout
 
 SCHEMA_VERSION = "1.0"
@@ -111,23 +109,6 @@ class _Evidence:
 
 def load_available() -> bool:
     return importlib.util.find_spec("k3fleet.accept.load") is not None
-
-
-def load_options(overrides: Mapping[str, Any]) -> Any:
-    """The load probe's options with the operator's overrides; bad ones are one usage line, found
-    before anything runs or is written."""
-    load_mod: Any = importlib.import_module("k3fleet.accept.load")
-    fields = load_mod.LoadOptions.model_fields
-    # The field names (step_s, max_duration_s); a dash is read as an underscore.
-    overrides = {str(k).replace("-", "_"): v for k, v in overrides.items()}
-    unknown = [k for k in overrides if k not in fields]
-    if unknown:
-        raise UsageError(f"--load-option {unknown[0]}: not a load option (one of {', '.join(fields)})")
-    try:
-        return load_mod.LoadOptions(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"--load-option {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc
 
 
 async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
@@ -236,7 +217,7 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
         load_mod: Any = importlib.import_module("k3fleet.accept.load") if load_available() else None
         load_opts = None
         if load_mod is not None and "load" not in opts.skip:
-            load_opts = opts.load_opts if opts.load_opts is not None else load_options(opts.load_overrides)
+            load_opts = opts.load_opts if opts.load_opts is not None else load_mod.load_options(opts.load_overrides)
         budget = Budget(opts.budget_s, time.monotonic())
         plan = budget.plan(opts, load_opts)
         summary["budget"] = {"budget_s": opts.budget_s, "plan": plan, "elapsed_s": {}}

@@ -7,8 +7,6 @@ registers itself on ``accept_app`` from its own module. Exit codes as the audit'
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -257,7 +255,7 @@ def accept_all(
 
     from k3fleet.accept.agent import AgentOptions
     from k3fleet.accept.prefix_cache import PrefixOptions
-    from k3fleet.accept.run import AllOptions, load_available, load_options, run_all
+    from k3fleet.accept.run import AllOptions, load_available, run_all
 
     known = ("prefix_cache", "agent", "load", "startup")
     bad = [p for p in skip or [] if p not in known]
@@ -282,6 +280,8 @@ def accept_all(
 
             load_opts = load_options_from_profile(loaded, overrides)
         else:
+            from k3fleet.accept.load.options import load_options
+
             load_options(overrides)
     from k3fleet.bounds import parse_seconds
     from k3fleet.change.interrupt import cancel_on_signals
@@ -372,8 +372,3 @@ def startup(
     result = run_startup(log, launch_command, target=load_target(target))
     print_result(result, as_json=as_json, lines=list(summary_lines(result)))
     raise typer.Exit(result.exit_code)
-
-
-# `accept load` lives in its own module (another owner); it hangs itself on accept_app when present.
-if importlib.util.find_spec("k3fleet.cli.accept_load") is not None:
-    importlib.import_module("k3fleet.cli.accept_load")

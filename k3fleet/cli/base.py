@@ -107,8 +107,8 @@ def _root(
 
 # Each command group registers itself on ``app`` when imported; a new group is one more name here,
 # and its top-level command names go into COMMAND_OWNERS.
-_COMMAND_MODULES = ("audit", "change", "lab", "accept", "sshfleet", "merge", "serve_vllm", "lab_vllm", "decide",
-                    "evidence")
+_COMMAND_MODULES = ("audit", "change", "lab", "accept", "accept_load", "sshfleet", "merge", "serve_vllm", "lab_vllm",
+                    "decide", "evidence")
 
 # Which modules define a top-level command: `k3fleet audit ...` imports only k3fleet.cli.audit, so a
 # command does not pay for the others' imports (the accept group's HTTP clients alone cost about
@@ -120,7 +120,8 @@ COMMAND_OWNERS: dict[str, tuple[str, ...]] = {
     "merge": ("merge",),
     **dict.fromkeys(("verify", "prune"), ("evidence",)),
     "lab": ("lab", "serve_vllm", "sshfleet", "lab_vllm"),
-    "accept": ("accept",),
+    # `accept load` is its own module, hung on the accept group (k3fleet.cli.accept_load).
+    "accept": ("accept", "accept_load"),
 }
 
 

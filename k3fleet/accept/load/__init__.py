@@ -21,7 +21,7 @@ bottleneck it measures.
 
 The run is split by what each part owns:
 
-    options.py    the schedule and its bounds (LoadOptions), the observer the CLI draws from
+    options.py    the schedule and its bounds (LoadOptions, load_options), the observer the CLI draws from
     shots.py      one Shot a request; the Tally of them, with the request / time / Ctrl-C bounds
     transport.py  the HTTP session (aiohttp) and the reading of a stream into a Shot
     monitor.py    /health and /metrics sampled through the run, restarts, raw pages for the run directory
@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from k3fleet.accept.load.constant import ConstantResult, run_constant
 from k3fleet.accept.load.monitor import SERVER_METRICS
-from k3fleet.accept.load.options import PHASES, LoadObserver, LoadOptions, Phase
+from k3fleet.accept.load.options import PHASES, LoadObserver, LoadOptions, Phase, load_options
 from k3fleet.accept.load.outcome import Outcome
 from k3fleet.accept.load.prompts import filler
 from k3fleet.accept.load.run import run_load
 from k3fleet.accept.load.shots import SERVER_KINDS, Shot, percentile
 
 __all__ = ["PHASES", "SERVER_KINDS", "SERVER_METRICS", "ConstantResult", "LoadObserver", "LoadOptions", "Outcome",
-           "Phase", "Shot", "filler", "percentile", "run_constant", "run_load"]
+           "Phase", "Shot", "filler", "load_options", "percentile", "run_constant", "run_load"]

@@ -1,13 +1,15 @@
-"""The load run's schedule and bounds (:class:`LoadOptions`) and what it reports while it goes."""
+"""The load run's schedule and bounds (:class:`LoadOptions`, :func:`load_options` from ``--load-option``) and
+what it reports while it goes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3fleet.bounds import DURATIONS
+from k3fleet.errors import UsageError
 
 Phase = Literal["long_input", "agent_ramp", "sustained"]
 PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained")
@@ -64,6 +66,22 @@ class LoadOptions(BaseModel):
         return {"max_context_tokens": max(self.ladder_tokens) if "long_input" in self.phases else None,
                 "max_concurrency": max(self.ramp) if "agent_ramp" in self.phases else self.sustained_concurrency,
                 "duration_s": self.sustained_s if "sustained" in self.phases else None}
+
+
+def load_options(overrides: Mapping[str, Any]) -> LoadOptions:
+    """The load probe's options with the operator's overrides (``--load-option``); bad ones are one usage
+    line, found before anything runs or is written."""
+    fields = LoadOptions.model_fields
+    # The field names (step_s, max_duration_s); a dash is read as an underscore.
+    overrides = {str(k).replace("-", "_"): v for k, v in overrides.items()}
+    unknown = [k for k in overrides if k not in fields]
+    if unknown:
+        raise UsageError(f"--load-option {unknown[0]}: not a load option (one of {', '.join(fields)})")
+    try:
+        return LoadOptions(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"--load-option {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc
 
 
 class LoadObserver:
