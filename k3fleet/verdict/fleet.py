@@ -282,8 +282,9 @@ class FleetFold:
         self._hosts, self._measured = {}, len(names)
         decision = ct.decide([row[2] for row in kept])
         cache = self._cache
-        # Hosts sharing facts and context (a node kind), for the fleet checks that read each once.
-        groups: dict[tuple[int, int], _Group] = {}
+        # Hosts sharing a context (a node kind, whose hosts share one facts object too), for the fleet
+        # checks that read each once.
+        groups: dict[int, _Group] = {}
         tally = _Tally()
         healthy = 0
         statuses: Counter[str] = Counter()
@@ -295,9 +296,9 @@ class FleetFold:
             if ctx.unconfirmed:
                 unconfirmed |= ctx.unconfirmed
             evals.append(HostEval(name, facts, ctx, findings, status, scheduler, id(ctx) if of_kind else None))
-            group = groups.get((id(facts), id(ctx)))
+            group = groups.get(id(ctx))
             if group is None:
-                group = groups[(id(facts), id(ctx))] = _Group(facts, ctx, findings)
+                group = groups[id(ctx)] = _Group(facts, ctx, findings)
             group.hosts.append(name)
             tally.add(findings, id(ctx) if of_kind else None)
             statuses[status] += 1
@@ -330,7 +331,7 @@ class FleetFold:
 
 @dataclass(slots=True)
 class _Group:
-    """Hosts sharing one facts object and context (a node kind, or one host of no kind), by name."""
+    """Hosts sharing one context and facts object (a node kind, or one host of no kind), by name."""
 
     facts: HostFacts
     ctx: HostContext

@@ -237,7 +237,7 @@ def build_plan(
     evals: Sequence[HostEval], unreachable: Sequence[str], ct: CompiledTarget, wave_size: int | None = None
 ) -> tuple[ChangePlan, int]:
     """The plan, and the GPUs of the hosts it can change that do not count as healthy today (failed
-    hosts the change repairs: they count after it)."""
+    hosts the change repairs: they count after it). ``evals`` come in host name order."""
     if wave_size is not None and wave_size < 1:
         raise ValueError(f"wave_size must be at least 1, got {wave_size}")
     t = ct.target
@@ -253,7 +253,7 @@ def build_plan(
     # plan, are worked out once.
     profiles: dict[int, str] = {}
     judgements: dict[tuple[int, str], _Judged] = {}
-    for ev in sorted(evals, key=lambda e: e.host):
+    for ev in evals:
         c = ev.ctx
         if c.version_t is None or c.branch is None:
             ids = sorted({f.check_id for f in ev.findings if f.blocking}) or ["driver.branch"]
