@@ -10,6 +10,8 @@ Rooms:
 - ``upgrade``: ``run_upgrade`` -> a fresh night (``night``: playbooks/change_night.yml -> run
   directory) or its continuation (``resume``).
 - ``resume``: ``upgrade --resume`` from the journal.
+- ``smoke``: the serving smoke as chosen (``--smoke/--no-smoke``, ``--launch-file``), recorded and
+  handed to the play as ``k3fleet_smoke``.
 - ``rollback``: ``run_rollback`` -> playbooks/rollback.yml, snapshots handed in from the journal.
 - ``timing``: where each host's time went, keyed on its journal stages.
 - ``journal``: the journal itself (format, tearing, replay); each run reads it once.

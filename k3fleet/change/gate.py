@@ -46,6 +46,10 @@ class UpgradeOptions:
     host_key_checking: bool = True
     runs_dir: Path = field(default_factory=lambda: Path("runs"))
     out: Path | None = None
+    # The serving smoke after each host's verification: None is the default (on for a night, as the
+    # night was started for a resume); launch_file replaces the audit's serve command.
+    smoke: bool | None = None
+    launch_file: Path | None = None
 
 
 class NothingToChange(UsageError):

@@ -38,6 +38,7 @@ from k3fleet.change.journal import Journal, read_journal, replay_journal, summar
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.record import ChangeRecord
+from k3fleet.change.smoke import smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
@@ -52,11 +53,13 @@ class ChangeResult:
     check: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # Lines the operator must read besides the outcome (a night without the serving smoke).
+    warnings: list[str] = field(default_factory=list)
     exit_code: int = EXIT_OK
     message: str = ""
 
 
-def change_timeouts(target: Any, opts: UpgradeOptions) -> dict[str, int]:
+def change_timeouts(target: Any, opts: UpgradeOptions, *, smoke: bool = True) -> dict[str, int]:
     """Every timeout of the night, in seconds, from the target (``change`` section) unless the
     command line says otherwise."""
     c = target.change
@@ -64,9 +67,12 @@ def change_timeouts(target: Any, opts: UpgradeOptions) -> dict[str, int]:
            "reboot": c.reboot_timeout_s, "fabricmanager_settle": c.fabricmanager_settle_s,
            "command": c.command_timeout_s,
            "audit_max_age": opts.audit_max_age if opts.audit_max_age is not None else c.audit_max_age_s,
-           "lease_ttl": c.lease_ttl_s}
-    # How long a host waits for a slot: one other host's whole change, with room for Ansible itself.
+           "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target)}
+    # How long a host waits for a slot: one other host's whole change (its serving smoke too: the
+    # server's start and two requests), with room for Ansible itself.
     out["slot_wait"] = out["drain"] + out["reboot"] + out["fabricmanager_settle"] + 10 * out["command"]
+    if smoke:
+        out["slot_wait"] += out["smoke_ready"] + 2 * out["smoke_request"]
     return {k: int(v) for k, v in out.items()}
 
 
@@ -112,6 +118,7 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
     from k3fleet.targets import load_target
 
     change_id, operator, max_arg, accept = validate_request(opts)
+    smoke = smoke_choice(opts)
     target = load_target(opts.target)
     # --check only simulates (apt-get -s): a lab host may be checked, never changed.
     (inventory_hosts if opts.check else refuse_simulated)(opts.inventory, opts.limit)
@@ -132,10 +139,10 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
         try:
             canary, waves = plan_batches(plan, opts.canary, opts.waves, accept, held)
         except NothingToChange as exc:
-            return _nothing(rd, opts, operator, plan, target_version, held, exc)
+            return _nothing(rd, opts, operator, plan, target_version, held, exc, smoke.model_dump(mode="json"))
         hosts = [canary] + [h for w in waves for h in w]
         serial = [1] + [len(w) for w in waves]
-        timeouts = change_timeouts(target, opts)
+        timeouts = change_timeouts(target, opts, smoke=smoke.enabled)
         record = ChangeRecord(
             change_id=change_id, operator=operator, target_version=target_version,
             target_branch=plan["target_branch"], canary=canary, waves=waves, with_waves=opts.waves, check=opts.check,
@@ -145,12 +152,12 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
             audit=str((rd.path / layout.gate_audit_dir() / layout.VERDICT).resolve()), inventory=str(opts.inventory),
             blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
             accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
-            timeouts=timeouts, image=target.image.ref)
+            timeouts=timeouts, image=target.image.ref, smoke=smoke)
         rd.write_json(layout.CHANGE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
         return execute(rd, record, opts, ev, hosts, layout.ansible_dir(), layout.events_file(), observer, cancel,
-                       journal=None, skipped=skipped)
+                       journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check))
 
 
 def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Sequence[int], *, audit_dir: Path,
@@ -180,6 +187,8 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_audit_max_age": record.audit_max_age,
         "k3fleet_resume": resume,
         "k3fleet_accepted_blocked": list(record.accepted_blocked),
+        # The serving smoke after each host's verification (null: none); the role never runs it in --check.
+        "k3fleet_smoke": smoke_extravar(record),
     }
     if snapshots:
         ev["k3fleet_snapshots"] = dict(snapshots)
@@ -187,11 +196,12 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
 
 
 def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str, Any], target_version: str,
-             held: Mapping[str, str], exc: NothingToChange) -> ChangeResult:
+             held: Mapping[str, str], exc: NothingToChange, smoke: Mapping[str, Any]) -> ChangeResult:
     """A second night over a done fleet changes nothing and says so (exit 0; 1 when hosts are blocked)."""
     change = {"change_id": opts.change_id, "operator": operator, "target_version": target_version,
               "target_branch": plan["target_branch"], "canary": None, "waves": [], "check": opts.check,
-              "done": plan.get("done") or [], "blocked": plan.get("blocked") or [], "held": dict(held)}
+              "done": plan.get("done") or [], "blocked": plan.get("blocked") or [], "held": dict(held),
+              "smoke": dict(smoke)}
     rd.write_json(layout.CHANGE, change)
     result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
     rd.write_json(layout.RUN, {"status": "nothing_to_do", "exit_code": result.exit_code, "message": result.message,
@@ -204,7 +214,7 @@ def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str,
 def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str, Any], hosts: Sequence[str],
             private: str, events_file: str, observer: Observer | None, cancel: threading.Event | None, *,
             journal: Journal | None, skipped: Mapping[str, str] | None = None,
-            report_hosts: Sequence[str] | None = None) -> ChangeResult:
+            report_hosts: Sequence[str] | None = None, warnings: Sequence[str] = ()) -> ChangeResult:
     """Run change_night.yml and sum it up. ``journal`` is the journal as read before the play (a
     resume); the play's own lines are added from its events, so the file is read once per run."""
     # What the night is planned from is fixed by a manifest as the play starts: a resume or a
@@ -216,7 +226,8 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
                             host_key_checking=opts.host_key_checking)
     rd.write_jsonl(events_file, play.events)
     change = record.model_dump(mode="json")
-    result = ChangeResult(run_dir=rd, change=change, play=play, skipped=dict(skipped or {}))
+    result = ChangeResult(run_dir=rd, change=change, play=play, skipped=dict(skipped or {}),
+                          warnings=list(warnings))
     if opts.check:
         result.check = check_reports(play, hosts)
         rd.write_json(layout.CHECK, result.check)
@@ -322,6 +333,9 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
         "hosts": result.hosts,
         "skipped": result.skipped,
         "journal_problems": result.problems,
+        # The serving smoke as the night ran it, and a warning when it skipped it.
+        "smoke": result.change.get("smoke"),
+        "warnings": result.warnings,
         "wall_s": round(play.wall_s, 3) if play is not None else 0.0,
         "controller_cpu_s": round(play.cpu_s, 3) if play is not None else 0.0,
         "ansible_stats": play.stats if play is not None else {},

@@ -37,6 +37,18 @@ class HostPlan(BaseModel):
     packages: list[PackagePlan]
 
 
+class SmokeChoice(BaseModel):
+    """The night's serving smoke as the operator chose it (docs/change-night.md "Serving smoke")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool
+    # The launch command file whose command the smoke runs instead of the audit's serve command:
+    # its absolute path on the controller and its sha256 when the night started.
+    launch_file: str | None = None
+    launch_file_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
 class ChangeRecord(BaseModel):
     """change.json: the night as planned."""
 
@@ -66,6 +78,8 @@ class ChangeRecord(BaseModel):
     hosts: dict[str, HostPlan] = Field(default_factory=dict)
     timeouts: dict[str, int] = Field(default_factory=dict)
     image: str | None = None
+    # None: a night recorded before the choice was (it ran without the controller's smoke).
+    smoke: SmokeChoice | None = None
 
 
 # What a change run writes after the manifest it takes before its play: the journal grows, the

@@ -28,6 +28,7 @@ from k3fleet.change.gate import (
 from k3fleet.change.journal import Journal, read_journal, replay_journal, resume_plan, summarize
 from k3fleet.change.night import ChangeResult, execute, extravars, finish, night_lock
 from k3fleet.change.record import load_change, verified
+from k3fleet.change.smoke import resumed_smoke, smoke_timeouts, smoke_warnings
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
 
@@ -48,6 +49,11 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
             raise UsageError(f"run {rd.path} is change {record.change_id}, not {change_id}")
         if record.canary is None or not record.hosts:
             raise UsageError(f"run {rd.path} planned no host: there is nothing to resume")
+        # The serving smoke as the night was started, unless --smoke / --no-smoke / --launch-file say
+        # otherwise (recorded in resume-N.json and run.json; change.json stays as the night wrote it).
+        record.smoke = resumed_smoke(opts, record.smoke)
+        for key, seconds in smoke_timeouts(target).items():
+            record.timeouts.setdefault(key, seconds)
         # A resume changes nodes like the night did: simulated lab hosts are refused here too.
         refuse_simulated(opts.inventory, ",".join(record.hosts))
         path = rd.path / layout.JOURNAL
@@ -110,12 +116,14 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
         serial = [len(b) for b in batches]
         rd.write_json(layout.resume_file(n), {"resumed_hosts": rp.resume, "pending": rp.pending, "done": rp.done,
                                            "skipped": skipped, "hosts": hosts, "serial": serial,
-                                           "operator": operator, "journal_problems": journal.problems})
+                                           "operator": operator, "journal_problems": journal.problems,
+                                           "smoke": record.smoke.model_dump(mode="json")})
         record.with_waves = with_waves
         ev = extravars(record, rd, hosts, serial, audit_dir=audit_dir, snapshots=rp.snapshots, resume=True,
                        operator=operator)
         result = execute(rd, record, opts, ev, hosts, layout.ansible_dir(layout.resume_tag(n)),
                          layout.events_file(layout.resume_tag(n)), observer,
-                         cancel, journal=journal, skipped=skipped, report_hosts=planned)
+                         cancel, journal=journal, skipped=skipped, report_hosts=planned,
+                         warnings=smoke_warnings(record.smoke, check=False))
         result.change.update(operator_resume=operator)
         return result

@@ -80,6 +80,16 @@ def print_change(console: Console, result: Any) -> None:
     console.print(table)
     for problem in result.problems:
         console.print(f"  journal: {safe_text(problem)}", markup=False)
+    _print_smoke(console, change)
+
+
+def _print_smoke(console: Console, change: dict[str, Any], when: str = "") -> None:
+    """The night's serving smoke choice, one line (the launch file's path is the operator's: text)."""
+    from k3fleet.change.smoke import describe
+
+    line = describe(change)
+    if line is not None:
+        console.print(line + when, markup=False)
 
 
 def print_check(console: Console, result: Any) -> None:
@@ -111,6 +121,7 @@ def print_check(console: Console, result: Any) -> None:
             console.print("  package transaction:")
             for line in lines:
                 console.print(f"    {safe_text(line)}", markup=False)
+    _print_smoke(console, change, " (after each host's verification; not started in --check)")
 
 
 @app.command("upgrade")
@@ -144,6 +155,14 @@ def upgrade(
         "--accept-finding", help="Check id (or pattern like 'rdma.*') that does not stop the driver change; it must "
                                  "name known checks and match a finding of the audit; repeat it. Recorded in the "
                                  "run directory.")] = None,
+    smoke: Annotated[bool | None, typer.Option(
+        "--smoke/--no-smoke",
+        help="After each host's verification, start the target's image with the serve command, wait until it is "
+             "ready and send one chat request; a failure rolls the host back (default: on; --resume: as the night "
+             "was started; never in --check). --no-smoke is recorded and warned about.")] = None,
+    launch_file: Annotated[Path | None, typer.Option(
+        "--launch-file", help="File with the command the smoke runs inside the image (vllm serve MODEL ...) instead "
+                              "of the audit's serve command.")] = None,
     no_host_key_checking: NoHostKeyChecking = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     out_dir: OutDir = None,
@@ -161,14 +180,17 @@ def upgrade(
                           forks=forks, failure_budget=failure_budget, max_unavailable=max_unavailable,
                           drain_timeout=drain_timeout, force=force, audit_max_age=audit_max_age, target=target,
                           accept_findings=list(accept_finding or []), host_key_checking=not no_host_key_checking,
-                          runs_dir=runs_dir, out=out_dir)
+                          runs_dir=runs_dir, out=out_dir, smoke=smoke, launch_file=launch_file)
     result = _run(run_upgrade, opts, quiet=quiet or as_json)
     if as_json:
-        _print_json(result, change=result.change, hosts=result.hosts, check=result.check, skipped=result.skipped)
+        _print_json(result, change=result.change, hosts=result.hosts, check=result.check, skipped=result.skipped,
+                    warnings=result.warnings)
     elif check:
         print_check(out, result)
     else:
         print_change(out, result)
+    for warning in result.warnings:
+        err.print(f"warning: {warning}", markup=False)
     _finish(result)
 
 

@@ -439,6 +439,11 @@ class ChangeSpec(_Strict):
     command_timeout_s: int = Field(default=20, gt=0, description="one collector command on a node")
     audit_max_age_s: int = Field(default=3600, gt=0, description="how long the gating audit stays fresh")
     lease_ttl_s: int = Field(default=14400, gt=0, description="how long a Kubernetes lease says it holds a node")
+    # The serving smoke after each host's verification (docs/change-night.md "Serving smoke").
+    smoke_ready_timeout_s: int = Field(default=1800, gt=0,
+                                       description="the smoke's server to answer /health after its container starts")
+    smoke_request_timeout_s: int = Field(default=120, gt=0,
+                                         description="each smoke request: /v1/models, then one chat completion")
 
 
 class ActiveTimeouts(_Strict):

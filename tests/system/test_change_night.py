@@ -14,7 +14,9 @@ Four guests, in an order that never needs a guest put back by an extra reboot:
    directory is refused by its lock.
 6. tb-node01/04: the happy path (canary + one wave, a job on the canary), then a second night and
    the playbook itself change nothing.
-Every test first puts its guests on the R575 packages, held and loaded.
+Every test first puts its guests on the R575 packages, held and loaded. Every night runs the serving
+smoke (on by default; tests/system/test_change_smoke.py is about it): a host that finishes journals a
+second `verifying` line, the smoke's.
 
 Timings (wall time per host, share spent in k3fleet itself) are printed, not asserted.
 """
@@ -50,9 +52,10 @@ OLD_NAMES = [p.split("=")[0] for p in OLD_PINS]
 NEW_NAMES = [p.split("=")[0] for p in NEW_PINS]
 # What the role holds: the metapackages; their exact-version dependencies pin the kernel module package.
 NEW_HELD = [n for n in NEW_NAMES if not n.startswith("nvidia-kernel-sim-")]
-HAPPY = ["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "returned"]
-# The guests have no InfiniBand and no container runtime inside: real findings for serving Kimi K3,
-# accepted here (as an operator would, recorded in change.json) because they do not stop a driver change.
+# The second "verifying" is the serving smoke's line: the stand-in image served one chat request in the guest.
+HAPPY = ["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "verifying", "returned"]
+# The guests have no InfiniBand, and podman without NVIDIA's container toolkit: real findings for serving
+# Kimi K3, accepted here (as an operator would, recorded in change.json) because they do not stop a driver change.
 ACCEPT = ["rdma.*", "container.*"]
 LAUNCHER = """
 import sys
@@ -496,7 +499,12 @@ def test_happy_path_canary_then_wave_with_a_job_on_the_canary(tb: testbed.Testbe
     drained = next(e for e in read_journal(result.run_dir.path / "journal.jsonl").entries
                    if e.host == "tb-node01" and e.stage == "drained")
     assert drained.detail["waited_s"] >= 5 and drained.detail["drained_by_us"] is True
+    entries = read_journal(result.run_dir.path / "journal.jsonl").entries
     for host in hosts:
+        smoke = [e.detail["smoke"] for e in entries if e.host == host and e.stage == "verifying"
+                 and isinstance(e.detail, dict) and "smoke" in e.detail]
+        assert len(smoke) == 1 and smoke[0]["ok"] is True and smoke[0]["removed"] is True, smoke
+        assert ssh(tb, host, "podman ps --all --format '{{.Names}}'").split() == []
         assert loaded(tb, host) == NEW
         assert ssh(tb, host, "systemctl is-active nvidia-fabricmanager").strip() == "active"
         assert ssh(tb, host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip() == NEW

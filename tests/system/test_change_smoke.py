@@ -2,11 +2,12 @@
 
 On the testbed: podman in the booted guests starts the stand-in Kimi K3 image (the k3fleet vLLM simulator
 behind `vllm serve`, k3fleet/lab/testbed/podman.py) with the audit's serve command, through the stand-in
-GPUs' CDI spec, after the real driver change and reboot:
+GPUs' CDI spec, after the real driver change and reboot. The smoke is on by default (`k3fleet upgrade`
+without --no-smoke), with the target's bounds (change.smoke_ready_timeout_s, smoke_request_timeout_s):
 1. tb-node01 alone: the smoke passes, its start-up log and answer are journaled, no container is left.
-2. tb-node02 (canary) and tb-node03 (wave): the canary's server is made to fail (the testbed's knob
-   /etc/nvidia-sim/serve-fault: `exit`), so the canary is rolled back to R575, left drained under the
-   change's lease, and the wave never starts.
+2. tb-node02 (canary) and tb-node03 (wave), the smoke's command from a launch file (--launch-file): the
+   canary's server is made to fail (the testbed's knob /etc/nvidia-sim/serve-fault: `exit`), so the
+   canary is rolled back to R575, left drained under the change's lease, and the wave never starts.
 
 On this machine's own podman (root, no guests): the role's smoke against every kind of server failure
 (it exits, answers 500, never becomes ready within the bound), each one a failed host whose container is
@@ -48,8 +49,6 @@ NEW_NAMES = [p.split("=")[0] for p in install_pins(NEW)]
 # No InfiniBand in the guests, and a container runtime without NVIDIA's toolkit: real findings for serving
 # Kimi K3 that do not stop a driver change (the operator accepts them, recorded in change.json).
 ACCEPT = ["rdma.*", "container.*"]
-# Seconds: the simulator starts in about one on an idle machine; these bound it on two busy cores.
-SMOKE = {"ready_timeout": 180, "request_timeout": 60}
 KNOB = "/etc/nvidia-sim/serve-fault"
 IMAGE = "vllm/vllm-openai:kimi-k3"
 
@@ -102,11 +101,10 @@ def tb(testbed_state: testbed.TestbedState) -> testbed.TestbedState:
 
 @pytest.fixture(scope="module")
 def inventory(tb: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The testbed inventory with the serving smoke asked for; Slurm's clients run on this machine."""
+    """The testbed inventory; Slurm's clients run on this machine. Nothing in it asks for the smoke: the
+    controller does, for every night."""
     data = yaml.safe_load(tb.inventory.read_text())
-    group = data["all"]["children"]["testbed"]["vars"]
-    group["k3fleet_slurm_client"] = "localhost"
-    group["k3fleet_smoke"] = SMOKE
+    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
     path = tmp_path_factory.mktemp("smoke") / "inventory.yml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -138,6 +136,11 @@ def test_smoke_passes_on_a_good_guest(tb: testbed.TestbedState, inventory: Path,
     rd = result.run_dir.path
     assert [e.stage for e in entries(rd, host)] == ["snapshot", "draining", "drained", "upgrading", "rebooting",
                                                      "verifying", "verifying", "returned"]
+    # The choice and the target's bounds, as recorded and as the play got them.
+    change = json.loads((rd / "change.json").read_text())
+    assert change["smoke"]["enabled"] is True and change["smoke"]["launch_file"] is None
+    assert (change["timeouts"]["smoke_ready"], change["timeouts"]["smoke_request"]) == (1800, 120)
+    assert json.loads((rd / "run.json").read_text())["warnings"] == []
     smoke = smoke_of(rd, host)
     assert smoke["ok"] is True and smoke["runtime"] == "podman" and smoke["image"] == IMAGE
     # The audit's serve command for the target (its flags), the stand-in GPUs, the node's loopback.
@@ -173,18 +176,27 @@ def test_failing_server_rolls_the_canary_back_and_stops_the_night(
     before = packages(tb, canary)
     # Kept across the night's reboots (the guest's own disk), read by the server through the CDI spec.
     ssh(tb, canary, f"echo exit > {KNOB}")
+    launch = tmp_path / "launch.sh"
+    launch.write_text("# one node of the recipe, a shorter context for the smoke\n"
+                      "VLLM_LOGGING_LEVEL=DEBUG vllm serve moonshotai/Kimi-K3 \\\n"
+                      "    --tensor-parallel-size 8 --max-model-len 4096\n")
     result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-SMOKE-FAIL", operator="grace",
                                         canary=canary, waves=True, limit=f"{canary},{wave}",
-                                        runs_dir=tmp_path / "runs", forks=2, accept_findings=ACCEPT),
+                                        runs_dir=tmp_path / "runs", forks=2, accept_findings=ACCEPT,
+                                        launch_file=launch),
                          ["k3fleet", "upgrade"])
     assert result.exit_code == 1, (result.message, result.hosts)
     rd = result.run_dir.path
+    assert json.loads((rd / "change.json").read_text())["smoke"]["launch_file"] == str(launch.resolve())
     assert [e.stage for e in entries(rd, canary)] == ["snapshot", "draining", "drained", "upgrading", "rebooting",
                                                        "verifying", "verifying", "failed", "rolled_back"]
     assert entries(rd, wave) == [], "the wave started after a failed canary"
     assert result.hosts[wave]["outcome"] == "not_started"
     smoke = smoke_of(rd, canary)
     assert smoke["ok"] is False and smoke["started"] is True and smoke["removed"] is True
+    # The launch file's command ran, its NAME=VALUE prefix as the server's environment.
+    assert "--env VLLM_LOGGING_LEVEL=DEBUG" in smoke["command"] and "--max-model-len 4096" in smoke["command"]
+    assert "--enable-prefix-caching" not in smoke["command"]
     assert smoke["ready"]["ready"] is False and smoke["ready"]["state"] == "exited (exit code 1)"
     assert smoke["ready"]["timed_out"] is False, "an exited server must end the wait, not the bound"
     assert any("testbed fault knob exit" in line for line in smoke["log_tail"]), smoke["log_tail"]
