@@ -289,20 +289,22 @@ class FleetFold:
         healthy = 0
         statuses: Counter[str] = Counter()
         facts_of: list[HostFacts] = []
+        run, add_eval, add_facts, tally_add = cache.run, evals.append, facts_of.append, tally.add
         for name, (facts, scheduler, ctx) in zip(names, kept, strict=True):
-            facts_of.append(facts)
-            findings, worst, of_kind = cache.run(facts, name, ctx, scheduler)
+            add_facts(facts)
+            findings, worst, of_kind = run(facts, name, ctx, scheduler)
             status = status_of(worst)
             if ctx.unconfirmed:
                 unconfirmed |= ctx.unconfirmed
-            evals.append(HostEval(name, facts, ctx, findings, status, scheduler, id(ctx) if of_kind else None))
-            group = groups.get(id(ctx))
+            kind = id(ctx)
+            add_eval(HostEval(name, facts, ctx, findings, status, scheduler, kind if of_kind else None))
+            group = groups.get(kind)
             if group is None:
-                group = groups[id(ctx)] = _Group(facts, ctx, findings)
+                group = groups[kind] = _Group(facts, ctx, findings)
             group.hosts.append(name)
-            tally.add(findings, id(ctx) if of_kind else None)
+            tally_add(findings, kind if of_kind else None)
             statuses[status] += 1
-            if status in ("pass", "warn"):
+            if status == "pass" or status == "warn":
                 healthy += ctx.gpu_count or 0
             # Built from the verdict's own typed values: validating them again would cost more than the
             # host's rules.

@@ -65,7 +65,8 @@ def decide_strategy(hosts: Iterable[tuple[str | None, int | None]], target: Targ
             models[model] = _Model(1, mib)
         else:
             m.hosts += 1
-            m.min_mib = min(m.min_mib, mib)
+            if mib < m.min_mib:
+                m.min_mib = mib
     unknown = 0
     for model, n in unknown_models.items():
         if model is not None and model in models:
