@@ -21,6 +21,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from k3fleet.accept import toolcheck
+from k3fleet.accept.agent_profile import case_func
 from k3fleet.accept.client import (
     Endpoint,
     EndpointError,
@@ -30,7 +31,7 @@ from k3fleet.accept.client import (
     error_from_exception,
     model_card,
 )
-from k3fleet.accept.profile_cases import case_func, is_profile_case
+from k3fleet.accept.profile_cases import is_profile_case
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.accept.toolcheck import Expect, View
@@ -341,6 +342,7 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
 async def _reference_client(ctx: Ctx, say: Progress) -> None:
     """One call through the official SDK's own HTTP path on the same endpoint: the reference client must
     work end to end before its reading of the raw bytes means anything."""
+    # lazy: the openai SDK is heavy; only the reference client's one call needs it
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient, OpenAIError
 
     say("agent: reference client (openai SDK) on the same endpoint")
