@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families as _parse_pr
 from pydantic import BaseModel, Field
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
+from k3fleet.accept.client import EndpointError, fetch
 from k3fleet.errors import IncompleteError
 
 OPENMETRICS_TYPE = "application/openmetrics-text"
@@ -324,8 +325,6 @@ async def scrape(client: httpx.AsyncClient, base_url: str, *, timeout_s: float |
     """GET ``/metrics`` and parse it; transport errors, non-200 answers, garbage, a page past its
     cap and a scrape past its deadline (``timeout_s``, default the client's, for the whole
     request) raise one-line :class:`MetricsError`."""
-    from k3fleet.accept.client import EndpointError, fetch
-
     url = metrics_url(base_url)
     deadline_s = timeout_s if timeout_s is not None else (client.timeout.read or 120.0)
     kwargs: dict[str, object] = {}

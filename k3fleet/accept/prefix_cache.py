@@ -20,10 +20,12 @@ import httpx
 from pydantic import BaseModel, Field
 
 from k3fleet.accept.client import Endpoint, Exchange, max_model_len_of, model_card, post_json, stream_chat
+from k3fleet.accept.metrics import MetricsError, delta, scrape
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.contracts import Severity
 from k3fleet.models.findings import Finding
+from k3fleet.targets import load_target
 
 PROBE = "prefix_cache"
 # Kimi K3's hybrid cache hits only on prefix_match_unit boundaries: 1536 tokens unless the server sets
@@ -141,8 +143,6 @@ def _usage(ex: Exchange) -> tuple[int | None, int | None]:
 
 async def _snapshot(client: httpx.AsyncClient, endpoint: Endpoint, window: str, rec: Recorder) -> tuple[
         Any, str | None]:
-    from k3fleet.accept.metrics import MetricsError, scrape
-
     try:
         snap = await scrape(client, endpoint.base_url)
     except MetricsError as exc:
@@ -152,8 +152,6 @@ async def _snapshot(client: httpx.AsyncClient, endpoint: Endpoint, window: str, 
 
 
 def _deltas(before: Any, after: Any, model: str) -> dict[str, float | None]:
-    from k3fleet.accept.metrics import delta
-
     if before is None or after is None:
         return {name: None for name in _WINDOW_METRICS}
     out = {name: delta(before, after, name, model) for name in _WINDOW_METRICS}
@@ -377,8 +375,6 @@ def _match_unit(cfg: Mapping[str, str] | None, opts: PrefixOptions, model: str) 
 
 
 def _is_target_model(model: str) -> bool:
-    from k3fleet.targets import load_target
-
     want = load_target(None).serve.model.rsplit("/", 1)[-1].lower()
     return model.rstrip("/").rsplit("/", 1)[-1].lower() == want
 

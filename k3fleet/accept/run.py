@@ -23,11 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.accept.client import Endpoint, EndpointError, preflight
+from k3fleet.accept.metrics import MetricsError, scrape
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
 from k3fleet.bounds import read_input
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE
 from k3fleet.evidence import REDACTED, RunDir, layout
+from k3fleet.evidence.privacy import without_bodies
+from k3fleet.targets import load_target
 
 SCHEMA_VERSION = "1.0"
 # Probes an acceptance run needs; startup joins them when a log is given. Absent means not proven.
@@ -148,7 +151,8 @@ def run_accept_load(endpoint: Endpoint, opts: Any, observer: Any, argv: Sequence
     profile they came from (kept as ``profile.json`` and ``inputs/``). When nothing was measured (the
     first request failed, a second Ctrl-C) accept.json still says what was attempted, and the error
     goes on."""
-    from k3fleet.accept.load import run_load  # the load probe can be left out of a build (load_available)
+    # lazy: the load probe can be left out of a build (load_available), and accept all runs without it
+    from k3fleet.accept.load import run_load
 
     rd = RunDir.create(runs_dir, "accept", safe_argv(argv), out=out)
     key = endpoint.api_key()
@@ -186,14 +190,12 @@ def _exit_code(results: Mapping[str, ProbeResult], summary: Mapping[str, Any]) -
 
 async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, Any],
                       results: dict[str, ProbeResult], rec: Recorder, ev: _Evidence, say: Progress) -> None:
+    # lazy: accept all's own probes; accept load, whose command imports this module, needs none of them
     from k3fleet.accept.agent import run_agent
-    from k3fleet.accept.metrics import MetricsError, scrape
     from k3fleet.accept.prefix_cache import run_prefix_cache
+    from k3fleet.accept.startup import run_startup
 
     if opts.log is not None and "startup" not in opts.skip:
-        from k3fleet.accept.startup import run_startup
-        from k3fleet.targets import load_target
-
         say("startup: reading the start-up log")
         results["startup"] = run_startup(opts.log, opts.launch_command, target=load_target(opts.target))
         _copy_input(ev, opts.log, layout.STARTUP_LOG)
@@ -214,6 +216,7 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
                                      old_metric_names=snap.old_names())
         except MetricsError as exc:
             summary["server"]["metrics_error"] = str(exc)
+        # lazy: the load probe can be left out of a build (load_available)
         load_mod: Any = importlib.import_module("k3fleet.accept.load") if load_available() else None
         load_opts = None
         if load_mod is not None and "load" not in opts.skip:
@@ -402,11 +405,11 @@ def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeRes
                     ev.jsonl(layout.load_rows(part), [r for r in rows if isinstance(r, Mapping)])
     for probe, rows in rec.exchanges.items():
         if opts.no_bodies:
-            from k3fleet.evidence.privacy import without_bodies
-
             rows = [without_bodies(r) for r in rows]
         ev.jsonl(layout.requests_file(probe), rows)
     if opts.profile is not None:
+        # lazy: only a --profile run needs the profile model, kept off the CLI's start-up path (the
+        # accept load command imports this module)
         from k3fleet.accept.profile_cases import write_profile_evidence
 
         write_profile_evidence(ev.rd, opts.profile)

@@ -122,7 +122,7 @@ def raw_stream_view(assembled: Mapping[str, Any]) -> View:
 
 def sdk_view(body: Any) -> tuple[View | None, str | None]:
     """The reference client's reading of a non-streamed body: ``(view, error)``."""
-    from openai.types.chat import ChatCompletion
+    from openai.types.chat import ChatCompletion  # lazy: the openai SDK is heavy (triage reads without it)
 
     try:
         completion = ChatCompletion.model_validate(body)
@@ -138,6 +138,7 @@ def sdk_view(body: Any) -> tuple[View | None, str | None]:
 
 def sdk_stream_view(chunks: Iterable[Any]) -> tuple[View | None, str | None]:
     """The reference client's reading of a stream, through the SDK's own chunk accumulator."""
+    # lazy: the openai SDK is heavy (triage reads without it)
     from openai import OpenAIError
     from openai.lib.streaming.chat import ChatCompletionStreamState
     from openai.types.chat import ChatCompletionChunk

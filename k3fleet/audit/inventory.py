@@ -152,7 +152,7 @@ def _state(inventory: Path) -> tuple[int, ...]:
 @lru_cache(maxsize=16)
 def _load(inventory: Path, _stamp: tuple[int, ...], limit: str | None) -> Inventory:
     hosts, manager, loader = _hosts(inventory, limit)
-    from ansible.vars.manager import VariableManager
+    from ansible.vars.manager import VariableManager  # lazy: Ansible is heavy, kept off the CLI's start-up path
 
     vm = VariableManager(loader=loader, inventory=manager)
     problems: list[str] = []
@@ -206,6 +206,7 @@ def refuse_simulated(inventory: Path, limit: str | None = None) -> list[str]:
 
 
 def _hosts(inventory: Path, limit: str | None) -> tuple[list[Any], Any, Any]:
+    # lazy: Ansible is heavy, kept off the CLI's start-up path (this module is on it)
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader

@@ -31,12 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.audit.runner import RESULT_KEY
+from k3fleet.audit.run import AuditResult
+from k3fleet.audit.runner import RESULT_KEY, PlayResult
 from k3fleet.bounds import read_bounded, read_input
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader, RunRecord
 from k3fleet.models.facts import SCHEMA_VERSION
+from k3fleet.report import markdown
+from k3fleet.targets import load_target
+from k3fleet.verdict import evaluate_fleet, validate_facts
 
 # What the audit play publishes with set_stats (playbooks/audit.yml).
 ARTIFACT_KEY = "k3fleet_audit"
@@ -386,8 +390,6 @@ def merge_slices(slices: Sequence[Slice]) -> Merged:
 
 
 def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
-    from k3fleet.targets import load_target
-
     if target_path is not None:
         return load_target(target_path)
     recorded = [(sl.source, sl.target) for sl in slices if sl.target is not None]
@@ -414,11 +416,6 @@ class MergeResult:
 def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None = None,
               runs_dir: Path = Path("runs"), target: Path | None = None) -> MergeResult:
     """Read, verify and merge the slices; write one run directory with one verdict."""
-    from k3fleet.audit.run import AuditResult
-    from k3fleet.audit.runner import PlayResult
-    from k3fleet.report import markdown
-    from k3fleet.verdict import evaluate_fleet, validate_facts
-
     if not inputs:
         raise UsageError("give at least one audit run directory or ansible-runner artifact directory")
     slices = [sl for path in inputs for sl in read_slice(Path(path))]

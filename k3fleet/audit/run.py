@@ -14,6 +14,9 @@ from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.report import markdown
+from k3fleet.targets import load_target
+from k3fleet.verdict import evaluate_fleet, validate_facts
 
 
 @dataclass
@@ -73,8 +76,6 @@ class AuditResult:
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
         dict[str, HostFacts], dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
     """Split hosts into validated facts, unreachable (with why) and invalid evidence (with why)."""
-    from k3fleet.verdict import validate_facts
-
     raw = play.results_with_key()
     candidates: dict[str, Any] = {}
     unreachable: dict[str, str] = {}
@@ -107,13 +108,11 @@ def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
 
 def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None = None,
               cancel: threading.Event | None = None) -> AuditResult:
-    from k3fleet.targets import load_target
-    from k3fleet.verdict import evaluate_fleet
-
     target = load_target(opts.target)
     with tempfile.TemporaryDirectory(prefix="k3fleet-lab-") as labtmp:
         inventory = opts.inventory
         if opts.lab:
+            # lazy: the simulated lab fleet and its renderer load only for a --lab audit
             from k3fleet.lab.fleet import generate_fleet, load_fleet
 
             spec = load_fleet(opts.inventory)
@@ -160,8 +159,6 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
 
 
 def _write_outputs(result: AuditResult, target: Any) -> None:
-    from k3fleet.report import markdown
-
     rd, v, play = result.run_dir, result.verdict, result.play
     rd.write_json(layout.VERDICT, v.model_dump(mode="json"))
     rd.write_json(layout.RUN, {

@@ -13,6 +13,7 @@ inventory turns checking off, and that choice is recorded in command.json.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,15 +24,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from k3fleet.audit.inventory import load_inventory
 from k3fleet.errors import UsageError
+from k3fleet.evidence import COMMAND, RunDir
 from k3fleet.evidence.redact import redact_text
 from k3fleet.paths import collections_path, data_dir
-
-if TYPE_CHECKING:
-    from k3fleet.evidence import RunDir
 
 RESULT_KEY = "k3fleet"
 
@@ -274,7 +273,7 @@ def run_playbook(
     nothing. ``host_key_checking`` given as False turns checking off for every host (a recorded
     choice); an inventory's ``k3fleet_host_key_checking`` set to false turns it off for its hosts.
     """
-    import ansible_runner.interface  # heavy import kept off the CLI's start-up path
+    import ansible_runner.interface  # lazy: heavy, kept off the CLI's start-up path
 
     observer = observer or Observer()
     pb = playbook_path(playbook)
@@ -387,8 +386,6 @@ def _sweep_private_dirs() -> None:
 def _argv_evidence(argv: Sequence[str], private: str) -> list[str]:
     """ansible-playbook's command line as evidence: the private directory named, not pathed, and
     extra vars by name only (their values are the run's own files: change.json, snapshots/)."""
-    import json
-
     out: list[str] = []
     for i, arg in enumerate(argv):
         if i > 0 and argv[i - 1] in ("-e", "--extra-vars") and arg.lstrip().startswith("{"):
@@ -404,8 +401,6 @@ def _argv_evidence(argv: Sequence[str], private: str) -> list[str]:
 
 def _evidence_dir(artifacts_to: RunDir | Path | None, name: str) -> tuple[RunDir, str] | None:
     """The run directory and the relative folder a play's evidence goes to."""
-    from k3fleet.evidence import COMMAND, RunDir
-
     if artifacts_to is None:
         return None
     if isinstance(artifacts_to, RunDir):
@@ -422,8 +417,6 @@ def _evidence_dir(artifacts_to: RunDir | Path | None, name: str) -> tuple[RunDir
 def _record_host_keys(rd: RunDir, play: str, checking: bool, opt_outs: Mapping[str, str]) -> None:
     """Write the host-key policy of this play into the run's command.json (an explicit, kept
     choice), under the play's evidence folder: a resumed night adds its own entry."""
-    from k3fleet.evidence import COMMAND
-
     if not (rd.path / COMMAND).is_file():
         return
     recorded = rd.read_object(COMMAND).get("host_key_checking")
@@ -442,8 +435,6 @@ def _unchecked_overlay(private: Path, opt_outs: Mapping[str, str]) -> Path:
     Per-host ssh arguments beat the environment's, so only these hosts connect unchecked (and
     through their own control sockets); ssh is what checks the key, Ansible only passes the option.
     """
-    import json
-
     hostvars = {h: {"ansible_ssh_args": _SSH_UNCHECKED, "ansible_control_path_dir": _UNCHECKED_CONTROL_DIR}
                 for h in sorted(opt_outs)}
     path = private / "k3fleet-unchecked-hosts.yml"

@@ -229,6 +229,7 @@ def host_plans(plan: Mapping[str, Any], hosts: Sequence[str], target_version: st
 def fresh_audit(opts: UpgradeOptions, argv: Sequence[str], dest: Path, limit: str | None,
                 observer: Observer | None, cancel: threading.Event | None) -> Any:
     """Audit the hosts again (same inventory, target and forks) into ``dest``; its result, or UsageError."""
+    # lazy: the audit flow (verdict rules, reports) stays off the CLI's start-up path, which imports this package
     from k3fleet.audit.run import AuditOptions, run_audit
 
     audit = run_audit(AuditOptions(inventory=opts.inventory, limit=limit, forks=opts.forks, target=opts.target,

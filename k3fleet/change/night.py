@@ -42,6 +42,7 @@ from k3fleet.change.smoke import smoke_choice, smoke_extravar, smoke_timeouts, s
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
+from k3fleet.targets import load_target
 
 
 @dataclass
@@ -100,6 +101,8 @@ def night_lock(opts: UpgradeOptions, kind: str, change_id: str | None, operator:
 
 def validate_request(opts: UpgradeOptions) -> tuple[str, str, str | None, list[str]]:
     """Everything about the command line that can be refused before anything runs."""
+    # lazy: the check catalogue imports the verdict rules, which `k3fleet upgrade --help` and the
+    # other commands whose modules import this one do not need
     from k3fleet.verdict.catalogue import CHECKS
 
     change_id = validate_change_id(opts.change_id)
@@ -115,8 +118,6 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
               cancel: threading.Event | None = None) -> ChangeResult:
     """A fresh change night (``k3fleet.change.upgrade.run_upgrade`` sends ``--resume`` elsewhere).
     Never raises for host failures: they are in the result, the journal and the exit code."""
-    from k3fleet.targets import load_target
-
     change_id, operator, max_arg, accept = validate_request(opts)
     smoke = smoke_choice(opts)
     target = load_target(opts.target)

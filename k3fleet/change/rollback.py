@@ -34,6 +34,7 @@ from k3fleet.change.record import verified
 from k3fleet.change.timing import ChangeRecorder
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
+from k3fleet.targets import load_target
 
 
 @dataclass
@@ -148,8 +149,6 @@ def rollback_sources(opts: RollbackOptions) -> tuple[list[Source], dict[str, str
 
 def run_rollback(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None = None,
                  cancel: threading.Event | None = None) -> RollbackResult:
-    from k3fleet.targets import load_target
-
     operator = validate_operator(opts.operator) if opts.operator else None
     target = load_target(opts.target)
     c = target.change

@@ -14,6 +14,7 @@
 such as Typer's test runner).
 """
 
+# lazy: `import k3fleet.cli` loads only base; the command modules load when ``app`` is asked for.
 from __future__ import annotations
 
 from typing import Any

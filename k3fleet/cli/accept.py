@@ -4,6 +4,8 @@ Commands: ``startup`` (a start-up log), ``prefix-cache``, ``prefix-lint``, ``age
 registers itself on ``accept_app`` from its own module. Exit codes as the audit's (docs/acceptance.md).
 """
 
+# lazy: a command imports its flow inside its function, so the CLI's start-up and the other commands
+# do not load it (k3fleet/cli/base.py COMMAND_OWNERS).
 from __future__ import annotations
 
 import asyncio

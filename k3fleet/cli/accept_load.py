@@ -6,6 +6,8 @@ the options and shows the progress. The first Ctrl-C stops the run and writes wh
 (exit 3); a second aborts.
 """
 
+# lazy: a command imports its flow inside its function, so the CLI's start-up and the other commands
+# do not load it (k3fleet/cli/base.py COMMAND_OWNERS).
 from __future__ import annotations
 
 import sys

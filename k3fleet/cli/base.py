@@ -4,6 +4,8 @@ Exit codes: 0 pass / go, 1 checks failed / no-go, 2 usage or bad input,
 3 hosts unreachable or evidence incomplete. Progress goes to stderr, results to stdout.
 """
 
+# lazy: `import k3fleet.cli` loads only this module; what printing, error mapping and clean-up need (the
+# escapes, the lab's and the target's errors, the run directory) is imported where it is used.
 from __future__ import annotations
 
 import json as jsonlib

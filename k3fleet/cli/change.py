@@ -6,6 +6,8 @@ to stdout. Exit codes: 0 every host done, 1 a host failed (and was rolled back),
 3 interrupted or unreachable (resume or roll back).
 """
 
+# lazy: a command imports its flow inside its function, so the CLI's start-up and the other commands
+# do not load it (k3fleet/cli/base.py COMMAND_OWNERS).
 from __future__ import annotations
 
 import json

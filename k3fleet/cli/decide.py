@@ -4,6 +4,8 @@ Exit codes as everywhere: 0 go / intact and signed by an allowed signer, 1 no-go
 fails, 2 usage or bad input, 3 evidence missing, tampered, incomplete or unsigned (docs/decision.md).
 """
 
+# lazy: a command imports its flow inside its function, so the CLI's start-up and the other commands
+# do not load it (k3fleet/cli/base.py COMMAND_OWNERS).
 from __future__ import annotations
 
 import json

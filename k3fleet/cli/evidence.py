@@ -1,6 +1,8 @@
 """`k3fleet verify` (a run directory against its manifest, docs/safety.md "Verify") and `k3fleet prune` (old run
 directories out, the evidence of accepted decisions kept: docs/safety.md "Evidence privacy")."""
 
+# lazy: a command imports its flow inside its function, so the CLI's start-up and the other commands
+# do not load it (k3fleet/cli/base.py COMMAND_OWNERS).
 from __future__ import annotations
 
 import json

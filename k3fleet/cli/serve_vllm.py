@@ -1,5 +1,7 @@
 """`k3fleet lab serve-vllm`: the vLLM-compatible simulator as a foreground server."""
 
+# lazy: a command imports its flow inside its function, so the CLI's start-up and the other commands
+# do not load it (k3fleet/cli/base.py COMMAND_OWNERS).
 from __future__ import annotations
 
 import asyncio

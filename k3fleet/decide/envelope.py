@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from k3fleet.decide.models import DataProtectionBrief, EvidenceSummary, LoadEvidence, ProfileBrief, Ref
+from k3fleet.models.profile import profile_record
 
 # Agent case names a production profile adds (k3fleet/accept/profile_cases.py).
 TOOL_PREFIX = "tool:"
@@ -92,8 +93,6 @@ def traffic_baseline(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 def profile_brief(loaded: Any, ref: Ref | None) -> ProfileBrief:
     """A :class:`k3fleet.models.profile.LoadedProfile` as the decision keeps it."""
-    from k3fleet.models.profile import profile_record
-
     p = loaded.profile
     return ProfileBrief(name=p.name, concurrency=p.concurrency, context_typical=p.context_tokens.typical,
                         context_p99=p.context_tokens.p99, context_max=p.context_tokens.max, sustained_s=p.sustained_s,

@@ -14,8 +14,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from k3fleet.accept.profile_cases import write_profile_evidence
 from k3fleet.bounds import read_input
-from k3fleet.decide.checklist import ITEM_IDS
+from k3fleet.decide.checklist import ITEM_IDS, image_repository
+from k3fleet.decide.envelope import profile_brief
 from k3fleet.decide.models import (
     AcceptEvidence,
     AuditEvidence,
@@ -32,6 +34,7 @@ from k3fleet.decide.models import (
 )
 from k3fleet.decide.package import write_package
 from k3fleet.decide.readers import (
+    curve_points,
     merge_accept,
     open_run,
     read_accept,
@@ -44,9 +47,13 @@ from k3fleet.decide.readers import (
 from k3fleet.decide.rules import decide
 from k3fleet.decide.signing import SigningKey, signing_key
 from k3fleet.errors import UsageError
-from k3fleet.evidence import RunDir, layout
+from k3fleet.evidence import RunDir, layout, sha256_file
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.writer import check_output, is_stdout
+from k3fleet.models.profile import load_profile
+from k3fleet.report.decision_md import render_markdown
+from k3fleet.report.view import decision_view
+from k3fleet.targets import load_target
 
 
 @dataclass
@@ -195,8 +202,6 @@ def _newest(items: Sequence[Any]) -> Any:
 
 
 def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> EvidenceSummary:
-    from k3fleet.targets import load_target
-
     if opts.target is not None:
         target = target_brief(load_target(opts.target))
     elif src.targets:
@@ -208,9 +213,6 @@ def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> Eviden
     build = load_build(opts.build_file) if opts.build_file else None
     profile = None
     if opts.profile is not None:
-        from k3fleet.decide.envelope import profile_brief
-        from k3fleet.models.profile import load_profile
-
         profile = profile_brief(load_profile(opts.profile), Ref(run="decision", file=layout.PROFILE_SOURCE))
     summary = EvidenceSummary(
         runs=src.runs, target=target, audit=_newest(src.audits), change=_newest(src.changes),
@@ -227,8 +229,6 @@ def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> Eviden
 
 def _refuse_mixed_tracks(s: EvidenceSummary, src: Sources) -> None:
     """Official-image and custom-build results are separate tracks: never decided together."""
-    from k3fleet.decide.checklist import image_repository
-
     repos: dict[str, list[str]] = {}
     for acc in src.accepts:
         if acc.startup is not None and acc.startup.image:
@@ -244,9 +244,6 @@ def _jsonable(model: BaseModel) -> Any:
 
 
 def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
-    from k3fleet.report.decision_md import render_markdown
-    from k3fleet.report.view import decision_view
-
     if not opts.runs:
         raise UsageError("give at least one run directory (audit, change, accept or triage)")
     if not opts.reviewer or not opts.reviewer.strip():
@@ -277,9 +274,6 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
     if opts.target is not None:
         rd.copy_input(opts.target, layout.TARGET_SOURCE)
     if opts.profile is not None:
-        from k3fleet.accept.profile_cases import write_profile_evidence
-        from k3fleet.models.profile import load_profile
-
         write_profile_evidence(rd, load_profile(opts.profile))
     rd.write_json(layout.SUMMARY, _jsonable(summary))
     rd.write_json(layout.CHECKLIST, [_jsonable(i) for i in decision.checklist])
@@ -312,7 +306,6 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
     }
     write_package(archive, rd.path.name, rd.path, [(lbl, p) for lbl, p in src.paths.items()], meta, mtime=now,
                   sign=key, force=opts.force, inputs=[*archive_inputs, rd.path])
-    from k3fleet.evidence import sha256_file
 
     return DecideResult(decision=decision, summary=summary, run_dir=rd, archive=archive,
                         archive_sha256=sha256_file(archive), signer=key)
@@ -320,8 +313,6 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
 
 def _curves(src: Sources) -> list[dict[str, Any]]:
     """The load curves of the acceptance run whose load probe the decision used (for the reports)."""
-    from k3fleet.decide.readers import curve_points
-
     merged = merge_accept(src.accepts)
     if merged is None or merged.load is None:
         return []

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from k3fleet import __version__
 from k3fleet.bounds import open_tar
+from k3fleet.decide.signing import verify_signature
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError
 from k3fleet.evidence import is_secret_name, layout
 from k3fleet.evidence.layout import PACKAGE_MANIFEST, PACKAGE_SIGNATURE
@@ -281,7 +282,6 @@ def _check_signature(res: PackageCheck, signed: bytes | None, signature: bytes |
     if allowed_signers is None:
         res.signature = UNCHECKED
         return
-    from k3fleet.decide.signing import verify_signature
 
     check = verify_signature(signed, signature, allowed_signers)
     res.signer = check

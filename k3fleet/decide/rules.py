@@ -22,6 +22,7 @@ from k3fleet.decide.checklist import (
     is_custom,
     startup_of,
     topology_problems,
+    triage_outside_audit,
     world_size,
 )
 from k3fleet.decide.envelope import envelope_gaps, tested_text, unproven
@@ -516,7 +517,6 @@ def decide(summary: EvidenceSummary) -> Decision:
                               evidence=[r for i in items for r in i.evidence][:1]))
     approved = not blocked and outcome in ("go_live", "observe_with_limits")
     exit_code = EXIT_OK if approved else EXIT_FAILED if definite else EXIT_INCOMPLETE
-    from k3fleet.decide.checklist import triage_outside_audit
 
     warnings = triage_outside_audit(summary)
     run_sha = summary.accept.profile_sha256 if summary.accept else None

@@ -52,15 +52,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from pydantic import BaseModel, Field, ValidationError
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
-from k3fleet.bounds import check_seconds, parse_seconds
+from k3fleet.accept.agent import CASES, AgentOptions, run_agent
+from k3fleet.accept.client import Endpoint, EndpointError, fetch
+from k3fleet.accept.metrics import MetricsError, scrape
+from k3fleet.accept.startup import NCCL_ERROR
+from k3fleet.bounds import check_seconds, parse_seconds, read_input
 from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError
-from k3fleet.evidence import RunDir, layout
+from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
+from k3fleet.models.facts import HostFacts
+from k3fleet.targets import load_target
+from k3fleet.triage import Capture, build_facts
+from k3fleet.verdict import evaluate_host
 
 TRIGGERS = ("process_restart_or_oom", "queue_beyond_envelope", "queue_growth", "cache_hit_regression",
             "schema_invalid_tool_calls", "node_errors")
@@ -346,18 +356,10 @@ def judge_node_log(text: str, since: _dt.datetime | None, host: str = "node") ->
     """(errors, notes) on a node's kernel log or journal since the approval: its Xid lines judged by the
     audit's ``gpu.xid`` verdict (error and critical fire; a warning, often the application's own fault,
     is a note) and NCCL errors by the start-up analyser's pattern."""
-    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
-    from k3fleet.accept.startup import NCCL_ERROR
-
     kept = lines_since(text, since)
     errors: list[str] = []
     notes: list[str] = []
     if parse_xid_lines(kept):
-        from k3fleet.models.facts import HostFacts
-        from k3fleet.targets import load_target
-        from k3fleet.triage import Capture, build_facts
-        from k3fleet.verdict import evaluate_host
-
         facts = build_facts(host, [Capture(path=Path(host), name=host, kind="kernel_log", text=kept, sha256="")])
         for f in evaluate_host(HostFacts.model_validate(facts), load_target(None)):
             if f.check_id == "gpu.xid" and f.kind == "fail":
@@ -426,8 +428,6 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
 
 def _decision_dir_package(path: Path) -> Path:
     """The evidence package of a decision run directory that matches its manifest."""
-    from k3fleet.evidence import verify_run
-
     if not (path / layout.COMMAND).is_file():
         raise UsageError(f"--baseline {path} is not a k3fleet run directory")
     kind = RunReader(path).kind
@@ -464,8 +464,6 @@ def _trusted_package(package: Path, allowed_signers: Path, label: Path) -> Packa
 def _same_decision(run_dir: Path, package: Path, check: PackageCheck) -> None:
     """The run directory is the one the package signs: its manifest (which covers every file in it,
     verify_run checked) is byte for byte the package's ``decision/manifest.json``."""
-    from k3fleet.evidence import sha256_file
-
     files = (check.manifest or {}).get("files") or []
     member = layout.package_member(layout.MANIFEST)
     signed = next((f.get("sha256") for f in files if isinstance(f, dict) and f.get("path") == member), None)
@@ -526,10 +524,6 @@ class WatchResult:
 
 
 async def _health(client: Any, base: str, timeout: float) -> tuple[int | None, str | None]:
-    import httpx
-
-    from k3fleet.accept.client import EndpointError, fetch
-
     try:
         # Bounded like every probe request: one deadline for the whole answer, a cap on its body.
         resp = await fetch(client, "GET", f"{base}/health", shown="/health", kind="completion", deadline_s=timeout,
@@ -542,8 +536,6 @@ async def _health(client: Any, base: str, timeout: float) -> tuple[int | None, s
 
 
 async def _agent_sample(endpoint: Any, cases: Sequence[str], client: Any) -> dict[str, str]:
-    from k3fleet.accept.agent import AgentOptions, run_agent
-
     result = await run_agent(endpoint, AgentOptions(repeats=1, concurrency=1, cases=list(cases),
                                                     critical=list(cases)), client=client)
     out: dict[str, str] = {}
@@ -594,8 +586,6 @@ class _NodeLogs:
         self.seen: dict[Path, tuple[float, int, list[str], list[str]]] = {}
 
     def read(self) -> tuple[list[str], list[str]]:
-        from k3fleet.bounds import read_input
-
         errors: list[str] = []
         notes: list[str] = []
         for p in self.paths:
@@ -616,9 +606,6 @@ class _NodeLogs:
 
 async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, Any],
                  on_sample: Callable[[Sample, list[Trigger]], None]) -> WatchResult:
-    from k3fleet.accept.client import Endpoint
-    from k3fleet.accept.metrics import MetricsError, scrape
-
     model = opts.model or baseline.model
     if not model:
         raise UsageError("the baseline names no model: give --model")
@@ -753,8 +740,6 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
 
 
 def _agent_case_names() -> tuple[str, ...]:
-    from k3fleet.accept.agent import CASES
-
     return tuple(CASES)
 
 

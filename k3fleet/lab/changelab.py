@@ -27,6 +27,8 @@ from typing import Any
 import yaml
 
 from k3fleet.errors import UsageError
+from k3fleet.lab.fleet import generate_fleet, load_fleet
+from k3fleet.lab.standin import build_repo, install_pins
 
 DATA = Path(__file__).resolve().parent / "changelab_data"
 SCONTROL_NODE01 = DATA / "scontrol_node01_allocated.txt"
@@ -82,8 +84,6 @@ def make_apt_sandbox(sb: Path, repo: Path) -> dict[str, str]:
     Returns the environment that points apt and dpkg at it (APT_CONFIG, DPKG_ADMINDIR); the play
     gets a minimal environment, so a caller passes these on by name in K3FLEET_PASS_ENV (PASS_ENV).
     """
-    from k3fleet.lab.standin import install_pins
-
     for d in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "var/lib/apt/lists/partial",
               "var/cache/apt/archives/partial", "dpkg/info", "dpkg/updates"):
         (sb / d).mkdir(parents=True)
@@ -147,8 +147,6 @@ def prepare(work: Path, *, calls: Path | None = None) -> ChangeLab:
     if missing:
         raise ChangeLabError(f"the lab's change night needs {', '.join(missing)} (Debian packages: "
                              f"{' '.join(DEBIAN_PACKAGES)})")
-    from k3fleet.lab.fleet import generate_fleet, load_fleet
-    from k3fleet.lab.standin import build_repo
 
     env = {**make_apt_sandbox(work / "apt", build_repo(work / "repo")), "K3FLEET_PASS_ENV": PASS_ENV}
     lab_inv = generate_fleet(load_fleet(None), work / "lab")

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
+from k3fleet.lab import changelab
+from k3fleet.paths import data_dir
 from k3fleet.report.escapes import safe_text
 
 DATA = Path(__file__).resolve().parent / "demo_data"
@@ -114,8 +116,6 @@ def _claim(work: Path) -> None:
 
 def _after_change_fleet() -> Path:
     """The canary and its neighbour after the change night: R580, holding the accepted image."""
-    from k3fleet.paths import data_dir
-
     return data_dir("inventories/lab/after-change.yaml")
 
 
@@ -174,8 +174,6 @@ def _keys(demo: Demo) -> tuple[Path, Path]:
 
 def run_demo(work: Path) -> int:
     """Run the whole path in ``work``; 0 when every step ended as the lab means it to."""
-    from k3fleet.lab import changelab
-
     work = work.resolve()
     _claim(work)
     demo = Demo(work)

@@ -31,6 +31,7 @@ from k3fleet.lab.profile import FleetSpec, LabHost, LabProfileError, load_fleet_
 from k3fleet.lab.render import HostImage, ProfileRenderer, Recording
 from k3fleet.lab.replay import REPLAY_DIR, Store, recording_files, replay_script
 from k3fleet.paths import data_dir
+from k3fleet.targets import load_target
 
 __all__ = ["FleetSpec", "LabFleetError", "LabProfileError", "default_image", "generate_fleet", "load_fleet"]
 
@@ -39,7 +40,6 @@ __all__ = ["FleetSpec", "LabFleetError", "LabProfileError", "default_image", "ge
 def default_image() -> str:
     """The serving image the lab's recordings are made for: the default target's ``image.ref``
     (the one place the image is named)."""
-    from k3fleet.targets import load_target
     return load_target().image.ref
 MARKER = "k3fleet-lab.json"
 INVENTORY = "inventory.yml"

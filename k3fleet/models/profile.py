@@ -13,11 +13,16 @@ and its schema checked, so a profile that loads is one the probes can run.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from k3fleet.bounds import read_input
+from k3fleet.errors import UsageError
 
 PROFILE_VERSION = "1.0"
 MAX_CONCURRENCY = 4096  # the load probe's own bound
@@ -171,9 +176,6 @@ def _validation_line(label: str, exc: ValidationError) -> str:
 
 
 def _read_text(path: Path, what: str) -> str:
-    from k3fleet.bounds import read_input
-    from k3fleet.errors import UsageError
-
     raw = read_input(path, what, kind="a YAML or JSON file", limit="record")
     try:
         return raw.decode("utf-8")
@@ -182,10 +184,6 @@ def _read_text(path: Path, what: str) -> str:
 
 
 def _parse(text: str, path: Path, what: str) -> Any:
-    import yaml
-
-    from k3fleet.errors import UsageError
-
     try:
         return yaml.safe_load(text)  # JSON is YAML
     except yaml.YAMLError as exc:
@@ -195,10 +193,9 @@ def _parse(text: str, path: Path, what: str) -> Any:
 
 
 def _check_schema(schema: Any, where: str) -> dict[str, Any]:
+    # lazy: jsonschema is heavy; decide and report read profile records without it
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
-
-    from k3fleet.errors import UsageError
 
     if not isinstance(schema, dict):
         raise UsageError(f"{where}: a JSON Schema is an object")
@@ -211,8 +208,6 @@ def _check_schema(schema: Any, where: str) -> dict[str, Any]:
 
 
 def _tools_of(data: Any, where: str) -> list[dict[str, Any]]:
-    from k3fleet.errors import UsageError
-
     items = data.get("tools") if isinstance(data, dict) and "tools" in data else data
     if isinstance(items, dict):
         items = [items]
@@ -237,7 +232,6 @@ def _schema_of(data: Any, file: str, where: str) -> tuple[str, dict[str, Any]]:
         name, schema = data["name"].strip(), data["schema"]
     else:
         name, schema = Path(file).stem, data
-    from k3fleet.errors import UsageError
 
     if not name or len(name) > 64 or not all(ch.isalnum() or ch in "_-" for ch in name):
         raise UsageError(f"{where}: schema name {name[:64]!r}: 1-64 letters, digits, _ or -")
@@ -246,8 +240,6 @@ def _schema_of(data: Any, file: str, where: str) -> tuple[str, dict[str, Any]]:
 
 def load_profile(path: Path) -> LoadedProfile:
     """Read, validate and resolve a profile; every problem is one UsageError line naming the file and field."""
-    from k3fleet.errors import UsageError
-
     text = _read_text(path, "profile")
     data = _parse(text, path, "profile")
     if not isinstance(data, dict):
@@ -292,6 +284,4 @@ def profile_record(loaded: LoadedProfile) -> dict[str, Any]:
 
 
 def _sha256(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -19,6 +19,7 @@ renderer escapes it for its own format with the functions here:
 
 from __future__ import annotations
 
+import html
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ def safe_text(text: object, *, one_line: bool = True) -> str:
 
 def safe_markup(text: object, *, one_line: bool = True) -> str:
     """``safe_text`` with Rich markup escaped: for a value inside a string printed with markup on."""
-    from rich.markup import escape
+    from rich.markup import escape  # lazy: Rich only for the terminal (the file renderers use this module)
 
     return escape(safe_text(text, one_line=one_line))
 
@@ -75,9 +76,7 @@ def safe_markdown(text: object, *, cell: bool = False, code: bool = False) -> st
 
 def safe_html(text: object, quote: bool = True) -> str:
     """``safe_text`` (lines kept) HTML-escaped: for element text and quoted attribute values."""
-    from html import escape
-
-    return escape(safe_text(text, one_line=False), quote=quote)
+    return html.escape(safe_text(text, one_line=False), quote=quote)
 
 
 def safe_json(data: Any) -> Any:
@@ -94,6 +93,7 @@ def safe_rich_text(text: Text) -> Text:
     Secrets and control characters are found in the whole text, so one split by styles cannot
     hide them: when cleaning each styled piece alone would not give the clean whole, the clean
     whole is printed without its styles."""
+    # lazy: Rich only for the terminal (the file renderers use this module)
     from rich.text import Span
     from rich.text import Text as RichText
 

@@ -5,6 +5,9 @@ textfile collector never reads half a file."""
 from __future__ import annotations
 
 from k3fleet.errors import UsageError
+from k3fleet.report.decision_md import render_markdown
+from k3fleet.report.html import render_html
+from k3fleet.report.junit import render_junit
 from k3fleet.report.view import ReportView
 
 FORMATS = ("md", "html", "junit", "prom")
@@ -12,18 +15,13 @@ FORMATS = ("md", "html", "junit", "prom")
 
 def render(view: ReportView, fmt: str) -> str:
     if fmt == "md":
-        from k3fleet.report.decision_md import render_markdown
-
         return render_markdown(view)
     if fmt == "html":
-        from k3fleet.report.html import render_html
-
         return render_html(view)
     if fmt == "junit":
-        from k3fleet.report.junit import render_junit
-
         return render_junit(view)
     if fmt == "prom":
+        # lazy: prometheus_client is heavy and only this format needs it
         from k3fleet.report.prom import render_prom
 
         return render_prom(view)

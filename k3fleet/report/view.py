@@ -16,6 +16,7 @@ from typing import Any, Literal
 from k3fleet.contracts import finding_status
 from k3fleet.models.facts import Gpu, HostFacts
 from k3fleet.models.findings import Finding
+from k3fleet.verdict import CHECKS
 
 CheckStatus = Literal["pass", "warn", "fail", "error", "skipped"]
 # Worst first: a heat-map cell, a folded row and a host take the worst status of what they hold.
@@ -182,8 +183,6 @@ def with_run(view: ReportView, run: str, started_at: str | None) -> ReportView:
 def audit_checks(hosts: Iterable[tuple[str, str, str | None]], findings: Sequence[dict[str, Any]],
                  ) -> list[CheckRow]:
     """Every host-scope check on every host, plus fleet findings: (host, status, unreachable reason)."""
-    from k3fleet.verdict import CHECKS
-
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for f in findings:
         by.setdefault((f.get("host") or "fleet", f["check_id"]), []).append(f)
@@ -237,8 +236,6 @@ def finding_rows(findings: Iterable[Finding]) -> list[FindingRow]:
 
 def heat_map(hosts: Iterable[tuple[str, str]], findings: Iterable[Finding]) -> HeatMap:
     """Hosts (name, status) x the host-scope check groups of the catalogue."""
-    from k3fleet.verdict import CHECKS
-
     groups = sorted({check_group(c.id) for c in CHECKS.values() if c.scope == "host"})
     cell: dict[tuple[str, str], list[str]] = {}
     for f in findings:

@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from k3fleet.bounds import read_input
+from k3fleet.errors import UsageError
 from k3fleet.models.target import CudaDriverMatrix, Target, TargetConflict
 
 DEFAULT_TARGET = "kimi-k3.yaml"
@@ -77,9 +79,6 @@ def _from_validation(label: str, exc: ValidationError) -> TargetError:
 
 
 def _read_yaml(label: str, path: Path) -> dict[str, Any]:
-    from k3fleet.bounds import read_input
-    from k3fleet.errors import UsageError
-
     try:
         text = read_input(path, "", kind="a target file", limit="record").decode("utf-8")
     except UsageError as exc:

@@ -11,20 +11,33 @@ evidence and is marked so when it enters ``decide`` (docs/decision.md "Triage").
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.bounds import read_input
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import classify_probe_failure
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import versions_match
+from k3fleet.accept.result import finding
+from k3fleet.accept.startup import analyse_startup
+from k3fleet.bounds import cap_bytes, limit_hint, read_input
 from k3fleet.contracts import Severity
 from k3fleet.errors import UsageError
-from k3fleet.evidence import layout
+from k3fleet.evidence import RunDir, layout
+from k3fleet.evidence.reader import open_run
+from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
 from k3fleet.models.findings import Finding
+from k3fleet.report.decision_md import render_markdown
+from k3fleet.report.view import triage_view, with_run
+from k3fleet.targets import load_target
 from k3fleet.triage import adapters as ad
+from k3fleet.triage.record import parse_triage_record
+from k3fleet.verdict import evaluate_host
 
 NOT_CAPTURED = "not in the captured text"
 
@@ -118,7 +131,6 @@ def sniff(text: str) -> str | None:
         return "kernel_log"
     if _VLLM_LOG.search(text):
         return "vllm_startup"
-    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import classify_probe_failure
 
     if classify_probe_failure(text)[0] is not None:
         return "container_error"
@@ -189,10 +201,6 @@ STDIN = Path("-")
 
 def _read_stdin() -> bytes:
     """Standard input, bounded like a file (the capture cap): one line and exit 2 past it, or for binary data."""
-    import sys
-
-    from k3fleet.bounds import cap_bytes, limit_hint
-
     cap = cap_bytes("capture")
 
     stream = getattr(sys.stdin, "buffer", None)
@@ -232,8 +240,6 @@ def _not_captured() -> dict[str, Any]:
 
 def build_facts(host: str, captures: Sequence[Capture]) -> dict[str, Any]:
     """Host facts of the audit's schema from the captures; every section not captured says so."""
-    from k3fleet.models.facts import SCHEMA_VERSION
-
     facts: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "host": host}
     for section in ("driver", "packages", "fabricmanager", "rdma", "nccl", "container", "scheduler"):
         facts[section] = _not_captured()
@@ -290,8 +296,6 @@ def build_facts(host: str, captures: Sequence[Capture]) -> dict[str, Any]:
     if fm is not None:
         version = (drv.get("kernel_module") or {}).get("version") or drv.get("driver_version")
         if fm.get("version") and version and not fm.get("version_named_in_text"):
-            from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import versions_match
-
             fm["driver_version"] = version
             fm["version_matches_driver"] = versions_match(fm["version"], version)
         facts["fabricmanager"] = fm
@@ -324,10 +328,6 @@ def _file_of(check: str, captures: Sequence[Capture]) -> str:
 def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
            kinds: Sequence[str | None] = ()) -> TriageResult:
     """Read, sniff and judge every capture as one host's evidence (pure but for reading the files)."""
-    from k3fleet.models.facts import HostFacts
-    from k3fleet.targets import load_target
-    from k3fleet.verdict import evaluate_host
-
     if not paths:
         raise UsageError("give at least one captured file")
     tgt = target if target is not None else load_target(None)
@@ -359,8 +359,6 @@ def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
 
 
 def _startup_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
-    from k3fleet.accept.startup import analyse_startup
-
     probe = analyse_startup(c.text, None, target=target, source=str(c.path))
     result.startup = probe.model_dump(mode="json")
     for f in probe.findings:
@@ -370,14 +368,14 @@ def _startup_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
 def _accept_finding(result: TriageResult, check_id: str, severity: Severity, message: str, layer: str | None,
                     stored: str) -> None:
     """An acceptance probe's finding about the capture stored as ``stored``."""
-    from k3fleet.accept.result import finding
-
     result.findings.append(finding(check_id, severity, message, layer=layer).model_copy(
         update={"host": result.host, "evidence": {"file": stored}}))
 
 
 def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
-    from k3fleet.accept.metrics import MetricsError, parse_metrics
+    # lazy: the metrics reader brings prometheus_client and httpx; only a /metrics capture needs them,
+    # and decide and report read triage records through this package
+    from k3fleet.accept.metrics import REMOVED_NAMES, MetricsError, parse_metrics
 
     text, cut = c.text, None
     try:
@@ -405,8 +403,6 @@ def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) ->
         add("cut_line", "info", f"the last line is cut mid-way and was left out: {cut[:120]!r}", None)
     declared = sorted(set(re.findall(r"^# (?:HELP|TYPE) (vllm:[A-Za-z_:]+)", snap.raw, re.M)))
     if not snap.has_vllm and declared:
-        from k3fleet.accept.metrics import REMOVED_NAMES
-
         families = {n[:-len("_total")] if n.endswith("_total") else n for n in declared}
         old = sorted(n for n in families if n in REMOVED_NAMES)
         result.metrics.update(old_names=old, old_server=bool(old), values_known=False)
@@ -447,7 +443,6 @@ def chat_body(text: str) -> Any:
             return json.loads(head)
         except ValueError as exc:
             raise ad.CaptureError(f"not JSON: {exc}") from exc
-    import ast
 
     try:
         tree = ast.parse(head, mode="eval")
@@ -477,7 +472,7 @@ def expect_for(view: Any) -> Any:
     """What a captured turn must be, from the turn itself: a call to every tool it names (in
     ``tool_calls``, in call markers such as ``functions.NAME:0``, or as the ``name`` of a JSON object in
     the content), else a text answer."""
-    from k3fleet.accept import toolcheck
+    from k3fleet.accept import toolcheck  # lazy: jsonschema and the SDK views, for chat captures only
 
     names = [c.get("name") for c in view.tool_calls if c.get("name")]
     for text in (view.content, view.reasoning):
@@ -503,7 +498,7 @@ def expect_for(view: Any) -> Any:
 def _chat_into(result: TriageResult, c: Capture, stored: str) -> None:
     """A captured response judged by the agent probe's own classifier at the http layer (the raw body);
     finding ids are the probe's (``accept.agent.<defect>``)."""
-    from k3fleet.accept import toolcheck
+    from k3fleet.accept import toolcheck  # lazy: jsonschema and the SDK views, for chat captures only
 
     try:
         body = chat_body(c.text)
@@ -524,12 +519,6 @@ def _chat_into(result: TriageResult, c: Capture, stored: str) -> None:
 def write_run(result: TriageResult, argv: Sequence[str], *, runs_dir: Path, out: Path | None) -> Any:
     """The triage run directory (kind ``triage``): every capture (through the redactor), triage.json,
     report.md and the manifest. It enters ``decide`` as operator-supplied evidence."""
-    from k3fleet.evidence import RunDir
-    from k3fleet.evidence.reader import open_run
-    from k3fleet.report.decision_md import render_markdown
-    from k3fleet.report.view import triage_view, with_run
-    from k3fleet.triage.record import parse_triage_record
-
     rd = RunDir.create(runs_dir, "triage", argv, out=out, record={"operator_supplied": True})
     for i, c in enumerate(result.captures):
         rd.write_text(stored_name(i, c), c.text)

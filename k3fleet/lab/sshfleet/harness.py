@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from k3fleet.lab.common import network, proc, processes, teardown
 from k3fleet.lab.common.network import NETNS_RUN_DIR
 from k3fleet.lab.common.workdir import locked
+from k3fleet.lab.fleet import MARKER, generate_fleet, load_fleet
 from k3fleet.lab.sshfleet.errors import SshFleetError, SshFleetUsageError
 from k3fleet.lab.sshfleet.state import (
     MARK_ENV,
@@ -50,6 +51,7 @@ from k3fleet.lab.sshfleet.state import (
     resolve_workdir,
     save_state,
 )
+from k3fleet.targets import load_target
 
 SUPERVISOR_MODULE = "k3fleet.lab.sshfleet.supervisor"
 LABEL = "ssh fleet"
@@ -105,6 +107,7 @@ def _locked(layout: Layout) -> AbstractContextManager[None]:
 
 def _keypair() -> tuple[bytes, str]:
     """A fresh ed25519 key: (OpenSSH private key file bytes, public key line)."""
+    # lazy: cryptography is heavy and only a fresh fleet's key needs it
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -319,9 +322,6 @@ def _wait_running(state: SshFleetState, expected: int) -> None:
 def up(n: int, workdir: Path | None = None, *, fleet: Path | None = None, target: Path | None = None,
        progress: Progress = _quiet) -> SshFleetState:
     """Bring up ``n`` lab hosts behind real sshd; return the saved state (its inventory to audit)."""
-    from k3fleet.lab.fleet import MARKER, generate_fleet, load_fleet
-    from k3fleet.targets import load_target
-
     started = time.monotonic()
     tools = _prerequisites(n)
     layout = Layout(resolve_workdir(workdir))

@@ -83,7 +83,7 @@ def default_repo(workdir: Path | None = None) -> Path:
     """
     layout = Layout(resolve_workdir(workdir))
     if importlib.util.find_spec("k3fleet.lab.standin") is not None:
-        from k3fleet.lab import standin
+        from k3fleet.lab import standin  # lazy: a build can leave the stand-in packages out (find_spec)
 
         return Path(standin.build_repo(layout.cache / "standin-repo")).resolve()
     empty = layout.cache / "empty-repo"

@@ -76,6 +76,7 @@ def corpus() -> Iterator[str]:
 
 
 def make(out: Path) -> None:
+    # lazy: torch and transformers are heavy and only building the model needs them
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast

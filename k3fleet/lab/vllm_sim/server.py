@@ -149,6 +149,8 @@ def _response_schema_problem(fmt: Any) -> str | None:
     """vLLM refuses a json_schema response_format it cannot compile with a 400 before scheduling."""
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         return None
+    # lazy: jsonschema only for a json_schema response_format (the testbed's images copy the
+    # simulator's module-level imports only, k3fleet/lab/testbed/podman.py)
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 

@@ -31,6 +31,11 @@ import sys
 import time
 from typing import Any
 
+from aiohttp import web
+
+from k3fleet.lab.vllm_sim import SimConfig
+from k3fleet.lab.vllm_sim.server import build_app
+
 # The stand-in driver's /proc view and the knob, where the CDI spec mounts them; the variables (the
 # stand-in's own, see nvidia_sim_proc.py) point elsewhere for tests.
 DRIVER_VERSION_FILE = os.path.join(os.environ.get("NVIDIA_SIM_PROC", "/run/nvidia-sim/proc"), "driver/nvidia/version")
@@ -138,8 +143,6 @@ def read_fault(path: str = FAULT_FILE) -> str | None:
 
 
 def sim_config(known: argparse.Namespace) -> Any:
-    from k3fleet.lab.vllm_sim import SimConfig
-
     settings: dict[str, Any] = {"host": known.host or "0.0.0.0", "port": known.port,
                                 "enable_prompt_tokens_details": known.enable_prompt_tokens_details}
     model = known.served_model_name[0] if known.served_model_name else (known.model or known.model_tag)
@@ -165,10 +168,6 @@ def sim_config(known: argparse.Namespace) -> Any:
 
 async def serve(cfg: Any, fault: str | None) -> None:
     """The simulator's app (k3fleet.lab.vllm_sim.server) with the knob's fault, until SIGTERM / SIGINT."""
-    from aiohttp import web
-
-    from k3fleet.lab.vllm_sim.server import build_app
-
     app = build_app(cfg)
 
     @web.middleware
