@@ -55,7 +55,15 @@ def _fake_play(tmp_path: Path) -> subprocess.Popen[bytes]:
     script = tmp_path / "bin" / "ansible-playbook"
     script.parent.mkdir()
     script.write_text("import time\ntime.sleep(60)\n")
-    return subprocess.Popen([sys.executable, str(script)])
+    proc = subprocess.Popen([sys.executable, str(script)])
+    # Popen returns once the child's exec has begun; the kernel fills /proc/<pid>/cmdline a moment
+    # later (a window a loaded machine widens). Wait for the state the test is about, not a time.
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    for _ in range(10000):
+        if b"ansible-playbook" in cmdline.read_bytes():
+            break
+        time.sleep(0.001)
+    return proc
 
 
 def test_an_orphaned_play_blocks_the_next_night_naming_its_pid(tmp_path: Path) -> None:
