@@ -80,6 +80,10 @@ def put_on_575(state: testbed.TestbedState, hosts: list[str]) -> None:
         "apt-get install -y -q --allow-downgrades -o APT::Install-Recommends=no "
         + " ".join(OLD_PINS) + " " + " ".join(f"{n}-" for n in NEW_NAMES) + " >/tmp/k3fleet-reset.log 2>&1",
         "apt-mark hold " + " ".join(OLD_NAMES) + " >/dev/null",
+        # An earlier test's R580 left as config files ("rc") is not how an R575 node looks before
+        # its first night; the rollback restores the node's packages, not another test's leftovers.
+        "(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"rc\"{print $2}'"
+        " | xargs -r dpkg --purge >/dev/null)",
     ])
     for host in hosts:
         ssh(state, host, script)

@@ -39,7 +39,7 @@ PLAY = """
   tasks:
     - name: Apply k3_preflight
       ansible.builtin.include_role:
-        name: k3_preflight
+        name: k3fleet.gpu.k3_preflight
       vars:
         k3_preflight_driver_version: "{{ cases[inventory_hostname].version | default(target) }}"
         k3_preflight_min_free_mb: "{{ cases[inventory_hostname].min_free_mb | default(2048) }}"
