@@ -36,20 +36,16 @@ from typing import Any
 
 import pytest
 import yaml
+from nightkit import NEW, NEW_NAMES, OLD, OLD_NAMES, loaded, packages, put_on_575, ssh
 
 from k3fleet.audit.runner import Observer
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
 from k3fleet.change.journal import read_journal, replay
 from k3fleet.lab import testbed
-from k3fleet.lab.standin import build_repo, install_pins
+from k3fleet.lab.standin import build_repo
 
 pytestmark = pytest.mark.system
 
-OLD, NEW = "575.57.08", "580.95.05"
-OLD_PINS = install_pins(OLD)
-NEW_PINS = install_pins(NEW)
-OLD_NAMES = [p.split("=")[0] for p in OLD_PINS]
-NEW_NAMES = [p.split("=")[0] for p in NEW_PINS]
 # What the role holds: the metapackages; their exact-version dependencies pin the kernel module package.
 NEW_HELD = [n for n in NEW_NAMES if not n.startswith("nvidia-kernel-sim-")]
 # The second "verifying" is the serving smoke's line: the stand-in image served one chat request in the guest.
@@ -68,48 +64,6 @@ def report(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.getplugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(line)
-
-
-def ssh(state: testbed.TestbedState, host: str, command: str, timeout: float = 300) -> str:
-    return testbed.ssh_run(state, host, command, timeout=timeout)
-
-
-def loaded(state: testbed.TestbedState, host: str) -> str:
-    first = ssh(state, host, "head -1 /run/nvidia-sim/proc/driver/nvidia/version 2>/dev/null || true")
-    return next((t for t in first.split() if t.count(".") == 2 and t.split(".")[0].isdigit()), "none")
-
-
-def packages(state: testbed.TestbedState, host: str) -> str:
-    """Every installed package with version and selection: the before/after fingerprint."""
-    return ssh(state, host, "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sort")
-
-
-def reboot(state: testbed.TestbedState, host: str) -> None:
-    boots = testbed.status(state.workdir).host(host).boots
-    subprocess.run(testbed.ssh_argv(state, host, "systemctl reboot"), capture_output=True, timeout=60, check=False)
-    testbed.wait_host_ready(state.workdir, host, min_boots=boots + 1)
-
-
-def put_on_575(state: testbed.TestbedState, hosts: list[str]) -> None:
-    """R575 packages installed exactly and held, R575 loaded, Fabric Manager running, node idle in Slurm."""
-    script = " && ".join([
-        "export DEBIAN_FRONTEND=noninteractive",
-        "(apt-mark showhold | xargs -r apt-mark unhold >/dev/null)",
-        "dpkg --configure --pending >/dev/null",
-        "apt-get update -q >/dev/null",
-        "apt-get install -y -q --allow-downgrades -o APT::Install-Recommends=no "
-        + " ".join(OLD_PINS) + " " + " ".join(f"{n}-" for n in NEW_NAMES) + " >/tmp/k3fleet-reset.log 2>&1",
-        "apt-mark hold " + " ".join(OLD_NAMES) + " >/dev/null",
-    ])
-    for host in hosts:
-        ssh(state, host, script)
-        if loaded(state, host) != OLD:
-            reboot(state, host)
-        assert loaded(state, host) == OLD, f"{host}: R575 not loaded after reset"
-        node = state.host(host).slurm_node
-        status = testbed.node_state(state, node)
-        if status.drained:
-            testbed.update_node(state, node, "resume")
 
 
 @pytest.fixture(scope="module")

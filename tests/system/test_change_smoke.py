@@ -30,22 +30,18 @@ from typing import Any
 
 import pytest
 import yaml
+from nightkit import NEW, OLD, loaded, packages, put_on_575, ssh
 
 from k3fleet.audit.runner import ansible_env
 from k3fleet.change import UpgradeOptions, run_upgrade
 from k3fleet.change.journal import read_journal
 from k3fleet.lab import testbed
-from k3fleet.lab.standin import install_pins
 from k3fleet.lab.testbed import image, podman
 from k3fleet.lab.testbed.state import Layout
 
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
-OLD, NEW = "575.57.08", "580.95.05"
-OLD_PINS = install_pins(OLD)
-OLD_NAMES = [p.split("=")[0] for p in OLD_PINS]
-NEW_NAMES = [p.split("=")[0] for p in install_pins(NEW)]
 # No InfiniBand in the guests, and a container runtime without NVIDIA's toolkit: real findings for serving
 # Kimi K3 that do not stop a driver change (the operator accepts them, recorded in change.json).
 ACCEPT = ["rdma.*", "container.*"]
@@ -53,49 +49,8 @@ KNOB = "/etc/nvidia-sim/serve-fault"
 IMAGE = "vllm/vllm-openai:kimi-k3"
 
 
-def ssh(state: testbed.TestbedState, host: str, command: str, timeout: float = 300) -> str:
-    return testbed.ssh_run(state, host, command, timeout=timeout)
-
-
-def loaded(state: testbed.TestbedState, host: str) -> str:
-    first = ssh(state, host, "head -1 /run/nvidia-sim/proc/driver/nvidia/version 2>/dev/null || true")
-    return next((t for t in first.split() if t.count(".") == 2 and t.split(".")[0].isdigit()), "none")
-
-
-def packages(state: testbed.TestbedState, host: str) -> str:
-    return ssh(state, host, "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sort")
-
-
 def containers(state: testbed.TestbedState, host: str) -> list[str]:
     return ssh(state, host, "podman ps --all --format '{{.Names}}'").split()
-
-
-def put_on_575(state: testbed.TestbedState, hosts: list[str]) -> None:
-    """R575 installed exactly, held and loaded, the node idle in Slurm (as tests/system/test_change_night.py)."""
-    script = " && ".join([
-        "export DEBIAN_FRONTEND=noninteractive",
-        "(apt-mark showhold | xargs -r apt-mark unhold >/dev/null)",
-        "dpkg --configure --pending >/dev/null",
-        "apt-get update -q >/dev/null",
-        "apt-get install -y -q --allow-downgrades -o APT::Install-Recommends=no "
-        + " ".join(OLD_PINS) + " " + " ".join(f"{n}-" for n in NEW_NAMES) + " >/tmp/k3fleet-reset.log 2>&1",
-        "apt-mark hold " + " ".join(OLD_NAMES) + " >/dev/null",
-        # An earlier test's R580 left as config files ("rc") is not how an R575 node looks before
-        # its first night; the rollback restores the node's packages, not another test's leftovers.
-        "(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"rc\"{print $2}'"
-        " | xargs -r dpkg --purge >/dev/null)",
-    ])
-    for host in hosts:
-        ssh(state, host, script)
-        if loaded(state, host) != OLD:
-            boots = testbed.status(state.workdir).host(host).boots
-            subprocess.run(testbed.ssh_argv(state, host, "systemctl reboot"), capture_output=True, timeout=60,
-                           check=False)
-            testbed.wait_host_ready(state.workdir, host, min_boots=boots + 1)
-        assert loaded(state, host) == OLD, f"{host}: R575 not loaded after reset"
-        node = state.host(host).slurm_node
-        if testbed.node_state(state, node).drained:
-            testbed.update_node(state, node, "resume")
 
 
 @pytest.fixture(scope="module")
