@@ -69,12 +69,31 @@ def change_timeouts(target: Any, opts: UpgradeOptions, *, smoke: bool = True) ->
            "command": c.command_timeout_s,
            "audit_max_age": opts.audit_max_age if opts.audit_max_age is not None else c.audit_max_age_s,
            "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target)}
-    # How long a host waits for a slot: one other host's whole change (its serving smoke too: the
-    # server's start and two requests), with room for Ansible itself.
-    out["slot_wait"] = out["drain"] + out["reboot"] + out["fabricmanager_settle"] + 10 * out["command"]
-    if smoke:
-        out["slot_wait"] += out["smoke_ready"] + 2 * out["smoke_request"]
+    out["slot_wait"] = slot_wait(out, smoke=smoke)
     return {k: int(v) for k, v in out.items()}
+
+
+def resumed_timeouts(recorded: Mapping[str, Any], target: Any, *, smoke: bool) -> dict[str, int]:
+    """A resume's timeouts: the night's as recorded (a night recorded before the smoke existed gets
+    the target's smoke bounds), with the slot wait for the resume's own smoke choice: a resume that
+    turns the smoke on (or off) makes each host's change longer (or shorter) than the night planned."""
+    out = {k: int(v) for k, v in recorded.items()}
+    for key, seconds in smoke_timeouts(target).items():
+        out.setdefault(key, seconds)
+    if all(k in out for k in ("drain", "reboot", "fabricmanager_settle", "command")):
+        out["slot_wait"] = slot_wait(out, smoke=smoke)
+    return out
+
+
+def slot_wait(timeouts: Mapping[str, Any], *, smoke: bool) -> int:
+    """How long a host waits for a slot: one other host's whole change (its serving smoke too when
+    the night runs it: the server's start and two requests), with room for Ansible itself. A resume
+    recomputes it for its own smoke choice (docs/change-night.md "Serving smoke")."""
+    t = timeouts
+    wait = int(t["drain"]) + int(t["reboot"]) + int(t["fabricmanager_settle"]) + 10 * int(t["command"])
+    if smoke:
+        wait += int(t["smoke_ready"]) + 2 * int(t["smoke_request"])
+    return wait
 
 
 def real_ansible_playbook() -> str:

@@ -26,9 +26,9 @@ from k3fleet.change.gate import (
     host_plans,
 )
 from k3fleet.change.journal import Journal, read_journal, replay_journal, resume_plan, summarize
-from k3fleet.change.night import ChangeResult, execute, extravars, finish, night_lock
+from k3fleet.change.night import ChangeResult, execute, extravars, finish, night_lock, resumed_timeouts
 from k3fleet.change.record import load_change, verified
-from k3fleet.change.smoke import resumed_smoke, smoke_timeouts, smoke_warnings
+from k3fleet.change.smoke import resumed_smoke, smoke_warnings
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
 
@@ -52,8 +52,7 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
         # The serving smoke as the night was started, unless --smoke / --no-smoke / --launch-file say
         # otherwise (recorded in resume-N.json and run.json; change.json stays as the night wrote it).
         record.smoke = resumed_smoke(opts, record.smoke)
-        for key, seconds in smoke_timeouts(target).items():
-            record.timeouts.setdefault(key, seconds)
+        record.timeouts = resumed_timeouts(record.timeouts, target, smoke=record.smoke.enabled)
         # A resume changes nodes like the night did: simulated lab hosts are refused here too.
         refuse_simulated(opts.inventory, ",".join(record.hosts))
         path = rd.path / layout.JOURNAL

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from k3fleet.change import UpgradeOptions
-from k3fleet.change.night import ChangeResult, change_timeouts, extravars, finish
+from k3fleet.change.night import ChangeResult, change_timeouts, extravars, finish, resumed_timeouts
 from k3fleet.change.record import ChangeRecord, HostPlan, SmokeChoice
 from k3fleet.change.smoke import SKIPPED, describe, resumed_smoke, smoke_choice, smoke_warnings
 from k3fleet.errors import EXIT_USAGE, UsageError
@@ -230,6 +230,20 @@ def test_the_bounds_come_from_the_target_and_a_slot_waits_for_a_smoke(tmp_path: 
     off = change_timeouts(target, _opts(tmp_path), smoke=False)
     assert (on["smoke_ready"], on["smoke_request"]) == (1800, 120)
     assert on["slot_wait"] - off["slot_wait"] == 1800 + 2 * 120
+
+
+def test_a_resume_that_turns_the_smoke_on_waits_longer_for_a_slot(tmp_path: Path) -> None:
+    target = load_target(None)
+    on = change_timeouts(target, _opts(tmp_path))
+    off = change_timeouts(target, _opts(tmp_path), smoke=False)
+    # The night ran --no-smoke; its resume runs the smoke: each host's change now includes one.
+    assert resumed_timeouts(off, target, smoke=True) == on
+    assert resumed_timeouts(on, target, smoke=False) == off
+    # A night recorded before the smoke existed gets the target's bounds.
+    old = {k: v for k, v in off.items() if not k.startswith("smoke_")}
+    assert resumed_timeouts(old, target, smoke=True) == on
+    # A night that planned no host recorded no timeouts: nothing to wait for.
+    assert resumed_timeouts({}, target, smoke=True) == {"smoke_ready": 1800, "smoke_request": 120}
 
 
 @pytest.mark.parametrize("field", ["smoke_ready_timeout_s", "smoke_request_timeout_s"])
