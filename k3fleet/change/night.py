@@ -38,7 +38,7 @@ from k3fleet.change.journal import Journal, read_journal, replay_journal, summar
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.record import ChangeRecord
-from k3fleet.change.smoke import smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
+from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
@@ -160,6 +160,8 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
             canary, waves = plan_batches(plan, opts.canary, opts.waves, accept, held)
         except NothingToChange as exc:
             return _nothing(rd, opts, operator, plan, target_version, held, exc, smoke.model_dump(mode="json"))
+        # Refused (or, in --check, a warning) before any node is touched.
+        smoke_notes = check_one_node(smoke, audit.verdict.strategy, check=opts.check)
         hosts = [canary] + [h for w in waves for h in w]
         serial = [1] + [len(w) for w in waves]
         timeouts = change_timeouts(target, opts, smoke=smoke.enabled)
@@ -177,7 +179,7 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
         return execute(rd, record, opts, ev, hosts, layout.ansible_dir(), layout.events_file(), observer, cancel,
-                       journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check))
+                       journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check) + smoke_notes)
 
 
 def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Sequence[int], *, audit_dir: Path,

@@ -28,9 +28,10 @@ from k3fleet.change.gate import (
 from k3fleet.change.journal import Journal, read_journal, replay_journal, resume_plan, summarize
 from k3fleet.change.night import ChangeResult, execute, extravars, finish, night_lock, resumed_timeouts
 from k3fleet.change.record import load_change, verified
-from k3fleet.change.smoke import resumed_smoke, smoke_warnings
+from k3fleet.change.smoke import check_one_node, resumed_smoke, smoke_warnings
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
+from k3fleet.evidence.reader import RunReader
 
 
 def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list[str], argv: Sequence[str],
@@ -53,6 +54,9 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
         # otherwise (recorded in resume-N.json and run.json; change.json stays as the night wrote it).
         record.smoke = resumed_smoke(opts, record.smoke)
         record.timeouts = resumed_timeouts(record.timeouts, target, smoke=record.smoke.enabled)
+        gate = RunReader(rd.path / layout.gate_audit_dir())
+        if gate.has(layout.VERDICT):
+            check_one_node(record.smoke, gate.verdict().strategy, check=False)
         # A resume changes nodes like the night did: simulated lab hosts are refused here too.
         refuse_simulated(opts.inventory, ",".join(record.hosts))
         path = rd.path / layout.JOURNAL

@@ -20,6 +20,7 @@ from k3fleet.bounds import read_input
 from k3fleet.change.gate import UpgradeOptions
 from k3fleet.change.record import ChangeRecord, SmokeChoice
 from k3fleet.errors import UsageError
+from k3fleet.models.target import is_multi_node
 
 SKIPPED = ("the night skips the serving smoke (--no-smoke): no changed host is shown to start the target's image "
            "and answer a chat request before it goes back into service")
@@ -95,6 +96,32 @@ def resumed_smoke(opts: UpgradeOptions, recorded: SmokeChoice | None) -> SmokeCh
                          f"{str(recorded.launch_file_sha256)[:12]}): give --launch-file {path} again to run it as it "
                          "is now, or --no-smoke")
     return recorded
+
+
+def one_node_problem(choice: SmokeChoice, strategy: Any) -> str | None:
+    """Why the smoke cannot run the audit's serve command on one host, or None. Each changed host runs
+    the smoke alone; when the audit's strategy spans nodes (data, pipeline or expert parallel over
+    nodes: one node's GPU memory does not hold the weights) the command fails to load or waits for
+    peers that never come, the ready timeout fails the host, and a good driver change is rolled back.
+    ``strategy`` is the verdict's StrategyDecision (or None)."""
+    if not choice.enabled or choice.launch_file is not None or strategy is None:
+        return None
+    if not is_multi_node(strategy.strategy):
+        return None
+    return (f"the audit's serving strategy {strategy.strategy} spans nodes, and the serving smoke starts the image "
+            "on one changed host at a time: give --launch-file with a command one node can serve (for example "
+            "vllm serve MODEL --tensor-parallel-size 8 with a model that fits the node), or --no-smoke")
+
+
+def check_one_node(choice: SmokeChoice, strategy: Any, *, check: bool) -> list[str]:
+    """A night that changes nodes refuses a smoke one host cannot run (one UsageError line, before any
+    node is touched); ``--check``, which never runs the smoke, reports it as a warning instead."""
+    problem = one_node_problem(choice, strategy)
+    if problem is None:
+        return []
+    if check:
+        return [f"the night would be refused: {problem}"]
+    raise UsageError(problem)
 
 
 def smoke_timeouts(target: Any) -> dict[str, int]:

@@ -201,7 +201,9 @@ def run_demo(work: Path) -> int:
         lab = changelab.prepare(work / "change")
         demo.run("upgrade --check", ["upgrade", "-i", str(lab.inventory), "--change-id", "CHG-DEMO", "--operator",
                                      "alice", "--canary", lab.canary, "--check", "--runs-dir",
-                                     str(work / "change-runs")], env=lab.env,
+                                     str(work / "change-runs"),
+                                     # The lab's strategy spans two nodes: the smoke needs a one-node command.
+                                     "--launch-file", str(DATA / "launch_smoke_one_node.txt")], env=lab.env,
                  note=lambda rc: "planned, nothing changed" if rc == 0 else "")
 
     # 3. The fleet the change night leaves behind, accepted on the simulator, decided, watched.

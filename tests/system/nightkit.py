@@ -1,9 +1,11 @@
-"""What the change-night system tests share: the driver versions, the guest's loaded driver and
-package fingerprint, and the reset of a guest to an R575 node as it looks before its first night."""
+"""What the change-night system tests share: the driver versions, the serving smoke's one-node launch
+file, the guest's loaded driver and package fingerprint, and the reset of a guest to an R575 node as it
+looks before its first night."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from k3fleet.lab import testbed
 from k3fleet.lab.standin import install_pins
@@ -13,6 +15,17 @@ OLD_PINS = install_pins(OLD)
 NEW_PINS = install_pins(NEW)
 OLD_NAMES = [p.split("=")[0] for p in OLD_PINS]
 NEW_NAMES = [p.split("=")[0] for p in NEW_PINS]
+
+
+def smoke_launch(directory: Path) -> Path:
+    """A one-node command for the serving smoke (--launch-file). The guests are 8x H200 nodes, so the
+    audit derives a strategy over two nodes, which one changed host cannot serve alone; a night without
+    a one-node command is refused (docs/change-night.md "Serving smoke")."""
+    path = Path(directory) / "smoke-launch.sh"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# one node of the recipe, a shorter context for the smoke\n"
+                    "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 8 --max-model-len 4096\n")
+    return path
 
 
 def ssh(state: testbed.TestbedState, host: str, command: str, timeout: float = 300) -> str:

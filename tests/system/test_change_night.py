@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
-from nightkit import NEW, NEW_NAMES, OLD, OLD_NAMES, loaded, packages, put_on_575, ssh
+from nightkit import NEW, NEW_NAMES, OLD, OLD_NAMES, loaded, packages, put_on_575, smoke_launch, ssh
 
 from k3fleet.audit.runner import Observer
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
@@ -187,7 +187,8 @@ def test_broken_fabricmanager_rolls_the_canary_back_and_stops_the_waves(
     before = packages(tb, "tb-node03")
     result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-BROKEN", operator="bob",
                                         canary="tb-node03", waves=True, limit=",".join(hosts), runs_dir=runs,
-                                        forks=4, accept_findings=ACCEPT), ["k3fleet", "upgrade"])
+                                        forks=4, accept_findings=ACCEPT, launch_file=smoke_launch(runs.parent)),
+                         ["k3fleet", "upgrade"])
     assert result.exit_code == 1, (result.message, result.hosts)
     stages = journal_stages(result.run_dir.path)
     assert stages["tb-node03"] == ["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying",
@@ -255,7 +256,8 @@ def test_killed_controller_leaves_no_play_then_torn_journal_resume_and_rollback(
     out_dir = runs / "night"
     proc = controller(tmp_path, "upgrade", "-i", str(inventory), "--change-id", "CHG-KILL", "--operator", "erin",
                       "--canary", "tb-node03", "--waves", "--limit", ",".join(hosts), "--out", str(out_dir),
-                      "--runs-dir", str(runs), "-q", *[x for a in ACCEPT for x in ("--accept-finding", a)])
+                      "--runs-dir", str(runs), "-q", "--launch-file", str(smoke_launch(tmp_path)),
+                      *[x for a in ACCEPT for x in ("--accept-finding", a)])
     journal = out_dir / "journal.jsonl"
 
     def wave_host_upgrading() -> bool:
@@ -326,7 +328,8 @@ def test_foreign_drain_canary_then_a_failing_wave_never_exceeds_max_unavailable(
         result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-BLAST", operator="carol",
                                             canary="tb-node02", waves=True, limit=",".join(["tb-node02", *wave]),
                                             runs_dir=runs, forks=4, drain_timeout=5, failure_budget=3,
-                                            max_unavailable="2", accept_findings=ACCEPT), ["k3fleet", "upgrade"])
+                                            max_unavailable="2", accept_findings=ACCEPT,
+                                            launch_file=smoke_launch(runs.parent)), ["k3fleet", "upgrade"])
         sampler.stop.set()
         sampler.join(10)
         assert result.exit_code == 1, (result.message, result.hosts)
@@ -369,6 +372,7 @@ def test_two_nights_at_once_change_a_node_once_and_report_the_lease(
         tb: testbed.TestbedState, inventory: Path, tmp_path: Path) -> None:
     put_on_575(tb, ["tb-node03", "tb-node04"])
     common = ["-i", str(inventory), "--canary", "tb-node03", "--limit", "tb-node03,tb-node04", "--json", "-q",
+              "--launch-file", str(smoke_launch(tmp_path)),
               *[x for a in ACCEPT for x in ("--accept-finding", a)]]
     runs_a, runs_b = tmp_path / "runs-a", tmp_path / "runs-b"
     a = controller(tmp_path, "upgrade", "--change-id", "CHG-A", "--operator", "alice", "--runs-dir", str(runs_a),
@@ -440,7 +444,8 @@ def test_happy_path_canary_then_wave_with_a_job_on_the_canary(tb: testbed.Testbe
     jobs = JobAtNightStart(tb, "node01", seconds=20)
     result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-HAPPY", operator="alice",
                                         canary="tb-node01", waves=True, limit=",".join(hosts), drain_timeout=300,
-                                        runs_dir=runs, forks=4, accept_findings=ACCEPT), ["k3fleet", "upgrade"],
+                                        runs_dir=runs, forks=4, accept_findings=ACCEPT,
+                                        launch_file=smoke_launch(runs.parent)), ["k3fleet", "upgrade"],
                          observer=jobs)
     wall = time.monotonic() - started
     assert result.exit_code == 0, (result.message, result.hosts)

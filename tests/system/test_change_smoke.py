@@ -1,10 +1,12 @@
 """The change night's serving smoke (docs/change-night.md "Serving smoke") with a real container runtime.
 
 On the testbed: podman in the booted guests starts the stand-in Kimi K3 image (the k3fleet vLLM simulator
-behind `vllm serve`, k3fleet/lab/testbed/podman.py) with the audit's serve command, through the stand-in
+behind `vllm serve`, k3fleet/lab/testbed/podman.py) with a one-node launch command, through the stand-in
 GPUs' CDI spec, after the real driver change and reboot. The smoke is on by default (`k3fleet upgrade`
 without --no-smoke), with the target's bounds (change.smoke_ready_timeout_s, smoke_request_timeout_s):
-1. tb-node01 alone: the smoke passes, its start-up log and answer are journaled, no container is left.
+1. tb-node01 alone: a night with the audit's serve command is refused before the node is touched (the
+   guests' strategy spans two nodes); with a one-node launch file the smoke passes, its start-up log and
+   answer are journaled, no container is left.
 2. tb-node02 (canary) and tb-node03 (wave), the smoke's command from a launch file (--launch-file): the
    canary's server is made to fail (the testbed's knob /etc/nvidia-sim/serve-fault: `exit`), so the
    canary is rolled back to R575, left drained under the change's lease, and the wave never starts.
@@ -30,11 +32,12 @@ from typing import Any
 
 import pytest
 import yaml
-from nightkit import NEW, OLD, loaded, packages, put_on_575, ssh
+from nightkit import NEW, OLD, loaded, packages, put_on_575, smoke_launch, ssh
 
 from k3fleet.audit.runner import ansible_env
 from k3fleet.change import UpgradeOptions, run_upgrade
 from k3fleet.change.journal import read_journal
+from k3fleet.errors import UsageError
 from k3fleet.lab import testbed
 from k3fleet.lab.testbed import image, podman
 from k3fleet.lab.testbed.state import Layout
@@ -88,8 +91,20 @@ def test_smoke_passes_on_a_good_guest(tb: testbed.TestbedState, inventory: Path,
                                       testbed_report: Callable[[str], None]) -> None:
     host = "tb-node01"
     put_on_575(tb, [host])
+    before = packages(tb, host)
+    # The guests are 8x H200 nodes: the audit derives a strategy over two nodes, whose serve command one
+    # changed host cannot serve alone. Without a one-node launch file the night is refused after the
+    # gate's audit, before the node is touched.
+    with pytest.raises(UsageError, match=r"spans nodes.*--launch-file"):
+        run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-SMOKE-0", operator="frank", canary=host,
+                                   limit=host, runs_dir=tmp_path / "runs-refused", forks=2, accept_findings=ACCEPT),
+                    ["k3fleet", "upgrade"])
+    assert packages(tb, host) == before and loaded(tb, host) == OLD
+    assert not list((tmp_path / "runs-refused").glob("*/journal.jsonl"))
+    launch = smoke_launch(tmp_path)
     result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-SMOKE", operator="frank", canary=host,
-                                        limit=host, runs_dir=tmp_path / "runs", forks=2, accept_findings=ACCEPT),
+                                        limit=host, runs_dir=tmp_path / "runs", forks=2, accept_findings=ACCEPT,
+                                        launch_file=launch),
                          ["k3fleet", "upgrade"])
     assert result.exit_code == 0, (result.message, result.hosts)
     rd = result.run_dir.path
@@ -97,13 +112,13 @@ def test_smoke_passes_on_a_good_guest(tb: testbed.TestbedState, inventory: Path,
                                                      "verifying", "verifying", "returned"]
     # The choice and the target's bounds, as recorded and as the play got them.
     change = json.loads((rd / "change.json").read_text())
-    assert change["smoke"]["enabled"] is True and change["smoke"]["launch_file"] is None
+    assert change["smoke"]["enabled"] is True and change["smoke"]["launch_file"] == str(launch.resolve())
     assert (change["timeouts"]["smoke_ready"], change["timeouts"]["smoke_request"]) == (1800, 120)
     assert json.loads((rd / "run.json").read_text())["warnings"] == []
     smoke = smoke_of(rd, host)
     assert smoke["ok"] is True and smoke["runtime"] == "podman" and smoke["image"] == IMAGE
-    # The audit's serve command for the target (its flags), the stand-in GPUs, the node's loopback.
-    assert "--device nvidia.com/gpu=all" in smoke["command"] and "--enable-prefix-caching" in smoke["command"]
+    # The launch file's one-node command, the stand-in GPUs, the node's loopback.
+    assert "--device nvidia.com/gpu=all" in smoke["command"] and "--max-model-len 4096" in smoke["command"]
     assert smoke["command"].endswith("--host 127.0.0.1 --port 18000")
     assert smoke["ready"]["ready"] is True and smoke["ready"]["last"] == "HTTP 200"
     assert smoke["models"] == ["moonshotai/Kimi-K3"]

@@ -16,9 +16,10 @@ from pydantic import ValidationError
 from k3fleet.change import UpgradeOptions
 from k3fleet.change.night import ChangeResult, change_timeouts, extravars, finish, resumed_timeouts
 from k3fleet.change.record import ChangeRecord, HostPlan, SmokeChoice
-from k3fleet.change.smoke import SKIPPED, describe, resumed_smoke, smoke_choice, smoke_warnings
+from k3fleet.change.smoke import SKIPPED, check_one_node, describe, resumed_smoke, smoke_choice, smoke_warnings
 from k3fleet.errors import EXIT_USAGE, UsageError
 from k3fleet.evidence import RunDir
+from k3fleet.models.findings import StrategyDecision
 from k3fleet.models.target import ChangeSpec
 from k3fleet.targets import load_target
 
@@ -244,6 +245,33 @@ def test_a_resume_that_turns_the_smoke_on_waits_longer_for_a_slot(tmp_path: Path
     assert resumed_timeouts(old, target, smoke=True) == on
     # A night that planned no host recorded no timeouts: nothing to wait for.
     assert resumed_timeouts({}, target, smoke=True) == {"smoke_ready": 1800, "smoke_request": 120}
+
+
+def _strategy(name: str) -> StrategyDecision:
+    return StrategyDecision(strategy=name, setting="auto", derived=True, reason="from the hosts' GPU memory",
+                            rdma_required=name.startswith("multi_node"), tensor_parallel_size=8)
+
+
+@pytest.mark.parametrize("name", ["multi_node_tp_dp", "multi_node_tp_pp", "multi_node_dep"])
+def test_a_strategy_over_nodes_needs_a_one_node_launch_file(tmp_path: Path, name: str) -> None:
+    on = SmokeChoice(enabled=True)
+    # A real night: refused in one line before any node is touched.
+    with pytest.raises(UsageError, match=rf"strategy {name} spans nodes.*--launch-file.*or --no-smoke") as exc:
+        check_one_node(on, _strategy(name), check=False)
+    assert "\n" not in str(exc.value)
+    # --check never runs the smoke: the same reason as a warning.
+    (warning,) = check_one_node(on, _strategy(name), check=True)
+    assert warning.startswith("the night would be refused: the audit's serving strategy")
+    # A launch file, no smoke, or no strategy in the verdict: nothing to say.
+    launch = tmp_path / "launch.sh"
+    launch.write_text("vllm serve /models/smoke --tensor-parallel-size 8\n")
+    assert check_one_node(smoke_choice(_opts(tmp_path, launch_file=launch)), _strategy(name), check=False) == []
+    assert check_one_node(SmokeChoice(enabled=False), _strategy(name), check=False) == []
+    assert check_one_node(on, None, check=False) == []
+
+
+def test_a_one_node_strategy_smokes_the_audits_serve_command() -> None:
+    assert check_one_node(SmokeChoice(enabled=True), _strategy("single_node_tp"), check=False) == []
 
 
 @pytest.mark.parametrize("field", ["smoke_ready_timeout_s", "smoke_request_timeout_s"])
