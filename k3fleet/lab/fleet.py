@@ -29,7 +29,7 @@ import yaml
 
 from k3fleet.lab.profile import FleetSpec, LabHost, LabProfileError, load_fleet_file
 from k3fleet.lab.render import HostImage, ProfileRenderer, Recording
-from k3fleet.lab.replay import REPLAY_DIR, Store, recording_files, replay_script
+from k3fleet.lab.replay import INDEX, REPLAY_DIR, Store, recording_files, replay_index, replay_script
 from k3fleet.paths import data_dir
 from k3fleet.targets import load_target
 
@@ -109,7 +109,8 @@ class _Builder:
         self._renderers: dict[int, ProfileRenderer] = {}
         # Per renderer: the host-independent trees and their store paths, computed once.
         self._shared_units: dict[int, dict[str, dict[str, bytes | None]]] = {}
-        self._shared_tools: dict[int, dict[str, dict[str, bytes | None]]] = {}
+        self._shared_tools: dict[int, dict[str, dict[tuple[str, ...], Recording]]] = {}
+        self._shared_tool_files: dict[int, dict[str, dict[str, bytes | None]]] = {}
         self._paths: dict[tuple[int, str], Path] = {}
         self._bins: dict[frozenset[str], Path] = {}
 
@@ -121,6 +122,7 @@ class _Builder:
             shared, _own = r.host_image("lab-shared")
             self._shared_units[key] = self._file_units(shared)
             self._shared_tools[key] = self._tool_units(shared)
+            self._shared_tool_files[key] = {tool: _tool_files(recs) for tool, recs in self._shared_tools[key].items()}
         return self._renderers[key]
 
     @staticmethod
@@ -132,14 +134,8 @@ class _Builder:
         return dict(units)
 
     @staticmethod
-    def _tool_units(img: HostImage) -> dict[str, dict[str, bytes | None]]:
-        tools: dict[str, dict[str, bytes | None]] = {}
-        for tool, recs in img.commands.items():
-            files: dict[str, bytes | None] = {}
-            for argv, rec in recs.items():
-                files.update(_record(argv, rec))
-            tools[tool] = files
-        return tools
+    def _tool_units(img: HostImage) -> dict[str, dict[tuple[str, ...], Recording]]:
+        return {tool: dict(recs) for tool, recs in img.commands.items()}
 
     def _shared_path(self, key: int, kind: str, name: str, files: dict[str, bytes | None]) -> Path:
         cache_key = (key, f"{kind}:{name}")
@@ -168,9 +164,9 @@ class _Builder:
         tools = frozenset(shared_tools) | frozenset(own_tools)
         for tool in sorted(tools):
             if tool not in own_tools:
-                target = self._shared_path(key, "tool", tool, shared_tools[tool])
+                target = self._shared_path(key, "tool", tool, self._shared_tool_files[key][tool])
             else:
-                target = self.store.put({**shared_tools.get(tool, {}), **own_tools[tool]})
+                target = self.store.put(_tool_files({**shared_tools.get(tool, {}), **own_tools[tool]}))
             self.store.link(target, root / REPLAY_DIR / tool, 3)
         if tools not in self._bins:
             self._bins[tools] = self.store.put({tool: self.script for tool in tools}, executable=True)
@@ -178,8 +174,14 @@ class _Builder:
         return root
 
 
-def _record(argv: tuple[str, ...], rec: Recording) -> dict[str, bytes | None]:
-    return dict(recording_files(argv, rec.stdout, rec.stderr, rec.rc, rec.sleep))
+def _tool_files(recs: dict[tuple[str, ...], Recording]) -> dict[str, bytes | None]:
+    """One tool's replay directory: every recording's files and the index over them."""
+    per_argv = {argv: recording_files(argv, rec.stdout, rec.stderr, rec.rc, rec.sleep) for argv, rec in recs.items()}
+    files: dict[str, bytes | None] = {}
+    for recorded in per_argv.values():
+        files.update(recorded)
+    files[INDEX] = replay_index(per_argv)
+    return files
 
 
 def generate_fleet(spec: FleetSpec, dest: Path, *, count: int | None = None, image: str | None = None,

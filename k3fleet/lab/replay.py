@@ -1,16 +1,21 @@
 """Command replay for lab hosts: one small POSIX sh script answers from recordings.
 
-Every tool a lab host has is ``<root>/bin/<tool>``, the same script. It keys on its full
-argument list: the md5 of the tool name and each argument, each followed by a newline,
-computed identically by :func:`replay_key`. The recording lives in
-``<root>/.replay/<tool>/<key>.out`` (always present, maybe empty), with optional ``.err``,
-``.rc`` (exit status when not 0) and ``.sleep`` (seconds, to simulate a slow or hung
-command). An argument list without a recording prints
-``<tool>: no lab recording for: <args>`` on stderr and exits 2.
+Every tool a lab host has is ``<root>/bin/<tool>``, the same script. A recording is keyed by
+its full argument list: the md5 of the tool name and each argument, each followed by a
+newline (:func:`replay_key`). It lives in ``<root>/.replay/<tool>/<key>.out`` (always
+present, maybe empty), with optional ``.err``, ``.rc`` (exit status when not 0) and
+``.sleep`` (seconds, to simulate a slow or hung command). An argument list without a
+recording prints ``<tool>: no lab recording for: <args>`` on stderr and exits 2.
 
-The script runs about fifteen times per host per audit, so it stays cheap: one shell, one
-md5sum, one cat per stream. It finds the host root from its own path, never from PATH,
-which on a lab host is the lab's bin directory alone.
+The script runs about fifteen times per host per audit and stands in for a real command,
+which is one exec, so it costs one too: the shell itself. ``<root>/.replay/<tool>/index``
+(:func:`replay_index`) is a ``case`` over every recorded argument list, matched literally
+against the arguments joined by newlines; a recording without a sleep answers from
+``<key>.sh`` (:func:`answer_script`: its stdout, stderr and status as ``printf`` and ``exit``,
+sourced by the shell, byte for byte what ``.out`` and ``.err`` hold), one with a sleep is
+named by the index and played from its files. Only an argument list the index does not know
+computes the md5 (``md5sum``) to look for a recording by key. The script finds the host root
+from its own path, never from PATH, which on a lab host is the lab's bin directory alone.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 REPLAY_DIR = ".replay"
 NO_RECORDING_RC = 2
+# Per tool: the argument lists it has recordings for (see replay_index).
+INDEX = "index"
 
 _SCRIPT = """\
 #!/bin/sh
@@ -30,8 +37,20 @@ _SCRIPT = """\
 t=${0##*/}
 case $0 in */*) b=${0%/*} ;; *) b=. ;; esac
 case $b in */*) r=${b%/*} ;; *) r=. ;; esac
-k=$(printf '%s\\n' "$t" "$@" | @MD5SUM@)
-f=$r/.replay/$t/${k%% *}
+d=$r/.replay/$t
+# The index answers a recorded argument list from its <key>.sh (and exits), or names it in f.
+k=$t
+for a do
+  k="$k
+$a"
+done
+f=
+[ -f "$d/index" ] && . "$d/index"
+if [ -z "$f" ]; then
+  k=$(printf '%s\\n' "$t" "$@" | @MD5SUM@)
+  f=${k%% *}
+fi
+f=$d/$f
 if [ ! -f "$f.out" ]; then
   printf '%s: no lab recording for: %s\\n' "$t" "$*" >&2
   exit 2
@@ -71,25 +90,71 @@ def replay_script() -> str:
             .replace("@CAT@", _system_tool("cat")))
 
 
+def _parts(argv: Sequence[str]) -> list[str]:
+    return [os.path.basename(str(argv[0])), *(str(a) for a in argv[1:])]
+
+
 def replay_key(argv: Sequence[str]) -> str:
     """The recording key of a command line, as the replay script computes it."""
-    parts = [os.path.basename(str(argv[0])), *(str(a) for a in argv[1:])]
-    data = "".join(part + "\n" for part in parts).encode("utf-8")
+    data = "".join(part + "\n" for part in _parts(argv)).encode("utf-8")
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def _sh_quote(data: bytes) -> bytes:
+    """``data`` as one single-quoted sh word: every byte literal, ``'`` written as ``'\\''``."""
+    return b"'" + data.replace(b"'", b"'\\''") + b"'"
+
+
+def answer_script(stdout: bytes, stderr: bytes, rc: int) -> bytes | None:
+    """The sh the replay sources to answer one recording without starting a process: ``printf``
+    (a shell builtin) of each stream, then ``exit``. None where sh cannot carry the bytes (NUL):
+    that recording is played from its files."""
+    if b"\0" in stdout or b"\0" in stderr:
+        return None
+    lines = []
+    if stdout:
+        lines.append(b"printf '%s' " + _sh_quote(stdout))
+    if stderr:
+        lines.append(b"printf '%s' " + _sh_quote(stderr) + b" >&2")
+    lines.append(b"exit %d" % rc)
+    return b"\n".join(lines) + b"\n"
 
 
 def recording_files(argv: Sequence[str], stdout: str, stderr: str = "", rc: int = 0,
                     sleep: float = 0.0) -> dict[str, bytes]:
-    """The files (relative to the tool's replay directory) that record one command line."""
+    """The files (relative to the tool's replay directory) that record one command line: ``.out``
+    and the others as the module docstring says, and ``.sh`` (:func:`answer_script`) unless it sleeps."""
     key = replay_key(argv)
-    files = {f"{key}.out": stdout.encode("utf-8")}
+    out, err = stdout.encode("utf-8"), stderr.encode("utf-8")
+    files = {f"{key}.out": out}
     if stderr:
-        files[f"{key}.err"] = stderr.encode("utf-8")
+        files[f"{key}.err"] = err
     if rc:
         files[f"{key}.rc"] = f"{rc}\n".encode()
     if sleep:
         files[f"{key}.sleep"] = f"{sleep:g}\n".encode()
+    else:
+        script = answer_script(out, err, rc)
+        if script is not None:
+            files[f"{key}.sh"] = script
     return files
+
+
+def replay_index(recordings: Mapping[tuple[str, ...], Mapping[str, bytes]]) -> bytes:
+    """One tool's index: a ``case`` over the recorded argument lists (``argv`` -> the files
+    :func:`recording_files` made for it), each pattern the tool name and arguments joined by
+    newlines in single quotes (matched literally). A recording with a ``.sh`` is answered by
+    sourcing it; any other is named (``f=<key>``) for the script to play from its files."""
+    lines = [b"# k3fleet lab replay index: generated from the recordings beside it (k3fleet.lab.replay).",
+             b"case $k in"]
+    for argv in sorted(recordings):
+        key = replay_key(argv)
+        pattern = _sh_quote("\n".join(_parts(argv)).encode("utf-8"))
+        action = (b'. "$d/' + key.encode() + b'.sh"' if f"{key}.sh" in recordings[argv]
+                  else b"f=" + key.encode())
+        lines.append(pattern + b") " + action + b" ;;")
+    lines.append(b"esac")
+    return b"\n".join(lines) + b"\n"
 
 
 class Store:

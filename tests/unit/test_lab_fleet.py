@@ -181,6 +181,28 @@ def test_replay_key_is_computed_like_the_script(tmp_path: Path) -> None:
     assert probe.rc == 125 and "requirement error" in probe.stderr
 
 
+def test_replay_answers_from_its_index_byte_for_byte(tmp_path: Path) -> None:
+    # Quotes, backslashes, printf's %, command substitutions, UTF-8, a carriage return and no final
+    # newline come through the shell's printf unchanged, with stderr and the exit status.
+    awkward = "it's \\n %s %% \"$(x)\" `y` \u2192 \u00e9\r\nno final newline"
+    fleet_file = make_fleet(tmp_path, {"gpu-k01": {"profile": "h200-r575", "set": {"raw": {
+        "dkms_status": {"stdout": awkward, "stderr": "warn: 'x'\n", "rc": 4}}}}}, {})
+    generate_fleet(load_fleet(fleet_file), tmp_path / "lab")
+    root = tmp_path / "lab" / "hosts" / "gpu-k01"
+    argv = sources.COMMANDS["dkms_status"]
+    key = replay_key(argv)
+    index = (root / ".replay" / argv[0] / "index").read_text()
+    assert f"'dkms\nstatus') . \"$d/{key}.sh\" ;;" in index
+    res = reader_for(root).run(argv)
+    assert (res.stdout, res.stderr, res.rc) == (awkward, "warn: 'x'\n", 4)
+    # The recording's own files hold the same answer: without the index the script finds them by key.
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    (copy / ".replay" / argv[0] / "index").unlink()
+    res = reader_for(copy).run(argv)
+    assert (res.stdout, res.stderr, res.rc) == (awkward, "warn: 'x'\n", 4)
+
+
 def test_recorded_sleep_hangs_until_the_reader_timeout_kills_it(tmp_path: Path) -> None:
     fleet_file = make_fleet(tmp_path, {
         "gpu-h01": {"profile": "h200-r575", "set": {"raw": {"nvidia_smi_q": {"sleep": 60}}}},
