@@ -25,7 +25,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources
 # names them like the k3fleet_sources helper that builds the argv, without "_argv".
 DYNAMIC_COMMANDS = ("runtime_version", "image_inspect", "probe", "scontrol_show_node", "squeue_running")
 # Directory sources are trees, not text: they are described by profile fields instead.
-DIRECTORY_FILES = ("nvswitch_devices_dir", "infiniband_dir")
+DIRECTORY_FILES = ("nvswitch_devices_dir", "infiniband_dir", "imex_channels_dir")
 RAW_FILE_SOURCES = tuple(name for name in sources.FILES if name not in DIRECTORY_FILES)
 RAW_COMMAND_SOURCES = tuple(sources.COMMANDS) + DYNAMIC_COMMANDS
 RAW_SOURCES = RAW_FILE_SOURCES + RAW_COMMAND_SOURCES
@@ -243,6 +243,40 @@ class FabricManagerSpec(_Spec):
         return _check_driver_version(value)
 
 
+class NvlinkDomainSpec(_Spec):
+    """The multi-node NVLink domain a GB200/GB300 NVL72 compute tray's GPUs registered with (nvidia-smi -q
+    Fabric > ClusterUUID / CliqueId; docs/facts.md section 15). Its Fabric Manager runs outside the tray,
+    so the GPUs read Completed without local NVSwitches."""
+
+    cluster_uuid: str = Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    clique_id: int = Field(default=32766, ge=0)
+
+
+class ImexSpec(_Spec):
+    """IMEX on the node (docs/facts.md section 15): the nvidia-imex unit, /etc/nvidia-imex/config.cfg, the
+    node list, the channel devices and what ``nvidia-imex-ctl -N`` prints (k3fleet/lab/imex_data/SOURCES.md)."""
+
+    installed: bool = True
+    active: Literal["active", "inactive", "failed", "activating"] = "active"
+    enabled: Literal["enabled", "disabled", "masked"] = "enabled"
+    # The domain's node list, one address per line, in IMEX node-index order.
+    nodes: list[str] = Field(min_length=1)
+    # /dev/nvidia-caps-imex-channels/channel0..channel<N-1>.
+    channels: int = Field(default=1, ge=0, le=2048)
+    # Node indices whose daemon does not answer: UNAVAILABLE, their links never connected.
+    unavailable: list[int] = Field(default_factory=list)
+    # The Version column; by default the driver's version (IMEX ships with the driver).
+    version: str | None = None
+
+    @model_validator(mode="after")
+    def _known_nodes(self) -> ImexSpec:
+        beyond = sorted({i for i in self.unavailable if not 0 <= i < len(self.nodes)})
+        if beyond:
+            raise ValueError(f"unavailable names node {', '.join(map(str, beyond))}, which is not in nodes "
+                             f"(0..{len(self.nodes) - 1})")
+        return self
+
+
 class IbPortSpec(_Spec):
     state: Literal["DOWN", "INIT", "ARMED", "ACTIVE"] = "ACTIVE"
     phys_state: Literal["Sleep", "Polling", "Disabled", "LinkUp", "LinkErrorRecovery"] = "LinkUp"
@@ -401,6 +435,9 @@ class Profile(_Spec):
     gpus: GpuSpec = Field(default_factory=GpuSpec)
     nvswitches: int = Field(default=4, ge=0, le=16)
     fabricmanager: FabricManagerSpec = Field(default_factory=FabricManagerSpec)
+    # A GB200/GB300 NVL72 tray: the rack's NVLink domain and IMEX; null on HGX boards (NVLink inside the node).
+    nvlink_domain: NvlinkDomainSpec | None = None
+    imex: ImexSpec | None = None
     infiniband: InfinibandSpec = Field(default_factory=InfinibandSpec)
     nvidia_peermem: bool = True
     # /etc/nccl.conf as KEY: VALUE; null means the file does not exist.
@@ -430,7 +467,7 @@ class Profile(_Spec):
         for name, capture in value.items():
             if name in DIRECTORY_FILES:
                 raise ValueError(f"{name} is a directory source; describe it with profile fields "
-                                 f"(nvswitches, infiniband), not raw text")
+                                 f"(nvswitches, infiniband, imex), not raw text")
             if name not in RAW_SOURCES:
                 raise ValueError(f"unknown source {name!r}; known: {', '.join(RAW_SOURCES)}")
             if name in RAW_FILE_SOURCES and isinstance(capture, RawCapture):

@@ -14,8 +14,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 # 1.1: GPU health (ECC, remapped rows, retired pages, clock events, PCIe link), the kernel log's
-# Xid events and platform kind "unknown"; every new field is optional, so 1.0 facts validate with
-# them unset (read as unknown, never as a pass).
+# Xid events and platform kind "unknown"; later the optional sections active and imex. Every new field
+# is optional, so 1.0 facts validate with them unset (read as unknown, never as a pass).
 SCHEMA_VERSION = "1.1"
 
 SectionStatus = Literal["ok", "unknown", "absent"]
@@ -236,6 +236,38 @@ class FabricManagerFacts(Section):
     version: str | None = None
     driver_version: str | None = None
     version_matches_driver: bool | None = None
+
+
+# -- IMEX (multi-node NVLink racks; docs/facts.md section 15) ----------------------
+
+
+class ImexNode(_Model):
+    """One node of the IMEX domain as ``nvidia-imex-ctl -N`` lists it."""
+
+    index: int
+    address: str
+    status: str | None = Field(default=None, description="READY, UNAVAILABLE, WAITING_FOR_PEERS... as printed")
+    version: str | None = None
+    hostname: str | None = None
+
+
+class ImexFacts(Section):
+    """IMEX: status absent where it is not installed; unknown (+reason) where something installed was not read."""
+
+    installed: bool | None = None
+    unit: UnitState = Field(default_factory=UnitState)
+    config_path: str | None = None
+    config_present: bool | None = None
+    config: dict[str, str] = Field(default_factory=dict, description="the keys k3fleet reads, as set")
+    nodes_file: str | None = Field(default=None, description="IMEX_NODE_CONFIG_FILE or its default")
+    nodes_file_present: bool | None = None
+    node_list: list[str] = Field(default_factory=list, description="the node list's addresses, in order")
+    channels: list[int] | None = Field(default=None, description="N of /dev/nvidia-caps-imex-channels/channelN")
+    domain_state: str | None = Field(default=None, description="UP, DOWN, DEGRADED (nvidia-imex-ctl -N)")
+    nodes: list[ImexNode] = Field(default_factory=list)
+    links_not_connected: list[str] = Field(default_factory=list, description='"from->to code", up to 64')
+    links_not_connected_count: int | None = None
+    ctl_reason: str | None = Field(default=None, description="why nvidia-imex-ctl -N gave no domain status")
 
 
 # -- RDMA and NCCL ---------------------------------------------------------------
@@ -461,6 +493,8 @@ class HostFacts(_Model):
     driver: DriverFacts = Field(default_factory=DriverFacts)
     packages: PackageFacts = Field(default_factory=PackageFacts)
     fabricmanager: FabricManagerFacts = Field(default_factory=FabricManagerFacts)
+    # Optional in 1.1: None for facts of a collector that did not read IMEX (read as unknown where needed).
+    imex: ImexFacts | None = None
     rdma: RdmaFacts = Field(default_factory=RdmaFacts)
     nccl: NcclFacts = Field(default_factory=NcclFacts)
     container: ContainerFacts = Field(default_factory=ContainerFacts)

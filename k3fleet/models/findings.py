@@ -216,6 +216,9 @@ class InterconnectSummary(_Out):
     nvlink_single_node: list[str] = Field(default_factory=list, description="hosts with the zero ClusterUUID")
     nvlink_missing: dict[str, str] = Field(default_factory=dict, description="host -> why it has no NVLink fabric")
     nvlink_unknown: dict[str, str] = Field(default_factory=dict)
+    imex_not_ready: dict[str, str] = Field(default_factory=dict, description="host of a multi-node NVLink domain "
+                                                                             "-> why IMEX is not ready there")
+    imex_unknown: dict[str, str] = Field(default_factory=dict)
 
 
 class VerdictSummary(_Out):

@@ -4,7 +4,8 @@ vLLM's expert-parallel all-to-all backend is chosen with ``--all2all-backend`` (
 ``VLLM_ALL2ALL_BACKEND`` environment variable; docs/facts.md section 15). Each backend needs a
 transport: the DeepEP family moves tokens between nodes over RDMA (every rail Active, GPUDirect
 through ``nvidia_peermem`` or DMA-BUF), the FlashInfer NVLink family over a multi-node NVLink fabric
-(every GPU of every node in one NVLink domain, a shared non-zero ClusterUUID). A backend on hosts
+(every GPU of every node in one NVLink domain, a shared non-zero ClusterUUID and clique, with IMEX ready
+on every node to share GPU memory across them). A backend on hosts
 that lack its transport fails at start-up or runs on a fallback: an environment to rebuild, with
 the fix named, never a serving limit.
 
@@ -20,6 +21,7 @@ from typing import Literal
 
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import InterconnectSummary
+from k3fleet.verdict.imex import ZERO_UUID, imex_state
 
 Transport = Literal["rdma", "nvlink"]
 
@@ -38,7 +40,6 @@ BACKENDS: dict[str, Transport | None] = {
 }
 FLAG = "--all2all-backend"
 ENV = "VLLM_ALL2ALL_BACKEND"
-ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 # Hosts named per problem in a message; the evidence lists up to MAX_LISTED.
 SHOWN, MAX_LISTED = 4, 64
 
@@ -88,7 +89,12 @@ def _rdma_state(f: HostFacts, min_rate: float) -> tuple[bool | None, str | None]
 
 
 def _nvlink_state(f: HostFacts) -> tuple[str | None, str | None, bool]:
-    """(the NVLink domain's ClusterUUID or None, why no/unknown domain, known)."""
+    """(the NVLink domain or None, why no/unknown domain, known).
+
+    The domain is the GPUs' ClusterUUID, with their CliqueId where one is reported ("<uuid> clique 32766"):
+    GPUs of one cluster in different cliques (NVLink partitions) do not reach each other (docs/facts.md
+    section 15). The zero UUID stays bare: NVLink only inside the node.
+    """
     gpus = f.driver.gpus
     if not gpus:
         return None, f"no GPU read ({f.driver.reason or f.driver.status})", False
@@ -102,7 +108,13 @@ def _nvlink_state(f: HostFacts) -> tuple[str | None, str | None, bool]:
         return None, "GPU ClusterUUID not read", False
     if len(uuids) > 1:
         return None, f"GPUs in {len(uuids)} NVLink domains", True
-    return uuids.pop(), None, True
+    uuid = uuids.pop()
+    cliques = {g.fabric_clique_id for g in gpus}
+    if uuid == ZERO_UUID or cliques == {None}:
+        return uuid, None, True
+    if len(cliques) > 1:
+        return None, f"GPUs in {len(cliques)} NVLink cliques of ClusterUUID {uuid}", True
+    return f"{uuid} clique {cliques.pop()}", None, True
 
 
 def summarise(serving: Iterable[tuple[str, HostFacts]], multi_node: bool, min_rate: float) -> InterconnectSummary:
@@ -113,15 +125,27 @@ def summarise(serving: Iterable[tuple[str, HostFacts]], multi_node: bool, min_ra
     out = InterconnectSummary(multi_node=multi_node)
     rdma_unknown, rdma_missing = out.rdma_unknown, out.rdma_missing
     nvlink_missing, nvlink_unknown = out.nvlink_missing, out.nvlink_unknown
+    imex_not_ready, imex_unknown = out.imex_not_ready, out.imex_unknown
     # id -> (the object itself, which keeps the id from being reused while it is in here, its states)
-    seen: dict[int, tuple[HostFacts, tuple[bool | None, str | None], tuple[str | None, str | None, bool]]] = {}
+    seen: dict[int, tuple[HostFacts, tuple[bool | None, str | None], tuple[str | None, str | None, bool],
+                          tuple[bool | None, str | None]]] = {}
     count = 0
     for name, f in serving:
         count += 1
         hit = seen.get(id(f))
         if hit is None:
-            hit = seen[id(f)] = (f, _rdma_state(f, min_rate), _nvlink_state(f))
-        _, (ready, why), (uuid, nwhy, known) = hit
+            nvlink = _nvlink_state(f)
+            imex: tuple[bool | None, str | None] = (True, None)
+            if nvlink[0] is not None and nvlink[0] != ZERO_UUID:
+                # A node of a multi-node NVLink domain: IMEX shares GPU memory across its nodes.
+                st = imex_state(f)
+                imex = (st.ready, "; ".join(st.problems) or st.unknown)
+            hit = seen[id(f)] = (f, _rdma_state(f, min_rate), nvlink, imex)
+        _, (ready, why), (uuid, nwhy, known), (imex_ready, iwhy) = hit
+        if imex_ready is False:
+            imex_not_ready[name] = iwhy or "IMEX not ready"
+        elif imex_ready is None:
+            imex_unknown[name] = iwhy or "unknown"
         if ready is None:
             rdma_unknown[name] = why or "unknown"
         elif not ready:
@@ -199,7 +223,23 @@ def judge(backend: str | None, s: InterconnectSummary) -> Judgement | None:
                     "nvidia_peermem or DMA-BUF), or place the serving group inside one NVLink domain "
                     "(GB200/GB300 NVL72 with IMEX).",
                     {h: "NVLink only inside the node" for h in s.nvlink_single_node[:MAX_LISTED]})
+            if s.imex_not_ready:
+                return Judgement(
+                    "fail", f"{backend} shares GPU memory across the nodes of the NVLink domain through IMEX, but "
+                    f"IMEX is not ready on {len(s.imex_not_ready)} of {s.serving_hosts} serving host(s) "
+                    f"({_listed(s.imex_not_ready)})",
+                    "Start nvidia-imex on every node of the domain with the domain's node list "
+                    "(IMEX_NODE_CONFIG_FILE, default /etc/nvidia-imex/nodes_config.cfg: every compute tray's IP, the "
+                    "same file on every node; systemctl enable --now nvidia-imex), create "
+                    "/dev/nvidia-caps-imex-channels/channel0, and wait until nvidia-imex-ctl -N shows every node "
+                    "READY and Domain State UP; or leave those hosts out of the serving group.",
+                    dict(s.imex_not_ready))
+            if s.imex_unknown:
+                return Judgement("unknown", f"{backend} needs IMEX ready across the NVLink domain; not read on "
+                                 f"{_listed(s.imex_unknown)}",
+                                 "Make the IMEX state readable (systemctl, /etc/nvidia-imex, nvidia-imex-ctl -N) and "
+                                 "re-run the audit.", dict(s.imex_unknown))
     return None
 
 
-__all__ = ["BACKENDS", "ENV", "FLAG", "Judgement", "backend_of", "judge", "summarise"]
+__all__ = ["BACKENDS", "ENV", "FLAG", "ZERO_UUID", "Judgement", "backend_of", "judge", "summarise"]

@@ -94,6 +94,10 @@ SOURCES: dict[str, str] = {
         'docs/facts.md section 3 (cuda-drivers-fabricmanager-580 depends on nvidia-fabricmanager-580 (= '
         'exact))'
     ),
+    "fabric.imex": (
+        'docs/facts.md section 15 (NVIDIA IMEX guide: nvidia-imex service, IMEX_NODE_CONFIG_FILE node list, '
+        'IMEX channels; nvidia-imex-ctl -N node states and Domain State)'
+    ),
     "rdma.port_state": 'docs/facts.md section 6 (sysfs 4: ACTIVE, 5: LinkUp, 400 Gb/sec (4X NDR))',
     "rdma.rail_count": 'docs/facts.md section 6',
     "rdma.peermem": 'docs/facts.md sections 1 and 6 (NCCL_DMABUF_ENABLE=0 falls back to nvidia_peermem)',
@@ -121,7 +125,7 @@ SOURCES: dict[str, str] = {
     "fleet.capacity": 'docs/facts.md section 1 (Kimi K3 recipe: GPUs per strategy, 32 on H100)',
     "fleet.all2all_topology": (
         'docs/facts.md section 15 (vLLM expert parallel deployment: --all2all-backend, DeepEP over RDMA, '
-        'FlashInfer over multi-node NVLink)'
+        'FlashInfer over multi-node NVLink: one ClusterUUID and clique, IMEX ready on every node)'
     ),
     "workloads.cuda_compat": (
         'docs/facts.md section 16 (NVIDIA CUDA compatibility guide: backward compatibility, forward-compatibility '
@@ -278,6 +282,17 @@ _CHECKS: tuple[Check, ...] = (
        "Fabric Manager refuses to run against a different driver version; they must match exactly.",
        "error",
        "Install the Fabric Manager package of exactly the loaded driver's version and hold both."),
+    _c("fabric.imex", "IMEX ready on multi-node NVLink nodes",
+       "On a multi-node NVLink domain (GB200/GB300 NVL72: GPUs with a non-zero ClusterUUID) GPU memory is "
+       "shared across the nodes' operating systems only through IMEX: without its daemon running, the IMEX "
+       "channel device and every node of the domain READY, CUDA cannot import another node's memory and NCCL's "
+       "and FlashInfer's multi-node NVLink paths fail.",
+       "error",
+       "List every compute tray of the NVLink domain in the IMEX node list (IMEX_NODE_CONFIG_FILE, default "
+       "/etc/nvidia-imex/nodes_config.cfg: one IP per line, the same file on every node), systemctl enable --now "
+       "nvidia-imex on every node, create /dev/nvidia-caps-imex-channels/channel0 (mknod with the major of "
+       "nvidia-caps-imex-channels in /proc/devices), then check that nvidia-imex-ctl -N shows every node READY "
+       "and Domain State UP."),
     _c("rdma.port_state", "RDMA rails up at full rate",
        "A rail that is DOWN, not LinkUp or below the expected rate slows or breaks cross-node traffic.",
        "error",

@@ -46,6 +46,7 @@ from k3fleet.models.facts import (
     FabricManagerFacts,
     Gpu,
     HostFacts,
+    ImexFacts,
     NcclFacts,
     PackageFacts,
     RdmaFacts,
@@ -56,7 +57,7 @@ from k3fleet.models.facts import (
 # Sections whose content repeats across a fleet's hosts: validated once per distinct content.
 SHARED_SECTIONS: dict[str, Any] = {
     "packages": PackageFacts, "fabricmanager": FabricManagerFacts, "rdma": RdmaFacts, "nccl": NcclFacts,
-    "container": ContainerFacts, "active": ActiveFacts,
+    "container": ContainerFacts, "active": ActiveFacts, "imex": ImexFacts,
 }
 
 _SHARED_NAMES = tuple(SHARED_SECTIONS)

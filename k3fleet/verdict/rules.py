@@ -29,6 +29,7 @@ from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, SchedulerFacts,
 from k3fleet.models.findings import SEVERITY_RANK, Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
+from k3fleet.verdict.imex import cluster_uuid, imex_in_use, imex_state
 from k3fleet.verdict.strategy import decide_strategy
 from k3fleet.verdict.tenants import Tenant, compat_branch_for, judge_tenants
 
@@ -835,6 +836,32 @@ def _fm_version(f: HostFacts, c: HostContext, e: _Emitter) -> None:
                {"fabricmanager_version": fm.version, "driver_version": driver}, chain=c.below_target)
 
 
+# -- IMEX (multi-node NVLink domains) -------------------------------------------------------------
+
+
+def _imex(f: HostFacts, c: HostContext, e: _Emitter) -> None:
+    """A node of a multi-node NVLink domain (a non-zero ClusterUUID, or IMEX set to run) needs IMEX ready:
+    the unit active, channel0 present, every node of its node list READY (docs/facts.md section 15)."""
+    if c.driver_failed:
+        return
+    domain = cluster_uuid(f)
+    if domain is None and not imex_in_use(f):
+        return
+    state = imex_state(f)
+    im = f.imex
+    where = f"multi-node NVLink domain {domain}" if domain else "an IMEX domain"
+    if state.problems:
+        ev: dict[str, Any] = {"cluster_uuid": domain, "problems": state.problems}
+        if im is not None:
+            ev.update(unit_active=im.unit.active, channels=im.channels, domain_state=im.domain_state,
+                      nodes_not_ready={str(n.index): f"{n.address} {n.status}" for n in im.nodes
+                                       if n.status != "READY"},
+                      node_list=im.nodes_file)
+        e.fail("fabric.imex", f"IMEX is not ready on this node of {where}: {'; '.join(state.problems)}", ev)
+    elif state.ready is None:
+        e.unknown("fabric.imex", f"the IMEX state of this node of {where}", state.unknown, error=True)
+
+
 # -- RDMA and NCCL ----------------------------------------------------------------------------------
 
 
@@ -1366,7 +1393,7 @@ RULES: tuple[Callable[[HostFacts, HostContext, _Emitter], None], ...] = (
     _gpu_count, _persistence, _fabric_state, _fabric_health, _gpu_in_use,
     _ecc, _remapped_rows, _xid, _throttle, _pcie_link,
     _held, _unattended, _dkms,
-    _fabricmanager,
+    _fabricmanager, _imex,
     _rdma, _acs, _nccl,
     _runtime, _toolkit, _image, _cuda_runtime, _probe, _vllm, _tenants,
     _active_dcgm, _active_nccl, _active_ib,

@@ -133,11 +133,12 @@ def test_every_source_replays_exactly_what_was_rendered(lab: Path, fleet: FleetS
 
 
 def test_fleet_covers_every_named_source(tmp_path: Path, fleet: FleetSpec) -> None:
-    # The default fleet plus the RHEL, podman and Jetson profiles answer every file and command the
+    # The default fleet plus the RHEL, podman, Jetson and NVL72 profiles answer every file and command the
     # collectors ask for (rpm, dnf versionlock and podman only exist there; the L4T release file and
-    # the device tree only on the Jetson).
+    # the device tree only on the Jetson; IMEX only on the NVL72 tray).
     fleet_file = make_fleet(tmp_path, {"r1": "h200-r575-rhel9", "b1": "b200-r580", "j1": "jetson-orin-l4t35",
-                                       **{h.name: h.profile_name for h in fleet.hosts}}, {})
+                                       "n1": "gb200-nvl72-r580", **{h.name: h.profile_name for h in fleet.hosts}},
+                            {})
     spec = load_fleet(fleet_file)
     seen_argv: set[tuple[str, ...]] = set()
     seen_files: set[str] = set()

@@ -12,6 +12,7 @@ One renderer a side of the node, each reading the same :class:`Node`:
     packages.py   dpkg-query / rpm, versionlock and unattended-upgrades settings
     system.py     os-release, environment files, systemd units
     pci.py        InfiniBand sysfs, NVSwitch devices, lspci -vvv
+    imex.py       IMEX's config, node list, channel devices and nvidia-imex-ctl -N (NVL72 trays)
     container.py  toolkit and runtime versions, image inspect, tenants, GPU process maps
     probe.py      the serving image's GPU probe
     scheduler.py  scontrol / squeue
@@ -27,6 +28,7 @@ from k3fleet.lab.profile import DYNAMIC_COMMANDS, RAW_FILE_SOURCES, Profile, Raw
 from k3fleet.lab.render.active import ActiveView
 from k3fleet.lab.render.container import ContainerView
 from k3fleet.lab.render.driver import DriverView
+from k3fleet.lab.render.imex import ImexView
 from k3fleet.lab.render.node import LAB_ISO_TIME, LAB_TIMESTAMP, HostImage, Node, Recording, gpu_uuid
 from k3fleet.lab.render.packages import PackageView
 from k3fleet.lab.render.pci import PciView
@@ -56,6 +58,7 @@ class ProfileRenderer:
         self.probe = ProbeView(self.node)
         self.scheduler = SchedulerView(self.node)
         self.active = ActiveView(self.node)
+        self.imex = ImexView(self.node)
         self._shared = self._render_shared()
 
     def host_image(self, hostname: str) -> tuple[HostImage, HostImage]:
@@ -100,6 +103,7 @@ class ProfileRenderer:
             self.container.render_tenants(img)
         self.container.render_process_maps(img)
         self.active.render(img)
+        self.imex.render(img)
         self._apply_raw(img, host_specific=False, hostname="")
         return img
 

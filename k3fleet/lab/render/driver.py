@@ -97,6 +97,10 @@ class DriverView(Part):
         """The NVLink fabric State nvidia-smi -q prints for this host's GPUs."""
         drv = self.drv
         major = self.p.gpus.compute_cap.split(".", 1)[0]
+        if drv is not None and self.p.nvlink_domain is not None and major.isdigit() and int(major) >= 9:
+            # An NVL72 tray's GPUs register with the rack's NVLink fabric, whose Fabric Manager runs on the
+            # switch trays: Completed without a local NVSwitch (tests/fixtures/driver/SOURCES.md: GB300).
+            return "Completed"
         # Fabric registration exists from Hopper on, and only with NVSwitches; older boards and
         # boards without a fabric print N/A (tests/fixtures/driver/SOURCES.md: A100 HGX, RTX 4090).
         if drv is None or not self.p.nvswitches or not major.isdigit() or int(major) < 9:

@@ -39,6 +39,7 @@ class SmiLog(Part):
         out += "\n" + row("Attached GPUs", str(g.count))
         state = self.driver.fabric_state()
         completed = state == "Completed"
+        dom = self.p.nvlink_domain
         for index, bus_id in enumerate(self.node.bus_ids()):
             _domain, bus, dev_fn = bus_id.split(":")
             device = dev_fn.split(".", 1)[0]
@@ -56,10 +57,12 @@ class SmiLog(Part):
             out += "    FB Memory Usage\n" + row("Total", f"{g.memory_mib} MiB", 8)
             out += row("Used", f"{used} MiB", 8) + row("Free", f"{g.memory_mib - used} MiB", 8)
             out += row("Compute Mode", g.compute_mode, 4) + self._memory_error_rows(index, row)
-            # A single-node NVSwitch fabric has clique 0 and a zero cluster UUID (the H100 capture).
+            # A single-node NVSwitch fabric has clique 0 and a zero cluster UUID (the H100 capture); an NVL72
+            # tray its rack's domain (the GB300 capture: CliqueId 32766, a non-zero ClusterUUID).
             out += "    Fabric\n" + row("State", state, 8) + row("Status", "Success" if completed else "N/A", 8)
-            out += row("CliqueId", "0" if completed else "N/A", 8)
-            out += row("ClusterUUID", "00000000-0000-0000-0000-000000000000" if completed else "N/A", 8)
+            out += row("CliqueId", (str(dom.clique_id) if dom else "0") if completed else "N/A", 8)
+            out += row("ClusterUUID", (dom.cluster_uuid if dom else "00000000-0000-0000-0000-000000000000")
+                       if completed else "N/A", 8)
             out += "        Health\n" + self._health_rows(g.fabric_health, index, completed, row)
             out += self._process_rows(index, row) + "\n"
         return Recording(stdout=out)

@@ -40,6 +40,9 @@ class SystemView(Part):
                 state = ("loaded", "active", "running", "enabled")
             else:
                 state = ("loaded", "inactive", "dead", "disabled")
+        elif unit == "nvidia-imex.service" and self.p.imex is not None and self.p.imex.installed:
+            im = self.p.imex
+            state = ("loaded", im.active, sub_of[im.active], im.enabled)
         elif unit == "unattended-upgrades.service" and self.os.family == "debian" and u.installed:
             # The service is the shutdown-time hook and runs either way; the apt.conf.d flags decide.
             state = ("loaded", "active", "running", "enabled")

@@ -11,6 +11,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import gua
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_imex import collect_imex
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
@@ -47,6 +48,8 @@ def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False
         "packages": packages,
         "fabricmanager": guard("fabricmanager", collect_fabricmanager, reader, driver=driver,
                                packages=packages),
+        # IMEX on multi-node NVLink racks (docs/facts.md section 15; optional in schema 1.1).
+        "imex": guard("imex", collect_imex, reader),
         "rdma": guard("rdma", collect_rdma, reader, lspci=lspci),
         "nccl": guard("nccl", collect_nccl, reader, env_files=env_files, environ=environ),
         "container": guard("container", collect_container, reader, image, runtime=runtime, probe=probe,

@@ -28,6 +28,11 @@ FILES = {
     "apt_auto_upgrades": "/etc/apt/apt.conf.d/20auto-upgrades",
     "dnf_versionlock": "/etc/dnf/plugins/versionlock.list",
     "infiniband_dir": "/sys/class/infiniband",
+    # IMEX on multi-node NVLink racks (GB200/GB300 NVL72; docs/facts.md section 15): its config file, whose
+    # IMEX_NODE_CONFIG_FILE names the node list (default below), and the channel device nodes.
+    "imex_config": "/etc/nvidia-imex/config.cfg",
+    "imex_nodes_config": "/etc/nvidia-imex/nodes_config.cfg",
+    "imex_channels_dir": "/dev/nvidia-caps-imex-channels",
 }
 
 # /etc/hostname holds one name: the most of it any collector reads.
@@ -55,11 +60,15 @@ COMMANDS = {
         "systemctl", "show", "--no-pager",
         "-p", "Id,LoadState,ActiveState,SubState,UnitFileState",
         "nvidia-fabricmanager.service", "nvidia-persistenced.service",
-        "unattended-upgrades.service", "dnf-automatic.timer",
+        "unattended-upgrades.service", "dnf-automatic.timer", "nvidia-imex.service",
     ],
     "fabricmanager_version": ["nv-fabricmanager", "--version"],
     "lspci_vvv": ["lspci", "-vvv"],
     "nvidia_ctk_version": ["nvidia-ctk", "--version"],
+    # The IMEX domain as the local daemon's command service reports it: every node of the node list with
+    # its state, the connectivity table and the domain state (docs/facts.md section 15). Run only where
+    # nvidia-imex-ctl is installed.
+    "imex_ctl_nodes": ["nvidia-imex-ctl", "-N"],
 }
 
 CONTAINER_RUNTIMES = ("docker", "podman", "nerdctl")

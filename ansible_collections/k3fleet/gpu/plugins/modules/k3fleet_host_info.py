@@ -12,8 +12,8 @@ module: k3fleet_host_info
 short_description: Collect every k3fleet fact of a GPU node in one round trip
 version_added: "0.1.0"
 description:
-  - Runs all k3fleet collectors (driver and GPUs, packages, Fabric Manager, RDMA, NCCL, container, scheduler)
-    in one module call, so an audit costs one round trip per host whatever the number of checks.
+  - Runs all k3fleet collectors (driver and GPUs, packages, Fabric Manager, IMEX, RDMA, NCCL, container,
+    scheduler) in one module call, so an audit costs one round trip per host whatever the number of checks.
   - Read-only. A collector that cannot read something reports C(status=unknown) with a reason instead of failing.
   - The result is plain JSON under the C(k3fleet) key, versioned by C(schema_version); the controller validates it.
 options:
@@ -118,6 +118,14 @@ k3fleet:
       returned: always
       type: dict
       sample: {"status": "ok", "required": true, "version_matches_driver": true}
+    imex:
+      description:
+        - IMEX on multi-node NVLink racks (GB200/GB300 NVL72) - the nvidia-imex unit, its config and node list,
+          the channel devices and the domain as C(nvidia-imex-ctl -N) reports it; C(status=absent) where
+          IMEX is not installed.
+      returned: always
+      type: dict
+      sample: {"status": "ok", "installed": true, "channels": [0], "domain_state": "UP"}
     rdma:
       description: RDMA devices and ports, nvidia_peermem, PCIe ACS.
       returned: always
