@@ -12,20 +12,23 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import httpx
 import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from k3fleet.accept.client import Endpoint
 from k3fleet.accept.result import ProbeResult
 from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.errors import UsageError
 from k3fleet.report.escapes import safe_markup
 from k3fleet.report.terminal import SEVERITY_STYLE
+
+if TYPE_CHECKING:
+    import httpx
+
+    from k3fleet.accept.client import Endpoint
 
 T = TypeVar("T")
 
@@ -75,6 +78,8 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stder
 
 
 def make_endpoint(base_url: str, model: str, api_key_env: str | None, insecure: bool, timeout: float) -> Endpoint:
+    from k3fleet.accept.client import Endpoint
+
     try:
         ep = Endpoint(base_url=base_url, model=model, api_key_env=api_key_env, verify_tls=not insecure,
                       timeout_s=timeout)

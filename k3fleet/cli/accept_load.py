@@ -11,17 +11,13 @@ the options and shows the progress. The first Ctrl-C stops the run and writes wh
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from k3fleet.accept.load import LoadObserver, LoadOptions
-from k3fleet.accept.run import run_accept_load
 from k3fleet.bounds import seconds_option
 from k3fleet.change.interrupt import cancel_on_signals
 from k3fleet.cli.accept import (
@@ -37,7 +33,6 @@ from k3fleet.cli.accept import (
 )
 from k3fleet.cli.base import err
 from k3fleet.errors import UsageError
-from k3fleet.report.escapes import safe_markup
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -48,45 +43,6 @@ def _ints(text: str, flag: str) -> list[int]:
     if not values:
         raise UsageError(f"{flag}: give at least one value")
     return values
-
-
-class _Bar(LoadObserver):
-    """A rich progress bar on stderr: one bar per phase, a line per finished step."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.p = progress
-        self.task: Any = None
-        self.counts = "0 requests"
-        self.label = ""
-        self._last = 0.0
-
-    def phase_started(self, phase: str, steps: int) -> None:
-        if self.task is not None:
-            self.p.update(self.task, visible=False)
-        self.task = self.p.add_task(phase, total=steps, status="")
-
-    def step_started(self, phase: str, label: str, seconds: float | None) -> None:
-        self.label = f"{phase}: {label}"
-        self.p.update(self.task, description=self.label)
-
-    def requests(self, done: int, errors: int) -> None:
-        now = time.monotonic()
-        if now - self._last < 0.2:
-            return
-        self._last = now
-        self.p.update(self.task, status=f"{done} requests, {errors} errors")
-
-    def step_finished(self, row: Mapping[str, Any]) -> None:
-        self.p.advance(self.task)
-        ttft = row.get("ttft_p95_s")
-        tt = f"TTFT p95 {ttft:.3f}s" if isinstance(ttft, float) else "TTFT -"
-        wait = row.get("waiting_max")
-        self.p.console.print(f"  {row['phase']:<11} {row['step']:<28} {row['ok']}/{row['requests']} ok  {tt}  "
-                             f"waiting max {wait if wait is not None else '-'}  {row['verdict']}", markup=False,
-                             highlight=False)
-
-    def note(self, message: str) -> None:
-        self.p.console.print(f"  [yellow]{safe_markup(message)}[/yellow]")
 
 
 @accept_app.command("load")
@@ -131,6 +87,10 @@ def load(
                                                                    "(k3fleet schema profile).")] = None,
 ) -> None:
     """Long-input ladder, agent-session ramp and a sustained run, with /metrics sampled throughout."""
+    from k3fleet.accept.load import LoadOptions
+    from k3fleet.accept.run import run_accept_load
+    from k3fleet.cli.load_progress import LoadBar
+
     wanted = [p.strip() for p in phases.split(",") if p.strip()]
     loaded = None
     try:
@@ -168,7 +128,7 @@ def load(
                         TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=err, disable=quiet,
                         transient=False)
     with progress:
-        done = run_accept_load(endpoint, opts, _Bar(progress), sys.argv, runs_dir=runs_dir, out=out_dir,
+        done = run_accept_load(endpoint, opts, LoadBar(progress), sys.argv, runs_dir=runs_dir, out=out_dir,
                                profile=loaded, stop=stop)
     result, rd = done.results["load"], done.run_dir
     data = result.data

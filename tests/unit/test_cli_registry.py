@@ -49,6 +49,12 @@ def test_help_and_an_unknown_command_still_see_every_command() -> None:
     assert res.returncode == 0
     for name in COMMAND_OWNERS:
         assert name in res.stdout, name
+    # Every command is registered for --help, but no flow loads: not the HTTP clients of the probes.
+    code = ("import sys; from k3fleet.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('httpx', 'aiohttp', 'k3fleet.accept.load') if m in sys.modules),"
+            " file=sys.stderr)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert res.stderr.strip().splitlines()[-1] == "[]", res.stderr[-2000:]
     res = subprocess.run([sys.executable, "-c", "import sys; from k3fleet.cli import main; sys.exit(main(['audti']))"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 2
