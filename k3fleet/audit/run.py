@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts
+from k3fleet.audit.pairs import run_pair_phase
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.pairs import PairPhase
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import evaluate_fleet, validate_facts
+from k3fleet.verdict.pairs import judge_pairs
 
 
 @dataclass
@@ -44,14 +47,15 @@ ACTIVE_LEVELS = ("none", "quick", "full")
 def active_spec(target: Any, level: str) -> tuple[dict[str, Any], int]:
     """The node module's ``active_spec`` from the target, and the most seconds the checks may take.
 
-    Full runs one ib_write_bw per rail: the budget counts the target's expected rails.
+    Full runs one ib_write_bw per rail: the budget counts the target's expected rails. The NCCL pair
+    test runs after the per-host play, with its own bound (:mod:`k3fleet.audit.pairs`).
     """
     a = target.active
     t = a.timeouts
     spec = {
         "dcgm_level": dict(a.dcgm_level), "dcgm_timeout_s": {"quick": t.dcgm_quick_s, "full": t.dcgm_full_s},
         "nccl_timeout_s": t.nccl_s, "nccl_max_bytes": a.nccl_max_bytes, "ib_write_bw_timeout_s": t.ib_write_bw_s,
-        "gpu_util": target.serve.gpu_memory_utilization,
+        "gpu_util": target.serve.gpu_memory_utilization, "nccl_pair_launcher": list(a.nccl_pair_launcher),
     }
     budget = t.dcgm_quick_s if level == "quick" else (
         t.dcgm_full_s + t.nccl_s + (t.ib_write_bw_s + 2) * max(1, target.rdma.rails_per_node))
@@ -66,11 +70,13 @@ class AuditResult:
     unreachable: dict[str, str]
     invalid: dict[str, str]
     play: PlayResult
+    # audit --active full: the NCCL pair test (None when it was not asked for or the audit stopped first).
+    pairs: PairPhase | None = None
 
     @property
     def exit_code(self) -> int:
-        return combine(int(self.verdict.exit_code),
-                       EXIT_INCOMPLETE if self.invalid or self.play.interrupted else EXIT_OK)
+        stopped = self.play.interrupted or (self.pairs is not None and self.pairs.interrupted)
+        return combine(int(self.verdict.exit_code), EXIT_INCOMPLETE if self.invalid or stopped else EXIT_OK)
 
 
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
@@ -148,12 +154,21 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         play = run_playbook("audit.yml", inventory, rd, extravars=extravars, limit=opts.limit, forks=opts.forks,
                             observer=observer, cancel=cancel, hosts=len(hosts),
                             host_key_checking=opts.host_key_checking)
+        facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
+        pairs = None
+        if opts.active == "full" and not play.interrupted and not (cancel is not None and cancel.is_set()):
+            # The second play, while the (lab) inventory still exists: nodes idle at the audit, in pairs.
+            pairs = run_pair_phase(inventory, rd, facts, target, extravars["k3fleet_active_spec"],
+                                   forks=opts.forks, cancel=cancel, host_key_checking=opts.host_key_checking)
     rd.write_jsonl(layout.EVENTS, play.events)
-    facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
     for host, data in raw.items():
         rd.write_json(layout.facts_file(host), data)
-    verdict = evaluate_fleet(facts, target, unreachable=unreachable, invalid=invalid)
-    result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
+    extra = None
+    if pairs is not None:
+        rd.write_json(layout.PAIRS, pairs.model_dump(mode="json"))
+        extra = judge_pairs(pairs.runs, pairs.not_paired, target)
+    verdict = evaluate_fleet(facts, target, unreachable=unreachable, invalid=invalid, extra=extra)
+    result = AuditResult(rd, verdict, facts, unreachable, invalid, play, pairs)
     _write_outputs(result, target)
     return result
 

@@ -28,6 +28,8 @@ RUNNER_SUMMARY = "runner.json"  # inside the play's output folder
 # -- audit and merge ------------------------------------------------------------------------------
 FACTS = "facts"  # facts/<host>.json: what each node returned
 VERDICT = "verdict.json"
+PAIRS = "pairs.json"  # audit --active full: the NCCL pair test's schedule and every pair's run
+PAIRS_PLAY = "pairs"  # its rounds' plays: ansible-pairs-<round>/, events-pairs-<round>.jsonl
 MERGE = "merge.json"  # which slice each host came from, and why the others were ignored
 SOURCES = f"{INPUTS}/sources.json"  # the merged slices
 

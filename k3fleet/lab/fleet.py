@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from k3fleet.lab.mpirun import mpirun_script
 from k3fleet.lab.profile import FleetSpec, LabHost, LabProfileError, load_fleet_file
 from k3fleet.lab.render import HostImage, ProfileRenderer, Recording
 from k3fleet.lab.replay import INDEX, REPLAY_DIR, Store, recording_files, replay_index, replay_script
@@ -106,6 +107,7 @@ class _Builder:
         self.image = image
         self.store = Store(dest / ".store")
         self.script = replay_script().encode()
+        self.mpirun = mpirun_script().encode()
         self._renderers: dict[int, ProfileRenderer] = {}
         # Per renderer: the host-independent trees and their store paths, computed once.
         self._shared_units: dict[int, dict[str, dict[str, bytes | None]]] = {}
@@ -169,7 +171,9 @@ class _Builder:
                 target = self.store.put(_tool_files({**shared_tools.get(tool, {}), **own_tools[tool]}))
             self.store.link(target, root / REPLAY_DIR / tool, 3)
         if tools not in self._bins:
-            self._bins[tools] = self.store.put({tool: self.script for tool in tools}, executable=True)
+            # Every tool replays its recordings; mpirun is the stand-in that runs a pair (k3fleet.lab.mpirun).
+            self._bins[tools] = self.store.put(
+                {tool: self.mpirun if tool == "mpirun" else self.script for tool in tools}, executable=True)
         self.store.link(self._bins[tools], root / "bin", 2)
         return root
 

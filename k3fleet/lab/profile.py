@@ -424,6 +424,9 @@ class ActiveToolsSpec(_Spec):
     dcgmi: Literal["absent", "pass", "gpu_memory_fail"] = "absent"
     all_reduce_perf: Literal["absent", "low_busbw"] = "absent"
     ib_write_bw: Literal["absent", "slow"] = "absent"
+    # A stand-in mpirun for the NCCL pair test (k3fleet.lab.mpirun): a pair of lab hosts
+    # prints the recorded two-node run of a good pair, or of a low one when either host's link is low.
+    mpirun: Literal["absent", "good", "low"] = "absent"
 
 
 class Profile(_Spec):

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import string
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PAIR_LAUNCHER_FIELDS
 
 Strategy = Literal["single_node_tp", "multi_node_tp_dp", "multi_node_tp_pp", "multi_node_dep"]
 # "auto": derive the strategy from the fleet's GPU memory (see GpuSpec.weights_memory).
@@ -451,7 +454,8 @@ class ActiveTimeouts(_Strict):
 
     dcgm_quick_s: int = Field(default=180, gt=0, le=3600, description="dcgmi diag at the quick level")
     dcgm_full_s: int = Field(default=2400, gt=0, le=14400, description="dcgmi diag at the full level")
-    nccl_s: int = Field(default=600, gt=0, le=3600, description="all_reduce_perf within the node")
+    nccl_s: int = Field(default=600, gt=0, le=3600,
+                        description="all_reduce_perf within the node, and each pair of nodes (audit --active full)")
     ib_write_bw_s: int = Field(default=60, gt=0, le=600, description="ib_write_bw on one rail")
 
 
@@ -465,8 +469,44 @@ class ActiveSpec(_Strict):
     # Largest all_reduce_perf message and its peak bus bandwidth floor per GPU model (GB/s).
     nccl_max_bytes: str = Field(default="8G", pattern=r"^\d+[KMG]?$")
     nccl_busbw_min_gbs: dict[str, float] = Field(default_factory=dict)
+    # all_reduce_perf across each pair of nodes (full): its peak busbw floor per GPU model (GB/s, for the
+    # target's rails), and the launcher the first node runs it with ({hosts}: a:G,b:G, {ranks}: 2G,
+    # {gpus}: G); all_reduce_perf -b 8 -e <nccl_max_bytes> -f 2 -g 1 follows it.
+    nccl_pair_busbw_min_gbs: dict[str, float] = Field(default_factory=dict)
+    nccl_pair_launcher: list[str] = Field(
+        default_factory=lambda: ["mpirun", "-H", "{hosts}", "-np", "{ranks}", "--bind-to", "none",
+                                 "-x", "NCCL_ALGO=Ring", "-x", "PATH", "-x", "LD_LIBRARY_PATH"],
+        description="the launcher's command line before all_reduce_perf")
     # ib_write_bw's average against the rail's rate (sysfs rate, Gb/s).
     ib_write_bw_min_fraction: float = Field(default=0.9, gt=0, le=1)
+
+    @field_validator("nccl_busbw_min_gbs", "nccl_pair_busbw_min_gbs")
+    @classmethod
+    def _floors(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(model for model, floor in v.items() if not floor > 0)
+        if bad:
+            raise ValueError(f"a bandwidth floor is above 0 GB/s: {', '.join(bad)}")
+        return v
+
+    @field_validator("nccl_pair_launcher")
+    @classmethod
+    def _launcher(cls, v: list[str]) -> list[str]:
+        if not v or not v[0].strip() or any(c.isspace() for c in v[0]):
+            raise ValueError("give the launcher as a command and its arguments, one list item each")
+        used: set[str] = set()
+        for part in v:
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
+            except ValueError as exc:
+                raise ValueError(f"{part!r}: {exc} (a literal brace is written {{{{ or }}}})") from None
+            unknown = sorted(set(fields) - set(PAIR_LAUNCHER_FIELDS))
+            if unknown:
+                raise ValueError(f"{part!r}: unknown placeholder {', '.join(unknown)} "
+                                 f"(known: {', '.join(PAIR_LAUNCHER_FIELDS)})")
+            used.update(fields)
+        if "hosts" not in used:
+            raise ValueError("the launcher must name the pair's hosts with {hosts} (a:G,b:G)")
+        return v
 
     @field_validator("dcgm_level")
     @classmethod

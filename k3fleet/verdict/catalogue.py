@@ -140,6 +140,10 @@ SOURCES: dict[str, str] = {
         'on 8 NVLink4 GPUs)'
     ),
     "active.ib_write_bw": 'docs/facts.md section 17 (perftest ib_write_bw: BW average[Gb/sec])',
+    "active.nccl_pair_busbw": (
+        'docs/facts.md section 17 (nccl-tests issues 290 and 319: 46-48 GB/s busbw per NDR 400 Gb/s NIC with '
+        'NCCL_ALGO=Ring between two nodes)'
+    ),
     "target.unconfirmed": 'docs/facts.md section 2 (rows marked confirmed: false)',
 }
 
@@ -381,10 +385,22 @@ _CHECKS: tuple[Check, ...] = (
        "NCCL_P2P_DISABLE) and PCIe ACS, then rerun with audit --active full."),
     _c("active.ib_write_bw", "RDMA rails reach their bandwidth",
        "A loopback ib_write_bw on each active rail measures what the HCA and its PCIe path carry; a rail "
-       "well below its rate slows every cross-node collective. Pairs between nodes are not run.",
+       "well below its rate slows every cross-node collective. The path between nodes is "
+       "active.nccl_pair_busbw's.",
        "error",
        "Check the HCA's PCIe link (lspci -vvv LnkSta), its firmware and NUMA placement, then the cable and "
        "switch port; rerun with audit --active full."),
+    _c("active.nccl_pair_busbw", "NCCL all-reduce bandwidth between nodes",
+       "all_reduce_perf across each pair of like nodes (mpirun, one rank per GPU, NCCL_ALGO=Ring) measures what "
+       "the RDMA rails, cables and switches carry between them, which the loopback ib_write_bw cannot see; its "
+       "peak busbw at the largest message is judged against active.nccl_pair_busbw_min_gbs for the GPU model. "
+       "Each node is in two pairs: one in two low pairs is the cause, a low pair of two otherwise good nodes "
+       "is the path between them, and #wrong results mean corrupted data.",
+       "error",
+       "On the node named: ibstat and ib_write_bw to its partner per rail, the rails' cables and switch ports "
+       "(ibdiagnet, port counters), GPUDirect RDMA (nvidia_peermem, NCCL_DEBUG=INFO shows GDRDMA) and PCIe "
+       "ACS; for a low path between two good nodes, the leaf/spine ports between them. Drain it from "
+       "multi-node serving until audit --active full passes."),
     _c("fleet.driver_drift", "One driver version across the fleet",
        "Mixed driver versions make failures host-dependent and can break cross-node NCCL.",
        "warning",

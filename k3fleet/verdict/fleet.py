@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from types import MappingProxyType
@@ -157,6 +157,7 @@ def evaluate_fleet(
     *,
     invalid: Mapping[str, str] = _NO_HOSTS,
     wave_size: int | None = None,
+    extra: Mapping[str, Sequence[Finding]] | None = None,
 ) -> FleetVerdict:
     """The fleet verdict for validated host facts (keyed by inventory name) against ``target``.
 
@@ -164,13 +165,15 @@ def evaluate_fleet(
     listed as unreachable (never as failed checks), even if stale facts for it were passed.
     ``invalid`` maps hosts whose facts did not validate (see ``validate_facts``) to the
     reason: each gets one ``facts.schema`` finding of kind unknown (evidence incomplete).
-    ``wave_size`` overrides the target's wave fraction for the change plan.
+    ``wave_size`` overrides the target's wave fraction for the change plan. ``extra`` adds findings a
+    host's own facts cannot give, judged across hosts beforehand (the NCCL pair test,
+    :func:`k3fleet.verdict.pairs.judge_pairs`), to that host's findings and status.
     """
     with gc_paused():
         fold = FleetFold(target, unreachable, invalid=invalid)
         for name, host_facts in facts.items():
             fold.add_facts(name, host_facts)
-        return fold.verdict(wave_size)
+        return fold.verdict(wave_size, extra=extra)
 
 
 def evaluate_stream(
@@ -264,8 +267,10 @@ class FleetFold:
                 self._contexts[id(facts)] = ctx
         self._hosts[host] = (facts, scheduler, ctx)
 
-    def verdict(self, wave_size: int | None = None) -> FleetVerdict:
-        """The fleet verdict over the hosts added; call once, after the last host."""
+    def verdict(self, wave_size: int | None = None,
+                extra: Mapping[str, Sequence[Finding]] | None = None) -> FleetVerdict:
+        """The fleet verdict over the hosts added; call once, after the last host. ``extra``: findings
+        per host judged across hosts (as for :func:`evaluate_fleet`), added to the host's own."""
         if self._closed:
             raise ValueError("the fold already gave its verdict: a fold gives one")
         self._closed = True
@@ -293,6 +298,12 @@ class FleetFold:
         for name, (facts, scheduler, ctx) in zip(names, kept, strict=True):
             add_facts(facts)
             findings, worst, of_kind = run(facts, name, ctx, scheduler)
+            more = extra.get(name) if extra else None
+            if more:
+                # The host's findings are its own now, no longer its node kind's.
+                findings = [*findings, *more]
+                worst = max(worst, *(SEVERITY_RANK[f.severity] for f in more))
+                of_kind = False
             status = status_of(worst)
             if ctx.unconfirmed:
                 unconfirmed |= ctx.unconfirmed

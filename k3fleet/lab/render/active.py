@@ -1,18 +1,22 @@
-"""Active checks (docs/facts.md section 17): stand-in dcgmi, all_reduce_perf and ib_write_bw that
-print recorded real outputs (k3fleet/lab/active_data/SOURCES.md)."""
+"""Active checks (docs/facts.md section 17): stand-in dcgmi, all_reduce_perf, ib_write_bw and mpirun
+that print recorded real outputs (k3fleet/lab/active_data/SOURCES.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
+from k3fleet.lab.mpirun import pair_link_argv, pair_recording_argv
 from k3fleet.lab.render.node import HostImage, Part, Recording
 from k3fleet.targets import load_target
 
 _ACTIVE_DATA = Path(__file__).resolve().parent.parent / "active_data"
 _ACTIVE_FILES = {"pass": "dcgmi_diag_r2_pass_excerpt.txt",
                  "gpu_memory_fail": "dcgmi_diag_r2_gpu_memory_fail_excerpt.txt",
-                 "low_busbw": "all_reduce_perf_h100_2nodes_16ranks.txt", "slow": "ib_write_bw_post_list_8B.txt"}
+                 "low_busbw": "all_reduce_perf_h100_2nodes_16ranks.txt", "slow": "ib_write_bw_post_list_8B.txt",
+                 # The NCCL pair test's two-node runs (the stand-in mpirun prints one of them).
+                 "pair_good": "all_reduce_perf_h100_2nodes_16ranks.txt",
+                 "pair_low": "all_reduce_perf_h100_2nodes_16ranks_low_excerpt.txt"}
 
 
 def _active_output(kind: str) -> str:
@@ -32,6 +36,12 @@ class ActiveView(Part):
             max_bytes = load_target().active.nccl_max_bytes
             img.record(sources.all_reduce_perf_argv(self.p.gpus.count, max_bytes),
                        Recording(stdout=_active_output(tools.all_reduce_perf)))
+        if tools.mpirun != "absent":
+            # What the stand-in mpirun answers with (k3fleet.lab.replay.mpirun_script), under fixed keys.
+            for link in ("good", "low"):
+                img.record(pair_recording_argv(link), Recording(stdout=_active_output(f"pair_{link}")))
+            if tools.mpirun == "low":
+                img.record(pair_link_argv("low"), Recording())
         if tools.ib_write_bw != "absent":
             text = _active_output(tools.ib_write_bw)
             ib = self.p.infiniband

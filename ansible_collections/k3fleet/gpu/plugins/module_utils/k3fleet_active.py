@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Stdlib only: this file is shipped to every node inside the AnsiballZ payload.
 # ruff: noqa: UP001, UP009, UP010, UP031
-"""Active checks of ``audit --active LEVEL``: DCGM's diagnostic, NCCL all-reduce, ib_write_bw per rail.
+"""Active checks of ``audit --active LEVEL``: DCGM's diagnostic, NCCL all-reduce, ib_write_bw per rail,
+and (``full``, a second play) all_reduce_perf across a pair of nodes through the target's launcher.
 
 They load the GPUs and the HCAs, so they never run on a node whose GPUs another process holds (the
 driver facts' compute processes and memory in use, as ``gpu.in_use`` reads them): the section then
@@ -22,6 +23,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     all_reduce_perf_argv,
     dcgmi_diag_argv,
     ib_write_bw_argv,
+    nccl_pair_argv,
 )
 
 __metaclass__ = type
@@ -265,3 +267,35 @@ def collect_active(reader, level, spec, driver, rdma, scheduler=None):
         result.update(rail)
         out["ib_write_bw"].append(result)
     return out
+
+
+# -- between two nodes -------------------------------------------------------------------------
+
+# A host name or IPv4 address as the launcher's host list takes it (``a:8,b:8``): nothing that
+# would split or extend the list.
+_ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def collect_pair(reader, addresses, gpus, spec):
+    """all_reduce_perf over ``addresses`` (this node first, then its partner), ``gpus`` ranks on each,
+    launched by the target's ``nccl_pair_launcher`` (mpirun) under the NCCL timeout.
+
+    A launcher or all_reduce_perf that is not installed here is reported (``ran`` False) and never
+    run; the partner's side fails inside the launcher, which the result's ``reason`` carries.
+    """
+    out = {"ran": False, "reason": None, "addresses": list(addresses or []), "gpus": gpus}
+    bad = [a for a in out["addresses"] if not _ADDRESS.match(str(a))]
+    if len(out["addresses"]) != 2 or bad:
+        out["reason"] = "a pair is two host names, got %s" % ", ".join(repr(a) for a in out["addresses"])
+        return out
+    if not isinstance(gpus, int) or gpus < 1:
+        out["reason"] = "the GPUs per host are unknown (%r)" % (gpus,)
+        return out
+    argv = nccl_pair_argv(spec["nccl_pair_launcher"], out["addresses"], gpus, spec["nccl_max_bytes"])
+    for tool in (argv[0], "all_reduce_perf"):
+        if reader.which(tool) is None:
+            out["reason"] = "%s: command not found" % tool
+            return out
+    result = _tool(reader, argv, float(spec["nccl_timeout_s"]), parse_all_reduce_perf)
+    result.update({"addresses": out["addresses"], "gpus": gpus})
+    return result

@@ -159,6 +159,19 @@ def all_reduce_perf_argv(gpus, max_bytes):
     return ["all_reduce_perf", "-b", "8", "-e", str(max_bytes), "-f", "2", "-g", str(gpus)]
 
 
+# The launcher's placeholders: the pair's hosts as ``a:G,b:G`` and the ranks (2G, one per GPU).
+PAIR_LAUNCHER_FIELDS = ("hosts", "ranks", "gpus")
+
+
+def nccl_pair_argv(launcher, addresses, gpus, max_bytes):
+    """nccl-tests across two nodes: the target's launcher (mpirun) with its ``{hosts}``, ``{ranks}``
+    and ``{gpus}`` filled in, then one all_reduce_perf rank per GPU (``-g 1``)."""
+    values = {"hosts": ",".join("%s:%d" % (a, gpus) for a in addresses), "ranks": str(len(addresses) * gpus),
+              "gpus": str(gpus)}
+    argv = [str(part).format(**values) for part in launcher]
+    return argv + ["all_reduce_perf", "-b", "8", "-e", str(max_bytes), "-f", "2", "-g", "1"]
+
+
 # First TCP port of the loopback ib_write_bw pairs (perftest's default is 18515); one per rail.
 IB_WRITE_BW_PORT = 18515
 
