@@ -50,7 +50,7 @@ def parse_config(text: str) -> dict[str, str]:
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue
-        key, _, value = line.partition("=")
+        key, value = line.split("=", 1)
         out[key.strip()] = value.strip()
     return out
 
@@ -86,7 +86,7 @@ def parse_imex_ctl_nodes(text: str) -> dict[str, Any]:
             node: dict[str, Any] = {"index": int(m.group(1)), "address": m.group(2), "status": m.group(3),
                                     "version": None, "hostname": None}
             for part in re.split(r"\s+-\s+", " " + m.group(4).strip()):
-                key, _, value = part.partition(":")
+                key, value = (part.split(":", 1) + [""])[:2]
                 if key.strip() == "Version":
                     node["version"] = value.strip() or None
                 elif key.strip() == "Hostname":
