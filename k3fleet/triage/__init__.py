@@ -241,7 +241,7 @@ def _not_captured() -> dict[str, Any]:
 def build_facts(host: str, captures: Sequence[Capture]) -> dict[str, Any]:
     """Host facts of the audit's schema from the captures; every section not captured says so."""
     facts: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "host": host}
-    for section in ("driver", "packages", "fabricmanager", "rdma", "nccl", "container", "scheduler"):
+    for section in ("driver", "packages", "fabricmanager", "imex", "rdma", "nccl", "container", "scheduler"):
         facts[section] = _not_captured()
     drv: dict[str, Any] = {"status": "unknown", "reason": NOT_CAPTURED, "nvml": {"status": "skipped", "error": None}}
     fm: dict[str, Any] | None = None
