@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible.module_utils.testing import patch_module_args
+from nodetree import ExitJson, FailJson
 from pydantic import ValidationError
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_pair, parse_all_reduce_perf
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import nccl_pair_argv
+from ansible_collections.k3fleet.gpu.plugins.modules import k3fleet_nccl_pair_info
 from k3fleet.audit.run import active_spec
 from k3fleet.lab.fleet import default_image, expand_hosts, generate_fleet, load_fleet
 from k3fleet.models.findings import Finding
@@ -182,6 +186,24 @@ def test_lab_pair_without_the_tools_is_reported_not_run(lab: Any) -> None:
     there = collect_pair(_reader(out, "p01"), ["p01", "p06"], 8, spec)
     assert there["ran"] and there["rc"] == 1 and there["peak_busbw_gbs"] is None
     assert "p06: orted: command not found" in there["reason"]
+
+
+@pytest.mark.usefixtures("patched_exits")
+def test_the_module_as_the_pair_play_runs_it(lab: Any) -> None:
+    out, _, spec = lab
+    root = out / "hosts" / "p01"
+    args = {"addresses": ["p01", "p02"], "gpus": 8, "active_spec": spec, "root": str(root), "path": str(root / "bin")}
+    with patch_module_args(args), pytest.raises(ExitJson) as done:
+        k3fleet_nccl_pair_info.main()
+    result = done.value.args[0]
+    assert result["changed"] is False
+    pair = result[RESULT_KEY]["pair"]
+    assert pair["peak_busbw_gbs"] == 338.82 and pair["addresses"] == ["p01", "p02"]
+    (cmd,) = result[RESULT_KEY]["commands"]
+    assert cmd["argv"][:4] == ["mpirun", "-H", "p01:8,p02:8", "-np"] and cmd["rc"] == 0
+    with patch_module_args({**args, "active_spec": {"nccl_max_bytes": "8G"}}), pytest.raises(FailJson) as bad:
+        k3fleet_nccl_pair_info.main()
+    assert "active_spec needs nccl_pair_launcher, nccl_max_bytes, nccl_timeout_s" in bad.value.args[0]["msg"]
 
 
 @pytest.mark.parametrize(("addresses", "gpus"), [(["p01"], 8), (["p01", "p02,p03"], 8), (["p01", "-H"], 8),
