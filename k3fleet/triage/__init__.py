@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import classify_probe_failure
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import versions_match
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_probe import classify_probe_failure
 from k3fleet.accept.result import finding
 from k3fleet.accept.startup import analyse_startup
 from k3fleet.bounds import cap_bytes, limit_hint, read_input

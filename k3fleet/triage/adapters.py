@@ -18,7 +18,9 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_contain
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_fabricmanager as fmu
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_packages as pkg
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_probe as prb
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_rdma as rdma
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_smi as smi
 
 FM_UNIT = "nvidia-fabricmanager.service"
 
@@ -100,7 +102,7 @@ def driver_from_smi_q(text: str) -> dict[str, Any]:
     """``nvidia-smi -q`` -> DriverFacts: the header through ``parse_smi_q_cuda``, per-GPU fabric
     state through ``apply_smi_fabric``, the GPU list from each block's first fields."""
     try:
-        header = drv.parse_smi_q_cuda(text)
+        header = smi.parse_smi_q_cuda(text)
     except ValueError as exc:
         raise CaptureError(str(exc)) from exc
     gpus: list[dict[str, Any]] = []
@@ -134,7 +136,7 @@ def driver_from_smi_q(text: str) -> dict[str, Any]:
             if t:
                 cur["memory_total_mib"] = int(t.group(1))
                 in_fb = False
-    note = drv.apply_smi_fabric(gpus, text) if gpus else None
+    note = smi.apply_smi_fabric(gpus, text) if gpus else None
     return {"status": "ok" if gpus else "unknown", "reason": note, "source": "nvidia-smi",
             "driver_version": header.get("driver_version"), "cuda_driver_version": header.get("cuda_version"),
             "nvml": {"status": "skipped", "error": None}, "gpu_count": len(gpus) if gpus else None, "gpus": gpus}
@@ -142,7 +144,7 @@ def driver_from_smi_q(text: str) -> dict[str, Any]:
 
 def driver_from_smi_failure(text: str) -> dict[str, Any]:
     """nvidia-smi's own failure text ("Failed to initialize NVML: ...") -> the NVML status it names."""
-    status, message = drv.classify_smi_failure(text)
+    status, message = smi.classify_smi_failure(text)
     return {"status": "unknown", "reason": f"nvidia-smi failed: {message}", "source": None,
             "nvml": {"status": status, "error": f"via nvidia-smi: {message}"}}
 
@@ -372,9 +374,9 @@ def _strings(value: Any) -> list[str]:
 
 def probe_from_error(text: str) -> dict[str, Any]:
     """A container start error -> ProbeFacts, classified by the audit probe's own patterns."""
-    if ctr.classify_probe_failure(text)[0] is None:
+    if prb.classify_probe_failure(text)[0] is None:
         raise CaptureError("no known container start failure in the text")
-    return ctr.parse_probe_output(125, "", text)
+    return prb.parse_probe_output(125, "", text)
 
 
 _IMAGE_REF = re.compile(r"(?<![\w./:-])((?:[\w.-]+(?::\d+)?/)+[\w.-]+(?::[\w.-]+)?(?:@sha256:[0-9a-f]{64})?)"

@@ -15,14 +15,16 @@ from nodetree import fixtures, replay_steps
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import (
-    classify_probe_failure,
     collect_container,
     parse_ctk_version,
     parse_image_inspect,
-    parse_probe_output,
     parse_runtime_version,
     toolkit_version_from_packages,
     vllm_version_from_config,
+)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_probe import (
+    classify_probe_failure,
+    parse_probe_output,
 )
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PROBE_MARKER, PROBE_SCRIPT
 from k3fleet.models.facts import ContainerFacts

@@ -16,6 +16,9 @@ import pytest
 from nodetree import fake_command, fixtures, node
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_gpu_common as gpu_common
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml as nvml
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_smi as smi_src
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from k3fleet.models.facts import DriverFacts
 
@@ -74,7 +77,7 @@ def test_parse_proc_modules_skips_a_half_line() -> None:
 
 
 def test_parse_smi_csv_query_fields() -> None:
-    rows = drv.parse_smi_csv(fixture("smi_query_quadro_rtx4000.csv"))
+    rows = smi_src.parse_smi_csv(fixture("smi_query_quadro_rtx4000.csv"))
     assert rows == [
         {"index": 0, "name": "Quadro RTX 4000", "uuid": "GPU-c7b57be0-94ff-d352-a59b-d0ee00aeed43",
          "driver_version": "535.129.03", "memory.total": 8192, "persistence_mode": False,
@@ -86,7 +89,7 @@ def test_parse_smi_csv_query_fields() -> None:
 
 
 def test_query_fields_are_the_command_line_fields() -> None:
-    assert drv.SMI_QUERY_FIELDS == ("index", "name", "uuid", "driver_version", "memory.total",
+    assert smi_src.SMI_QUERY_FIELDS == ("index", "name", "uuid", "driver_version", "memory.total",
                                     "persistence_mode", "pci.bus_id", "compute_cap")
 
 
@@ -102,7 +105,7 @@ def test_query_fields_are_the_command_line_fields() -> None:
       "pci.device_id": "0x1E3010DE"}),
 ])
 def test_parse_smi_csv_headers_and_units(name: str, fields: tuple[str, ...], expected_first: dict[str, Any]) -> None:
-    rows = drv.parse_smi_csv(fixture(name), fields)
+    rows = smi_src.parse_smi_csv(fixture(name), fields)
     assert len(rows) == 2
     assert rows[0] == expected_first
 
@@ -113,7 +116,7 @@ def test_parse_smi_csv_names_with_spaces_and_na() -> None:
               "driver_version", "name", "gpu_uuid", "power.draw", "temperature.gpu", "temperature.memory",
               "clocks.current.graphics", "clocks.sm", "clocks.mem", "utilization.gpu", "utilization.memory",
               "fan.speed", "pcie.link.width.current", "pstate")
-    (row,) = drv.parse_smi_csv(fixture("smi_csv_rtx2080_na.csv"), fields)
+    (row,) = smi_src.parse_smi_csv(fixture("smi_csv_rtx2080_na.csv"), fields)
     assert row["name"] == "GeForce RTX 2080"
     assert row["gpu_uuid"] == "GPU-22b2c6ac-2d49-4863-197c-9c469071178a"
     assert row["memory.total"] == 7979
@@ -131,7 +134,7 @@ def test_parse_smi_csv_names_with_spaces_and_na() -> None:
 ])
 def test_parse_smi_csv_rejects_garbage(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        drv.parse_smi_csv(text)
+        smi_src.parse_smi_csv(text)
 
 
 # -- nvidia-smi -q header and failure texts ------------------------------------------
@@ -145,12 +148,12 @@ def test_parse_smi_csv_rejects_garbage(text: str, message: str) -> None:
     ("smi_q_580_header_wide.txt", "580.159.04", "13.0"),  # R580.159's 55-character key column
 ])
 def test_parse_smi_q_cuda(name: str, driver: str, cuda: str | None) -> None:
-    assert drv.parse_smi_q_cuda(fixture(name)) == {"driver_version": driver, "cuda_version": cuda}
+    assert smi_src.parse_smi_q_cuda(fixture(name)) == {"driver_version": driver, "cuda_version": cuda}
 
 
 def test_parse_smi_q_cuda_rejects_text_without_header() -> None:
     with pytest.raises(ValueError, match="no 'Driver Version'"):
-        drv.parse_smi_q_cuda(fixture("nvidia_smi_no_driver.txt"))
+        smi_src.parse_smi_q_cuda(fixture("nvidia_smi_no_driver.txt"))
 
 
 @pytest.mark.parametrize(("name", "status", "starts"), [
@@ -160,7 +163,7 @@ def test_parse_smi_q_cuda_rejects_text_without_header() -> None:
     ("smi_q_580_gb10.txt", "error", "==============NVSMI LOG"),
 ])
 def test_classify_smi_failure(name: str, status: str, starts: str) -> None:
-    got_status, message = drv.classify_smi_failure(fixture(name))
+    got_status, message = smi_src.classify_smi_failure(fixture(name))
     assert got_status == status
     assert message.startswith(starts)
 
@@ -182,13 +185,13 @@ def with_fabric_block(text: str, bus_id: str, block: str, indent: int = 0) -> st
 
 
 def test_parse_smi_q_fabric_hgx_h100_all_completed() -> None:
-    fabric = drv.parse_smi_q_fabric(fixture("smi_q_565_h100x8_fabric_completed.txt"))
+    fabric = smi_src.parse_smi_q_fabric(fixture("smi_q_565_h100x8_fabric_completed.txt"))
     assert list(fabric) == H100_BUS_IDS
     assert all(v == {"state": "completed", "status": "success", "note": None} for v in fabric.values())
 
 
 def test_parse_smi_q_fabric_na_on_boards_without_fabric() -> None:
-    fabric = drv.parse_smi_q_fabric(fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
+    fabric = smi_src.parse_smi_q_fabric(fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
     assert len(fabric) == 8
     # The process lists between the blocks must not leak into the next GPU.
     assert set(fabric) == {f"00000000:{b}:00.0" for b in ("01", "23", "41", "61", "81", "A1", "C1", "E1")}
@@ -198,7 +201,7 @@ def test_parse_smi_q_fabric_na_on_boards_without_fabric() -> None:
 def test_parse_smi_q_fabric_completed_with_an_error_status() -> None:
     text = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:2A:00.0",
                              fixture("smi_q_fabric_insufficient_resources_block.txt"), indent=4)
-    fabric = drv.parse_smi_q_fabric(text)
+    fabric = smi_src.parse_smi_q_fabric(text)
     assert fabric["00000000:2A:00.0"] == {"state": "completed", "status": "insufficient_resources", "note": None}
     assert fabric["00000000:18:00.0"]["status"] == "success"
 
@@ -206,7 +209,7 @@ def test_parse_smi_q_fabric_completed_with_an_error_status() -> None:
 def test_parse_smi_q_fabric_in_progress_with_r580_column_width() -> None:
     text = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:DB:00.0",
                              fixture("smi_q_580_fabric_in_progress_block.txt"))
-    fabric = drv.parse_smi_q_fabric(text)
+    fabric = smi_src.parse_smi_q_fabric(text)
     assert fabric["00000000:DB:00.0"] == {"state": "in_progress", "status": None, "note": None}
     assert [v["state"] for v in fabric.values()].count("completed") == 7
 
@@ -225,7 +228,7 @@ def test_parse_smi_q_fabric_in_progress_with_r580_column_width() -> None:
 def test_parse_smi_q_fabric_state_table(printed: str, state: str | None, note: str | None) -> None:
     key = "        State                             : "
     text = fixture("smi_q_565_h100x8_fabric_completed.txt").replace(key + "Completed", key + printed, 1)
-    got = drv.parse_smi_q_fabric(text)["00000000:18:00.0"]
+    got = smi_src.parse_smi_q_fabric(text)["00000000:18:00.0"]
     assert (got["state"], got["note"]) == (state, note)
 
 
@@ -236,7 +239,7 @@ def test_parse_smi_q_fabric_ignores_other_state_keys() -> None:
     start = lines.index("GPU 00000000:18:00.0")
     fabric = lines.index("    Fabric", start)
     del lines[fabric:fabric + 3]  # the section header, its State and its Status
-    got = drv.parse_smi_q_fabric("\n".join(lines))["00000000:18:00.0"]
+    got = smi_src.parse_smi_q_fabric("\n".join(lines))["00000000:18:00.0"]
     # CliqueId and the rest now sit under "Voltage": no fabric state, and no false one either.
     assert got == {"state": None, "status": None, "note": "no Fabric section"}
 
@@ -247,14 +250,14 @@ def test_parse_smi_q_fabric_ignores_other_state_keys() -> None:
     ("smi_q_535_interleaved_log.txt", "no Fabric section"),
 ])
 def test_parse_smi_q_fabric_without_fabric_section(name: str, note: str) -> None:
-    (entry,) = drv.parse_smi_q_fabric(fixture(name)).values()
+    (entry,) = smi_src.parse_smi_q_fabric(fixture(name)).values()
     assert entry == {"state": None, "status": None, "note": note}
 
 
 def test_parse_smi_q_fabric_truncated_inside_the_section() -> None:
     text = fixture("smi_q_565_h100x8_fabric_completed.txt")
     cut = text[: text.index("    Fabric\n") + len("    Fabric\n        Sta")]
-    fabric = drv.parse_smi_q_fabric(cut)
+    fabric = smi_src.parse_smi_q_fabric(cut)
     assert fabric["00000000:18:00.0"] == {"state": None, "status": None, "note": "Fabric section has no State line"}
     assert list(fabric) == ["00000000:18:00.0"]
 
@@ -263,7 +266,7 @@ def test_parse_smi_q_fabric_truncated_inside_the_section() -> None:
     fixture("nvidia_smi_no_driver.txt"), fixture("smi_q_580_header_wide.txt"), "", "GPU 0: NVIDIA H200\n"])
 def test_parse_smi_q_fabric_rejects_text_without_gpu_blocks(text: str) -> None:
     with pytest.raises(ValueError, match="no 'GPU <bus id>' block"):
-        drv.parse_smi_q_fabric(text)
+        smi_src.parse_smi_q_fabric(text)
 
 
 @pytest.mark.parametrize(("value", "normal"), [
@@ -287,12 +290,12 @@ def test_normalize_bus_id(value: str | None, normal: str | None) -> None:
     ("Success", "success"), ("Insufficient Resources", "insufficient_resources"), ("Unknown Error", "unknown_error"),
     ("N/A", None), ("", None), (None, None)])
 def test_fabric_status_name(text: str | None, name: str | None) -> None:
-    assert drv.fabric_status_name(text) == name
+    assert gpu_common.fabric_status_name(text) == name
 
 
 def csv_gpus(name: str) -> list[dict[str, Any]]:
     return [{"index": r["index"], "pci_bus_id": r["pci.bus_id"], "fabric_state": None, "fabric_status": None}
-            for r in drv.parse_smi_csv(fixture(name))]
+            for r in smi_src.parse_smi_csv(fixture(name))]
 
 
 def test_apply_smi_fabric_matches_by_bus_id_not_order() -> None:
@@ -302,14 +305,14 @@ def test_apply_smi_fabric_matches_by_bus_id_not_order() -> None:
     gpus[0]["pci_bus_id"] = "0000:db:00.0"
     text = with_fabric_block(fixture("smi_q_565_h100x8_fabric_completed.txt"), "00000000:DB:00.0",
                              fixture("smi_q_580_fabric_in_progress_block.txt"))
-    assert drv.apply_smi_fabric(gpus, text) is None
+    assert smi_src.apply_smi_fabric(gpus, text) is None
     assert [(g["index"], g["fabric_state"]) for g in gpus][:2] == [(7, "in_progress"), (6, "completed")]
     assert {g["fabric_status"] for g in gpus[1:]} == {"success"}
 
 
 def test_apply_smi_fabric_names_the_gpus_it_could_not_match() -> None:
     gpus = [*csv_gpus("smi_query_quadro_rtx4000.csv"), {"index": 2, "pci_bus_id": None}]
-    note = drv.apply_smi_fabric(gpus, fixture("smi_q_565_h100x8_fabric_completed.txt"))
+    note = smi_src.apply_smi_fabric(gpus, fixture("smi_q_565_h100x8_fabric_completed.txt"))
     assert note == ("GPU fabric state unknown: GPU 0-1: bus id not in nvidia-smi -q; "
                     "GPU 2: no PCI bus id to match -q by")
     assert all(g.get("fabric_state") is None for g in gpus)
@@ -318,15 +321,15 @@ def test_apply_smi_fabric_names_the_gpus_it_could_not_match() -> None:
 def test_apply_smi_fabric_groups_na_gpus() -> None:
     gpus = [{"index": i, "pci_bus_id": f"00000000:{b}:00.0"}
             for i, b in enumerate(("01", "23", "41", "61", "81", "A1", "C1", "E1"))]
-    note = drv.apply_smi_fabric(gpus, fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
+    note = smi_src.apply_smi_fabric(gpus, fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
     assert note == "GPU fabric state unknown: GPU 0-7: State N/A"
-    assert drv.apply_smi_fabric(gpus[:1], fixture("nvidia_smi_no_driver.txt")) == (
+    assert smi_src.apply_smi_fabric(gpus[:1], fixture("nvidia_smi_no_driver.txt")) == (
         "GPU fabric state unknown: nvidia-smi -q output has no 'GPU <bus id>' block")
 
 
 @pytest.mark.parametrize(("value", "text"), [(13000, "13.0"), (12090, "12.9"), (12080, "12.8"), (11040, "11.4")])
 def test_cuda_version_from_int(value: int, text: str) -> None:
-    assert drv.cuda_version_from_int(value) == text
+    assert nvml.cuda_version_from_int(value) == text
 
 
 @pytest.mark.parametrize(("exc", "status"), [
@@ -339,7 +342,7 @@ def test_cuda_version_from_int(value: int, text: str) -> None:
     (RuntimeError("not NVML"), "error"),
 ])
 def test_nvml_error_status_by_real_class(exc: BaseException, status: str) -> None:
-    assert drv.nvml_error_status(exc) == status
+    assert nvml.nvml_error_status(exc) == status
 
 
 # -- NVML through a fake pynvml ------------------------------------------------------
@@ -422,13 +425,13 @@ H200 = [
 
 def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
     nv = FakeNvml(H200)
-    got = drv.collect_nvml(nv)
+    got = nvml.collect_nvml(nv)
     assert got["nvml"] == {"status": "ok", "error": None}
     assert got["driver_version"] == "580.95.05"
     assert got["cuda_driver_version"] == "13.0"
     # The v2 struct's health mask reads 0 (every condition "not supported"); this fake has no
     # process listing, so processes stay unknown rather than "none".
-    no_health = drv.decode_fabric_health(0, None)
+    no_health = nvml.decode_fabric_health(0, None)
     # This fake has none of the health calls: each health field is unknown with that reason (the
     # health readings have their own table below).
     for gpu in got["gpus"]:
@@ -456,7 +459,7 @@ def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
                                              (3, "completed"), (9, None)])
 def test_collect_nvml_fabric_states(state: int, name: str | None) -> None:
     gpu = dict(H200[0], fabric=state)
-    assert drv.collect_nvml(FakeNvml([gpu]))["gpus"][0]["fabric_state"] == name
+    assert nvml.collect_nvml(FakeNvml([gpu]))["gpus"][0]["fabric_state"] == name
 
 
 @pytest.mark.parametrize(("state", "status", "expected"), [
@@ -473,12 +476,12 @@ def test_collect_nvml_fabric_states(state: int, name: str | None) -> None:
 ])
 def test_collect_nvml_fabric_status(state: int, status: int, expected: str | None) -> None:
     gpu = dict(H200[0], fabric=state, fabric_status=status)
-    assert drv.collect_nvml(FakeNvml([gpu]))["gpus"][0]["fabric_status"] == expected
+    assert nvml.collect_nvml(FakeNvml([gpu]))["gpus"][0]["fabric_status"] == expected
 
 
 def test_collect_nvml_init_mismatch_is_a_status() -> None:
     nv = FakeNvml(H200, init_error=pynvml.NVMLError_LibRmVersionMismatch())
-    got = drv.collect_nvml(nv)
+    got = nvml.collect_nvml(nv)
     assert got["nvml"]["status"] == "lib_rm_version_mismatch"
     assert "RM has detected an NVML/RM version mismatch" in got["nvml"]["error"]
     assert got["gpus"] == []
@@ -487,7 +490,7 @@ def test_collect_nvml_init_mismatch_is_a_status() -> None:
 
 def test_collect_nvml_lost_gpu_keeps_the_others_and_shuts_down() -> None:
     nv = FakeNvml([*H200, dict(H200[0], uuid="GPU-x")], lost_index=1)
-    got = drv.collect_nvml(nv)
+    got = nvml.collect_nvml(nv)
     assert got["nvml"]["status"] == "gpu_is_lost"
     assert got["nvml"]["error"].startswith("GPU 1: NVMLError_GpuIsLost")
     assert [g["index"] for g in got["gpus"]] == [0, 1, 2]
@@ -503,7 +506,7 @@ def test_collect_nvml_missing_library_function_is_error_status() -> None:
         raise pynvml.NVMLError_FunctionNotFound()
 
     nv.nvmlSystemGetCudaDriverVersion_v2 = missing  # type: ignore[method-assign]
-    got = drv.collect_nvml(nv)
+    got = nvml.collect_nvml(nv)
     assert got["nvml"]["status"] == "error"
     assert got["nvml"]["error"].startswith("NVMLError_FunctionNotFound")
     assert nv.calls == ["init", "shutdown"]
@@ -512,7 +515,7 @@ def test_collect_nvml_missing_library_function_is_error_status() -> None:
 def test_collect_nvml_non_nvml_exception_is_error_status() -> None:
     nv = FakeNvml(H200)
     nv.nvmlDeviceGetCount = lambda: None  # type: ignore[assignment, method-assign]
-    got = drv.collect_nvml(nv)
+    got = nvml.collect_nvml(nv)
     assert got["nvml"]["status"] == "error"
     assert got["nvml"]["error"].startswith("TypeError")
     assert nv.calls == ["init", "shutdown"]
@@ -735,7 +738,7 @@ def _block(text: str) -> list[Any]:
     """One GPU block of -q, or a published section indented as in -q, as parse_smi_q_blocks' tree."""
     if not any(line.startswith("GPU ") for line in text.splitlines()):
         text = "GPU 00000000:18:00.0\n" + text
-    return next(iter(drv.parse_smi_q_blocks(text).values()))
+    return next(iter(smi_src.parse_smi_q_blocks(text).values()))
 
 
 @pytest.mark.parametrize(("rel", "field", "expected"), [
@@ -768,11 +771,11 @@ def _block(text: str) -> list[Any]:
 ])
 def test_smi_q_health_sections(rel: str, field: str, expected: dict[str, Any]) -> None:
     text = (Path(__file__).resolve().parents[1] / "fixtures" / rel).read_text()
-    assert drv.smi_q_health(_block(text))[field] == expected
+    assert smi_src.smi_q_health(_block(text))[field] == expected
 
 
 def test_smi_q_without_health_sections_reads_unknown() -> None:
-    health = drv.smi_q_health(_block(fixture("smi_q_580_fabric_in_progress_block.txt")))
+    health = smi_src.smi_q_health(_block(fixture("smi_q_580_fabric_in_progress_block.txt")))
     assert health == {"ecc": None, "remapped_rows": None, "throttle": None, "pcie": None}
 
 
@@ -819,7 +822,7 @@ def test_nvml_health_values_and_not_supported_is_unknown_not_a_pass() -> None:
     sick = dict(H200[0], ecc=(2, 6), rows=(0, 4, 1, 0), clocks=0x8 | 0x80, link=(5, 8))
     old = dict(H200[1], ecc=pynvml.NVMLError_NotSupported(), rows=pynvml.NVMLError_NotSupported(),
                clocks=pynvml.NVMLError_NotSupported(), link=(1, 16))
-    got = drv.collect_nvml(HealthNvml([sick, old]))
+    got = nvml.collect_nvml(HealthNvml([sick, old]))
     assert got["nvml"]["status"] == "ok"
     a, b = got["gpus"]
     assert a["ecc"] == {"mode": "enabled", "volatile_uncorrected": 2, "aggregate_uncorrected": 6, "reason": None}
@@ -834,7 +837,7 @@ def test_nvml_health_values_and_not_supported_is_unknown_not_a_pass() -> None:
 
 def test_nvml_health_lost_gpu_is_reported_not_swallowed() -> None:
     lost = dict(H200[0], ecc=pynvml.NVMLError_GpuIsLost(), rows=(0, 0, 0, 0), clocks=0, link=(5, 16))
-    got = drv.collect_nvml(HealthNvml([lost]))
+    got = nvml.collect_nvml(HealthNvml([lost]))
     assert got["nvml"]["status"] == "gpu_is_lost" and got["gpus"] == [{"index": 0}]
 
 

@@ -18,6 +18,8 @@ import pytest
 from nodetree import fake_command, fixtures, node
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml as nvml
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_smi as smi
 from k3fleet.models.facts import DriverFacts
 
 FIX, fixture = fixtures("driver")
@@ -46,13 +48,13 @@ def with_block(q: str, bus: str, section: str, block: str) -> str:
     ("smi_q_kmd_only_header.txt", "615.23", "13.4"),
 ])
 def test_header_reads_old_and_new_layouts(name: str, driver: str, cuda: str) -> None:
-    assert drv.parse_smi_q_cuda(fixture(name)) == {"driver_version": driver, "cuda_version": cuda}
+    assert smi.parse_smi_q_cuda(fixture(name)) == {"driver_version": driver, "cuda_version": cuda}
 
 
 def test_header_prefers_the_new_spelling_when_they_disagree() -> None:
     kmd = "KMD Version" + " " * 44 + ": "
     text = fixture("smi_q_610_header_kmd.txt").replace(kmd + "610.43.02", kmd + "610.57.04")
-    assert drv.parse_smi_q_cuda(text)["driver_version"] == "610.57.04"
+    assert smi.parse_smi_q_cuda(text)["driver_version"] == "610.57.04"
 
 
 @pytest.mark.parametrize(("value", "stripped"), [
@@ -62,12 +64,12 @@ def test_header_prefers_the_new_spelling_when_they_disagree() -> None:
     ("580.95.05", "580.95.05"),
 ])
 def test_strip_annotation(value: str, stripped: str) -> None:
-    assert drv.strip_annotation(value) == stripped
+    assert smi.strip_annotation(value) == stripped
 
 
 def test_csv_driver_version_with_a_deprecation_note() -> None:
     row = "0, NVIDIA B200, GPU-x, 610.43.02 [Deprecated], 183359, Enabled, 00000000:63:00.0, 10.0"
-    assert drv.parse_smi_csv(row)[0]["driver_version"] == "610.43.02"
+    assert smi.parse_smi_csv(row)[0]["driver_version"] == "610.43.02"
 
 
 # -- fabric health ---------------------------------------------------------------------------------
@@ -76,7 +78,7 @@ def test_csv_driver_version_with_a_deprecation_note() -> None:
 def health_of(block_name: str) -> dict[str, Any]:
     q = with_block(fixture(H100_Q), "00000000:18:00.0", "    Fabric", fixture(block_name))
     gpus = [{"index": 0, "pci_bus_id": "00000000:18:00.0"}]
-    assert drv.apply_smi_q(gpus, q) == (None, None)
+    assert smi.apply_smi_q(gpus, q) == (None, None)
     return gpus[0]
 
 
@@ -113,7 +115,7 @@ def test_fabric_health_newer_fields_and_unknown_ones() -> None:
 def health_of_text(block: str) -> dict[str, Any]:
     q = with_block(fixture(H100_Q), "00000000:18:00.0", "    Fabric", block)
     gpus = [{"index": 0, "pci_bus_id": "00000000:18:00.0"}]
-    drv.apply_smi_q(gpus, q)
+    smi.apply_smi_q(gpus, q)
     health: dict[str, Any] = gpus[0]["fabric_health"]
     return health
 
@@ -128,7 +130,7 @@ def test_fabric_health_value_it_cannot_read_is_kept() -> None:
 
 def test_fabric_health_r565_prints_only_bandwidth() -> None:
     gpus = [{"index": 0, "pci_bus_id": "00000000:18:00.0"}]
-    drv.apply_smi_q(gpus, fixture(H100_Q))
+    smi.apply_smi_q(gpus, fixture(H100_Q))
     health = gpus[0]["fabric_health"]
     assert health is not None and all(v is None for k, v in health.items() if k != "other")
 
@@ -136,18 +138,18 @@ def test_fabric_health_r565_prints_only_bandwidth() -> None:
 def test_fabric_health_na_block_of_580_h100() -> None:
     # A single-node HGX on 580.159 prints every health field N/A (gpu-operator#2511).
     block = fixture("smi_q_580_fabric_in_progress_block.txt")
-    health = drv.parse_fabric_health(drv.parse_smi_q_blocks("GPU 00000000:18:00.0\n" + block)
+    health = smi.parse_fabric_health(smi.parse_smi_q_blocks("GPU 00000000:18:00.0\n" + block)
                                      ["00000000:18:00.0"][0][2][4][2])
-    assert health == {field: None for field, _ in drv.SMI_FABRIC_HEALTH_FIELDS.values()} | {"other": {}}
+    assert health == {field: None for field, _ in smi.SMI_FABRIC_HEALTH_FIELDS.values()} | {"other": {}}
 
 
 # -- memory in use and processes ----------------------------------------------------------------
 
 
 def test_memory_and_processes_from_a_real_busy_node() -> None:
-    blocks = drv.parse_smi_q_blocks(fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
+    blocks = smi.parse_smi_q_blocks(fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
     gpus = [{"index": i, "pci_bus_id": bus} for i, bus in enumerate(blocks)]
-    fabric_note, usage_note = drv.apply_smi_q(gpus, fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
+    fabric_note, usage_note = smi.apply_smi_q(gpus, fixture("smi_q_535_rtx4090x8_fabric_na.txt"))
     assert usage_note is None
     assert [g["memory_used_mib"] for g in gpus] == [0, 21608, 0, 0, 23638, 0, 0, 0]
     busy = {g["index"]: g["processes"] for g in gpus if g["processes"]}
@@ -178,7 +180,7 @@ def test_several_processes_and_a_missing_section() -> None:
             "GPU 00000000:2A:00.0\n"
             "    Product Name                          : NVIDIA H200\n")
     gpus = [{"index": 0, "pci_bus_id": "00000000:18:00.0"}, {"index": 1, "pci_bus_id": "00000000:2A:00.0"}]
-    _, note = drv.apply_smi_q(gpus, text)
+    _, note = smi.apply_smi_q(gpus, text)
     assert gpus[0]["memory_used_mib"] is None
     assert [(p["pid"], p["type"], p["used_memory_mib"]) for p in gpus[0]["processes"]] == [
         (4101, "C", 70000), (4102, "C+G", None)]
@@ -208,18 +210,18 @@ def test_decode_fabric_health_uses_the_bindings_bit_layout() -> None:
                    timeout=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ACCESS_TIMEOUT_RECOVERY_FALSE,
                    config=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE,
                    gfm=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_GFM_STATE_CONNECTED)
-    got = drv.decode_fabric_health(healthy, pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+    got = nvml.decode_fabric_health(healthy, pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
     assert got == {"summary": "healthy", "bandwidth": "full", "route_recovery_in_progress": False,
                    "route_unhealthy": False, "access_timeout_recovery": False, "incorrect_configuration": "none",
                    "partition_assigned": None, "gfm_state": "connected", "other": {}, "mask": healthy}
     bad = mask(bw=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE,
                route=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE,
                config=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS)
-    got = drv.decode_fabric_health(bad, pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
+    got = nvml.decode_fabric_health(bad, pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
     assert (got["summary"], got["bandwidth"], got["route_unhealthy"], got["incorrect_configuration"]) == (
         "unhealthy", "degraded", True, "insufficient_nvlinks")
     # A value newer than this table is reported, not guessed.
-    odd = drv.decode_fabric_health(mask(config=13), 7)
+    odd = nvml.decode_fabric_health(mask(config=13), 7)
     assert odd["incorrect_configuration"] is None and odd["summary"] is None
     assert odd["other"] == {"incorrect_configuration": "unknown value 13", "summary": "unknown value 7"}
 
@@ -312,7 +314,7 @@ def proc(pid: int, mib: int | None) -> Any:
 def test_nvml_v3_health_summary() -> None:
     route = mask(route=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE)
     nv = FabricNvml(health_mask=route, summary=pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY, processes=[])
-    (gpu,) = drv.collect_nvml(nv)["gpus"]
+    (gpu,) = nvml.collect_nvml(nv)["gpus"]
     assert nv.versions == [pynvml.nvmlGpuFabricInfo_v3]
     assert (gpu["fabric_health"]["summary"], gpu["fabric_health"]["route_unhealthy"]) == ("unhealthy", True)
 
@@ -320,7 +322,7 @@ def test_nvml_v3_health_summary() -> None:
 def test_nvml_falls_back_to_v2_on_an_older_driver() -> None:
     degraded = mask(bw=pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE)
     nv = FabricNvml(knows_v3=False, health_mask=degraded, processes=[])
-    (gpu,) = drv.collect_nvml(nv)["gpus"]
+    (gpu,) = nvml.collect_nvml(nv)["gpus"]
     assert nv.versions == [pynvml.nvmlGpuFabricInfo_v3, pynvml.nvmlGpuFabricInfo_v2]
     # v2 carries the mask but no summary: the summary stays unknown, the fields are read.
     assert (gpu["fabric_health"]["summary"], gpu["fabric_health"]["bandwidth"]) == (None, "degraded")
@@ -330,7 +332,7 @@ def test_nvml_falls_back_to_v2_on_an_older_driver() -> None:
 def test_nvml_running_processes_and_memory_in_use() -> None:
     nv = FabricNvml(processes=[proc(4101, 131072), proc(4102, None)], names={4101: b"python3",
                     4102: pynvml.NVMLError_NotFound()}, used=131584 * 1024 * 1024)
-    got = drv.collect_nvml(nv)
+    got = nvml.collect_nvml(nv)
     (gpu,) = got["gpus"]
     assert gpu["memory_used_mib"] == 131584
     assert gpu["processes"] == [{"pid": 4101, "type": "C", "name": "python3", "used_memory_mib": 131072},
@@ -341,7 +343,7 @@ def test_nvml_running_processes_and_memory_in_use() -> None:
 @pytest.mark.parametrize("error", [pynvml.NVMLError_NotSupported(), pynvml.NVMLError_FunctionNotFound(),
                                    pynvml.NVMLError_NoPermission()])
 def test_nvml_processes_that_cannot_be_listed_stay_unknown(error: BaseException) -> None:
-    got = drv.collect_nvml(FabricNvml(processes=error))
+    got = nvml.collect_nvml(FabricNvml(processes=error))
     assert got["nvml"]["status"] == "ok"
     assert got["gpus"][0]["processes"] is None
     assert got["note"].startswith(f"GPU compute processes unknown: GPU 0: {type(error).__name__}")
@@ -458,7 +460,7 @@ def test_recorded_h200_idle_and_busy(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (gpu["memory_total_mib"], gpu["memory_used_mib"], gpu["processes"]) == (143771, used, procs)
     # A GPU without an NVLink fabric: State N/A and the whole R580.159 Health block N/A.
     assert gpu["fabric_state"] is None
-    assert gpu["fabric_health"] == {field: None for field, _ in drv.SMI_FABRIC_HEALTH_FIELDS.values()} | {"other": {}}
+    assert gpu["fabric_health"] == {field: None for field, _ in smi.SMI_FABRIC_HEALTH_FIELDS.values()} | {"other": {}}
     assert facts["reason"] == "GPU fabric state unknown: GPU 0: State N/A"
 
 

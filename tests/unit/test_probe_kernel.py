@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from labfleet import lab_fleet_verdict
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import parse_probe_output
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_probe import parse_probe_output
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PROBE_MARKER, PROBE_SCRIPT
 
 TOL = 0.0068984375

@@ -318,7 +318,7 @@ def test_nvlink_beyond_the_gpus_links_is_invalid_argument(node: Node, nvml: Modu
 
 
 def test_health_calls_answer_a_healthy_idle_gpu(node: Node, nvml: ModuleType) -> None:
-    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import nvml_health
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml import nvml_health
 
     node.boot(LIB_VERSION)
     nvml.nvmlInit()
@@ -515,7 +515,7 @@ DRIVER_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "driver"
 
 
 def test_nvidia_smi_q_health_reads_healthy(node: Node) -> None:
-    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_smi_q_blocks, smi_q_health
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_smi import parse_smi_q_blocks, smi_q_health
 
     node.boot(LIB_VERSION)
     done = node.run("nvidia_smi.py", "-q")
@@ -554,7 +554,7 @@ def q_keys(block: list[str]) -> list[tuple[int, str]]:
 
 
 def test_nvidia_smi_q_fabric_follows_the_fabric_manager(node: Node, nvml: ModuleType) -> None:
-    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_smi_q_fabric
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_smi import parse_smi_q_fabric
 
     node.boot(LIB_VERSION)
     down = node.run("nvidia_smi.py", "-q")

@@ -224,6 +224,11 @@ k3fleet:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
+
+# Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
+k3fleet_load.install()
+
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader

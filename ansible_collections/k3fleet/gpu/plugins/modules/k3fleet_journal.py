@@ -149,6 +149,11 @@ import datetime
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
+
+# Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
+k3fleet_load.install()
+
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import STAGES, append_line, take_slot
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
 

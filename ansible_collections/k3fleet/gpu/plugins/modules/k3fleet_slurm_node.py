@@ -221,6 +221,11 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
+
+# Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
+k3fleet_load.install()
+
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_lease import (
     adopted_text,
