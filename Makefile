@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.k3fleet-installed
 
 .PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict wheel-check clean testbed-down
-.PHONY: bench-ssh collection collection-check ee-check ssh-fleet-down test-under-load
+.PHONY: bench-ssh bench-node collection collection-check ee-check ssh-fleet-down test-under-load
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -87,6 +87,11 @@ bench-ssh: $(STAMP)
 
 ssh-fleet-down: $(STAMP)
 	$(BIN)/k3fleet lab ssh-fleet down
+
+# The node side of one lab host apart (no root): the baseline's and the audit's module runs interleaved,
+# ratios to the baseline, and the audit's split (module_utils compile, collectors, commands); docs/scale.md.
+bench-node: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_audit.py --node --repeat 30
 
 # The Ansible collection k3fleet.gpu, built from this repository into dist/ (docs/scale.md "Collection").
 collection: $(STAMP)

@@ -23,21 +23,37 @@ local (default): the simulated lab over Ansible's local connection. For each siz
   node CPU per host of both, and the load averages seen. Use the same --forks for every run: the
   ratio is at equal forks.
 
+--node: the node side of one host apart, where runs can be interleaved on a busy machine. The
+  AnsiballZ files Ansible builds for one lab host (ANSIBLE_KEEP_REMOTE_FILES) are run --repeat times
+  each, interleaved: the baseline's command module, the audit module as the lab fleet runs it (with
+  the probe) and without the probe (a plain audit). Per run the CPU of the process and its children
+  (getrusage); the table gives medians, quartiles and the ratio to the baseline. Then the audit's split,
+  from the same payload in a fresh interpreter: Ansible's own module_utils (both sides pay them), the
+  k3fleet module_utils (how many, their lines, how often compiled, compile CPU, import CPU with those
+  the collectors import where they need them), the collectors' Python, and the commands (the lab's
+  replays: their CPU as children); with strace on PATH also the execve count of one run of each.
+  No root, no SSH.
+
     python scripts/bench_audit.py --sizes 50 200 1000 --forks 10
     python scripts/bench_audit.py --ssh --sizes 50 200 1000 --forks 20 --repeat 2
+    python scripts/bench_audit.py --node --repeat 30
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -306,8 +322,11 @@ def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None,
     if os.geteuid() != 0:
         sys.stderr.write("bench --ssh: root required (network namespaces, sshd)\n")
         return 2
-    supervise.become_subreaper(lambda message: sys.stderr.write(f"bench --ssh: {message}\n"))
-    strategies = [("linear", None)]
+    def warn(message: str) -> None:
+        sys.stderr.write(f"bench --ssh: {message}\n")
+
+    supervise.become_subreaper(warn)
+    strategies: list[tuple[str, str | None]] = [("linear", None)]
     if mitogen:
         sdir = _mitogen_strategy_dir()
         if sdir is None:
@@ -362,6 +381,187 @@ def bench_ssh(sizes: list[int], forks: int, mitogen: bool, workdir: Path | None,
     return 0
 
 
+# -- node mode --------------------------------------------------------------------------------
+
+
+def _keep_payload(argv: list[str], env: dict[str, str], tmp: Path, name: str) -> Path:
+    """Run ``argv`` (one task on one lab host) keeping its remote files; return the AnsiballZ file."""
+    remote = tmp / f"remote-{name}"
+    run_env = {**env, "ANSIBLE_KEEP_REMOTE_FILES": "1", "ANSIBLE_PIPELINING": "False",
+               "ANSIBLE_REMOTE_TMP": str(remote)}
+    done = subprocess.run(argv, env=run_env, capture_output=True, text=True, check=False)
+    found = sorted(remote.glob("ansible-tmp-*/AnsiballZ_*.py"))
+    if not found:
+        raise SystemExit(f"bench --node: no AnsiballZ file from {argv[0]} (exit {done.returncode}): "
+                         f"{(done.stderr or done.stdout)[-600:]}")
+    dest = tmp / f"{name}.py"
+    shutil.copyfile(found[0], dest)
+    shutil.rmtree(remote, ignore_errors=True)
+    return dest
+
+
+def _ansiballz_parts(path: Path) -> tuple[bytes, dict[str, object]]:
+    """(payload zip, module args) of an AnsiballZ file: the literals of its ``_ansiballz_main(...)`` call."""
+    import base64
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_ansiballz_main" and node.keywords:
+            kw = {k.arg: k.value for k in node.keywords}
+            data = base64.b64decode(ast.literal_eval(kw["zip_data"]))
+            params = json.loads(ast.literal_eval(kw["params"]))["ANSIBLE_MODULE_ARGS"]
+            return data, params
+    raise SystemExit(f"bench --node: {path} is not an AnsiballZ file this benchmark can read")
+
+
+# The audit's node side taken apart, in a fresh interpreter on the payload as the module runs it:
+# CPU (getrusage) of Ansible's module_utils, of the k3fleet module_utils (compile apart), of the
+# collectors' own Python and of the commands they run (children).
+_SPLIT = r"""
+import builtins, json, resource, sys
+payload, args = sys.argv[1], json.loads(sys.argv[2])
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+def children():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+sys.path.insert(0, payload)
+t0 = cpu()
+import ansible.module_utils.basic
+t1 = cpu()
+compiled, lines, spent = {}, {}, [0.0]
+real_compile = builtins.compile
+def timed(source, filename, *a, **k):
+    name = str(filename)
+    start = cpu()
+    code = real_compile(source, filename, *a, **k)
+    base = name.rsplit("/", 1)[-1]
+    if "/k3fleet/gpu/plugins/module_utils/" in name and base.startswith("k3fleet_"):
+        spent[0] += cpu() - start
+        compiled[base] = compiled.get(base, 0) + 1
+        lines[base] = source.count(b"\n" if isinstance(source, bytes) else "\n")
+    return code
+builtins.compile = timed
+try:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
+    k3fleet_load.install()
+except ImportError:
+    pass
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import reader_from_params
+t2 = cpu()
+at_import = spent[0]
+c0, k0 = cpu(), children()
+facts = collect_host(reader_from_params(args), host=args.get("host") or "", image=args.get("image"),
+                     use_nvml=args.get("use_nvml", True), runtime=args.get("runtime") or "auto",
+                     probe=bool(args.get("probe")), env_files=args.get("env_files") or [],
+                     lspci=args.get("lspci", True), slurm_node=args.get("slurm_node"),
+                     active=args.get("active") or "none", active_spec=args.get("active_spec"))
+c1, k1 = cpu(), children()
+builtins.compile = real_compile
+# What the collectors import where they need it (the GPU source, the probe) compiles while they run.
+lazy = spent[0] - at_import
+print(json.dumps({"ansible_import": t1 - t0, "k3fleet_import": t2 - t1 + lazy, "compile": spent[0],
+                  "compiled": compiled, "lines": lines, "collectors": c1 - c0 - lazy, "commands": k1 - k0,
+                  "ran": len(facts["commands"])}))
+"""
+
+
+def _cpu_of(argv: list[str]) -> float:
+    before = _children_cpu()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return _children_cpu() - before
+
+
+def _execs(argv: list[str], tmp: Path) -> str:
+    """execve calls of one run (strace -f), and how many failed (a PATH search tries each directory)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        return ""
+    log = tmp / "strace.log"
+    subprocess.run([strace, "-f", "-qq", "-e", "trace=execve", "-o", str(log), *argv], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
+    calls = [line for line in log.read_text(errors="replace").splitlines() if "execve(" in line]
+    failed = sum(1 for line in calls if "= -1 " in line)
+    return f"{len(calls)}" + (f" ({failed} not found)" if failed else "")
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return q[0], statistics.median(values), q[2]
+
+
+def bench_node(repeat: int, host: str | None) -> int:
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, **ansible_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    spec = load_fleet(None)
+    with tempfile.TemporaryDirectory(prefix="k3fleet-bench-node-") as tmp_name:
+        tmp = Path(tmp_name)
+        inventory = generate_fleet(spec, tmp / "lab", python=sys.executable)
+        name = host or spec.hosts[0].name
+        lab_host = next((h for h in spec.hosts if h.name == name), None)
+        if lab_host is None:
+            sys.stderr.write(f"bench --node: no host {name} in the lab fleet\n")
+            return 2
+        from k3fleet.audit.runner import playbook_path
+        from k3fleet.targets import load_target
+
+        extravars = {"k3fleet_image": load_target(None).image.ref, "k3fleet_host_timeout": 300,
+                     "k3fleet_command_timeout": 20.0, "k3fleet_publish_artifacts": False}
+        play = [str(bindir / "ansible-playbook"), str(playbook_path("audit.yml")), "-i", str(inventory), "-l", name]
+        runs = {
+            "plain (command: cat)": _keep_payload(
+                [str(bindir / "ansible"), name, "-i", str(inventory), "-m", "ansible.builtin.command", "-a",
+                 "cat {{ k3fleet_root }}/proc/driver/nvidia/version"], env, tmp, "plain"),
+            "audit (lab: probe)": _keep_payload([*play, "-e", json.dumps(extravars)], env, tmp, "audit"),
+            "audit, no probe": _keep_payload([*play, "-e", json.dumps({**extravars, "k3fleet_probe": False})],
+                                             env, tmp, "audit_plain"),
+        }
+        load_before = _loadavg()
+        cpu: dict[str, list[float]] = {label: [] for label in runs}
+        for _ in range(repeat):
+            for label, path in runs.items():
+                cpu[label].append(_cpu_of([sys.executable, str(path)]))
+        load_after = _loadavg()
+        print(f"node side of one module run, lab host {name} ({lab_host.profile_name}); {repeat} runs each, "
+              f"interleaved; CPU of the run and its children; load average {load_before} before, {load_after} after")
+        print(f"{'run':<22} {'CPU ms':>8} {'q1-q3':>13} {'/ plain':>8} {'execve':>16}")
+        plain = statistics.median(cpu["plain (command: cat)"])
+        for label, path in runs.items():
+            q1, med, q3 = _quartiles(cpu[label])
+            print(f"{label:<22} {med * 1000:>8.1f} {q1 * 1000:>6.1f}-{q3 * 1000:<6.1f} {med / plain:>8.2f} "
+                  f"{_execs([sys.executable, str(path)], tmp):>16}")
+        for label in ("audit (lab: probe)", "audit, no probe"):
+            data, params = _ansiballz_parts(runs[label])
+            payload = tmp / "payload.zip"
+            payload.write_bytes(data)
+            with zipfile.ZipFile(payload) as zf:
+                shipped = [n for n in zf.namelist() if "/k3fleet/gpu/plugins/module_utils/k3fleet_" in n]
+            parts: dict[str, list[float]] = {}
+            last: dict[str, object] = {}
+            for _ in range(repeat):
+                done = subprocess.run([sys.executable, "-c", _SPLIT, str(payload), json.dumps(params)],
+                                      capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    sys.stderr.write(f"bench --node: split run failed: {done.stderr[-800:]}\n")
+                    return 1
+                last = json.loads(done.stdout)
+                for key in ("ansible_import", "k3fleet_import", "compile", "collectors", "commands"):
+                    parts.setdefault(key, []).append(float(last[key]))  # type: ignore[arg-type]
+            compiled = last["compiled"]
+            lines = last["lines"]
+            assert isinstance(compiled, dict) and isinstance(lines, dict)
+            ms = {key: statistics.median(values) * 1000 for key, values in parts.items()}
+            print(f"\nsplit of {label} (medians of {repeat}, ms CPU): Ansible's module_utils "
+                  f"{ms['ansible_import']:.1f} (both sides); k3fleet module_utils {ms['k3fleet_import']:.1f}: "
+                  f"{len(compiled)} of {len(shipped)} shipped imported, {sum(lines.values())} lines, "
+                  f"{sum(compiled.values())} compiles, compile {ms['compile']:.1f}; collectors' Python "
+                  f"{ms['collectors']:.1f}; {last['ran']} commands (children) {ms['commands']:.1f}")
+        sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="fleet sizes (local: 50 200 1000; ssh: 50 200)")
@@ -369,16 +569,26 @@ def main() -> int:
     ap.add_argument("--ssh", action="store_true", help="the SSH lab fleet instead of the local connection (root)")
     ap.add_argument("--mitogen", action="store_true", help="with --ssh: also under Mitogen's mitogen_linear strategy")
     ap.add_argument("--workdir", type=Path, default=None, help="with --ssh: the fleet's work directory")
-    ap.add_argument("--repeat", type=int, default=1, help="with --ssh: run each size's set this many times")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="with --ssh: run each size's set this many times (1); with --node: runs of each (30)")
     ap.add_argument("--playbook", action="store_true",
                     help="with --ssh: also ansible-playbook audit.yml by hand (Ansible's own share)")
+    ap.add_argument("--node", action="store_true",
+                    help="the node side of one lab host apart: module runs interleaved, the audit's split")
+    ap.add_argument("--host", default=None, help="with --node: the lab host (default: the fleet's first)")
     args = ap.parse_args()
-    if args.repeat < 1:
+    if args.repeat is not None and args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if args.node:
+        if args.ssh or args.mitogen or args.playbook or args.sizes or args.forks:
+            ap.error("--node takes --repeat and --host only")
+        return bench_node(args.repeat or 30, args.host)
+    if args.host:
+        ap.error("--host needs --node")
     if args.ssh:
-        return bench_ssh(args.sizes or [50, 200], args.forks or 20, args.mitogen, args.workdir, args.repeat,
+        return bench_ssh(args.sizes or [50, 200], args.forks or 20, args.mitogen, args.workdir, args.repeat or 1,
                          args.playbook)
-    if args.mitogen or args.repeat != 1 or args.playbook:
+    if args.mitogen or args.repeat is not None or args.playbook:
         ap.error("--mitogen, --repeat and --playbook need --ssh")
     bench_local(args.sizes or [50, 200, 1000], args.forks or 10)
     return 0
