@@ -38,11 +38,12 @@ def phase_bound(target: Target, rounds: int) -> tuple[int, int]:
 
 def run_pair_phase(inventory: Path, rd: RunDir, facts: Mapping[str, HostFacts], target: Target,
                    spec: Mapping[str, Any], *, forks: int = 20, cancel: threading.Event | None = None,
-                   host_key_checking: bool = True) -> PairPhase:
+                   host_key_checking: bool = True, observer: Observer | None = None) -> PairPhase:
     """Plan the pairs of the audited ``facts``, run them round by round and return what each measured.
 
     ``spec`` is the node module's active spec (:func:`k3fleet.audit.run.active_spec`). Fewer than two
-    eligible nodes: no play runs, and the phase says why each node was not paired."""
+    eligible nodes: no play runs, and the phase says why each node was not paired. ``observer`` sees
+    each round's play as the audit's own (the CLI's progress: a round can take the NCCL timeout)."""
     plan = plan_pairs(facts)
     timeout, bound = phase_bound(target, len(plan.rounds))
     phase = PairPhase(timeout_s=timeout, bound_s=bound, not_paired=dict(plan.not_paired),
@@ -62,7 +63,7 @@ def run_pair_phase(inventory: Path, rd: RunDir, facts: Mapping[str, HostFacts], 
             "k3fleet_pair_task_timeout": timeout + PAIR_MARGIN_S,
         }
         play = run_playbook(PLAYBOOK, inventory, rd, artifacts_name=layout.ansible_dir(tag), extravars=extravars,
-                            forks=max(1, min(forks, len(pairs))), observer=Observer(), cancel=cancel,
+                            forks=max(1, min(forks, len(pairs))), observer=observer or Observer(), cancel=cancel,
                             timeout=timeout + 2 * PAIR_MARGIN_S, hosts=len(pairs),
                             host_key_checking=host_key_checking)
         rd.write_jsonl(layout.events_file(tag), play.events)

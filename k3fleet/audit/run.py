@@ -159,7 +159,8 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         if opts.active == "full" and not play.interrupted and not (cancel is not None and cancel.is_set()):
             # The second play, while the (lab) inventory still exists: nodes idle at the audit, in pairs.
             pairs = run_pair_phase(inventory, rd, facts, target, extravars["k3fleet_active_spec"],
-                                   forks=opts.forks, cancel=cancel, host_key_checking=opts.host_key_checking)
+                                   forks=opts.forks, cancel=cancel, host_key_checking=opts.host_key_checking,
+                                   observer=observer)
     rd.write_jsonl(layout.EVENTS, play.events)
     for host, data in raw.items():
         rd.write_json(layout.facts_file(host), data)

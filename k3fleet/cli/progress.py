@@ -74,7 +74,10 @@ class ProgressObserver(Observer):
         self._started = time.monotonic()
 
     def play_started(self, playbook: str, hosts: int | None) -> None:
+        # Each play counts its own hosts (an audit with --active full runs its pair rounds after it).
         self.total = hosts or self.total
+        self.done = self.failed = 0
+        self._counted = set()
         self._started = time.monotonic()
         if self.quiet:
             return

@@ -40,3 +40,23 @@ def test_a_terminal_gets_a_bar_with_counts_and_the_log_is_bounded() -> None:
     listed = set(re.findall(r"\[\d+/50\] unreachable (h\d+) refused", text))
     assert len(listed) == 20 and "counted, not listed" in text
     assert "audit.yml: 25 of 50 hosts answered in 3.0s" in text and "failed" not in text.splitlines()[-1]
+
+
+def test_each_play_counts_its_own_hosts() -> None:
+    # audit --active full: the audit's play, then a pair round on the pairs' launching nodes.
+    from k3fleet.audit.runner import PlayResult
+
+    console = Console(record=True, width=200, force_terminal=False)
+    obs = ProgressObserver(console)
+    obs.play_started("audit.yml", 3)
+    for host in ("gpu-p01", "gpu-p02", "gpu-p03"):
+        obs.host_done(HostOutcome(host=host, status="ok"))
+    obs.play_finished(PlayResult(playbook="audit.yml", status="successful", rc=0, wall_s=2.0, cpu_s=0.1))
+    obs.play_started("active_pairs.yml", 1)
+    # The launching node answered in the audit already: in this play it counts again.
+    obs.host_done(HostOutcome(host="gpu-p01", status="ok"))
+    obs.play_finished(PlayResult(playbook="active_pairs.yml", status="successful", rc=0, wall_s=9.0, cpu_s=0.1))
+    text = console.export_text()
+    assert "running active_pairs.yml on 1 hosts" in text
+    assert "active_pairs.yml: 1 of 1 hosts answered in 9.0s" in text
+    assert (obs.done, obs.failed) == (1, 0)
