@@ -71,6 +71,29 @@ def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]
     exe(bin_dir / name, "\n".join(lines))
 
 
+def lab_facts(work: Path, hosts: dict[str, str]) -> dict[str, Any]:
+    """Each host's facts as the node module collects them on a lab fleet of ``hosts`` (name -> the lab's
+    profile), rendered in ``work``: the real collectors over the lab's files and replayed commands."""
+    # lazy: the lab and the facts model load only for the tests that build a lab fleet
+    import shutil
+
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
+    from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
+    from k3fleet.models.facts import HostFacts
+    from k3fleet.paths import data_dir
+
+    shutil.copytree(data_dir("inventories/lab") / "profiles", work / "fleet" / "profiles")
+    (work / "fleet" / "fleet.yaml").write_text(yaml.safe_dump({"hosts": hosts}), encoding="utf-8")
+    generate_fleet(load_fleet(work / "fleet" / "fleet.yaml"), work / "lab")
+    out = {}
+    for host in hosts:
+        base = work / "lab" / "hosts" / host
+        raw = collect_host(NodeReader(root=str(base), path=str(base / "bin"), timeout=10), host, default_image(),
+                           use_nvml=False, probe=True)
+        out[host] = HostFacts.model_validate(raw)
+    return out
+
+
 def write_tree(root: Path, files: dict[str, str] | None = None) -> Path:
     """Files at their node paths under root (which is created even when there are none)."""
     root.mkdir(parents=True, exist_ok=True)

@@ -8,14 +8,9 @@ inside the node, ClusterUUID zero) do not have.
 
 from __future__ import annotations
 
-import shutil
-
+import nodetree
 import pytest
-import yaml
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
-from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import InterconnectSummary
 from k3fleet.models.target import Target
@@ -31,17 +26,7 @@ HOSTS = {"gpu-g01": "h200-r580", "gpu-g02": "h200-r580", "gpu-g03": "h200-r580-i
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, HostFacts]:
-    root = tmp_path_factory.mktemp("a2a")
-    shutil.copytree(PROFILES, root / "fleet" / "profiles")
-    (root / "fleet" / "fleet.yaml").write_text(yaml.safe_dump({"hosts": HOSTS}), encoding="utf-8")
-    generate_fleet(load_fleet(root / "fleet" / "fleet.yaml"), root / "lab")
-    out = {}
-    for host in HOSTS:
-        base = root / "lab" / "hosts" / host
-        raw = collect_host(NodeReader(root=str(base), path=str(base / "bin"), timeout=10), host, default_image(),
-                           use_nvml=False, probe=True)
-        out[host] = HostFacts.model_validate(raw)
-    return out
+    return nodetree.lab_facts(tmp_path_factory.mktemp("a2a"), HOSTS)
 
 
 def with_backend(flags: list[str], env: dict[str, str] | None = None) -> Target:

@@ -7,19 +7,16 @@ tests/fixtures/fabricmanager/SOURCES.md (the systemctl show blocks). The lab cas
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import nodetree
 import pytest
-import yaml
 from nodetree import fake_command
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_imex as imexc
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
-from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
+from k3fleet.lab.fleet import default_image
 from k3fleet.lab.profile import ProfileLoader
 from k3fleet.lab.render import ProfileRenderer
 from k3fleet.lab.render.imex import CTL_TIMESTAMP
@@ -227,17 +224,7 @@ READY_TRAYS = ("gpu-n01", "gpu-n02", "gpu-n03", "gpu-n04")
 
 @pytest.fixture(scope="module")
 def nvl72(tmp_path_factory: pytest.TempPathFactory) -> dict[str, HostFacts]:
-    root = tmp_path_factory.mktemp("nvl72")
-    shutil.copytree(PROFILES, root / "fleet" / "profiles")
-    (root / "fleet" / "fleet.yaml").write_text(yaml.safe_dump({"hosts": LAB_HOSTS}), encoding="utf-8")
-    generate_fleet(load_fleet(root / "fleet" / "fleet.yaml"), root / "lab")
-    out = {}
-    for host in LAB_HOSTS:
-        base = root / "lab" / "hosts" / host
-        raw = collect_host(NodeReader(root=str(base), path=str(base / "bin"), timeout=10), host, default_image(),
-                           use_nvml=False, probe=True)
-        out[host] = HostFacts.model_validate(raw)
-    return out
+    return nodetree.lab_facts(tmp_path_factory.mktemp("nvl72"), LAB_HOSTS)
 
 
 def nvl72_target(flags: list[str]) -> Target:
