@@ -11,9 +11,7 @@ costs one recording per host, not one per possible partner.
 
 from __future__ import annotations
 
-import shutil
-
-from k3fleet.lab.replay import REPLAY_DIR, LabToolError
+from k3fleet.lab.replay import REPLAY_DIR, system_tool
 
 _SCRIPT = """\
 #!/bin/sh
@@ -73,14 +71,7 @@ def pair_link_argv(link: str) -> list[str]:
     return ["mpirun", "lab-link", link]
 
 
-def _tool(name: str) -> str:
-    # Absolute paths: inside the script PATH is the lab's bin, where these do not exist.
-    found = shutil.which(name, path="/usr/bin:/bin")
-    if found is None:
-        raise LabToolError(f"the lab's mpirun needs {name} in /usr/bin or /bin; it was not found")
-    return found
-
-
 def mpirun_script() -> str:
-    return (_SCRIPT.replace("@MD5SUM@", _tool("md5sum")).replace("@CAT@", _tool("cat"))
+    who = "the lab's mpirun"
+    return (_SCRIPT.replace("@MD5SUM@", system_tool("md5sum", who)).replace("@CAT@", system_tool("cat", who))
             .replace("@REPLAY@", REPLAY_DIR))

@@ -76,18 +76,19 @@ class LabToolError(RuntimeError):
     """A tool the replay script needs is missing on this machine."""
 
 
-def _system_tool(name: str) -> str:
-    # Absolute paths: inside the script PATH is the lab's bin, where these do not exist.
+def system_tool(name: str, who: str = "lab replay") -> str:
+    """The absolute path of a system tool a lab script runs: inside the script PATH is the lab's bin,
+    where these do not exist."""
     found = shutil.which(name, path="/usr/bin:/bin")
     if found is None:
-        raise LabToolError(f"lab replay needs {name} in /usr/bin or /bin; it was not found")
+        raise LabToolError(f"{who} needs {name} in /usr/bin or /bin; it was not found")
     return found
 
 
 def replay_script() -> str:
-    return (_SCRIPT.replace("@MD5SUM@", _system_tool("md5sum"))
-            .replace("@SLEEP@", _system_tool("sleep"))
-            .replace("@CAT@", _system_tool("cat")))
+    return (_SCRIPT.replace("@MD5SUM@", system_tool("md5sum"))
+            .replace("@SLEEP@", system_tool("sleep"))
+            .replace("@CAT@", system_tool("cat")))
 
 
 def _parts(argv: Sequence[str]) -> list[str]:
