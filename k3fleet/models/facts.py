@@ -54,9 +54,14 @@ class Platform(_Model):
 
 class NvmlStatus(_Model):
     # ok, skipped, library_not_found, driver_not_loaded, lib_rm_version_mismatch,
-    # no_permission, gpu_is_lost, error, not_installed (pynvml absent)
+    # no_permission, gpu_is_lost, error, not_installed (pynvml absent: collectors before the
+    # k3fleet binding; now a node without pynvml asks libnvidia-ml.so.1 through that binding)
     status: str = "skipped"
     error: str | None = None
+    bindings: Literal["pynvml", "k3fleet"] | None = Field(
+        default=None, description="what asked NVML: pynvml (nvidia-ml-py) or k3fleet's own ctypes binding "
+                                  "(k3fleet_nvml_lib); None when no bindings loaded the library or NVML was "
+                                  "not asked (facts from older collectors too)")
 
 
 class FabricHealth(_Model):

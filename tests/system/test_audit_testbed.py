@@ -4,10 +4,12 @@ Each guest gets the stand-in driver through apt in the guest and, where its stor
 reboot (the loaded driver only changes at boot):
 
     tb-node01  R575 575.57.08 proprietary + Fabric Manager, rebooted      pynvml -> NVML path
-    tb-node02  R580 580.95.05 proprietary + Fabric Manager, rebooted      no pynvml -> nvidia-smi path
+    tb-node02  R580 580.95.05 proprietary + Fabric Manager, rebooted      no pynvml -> NVML through
+                                                                          k3fleet's own binding
     tb-node03  R580 580.82.07 open + Fabric Manager, rebooted             pynvml -> NVML path
-    tb-node04  R575 installed and booted, then 580.95.05 packages with    no pynvml: nvidia-smi reports
-               no reboot: the loaded module is still 575                  the version mismatch
+    tb-node04  R575 installed and booted, then 580.95.05 packages with    no pynvml: NVML (k3fleet's
+               no reboot: the loaded module is still 575                  binding) and then nvidia-smi
+                                                                          report the version mismatch
 
 Then the real CLI runs the real audit playbook through ansible-runner, and the verdict is checked
 host by host. The module's guests are fresh before and after it (fixture fresh_testbed).
@@ -176,10 +178,12 @@ def test_r575_proprietary_host_read_through_nvml(audit: Audit) -> None:
     assert "fabricmanager.version_match" not in found and "fabricmanager.active" not in found
 
 
-def test_r580_host_read_through_nvidia_smi(audit: Audit) -> None:
+def test_r580_host_read_through_the_k3fleet_nvml_binding(audit: Audit) -> None:
     f = audit.facts["tb-node02"]
-    assert f["driver"]["source"] == "nvidia-smi"
-    assert f["driver"]["nvml"]["status"] == "not_installed"  # no pynvml on this guest
+    # No pynvml on this guest: NVML answers through k3fleet's own binding, nvidia-smi never runs.
+    assert f["driver"]["source"] == "nvml"
+    assert f["driver"]["nvml"] == {"status": "ok", "error": None, "bindings": "k3fleet"}
+    assert not [c for c in f["commands"] if c["argv"][0].endswith("nvidia-smi")]
     assert f["driver"]["driver_version"] == "580.95.05" and f["driver"]["gpu_count"] == 8
     assert f["driver"]["cuda_driver_version"] == "13.0"
     assert installed(audit, "tb-node02")["nvidia-fabricmanager-580"] == deb_version("580.95.05", fabricmanager=True)
@@ -211,11 +215,14 @@ def test_r580_open_point_release_host(audit: Audit) -> None:
 
 def test_upgraded_without_reboot_is_pending_reboot(audit: Audit) -> None:
     f = audit.facts["tb-node04"]
-    # The packages are 580, the loaded module is still 575: NVML (here through nvidia-smi) refuses.
+    # The packages are 580, the loaded module is still 575: NVML (here through k3fleet's binding, no
+    # pynvml on this guest) refuses, and so does nvidia-smi, asked next.
     assert f["packages"]["driver_version"] == "580.95.05"
     assert f["driver"]["kernel_module"]["version"] == "575.57.08"
     assert f["driver"]["nvml"]["status"] == "lib_rm_version_mismatch"
-    assert "nvidia-smi" in f["driver"]["nvml"]["error"]
+    assert f["driver"]["nvml"]["bindings"] == "k3fleet"
+    assert "NVMLError_LibRmVersionMismatch" in f["driver"]["nvml"]["error"]
+    assert f["driver"]["source"] is None and "nvidia-smi" in f["driver"]["reason"]
     assert not any(name.endswith("-575") or "-575-" in name for name in installed(audit, "tb-node04"))
     fm = f["fabricmanager"]
     assert (fm["version"], fm["driver_version"], fm["version_matches_driver"]) == ("580.95.05", "575.57.08", False)

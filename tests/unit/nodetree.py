@@ -23,6 +23,18 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import Nod
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
+# A library path that cannot exist on any machine (/dev/null is no directory): k3fleet's own NVML
+# binding finds no libnvidia-ml.so.1 there, whatever driver the machine running the tests has.
+NO_NVML_LIBRARY = "/dev/null/libnvidia-ml.so.1"
+
+
+def without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node without NVML: "import pynvml" raises ImportError and k3fleet's binding loads no library."""
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml_lib
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(k3fleet_nvml_lib, "LIBRARY", NO_NVML_LIBRARY)
+
 
 def fixtures(area: str) -> tuple[Path, Callable[[str], str]]:
     """tests/fixtures/<area>, and a reader of one of its files by name."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import pynvml
 import pytest
-from nodetree import fake_command, fixtures, node
+from nodetree import NO_NVML_LIBRARY, fake_command, fixtures, node, without_nvml
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_gpu_common as gpu_common
@@ -525,8 +525,11 @@ def test_collect_nvml_non_nvml_exception_is_error_status() -> None:
 
 
 def use_pynvml(monkeypatch: pytest.MonkeyPatch, fake: Any) -> None:
-    # None in sys.modules makes "import pynvml" raise ImportError, as on a node without it.
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    # None: a node without NVML (no pynvml, and no libnvidia-ml.so.1 for k3fleet's own binding).
+    if fake is None:
+        without_nvml(monkeypatch)
+    else:
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
 
 
 def smi_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, proc: str, csv: str, q: str,
@@ -564,7 +567,10 @@ def test_collect_driver_without_pynvml_uses_nvidia_smi(tmp_path: Path, monkeypat
                           fixture("smi_query_quadro_rtx4000.csv"), fixture("smi_q_580_gb10.txt"))
     assert facts["status"] == "ok"
     assert facts["source"] == "nvidia-smi"
-    assert facts["nvml"]["status"] == "not_installed"
+    # No bindings loaded a library: said in nvml.error, not in the reason of the answer nvidia-smi gave.
+    assert facts["nvml"] == {"status": "library_not_found", "bindings": None, "error": (
+        f"{NO_NVML_LIBRARY}: cannot open shared object file: Not a directory "
+        "(pynvml not importable: import of pynvml halted; None in sys.modules)")}
     assert facts["driver_version"] == "535.129.03"
     assert facts["cuda_driver_version"] == "13.0"
     assert facts["gpu_count"] == 2
@@ -625,7 +631,10 @@ def test_collect_driver_nothing_installed(tmp_path: Path, monkeypatch: pytest.Mo
     DriverFacts.model_validate(facts)
     assert facts["status"] == "absent"
     assert "nvidia-smi: command not found" in facts["reason"]
-    assert facts["nvml"]["status"] == "not_installed"
+    assert facts["nvml"]["status"] == "library_not_found"
+    # Nothing answered: the reason says why NVML was not asked, before what nvidia-smi said.
+    assert f"; NVML: {NO_NVML_LIBRARY}: cannot open shared object file" in facts["reason"]
+    assert facts["reason"].index("NVML: ") < facts["reason"].index("nvidia-smi: command not found")
 
 
 def test_collect_driver_truncated_csv_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

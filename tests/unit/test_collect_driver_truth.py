@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 import pytest
-from nodetree import fake_command, fixtures, node
+from nodetree import fake_command, fixtures, node, without_nvml
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml as nvml
@@ -385,7 +385,7 @@ def test_parse_nv_tegra_release_rejects_other_text() -> None:
 
 
 def test_jetpack5_module_version_is_an_l4t_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+    without_nvml(monkeypatch)
     reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_aarch64.txt")})
     facts = drv.collect_driver(reader)
     DriverFacts.model_validate(facts)
@@ -395,7 +395,7 @@ def test_jetpack5_module_version_is_an_l4t_release(tmp_path: Path, monkeypatch: 
 
 
 def test_jetpack6_is_tegra_by_its_release_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+    without_nvml(monkeypatch)
     reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_aarch64_540_jetpack6.txt"),
                              "/etc/nv_tegra_release": "# R36 (release), REVISION: 4.4\n"})
     facts = drv.collect_driver(reader)
@@ -426,7 +426,7 @@ def test_no_module_no_platform(tmp_path: Path) -> None:
 
 
 def test_smi_path_reads_r610_header_and_usage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+    without_nvml(monkeypatch)
     # The R610 header over the GPU blocks of a real full -q.
     h100 = fixture(H100_Q)
     q = fixture("smi_q_610_header_kmd.txt") + h100[h100.index("GPU 00000000:"):]
@@ -449,7 +449,7 @@ def test_smi_path_reads_r610_header_and_usage(tmp_path: Path, monkeypatch: pytes
 ])
 def test_recorded_h200_idle_and_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, used: int,
                                      procs: list[dict[str, Any]]) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+    without_nvml(monkeypatch)
     fake_command(tmp_path / "bin", "nvidia-smi", [("*--query-gpu*", fixture("smi_query_h200_580.csv"), "", 0),
                                                   ("-q*", fixture(name), "", 0)])
     reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
@@ -469,7 +469,7 @@ def test_recorded_busy_h200_is_judged_in_use(tmp_path: Path, monkeypatch: pytest
     from k3fleet.targets import load_target
     from k3fleet.verdict import evaluate_host
 
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+    without_nvml(monkeypatch)
     fake_command(tmp_path / "bin", "nvidia-smi", [("*--query-gpu*", fixture("smi_query_h200_580.csv"), "", 0),
                                                   ("-q*", fixture("smi_q_580_h200_busy_100gib.txt"), "", 0)])
     reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})

@@ -6,14 +6,13 @@ node is a temporary tree of recorded files and commands (fixture sources in test
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
-from nodetree import ExitJson, FailJson, ansible_doc, documentation, fake_command, patch_exits, write_tree
+from nodetree import ExitJson, FailJson, ansible_doc, documentation, fake_command, patch_exits, without_nvml, write_tree
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
 from ansible_collections.k3fleet.gpu.plugins.modules import (
@@ -35,8 +34,8 @@ MODULES = {
 @pytest.fixture(autouse=True)
 def patched_module(monkeypatch: pytest.MonkeyPatch) -> None:
     patch_exits(monkeypatch)
-    # Nodes without nvidia-ml-py: "import pynvml" raises ImportError.
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+    # Nodes without NVML: "import pynvml" raises ImportError, k3fleet's binding finds no library.
+    without_nvml(monkeypatch)
 
 
 def fixture(area: str, name: str) -> str:
@@ -81,7 +80,7 @@ def test_driver_info_reports_nvidia_smi_gpus(hgx_node: dict[str, Any]) -> None:
     facts = DriverFacts.model_validate(result[RESULT_KEY])
     assert facts.status == "ok"
     assert facts.source == "nvidia-smi"
-    assert facts.nvml.status == "not_installed"
+    assert (facts.nvml.status, facts.nvml.bindings) == ("library_not_found", None)
     assert facts.kernel_module.version == "510.60.02"
     assert facts.gpu_count == 2
     assert facts.cuda_driver_version == "12.2"

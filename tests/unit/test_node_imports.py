@@ -1,5 +1,6 @@
 """What a node compiles for one k3fleet_host_info run: each module_util once, and on a plain audit
-(no probe, no active checks) none of the probe's, the active checks' or the GPU source it does not ask.
+(no probe, no active checks) none of the probe's, the active checks' or the GPU source it does not ask;
+and of the NVML paths only the one that runs (pynvml's, k3fleet's own binding, nvidia-smi).
 
 AnsiballZ ships the module_utils a module imports anywhere (in functions too) as sources in a zip; a
 node compiles those it imports, and zipimport compiles each twice (k3fleet_load says why). The payload
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -21,24 +24,27 @@ from typing import Any
 
 import pytest
 from ansible.executor.module_common import ModuleDepFinder
+from nodetree import NO_NVML_LIBRARY
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
+from k3fleet.lab.standin import compile_shim, gpus_conf
 
 COLLECTION = Path(__file__).resolve().parents[2] / "ansible_collections" / "k3fleet" / "gpu"
 PACKAGE = "ansible_collections.k3fleet.gpu.plugins.module_utils"
 MODULE = "ansible_collections.k3fleet.gpu.plugins.modules.k3fleet_host_info"
 IMAGE = default_image()
-# Only an audit with --active, a probe, or a node whose pynvml imports needs these.
-NOT_ON_A_PLAIN_AUDIT = {"k3fleet_active", "k3fleet_probe", "k3fleet_nvml"}
+# Only an audit with --active, a probe, or a node where NVML is asked needs these.
+NOT_ON_A_PLAIN_AUDIT = {"k3fleet_active", "k3fleet_probe", "k3fleet_nvml", "k3fleet_nvml_lib"}
 
 # One module run's collection, as the module does it, from the payload on sys.path[0]. Prints what was
-# compiled (per module_util file), which loader loaded each module_util, and the facts.
+# compiled (per module_util file), which loader loaded each module_util, and the facts. A library path
+# (argv[7]) is the one k3fleet's NVML binding loads instead of the system's libnvidia-ml.so.1.
 _RUN = r"""
 import builtins, json, sys
-payload, root, image, probe, use_nvml, finder = sys.argv[1:7]
+payload, root, image, probe, use_nvml, finder, library = sys.argv[1:8]
 sys.path.insert(0, payload)
 compiles = {}
 real_compile = builtins.compile
@@ -51,6 +57,9 @@ def counting(source, filename, *args, **kwargs):
 builtins.compile = counting
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 installed = k3fleet_load.install() if finder == "1" else None
+if library:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml_lib
+    k3fleet_nvml_lib.LIBRARY = library
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 facts = collect_host(NodeReader(root=root, path=root + "/bin"), host="lab", image=image, probe=probe == "1",
@@ -92,11 +101,12 @@ def _payload(dest: Path, pynvml: str | None = None) -> Path:
 
 
 def _run(payload: Path, root: Path, *, probe: bool = False, use_nvml: bool = False,
-         finder: bool = True) -> dict[str, Any]:
+         finder: bool = True, library: str = "", env: dict[str, str] | None = None) -> dict[str, Any]:
     # -I -S: nothing but the standard library and the payload, as on a node (no site-packages, no cwd).
     done = subprocess.run([sys.executable, "-I", "-S", "-c", _RUN, str(payload), str(root), IMAGE,
-                           "1" if probe else "0", "1" if use_nvml else "0", "1" if finder else "0"],
-                          capture_output=True, text=True, check=False, timeout=120)
+                           "1" if probe else "0", "1" if use_nvml else "0", "1" if finder else "0", library],
+                          capture_output=True, text=True, check=False, timeout=120,
+                          env=dict(os.environ, **(env or {})))
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -183,16 +193,57 @@ def test_a_plain_audit_compiles_no_probe_active_or_unused_gpu_source(payload: Pa
     assert set(probed["loaders"]) <= shipped
 
 
-def test_nvml_source_is_compiled_only_when_pynvml_imports(tmp_path: Path, host_root: Path) -> None:
-    without = _run(_payload(tmp_path / "a"), host_root, use_nvml=True)
-    assert without["facts"]["driver"]["nvml"]["status"] == "not_installed"
+def _nvidia_smi_runs(run: dict[str, Any]) -> list[list[str]]:
+    return [c["argv"] for c in run["facts"]["commands"] if c["argv"][0].endswith("nvidia-smi")]
+
+
+def test_nvml_source_is_compiled_only_when_nvml_bindings_load(tmp_path: Path, host_root: Path) -> None:
+    # No pynvml and no libnvidia-ml.so.1: the binding is compiled (it looked), the NVML source is not.
+    without = _run(_payload(tmp_path / "a"), host_root, use_nvml=True, library=NO_NVML_LIBRARY)
+    driver = without["facts"]["driver"]
+    assert (driver["nvml"]["status"], driver["nvml"]["bindings"], driver["source"]) == (
+        "library_not_found", None, "nvidia-smi")
+    assert without["loaders"].get("k3fleet_nvml_lib") == "PayloadSourceLoader"
+    assert without["compiles"].get("k3fleet_nvml_lib.py") == 1
     assert "k3fleet_nvml" not in without["loaders"]
+    # pynvml imports (its library missing): the NVML source runs through it, the binding is never compiled.
     with_bindings = _run(_payload(tmp_path / "b", pynvml=_PYNVML_WITHOUT_LIBRARY), host_root, use_nvml=True)
     assert with_bindings["loaders"].get("k3fleet_nvml") == "PayloadSourceLoader"
+    assert "k3fleet_nvml_lib" not in with_bindings["loaders"]
     driver = with_bindings["facts"]["driver"]
     # NVML did not answer, so nvidia-smi was asked as well.
-    assert (driver["nvml"]["status"], driver["source"]) == ("library_not_found", "nvidia-smi")
+    assert (driver["nvml"]["status"], driver["nvml"]["bindings"], driver["source"]) == (
+        "library_not_found", "pynvml", "nvidia-smi")
     assert "k3fleet_smi" in with_bindings["loaders"]
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to compile the stand-in libnvidia-ml.so.1")
+def test_without_pynvml_nvml_answers_through_the_binding_and_nvidia_smi_never_runs(
+        tmp_path: Path, host_root: Path) -> None:
+    # The stand-in libnvidia-ml.so.1 of the lab host's driver (575.57.08), reading the host's
+    # /proc/driver/nvidia/version; eight H200 as the lab host has.
+    shim = compile_shim(tmp_path / "shim", "575.57.08")
+    conf = tmp_path / "gpus.conf"
+    conf.write_text(gpus_conf(8, "NVIDIA H200"), encoding="utf-8")
+    (tmp_path / "machine-id").write_text("3d1219c7c4c5404aaa1f6d2a48adfda4\n", encoding="utf-8")
+    env = {"NVIDIA_SIM_PROC": str(host_root / "proc"), "NVIDIA_SIM_GPUS_CONF": str(conf),
+           "NVIDIA_SIM_FABRIC_STATE": str(tmp_path / "fabricmanager.state"),
+           "NVIDIA_SIM_MACHINE_ID": str(tmp_path / "machine-id")}
+    payload = _payload(tmp_path / "payload")
+    run = _run(payload, host_root, use_nvml=True, library=str(shim), env=env)
+    driver = run["facts"]["driver"]
+    assert (driver["nvml"], driver["source"], driver["gpu_count"]) == (
+        {"status": "ok", "error": None, "bindings": "k3fleet"}, "nvml", 8)
+    assert {name: run["loaders"].get(name) for name in ("k3fleet_nvml_lib", "k3fleet_nvml")} == {
+        "k3fleet_nvml_lib": "PayloadSourceLoader", "k3fleet_nvml": "PayloadSourceLoader"}
+    assert {name: run["compiles"].get(f"{name}.py") for name in ("k3fleet_nvml_lib", "k3fleet_nvml")} == {
+        "k3fleet_nvml_lib": 1, "k3fleet_nvml": 1}
+    # NVML answered: nvidia-smi's parser is never compiled and nvidia-smi never runs, where the same
+    # host without the library runs it twice (its query and -q).
+    assert "k3fleet_smi" not in run["loaders"]
+    assert _nvidia_smi_runs(run) == []
+    without = _run(payload, host_root, use_nvml=True, library=NO_NVML_LIBRARY)
+    assert len(_nvidia_smi_runs(without)) == 2
 
 
 @pytest.mark.parametrize("module", sorted(p.name for p in (COLLECTION / "plugins" / "modules").glob("k3fleet_*.py")))

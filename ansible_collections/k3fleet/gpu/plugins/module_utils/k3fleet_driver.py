@@ -7,7 +7,8 @@
 collector turns that into ``unknown`` + reason, never an exception.
 
 The two GPU sources are module_utils of their own, imported only when asked: k3fleet_nvml
-once pynvml imports, k3fleet_smi when NVML did not answer. A node compiles the one it uses.
+once NVML bindings load (pynvml, else k3fleet_nvml_lib on the driver's libnvidia-ml.so.1),
+k3fleet_smi when NVML did not answer. A node compiles the ones it uses.
 """
 
 from __future__ import annotations
@@ -119,6 +120,22 @@ def load_pynvml() -> tuple[Any, str | None]:
     except Exception as exc:  # a broken install is a fact, not a crash
         return None, f"pynvml import failed: {type(exc).__name__}: {exc}"
     return pynvml, None
+
+
+def load_nvml() -> tuple[Any, str | None, str | None]:
+    """NVML bindings: pynvml when it imports, else k3fleet's own binding (k3fleet_nvml_lib) on
+    libnvidia-ml.so.1. Returns ``(bindings, name, None)``, name "pynvml" or "k3fleet", or
+    ``(None, None, reason)`` when neither loads (the library is not on this node)."""
+    nv, import_problem = load_pynvml()
+    if nv is not None:
+        return nv, "pynvml", None
+    # Imported here: a node whose pynvml imports never compiles the binding.
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml_lib import open_library
+
+    lib, load_problem = open_library()
+    if lib is None:
+        return None, None, f"{load_problem} ({import_problem})"
+    return lib, "k3fleet", None
 
 
 def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:
@@ -237,14 +254,22 @@ def classify_driver_platform(version: str | None, arch: str | None, raw: str | N
     return out
 
 
+def nvml_not_asked(nvml: dict[str, Any]) -> bool:
+    """NVML was never asked: no bindings loaded the library (nvidia-smi's own account of NVML is then the
+    better one)."""
+    return nvml["status"] == "library_not_found" and nvml.get("bindings") is None
+
+
 def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
     """Driver and GPU facts (``DriverFacts`` shape).
 
-    NVML answers first when pynvml imports and ``use_nvml`` is true; otherwise, or
-    after an NVML failure, nvidia-smi is asked. ``source`` names the one that gave
-    the GPU list. When pynvml could not be used, an NVML init failure that
-    nvidia-smi prints ("Failed to initialize NVML: Driver/library version
-    mismatch") is recorded as the nvml status, since it is NVML's own answer.
+    NVML answers first when ``use_nvml`` is true: through pynvml when it imports, else
+    through k3fleet's own binding on libnvidia-ml.so.1 (``nvml.bindings`` says which);
+    when no library loads (``library_not_found``), or after an NVML failure, nvidia-smi
+    is asked. ``source`` names the one that gave the GPU list. When NVML could not be
+    asked, an NVML init failure that nvidia-smi prints ("Failed to initialize NVML:
+    Driver/library version mismatch") is recorded as the nvml status, since it is
+    NVML's own answer.
 
     status: ``ok`` with a GPU list; ``absent`` when no NVIDIA kernel module is
     loaded; ``unknown`` (+reason) when the driver is loaded (or may be) but no
@@ -256,7 +281,7 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
         "reason": None,
         "kernel_module": {k: km[k] for k in ("loaded", "version", "flavour", "arch", "raw")},
         "platform": platform_facts(reader, km),
-        "nvml": {"status": "skipped", "error": None},
+        "nvml": {"status": "skipped", "error": None, "bindings": None},
         "source": None,
         "driver_version": None,
         "cuda_driver_version": None,
@@ -268,16 +293,19 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
         reasons.append(km["reason"])
 
     nvml_answered = False
+    unloaded = None
     if use_nvml:
-        nv, import_problem = load_pynvml()
+        nv, bindings, load_problem = load_nvml()
         if nv is None:
-            facts["nvml"] = {"status": "not_installed", "error": import_problem}
+            facts["nvml"] = {"status": "library_not_found", "error": load_problem, "bindings": None}
+            # Said in the reason only when no source answered (below): nvml.error carries it.
+            unloaded = (len(reasons), f"NVML: {load_problem}")
         else:
-            # Imported here: a node without pynvml never compiles the NVML source.
+            # Imported here: a node without the NVML library never compiles the NVML source.
             from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml import collect_nvml
 
             got = collect_nvml(nv)
-            facts["nvml"] = got["nvml"]
+            facts["nvml"] = dict(got["nvml"], bindings=bindings)
             if got["nvml"]["status"] == "ok":
                 nvml_answered = True
                 facts.update(source="nvml", driver_version=got["driver_version"],
@@ -297,11 +325,14 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
                          cuda_driver_version=smi["cuda_driver_version"], gpus=smi["gpus"])
         if smi["reason"]:
             reasons.append(smi["reason"])
-        if smi["failure"] and facts["nvml"]["status"] in ("skipped", "not_installed"):
-            facts["nvml"] = {"status": smi["failure"], "error": f"via nvidia-smi: {smi['reason']}"}
+        if smi["failure"] and (facts["nvml"]["status"] == "skipped" or nvml_not_asked(facts["nvml"])):
+            facts["nvml"] = {"status": smi["failure"], "error": f"via nvidia-smi: {smi['reason']}",
+                             "bindings": None}
 
     if km["loaded"] is not False:
         facts["kernel_log"] = collect_kernel_log(reader)
+    if unloaded is not None and not facts["source"]:
+        reasons.insert(*unloaded)
     if facts["source"]:
         facts["gpu_count"] = len(facts["gpus"])
         facts["status"] = "ok"
@@ -322,6 +353,7 @@ __all__ = [
     "collect_driver",
     "collect_kernel_log",
     "kernel_module_facts",
+    "load_nvml",
     "load_pynvml",
     "normalize_bus_id",
     "parse_nv_tegra_release",
