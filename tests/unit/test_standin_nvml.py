@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -393,6 +394,233 @@ def test_dmesg_prints_the_kernel_banner_and_the_driver_load_line(node: Node) -> 
     assert parse_xid_lines(done.stdout) == []
     bad = node.run("dmesg.py", "--bogus")
     assert bad.returncode == 1 and bad.stderr.startswith("dmesg: unrecognized option '--bogus'")
+
+
+# ---- NVML through k3fleet's own binding (k3fleet_nvml_lib) ----------------------
+#
+# The same shim through pynvml and through the binding: collect_nvml must read the same facts from both.
+
+
+@pytest.fixture
+def builtin(shim: Path) -> Any:
+    """k3fleet's binding on the stand-in library."""
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml_lib import open_library
+
+    lib, problem = open_library(str(shim))
+    assert lib is not None, problem
+    return lib
+
+
+def both(nvml: ModuleType, builtin: Any) -> dict[str, Any]:
+    """collect_nvml through pynvml and through the binding: the same facts, returned once."""
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml import collect_nvml
+
+    through_pynvml = collect_nvml(nvml)
+    through_builtin = collect_nvml(builtin)
+    assert through_builtin == through_pynvml
+    return through_builtin
+
+
+def add_conf(node: Node, line: str) -> None:
+    with (node.root / "gpus.conf").open("a", encoding="utf-8") as conf:
+        conf.write(line + "\n")
+
+
+def test_binding_reads_the_inventory_as_pynvml_does(node: Node, nvml: ModuleType, builtin: Any) -> None:
+    node.boot(LIB_VERSION)
+    facts = both(nvml, builtin)
+    assert (facts["nvml"], facts["driver_version"], facts["cuda_driver_version"]) == (
+        {"status": "ok", "error": None}, LIB_VERSION, "13.0")
+    conf = dict(line.split("=", 1) for line in gpus_conf(8, "NVIDIA H200").splitlines() if "=" in line)
+    assert [g["pci_bus_id"] for g in facts["gpus"]] == conf["bus_ids"].split(",")
+    gpu = facts["gpus"][0]
+    assert (gpu["name"], gpu["memory_total_mib"], gpu["memory_used_mib"], gpu["compute_capability"],
+            gpu["persistence_mode"], gpu["processes"]) == ("NVIDIA H200", 143771, 0, "9.0", True, [])
+    assert (gpu["fabric_state"], gpu["fabric_status"], gpu["fabric_cluster_uuid"]) == ("not_started", None, None)
+    assert gpu["ecc"] == {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "reason": None}
+    assert gpu["throttle"] == {"active": ["gpu_idle"], "mask": 1, "reason": None}
+    # Strings are str, as pynvml 13 returns them.
+    builtin.nvmlInit()
+    h = builtin.nvmlDeviceGetHandleByIndex(0)
+    assert isinstance(builtin.nvmlDeviceGetUUID(h), str) and builtin.nvmlDeviceGetUUID(h) == gpu["uuid"]
+    assert builtin.nvmlDeviceGetPciInfo(h).busId == gpu["pci_bus_id"]
+    builtin.nvmlShutdown()
+
+
+def test_binding_reads_a_registered_fabric_as_pynvml_does(node: Node, nvml: ModuleType, builtin: Any) -> None:
+    node.boot(LIB_VERSION)
+    fm = start_fabric_manager(node)
+    try:
+        facts = both(nvml, builtin)
+    finally:
+        fm.send_signal(signal.SIGTERM)
+        fm.communicate(timeout=10)
+    gpus = facts["gpus"]
+    assert {(g["fabric_state"], g["fabric_status"], g["fabric_health"]["summary"]) for g in gpus} == {
+        ("completed", "success", "healthy")}
+    assert len({g["fabric_cluster_uuid"] for g in gpus}) == 1 and {g["fabric_clique_id"] for g in gpus} == {0}
+
+
+def test_binding_reads_a_stale_fabric_state_as_pynvml_does(node: Node, nvml: ModuleType, builtin: Any) -> None:
+    node.boot(LIB_VERSION)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    node.fabric_state.parent.mkdir(parents=True)
+    node.fabric_state.write_text(f"pid={dead.pid}\nversion={LIB_VERSION}\nstate=completed\n", encoding="utf-8")
+    facts = both(nvml, builtin)
+    assert {g["fabric_state"] for g in facts["gpus"]} == {"not_started"}
+
+
+def test_binding_lists_compute_processes_as_pynvml_does(node: Node, nvml: ModuleType, builtin: Any) -> None:
+    # More processes than the first (count-only) call can know of: NVML's two calls, as pynvml makes them.
+    add_conf(node, "processes=0:443:103010:python3,0:5120:1024:/usr/bin/python3,5:777:2048:vllm")
+    node.boot(LIB_VERSION)
+    facts = both(nvml, builtin)
+    gpus = facts["gpus"]
+    assert gpus[0]["processes"] == [
+        {"pid": 443, "type": "C", "name": "python3", "used_memory_mib": 103010},
+        {"pid": 5120, "type": "C", "name": "/usr/bin/python3", "used_memory_mib": 1024}]
+    assert gpus[0]["memory_used_mib"] == 104034
+    assert gpus[5]["processes"] == [{"pid": 777, "type": "C", "name": "vllm", "used_memory_mib": 2048}]
+    assert [g["processes"] for i, g in enumerate(gpus) if i not in (0, 5)] == [[]] * 6
+    assert facts["note"] is None
+
+
+def test_binding_reports_a_lost_gpu_as_pynvml_does(node: Node, nvml: ModuleType, builtin: Any) -> None:
+    add_conf(node, "lost=3")
+    node.boot(LIB_VERSION)
+    facts = both(nvml, builtin)
+    assert facts["nvml"] == {"status": "gpu_is_lost", "error": "GPU 3: NVMLError_GpuIsLost: GPU is lost"}
+    assert facts["gpus"][3] == {"index": 3}
+    assert [g["index"] for g in facts["gpus"] if "uuid" in g] == [0, 1, 2, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize(("boot", "status", "error"), [
+    (None, "driver_not_loaded", "nvmlInit: NVMLError_DriverNotLoaded: Driver Not Loaded"),
+    ("575.57.08", "lib_rm_version_mismatch",
+     "nvmlInit: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch."),
+    ("580.82.07", "lib_rm_version_mismatch",
+     "nvmlInit: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch."),
+])
+def test_binding_reports_init_failures_as_pynvml_does(node: Node, nvml: ModuleType, builtin: Any,
+                                                       boot: str | None, status: str, error: str) -> None:
+    if boot:
+        node.boot(boot, flavour="proprietary")
+    facts = both(nvml, builtin)
+    assert facts["nvml"] == {"status": status, "error": error}
+    assert facts["gpus"] == []
+
+
+def test_binding_reports_an_unreadable_version_file_as_pynvml_does(node: Node, nvml: ModuleType,
+                                                                    builtin: Any) -> None:
+    path = node.proc / "driver/nvidia/version"
+    path.parent.mkdir(parents=True)
+    path.write_text("\x00\xff garbage\n", encoding="latin-1")
+    assert both(nvml, builtin)["nvml"] == {"status": "error", "error": "nvmlInit: NVMLError_Unknown: Unknown Error"}
+
+
+def test_binding_error_classes_are_pynvml_s(nvml: ModuleType, builtin: Any) -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml_lib as lib
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml import (
+        NVML_ERROR_STATUS,
+        _nvml_return_name,
+        nvml_error_status,
+    )
+
+    codes = sorted(nvml.NVMLError._valClassMapping)
+    assert sorted(lib.RETURN_NAMES) == codes
+    for code in codes:
+        ours, theirs = builtin.NVMLError(code), nvml.NVMLError(code)
+        assert (type(ours).__name__, ours.value) == (type(theirs).__name__, theirs.value)
+        assert isinstance(ours, builtin.NVMLError) and getattr(builtin, type(ours).__name__) is type(ours)
+        assert nvml_error_status(ours) == nvml_error_status(theirs)
+        # The fabric status text of a code reads the same through both (NVML's own nvmlErrorString).
+        assert _nvml_return_name(builtin, code) == _nvml_return_name(nvml, code)
+    assert {name for name in NVML_ERROR_STATUS if hasattr(builtin, name)} == set(NVML_ERROR_STATUS)
+    # A subclass built without a code knows its own, as pynvml's do.
+    assert builtin.NVMLError_GpuIsLost().value == 15 and str(builtin.NVMLError_GpuIsLost()) == "GPU is lost"
+    # A code NVML did not name is the base class, with the library's text.
+    assert type(builtin.NVMLError(4242)) is builtin.NVMLError and str(builtin.NVMLError(4242)) == "Unknown Error"
+
+
+class OlderDriver:
+    """The stand-in library as a driver that does not export ``missing`` (ctypes raises AttributeError)."""
+
+    def __init__(self, library: Any, missing: set[str]) -> None:
+        self.library, self.missing = library, missing
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.missing:
+            raise AttributeError(name)
+        return getattr(self.library, name)
+
+
+def test_binding_on_an_older_driver_uses_what_it_exports(node: Node, builtin: Any) -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml import collect_nvml
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml_lib import Nvml
+
+    add_conf(node, "processes=2:443:1024:python3")
+    node.boot(LIB_VERSION)
+    old = Nvml(OlderDriver(builtin.library, {"nvmlDeviceGetCurrentClocksEventReasons",
+                                             "nvmlDeviceGetComputeRunningProcesses_v3",
+                                             "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetRemappedRows"}),
+               builtin.path)
+    facts = collect_nvml(old)
+    assert facts["nvml"] == {"status": "ok", "error": None}
+    gpu = facts["gpus"][2]
+    # The clock event reasons under their name before R535.
+    assert gpu["throttle"] == {"active": ["gpu_idle"], "mask": 1, "reason": None}
+    # Calls the driver lacks are NVML's FunctionNotFound: unknown with the reason, never a crash.
+    assert (gpu["processes"], gpu["fabric_state"], gpu["fabric_health"]) == (None, None, None)
+    assert gpu["remapped_rows"]["reason"] == "NVMLError_FunctionNotFound: Function Not Found"
+    assert facts["note"] == "GPU compute processes unknown: GPU 0-7: NVMLError_FunctionNotFound: Function Not Found"
+    with pytest.raises(builtin.NVMLError_FunctionNotFound):
+        old.function("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+
+
+def test_binding_without_a_library_says_why(tmp_path: Path) -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml_lib import open_library
+
+    lib, problem = open_library(str(tmp_path / "libnvidia-ml.so.1"))
+    assert lib is None
+    assert problem == f"{tmp_path / 'libnvidia-ml.so.1'}: cannot open shared object file: No such file or directory"
+
+
+def test_collect_driver_through_the_binding_matches_pynvml(node: Node, nvml: ModuleType, shim: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver collector on a stand-in node with pynvml, then without it: the same facts, but for which
+    bindings asked NVML, and neither runs nvidia-smi."""
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml_lib
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
+    from k3fleet.models.facts import DriverFacts
+
+    add_conf(node, "processes=1:443:2048:python3")
+    node.boot(LIB_VERSION)
+    bindir = node.root / "bin"
+    bindir.mkdir(exist_ok=True)
+    wrapper = bindir / "dmesg"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{node.script("dmesg.py")}" "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+
+    def collect() -> tuple[dict[str, Any], list[list[str]]]:
+        reader = NodeReader(procfs=str(node.proc), path=f"{bindir}:/usr/bin:/bin")
+        facts = collect_driver(reader)
+        DriverFacts.model_validate(facts)
+        return facts, [c["argv"] for c in reader.commands]
+
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with_pynvml, ran_with = collect()
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(k3fleet_nvml_lib, "LIBRARY", str(shim))
+    with_builtin, ran_without = collect()
+    assert (with_pynvml["nvml"]["bindings"], with_builtin["nvml"]["bindings"]) == ("pynvml", "k3fleet")
+    with_pynvml["nvml"]["bindings"] = with_builtin["nvml"]["bindings"] = None
+    assert with_builtin == with_pynvml
+    assert (with_builtin["source"], with_builtin["gpu_count"]) == ("nvml", 8)
+    assert with_builtin["gpus"][1]["processes"] == [{"pid": 443, "type": "C", "name": "python3",
+                                                     "used_memory_mib": 2048}]
+    assert not [argv for argv in ran_with + ran_without if argv[0].endswith("nvidia-smi")]
 
 
 # ---- the simulated /proc -------------------------------------------------------

@@ -15,6 +15,11 @@
  *   NVIDIA_SIM_GPUS_CONF     GPU inventory              (/etc/nvidia-sim/gpus.conf)
  *   NVIDIA_SIM_FABRIC_STATE  written by fabric manager  (/run/nvidia-sim/fabricmanager.state)
  *   NVIDIA_SIM_MACHINE_ID    seed of the GPU UUIDs      (/etc/machine-id)
+ *
+ * Beside the inventory the builder writes, gpus.conf may name faults and load for tests:
+ *   lost=<index>[,<index>...]                    GPUs fallen off the bus: every query of one
+ *                                                answers NVML_ERROR_GPU_IS_LOST
+ *   processes=<index>:<pid>:<MiB>:<name>[,...]   compute processes holding GPU memory
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -46,6 +51,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
@@ -116,14 +122,34 @@ _Static_assert(sizeof(nvmlGpuFabricInfo_v2_t) == 0x24, "nvmlGpuFabricInfo_v2_t l
 _Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 0x28, "nvmlGpuFabricInfo_v3_t layout");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 
+/* nvmlProcessInfo_t: what nvmlDeviceGetComputeRunningProcesses_v3 fills. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
+
 #define MAX_GPUS 64
 #define NAME_LEN 96
+#define MAX_PROCS 8
+#define PROC_NAME_LEN 64
+
+struct sim_proc {
+    unsigned int pid;
+    unsigned long long used_bytes;
+    char name[PROC_NAME_LEN];
+};
 
 struct sim_gpu {
     unsigned int index;
     unsigned int domain, bus, device;
     char bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
     char uuid[48];
+    int lost;
+    unsigned int nprocs;
+    struct sim_proc procs[MAX_PROCS];
 };
 typedef struct sim_gpu *nvmlDevice_t;
 
@@ -285,10 +311,52 @@ static void parse_bus_ids(char *list)
         sim.count = n;
 }
 
+/* lost=<index>,...: those GPUs answer NVML_ERROR_GPU_IS_LOST. */
+static void parse_lost(char *list)
+{
+    char *tok, *save = NULL;
+    for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        unsigned long index = strtoul(tok, NULL, 10);
+        if (index < sim.count)
+            sim.gpus[index].lost = 1;
+    }
+}
+
+/* processes=<index>:<pid>:<MiB>:<name>,...: compute processes and the memory they hold. */
+static void parse_processes(char *list)
+{
+    char *tok, *save = NULL;
+    for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        unsigned int index, pid;
+        unsigned long long mib;
+        char name[PROC_NAME_LEN];
+        struct sim_gpu *gpu;
+        trim(tok);
+        if (sscanf(tok, "%u:%u:%llu:%63[^,]", &index, &pid, &mib, name) != 4 || index >= sim.count)
+            continue;
+        gpu = &sim.gpus[index];
+        if (gpu->nprocs >= MAX_PROCS)
+            continue;
+        gpu->procs[gpu->nprocs].pid = pid;
+        gpu->procs[gpu->nprocs].used_bytes = mib * 1024ULL * 1024ULL;
+        snprintf(gpu->procs[gpu->nprocs].name, PROC_NAME_LEN, "%s", name);
+        gpu->nprocs++;
+    }
+}
+
+static unsigned long long used_bytes(nvmlDevice_t device)
+{
+    unsigned long long used = 0;
+    for (unsigned int i = 0; i < device->nprocs; i++)
+        used += device->procs[i].used_bytes;
+    return used;
+}
+
 /* Reads the GPU inventory. A missing file means a node without GPUs, not an error. */
 static void load_inventory(void)
 {
     char line[4096], machine_id[128], key[192];
+    char lost[1024] = "", processes[2048] = "";
     FILE *f;
 
     int refcount = sim.refcount;
@@ -330,11 +398,18 @@ static void load_inventory(void)
                 sim.pcie_width_max = (unsigned int)strtoul(eq + 1, NULL, 10);
             else if (strcmp(line, "bus_ids") == 0)
                 parse_bus_ids(eq + 1);
+            else if (strcmp(line, "lost") == 0)
+                snprintf(lost, sizeof(lost), "%s", eq + 1);
+            else if (strcmp(line, "processes") == 0)
+                snprintf(processes, sizeof(processes), "%s", eq + 1);
         }
         fclose(f);
     }
     if (sim.count > MAX_GPUS)
         sim.count = MAX_GPUS;
+    /* After the count, whatever the order of the keys. */
+    parse_lost(lost);
+    parse_processes(processes);
     if (sim.nvlinks > NVML_NVLINK_MAX_LINKS)
         sim.nvlinks = NVML_NVLINK_MAX_LINKS;
 
@@ -384,6 +459,8 @@ static nvmlReturn_t check_device(nvmlDevice_t device)
         return NVML_ERROR_UNINITIALIZED;
     if (!device || device < sim.gpus || device >= sim.gpus + sim.count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->lost)
+        return NVML_ERROR_GPU_IS_LOST;
     return NVML_SUCCESS;
 }
 
@@ -598,10 +675,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
         return rc;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    /* An idle GPU: nothing allocated by any process. */
+    /* What the compute processes hold; an idle GPU: nothing. */
     memory->total = sim.memory_bytes;
-    memory->used = 0;
-    memory->free = sim.memory_bytes;
+    memory->used = used_bytes(device);
+    memory->free = sim.memory_bytes - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -616,8 +693,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = sim.memory_bytes;
     memory->reserved = 0;
-    memory->used = 0;
-    memory->free = sim.memory_bytes;
+    memory->used = used_bytes(device);
+    memory->free = sim.memory_bytes - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -845,18 +922,43 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned 
 }
 
 /*
- * No compute process holds a GPU (memory used is 0 too). NVML's two-call protocol: with no
- * process the first call (count 0, no array) succeeds and sets the count to 0.
+ * The compute processes of gpus.conf (none unless it names some). NVML's two-call protocol: with
+ * no process the first call (count 0, no array) succeeds and sets the count to 0; with some, a
+ * count too small answers NVML_ERROR_INSUFFICIENT_SIZE and sets the count needed.
  */
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                            void *infos)
+                                                            nvmlProcessInfo_t *infos)
 {
     nvmlReturn_t rc = check_device(device);
-    (void)infos;
     if (rc != NVML_SUCCESS)
         return rc;
     if (!infoCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *infoCount = 0;
+    if (*infoCount < device->nprocs || (device->nprocs && !infos)) {
+        *infoCount = device->nprocs;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < device->nprocs; i++) {
+        infos[i].pid = device->procs[i].pid;
+        infos[i].usedGpuMemory = device->procs[i].used_bytes;
+        /* Not a MIG instance. */
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *infoCount = device->nprocs;
     return NVML_SUCCESS;
+}
+
+/* The name of a process of gpus.conf's processes; NVML_ERROR_NOT_FOUND for any other pid. */
+EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
+{
+    if (!initialised())
+        return NVML_ERROR_UNINITIALIZED;
+    for (unsigned int g = 0; g < sim.count; g++) {
+        for (unsigned int i = 0; i < sim.gpus[g].nprocs; i++) {
+            if (sim.gpus[g].procs[i].pid == pid)
+                return copy_out(name, length, sim.gpus[g].procs[i].name);
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
