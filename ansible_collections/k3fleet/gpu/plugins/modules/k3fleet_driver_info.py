@@ -10,8 +10,10 @@ short_description: Report the loaded NVIDIA driver and the GPUs it sees
 description:
   - Reads the loaded kernel module from C(/proc/driver/nvidia/version) (open or proprietary flavour)
     and C(/proc/modules).
-  - Lists the GPUs through NVML (C(pynvml)) when it imports and O(use_nvml=true), otherwise or after
-    an NVML failure through C(nvidia-smi). RV(k3fleet.source) names the one that answered.
+  - Lists the GPUs through NVML when O(use_nvml=true), through C(pynvml) when it imports and otherwise
+    through the collection's own binding to the driver's C(libnvidia-ml.so.1); without that library,
+    or after an NVML failure, through C(nvidia-smi). RV(k3fleet.source) names the one that answered,
+    RV(k3fleet.nvml.bindings) what asked NVML.
   - Per GPU it also reports the NVLink fabric state, status and health (NVML's health mask and summary, or the
     C(Fabric) > C(Health) block of C(nvidia-smi -q)), the memory in use and the compute processes; reads both
     the old C(Driver Version) / C(CUDA Version) header and R610's C(KMD Version) / C(CUDA UMD Version).
@@ -26,9 +28,10 @@ author:
 options:
   use_nvml:
     description:
-      - Ask NVML through the C(pynvml) bindings first.
-      - When V(false), or when C(pynvml) is not installed on the node, only C(nvidia-smi) is asked
-        and RV(k3fleet.nvml.status) reads V(skipped) or V(not_installed).
+      - Ask NVML first, through C(pynvml) when it imports, else through the collection's own binding to
+        C(libnvidia-ml.so.1).
+      - When V(false) only C(nvidia-smi) is asked and RV(k3fleet.nvml.status) reads V(skipped); when no
+        C(libnvidia-ml.so.1) loads it reads V(library_not_found) and C(nvidia-smi) is asked.
     type: bool
     default: true
 notes:
@@ -127,6 +130,7 @@ k3fleet:
       sample:
         status: ok
         error: null
+        bindings: k3fleet
       contains:
         status:
           description: One of V(ok), V(skipped), V(not_installed), V(library_not_found), V(driver_not_loaded),
@@ -139,6 +143,12 @@ k3fleet:
           returned: always
           type: str
           sample: "nvmlInit: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch."
+        bindings:
+          description: What asked NVML, V(pynvml) or V(k3fleet) (the collection's own binding); null when no
+            bindings loaded C(libnvidia-ml.so.1) or NVML was not asked.
+          returned: always
+          type: str
+          sample: k3fleet
     source:
       description: V(nvml) or V(nvidia-smi), whichever listed the GPUs; null when none did.
       returned: always

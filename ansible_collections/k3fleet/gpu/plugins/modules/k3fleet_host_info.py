@@ -50,7 +50,8 @@ options:
       - What the active checks run and for how long, from the target file (the controller passes it).
     type: dict
   use_nvml:
-    description: Query NVML through pynvml when it imports; otherwise only nvidia-smi is used.
+    description: Query NVML first (through pynvml when it imports, else through the collection's own binding to
+      libnvidia-ml.so.1); when false, or when no NVML library loads, nvidia-smi is used.
     type: bool
     default: true
   env_files:
