@@ -519,7 +519,7 @@ def test_binding_reports_an_unreadable_version_file_as_pynvml_does(node: Node, n
     assert both(nvml, builtin)["nvml"] == {"status": "error", "error": "nvmlInit: NVMLError_Unknown: Unknown Error"}
 
 
-def test_binding_error_classes_are_pynvml_s(nvml: ModuleType, builtin: Any) -> None:
+def test_binding_error_classes_are_pynvml_s(nvml: ModuleType, builtin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml_lib as lib
     from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml import (
         NVML_ERROR_STATUS,
@@ -527,6 +527,8 @@ def test_binding_error_classes_are_pynvml_s(nvml: ModuleType, builtin: Any) -> N
         nvml_error_status,
     )
 
+    # pynvml keeps the texts it asked the library for: those of the stand-in must not outlive the test.
+    monkeypatch.setattr(nvml.NVMLError, "_errcode_to_string", dict(nvml.NVMLError._errcode_to_string))
     codes = sorted(nvml.NVMLError._valClassMapping)
     assert sorted(lib.RETURN_NAMES) == codes
     for code in codes:

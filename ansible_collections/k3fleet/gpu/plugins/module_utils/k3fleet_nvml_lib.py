@@ -34,10 +34,9 @@ NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 
-# nvmlEccCounterType_t and nvmlMemoryErrorType_t.
+# nvmlEccCounterType_t and nvmlMemoryErrorType_t (the uncorrected type is the one collect_nvml counts).
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
-NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 
 # What NVML writes into an unsigned long long it has no value for (usedGpuMemory under WDDM).
@@ -106,11 +105,6 @@ ERROR_CLASSES: dict[int, type[NVMLError]] = {
 }
 
 ERRORS_BY_NAME = {klass.__name__: klass for klass in ERROR_CLASSES.values()}
-
-
-def error_class(code: int) -> type[NVMLError]:
-    """The NVMLError subclass of an nvmlReturn_t (NVMLError itself for a code NVML did not name)."""
-    return ERROR_CLASSES.get(code, NVMLError)
 
 
 def versioned(struct: type[ctypes.Structure], version: int) -> int:
@@ -190,10 +184,8 @@ class Nvml:
     NVMLError = NVMLError
     c_nvmlGpuFabricInfoV_t = GpuFabricInfoV2
     c_nvmlGpuFabricInfo_v3_t = GpuFabricInfoV3
-    NVML_SUCCESS = NVML_SUCCESS
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
     NVML_AGGREGATE_ECC = NVML_AGGREGATE_ECC
-    NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_MEMORY_ERROR_TYPE_CORRECTED
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 
     def __init__(self, library: Any, path: str) -> None:
@@ -242,10 +234,6 @@ class Nvml:
 
     def nvmlShutdown(self) -> None:
         self.call(("nvmlShutdown",))
-
-    def nvmlErrorString(self, code: int) -> str:
-        self.function("nvmlErrorString")
-        return error_string(self.library, code) or ""
 
     # -- system --------------------------------------------------------------------------------
 
