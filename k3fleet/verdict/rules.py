@@ -317,10 +317,14 @@ def _nvml(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     if st == "no_permission":
         e.unknown("nvml.status", "NVML (no permission)", nv.error)
         return
-    if st == "driver_not_loaded" and c.driver_failed:
+    if st in ("driver_not_loaded", "library_not_found") and c.driver_failed:
+        # A node with no driver loaded has no NVML either: driver.loaded says it once.
         return
     sev, text = _NVML_FAIL.get(st, ("error", f"NVML failed ({st})"))
-    if st not in _NVML_FAIL and f.driver.source == "nvidia-smi" and c.gpu_count:
+    if st == "library_not_found" and f.driver.source == "nvidia-smi" and c.gpu_count:
+        # nvidia-smi reached NVML from its own link path; k3fleet's loader did not find the library.
+        sev, text = "warning", "libnvidia-ml.so.1 not found by k3fleet's NVML reader; GPU facts came from nvidia-smi"
+    elif st not in _NVML_FAIL and f.driver.source == "nvidia-smi" and c.gpu_count:
         # NVML's own bindings failed, but nvidia-smi (an NVML client) answered: a degraded reader.
         sev, text = "warning", f"NVML failed ({st}); GPU facts came from nvidia-smi"
     e.fail("nvml.status", text + (f": {nv.error}" if nv.error else ""), {"status": st, "error": nv.error},
