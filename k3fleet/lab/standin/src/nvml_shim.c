@@ -414,8 +414,10 @@ static void load_inventory(void)
         sim.nvlinks = NVML_NVLINK_MAX_LINKS;
 
     read_machine_id(machine_id, sizeof(machine_id));
-    snprintf(key, sizeof(key), "%s:fabric", machine_id);
-    derive_bytes(key, sim.cluster_uuid);
+    /* One HGX board: NVLink inside the node only, so NVML reports the zero ClusterUUID and clique 0
+       (the 8x H100 nvidia-smi -q capture, docs/facts.md section 15); a multi-node NVLink domain
+       (NVL72) is the lab's, not the testbed's. */
+    memset(sim.cluster_uuid, 0, sizeof(sim.cluster_uuid));
     for (unsigned int i = 0; i < sim.count; i++) {
         unsigned char u[16];
         snprintf(key, sizeof(key), "%s:gpu:%u", machine_id, i);
