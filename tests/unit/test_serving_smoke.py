@@ -301,11 +301,12 @@ def test_wait_ends_when_health_answers_200(wait_mod: ModuleType, tmp_path: Path,
     assert out["ready"] is True and out["state"] == "running" and out["last"] == "HTTP 200"
 
 
+@pytest.mark.parametrize("status", ["exited", "stopped"])  # podman: "stopped" until its cleanup ran
 def test_wait_ends_at_once_when_the_container_stops(wait_mod: ModuleType, tmp_path: Path,
-                                                    health: tuple[str, type[Health]]) -> None:
+                                                    health: tuple[str, type[Health]], status: str) -> None:
     url, handler = health
     handler.status = 503
-    out = wait_mod.wait(fake_runtime(tmp_path, inspect_json("exited", 1)), "k3fleet-smoke", url, 3600, 0.1,
+    out = wait_mod.wait(fake_runtime(tmp_path, inspect_json(status, 1)), "k3fleet-smoke", url, 3600, 0.1,
                         sleep=lambda s: pytest.fail("waited although the container had stopped"))
     assert out == {"ready": False, "state": "exited (exit code 1)", "waited_s": out["waited_s"],
                    "last": "no answer yet", "timed_out": False}

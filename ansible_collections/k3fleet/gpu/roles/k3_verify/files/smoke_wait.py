@@ -22,6 +22,9 @@ __metaclass__ = type
 # States a container passes through on its way to running (podman: created, configured, initialized;
 # docker: created, restarting): not yet a verdict.
 STARTING = ("created", "configured", "initialized", "restarting")
+# A process that ended: podman says "stopped" until its cleanup has run, then "exited" (docker:
+# "exited", "dead"). One word for the operator, whichever moment inspect caught.
+ENDED = ("stopped", "exited")
 
 
 def container_state(runtime, name):
@@ -38,6 +41,8 @@ def container_state(runtime, name):
     status = str(state.get("Status") or "unknown")
     if status == "running" or status in STARTING:
         return True, status
+    if status in ENDED:
+        status = "exited"
     return False, "%s (exit code %s)" % (status, state.get("ExitCode"))
 
 
