@@ -103,8 +103,9 @@ def _load(server: VllmState, **opts: Any) -> Any:
 
 def test_load_names_the_ceiling_from_the_real_queue(server: VllmState) -> None:
     # 200 generated tokens a turn keep every request in flight for seconds, so with 4 sessions and
-    # --max-num-seqs 2 two of them wait for most of the step whatever the machine's speed.
-    res = _load(server, ramp=[1, 2, 4], step_s=8, system_prompt_tokens=200, turn_output_tokens=200)
+    # --max-num-seqs 2 two of them wait for most of the step whatever the machine's speed. 12 s steps:
+    # a machine busy with other work scrapes /metrics slowly, and the queue must be seen in 3 samples.
+    res = _load(server, ramp=[1, 2, 4], step_s=12, system_prompt_tokens=200, turn_output_tokens=200)
     assert res.data["outcome"] == "ceiling" and res.data["ceiling"] == 2, (res.reason, res.data["curves"])
     ceiling = next(f for f in res.findings if f.check_id == "accept.load.ceiling")
     assert "vllm:num_requests_waiting" in ceiling.message and "limit traffic to 2" in ceiling.message
