@@ -97,8 +97,8 @@ def _run_of(a: str, b: str, k: int, plan: PairPlan, result: dict[str, Any] | Non
     data = result.get("pair")
     if not isinstance(data, dict):
         return _not_run(a, b, k, plan, "the node's result has no pair section")
+    base = _base(a, b, k, plan)
     try:
-        return PairRun.model_validate({**data, **_base(a, b, k, plan),
-                                       "addresses": data.get("addresses") or _base(a, b, k, plan)["addresses"]})
+        return PairRun.model_validate({**data, **base, "addresses": data.get("addresses") or base["addresses"]})
     except ValidationError as exc:
         return _not_run(a, b, k, plan, f"the node's result could not be read: {exc.errors()[0]['msg']}")
