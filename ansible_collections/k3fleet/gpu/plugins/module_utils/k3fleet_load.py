@@ -15,13 +15,22 @@ module_utils first on ``sys.meta_path``: it names the file without compiling and
 source once. Anywhere else (the controller, tests, ansible-test's import check, an exploded
 payload) it installs nothing. Packages, names outside this package and anything the payload does
 not hold as source are left to the normal import system.
+
+:func:`install_payload` covers the whole payload: every module and package the zip holds as source
+(Ansible's own module_utils, the collections', the module itself). A module can only call it after
+AnsiballZ's wrapper has imported Ansible's module_utils, so the collection's action plugins
+(``plugins/plugin_utils/k3fleet_action.py``) insert the call into the wrapper, right before it
+imports them. That finder stands where zipimport would answer: before the path finder on
+``sys.meta_path``, and only for names whose search path (``sys.path`` for top-level names, the
+parent's ``__path__`` otherwise) starts with this payload; anything else is left as it was.
 """
 
 from __future__ import absolute_import, division, print_function
 
+import os
 import sys
 import zipimport
-from importlib.machinery import SourceFileLoader
+from importlib.machinery import PathFinder, SourceFileLoader
 from importlib.util import spec_from_loader
 
 __metaclass__ = type
@@ -49,6 +58,18 @@ class PayloadSourceLoader(SourceFileLoader):
         # writes nothing back.
         raise OSError("%s: no bytecode cache inside the payload" % path)
 
+    def get_resource_reader(self, fullname):
+        # A package's resources as zipimport reads them, from the zip (a file loader's reader would
+        # look for a directory named after the zip). zipimport names a package by its last part, so
+        # the importer is the one of the directory that holds the package.
+        where = os.path.dirname(self.path)
+        if os.path.basename(self.path) == "__init__.py":
+            where = os.path.dirname(where)
+        try:
+            return zipimport.zipimporter(where).get_resource_reader(fullname)
+        except (zipimport.ZipImportError, AttributeError):
+            return None
+
 
 class PayloadFinder:
     """Finds the modules of ``PACKAGE`` that ``archive`` (the package's zipimporter) holds as sources."""
@@ -75,6 +96,67 @@ class PayloadFinder:
         return spec_from_loader(fullname, PayloadSourceLoader(fullname, source, self.archive, data))
 
 
+class WholePayloadFinder(PayloadFinder):
+    """Finds every module and package that the payload ``archive`` (the zip's root zipimporter) holds as source.
+
+    It answers as zipimport would from the same zip, with one compile: a package from its
+    ``__init__.py`` (its ``__path__`` the package's directory in the zip, as zipimport sets it), a
+    module from its ``.py``. Where zipimport would take bytecode first (a ``.pyc`` of the same name),
+    where the zip does not come first on the search path, or on any error, it answers nothing and
+    the import system goes on as without it.
+    """
+
+    def __init__(self, archive):
+        self.archive = archive
+        self.root = archive.archive
+        self.base = self.root + os.sep
+
+    def _prefixes(self, path):
+        # The zip's directories to look in, in search-path order, up to the first entry that is not
+        # this zip (from there on the path finder decides, as it would without this finder).
+        for entry in sys.path if path is None else path:
+            if not isinstance(entry, str):
+                return
+            if entry == self.root:
+                yield ""
+            elif entry.startswith(self.base):
+                yield entry[len(self.base):].replace(os.sep, "/") + "/"
+            else:
+                return
+
+    def _has(self, name):
+        try:
+            self.archive.get_data(self.base + name)
+        except (IOError, OSError):
+            return False
+        return True
+
+    def find_spec(self, fullname, path=None, target=None):
+        try:
+            return self._find(fullname, path)
+        except Exception:  # pylint: disable=broad-except
+            # Never a failed import because of this finder: zipimport answers as it did.
+            return None
+
+    def _find(self, fullname, path):
+        tail = fullname.rpartition(".")[2]
+        for prefix in self._prefixes(path):
+            stem = prefix + tail
+            # zipimport's order: the package's bytecode, its source, the module's bytecode, its source.
+            for name in (stem + "/__init__", stem):
+                if self._has(name + ".pyc"):
+                    return None
+                source = self.base + name + ".py"
+                try:
+                    data = self.archive.get_data(source)
+                except (IOError, OSError):
+                    continue
+                return spec_from_loader(fullname, PayloadSourceLoader(fullname, source, self.archive, data))
+            # A directory without __init__ (a namespace portion) or nothing here: zipimport decides.
+            return None
+        return None
+
+
 def installed():
     """The finder this module installed, or None."""
     for finder in sys.meta_path:
@@ -92,4 +174,27 @@ def install():
     if finder is None:
         finder = PayloadFinder(loader)
         sys.meta_path.insert(0, finder)
+    return finder
+
+
+def install_payload():
+    """Install the whole-payload finder when this module was imported from a zip; returns it (or None).
+
+    A finder of this package already installed by :func:`install` stays (it answers the same way for
+    its names); :func:`install` after this one finds this one and installs nothing more.
+    """
+    loader = globals().get("__loader__")
+    if not isinstance(loader, zipimport.zipimporter):
+        return None
+    for finder in sys.meta_path:
+        if isinstance(finder, WholePayloadFinder):
+            return finder
+    finder = WholePayloadFinder(zipimport.zipimporter(loader.archive))
+    # Where zipimport answers: in the path finder, after the built-in and frozen modules.
+    index = len(sys.meta_path)
+    for position, entry in enumerate(sys.meta_path):
+        if entry is PathFinder:
+            index = position
+            break
+    sys.meta_path.insert(index, finder)
     return finder
