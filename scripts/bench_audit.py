@@ -26,13 +26,15 @@ local (default): the simulated lab over Ansible's local connection. For each siz
 --node: the node side of one host apart, where runs can be interleaved on a busy machine. The
   AnsiballZ files Ansible builds for one lab host (ANSIBLE_KEEP_REMOTE_FILES) are run --repeat times
   each, interleaved: the baseline's command module, the audit module as the lab fleet runs it (with
-  the probe) and without the probe (a plain audit). Per run the CPU of the process and its children
-  (getrusage); the table gives medians, quartiles and the ratio to the baseline. Then the audit's split,
-  from the same payload in a fresh interpreter: Ansible's own module_utils (both sides pay them), the
-  k3fleet module_utils (how many, their lines, how often compiled, compile CPU, import CPU with those
-  the collectors import where they need them), the collectors' Python, and the commands (the lab's
-  replays: their CPU as children); with strace on PATH also the execve count of one run of each.
-  No root, no SSH.
+  the probe) and without the probe (a plain audit), and the plain audit's file without the call the
+  collection's action inserts into the wrapper (as Ansible's normal action would ship it). Per run the
+  CPU of the process and its children (getrusage); the table gives medians, quartiles and the ratio to
+  the baseline. Then each run's split, from the same payload in a fresh interpreter: Ansible's own
+  module_utils as the wrapper imports them (files, compiles, compile CPU; the whole-payload finder
+  first where the wrapper installs it), and for the audit the k3fleet module_utils (how many, their
+  lines, how often compiled, compile CPU, import CPU with those the collectors import where they need
+  them), the collectors' Python, and the commands (the lab's replays: their CPU as children); with
+  strace on PATH also the execve count of one run of each. No root, no SSH.
 
     python scripts/bench_audit.py --sizes 50 200 1000 --forks 10
     python scripts/bench_audit.py --ssh --sizes 50 200 1000 --forks 20 --repeat 2
@@ -57,6 +59,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ansible_collections.k3fleet.gpu.plugins.plugin_utils import k3fleet_action
 from k3fleet.audit.runner import ansible_env
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import layout
@@ -415,11 +418,13 @@ def _ansiballz_parts(path: Path) -> tuple[bytes, dict[str, object]]:
 
 
 # The audit's node side taken apart, in a fresh interpreter on the payload as the module runs it:
-# CPU (getrusage) of Ansible's module_utils, of the k3fleet module_utils (compile apart), of the
-# collectors' own Python and of the commands they run (children).
+# CPU (getrusage) of Ansible's module_utils (as the wrapper imports them: _loader on ansible-core 2.19,
+# basic before; with the whole-payload finder first where the wrapper installs it), with their compiles
+# apart; of the k3fleet module_utils (compile apart), of the collectors' own Python and of the
+# commands they run (children).
 _SPLIT = r"""
 import builtins, json, resource, sys
-payload, args = sys.argv[1], json.loads(sys.argv[2])
+payload, args, whole = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -427,10 +432,8 @@ def children():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 sys.path.insert(0, payload)
-t0 = cpu()
-import ansible.module_utils.basic
-t1 = cpu()
 compiled, lines, spent = {}, {}, [0.0]
+ansible_compiled, ansible_spent = {}, [0.0]
 real_compile = builtins.compile
 def timed(source, filename, *a, **k):
     name = str(filename)
@@ -441,8 +444,27 @@ def timed(source, filename, *a, **k):
         spent[0] += cpu() - start
         compiled[base] = compiled.get(base, 0) + 1
         lines[base] = source.count(b"\n" if isinstance(source, bytes) else "\n")
+    elif "/ansible/" in name:
+        ansible_spent[0] += cpu() - start
+        ansible_compiled[name] = ansible_compiled.get(name, 0) + 1
     return code
 builtins.compile = timed
+t0 = cpu()
+if whole:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
+    k3fleet_load.install_payload()
+try:
+    from ansible.module_utils._internal._ansiballz import _loader
+except ImportError:
+    import ansible.module_utils.basic
+t1 = cpu()
+ansible_import, ansible_compile = t1 - t0, ansible_spent[0]
+ansible_files, ansible_compiles = len(ansible_compiled), sum(ansible_compiled.values())
+if args is None:
+    # A module other than the audit's (the baseline's command): Ansible's module_utils alone.
+    print(json.dumps({"ansible_import": ansible_import, "ansible_compile": ansible_compile,
+                      "ansible_files": ansible_files, "ansible_compiles": ansible_compiles}))
+    sys.exit(0)
 try:
     from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
     k3fleet_load.install()
@@ -462,7 +484,9 @@ c1, k1 = cpu(), children()
 builtins.compile = real_compile
 # What the collectors import where they need it (the GPU source, the probe) compiles while they run.
 lazy = spent[0] - at_import
-print(json.dumps({"ansible_import": t1 - t0, "k3fleet_import": t2 - t1 + lazy, "compile": spent[0],
+print(json.dumps({"ansible_import": ansible_import, "ansible_compile": ansible_compile,
+                  "ansible_files": ansible_files, "ansible_compiles": ansible_compiles,
+                  "k3fleet_import": t2 - t1 + lazy, "compile": spent[0],
                   "compiled": compiled, "lines": lines, "collectors": c1 - c0 - lazy, "commands": k1 - k0,
                   "ran": len(facts["commands"])}))
 """
@@ -485,6 +509,20 @@ def _execs(argv: list[str], tmp: Path) -> str:
     calls = [line for line in log.read_text(errors="replace").splitlines() if "execve(" in line]
     failed = sum(1 for line in calls if "= -1 " in line)
     return f"{len(calls)}" + (f" ({failed} not found)" if failed else "")
+
+
+def _patched(path: Path) -> bool:
+    """Whether the collection's action patched this AnsiballZ file (the whole-payload finder goes first)."""
+    return k3fleet_action.MARKER in path.read_bytes()
+
+
+def _unpatched(path: Path, dest: Path) -> Path | None:
+    """``path`` without the call the collection's action inserted (as Ansible's normal action builds it)."""
+    data = path.read_bytes()
+    if data.count(k3fleet_action.SNIPPET) != 1:
+        return None
+    dest.write_bytes(data.replace(k3fleet_action.SNIPPET, b""))
+    return dest
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -518,6 +556,11 @@ def bench_node(repeat: int, host: str | None) -> int:
             "audit, no probe": _keep_payload([*play, "-e", json.dumps({**extravars, "k3fleet_probe": False})],
                                              env, tmp, "audit_plain"),
         }
+        # The plain audit's wrapper as Ansible's normal action ships it: the collection's action
+        # inserted one guarded call (k3fleet_action.SNIPPET); without it, the same file otherwise.
+        unpatched = _unpatched(runs["audit, no probe"], tmp / "audit_plain_unpatched.py")
+        if unpatched is not None:
+            runs["no probe, unpatched"] = unpatched
         load_before = _loadavg()
         cpu: dict[str, list[float]] = {label: [] for label in runs}
         for _ in range(repeat):
@@ -532,32 +575,42 @@ def bench_node(repeat: int, host: str | None) -> int:
             q1, med, q3 = _quartiles(cpu[label])
             print(f"{label:<22} {med * 1000:>8.1f} {q1 * 1000:>6.1f}-{q3 * 1000:<6.1f} {med / plain:>8.2f} "
                   f"{_execs([sys.executable, str(path)], tmp):>16}")
-        for label in ("audit (lab: probe)", "audit, no probe"):
-            data, params = _ansiballz_parts(runs[label])
+        for label, path in runs.items():
+            whole = _patched(path)
+            data, params = _ansiballz_parts(path)
             payload = tmp / "payload.zip"
             payload.write_bytes(data)
             with zipfile.ZipFile(payload) as zf:
                 shipped = [n for n in zf.namelist() if "/k3fleet/gpu/plugins/module_utils/k3fleet_" in n]
+            audit = bool(shipped)
             parts: dict[str, list[float]] = {}
             last: dict[str, object] = {}
             for _ in range(repeat):
-                done = subprocess.run([sys.executable, "-c", _SPLIT, str(payload), json.dumps(params)],
+                done = subprocess.run([sys.executable, "-c", _SPLIT, str(payload),
+                                       json.dumps(params if audit else None), "1" if whole else "0"],
                                       capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     sys.stderr.write(f"bench --node: split run failed: {done.stderr[-800:]}\n")
                     return 1
                 last = json.loads(done.stdout)
-                for key in ("ansible_import", "k3fleet_import", "compile", "collectors", "commands"):
+                keys = ["ansible_import", "ansible_compile"]
+                if audit:
+                    keys += ["k3fleet_import", "compile", "collectors", "commands"]
+                for key in keys:
                     parts.setdefault(key, []).append(float(last[key]))  # type: ignore[arg-type]
-            compiled = last["compiled"]
-            lines = last["lines"]
-            assert isinstance(compiled, dict) and isinstance(lines, dict)
             ms = {key: statistics.median(values) * 1000 for key, values in parts.items()}
-            print(f"\nsplit of {label} (medians of {repeat}, ms CPU): Ansible's module_utils "
-                  f"{ms['ansible_import']:.1f} (both sides); k3fleet module_utils {ms['k3fleet_import']:.1f}: "
-                  f"{len(compiled)} of {len(shipped)} shipped imported, {sum(lines.values())} lines, "
-                  f"{sum(compiled.values())} compiles, compile {ms['compile']:.1f}; collectors' Python "
-                  f"{ms['collectors']:.1f}; {last['ran']} commands (children) {ms['commands']:.1f}")
+            line = (f"\nsplit of {label} (medians of {repeat}, ms CPU): Ansible's module_utils "
+                    f"{ms['ansible_import']:.1f}: {last['ansible_files']} files, {last['ansible_compiles']} compiles, "
+                    f"compile {ms['ansible_compile']:.1f}" + (" (whole-payload finder first)" if whole else ""))
+            if audit:
+                compiled = last["compiled"]
+                lines = last["lines"]
+                assert isinstance(compiled, dict) and isinstance(lines, dict)
+                line += (f"; k3fleet module_utils {ms['k3fleet_import']:.1f}: "
+                         f"{len(compiled)} of {len(shipped)} shipped imported, {sum(lines.values())} lines, "
+                         f"{sum(compiled.values())} compiles, compile {ms['compile']:.1f}; collectors' Python "
+                         f"{ms['collectors']:.1f}; {last['ran']} commands (children) {ms['commands']:.1f}")
+            print(line)
         sys.stdout.flush()
     return 0
 
