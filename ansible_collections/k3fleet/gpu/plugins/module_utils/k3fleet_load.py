@@ -58,15 +58,23 @@ class PayloadSourceLoader(SourceFileLoader):
         # writes nothing back.
         raise OSError("%s: no bytecode cache inside the payload" % path)
 
-    def get_resource_reader(self, fullname):
-        # A package's resources as zipimport reads them, from the zip (a file loader's reader would
-        # look for a directory named after the zip). zipimport names a package by its last part, so
-        # the importer is the one of the directory that holds the package.
+    def _zipimporter(self):
+        # The zipimporter that would have loaded this module: zipimport names a module by its last
+        # part, so it is the one of the directory that holds the module (or the package).
         where = os.path.dirname(self.path)
         if os.path.basename(self.path) == "__init__.py":
             where = os.path.dirname(where)
+        return zipimport.zipimporter(where)
+
+    def get_source(self, fullname):
+        # The source text as zipimport gives it (tracebacks, inspect), not re-decoded by SourceLoader.
+        return self._zipimporter().get_source(fullname)
+
+    def get_resource_reader(self, fullname):
+        # A package's resources as zipimport reads them, from the zip (a file loader's reader would
+        # look for a directory named after the zip).
         try:
-            return zipimport.zipimporter(where).get_resource_reader(fullname)
+            return self._zipimporter().get_resource_reader(fullname)
         except (zipimport.ZipImportError, AttributeError):
             return None
 
