@@ -153,7 +153,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             extravars["k3fleet_host_timeout"] = opts.host_timeout + budget
         play = run_playbook("audit.yml", inventory, rd, extravars=extravars, limit=opts.limit, forks=opts.forks,
                             observer=observer, cancel=cancel, hosts=len(hosts),
-                            host_key_checking=opts.host_key_checking)
+                            host_key_checking=opts.host_key_checking, once=True)
         facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
         pairs = None
         if opts.active == "full" and not play.interrupted and not (cancel is not None and cancel.is_set()):

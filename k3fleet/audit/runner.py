@@ -95,17 +95,30 @@ class Observer:
 
 
 # ssh arguments for every host; ssh takes the first value of an option, and these come first.
-_SSH_BASE = "-o ControlMaster=auto -o ControlPersist=60s"
-_SSH_CHECKED = f"{_SSH_BASE} -o StrictHostKeyChecking=yes"
+# A play that connects to each host once (the audit) opens no master: a ControlPersist master is
+# one more ssh process per host that nothing reuses (docs/scale.md, "The controller's share").
+_SSH_PERSIST = "-o ControlMaster=auto -o ControlPersist=60s"
+_SSH_ONCE = "-o ControlMaster=no"
+_SSH_CHECKED_OPTS = "-o StrictHostKeyChecking=yes"
 # Unchecked connections do not write unverified keys into known_hosts, and keep their master
 # connections apart so that a later checked run never reuses one.
-_SSH_UNCHECKED = f"{_SSH_BASE} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+_SSH_UNCHECKED_OPTS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
 _UNCHECKED_CONTROL_DIR = "~/.ansible/cp-unchecked"
 
+# The audit's strategy: Ansible's linear one that loads each host's connection plugin once, before
+# the forks, and sleeps while every fork is busy (the collection's plugins/strategy/linear.py).
+FLEET_STRATEGY = "k3fleet.gpu.linear"
 
-def ansible_env(extra_roles: Sequence[Path] = (), *, host_key_checking: bool = True) -> dict[str, str]:
+
+def _ssh_args(checked: bool, persist: bool) -> str:
+    return f"{_SSH_PERSIST if persist else _SSH_ONCE} {_SSH_CHECKED_OPTS if checked else _SSH_UNCHECKED_OPTS}"
+
+
+def ansible_env(extra_roles: Sequence[Path] = (), *, host_key_checking: bool = True,
+                persist: bool = True) -> dict[str, str]:
     """Where Ansible finds the k3fleet.gpu collection (from a checkout or a wheel) and any extra
-    roles, and how it connects: host keys checked unless ``host_key_checking`` is False."""
+    roles, and how it connects: host keys checked unless ``host_key_checking`` is False; ssh
+    master connections kept for reuse unless ``persist`` is False (a play that connects once)."""
     # Ours first: a k3fleet.gpu installed elsewhere (an older release in ~/.ansible/collections)
     # must not be the one that runs; the operator's own paths stay for other collections.
     collections = [str(collections_path())]
@@ -119,7 +132,7 @@ def ansible_env(extra_roles: Sequence[Path] = (), *, host_key_checking: bool = T
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_INTERPRETER_PYTHON": "auto_silent",
         "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_SSH_ARGS": _SSH_CHECKED if host_key_checking else _SSH_UNCHECKED,
+        "ANSIBLE_SSH_ARGS": _ssh_args(host_key_checking, persist),
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "ANSIBLE_LOCALHOST_WARNING": "False",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
@@ -264,6 +277,7 @@ def run_playbook(
     cancel: threading.Event | None = None,
     hosts: int | None = None,
     host_key_checking: bool = True,
+    once: bool = False,
 ) -> PlayResult:
     """Run one playbook and collect per-host outcomes from its events (``hosts``: how many, for progress).
 
@@ -272,6 +286,8 @@ def run_playbook(
     the directory inside a run directory where it should go (``rd.path / "ansible"``); None keeps
     nothing. ``host_key_checking`` given as False turns checking off for every host (a recorded
     choice); an inventory's ``k3fleet_host_key_checking`` set to false turns it off for its hosts.
+    ``once``: the play connects to each host once (one module call per host): no ssh master
+    connections, and :data:`FLEET_STRATEGY` unless the operator's environment names a strategy.
     """
     import ansible_runner.interface  # lazy: heavy, kept off the CLI's start-up path
 
@@ -280,7 +296,9 @@ def run_playbook(
     inv = load_inventory(inventory, limit)
     result = PlayResult(playbook=playbook, status="error", rc=None)
     cancel = cancel or threading.Event()
-    ours = ansible_env(host_key_checking=host_key_checking)
+    ours = ansible_env(host_key_checking=host_key_checking, persist=not once)
+    if once and not os.environ.get("ANSIBLE_STRATEGY"):
+        ours["ANSIBLE_STRATEGY"] = FLEET_STRATEGY
     ours["PATH"] = _ansible_playbook_on_path()
     unchecked = sorted(inv.hosts) if not host_key_checking else sorted(inv.host_key_opt_outs)
     evidence = _evidence_dir(artifacts_to, artifacts_name)
@@ -307,7 +325,7 @@ def run_playbook(
     with tempfile.TemporaryDirectory(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-") as private:
         sources = [str(inv.path)]
         if host_key_checking and inv.host_key_opt_outs:
-            sources.append(str(_unchecked_overlay(Path(private), inv.host_key_opt_outs)))
+            sources.append(str(_unchecked_overlay(Path(private), inv.host_key_opt_outs, persist=not once)))
         runner_cmd: list[str] = []
         try:
             r = ansible_runner.interface.init_runner(
@@ -357,6 +375,10 @@ def run_playbook(
                 "argv": _argv_evidence(runner_cmd, private), "status": result.status, "rc": result.rc,
                 "wall_s": round(result.wall_s, 3), "host_key_checking": host_key_checking,
                 "host_key_unchecked_hosts": unchecked,
+                # What ran the play: the operator's ANSIBLE_STRATEGY, ours for a play that connects
+                # once, else Ansible's configured default.
+                "strategy": os.environ.get("ANSIBLE_STRATEGY") or ours.get("ANSIBLE_STRATEGY") or "configured default",
+                "ssh_master_connections": not once,
             })
     observer.play_finished(result)
     return result
@@ -429,13 +451,14 @@ def _record_host_keys(rd: RunDir, play: str, checking: bool, opt_outs: Mapping[s
     rd.update_command(host_key_checking=policy)
 
 
-def _unchecked_overlay(private: Path, opt_outs: Mapping[str, str]) -> Path:
+def _unchecked_overlay(private: Path, opt_outs: Mapping[str, str], persist: bool = True) -> Path:
     """A second inventory source that turns checking off for the hosts whose inventory asks so.
 
     Per-host ssh arguments beat the environment's, so only these hosts connect unchecked (and
     through their own control sockets); ssh is what checks the key, Ansible only passes the option.
     """
-    hostvars = {h: {"ansible_ssh_args": _SSH_UNCHECKED, "ansible_control_path_dir": _UNCHECKED_CONTROL_DIR}
+    args = _ssh_args(False, persist)
+    hostvars = {h: {"ansible_ssh_args": args, "ansible_control_path_dir": _UNCHECKED_CONTROL_DIR}
                 for h in sorted(opt_outs)}
     path = private / "k3fleet-unchecked-hosts.yml"
     # JSON is YAML: no dumper needed, and host names with odd characters stay exact.

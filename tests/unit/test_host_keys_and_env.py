@@ -67,6 +67,15 @@ def test_ansible_env_checks_host_keys_unless_told_not_to() -> None:
     assert off["ANSIBLE_SSH_CONTROL_PATH_DIR"] != "~/.ansible/cp"
 
 
+def test_a_play_that_connects_once_opens_no_master() -> None:
+    # The audit: one module call per host, so a ControlPersist master would only cost a process.
+    assert "ControlPersist=60s" in ansible_env()["ANSIBLE_SSH_ARGS"]
+    for checked in (True, False):
+        once = ansible_env(host_key_checking=checked, persist=False)["ANSIBLE_SSH_ARGS"]
+        assert "ControlMaster=no" in once and "ControlPersist" not in once
+        assert ("StrictHostKeyChecking=yes" if checked else "StrictHostKeyChecking=no") in once
+
+
 def test_play_environment_is_minimal(monkeypatch: pytest.MonkeyPatch) -> None:
     secrets = {"HF_TOKEN": "hf-1", "NGC_API_KEY": "ngc-1", "OPENAI_API_KEY": "oa-1",
                "AWS_SECRET_ACCESS_KEY": "aws-1", "SOME_PASSWORD": "pw-1", "APT_CONFIG": "/x/apt.conf"}
