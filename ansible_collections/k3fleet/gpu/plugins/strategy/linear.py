@@ -15,7 +15,7 @@ description:
     process sentinels), then hands the task to Ansible's own queueing, which finds that free fork at
     once.
   - A task with C(throttle) is queued by Ansible's own loop unchanged (the throttle is templated there).
-  - The k3fleet audit plays use it (docs/scale.md, "The controller's wait for a free fork").
+  - The k3fleet audit plays use it (docs/scale.md, "The controller's share").
 version_added: "0.1.0"
 author:
   - k3fleet contributors
