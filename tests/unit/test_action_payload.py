@@ -383,7 +383,9 @@ for name in ("top", "pkg", "pkg.mod", "pkg.sub", "pkg.sub.leaf"):
                     "path": list(getattr(mod, "__path__", [])) or None, "origin": spec.origin,
                     "cached": spec.cached, "locations": list(spec.submodule_search_locations or []) or None,
                     "package": mod.__package__, "source": mod.__loader__.get_source(name),
-                    "value": getattr(mod, "VALUE", None)}
+                    "value": getattr(mod, "VALUE", None),
+                    # importlib.resources on Python 3.9 reads a package's files from loader.archive.
+                    "archive": getattr(mod.__loader__, "archive", None)}
 print(json.dumps({"installed": installed is not None, "report": report, "resource": resource,
                   "json": stdlib_json.__file__, "pkg_sub_leaf": pkg.sub.leaf.VALUE,
                   "compiles": {k.split(".zip/")[-1]: v for k, v in counts.items() if ".zip/" in k}}))

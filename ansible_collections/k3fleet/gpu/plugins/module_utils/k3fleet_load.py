@@ -43,7 +43,10 @@ class PayloadSourceLoader(SourceFileLoader):
 
     def __init__(self, fullname, path, archive, data=None):
         super(PayloadSourceLoader, self).__init__(fullname, path)
-        self.archive = archive
+        self.importer = archive
+        # The zip's path, as a zipimporter names it: importlib.resources on Python 3.9 reads a
+        # package's files from ``loader.archive``.
+        self.archive = archive.archive
         # The source as the finder read it: the import reads it once.
         self._data = data
 
@@ -51,7 +54,7 @@ class PayloadSourceLoader(SourceFileLoader):
         data, self._data = self._data, None
         if data is not None and path == self.path:
             return data
-        return self.archive.get_data(path)
+        return self.importer.get_data(path)
 
     def path_stats(self, path):
         # No bytecode beside a payload's sources: SourceLoader then compiles the source and
@@ -142,8 +145,7 @@ class WholePayloadFinder(PayloadFinder):
     def find_spec(self, fullname, path=None, target=None):
         try:
             return self._find(fullname, path)
-        except Exception:  # pylint: disable=broad-except
-            # Never a failed import because of this finder: zipimport answers as it did.
+        except Exception:  # never a failed import because of this finder: zipimport answers as it did
             return None
 
     def _find(self, fullname, path):
