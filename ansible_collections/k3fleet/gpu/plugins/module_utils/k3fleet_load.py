@@ -73,11 +73,11 @@ class PayloadSourceLoader(SourceFileLoader):
         # The source text as zipimport gives it (tracebacks, inspect), not re-decoded by SourceLoader.
         return self._zipimporter().get_source(fullname)
 
-    def get_resource_reader(self, fullname):
+    def get_resource_reader(self, module):
         # A package's resources as zipimport reads them, from the zip (a file loader's reader would
         # look for a directory named after the zip).
         try:
-            return self._zipimporter().get_resource_reader(fullname)
+            return self._zipimporter().get_resource_reader(module)
         except (zipimport.ZipImportError, AttributeError):
             return None
 
