@@ -47,10 +47,12 @@ SNIPPET = (b"        " + MARKER + b" (python/cpython#141276; k3fleet_load.instal
 
 def patch_wrapper(data: bytes) -> bytes:
     """``data`` (an AnsiballZ wrapper) with the install call before Ansible's module_utils import;
-    ``data`` itself unless the anchor is there exactly once (and not patched already)."""
-    if MARKER in data or data.count(ANCHOR) != 1:
+    ``data`` itself unless the anchor is there exactly once. (A patched wrapper has the call inside
+    the anchor's text, so it has no anchor left: patching twice changes nothing.)"""
+    found = data.find(ANCHOR)
+    if found < 0 or data.find(ANCHOR, found + 1) >= 0:
         return data
-    at = data.index(ANCHOR) + _INSERT_AT
+    at = found + _INSERT_AT
     return data[:at] + SNIPPET + data[at:]
 
 
