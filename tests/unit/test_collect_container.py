@@ -77,7 +77,9 @@ def bin_dir(tmp_path: Path) -> Path:
     return d
 
 
-def reader_for(tmp_path: Path, bin_dir: Path, timeout: float = 5.0) -> NodeReader:
+def reader_for(tmp_path: Path, bin_dir: Path, timeout: float = 60.0) -> NodeReader:
+    # Far beyond what a replay takes: only the tests about timeouts (which pass their own) may time
+    # out; a busy machine once stalled a 5 s replay of squeue past its timeout.
     root = tmp_path / "root"
     root.mkdir(exist_ok=True)
     return NodeReader(root=str(root), path=str(bin_dir), timeout=timeout)

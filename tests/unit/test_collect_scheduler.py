@@ -37,7 +37,9 @@ def slurm_bin(bin_dir: Path, scontrol: dict[str, str], squeue: dict[str, str] | 
         exe(bin_dir / "squeue", squeue_body or f'case "$3" in\n{qcases}  *) exit 0;;\nesac')
 
 
-def reader_for(tmp_path: Path, hostname: str | None = None, timeout: float = 5.0) -> NodeReader:
+def reader_for(tmp_path: Path, hostname: str | None = None, timeout: float = 60.0) -> NodeReader:
+    # Far beyond what a replay takes: only the tests about timeouts (which pass their own) may time
+    # out; a busy machine once stalled a 5 s replay of squeue past its timeout.
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True, exist_ok=True)
     if hostname is not None:
