@@ -297,7 +297,10 @@ def run_playbook(
     result = PlayResult(playbook=playbook, status="error", rc=None)
     cancel = cancel or threading.Event()
     ours = ansible_env(host_key_checking=host_key_checking, persist=not once)
-    if once and not os.environ.get("ANSIBLE_STRATEGY"):
+    # What runs the play: the operator's ANSIBLE_STRATEGY, ours for a play that connects once, else
+    # Ansible's configured default (recorded in runner.json).
+    strategy = os.environ.get("ANSIBLE_STRATEGY") or (FLEET_STRATEGY if once else None)
+    if once and strategy == FLEET_STRATEGY:
         ours["ANSIBLE_STRATEGY"] = FLEET_STRATEGY
     ours["PATH"] = _ansible_playbook_on_path()
     unchecked = sorted(inv.hosts) if not host_key_checking else sorted(inv.host_key_opt_outs)
@@ -375,9 +378,7 @@ def run_playbook(
                 "argv": _argv_evidence(runner_cmd, private), "status": result.status, "rc": result.rc,
                 "wall_s": round(result.wall_s, 3), "host_key_checking": host_key_checking,
                 "host_key_unchecked_hosts": unchecked,
-                # What ran the play: the operator's ANSIBLE_STRATEGY, ours for a play that connects
-                # once, else Ansible's configured default.
-                "strategy": os.environ.get("ANSIBLE_STRATEGY") or ours.get("ANSIBLE_STRATEGY") or "configured default",
+                "strategy": strategy or "configured default",
                 "ssh_master_connections": not once,
             })
     observer.play_finished(result)
