@@ -69,6 +69,12 @@ options:
   host:
     description: Inventory name recorded in the facts (pass C(inventory_hostname)).
     type: str
+notes:
+  - Each option the task leaves out is taken from its variable where that is defined, so the audit play
+    passes none itself; C(host) from C(inventory_hostname), C(image) from C(k3fleet_image), C(runtime) from
+    C(k3fleet_container_runtime), C(timeout) from C(k3fleet_command_timeout), every other option I(x) from
+    C(k3fleet_x). Then from the play's C(k3fleet_audit_defaults) (playbooks/vars/audit_defaults.yml), the image
+    from its target file, and C(budget) is 0.8 of C(k3fleet_host_timeout). An option the task gives wins.
 author:
   - k3fleet contributors
 extends_documentation_fragment:
