@@ -2,15 +2,23 @@
 
 One asyncio task runs engine steps, as vLLM's engine core does:
 
-1. admit waiting requests (first come, first served) while fewer than ``max_num_seqs`` run and the
-   KV cache can hold the prompt; a request that does not fit waits at the head of the queue;
+1. take the requests that arrived since the last step into the queue (vLLM's engine core reads its
+   input queue between steps), then admit waiting requests (first come, first served) while fewer
+   than ``max_num_seqs`` run and the KV cache can hold the prompt; a request that does not fit waits
+   at the head of the queue;
 2. spend the step's token budget (``max_num_batched_tokens``): one token for each decoding
    sequence, the rest on prompt chunks (chunked prefill) of sequences still prefilling;
 3. a decoding sequence that needs a new block when none is free preempts the most recently admitted
    sequence (recompute: its blocks are freed and it goes back to the head of the queue);
 4. the step takes ``itl_ms`` plus ``prefill_ms_per_token`` for each prompt token computed, so cache
    hits shorten time to first token and long prompts slow every stream in the batch;
-5. every sequence that finished its prompt emits one token at the end of the step.
+5. every sequence that finished its prompt emits one token at the end of the step;
+6. ``/metrics`` reports the queue as the step left it (``reported_running``, ``reported_waiting``),
+   as vLLM's scheduler counts it for its Prometheus logger (``make_stats`` on each step's outputs):
+   a request that arrives during a step is not in the queue yet and is admitted by the next
+   schedule before any count sees it, so it never reads as waiting while a sequence slot and its
+   blocks are free; only a request a schedule left waiting (``max_num_seqs`` reached, the KV cache
+   full, or preempted) does.
 
 Above ``crash_above_kv`` usage the engine dies like an out-of-memory engine core: every request
 fails, ``/health`` fails, and (with ``restart_after_s``) it comes back empty after that long.
@@ -119,8 +127,12 @@ class Engine:
         self.cfg = cfg
         self.kv = KVCache(cfg.kv_blocks, cfg.block_size, prefix_caching=cfg.prefix_caching,
                           match_unit=cfg.prefix_match_unit if cfg.prefix_caching else 0)
+        self.inbox: deque[SimRequest] = deque()   # arrived since the last step's schedule
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        # The queue as the last step left it (what /metrics reports; see the module's docstring, step 6).
+        self.reported_running = 0
+        self.reported_waiting = 0
         self.stats = Stats()
         self.started_at = time.time()
         self.dead = False
@@ -143,7 +155,7 @@ class Engine:
     def submit(self, req: SimRequest) -> None:
         if self.dead:
             raise EngineDead("EngineCore encountered an issue. See stack trace for the root cause.")
-        self.waiting.append(req)
+        self.inbox.append(req)
         self._arrived.set()
 
     def abort(self, req: SimRequest) -> None:
@@ -155,8 +167,9 @@ class Engine:
         if req in self.running:
             self.running.remove(req)
         else:
-            with contextlib.suppress(ValueError):
-                self.waiting.remove(req)
+            for queue in (self.waiting, self.inbox):
+                with contextlib.suppress(ValueError):
+                    queue.remove(req)
         self._release(req)
 
     # -- the step loop ---------------------------------------------------------------------------
@@ -169,20 +182,32 @@ class Engine:
                 await asyncio.sleep(self.cfg.restart_after_s)
                 self._restart()
                 continue
-            if not self.running and not self.waiting:
+            if not self.running and not self.waiting and not self.inbox:
+                self._report()
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            prefill_tokens, emitting = self._schedule()
-            step = self.cfg.itl_ms / 1000.0 + prefill_tokens * self.cfg.prefill_ms_per_token / 1000.0
-            await asyncio.sleep(step)
-            if self.cfg.crash_above_kv is not None and self.kv.usage > self.cfg.crash_above_kv:
-                self._crash()
-                continue
-            self._emit(emitting)
+            await self.step()
+
+    async def step(self) -> None:
+        """One engine step (the module's docstring, 1 to 6): schedule, run for its time, emit, report."""
+        prefill_tokens, emitting = self._schedule()
+        await asyncio.sleep(self.cfg.itl_ms / 1000.0 + prefill_tokens * self.cfg.prefill_ms_per_token / 1000.0)
+        if self.cfg.crash_above_kv is not None and self.kv.usage > self.cfg.crash_above_kv:
+            self._crash()
+            return
+        self._emit(emitting)
+        self._report()
+
+    def _report(self) -> None:
+        """The step's stats: the queue as the schedule and the step's outputs left it."""
+        self.reported_running = len(self.running)
+        self.reported_waiting = len(self.waiting)
 
     def _schedule(self) -> tuple[int, list[SimRequest]]:
         cfg = self.cfg
+        self.waiting.extend(self.inbox)
+        self.inbox.clear()
         budget = cfg.max_num_batched_tokens
         decoding = [r for r in self.running if r.computed >= r.to_compute]
         budget -= len(decoding)
@@ -276,13 +301,15 @@ class Engine:
             req.holding = None
 
     def _fail_all(self, why: str) -> None:
-        for req in [*self.running, *self.waiting]:
+        for req in [*self.running, *self.waiting, *self.inbox]:
             req.done = True
             req.error = why
             self._release(req)
             req.wake.set()
         self.running.clear()
         self.waiting.clear()
+        self.inbox.clear()
+        self._report()
 
     def _crash(self) -> None:
         self.dead = True

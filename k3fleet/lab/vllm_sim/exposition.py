@@ -44,8 +44,8 @@ class _SimCollector:
         yield start
 
         for name, doc, value in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.", len(eng.running)),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", len(eng.waiting)),
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", eng.reported_running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", eng.reported_waiting),
         ):
             g = GaugeMetricFamily(name, doc, labels=_LABELS)
             g.add_metric(lv, float(value))
