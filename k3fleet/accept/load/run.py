@@ -113,9 +113,10 @@ class LoadRun:
         return time.monotonic()
 
     def _end_step(self, phase: str, label: str, concurrency: int, shots: list[Shot], t_start: float,
-                  complete: bool, **extra: Any) -> dict[str, Any]:
-        """The step's row; an interrupted or bounded step still leaves its row (marked partial)."""
-        row = self.curve.row(phase, label, concurrency, shots, t_start)
+                  complete: bool, offered_s: float | None = None, **extra: Any) -> dict[str, Any]:
+        """The step's row; an interrupted or bounded step still leaves its row (marked partial). ``offered_s``:
+        how long a timed step's sessions started requests."""
+        row = self.curve.row(phase, label, concurrency, shots, t_start, offered_s)
         row.update(extra)
         if not complete:
             row["partial"] = True
@@ -208,7 +209,7 @@ class LoadRun:
                     raise res
             complete = True
         finally:
-            row = self._end_step(phase, label, concurrency, shots, t_start, complete)
+            row = self._end_step(phase, label, concurrency, shots, t_start, complete, offered_s=seconds)
         return row
 
     async def _agent_ramp(self) -> None:

@@ -25,7 +25,9 @@ class Curve:
         self.rows.append(row)
         self.obs.step_finished(row)
 
-    def row(self, phase: str, label: str, concurrency: int, shots: list[Shot], t_start: float) -> dict[str, Any]:
+    def row(self, phase: str, label: str, concurrency: int, shots: list[Shot], t_start: float,
+            offered_s: float | None = None) -> dict[str, Any]:
+        """The step's row; ``offered_s``: how long its sessions started requests (a timed step's length)."""
         t_end = time.monotonic()
         ok = [s for s in shots if s.ok]
         kinds = Counter(s.kind for s in shots if not s.ok)
@@ -46,27 +48,9 @@ class Curve:
             for q in (50, 90, 95, 99):
                 v = percentile(values, q)
                 row[f"{name}_p{q}_s"] = None if v is None else round(v, 4)
-        row.update(self._server_window(t_start - self.t0, t_end - self.t0))
+        row.update(server_window(self.samples, t_start - self.t0, t_end - self.t0, offered_s))
         row["verdict"] = self.verdict(phase, row, shots)
         return row
-
-    def _server_window(self, a: float, b: float) -> dict[str, Any]:
-        inside = [s for s in self.samples if a <= s["t_s"] <= b]
-        before = [s for s in self.samples if s["t_s"] < a][-1:]
-        out: dict[str, Any] = {"samples": len(inside)}
-        for key in ("running", "waiting", "kv_usage"):
-            vals = [s[key] for s in inside if s.get(key) is not None]
-            out[f"{key}_max"] = max(vals) if vals else None
-        # The queue most of the step saw: a blip of one waiting request is not a ceiling.
-        waits = sorted(s["waiting"] for s in inside if s.get("waiting") is not None)
-        out["waiting_p50"] = waits[len(waits) // 2] if waits else None
-        for key in ("preemptions", "prompt_tokens", "generation_tokens", "prefix_cache_queries",
-                    "prefix_cache_hits", "prompt_tokens_cached"):
-            series = [s[key] for s in before + inside if s.get(key) is not None]
-            out[f"{key}_delta"] = (series[-1] - series[0]) if len(series) >= 2 and series[-1] >= series[0] else None
-        out["health_failures"] = sum(1 for s in inside if s.get("health") != 200)
-        out["restarts"] = sum(1 for s in inside if s.get("restarted"))
-        return out
 
     def verdict(self, phase: str, row: dict[str, Any], shots: list[Shot]) -> str:
         n = max(len(shots), 1)
@@ -84,13 +68,13 @@ class Curve:
         if other / n > self.opts.error_rate_limit:
             return "errors"
         # Load pressure the server itself reports: the KV cache ran full (preemptions), or a concurrency
-        # ceiling: requests waited for most of the step (3 samples at least) while the server ran fewer
-        # than the sessions offered (its --max-num-seqs). A request between prefill and decode that shows
-        # as waiting for a moment while every session runs is no ceiling.
+        # ceiling: requests waited for most of the time the step offered its sessions (3 samples of it at
+        # least) while the server ran fewer than the sessions offered (its --max-num-seqs). A request between
+        # prefill and decode that shows as waiting for a moment while every session runs is no ceiling.
         if row.get("preemptions_delta"):
             return "preempted"
         running = row.get("running_max")
-        if (row.get("waiting_p50") is not None and row["waiting_p50"] >= 1 and row.get("samples", 0) >= 3
+        if (row.get("waiting_p50") is not None and row["waiting_p50"] >= 1 and row.get("waiting_samples", 0) >= 3
                 and running is not None and running < row["concurrency"]):
             return "queued"
         ttft, itl = row.get("ttft_p95_s"), row.get("itl_p95_s")
@@ -99,6 +83,31 @@ class Curve:
         if itl is not None and itl > self.opts.itl_p95_slo_s:
             return "latency"
         return "ok"
+
+
+def server_window(samples: list[dict[str, Any]], a: float, b: float, offered_s: float | None = None) -> dict[str, Any]:
+    """What the server's samples say of the step from ``a`` to ``b`` (run seconds). The queue is read only
+    while the step offered all its sessions (its first ``offered_s`` seconds): after that the sessions that
+    are done start nothing, and the queue drains whatever the server's ceiling."""
+    inside = [s for s in samples if a <= s["t_s"] <= b]
+    before = [s for s in samples if s["t_s"] < a][-1:]
+    out: dict[str, Any] = {"samples": len(inside)}
+    for key in ("running", "waiting", "kv_usage"):
+        vals = [s[key] for s in inside if s.get(key) is not None]
+        out[f"{key}_max"] = max(vals) if vals else None
+    # The queue most of the step saw: a blip of one waiting request is not a ceiling. The median is the lower
+    # middle sample of an even count, so it reads 1 or more only when more than half the samples do.
+    q_end = b if offered_s is None else min(b, a + offered_s)
+    waits = sorted(s["waiting"] for s in inside if s["t_s"] <= q_end and s.get("waiting") is not None)
+    out["waiting_p50"] = waits[(len(waits) - 1) // 2] if waits else None
+    out["waiting_samples"] = len(waits)
+    for key in ("preemptions", "prompt_tokens", "generation_tokens", "prefix_cache_queries",
+                "prefix_cache_hits", "prompt_tokens_cached"):
+        series = [s[key] for s in before + inside if s.get(key) is not None]
+        out[f"{key}_delta"] = (series[-1] - series[0]) if len(series) >= 2 and series[-1] >= series[0] else None
+    out["health_failures"] = sum(1 for s in inside if s.get("health") != 200)
+    out["restarts"] = sum(1 for s in inside if s.get("restarted"))
+    return out
 
 
 def _mean(values: list[int | None]) -> float | None:
