@@ -124,8 +124,8 @@ def test_load_names_the_ceiling_from_the_real_queue(server: VllmState) -> None:
     # 8 sessions against --max-num-seqs 2: 6 requests beyond what the server runs. Between two requests a session
     # is outside the engine (the end of its stream, the client, the next request's chat template), on 2 shared
     # cores for as long as a request runs at times: with 4 sessions two of them outside at once emptied the queue
-    # for half the step ("stable up to 4"). Here the queue reads empty only with 6 outside at once, and the end
-    # of the step drains it in 4 rounds, 3 of them with requests waiting, however slow the machine.
+    # for half the step ("stable up to 4"). Here the queue reads empty only with 6 outside at once (and it is read
+    # while the step offers its 8 sessions, not in the drain after).
     res = _load(server, ramp=[1, 2, 8], step_s=8, system_prompt_tokens=200, turn_output_tokens=64)
     assert [r["verdict"] for r in res.data["curves"]] == ["ok", "ok", "queued"], _trace(res)
     assert res.data["outcome"] == "ceiling" and res.data["ceiling"] == 2, _trace(res)
