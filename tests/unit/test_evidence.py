@@ -493,6 +493,21 @@ def test_a_remembered_secret_is_masked_in_any_shape() -> None:
     assert redact_text(f"unknown caller {_S}") == f"unknown caller {_S}"
 
 
+def test_a_secret_remembered_after_a_text_was_redacted_is_masked_in_it_next_time() -> None:
+    """Short texts' results are kept (facts repeat them across hosts); learning a secret forgets them."""
+    from k3fleet.evidence.redact import forget_secrets, remember_secret
+
+    text, long_text = f"unknown caller {_S}", f"unknown caller {_S} " + "x" * 400
+    assert (redact_text(text), redact_text(long_text)) == (text, long_text)
+    try:
+        remember_secret(_S)
+        assert redact_text(text) == "unknown caller ***"
+        assert redact_text(long_text).startswith("unknown caller *** x")
+    finally:
+        forget_secrets()
+    assert (redact_text(text), redact_text(long_text)) == (text, long_text)
+
+
 def test_environment_secrets_are_remembered_by_value() -> None:
     from k3fleet.evidence.redact import forget_secrets, remember_environment_secrets
 

@@ -186,6 +186,7 @@ def remember_secret(value):
     """Mask ``value`` in every text redacted from now on in this process (too short a value is ignored)."""
     if isinstance(value, str) and len(value.strip()) >= _MIN_KNOWN and value.strip() != REDACTED:
         _KNOWN_VALUES.add(value.strip())
+        _redact_short.cache_clear()
 
 
 # A secret-named variable whose value is a path (SSH_AUTH_SOCK) or a flag says nothing secret.
@@ -204,6 +205,7 @@ def remember_environment_secrets(environ):
 def forget_secrets():
     """Forget the values ``remember_secret`` was given (tests)."""
     _KNOWN_VALUES.clear()
+    _redact_short.cache_clear()
 
 
 def _keep_quotes(value):
@@ -316,6 +318,24 @@ def redact_text(text):
     """``text`` with every secret-shaped value replaced by ``***`` (the key or option is kept)."""
     if not text:
         return text
+    if len(text) <= _CACHED_LEN:
+        return _redact_short(text)
+    return _redact_text(text)
+
+
+# Evidence repeats its short strings (states, versions, argv words, paths: a fleet's facts have a
+# few hundred distinct ones across thousands), and redact_text is a function of the text and the
+# known secrets only: the result of a short text is kept, and forgotten whenever the known secrets
+# change. Long texts (logs, bodies) are rarely seen twice and would fill the cache.
+_CACHED_LEN = 256
+
+
+@lru_cache(maxsize=16384)
+def _redact_short(text):
+    return _redact_text(text)
+
+
+def _redact_text(text):
     for value in _KNOWN_VALUES:
         if value in text:
             text = text.replace(value, REDACTED)
@@ -393,24 +413,44 @@ def _secret_value(value):
     return REDACTED
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def redact(obj):
     """A JSON-like structure with secrets redacted by key name and by value shape."""
-    if isinstance(obj, str):  # the most common node first: facts are mostly strings
+    # The exact types of parsed JSON first (a fleet's facts are hundreds of nodes per host), then
+    # their subclasses and other mappings and sequences.
+    kind = type(obj)
+    if kind is str:
         return redact_text(obj)
-    if isinstance(obj, (int, float, bool)) or obj is None:
+    if kind in _SCALARS:
         return obj
-    if isinstance(obj, Mapping):
-        named = next((obj[n] for n in _PAIR_NAMES if isinstance(obj.get(n), str)), None)
+    if kind is dict or isinstance(obj, Mapping):
+        named = None
+        for n in _PAIR_NAMES:
+            candidate = obj.get(n)
+            if isinstance(candidate, str):
+                named = candidate
+                break
         pair_secret = named is not None and is_secret_name(named)
         out = {}
         for k, v in obj.items():
-            if isinstance(k, str) and names_key_file(k, v):
-                out[k] = v
-            elif (isinstance(k, str) and is_secret_name(k)) or (pair_secret and k in _PAIR_VALUES):
+            if isinstance(k, str):
+                if isinstance(v, str) and names_key_file(k, v):
+                    out[k] = v
+                    continue
+                if is_secret_name(k):
+                    out[k] = _secret_value(v)
+                    continue
+            if pair_secret and k in _PAIR_VALUES:
                 out[k] = _secret_value(v)
             else:
                 out[k] = redact(v)
         return out
+    if isinstance(obj, str):
+        return redact_text(obj)
+    if isinstance(obj, (int, float, bool)) or obj is None:
+        return obj
     if isinstance(obj, (list, tuple)):
         if obj and all(isinstance(v, str) for v in obj):
             # A list of strings may be a command line: ["vllm", "serve", "--api-key", "X"].
