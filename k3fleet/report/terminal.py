@@ -94,7 +94,10 @@ def print_audit(console: Console, result: Any, show_all: bool = False) -> None:
             continue
         console.print(Text(title + ":", style="bold"))
         grid = Table.grid(padding=(0, 1))
-        cells = [Text(f"{n:>5} ", style=colour).append(safe_text(cid)) for cid, n in counts.most_common()]
+        # Most hosts first, ties by check id: the same fleet prints the same summary every run (the
+        # counts come from sets, whose order changes with the interpreter's string hashing).
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        cells = [Text(f"{n:>5} ", style=colour).append(safe_text(cid)) for cid, n in ranked]
         cols = max(1, min(4, (console.width - 1) // (max(len(c) for c in cells) + 1)))
         for _ in range(cols):
             grid.add_column(no_wrap=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -453,3 +454,7 @@ def test_terminal_summary_of_a_thousand_hosts_fits_one_screen(
     assert "  700 driver.branch" in text and "fabricmanager.version_match" in text  # never cut
     assert "next: k3fleet plan --run runs/R" in text and "--all lists every host" in text
     assert "Hosts that need attention" in text and "gpu-0003" not in text  # passing hosts are counted, not listed
+    # The grid reads row by row: most hosts first, ties by check id, so every run prints the same.
+    grid = text.split("failing checks (hosts):\n", 1)[1].split("warnings (hosts):", 1)[0]
+    cells = [(-int(n), cid) for n, cid in re.findall(r"(\d+) ([a-z_]+\.[a-z_.]+)", grid)]
+    assert len(cells) > 5 and cells == sorted(cells), grid
