@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.audit.run import AuditResult
-from k3fleet.audit.runner import RESULT_KEY, PlayResult
+from k3fleet.audit.runner import RESULT_KEY, PlayResult, module_result
 from k3fleet.bounds import read_bounded, read_input
 from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine
 from k3fleet.evidence import RunDir, layout, verify_run
@@ -279,10 +279,13 @@ def read_runner_job(job: Path) -> Slice:
             continue
         host = str(host)
         raw_res = data.get("res")
-        res: dict[str, Any] = raw_res if isinstance(raw_res, dict) else {}
+        res, unreadable = module_result(raw_res) if isinstance(raw_res, dict) else ({}, None)
         # ansible-core 2.19 prefixes task errors with this; the audit drops it too (k3fleet.audit.runner).
         msg = " ".join(str(res.get("msg") or "").split()).removeprefix("Task failed: ")[:400] or None
-        if name == _RUNNER_OK and RESULT_KEY in res:
+        if name == _RUNNER_OK and unreadable:
+            from_events[host] = Observation(host, "invalid", when, src,
+                                            reason=f"host {host}: the module's facts cannot be read: {unreadable}")
+        elif name == _RUNNER_OK and RESULT_KEY in res:
             from_events[host] = _facts_observation(host, res[RESULT_KEY], when, src)
         elif name == _RUNNER_UNREACHABLE:
             from_events[host] = Observation(host, "unreachable", when, src, reason=msg or "unreachable")

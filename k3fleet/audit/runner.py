@@ -33,6 +33,30 @@ from k3fleet.evidence.redact import redact_text
 from k3fleet.paths import collections_path, data_dir
 
 RESULT_KEY = "k3fleet"
+# k3fleet_host_info with facts_format=json (the audit play) sends the same facts as one JSON text:
+# Ansible's main process then passes one string per host instead of copying and walking the facts
+# node by node (docs/scale.md, "The controller's share"). Read back into RESULT_KEY on arrival.
+RESULT_JSON_KEY = "k3fleet_json"
+
+
+def module_result(res: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``res`` with facts sent as JSON text (RESULT_JSON_KEY) parsed back into RESULT_KEY, and why
+    that failed (None when it did not, or there was no text). Any other result is returned as given."""
+    text = res.get(RESULT_JSON_KEY)
+    out = dict(res)
+    if text is None:
+        return out, None
+    del out[RESULT_JSON_KEY]
+    if not isinstance(text, str):
+        return out, f"{RESULT_JSON_KEY} is a {type(text).__name__}, not a JSON text"
+    try:
+        facts = json.loads(text)
+    except ValueError as exc:
+        return out, f"{RESULT_JSON_KEY} is not JSON: {exc}"
+    if not isinstance(facts, dict):
+        return out, f"{RESULT_JSON_KEY} is a JSON {type(facts).__name__}, not an object"
+    out[RESULT_KEY] = facts
+    return out, None
 
 # Event names that close a host's task (see ansible-runner's event schema).
 _OK = "runner_on_ok"
@@ -236,7 +260,13 @@ def _outcome(event: Mapping[str, Any]) -> HostOutcome | None:
         return None
     res = data.get("res") or {}
     status = {_OK: "ok", _FAILED: "failed", _UNREACHABLE: "unreachable", _SKIPPED: "skipped"}[name]
+    unreadable = None
+    if isinstance(res, dict):
+        res, unreadable = module_result(res)
     msg = res.get("msg") if isinstance(res, dict) else None
+    if status == "ok" and unreadable:
+        # Facts that cannot be read are missing evidence, as a module that failed.
+        status, msg = "failed", f"the module's facts cannot be read: {unreadable}"
     if status == "failed" and isinstance(msg, str) and _TASK_TIMEOUT.search(msg):
         status = "timeout"
     if status == "failed" and data.get("ignore_errors"):
@@ -487,8 +517,8 @@ def _slim(event: Mapping[str, Any]) -> dict[str, Any]:
     slim = {k: data[k] for k in _DATA_KEEP if k in data}
     res = data.get("res")
     if isinstance(res, dict):
-        slim["res"] = {k: v for k, v in res.items() if k != RESULT_KEY and k != "invocation"}
-        if RESULT_KEY in res:
+        slim["res"] = {k: v for k, v in res.items() if k not in (RESULT_KEY, RESULT_JSON_KEY, "invocation")}
+        if RESULT_KEY in res or RESULT_JSON_KEY in res:
             slim["res"]["has_result"] = True
     out["event_data"] = slim
     return out

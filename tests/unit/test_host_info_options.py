@@ -18,7 +18,6 @@ import pytest
 import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 
 from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import OPTION_VARIABLES, resolve_options
@@ -26,12 +25,6 @@ from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import OPT
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "k3fleet" / "targets" / "kimi-k3.yaml"
 PLAY_DEFAULTS = REPO / "playbooks" / "vars" / "audit_defaults.yml"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _plugins() -> None:
-    # The lookups the play's defaults use (first_found), found as ansible-playbook finds them.
-    init_plugin_loader()
 
 
 def _resolve(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
@@ -45,10 +38,16 @@ def _resolve(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
 
 
 def _play_defaults() -> dict[str, Any]:
-    """The play's k3fleet_audit_defaults, loaded as Ansible loads vars_files (trusted templates)."""
+    """The play's k3fleet_audit_defaults, loaded as Ansible loads vars_files (trusted templates).
+
+    Its target_file is a first_found lookup, which needs Ansible's plugin loader (and that, once
+    initialised, changes how this process imports the collection): here it is the file the lookup
+    finds in this checkout. The lookup itself runs in the plays of tests/integration/test_merge.py."""
     loaded = DataLoader().load_from_file(str(PLAY_DEFAULTS), trusted_as_template=True)
-    return {"k3fleet_audit_defaults": loaded["k3fleet_audit_defaults"],
-            "playbook_dir": str(REPO / "playbooks")}
+    defaults = dict(loaded["k3fleet_audit_defaults"])
+    assert "first_found" in defaults["target_file"] and "/k3fleet/targets/kimi-k3.yaml" in defaults["target_file"]
+    defaults["target_file"] = str(TARGET)
+    return {"k3fleet_audit_defaults": defaults, "playbook_dir": str(REPO / "playbooks")}
 
 
 def test_the_clis_extra_vars_become_the_options() -> None:
@@ -113,7 +112,8 @@ def test_every_option_named_is_an_option_of_the_module() -> None:
     plugins = REPO / "ansible_collections" / "k3fleet" / "gpu" / "plugins"
     documented = (_documented_options(plugins / "modules" / "k3fleet_host_info.py")
                   | _documented_options(plugins / "doc_fragments" / "k3fleet_reader.py"))
-    assert set(OPTION_VARIABLES) | {"image", "budget"} == documented
+    # facts_format is the play's own choice of form, never a site's variable.
+    assert set(OPTION_VARIABLES) | {"image", "budget", "facts_format"} == documented
 
 
 @pytest.mark.parametrize("task_vars, words", [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k3fleet.audit.runner import RESULT_KEY, PlayResult, _outcome, _slim
+from k3fleet.audit.runner import RESULT_JSON_KEY, RESULT_KEY, PlayResult, _outcome, _slim
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "runner"
 
@@ -77,3 +77,36 @@ def test_slim_event_drops_module_payload(events: list[dict]) -> None:
     assert slim["event_data"]["res"]["has_result"] is True
     assert slim["event_data"]["host"] == "ok-host"
     assert "invocation" not in slim["event_data"]["res"]
+
+
+def _ok_with(events: list[dict], text: object) -> dict:
+    ok = json.loads(json.dumps(next(e for e in events if e["event"] == "runner_on_ok")))
+    ok["event_data"]["res"][RESULT_JSON_KEY] = text
+    return ok
+
+
+def test_facts_sent_as_one_json_text_are_read_back_as_the_mapping(events: list[dict]) -> None:
+    """The audit play's facts_format=json: the same facts, one string through Ansible's main process."""
+    facts = {"schema_version": "1.0", "host": "ok-host", "driver": {"status": "ok", "gpus": [{"index": 0}]}}
+    out = _outcome(_ok_with(events, json.dumps(facts, separators=(",", ":"))))
+    assert out is not None and out.status == "ok" and out.result is not None
+    assert out.result[RESULT_KEY] == facts and RESULT_JSON_KEY not in out.result
+    play = PlayResult(playbook="audit.yml", status="successful", rc=0, hosts={"ok-host": [out]})
+    assert play.results_with_key() == {"ok-host": facts}
+    slim = _slim(_ok_with(events, json.dumps(facts)))
+    assert RESULT_JSON_KEY not in slim["event_data"]["res"] and slim["event_data"]["res"]["has_result"] is True
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('{"schema_version": "1.0", "driver": {', "k3fleet_json is not JSON: Expecting property name"),
+    ("[1, 2]", "k3fleet_json is a JSON list, not an object"),
+    (7, "k3fleet_json is a int, not a JSON text"),
+])
+def test_facts_text_that_cannot_be_read_fails_the_host_in_one_line(events: list[dict], text: object,
+                                                                    why: str) -> None:
+    out = _outcome(_ok_with(events, text))
+    assert out is not None and out.status == "failed" and out.result is not None
+    assert out.message is not None and out.message.startswith(f"the module's facts cannot be read: {why}")
+    assert "\n" not in out.message and RESULT_KEY not in out.result
+    play = PlayResult(playbook="audit.yml", status="failed", rc=2, hosts={"ok-host": [out]})
+    assert play.results_with_key() == {}

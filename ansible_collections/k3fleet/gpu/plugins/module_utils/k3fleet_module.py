@@ -12,6 +12,8 @@ __metaclass__ = type
 
 # The key every module puts its result under; the controller reads nothing else.
 RESULT_KEY = "k3fleet"
+# The same facts as one JSON text (k3fleet_host_info's facts_format=json; the audit play's form).
+RESULT_JSON_KEY = "k3fleet_json"
 
 READER_ARGS = dict(
     root=dict(type="path", default="/"),

@@ -69,6 +69,17 @@ options:
   host:
     description: Inventory name recorded in the facts (pass C(inventory_hostname)).
     type: str
+  facts_format:
+    description:
+      - C(dict) returns the facts as a mapping under C(k3fleet). C(json) returns the same facts as one JSON
+        text under C(k3fleet_json) instead (the audit play's form; the k3fleet controller and the play's
+        C(from_json) read it).
+      - On the controller Ansible copies and walks a module result node by node several times in its main
+        process (the registered copy, each callback's copy, the conversion to native types); a host's facts
+        are about 800 nodes, one text is one (docs/scale.md, "The controller's share").
+    type: str
+    choices: [dict, json]
+    default: dict
 notes:
   - Each option the task leaves out is taken from its variable where that is defined, so the audit play
     passes none itself; C(host) from C(inventory_hostname), C(image) from C(k3fleet_image), C(runtime) from
@@ -97,7 +108,7 @@ EXAMPLES = r"""
 RETURN = r"""
 k3fleet:
   description: Host facts (schema C(schema_version)); see the k3fleet HostFacts JSON Schema.
-  returned: always
+  returned: when facts_format is dict (the default)
   type: dict
   contains:
     schema_version:
@@ -166,7 +177,14 @@ k3fleet:
       type: list
       elements: dict
       sample: [{"argv": ["nvidia-smi", "-q", "-d", "COMPUTE"], "rc": 0, "error": null, "duration": 0.05}]
+k3fleet_json:
+  description: The facts of C(k3fleet) as one JSON text, in place of C(k3fleet).
+  returned: when facts_format is json
+  type: str
+  sample: '{"schema_version": "1.0", "host": "gpu-a01", "driver": {"status": "ok"}}'
 """
+
+import json
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -178,6 +196,7 @@ k3fleet_load.install()
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
     READER_ARGS,
+    RESULT_JSON_KEY,
     RESULT_KEY,
     reader_from_params,
 )
@@ -195,6 +214,7 @@ def main():
         lspci=dict(type="bool", default=True),
         slurm_node=dict(type="str"),
         host=dict(type="str"),
+        facts_format=dict(type="str", default="dict", choices=["dict", "json"]),
     )
     argument_spec.update(READER_ARGS)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
@@ -204,6 +224,8 @@ def main():
                          image=p["image"], use_nvml=p["use_nvml"], runtime=p["runtime"], probe=p["probe"],
                          env_files=p["env_files"], lspci=p["lspci"], slurm_node=p["slurm_node"],
                          active=p["active"], active_spec=p["active_spec"])
+    if p["facts_format"] == "json":
+        module.exit_json(changed=False, **{RESULT_JSON_KEY: json.dumps(facts, separators=(",", ":"))})
     module.exit_json(changed=False, **{RESULT_KEY: facts})
 
 
