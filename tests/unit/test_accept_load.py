@@ -163,6 +163,20 @@ def test_request_bound_stops_the_run() -> None:
     assert any(f.check_id == "accept.load.bound" for f in res.findings)
 
 
+def test_the_request_bound_counts_requests_sent_not_finished() -> None:
+    """Sessions in flight when the bound is reached must not take the run past it: each request is
+    admitted (and counted) before it is sent."""
+    from k3fleet.accept.load.shots import Budget, Tally
+
+    tally = Tally(LoadOptions(**{**QUICK, "max_requests": 3}), LoadObserver(), None)
+    for _ in range(3):
+        tally.admit()  # three sessions send at once, none has finished
+    assert tally.shots == [] and tally.started == 3
+    with pytest.raises(Budget, match=r"request bound reached \(3 requests\)"):
+        tally.admit()
+    assert tally.started == 3 and tally.budget_hit == "request bound reached (3 requests)"
+
+
 def test_old_server_metrics_are_a_finding() -> None:
     opts = LoadOptions(**{**QUICK, "phases": ["agent_ramp"], "ramp": [1], "step_s": 1.0})
     with start_simulator(**FAST, old_metric_names=True, metrics_format="openmetrics") as sim:

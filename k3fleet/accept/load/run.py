@@ -133,7 +133,7 @@ class LoadRun:
             complete = False
             try:
                 for rep in range(opts.ladder_repeats):
-                    self.tally.check()
+                    self.tally.admit()
                     nonce = f"run {self.tally.t0:.6f} ladder {n} repeat {rep}: "
                     text = nonce + filler(self._words_for(tokens), seed=n * 31 + rep)
                     shot = Shot("long_input", label, 1, tokens, 0.0)
@@ -170,7 +170,7 @@ class LoadRun:
             for turn in range(opts.session_turns):
                 if time.monotonic() >= until:
                     return
-                self.tally.check()
+                self.tally.admit()
                 body = {"model": self.ep.model, "messages": messages, "tools": TOOLS, "stream": True,
                         "stream_options": {"include_usage": True}, "max_tokens": opts.turn_output_tokens,
                         "temperature": 0}

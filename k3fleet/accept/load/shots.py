@@ -72,6 +72,9 @@ class Tally:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + opts.max_duration_s
         self.shots: list[Shot] = []
+        # Requests sent, finished or not: the request bound counts these, so sessions in flight
+        # when it is reached never take the run past it.
+        self.started = 0
         self.failures: list[dict[str, Any]] = []
         self.errors = 0
         self.interrupted = False
@@ -82,11 +85,16 @@ class Tally:
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
+    def admit(self) -> None:
+        """Before each request: raise :class:`Budget` when a bound is reached, else count it as sent."""
+        self.check()
+        self.started += 1
+
     def check(self) -> None:
         if self.stop.is_set():
             self.interrupted = True
             raise Budget("interrupted")
-        if len(self.shots) >= self.opts.max_requests:
+        if self.started >= self.opts.max_requests:
             self.budget_hit = f"request bound reached ({self.opts.max_requests} requests)"
             raise Budget(self.budget_hit)
         if time.monotonic() >= self.deadline:
