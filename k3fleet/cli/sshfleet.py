@@ -46,6 +46,10 @@ def ssh_fleet_down(workdir: Annotated[Path | None, typer.Option("--workdir", hel
 
     sshfleet.down(workdir)
     err.print("ssh-fleet: down, nothing left")
+    # `up` refuses while another work directory's fleet is up: say where it is.
+    for other in sshfleet.other_fleets(workdir):
+        err.print(f"ssh-fleet: another SSH lab fleet is still up in {other} "
+                  f"(k3fleet lab ssh-fleet down --workdir {other})", markup=False)
 
 
 @ssh_fleet_app.command("status")

@@ -165,3 +165,18 @@ def test_supervisor_runs_daemons_in_the_foreground_and_stops_everything(tmp_path
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+
+
+def test_other_fleets_are_named_by_their_work_directories(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`down` of one work directory names the fleets still up elsewhere (`up` refuses while one is)."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    argv = {
+        11: [sys.executable, "-c", "entry", harness.SUPERVISOR_MODULE, str(theirs / "run" / "supervisor-spec.json")],
+        12: [sys.executable, "-c", "entry", harness.SUPERVISOR_MODULE, str(mine / "run" / "supervisor-spec.json")],
+    }
+    monkeypatch.setattr(proc, "find_pids", lambda match: [pid for pid, a in argv.items() if match(a)])
+    monkeypatch.setattr(proc, "cmdline", lambda pid: argv.get(pid))
+    assert harness.other_fleets(mine) == [theirs]
+    assert harness.other_fleets(theirs) == [mine]
+    del argv[11]
+    assert harness.other_fleets(mine) == []

@@ -228,6 +228,18 @@ def _other_fleets(wd: Path) -> list[str]:
             if (argv := proc.cmdline(pid)) and mine not in argv]
 
 
+def other_fleets(workdir: Path | None = None) -> list[Path]:
+    """Work directories of the SSH fleets that are up besides the one in ``workdir`` (each supervisor is
+    started with its work directory's ``run/supervisor-spec.json``)."""
+    mine = str(Layout(resolve_workdir(workdir)).supervisor_spec)
+    found: list[Path] = []
+    for pid in proc.find_pids(lambda a: SUPERVISOR_MODULE in a):
+        for arg in proc.cmdline(pid) or []:
+            if arg != mine and arg.endswith("/run/supervisor-spec.json"):
+                found.append(Path(arg).parent.parent)
+    return sorted(set(found))
+
+
 # ---------------------------------------------------------------------------------------------
 # up
 
