@@ -144,12 +144,23 @@ def test_context_refused_inside_the_envelope_is_adjust_config() -> None:
     assert "maximum context length is 2048" in d["failures"][0]["message"]
 
 
+class _StopAfter(LoadObserver):
+    """Sets ``stop`` once ``n`` requests have finished: an operator's Ctrl-C mid-step, at a point of the
+    run rather than of the clock (a busy machine may not have finished one request in a fixed time)."""
+
+    def __init__(self, stop: threading.Event, n: int) -> None:
+        self.stop, self.n = stop, n
+
+    def requests(self, done: int, errors: int) -> None:
+        if done >= self.n:
+            self.stop.set()
+
+
 def test_stop_event_keeps_what_was_measured() -> None:
     stop = threading.Event()
     opts = LoadOptions(**{**QUICK, "phases": ["agent_ramp"], "ramp": [2], "step_s": 30.0})
     with start_simulator(**FAST) as sim:
-        threading.Timer(1.5, stop.set).start()
-        res = asyncio.run(run_load(ep(sim.base_url), opts, stop=stop))
+        res = asyncio.run(run_load(ep(sim.base_url), opts, _StopAfter(stop, 2), stop=stop))
     assert res.status == "inconclusive" and res.data["interrupted"] is True
     assert res.data["counts"]["requests"] > 0
     assert res.data["curves"][0]["partial"] is True and res.data["elapsed_s"] < 15
@@ -293,7 +304,9 @@ def test_unreachable_is_one_line() -> None:
 
 @pytest.mark.parametrize("fault,kind", [("cut", "stream_cut"), ("late500", "http_5xx")], indirect=["fault"])
 def test_server_failures_under_load_are_collapse(fault: FaultServer, kind: str) -> None:
-    opts = LoadOptions(**{**QUICK, "phases": ["agent_ramp"], "ramp": [1, 2], "step_s": 0.5})
+    # The first step must reach the fault server's third chat (2 good ones first): 2 s leaves a busy
+    # machine time for it (at 0.5 s a load average of 23 reached it only in the second step).
+    opts = LoadOptions(**{**QUICK, "phases": ["agent_ramp"], "ramp": [1, 2], "step_s": 2.0})
     res = asyncio.run(run_load(ep(fault.url), opts))
     assert res.data["outcome"] == "collapse"
     first = res.data["failures"][0]
