@@ -194,7 +194,7 @@ class Report:
         if row.get("verdict") == "queued":
             running = f", {row['running_max']:.0f} running at most" if row.get("running_max") is not None else ""
             return (f"the server queued requests (vllm:num_requests_waiting {row['waiting_p50']:.0f} for most of the "
-                    f"step, up to {row['waiting_max']:.0f}{running})")
+                    f"time the step offered its sessions, up to {row['waiting_max']:.0f}{running})")
         if row.get("verdict") == "preempted":
             return (f"the KV cache ran full: {row['preemptions_delta']:.0f} preemption(s) "
                     "(vllm:num_preemptions_total)")
