@@ -639,8 +639,15 @@ def main() -> int:
     if args.host:
         ap.error("--host needs --node")
     if args.ssh:
-        return bench_ssh(args.sizes or [50, 200], args.forks or 20, args.mitogen, args.workdir, args.repeat or 1,
-                         args.playbook)
+        from k3fleet.lab.sshfleet import SshFleetError
+
+        try:
+            return bench_ssh(args.sizes or [50, 200], args.forks or 20, args.mitogen, args.workdir,
+                             args.repeat or 1, args.playbook)
+        except SshFleetError as exc:
+            # Not root, another fleet up, a size out of range: the fleet's own one-line reason.
+            print(f"bench_audit: {exc}", file=sys.stderr)
+            return 2
     if args.mitogen or args.repeat is not None or args.playbook:
         ap.error("--mitogen, --repeat and --playbook need --ssh")
     bench_local(args.sizes or [50, 200, 1000], args.forks or 10)

@@ -221,16 +221,9 @@ def _supervisor_pids(wd: Path, state: SshFleetState | None) -> list[int]:
     return processes.supervisor_pids(SUPERVISOR_MODULE, Layout(wd), state)
 
 
-def _other_fleets(wd: Path) -> list[str]:
-    """Supervisors of SSH fleets in other work directories (namespace names are machine-wide)."""
-    mine = str(Layout(wd).supervisor_spec)
-    return [" ".join(argv) for pid in proc.find_pids(lambda a: SUPERVISOR_MODULE in a)
-            if (argv := proc.cmdline(pid)) and mine not in argv]
-
-
 def other_fleets(workdir: Path | None = None) -> list[Path]:
-    """Work directories of the SSH fleets that are up besides the one in ``workdir`` (each supervisor is
-    started with its work directory's ``run/supervisor-spec.json``)."""
+    """Work directories of the SSH fleets that are up besides the one in ``workdir`` (namespace names are
+    machine-wide; each supervisor is started with its work directory's ``run/supervisor-spec.json``)."""
     mine = str(Layout(resolve_workdir(workdir)).supervisor_spec)
     found: list[Path] = []
     for pid in proc.find_pids(lambda a: SUPERVISOR_MODULE in a):
@@ -342,10 +335,11 @@ def up(n: int, workdir: Path | None = None, *, fleet: Path | None = None, target
         old = load_state(wd) if layout.state_file.exists() else None
         if _supervisor_pids(wd, old):
             raise SshFleetUsageError(f"ssh fleet: already up in {wd}; run `k3fleet lab ssh-fleet down` first")
-        others = _other_fleets(wd)
+        others = other_fleets(wd)
         if others:
-            raise SshFleetUsageError(f"ssh fleet: another SSH lab fleet is up ({others[0][:160]}); "
-                                     "namespace names are machine-wide: take that one down first")
+            raise SshFleetUsageError(f"ssh fleet: another SSH lab fleet is up in {others[0]}; namespace names are "
+                                     f"machine-wide: take that one down first (k3fleet lab ssh-fleet down "
+                                     f"--workdir {others[0]})")
         _down_locked(wd)  # leftovers of an interrupted run
 
         image = load_target(target).image.ref
