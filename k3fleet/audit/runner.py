@@ -26,27 +26,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_JSON_KEY, RESULT_KEY
 from k3fleet.audit.inventory import load_inventory
 from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir
 from k3fleet.evidence.redact import redact_text
 from k3fleet.paths import collections_path, data_dir
 
-RESULT_KEY = "k3fleet"
-# k3fleet_host_info with facts_format=json (the audit play) sends the same facts as one JSON text:
-# Ansible's main process then passes one string per host instead of copying and walking the facts
-# node by node (docs/scale.md, "The controller's share"). Read back into RESULT_KEY on arrival.
-RESULT_JSON_KEY = "k3fleet_json"
 
-
-def module_result(res: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+def module_result(res: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """``res`` with facts sent as JSON text (RESULT_JSON_KEY) parsed back into RESULT_KEY, and why
-    that failed (None when it did not, or there was no text). Any other result is returned as given."""
-    text = res.get(RESULT_JSON_KEY)
+    that failed (None when it did not, or there was no text). Any other result is ``res`` itself.
+
+    k3fleet_host_info with facts_format=json (the audit play) sends its facts as one text: Ansible's
+    main process then passes one string per host instead of copying and walking the facts node by
+    node (docs/scale.md, "The controller's share")."""
+    if RESULT_JSON_KEY not in res:
+        return res, None
     out = dict(res)
+    text = out.pop(RESULT_JSON_KEY)
     if text is None:
         return out, None
-    del out[RESULT_JSON_KEY]
     if not isinstance(text, str):
         return out, f"{RESULT_JSON_KEY} is a {type(text).__name__}, not a JSON text"
     try:

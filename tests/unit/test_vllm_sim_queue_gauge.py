@@ -28,6 +28,15 @@ def _queue(eng: Engine) -> tuple[float | None, float | None]:
     return page.gauge("vllm:num_requests_running"), page.gauge("vllm:num_requests_waiting")
 
 
+async def _submit_during_a_step(eng: Engine, req: SimRequest) -> asyncio.Future[None]:
+    """Starts one step and submits ``req`` once that step has scheduled and runs (sleeps for its time);
+    the step still running is returned."""
+    step = asyncio.ensure_future(eng.step())
+    await asyncio.sleep(0)
+    eng.submit(req)
+    return step
+
+
 def test_a_request_that_arrives_during_a_step_with_a_free_slot_never_reads_as_waiting() -> None:
     async def run() -> list[tuple[float | None, float | None]]:
         eng = Engine(SimConfig(itl_ms=5.0, prefill_ms_per_token=0.0, max_num_seqs=2))
@@ -35,10 +44,8 @@ def test_a_request_that_arrives_during_a_step_with_a_free_slot_never_reads_as_wa
         eng.submit(_request(eng, "first session"))
         await eng.step()
         seen.append(_queue(eng))
-        step = asyncio.ensure_future(eng.step())
-        await asyncio.sleep(0)  # the step has scheduled and runs (sleeps for its time)
         late = _request(eng, "second session")
-        eng.submit(late)
+        step = await _submit_during_a_step(eng, late)
         assert late in eng.inbox  # arrived after this step's schedule: the next one admits it
         seen.append(_queue(eng))
         await step
@@ -60,9 +67,8 @@ def test_requests_a_schedule_leaves_waiting_read_as_waiting() -> None:
         eng.submit(_request(eng, "second session"))
         await eng.step()
         seen.append(_queue(eng))
-        step = asyncio.ensure_future(eng.step())
-        await asyncio.sleep(0)
-        eng.submit(_request(eng, "third session"))  # arrives during a step while the one slot is taken
+        # The third arrives during a step while the one slot is taken.
+        step = await _submit_during_a_step(eng, _request(eng, "third session"))
         await step
         seen.append(_queue(eng))
         await eng.step()

@@ -86,11 +86,8 @@ class Tally:
         return time.monotonic() - self.t0
 
     def admit(self) -> None:
-        """Before each request: raise :class:`Budget` when a bound is reached, else count it as sent."""
-        self.check()
-        self.started += 1
-
-    def check(self) -> None:
+        """Before each request: raise :class:`Budget` when the run is stopped or a bound is reached, else
+        count the request as sent."""
         if self.stop.is_set():
             self.interrupted = True
             raise Budget("interrupted")
@@ -100,6 +97,7 @@ class Tally:
         if time.monotonic() >= self.deadline:
             self.budget_hit = f"time bound reached ({self.opts.max_duration_s:.0f} s)"
             raise Budget(self.budget_hit)
+        self.started += 1
 
     def record(self, shot: Shot) -> None:
         self.shots.append(shot)

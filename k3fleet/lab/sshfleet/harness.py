@@ -228,8 +228,10 @@ def other_fleets(workdir: Path | None = None) -> list[Path]:
     found: list[Path] = []
     for pid in proc.find_pids(lambda a: SUPERVISOR_MODULE in a):
         for arg in proc.cmdline(pid) or []:
-            if arg != mine and arg.endswith("/run/supervisor-spec.json"):
-                found.append(Path(arg).parent.parent)
+            # A work directory's spec file is where its Layout puts it (run/supervisor-spec.json).
+            wd = Path(arg).parent.parent
+            if arg != mine and arg == str(Layout(wd).supervisor_spec):
+                found.append(wd)
     return sorted(set(found))
 
 

@@ -47,6 +47,7 @@ OPTION_VARIABLES = {
     "timeout": ("k3fleet_command_timeout", "command_timeout"),
 }
 DEFAULTS_VARIABLE = "k3fleet_audit_defaults"
+_MISSING = object()
 # The share of the host's time the module may spend before it returns what it has.
 BUDGET_SHARE = 0.8
 
@@ -56,10 +57,7 @@ class ActionModule(K3fleetModuleAction):
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars if task_vars is not None else {}
-        args = self._task.args
-        resolved = resolve_options(args, task_vars, self._templar.template, self._target_image)
-        if resolved != args:
-            self._task.args = resolved
+        self._task.args = resolve_options(self._task.args, task_vars, self._templar.template, self._target_image)
         return super().run(tmp=tmp, task_vars=task_vars)
 
     def _target_image(self, target_file):
@@ -85,22 +83,29 @@ def resolve_options(args, task_vars, template, target_image):
     file's image reference. Options the module would default are left out when no variable names them."""
     resolved = dict(args)
     defaults = _defaults(task_vars, template)
-    for option, (variable, default_key) in OPTION_VARIABLES.items():
-        if option in resolved:
-            continue
+
+    def lookup(variable, default_key):
+        """The variable's value, else the defaults' ``default_key``, templated; _MISSING if neither."""
         if variable in task_vars:
-            resolved[option] = template(task_vars[variable])
-        elif default_key is not None and default_key in defaults:
-            resolved[option] = template(defaults[default_key])
+            return template(task_vars[variable])
+        if default_key is not None and default_key in defaults:
+            return template(defaults[default_key])
+        return _MISSING
+
+    for option, (variable, default_key) in OPTION_VARIABLES.items():
+        if option not in resolved:
+            value = lookup(variable, default_key)
+            if value is not _MISSING:
+                resolved[option] = value
     if "image" not in resolved:
         if "k3fleet_image" in task_vars:
             resolved["image"] = template(task_vars["k3fleet_image"])
         elif "target_file" in defaults:
+            # A lookup: rendered only when no image is given.
             resolved["image"] = target_image(template(defaults["target_file"]))
     if "budget" not in resolved:
-        host_timeout = (template(task_vars["k3fleet_host_timeout"]) if "k3fleet_host_timeout" in task_vars
-                        else template(defaults["host_timeout"]) if "host_timeout" in defaults else None)
-        if host_timeout is not None:
+        host_timeout = lookup("k3fleet_host_timeout", "host_timeout")
+        if host_timeout is not _MISSING and host_timeout is not None:
             try:
                 resolved["budget"] = float(host_timeout) * BUDGET_SHARE
             except (TypeError, ValueError):
