@@ -24,8 +24,6 @@ from k3fleet.errors import EXIT_OK, UsageError
 if TYPE_CHECKING:
     from k3fleet.models.findings import Finding
 
-_OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
-                  "rebuild_environment": "bold red", "expand_capacity": "bold magenta"}
 _ITEM_STYLE = {"pass": "green", "fail": "red", "missing": "yellow"}
 
 
@@ -87,11 +85,12 @@ def decide(
 
 def _print_decision(d: object) -> None:
     from k3fleet.decide.models import Decision
+    from k3fleet.report.terminal import outcome_style
 
     assert isinstance(d, Decision)
     # The outcome first, then what is not proven and who owns it; the whole checklist (detail,
     # evidence) is in the run directory (checklist.json, report.md), not 150 lines here.
-    style = _OUTCOME_STYLE.get(d.outcome, "bold")
+    style = outcome_style(d.outcome)
     approval = "approved" if d.approved else "NOT approved"
     out.print(f"decision: [{style}]{d.outcome}[/{style}] ({approval}, exit {d.exit_code})")
     for r in d.reasons:

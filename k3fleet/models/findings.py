@@ -22,6 +22,7 @@ from k3fleet.contracts import (
     EXIT_INCOMPLETE,
     EXIT_OK,
     SEVERITY_RANK,
+    AuditOutcome,
     FindingKind,
     Severity,
     combine,
@@ -33,8 +34,6 @@ from k3fleet.models.target import Strategy, StrategySetting
 __all__ = ["SEVERITY_RANK", "Finding", "FindingKind", "Severity", "earlier_finding"]
 
 HostStatus = Literal["pass", "warn", "fail", "unreachable"]
-# incomplete: no host was measured (every host unreachable or without readable facts): nothing to judge.
-Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity", "incomplete"]
 
 
 class _Out(BaseModel):
@@ -240,7 +239,7 @@ class FleetVerdict(_Out):
     model_config = ConfigDict(extra="ignore")
 
     target: str
-    outcome: Outcome
+    outcome: AuditOutcome
     reasons: list[str]
     summary: VerdictSummary
     hosts: dict[str, HostVerdict]
