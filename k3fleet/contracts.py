@@ -59,6 +59,12 @@ def combine(*codes: int | Iterable[int], empty: int = EXIT_INCOMPLETE) -> int:
     return next(c for c in _PRECEDENCE if c in seen)
 
 
+def result_code(*, failed: bool, incomplete: bool = False) -> int:
+    """The exit code of one result: 1 for a definite failure, else 3 when evidence is missing, else 0
+    (``combine``'s order). Every command that turns its own result into a code calls this."""
+    return combine(EXIT_FAILED if failed else EXIT_OK, EXIT_INCOMPLETE if incomplete else EXIT_OK)
+
+
 # -- findings -------------------------------------------------------------------------------------
 
 Severity = Literal["critical", "error", "warning", "info"]

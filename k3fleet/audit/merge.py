@@ -34,7 +34,8 @@ from typing import Any
 from k3fleet.audit.run import AuditResult
 from k3fleet.audit.runner import RESULT_KEY, PlayResult, module_result
 from k3fleet.bounds import read_bounded, read_input
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader, RunRecord
 from k3fleet.models.facts import SCHEMA_VERSION

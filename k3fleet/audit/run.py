@@ -12,7 +12,8 @@ from typing import Any
 from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.audit.pairs import run_pair_phase
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
 from k3fleet.models.pairs import PairPhase

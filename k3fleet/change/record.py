@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader
 
@@ -156,7 +156,5 @@ def load_change(rd: RunDir) -> ChangeRecord:
     try:
         return ChangeRecord.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(record)"
-        raise IncompleteError(f"{p} is not a change record ({exc.error_count()} problem(s), first {loc}: "
-                              f"{err['msg']}): the run's record is damaged") from exc
+        raise IncompleteError(f"{p} is not a change record ({validation_line(exc)}): the run's record is "
+                              "damaged") from exc

@@ -32,7 +32,8 @@ from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.night import real_ansible_playbook
 from k3fleet.change.record import verified
 from k3fleet.change.timing import ChangeRecorder
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
+from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
 from k3fleet.targets import load_target
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from k3fleet.bounds import seconds_option, whole_seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.report.escapes import safe_markup
 
 
@@ -123,10 +123,7 @@ def read_audit_plan(run: Path) -> dict[str, Any]:
     try:
         verdict = FleetVerdict.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(top)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise UsageError(f"{run}/verdict.json is not a k3fleet verdict: {loc}: {first['msg']}{more}") from None
+        raise UsageError(validation_line(exc, f"{run}/verdict.json is not a k3fleet verdict")) from None
     if verdict.outcome == "incomplete":
         raise IncompleteError(f"the audit in {run} measured no host: {'; '.join(verdict.reasons[:1])}")
     return verdict.plan.model_dump(mode="json")

@@ -19,7 +19,8 @@ from rich.table import Table
 
 from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
-from k3fleet.errors import EXIT_OK, UsageError
+from k3fleet.contracts import EXIT_OK
+from k3fleet.errors import UsageError
 
 if TYPE_CHECKING:
     from k3fleet.models.findings import Finding

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from k3fleet.contracts import APPROVABLE_OUTCOMES, Outcome, worst_outcome
+from k3fleet.contracts import APPROVABLE_OUTCOMES, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, Outcome, worst_outcome
 from k3fleet.decide.checklist import (
     OWNERS_ITEM,
     REVIEWER_ITEM,
@@ -37,7 +37,6 @@ from k3fleet.decide.models import (
     Reason,
     Ref,
 )
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
 from k3fleet.evidence import layout
 
 # Rules that block only because something is not shown yet (exit 3, not 1): more evidence can lift them.

@@ -18,16 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from k3fleet.contracts import (
     EARLIER_SEVERITY,
-    EXIT_FAILED,
-    EXIT_INCOMPLETE,
-    EXIT_OK,
     SEVERITY_RANK,
     AuditOutcome,
     FindingKind,
     Severity,
-    combine,
     is_blocking,
     is_failure,
+    result_code,
 )
 from k3fleet.models.target import Strategy, StrategySetting
 
@@ -271,8 +268,8 @@ class FleetVerdict(_Out):
         When both apply, 1 wins: a definite failure is a no-go whatever the missing
         hosts would show, and a caller that retries on 3 must not retry a known no-go.
         """
-        return combine(EXIT_FAILED if self.checks_failed else EXIT_OK,
-                       EXIT_INCOMPLETE if self.summary.unreachable or self.summary.evidence_incomplete else EXIT_OK)
+        return result_code(failed=self.checks_failed,
+                           incomplete=bool(self.summary.unreachable or self.summary.evidence_incomplete))
 
 
 def fleet_verdict_json_schema() -> dict[str, Any]:

@@ -1,0 +1,81 @@
+"""One way into each contract (docs/architecture.md "Contracts"): the exit codes and the code of one
+result come from k3fleet.contracts, a pydantic error becomes one line through k3fleet.errors'
+validation_line. Source scans hold that no module goes round them."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, result_code
+from k3fleet.errors import error_location, validation_line
+
+ROOT = Path(__file__).resolve().parents[2]
+CODES = {"EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INCOMPLETE", "EXIT_CODES", "combine", "result_code"}
+
+
+def _modules() -> list[Path]:
+    return sorted((ROOT / "k3fleet").rglob("*.py"))
+
+
+def _source(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_exit_codes_are_imported_from_contracts_only() -> None:
+    wrong: list[str] = []
+    for path in [*_modules(), *sorted((ROOT / "tests").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(_source(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "k3fleet.errors":
+                wrong += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name in CODES]
+    assert wrong == []
+
+
+def test_no_module_computes_a_result_code_itself() -> None:
+    """``1 if ... else 0`` (or the other way round) as an exit code is result_code()'s job."""
+    pattern = re.compile(r"\b(return|exit_code\s*=)\s*[0-3] if .+ else [0-3]\s*$", re.M)
+    found = [f"{p.relative_to(ROOT)}: {m.group(0).strip()}" for p in _modules()
+             if "lab/testbed/files" not in str(p) for m in pattern.finditer(_source(p))
+             if "exit" in _source(p)[max(0, m.start() - 300):m.start()]]
+    assert found == []
+
+
+@pytest.mark.parametrize(("failed", "incomplete", "want"), [
+    (False, False, EXIT_OK), (True, False, EXIT_FAILED), (False, True, EXIT_INCOMPLETE), (True, True, EXIT_FAILED)])
+def test_result_code(failed: bool, incomplete: bool, want: int) -> None:
+    assert result_code(failed=failed, incomplete=incomplete) == want
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    base_url: str
+    timeout_s: float = 1.0
+
+
+def _error(data: dict[str, object]) -> ValidationError:
+    with pytest.raises(ValidationError) as info:
+        _Options.model_validate(data)
+    return info.value
+
+
+def test_validation_line_words() -> None:
+    assert validation_line(_error({"base_url": "x", "timeout_s": "soon"})) == \
+        "timeout_s: Input should be a valid number, unable to parse string as a number"
+    assert validation_line(_error({"base_url": "x", "timeout_s": "soon"}), "options", show_input=True) == \
+        "options: timeout_s: Input should be a valid number, unable to parse string as a number (got 'soon')"
+    assert validation_line(_error({"timeout_s": 1, "extra": 1}), option=True) == "--base-url: Field required (+1 more)"
+    assert validation_line(_error({"base_url": "x", "colour": 1}), at="data.") == "data.colour: unknown key (misspelt?)"
+    assert error_location(()) == "(top level)" and error_location((), at="data.") == "data"
+
+
+def test_pydantic_errors_are_formatted_in_one_place() -> None:
+    """No module but errors.py words a pydantic error's message or counts its errors (a module may walk
+    the errors, as the target loader does to name every field, and words each through errors.py)."""
+    pattern = re.compile(r"""\[["']msg["']\]|\.error_count\(\)""")
+    found = [str(p.relative_to(ROOT)) for p in _modules()
+             if p.name != "errors.py" and pattern.search(_source(p))]
+    assert found == []
