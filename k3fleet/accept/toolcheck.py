@@ -20,8 +20,8 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.errors import validation_line
+from k3fleet.evidence.redact import excerpt
 
 # Kimi K2 markers (tokenizer special tokens) and the K3 channel markers named in vLLM PR 53249, plus
 # the functions.NAME:INDEX call header both use.

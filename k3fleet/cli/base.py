@@ -170,7 +170,7 @@ def _main(argv: list[str] | None) -> int:
         argv = sys.argv[1:]
     import os
 
-    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import remember_environment_secrets
+    from k3fleet.evidence.redact import remember_environment_secrets
 
     # The controller's own secrets (HF_TOKEN, the API key a probe sends) are masked by value in
     # everything printed or written, whatever shape a server or a tool echoes them back in.

@@ -56,7 +56,6 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.agent import CASES, AgentOptions, run_agent
 from k3fleet.accept.client import Endpoint, EndpointError, fetch
 from k3fleet.accept.metrics import MetricsError, scrape
@@ -68,6 +67,7 @@ from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
+from k3fleet.evidence.redact import excerpt
 from k3fleet.models.facts import HostFacts
 from k3fleet.targets import load_target
 from k3fleet.triage import Capture, build_facts

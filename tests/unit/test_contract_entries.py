@@ -79,3 +79,20 @@ def test_pydantic_errors_are_formatted_in_one_place() -> None:
     found = [str(p.relative_to(ROOT)) for p in _modules()
              if p.name != "errors.py" and pattern.search(_source(p))]
     assert found == []
+
+
+def test_redaction_has_one_way_in() -> None:
+    """The controller reaches the collection's redaction rules through k3fleet.evidence.redact only, and
+    that module imports no private name of the rules module."""
+    rules = "ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact"
+    direct: list[str] = []
+    private: list[str] = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(_source(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == rules:
+                if path != ROOT / "k3fleet" / "evidence" / "redact.py":
+                    direct.append(str(path.relative_to(ROOT)))
+                private += [a.name for a in node.names if a.name.startswith("_")]
+            elif isinstance(node, ast.Import) and any(a.name == rules for a in node.names):
+                direct.append(str(path.relative_to(ROOT)))
+    assert (direct, private) == ([], [])
