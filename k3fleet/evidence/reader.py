@@ -26,7 +26,7 @@ from k3fleet.contracts import EXIT_CODES
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import layout
 from k3fleet.evidence.verify import verify_run
-from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.facts import HostFacts, readable_schema
 from k3fleet.models.findings import FleetVerdict
 from k3fleet.models.target import Target
 
@@ -178,7 +178,7 @@ class RunReader:
         if not self.has(rel):
             return None
         data = self.object(rel)
-        if str(data.get("schema_version", "")).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        if not readable_schema(data):
             return None
         try:
             return HostFacts.model_validate({**data, "host": host})

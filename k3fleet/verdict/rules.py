@@ -25,7 +25,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import 
     classify_driver_platform,
     normalize_bus_id,
 )
-from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, SchedulerFacts, XidEvent
+from k3fleet.models.facts import SCHEMA_VERSION, Gpu, HostFacts, SchedulerFacts, XidEvent, readable_schema
 from k3fleet.models.findings import SEVERITY_RANK, Finding, FindingKind, Severity, StrategyDecision
 from k3fleet.models.target import MatrixRow, Target, cuda_tuple, version_tuple
 from k3fleet.verdict.catalogue import CHECKS, fixes_for
@@ -278,7 +278,7 @@ def gpus_in_use(gpus: list[Gpu], util: float) -> tuple[list[Gpu], bool]:
 def _schema(f: HostFacts, c: HostContext, e: _Emitter) -> None:
     if f.schema_version == SCHEMA_VERSION:
         return
-    if f.schema_version.split(".", 1)[0] != SCHEMA_VERSION.split(".", 1)[0]:
+    if not readable_schema(f.schema_version):
         e.unknown("facts.schema", f"facts of schema {f.schema_version} (controller reads {SCHEMA_VERSION})",
                   "the collector on this host is from another major version", error=True)
 

@@ -96,3 +96,24 @@ def test_redaction_has_one_way_in() -> None:
             elif isinstance(node, ast.Import) and any(a.name == rules for a in node.names):
                 direct.append(str(path.relative_to(ROOT)))
     assert (direct, private) == ([], [])
+
+
+def test_the_facts_schema_version_is_defined_once_and_checked_once() -> None:
+    """Its value is written in the collection's k3fleet_sources (nodes stamp it; the controller reads it
+    from there), and only k3fleet.models.facts compares major versions."""
+    from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_host, k3fleet_sources
+    from k3fleet.models import facts
+
+    assert facts.SCHEMA_VERSION == k3fleet_host.SCHEMA_VERSION == k3fleet_sources.FACTS_SCHEMA_VERSION
+    literal = re.compile(r"""^\s*(FACTS_)?SCHEMA_VERSION(: str)? = ["']\d""", re.M)
+    utils = ROOT / "ansible_collections" / "k3fleet" / "gpu" / "plugins" / "module_utils"
+    defined = [p.name for p in [*(ROOT / "k3fleet" / "models").glob("*.py"), *utils.glob("*.py")]
+               if literal.search(_source(p))]
+    assert defined == ["k3fleet_sources.py"]
+    split = re.compile(r"schema_version.{0,40}\.split\(|SCHEMA_VERSION\.split\(")
+    assert [str(p.relative_to(ROOT)) for p in _modules()
+            if p.name != "facts.py" and split.search(_source(p))] == []
+    assert facts.readable_schema({"schema_version": "1.0"}) and facts.readable_schema("1.9")
+    assert not facts.readable_schema({"schema_version": "2.0"}) and not facts.readable_schema({})
+    assert facts.schema_mismatch("h", {"schema_version": "2.0"}) == \
+        f"host h: facts schema '2.0' from the node, controller expects {facts.SCHEMA_VERSION}"
