@@ -146,8 +146,10 @@ def load_change(rd: RunDir) -> ChangeRecord:
     p = rd.path / layout.CHANGE
     try:
         data = RunReader(rd.path).json(layout.CHANGE)
-    except IncompleteError as exc:  # the reader's word for a missing file
-        raise UsageError(f"run {rd.path} has no {layout.CHANGE}: it is not a change run") from exc
+    except IncompleteError as exc:  # the reader's word for a missing or unreadable file
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise UsageError(f"run {rd.path} has no {layout.CHANGE}: it is not a change run") from exc
+        raise
     except UsageError as exc:  # not JSON: the reader keeps the decoder's own words as the cause
         raise IncompleteError(f"{p} cannot be read as JSON ({exc.__cause__}): the run's record is damaged") from exc
     if not isinstance(data, dict):

@@ -61,6 +61,7 @@ def decide(
 ) -> None:
     """Decide go-live from the evidence: one of four outcomes, the checklist, one evidence package."""
     from k3fleet.decide.flow import DecideOptions, run_decide
+    from k3fleet.evidence import layout
 
     opts = DecideOptions(runs=list(runs), reviewer=reviewer, owner=owner, owners_file=owners, build_file=build,
                          target=target, out=out_dir, runs_dir=runs_dir, archive=archive, sign_key=sign_key,
@@ -71,7 +72,8 @@ def decide(
         out.print_json(json.dumps(d.model_dump(mode="json")))
     else:
         _print_decision(d)
-        out.print(f"full checklist: {result.run_dir.path / 'report.md'} (checklist.json beside it)", markup=False)
+        out.print(f"full checklist: {result.run_dir.path / layout.REPORT} ({layout.CHECKLIST} beside it)",
+                  markup=False)
     for warning in d.warnings:
         err.print(f"warning: {warning}", markup=False)
     err.print(f"run directory: {result.run_dir.path}")

@@ -117,3 +117,25 @@ def test_the_facts_schema_version_is_defined_once_and_checked_once() -> None:
     assert not facts.readable_schema({"schema_version": "2.0"}) and not facts.readable_schema({})
     assert facts.schema_mismatch("h", {"schema_version": "2.0"}) == \
         f"host h: facts schema '2.0' from the node, controller expects {facts.SCHEMA_VERSION}"
+
+
+def test_one_run_directory_reader() -> None:
+    """RunReader is the one class that reads a run directory back; every run-file name is the layout's."""
+    readers = [f"{p.relative_to(ROOT)}:{n.name}" for p in _modules() for n in ast.walk(ast.parse(_source(p)))
+               if isinstance(n, ast.ClassDef) and n.name.endswith("Reader") and "evidence" in str(p)]
+    assert readers == ["k3fleet/evidence/reader.py:RunReader"]
+    from k3fleet.evidence import RunDir
+
+    assert not [m for m in vars(RunDir) if m.startswith("read")]
+    names = {v for k, v in vars(__import__("k3fleet.evidence.layout", fromlist=["x"])).items()
+             if k.isupper() and isinstance(v, str) and "." in v and "/" not in v and not v.startswith(".")}
+    spelt: list[str] = []
+    for path in _modules():
+        if path.name == "layout.py":
+            continue
+        for node in ast.walk(ast.parse(_source(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                hits = [n for n in names if node.value == n or node.value.endswith("/" + n)
+                        or node.value.startswith("/" + n)]
+                spelt += [f"{path.relative_to(ROOT)}:{node.lineno}: {h}" for h in hits]
+    assert spelt == []
