@@ -192,12 +192,15 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
                       results: dict[str, ProbeResult], rec: Recorder, ev: _Evidence, say: Progress) -> None:
     # lazy: accept all's own probes; accept load, whose command imports this module, needs none of them
     from k3fleet.accept.agent import run_agent
-    from k3fleet.accept.prefix_cache import run_prefix_cache
+    from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
     from k3fleet.accept.startup import run_startup
 
+    # The run's target, loaded once (--target, or the packaged default) and handed to every probe that reads it.
+    target = load_target(opts.target)
+    prefix_opts = (opts.prefix or PrefixOptions()).model_copy(update={"target_model": target.serve.model})
     if opts.log is not None and "startup" not in opts.skip:
         say("startup: reading the start-up log")
-        results["startup"] = run_startup(opts.log, opts.launch_command, target=load_target(opts.target))
+        results["startup"] = run_startup(opts.log, opts.launch_command, target=target)
         _copy_input(ev, opts.log, layout.STARTUP_LOG)
         if opts.launch_command is not None:
             _copy_input(ev, opts.launch_command, layout.LAUNCH_COMMAND)
@@ -229,7 +232,7 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
         stop = opts.stop or threading.Event()
         if "prefix_cache" in opts.skip:
             summary["not_run"]["prefix_cache"] = "skipped (--skip)"
-        elif not await _timed("prefix_cache", run_prefix_cache(endpoint, opts.prefix, recorder=rec, progress=say,
+        elif not await _timed("prefix_cache", run_prefix_cache(endpoint, prefix_opts, recorder=rec, progress=say,
                                                                 client=client), results, summary, rec, stop, say):
             return
         if "agent" in opts.skip:

@@ -392,11 +392,10 @@ def merge_slices(slices: Sequence[Slice]) -> Merged:
 
 
 def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
-    if target_path is not None:
-        return load_target(target_path)
     recorded = [(sl.source, sl.target) for sl in slices if sl.target is not None]
-    if not recorded:
-        return load_target(None)
+    if target_path is not None or not recorded:
+        # --target, or (no slice records one) the CLI's default, the packaged target.
+        return load_target(target_path)
     first_src, first = recorded[0]
     for src, other in recorded[1:]:
         if other != first:

@@ -127,9 +127,12 @@ def prefix_cache(
 ) -> None:
     """Prove prefix-cache reuse: cold, warm and control requests with /metrics around each window."""
     from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
+    from k3fleet.targets import load_target
 
     ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
-    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit)
+    # The CLI's default target (Kimi K3): its model's default match unit, when the server publishes none.
+    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit,
+                         target_model=load_target(None).serve.model)
     say = progress_printer(quiet or as_json)
     result = run_probe(ep, lambda client, _info: run_prefix_cache(ep, opts, progress=say, client=client))
     print_result(result, as_json=as_json, lines=_prefix_lines(result))

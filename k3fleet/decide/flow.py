@@ -192,13 +192,13 @@ def _newest(items: Sequence[Any]) -> Any:
 
 
 def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> EvidenceSummary:
-    if opts.target is not None:
-        target = target_brief(load_target(opts.target))
-    elif src.targets:
+    if src.targets and opts.target is None:
+        # The target the newest audit recorded: the runs' own, not one derived again.
         newest_audit = _newest(src.audits)
         target = next((t for t in src.targets if t.ref and t.ref.run == newest_audit.run), src.targets[0])
     else:
-        target = target_brief(load_target(None))
+        # --target, or (no run records one) the CLI's default, the packaged target.
+        target = target_brief(load_target(opts.target))
     owners = load_owners(opts.owners_file) if opts.owners_file else None
     build = load_build(opts.build_file) if opts.build_file else None
     profile = None

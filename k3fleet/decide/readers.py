@@ -100,7 +100,7 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
     record = run.model(layout.RUN, RunRecord)
     hosts = {name: HostEvidence(host=name, status=hv.status, driver_version=hv.driver_version,
                                 gpu_model=hv.gpu_model, gpu_count=hv.gpu_count, reason=hv.reason,
-                                branch=_branch(hv.driver_version)) for name, hv in v.hosts.items()}
+                                branch=hv.driver_branch) for name, hv in v.hosts.items()}
     nccl_seen: dict[str, set[str]] = {}
     for name, facts in audit_facts(run, v.hosts):
         he, image = hosts[name], facts.container.image
@@ -121,13 +121,6 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
         unreachable=sorted(h for h, he in hosts.items() if he.status == "unreachable"),
         evidence_incomplete=v.summary.evidence_incomplete, interrupted=record.interrupted,
         nccl=nccl, plan=v.plan.model_dump(mode="json"), interconnect=v.interconnect)
-
-
-def _branch(version: str | None) -> int | None:
-    if not version:
-        return None
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else None
 
 
 # -- change night ------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from k3fleet.evidence import RunDir, layout
 from k3fleet.evidence.reader import open_run
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
 from k3fleet.models.findings import Finding
+from k3fleet.models.target import Target
 from k3fleet.report.decision_md import render_markdown
 from k3fleet.report.view import triage_view, with_run
 from k3fleet.targets import load_target
@@ -325,12 +326,13 @@ def _file_of(check: str, captures: Sequence[Capture]) -> str:
     return layout.TRIAGE
 
 
-def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
+def triage(paths: Sequence[Path], *, host: str = "capture", target: Target | Path | None = None,
            kinds: Sequence[str | None] = ()) -> TriageResult:
     """Read, sniff and judge every capture as one host's evidence (pure but for reading the files)."""
     if not paths:
         raise UsageError("give at least one captured file")
-    tgt = target if target is not None else load_target(None)
+    # The run's target as given, or loaded from the file given (none: the packaged default).
+    tgt = target if isinstance(target, Target) else load_target(target)
     forced = list(kinds) + [None] * (len(paths) - len(kinds))
     captures = [read_capture(p, k) for p, k in zip(paths, forced, strict=True)]
     facts = build_facts(host, captures)

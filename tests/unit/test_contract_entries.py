@@ -139,3 +139,11 @@ def test_one_run_directory_reader() -> None:
                         or node.value.startswith("/" + n)]
                 spelt += [f"{path.relative_to(ROOT)}:{node.lineno}: {h}" for h in hits]
     assert spelt == []
+
+
+def test_the_packaged_target_is_only_the_clis_default() -> None:
+    """A flow takes the run's target (given, or recorded by the runs it reads); only the CLI names the
+    packaged default outright."""
+    found = [str(p.relative_to(ROOT)) for p in _modules()
+             if "/cli/" not in str(p) and "load_target(None)" in _source(p).replace("``load_target(None)``", "")]
+    assert found == []
