@@ -19,44 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from procwatch import Watcher
 
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 K3FLEET = str(BIN / "k3fleet")
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
-def _processes() -> dict[int, list[str]]:
-    out = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        st = _stat(int(entry.name))
-        if st is not None:
-            out[int(entry.name)] = st
-    return out
-
-
-def _descendants(root: int, procs: dict[int, list[str]]) -> set[int]:
-    found = {root}
-    grew = True
-    while grew:
-        more = {pid for pid, st in procs.items() if int(st[1]) in found and pid not in found}
-        found |= more
-        grew = bool(more)
-    return found - {root}
-
-
-def _alive(pid: int, start: str) -> bool:
-    st = _stat(pid)
-    # The same process (start time), not a reused pid, and not a zombie waiting for its reaper.
-    return st is not None and st[19] == start and st[0] not in ("Z", "X")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -67,17 +35,13 @@ def test_a_signal_stops_the_whole_play(tmp_path: Path, sig: signal.Signals) -> N
     proc = subprocess.Popen([K3FLEET, "audit", "--lab", "--lab-count", "200", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
-    seen: dict[int, str] = {}
+    watch = Watcher(proc.pid)
     deadline = time.monotonic() + 240
     workers_at: float | None = None
     while proc.poll() is None and time.monotonic() < deadline:
-        procs = _processes()
-        mine = _descendants(proc.pid, procs)
-        for pid in mine:
-            seen.setdefault(pid, procs[pid][19])
-        playbooks = [p for p in mine if any("ansible-playbook" in a for a in _cmdline(p)[:3])]
+        watch.sample()
         # The play is under way when ansible-playbook has forked its workers.
-        if workers_at is None and len(playbooks) > 1:
+        if workers_at is None and watch.playbooks > 1:
             workers_at = time.monotonic()
         if workers_at is not None and time.monotonic() - workers_at > 2:
             break
@@ -90,11 +54,8 @@ def test_a_signal_stops_the_whole_play(tmp_path: Path, sig: signal.Signals) -> N
     assert "interrupt: stopping the play" in stderr
     # Nothing of the run is left: what it started, its session, its process group.
     time.sleep(0.5)
-    left = sorted(pid for pid, start in seen.items() if _alive(pid, start))
-    assert left == [], [(p, _cmdline(p)) for p in left]
-    stray = [pid for pid, st in _processes().items()
-             if st[0] not in ("Z", "X") and proc.pid in (int(st[3]), int(st[4]))]
-    assert stray == [], [(p, _cmdline(p)) for p in stray]
+    assert watch.seen and watch.left() == []
+    assert watch.in_session() == []
     # The evidence of an interrupted run: complete as far as it went, nothing half-written.
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "interrupted"
@@ -105,9 +66,3 @@ def test_a_signal_stops_the_whole_play(tmp_path: Path, sig: signal.Signals) -> N
     verify = subprocess.run([K3FLEET, "verify", str(out)], capture_output=True, text=True, env=env, check=False)
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
