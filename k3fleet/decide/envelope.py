@@ -52,14 +52,29 @@ def held_envelope(points: Sequence[Mapping[str, Any]], options: Mapping[str, Any
                          if p.get("verdict") == "ok" and not p.get("partial"))
     slo: dict[str, float] = {}
     for key, opt in (("ttft_p95_s", "ttft_p95_slo_s"), ("itl_p95_s", "itl_p95_slo_s"),
-                     ("error_rate", "error_rate_limit")):
+                     ("e2e_p95_s", "e2e_p95_slo_s"), ("error_rate", "error_rate_limit")):
         value = _num(options.get(opt))
         if value is not None:
             slo[key] = value
-    return {"held_concurrency": max(ok_conc) if ok_conc else None,
+    rate_rows = [p for p in done if p.get("phase") in ("rate_ramp", "slo_search") and _num(p.get("rate_rps"))]
+    ok_rate = [float(p["rate_rps"]) for p in rate_rows if p.get("verdict") == "ok"]
+    bad_rate = [float(p["rate_rps"]) for p in rate_rows if p.get("verdict") != "ok"]
+    return {"held_rps": max(ok_rate) if ok_rate else None, "failed_rps": min(bad_rate) if bad_rate else None,
+            "held_concurrency": max(ok_conc) if ok_conc else None,
             "failed_concurrency": min(bad_conc) if bad_conc else None,
             "held_context": max(ok_ctx) if ok_ctx else None, "failed_context": min(bad_ctx) if bad_ctx else None,
             "sustained_s": held_s, "sustained_concurrency": sustained_conc, "slo": slo}
+
+
+def slo_rate(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The SLO search's answer in a load result's ``data`` (``rate.slo``): the rate, the rate above it that
+    missed, and the margin over the profile's rate; empty when no search ran."""
+    rate = data.get("rate")
+    slo = rate.get("slo") if isinstance(rate, Mapping) else None
+    if not isinstance(slo, Mapping):
+        return {}
+    return {"slo_rps": _num(slo.get("rps")), "slo_rps_upper": _num(slo.get("upper_rps")),
+            "rate_margin": _num(slo.get("margin"))}
 
 
 def traffic_baseline(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -96,7 +111,9 @@ def profile_brief(loaded: Any, ref: Ref | None) -> ProfileBrief:
     p = loaded.profile
     return ProfileBrief(name=p.name, concurrency=p.concurrency, context_typical=p.context_tokens.typical,
                         context_p99=p.context_tokens.p99, context_max=p.context_tokens.max, sustained_s=p.sustained_s,
-                        mix=p.mix.model_dump(), slo=p.slo.model_dump(), tools=list(loaded.tool_names),
+                        request_rate_rps=p.request_rate_rps, mix=p.mix.model_dump(),
+                        slo={k: v for k, v in p.slo.model_dump().items() if v is not None},
+                        tools=list(loaded.tool_names),
                         schemas=sorted(loaded.schemas), rate_limits=list(p.rate_limits),
                         data_protection=DataProtectionBrief(**p.data_protection.model_dump())
                         if p.data_protection is not None else None,
@@ -107,6 +124,8 @@ def tested_text(ld: LoadEvidence | None) -> str:
     if ld is None:
         return "no load run"
     parts = [f"{ld.held_concurrency} concurrent" if ld.held_concurrency else "no concurrency held",
+             *([f"{ld.slo_rps:g} requests/s within the SLO (open loop)"] if ld.slo_rps else
+               [f"{ld.held_rps:g} requests/s held (open loop)"] if ld.held_rps else []),
              f"{ld.held_context}-token context" if ld.held_context else "no context held",
              f"{ld.sustained_s:g} s sustained" if ld.sustained_s else "no sustained run held"]
     return ", ".join(parts)
@@ -141,8 +160,17 @@ def envelope_gaps(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
         if (ld.sustained_s or 0) < need or (ld.sustained_concurrency or 0) < p.concurrency:
             out.append((f"sustained: {ld.sustained_s or 0:g} s at {ld.sustained_concurrency or 0} concurrent, the "
                         f"profile sustains {p.concurrency} for {p.sustained_s:g} s", refs))
+        if p.request_rate_rps is not None:
+            rate = ld.slo_rps
+            if rate is None:
+                held = f"held {ld.held_rps:g} requests/s" if ld.held_rps else "held no open-loop rate"
+                out.append((f"rate: no SLO search found the highest rate within the SLO ({held}), the profile "
+                            f"peaks at {p.request_rate_rps:g} requests/s", refs))
+            elif rate < p.request_rate_rps:
+                out.append((f"rate: goodput meets the SLO up to {rate:g} requests/s, the profile peaks at "
+                            f"{p.request_rate_rps:g}", refs))
         for key, label in (("ttft_p95_s", "TTFT p95"), ("itl_p95_s", "inter-token p95"),
-                           ("error_rate", "error rate")):
+                           ("e2e_p95_s", "end-to-end p95"), ("error_rate", "error rate")):
             tested, want = ld.slo.get(key), p.slo.get(key)
             if want is None:
                 continue

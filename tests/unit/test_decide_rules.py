@@ -16,6 +16,7 @@ import pytest
 
 from k3fleet.decide import RULES, build_checklist, decide
 from k3fleet.decide.checklist import ITEM_IDS
+from k3fleet.decide.envelope import tested_text as envelope_text
 from k3fleet.decide.models import (
     AcceptEvidence,
     AgentCase,
@@ -666,3 +667,21 @@ def test_the_reader_takes_the_oom_records_the_load_probe_writes(tmp_path: Path) 
     bad = ProbeResult(probe="load", status="fail", reason="OOM", data={"oom_records": [{"t_s": "soon"}]})
     with pytest.raises(UsageError, match=r"load.json: data.oom_records.0.t_s"):
         _load_evidence(RunReader(tmp_path, "accept-1"), bad, ref)
+
+
+def test_the_profile_rate_needs_an_slo_search_that_reaches_it() -> None:
+    # The profile peaks at 20 requests/s: no search is a gap, a search that found 12 is a gap, 24 covers it.
+    def rated(s: EvidenceSummary) -> EvidenceSummary:
+        assert s.profile is not None
+        s.profile.request_rate_rps = 20.0
+        return s
+    none = decide(_apply(_chain(rated, _set("accept.load.held_rps", 8.0))))
+    gaps = [r.text for r in none.reasons if r.rule == "envelope.gap"]
+    assert any("no SLO search found the highest rate within the SLO (held 8 requests/s), the profile peaks at 20"
+               in g for g in gaps), gaps
+    low = decide(_apply(_chain(rated, _set("accept.load.slo_rps", 12.0))))
+    assert any("goodput meets the SLO up to 12 requests/s, the profile peaks at 20" in r.text for r in low.reasons)
+    ok = decide(_apply(_chain(rated, _set("accept.load.slo_rps", 24.0), _set("accept.load.rate_margin", 0.2))))
+    assert not [r for r in ok.reasons if r.rule == "envelope.gap"] and ok.outcome == "go_live"
+    tested = envelope_text(_acc(_apply(_set("accept.load.slo_rps", 24.0))).load)
+    assert "24 requests/s within the SLO (open loop)" in tested
