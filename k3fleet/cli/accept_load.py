@@ -110,6 +110,9 @@ def load(
                                                       "above it (req/s).")] = None,
     target_rate: Annotated[float | None, typer.Option("--target-rate", min=0.001, help="Production's peak rate "
                                                       "(req/s): the SLO rate's margin is read against it.")] = None,
+    telemetry_url: Annotated[str | None, typer.Option("--telemetry-url", help="A DCGM exporter's /metrics URL: "
+                                                      "GPU memory, power and utilisation sampled with the run.")]
+    = None,
     as_json: AsJson = False,
     quiet: Quiet = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
@@ -130,6 +133,8 @@ def load(
                                         search_low_rps=search_low, search_high_rps=search_high)
     if e2e_slo is not None:
         open_loop["e2e_p95_slo_s"] = e2e_slo
+    if telemetry_url is not None:
+        open_loop["telemetry_url"] = telemetry_url
     if target_rate is not None:
         open_loop["target_rps"] = target_rate
     loaded = None

@@ -76,6 +76,9 @@ class LoadOptions(BaseModel):
     search_high_rps: float | None = Field(default=None, gt=0, le=10000)
     search_steps: int = Field(default=6, ge=1, le=30)
     search_precision: float = Field(default=0.05, gt=0, le=1)
+    # GPU telemetry: a DCGM exporter's /metrics URL, read with every sample (docs/acceptance-load.md "GPU
+    # telemetry"); none: the run has no GPU curves and says so.
+    telemetry_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2048)
     # The rate production peaks at (the profile's request_rate_rps): the SLO rate's margin is read against it.
     target_rps: float | None = Field(default=None, gt=0, le=10000)
 

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from k3fleet.accept.gpu_telemetry import peaks, phase_curves
 from k3fleet.accept.load.monitor import Monitor
 from k3fleet.accept.load.options import OPEN_LOOP, PHASES, LoadOptions
 from k3fleet.accept.load.rate import rate_envelope
@@ -75,6 +76,11 @@ class Report:
             "unread_metrics": unread, "max_model_len": self.max_model_len,
             "elapsed_s": round(tally.elapsed(), 3),
         }
+        curves = phase_curves(monitor.samples)
+        data["gpu"] = {"source": self.opts.telemetry_url, "curves": curves, "peaks": peaks(curves),
+                       "errors": monitor.telemetry_errors,
+                       **({} if self.opts.telemetry_url else {"note": "no GPU telemetry source (telemetry_url): GPU "
+                                                                      "memory, power and utilisation are unknown"})}
         if any(r["phase"] in OPEN_LOOP for r in self.curve.rows):
             data["rate"] = rate_envelope(self.curve.rows, self.search, self.opts)
         return ProbeResult(probe="load", status=status, reason=reason, findings=findings, data=data)
@@ -93,6 +99,11 @@ class Report:
             out.append(finding(check_id="accept.load.metric_unread", severity="warning", layer="http",
                                message=f"{name} could not be read during the run: what it shows (running, "
                                        "waiting, KV usage, preemptions) is unknown, not fine", evidence=name))
+        if monitor.telemetry_url and not any("gpus" in s for s in monitor.samples):
+            why = monitor.telemetry_errors[0] if monitor.telemetry_errors else "no sample was taken"
+            out.append(finding(check_id="accept.load.telemetry_unavailable", severity="warning", layer="http",
+                               message=f"GPU telemetry could not be read during the run: {why}; GPU memory, power "
+                                       "and utilisation are unknown, not fine"))
         pre = self.monitor.delta_total("preemptions")
         if pre:
             first = next((r for r in self.curve.rows if r.get("preemptions_delta")), None)
