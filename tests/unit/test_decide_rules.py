@@ -91,7 +91,7 @@ def healthy() -> EvidenceSummary:
                                                  model="moonshotai/Kimi-K3", startup=startup, prefix_cache=pc,
                                                  agent=agent, load=load),
                            reviewer="carol", reviewed_at="2026-11-30T12:00:00+00:00", service_owner="serving-team",
-                           rollback_owner="erin", profile=PROFILE.model_copy(deep=True),
+                           rollback_owner="erin", profile=PROFILE.model_copy(deep=True), signed=True,
                            runs=[RunInfo(label="accept-1", kind="accept", path="/runs/accept-1", user="alice"),
                                  RunInfo(label="audit-1", kind="audit", path="/runs/audit-1", user="alice")],
                            owners=OwnersFile(limits={k: OwnerEntry(**LIMIT_OWNER) for k in LIMIT_KINDS}),
@@ -685,3 +685,19 @@ def test_the_profile_rate_needs_an_slo_search_that_reaches_it() -> None:
     assert not [r for r in ok.reasons if r.rule == "envelope.gap"] and ok.outcome == "go_live"
     tested = envelope_text(_acc(_apply(_set("accept.load.slo_rps", 24.0))).load)
     assert "24 requests/s within the SLO (open loop)" in tested
+
+
+@pytest.mark.parametrize("outcome_mut", [None, _set("profile", None)])
+def test_an_unsigned_decision_the_evidence_would_approve_is_a_draft(outcome_mut: Any) -> None:
+    """"A reviewer has signed the final go-live outcome": unsigned, go_live is a draft, exit 3."""
+    s = _apply(outcome_mut)
+    signed = decide(s)
+    s.signed = False
+    draft = decide(s)
+    if signed.approved:
+        assert not draft.approved and draft.draft and draft.exit_code == 3, draft
+        assert draft.outcome == signed.outcome
+        assert draft.reasons[-1].rule == "signoff.unsigned" and "--sign-key" in draft.reasons[-1].text
+        assert draft.baseline is None and draft.rate_limits == []
+    else:  # not approved anyway: never called a draft, the exit unchanged
+        assert not draft.draft and draft.exit_code == signed.exit_code
