@@ -113,6 +113,14 @@ def load(
     telemetry_url: Annotated[str | None, typer.Option("--telemetry-url", help="A DCGM exporter's /metrics URL: "
                                                       "GPU memory, power and utilisation sampled with the run.")]
     = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=30, help="Run the schedule N times: each figure "
+                                        "gets its spread and 95% interval.")] = 1,
+    warmup: Annotated[float, typer.Option("--warmup", min=0.0, max=86400.0,
+                                          help="Seconds at the start of each timed step left out of its figures.")]
+    = 0.0,
+    cooldown: Annotated[float, typer.Option("--cooldown", min=0.0, max=86400.0,
+                                            help="Seconds at the end of each timed step left out of its figures.")]
+    = 0.0,
     as_json: AsJson = False,
     quiet: Quiet = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
@@ -135,6 +143,7 @@ def load(
         open_loop["e2e_p95_slo_s"] = e2e_slo
     if telemetry_url is not None:
         open_loop["telemetry_url"] = telemetry_url
+    open_loop.update(repeat=repeat, warmup_s=warmup, cooldown_s=cooldown)
     if target_rate is not None:
         open_loop["target_rps"] = target_rate
     loaded = None
@@ -193,5 +202,15 @@ def load(
             if slo.get("margin") is not None:
                 line += f", margin {slo['margin']:+.0%} over {slo['target_rps']:g} req/s"
         lines.insert(2, line)
+    rep = data.get("repeats")
+    if isinstance(rep, dict):
+        parts = []
+        for key, label in (("ceiling", "ceiling"), ("held_concurrency", "held concurrency"),
+                           ("slo_rps", "SLO rate (req/s)")):
+            st = rep["envelope"].get(key)
+            if st:
+                ci = f" (95% interval {st['ci95'][0]:g}-{st['ci95'][1]:g})" if st.get("ci95") else ""
+                parts.append(f"{label} {st['mean']:g} +- {st['stdev'] or 0:g}{ci}")
+        lines.insert(2, f"{rep['n']} runs: " + ("; ".join(parts) or "no envelope figure in every run"))
     print_result(result, as_json=as_json, lines=lines)
     raise typer.Exit(result.exit_code)

@@ -77,6 +77,36 @@ def slo_rate(data: Mapping[str, Any]) -> dict[str, Any]:
             "rate_margin": _num(slo.get("margin"))}
 
 
+def repeat_intervals(data: Mapping[str, Any]) -> dict[str, Any]:
+    """From a repeated load run's ``data.repeats``: the number of runs and the 95% intervals the envelope is
+    judged by: the SLO rate and the highest concurrency held, and the worst TTFT / inter-token / end-to-end
+    p95 interval of the steps that held in every run (their high ends). Empty for a single run."""
+    rep = data.get("repeats")
+    if not isinstance(rep, Mapping) or not _num(rep.get("n")):
+        return {}
+    out: dict[str, list[float]] = {}
+    env: Mapping[str, Any] = rep["envelope"] if isinstance(rep.get("envelope"), Mapping) else {}
+    for key in ("slo_rps", "held_concurrency"):
+        ci = (env.get(key) or {}).get("ci95") if isinstance(env.get(key), Mapping) else None
+        if isinstance(ci, list) and len(ci) == 2 and all(_num(v) is not None for v in ci):
+            out[key] = [float(ci[0]), float(ci[1])]
+    steps: Mapping[str, Any] = rep["steps"] if isinstance(rep.get("steps"), Mapping) else {}
+    for fig in ("ttft_p95_s", "itl_p95_s", "e2e_p95_s"):
+        worst: list[float] | None = None
+        for st in steps.values():
+            if not isinstance(st, Mapping) or st.get("phase") == "long_input" or st.get("phase") == "slo_search":
+                continue
+            if not st.get("verdicts") or any(v != "ok" for v in st["verdicts"]):
+                continue
+            ci = (st.get(fig) or {}).get("ci95") if isinstance(st.get(fig), Mapping) else None
+            if isinstance(ci, list) and len(ci) == 2 and all(_num(v) is not None for v in ci) and (
+                    worst is None or float(ci[1]) > worst[1]):
+                worst = [float(ci[0]), float(ci[1])]
+        if worst is not None:
+            out[fig] = worst
+    return {"repeats": int(rep["n"]), "intervals": out}
+
+
 def traffic_baseline(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """What the accepted load looked like to the server, for ``watch`` to judge live traffic by: the
     prefix-cache hit ratio of the load's own sessions (hits over queries summed over the steps that
@@ -169,6 +199,7 @@ def envelope_gaps(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
             elif rate < p.request_rate_rps:
                 out.append((f"rate: goodput meets the SLO up to {rate:g} requests/s, the profile peaks at "
                             f"{p.request_rate_rps:g}", refs))
+        out += _interval_gaps(ld, p, refs)
         for key, label in (("ttft_p95_s", "TTFT p95"), ("itl_p95_s", "inter-token p95"),
                            ("e2e_p95_s", "end-to-end p95"), ("error_rate", "error rate")):
             tested, want = ld.slo.get(key), p.slo.get(key)
@@ -187,6 +218,27 @@ def envelope_gaps(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
     if absent:
         where = [ag.ref, *pref] if ag is not None else pref
         out.append((f"agent cases of the profile did not run: {', '.join(absent)} (accept agent --profile)", where))
+    return out
+
+
+def _interval_gaps(ld: LoadEvidence, p: ProfileBrief, refs: list[Ref]) -> list[tuple[str, list[Ref]]]:
+    """A repeated run's figure whose 95% interval crosses the profile's limit: the envelope is not shown to
+    hold, whatever the mean says (docs/decision.md, rule ``envelope.gap``)."""
+    out: list[tuple[str, list[Ref]]] = []
+    iv, n = ld.intervals, ld.repeats or 0
+    rate = iv.get("slo_rps")
+    if rate is not None and p.request_rate_rps is not None and rate[0] < p.request_rate_rps:
+        out.append((f"rate: the SLO rate's 95% interval over {n} runs ({rate[0]:g}-{rate[1]:g} requests/s) reaches "
+                    f"below the profile's {p.request_rate_rps:g}", refs))
+    conc = iv.get("held_concurrency")
+    if conc is not None and conc[0] < p.concurrency:
+        out.append((f"concurrency: the held concurrency's 95% interval over {n} runs ({conc[0]:g}-{conc[1]:g}) "
+                    f"reaches below the profile's {p.concurrency}", refs))
+    for key, label in (("ttft_p95_s", "TTFT p95"), ("itl_p95_s", "inter-token p95"), ("e2e_p95_s", "end-to-end p95")):
+        ci, limit = iv.get(key), p.slo.get(key)
+        if ci is not None and limit is not None and ci[1] > limit:
+            out.append((f"SLO: the held steps' {label} 95% interval over {n} runs ({ci[0]:g}-{ci[1]:g} s) crosses "
+                        f"the profile's {limit:g} s", refs))
     return out
 
 

@@ -701,3 +701,19 @@ def test_an_unsigned_decision_the_evidence_would_approve_is_a_draft(outcome_mut:
         assert draft.baseline is None and draft.rate_limits == []
     else:  # not approved anyway: never called a draft, the exit unchanged
         assert not draft.draft and draft.exit_code == signed.exit_code
+
+
+def test_an_interval_that_crosses_the_profile_limit_is_a_gap() -> None:
+    # The healthy evidence's mean held (64 concurrent, TTFT within 2 s) but over 5 runs the intervals reach past.
+    d = decide(_apply(_chain(_set("accept.load.repeats", 5),
+                             _set("accept.load.intervals", {"held_concurrency": [48.0, 70.0],
+                                                            "ttft_p95_s": [1.2, 2.6], "itl_p95_s": [0.05, 0.08]}))))
+    gaps = [r.text for r in d.reasons if r.rule == "envelope.gap"]
+    assert any("held concurrency's 95% interval over 5 runs (48-70) reaches below the profile's 64" in g
+               for g in gaps), gaps
+    assert any("TTFT p95 95% interval over 5 runs (1.2-2.6 s) crosses the profile's 2 s" in g for g in gaps), gaps
+    assert not any("inter-token" in g for g in gaps) and d.outcome != "go_live"
+    inside = decide(_apply(_chain(_set("accept.load.repeats", 5),
+                                  _set("accept.load.intervals", {"held_concurrency": [64.0, 64.0],
+                                                                 "ttft_p95_s": [1.2, 1.8]}))))
+    assert not [r for r in inside.reasons if r.rule == "envelope.gap"]

@@ -76,6 +76,12 @@ class LoadOptions(BaseModel):
     search_high_rps: float | None = Field(default=None, gt=0, le=10000)
     search_steps: int = Field(default=6, ge=1, le=30)
     search_precision: float = Field(default=0.05, gt=0, le=1)
+    # Repeated runs (docs/acceptance-load.md "Repeated runs"): the schedule runs this many times, each figure
+    # gets its spread and 95% interval; the bounds above hold for each run. A timed step's figures leave out
+    # the requests started in its first warmup_s and its last cooldown_s seconds (errors always count).
+    repeat: int = Field(default=1, ge=1, le=30)
+    warmup_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
+    cooldown_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
     # GPU telemetry: a DCGM exporter's /metrics URL, read with every sample (docs/acceptance-load.md "GPU
     # telemetry"); none: the run has no GPU curves and says so.
     telemetry_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2048)
@@ -100,6 +106,11 @@ class LoadOptions(BaseModel):
             raise ValueError("arrival closed needs max_concurrency (the sessions that pace the rate)")
         if (self.search_low_rps and self.search_high_rps and self.search_low_rps >= self.search_high_rps):
             raise ValueError("search_low_rps must be below search_high_rps")
+        shortest = min([*([self.step_s] if "agent_ramp" in self.phases else []),
+                        *([self.sustained_s / 3] if "sustained" in self.phases else []),
+                        *([self.rate_step_s] if any(p in self.phases for p in OPEN_LOOP) else [])], default=None)
+        if shortest is not None and self.warmup_s + self.cooldown_s >= shortest:
+            raise ValueError(f"warmup_s + cooldown_s must leave part of the shortest timed step ({shortest:g} s)")
         if len(set(self.phases)) != len(self.phases):
             raise ValueError("a phase is named twice")
         return self

@@ -190,7 +190,8 @@ class OpenLoop:
              state: dict[str, int]) -> dict[str, Any]:
         run, opts = self.run, self.opts
         row = run.curve.row(phase, label, opts.max_concurrency or state["peak"], shots, t_start, opts.rate_step_s)
-        good = goodput(shots, opts.ttft_p95_slo_s, opts.itl_p95_slo_s, opts.e2e_p95_slo_s)
+        kept = run.curve.measured(shots, t_start, opts.rate_step_s)
+        good = goodput(kept, opts.ttft_p95_slo_s, opts.itl_p95_slo_s, opts.e2e_p95_slo_s)
         lags = [s.lag for s in shots if s.lag is not None]
         lag_p50, lag_p99 = percentile(lags, 50), percentile(lags, 99)
         row.update({
@@ -198,7 +199,7 @@ class OpenLoop:
             "max_concurrency": opts.max_concurrency, "offered": state["offered"],
             "offered_rps": round(state["offered"] / opts.rate_step_s, 3), "in_flight_max": state["peak"],
             "goodput": None if good is None else round(good, 4),
-            "goodput_rps": None if good is None else round(good * len(shots) / max(row["duration_s"], 1e-9), 3),
+            "goodput_rps": None if good is None else round(good * len(kept) / max(row["duration_s"], 1e-9), 3),
             "arrival_lag_p50_s": None if lag_p50 is None else round(lag_p50, 5),
             "arrival_lag_p99_s": None if lag_p99 is None else round(lag_p99, 5),
         })

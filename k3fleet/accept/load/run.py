@@ -15,6 +15,7 @@ from k3fleet.accept.load.options import OPEN_LOOP, LoadObserver, LoadOptions
 from k3fleet.accept.load.outcome import Report
 from k3fleet.accept.load.prompts import TOOLS, filler, plain_body
 from k3fleet.accept.load.rate import MAX_IN_FLIGHT, OpenLoop
+from k3fleet.accept.load.repeats import combine
 from k3fleet.accept.load.shots import Budget, Shot, Tally
 from k3fleet.accept.load.steps import Curve
 from k3fleet.accept.load.transport import Transport, endpoint_kind
@@ -272,4 +273,9 @@ async def run_load(endpoint: Endpoint, opts: LoadOptions, observer: LoadObserver
     model) raises :class:`EndpointError`; everything after it is measured and returned. ``stop`` (set
     from a signal handler) ends the run early with what was measured; ``recorder`` (``snapshot(window,
     raw)``) receives raw /metrics pages at the start, after each phase and at the end."""
-    return await LoadRun(endpoint, opts, observer or LoadObserver(), stop, recorder).execute()
+    obs = observer or LoadObserver()
+    results = [await LoadRun(endpoint, opts, obs, stop, recorder).execute()]
+    while len(results) < opts.repeat and not results[-1].data.get("interrupted") and not (stop and stop.is_set()):
+        obs.note(f"run {len(results) + 1} of {opts.repeat}")
+        results.append(await LoadRun(endpoint, opts, obs, stop, recorder).execute())
+    return combine(results) if opts.repeat > 1 else results[0]
