@@ -402,6 +402,9 @@ class EvidenceSummary(_Model):
     rollback_owner: str | None = None
     profile: ProfileBrief | None = None
     policy: Policy = Field(default_factory=Policy)
+    signed: bool = Field(default=False, description="the decision is signed (decide --sign-key): an approval "
+                                                    "needs it; unsigned, a decision that would be approved is "
+                                                    "a draft (docs/decision.md)")
 
 
 # -- what the decision returns ---------------------------------------------------------------------
@@ -465,6 +468,8 @@ class Decision(_Model):
     outcome: Outcome
     approved: bool
     exit_code: int
+    draft: bool = Field(default=False, description="the evidence would approve it, but nobody signed it: not an "
+                                                   "approval until decide runs with --sign-key")
     track: Track
     reasons: list[Reason]
     limits: list[Limit] = Field(default_factory=list)

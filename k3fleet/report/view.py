@@ -127,6 +127,7 @@ class ReportView:
     meta: list[tuple[str, str]] = field(default_factory=list)
     outcome: str | None = None
     approved: bool | None = None
+    draft: bool = False
     exit_code: int | None = None
     reasons: list[dict[str, Any]] = field(default_factory=list)
     limits: list[dict[str, Any]] = field(default_factory=list)
@@ -543,10 +544,15 @@ def _owner_text(entry: Any) -> str | None:
     return f"{entry.owner}, by {entry.deadline}; rollback: {entry.rollback}" if entry is not None else None
 
 
+def approval_words(approved: bool, draft: bool) -> str:
+    """How every view says a decision's approval: a draft (unsigned) is never read as approved."""
+    return "approved" if approved else "DRAFT: unsigned, not approved" if draft else "NOT approved"
+
+
 def decision_view(d: Any, s: Any, run: str, curves: Sequence[dict[str, Any]] = ()) -> ReportView:
-    approval = "approved" if d.approved else "NOT approved"
+    approval = approval_words(d.approved, d.draft)
     view = ReportView(kind="decision", run=run, title=f"k3fleet decision: {d.outcome} ({approval})",
-                      outcome=d.outcome, approved=d.approved, exit_code=d.exit_code)
+                      outcome=d.outcome, approved=d.approved, exit_code=d.exit_code, draft=d.draft)
     view.meta += [("reviewer", f"{d.reviewer or '?'} at {d.reviewed_at or '?'}"), ("track", d.track),
                   ("target", f"{s.target.name} ({s.target.image})")]
     if d.service_owner:

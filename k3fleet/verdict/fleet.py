@@ -51,12 +51,73 @@ from k3fleet.models.findings import (
 )
 from k3fleet.models.target import Target, is_multi_node
 from k3fleet.verdict import all2all
-from k3fleet.verdict.catalogue import CHECKS
+from k3fleet.verdict.check import Check, check, registered
 from k3fleet.verdict.intake import Intake, gc_paused
 from k3fleet.verdict.plan import HostEval, build_plan
 from k3fleet.verdict.rules import CompiledTarget, HostContext, RuleCache, host_rails, rule_key
 
 _NO_HOSTS: Mapping[str, str] = MappingProxyType({})
+# The catalogue entries of the fleet-scope checks this module emits (docs/architecture.md "Adding a check").
+CHECKS: tuple[Check, ...] = (
+    check("fleet.driver_drift", "One driver version across the fleet",
+          "Mixed driver versions make failures host-dependent and can break cross-node NCCL.",
+          "warning",
+          "Bring every host to {target_version} in the change night.",
+          scope="fleet",
+          source='docs/facts.md section 2'),
+    check("fleet.image_digest_drift", "One image build across the fleet",
+          "The same tag can point at different builds on different hosts; every host must run one digest.",
+          "error",
+          "Pull the image by digest on every host (pin image.digest in the target).",
+          scope="fleet",
+          source='docs/facts.md section 1'),
+    check("fleet.nccl_drift", "Consistent NCCL settings",
+          "NCCL settings that differ between hosts give hangs or slow collectives that are hard to trace.",
+          "warning",
+          "Distribute one /etc/nccl.conf (or one serving environment) to every host.",
+          scope="fleet",
+          source='docs/facts.md section 6'),
+    check("fleet.rdma_rail_drift", "Same RDMA rail count on every host",
+          "Hosts with fewer rails drag every collective down to their bandwidth.",
+          "warning",
+          "Repair or exclude hosts with missing rails.",
+          scope="fleet",
+          source='docs/facts.md section 6'),
+    check("fleet.strategy", "Serving strategy fits the GPUs' memory",
+          "One node must hold the model's weights ({weights_memory}) to serve single-node; otherwise every "
+          "instance spans nodes, which needs more GPUs and RDMA on every node.",
+          "warning",
+          "Set gpus.strategy: auto (or a multi_node_* strategy) in the target; if the weights figure is wrong "
+          "for your checkpoint, correct gpus.weights_memory.gb.",
+          scope="fleet",
+          source='docs/facts.md section 1 (MXFP4 weights about 1680 GB, unconfirmed; GPUs per strategy)'),
+    check("fleet.capacity", "Enough healthy GPUs",
+          "The serving strategy ({strategy}) needs a minimum number of GPUs that pass the checks.",
+          "error",
+          "Fix failing hosts or add nodes until the healthy GPU count reaches the minimum.",
+          scope="fleet",
+          source='docs/facts.md section 1 (Kimi K3 recipe: GPUs per strategy, 32 on H100)'),
+    check("fleet.all2all_topology", "All-to-all backend fits the interconnect",
+          "The expert-parallel all-to-all backend the serving command names (--all2all-backend, formerly "
+          "VLLM_ALL2ALL_BACKEND) needs its transport on every node of the serving group: the DeepEP backends "
+          "(deepep_v2) RDMA with every rail Active and nvidia_peermem or DMA-BUF, the FlashInfer NVLink backends "
+          "(flashinfer_nvlink_one_sided) one NVLink fabric spanning the nodes. Without it the engine fails at "
+          "start-up or runs on a fallback: the environment must be rebuilt.",
+          "error",
+          "Give every serving node the backend's transport (rails up, nvidia_peermem or DMA-BUF; or one NVLink "
+          "domain with Fabric Manager and IMEX), leave the hosts without it out of the serving group, or choose the "
+          "backend the interconnect has (deepep_v2 over RDMA, flashinfer_nvlink_one_sided on MNNVL).",
+          scope="fleet",
+          source='docs/facts.md section 15 (vLLM expert parallel deployment: --all2all-backend, DeepEP over RDMA, '
+          'FlashInfer over multi-node NVLink: one ClusterUUID and clique, IMEX ready on every node)'),
+    check("target.unconfirmed", "Verdict relied on unconfirmed data",
+          "Some CUDA -> driver matrix rows are not confirmed by the primary source.",
+          "info",
+          "Confirm the row against NVIDIA's release notes and set confirmed: true in the matrix file.",
+          scope="fleet",
+          source='docs/facts.md section 2 (rows marked confirmed: false)'),
+)
+
 # Drift evidence names at most this many outlying hosts: a 10,000-host report stays readable.
 MAX_LISTED = 50
 
@@ -80,7 +141,7 @@ class _Fleet:
 
     def add(self, check_id: str, message: str, evidence: dict[str, Any], *, severity: Severity | None = None,
             chain: bool = False) -> None:
-        sev: Severity = severity or CHECKS[check_id].severity
+        sev: Severity = severity or registered(check_id).severity
         self.out.append(Finding(
             check_id=check_id, severity=sev, kind="note" if sev == "info" else "fail",
             host=None, message=message, evidence=evidence, fix=self.ct.fix[check_id], chain=chain))
@@ -120,7 +181,7 @@ def _drift(groups: list[_Group], fl: _Fleet) -> None:
                 nccl = nccl_groups[id(f.nccl)] = (tuple(s[k].value if k in s else "<unset>" for k in keys), [])
             nccl[1].append(names)
 
-    for check, values, what in (
+    for check_id, values, what in (
         ("fleet.driver_drift", versions, "driver versions"),
         ("fleet.image_digest_drift", images, "image builds (digest or id)"),
         ("fleet.rdma_rail_drift", rail_counts, "RDMA rail counts"),
@@ -130,7 +191,7 @@ def _drift(groups: list[_Group], fl: _Fleet) -> None:
             counter[value] += len(names)
         if len(counter) > 1:
             majority = min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-            fl.add(check, f"{len(counter)} {what} across {counter.total()} hosts: {_spread(counter)}",
+            fl.add(check_id, f"{len(counter)} {what} across {counter.total()} hosts: {_spread(counter)}",
                    {"values": dict(counter.most_common(20)), "majority": majority,
                     **_outliers([names for value, names in values if value != majority])})
 

@@ -90,7 +90,7 @@ def healthy() -> EvidenceSummary:
                                                  model="moonshotai/Kimi-K3", startup=startup, prefix_cache=pc,
                                                  agent=agent, load=load),
                            reviewer="carol", reviewed_at="2026-11-30T12:00:00+00:00", service_owner="serving-team",
-                           rollback_owner="erin", profile=PROFILE.model_copy(deep=True),
+                           rollback_owner="erin", profile=PROFILE.model_copy(deep=True), signed=True,
                            runs=[RunInfo(label="accept-1", kind="accept", path="/runs/accept-1", user="alice"),
                                  RunInfo(label="audit-1", kind="audit", path="/runs/audit-1", user="alice")],
                            owners=OwnersFile(limits={k: OwnerEntry(**LIMIT_OWNER) for k in LIMIT_KINDS}),
@@ -666,3 +666,19 @@ def test_the_reader_takes_the_oom_records_the_load_probe_writes(tmp_path: Path) 
     bad = ProbeResult(probe="load", status="fail", reason="OOM", data={"oom_records": [{"t_s": "soon"}]})
     with pytest.raises(UsageError, match=r"load.json: data.oom_records.0.t_s"):
         _load_evidence(RunReader(tmp_path, "accept-1"), bad, ref)
+
+
+@pytest.mark.parametrize("outcome_mut", [None, _set("profile", None)])
+def test_an_unsigned_decision_the_evidence_would_approve_is_a_draft(outcome_mut: Any) -> None:
+    """"A reviewer has signed the final go-live outcome": unsigned, go_live is a draft, exit 3."""
+    s = _apply(outcome_mut)
+    signed = decide(s)
+    s.signed = False
+    draft = decide(s)
+    if signed.approved:
+        assert not draft.approved and draft.draft and draft.exit_code == 3, draft
+        assert draft.outcome == signed.outcome
+        assert draft.reasons[-1].rule == "signoff.unsigned" and "--sign-key" in draft.reasons[-1].text
+        assert draft.baseline is None and draft.rate_limits == []
+    else:  # not approved anyway: never called a draft, the exit unchanged
+        assert not draft.draft and draft.exit_code == signed.exit_code
