@@ -77,7 +77,11 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         stopped = self.play.interrupted or (self.pairs is not None and self.pairs.interrupted)
-        return combine(int(self.verdict.exit_code), EXIT_INCOMPLETE if self.invalid or stopped else EXIT_OK)
+        if stopped:
+            # Stopped by a signal (Ctrl-C, SIGTERM, SIGHUP): the verdict rests on the hosts that
+            # answered before the stop, so the run says it was interrupted, whatever they found.
+            return EXIT_INCOMPLETE
+        return combine(int(self.verdict.exit_code), EXIT_INCOMPLETE if self.invalid else EXIT_OK)
 
 
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[

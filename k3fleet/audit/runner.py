@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -28,6 +29,7 @@ from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_JSON_KEY, RESULT_KEY
 from k3fleet.audit.inventory import load_inventory
+from k3fleet.audit.playprocs import PLAY_ENV, new_token, stop_play
 from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
 from k3fleet.evidence.reader import RunReader
@@ -91,6 +93,8 @@ class PlayResult:
     cpu_s: float = 0.0
     interrupted: bool = False
     stderr_tail: str = ""
+    # Processes of the play still running when it ended, stopped then (workers, ssh masters).
+    stopped_processes: int = 0
 
     def last(self, host: str) -> HostOutcome | None:
         outs = self.hosts.get(host)
@@ -334,6 +338,10 @@ def run_playbook(
     if once and strategy == FLEET_STRATEGY:
         ours["ANSIBLE_STRATEGY"] = FLEET_STRATEGY
     ours["PATH"] = _ansible_playbook_on_path()
+    # Every process the play starts inherits this: when the play ends, however it ends, what is left
+    # of it is found by it and stopped (k3fleet.audit.playprocs).
+    token = new_token()
+    ours[PLAY_ENV] = token
     unchecked = sorted(inv.hosts) if not host_key_checking else sorted(inv.host_key_opt_outs)
     evidence = _evidence_dir(artifacts_to, artifacts_name)
     if evidence is not None:
@@ -354,6 +362,11 @@ def run_playbook(
 
     observer.play_started(playbook, hosts)
     started, cpu0 = time.monotonic(), _children_cpu()
+    if cancel.is_set():
+        # Stopped before the play began: start nothing.
+        result.interrupted, result.status = True, "canceled"
+        observer.play_finished(result)
+        return result
     _sweep_private_dirs()
     # mkdtemp: mode 0700, a fresh name; ansible-runner's command record holds the environment.
     with tempfile.TemporaryDirectory(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-") as private:
@@ -382,7 +395,12 @@ def run_playbook(
             # the inventory and on PATH mean what they say (ansible-runner would use its private dir).
             r.config.cwd = os.getcwd()
             runner_cmd = list(r.config.command or [])
-            r.run()
+            try:
+                r.run()
+            finally:
+                # ansible-runner kills only the play's process group; its workers are sessions of
+                # their own. A second Ctrl-C lands here with the play itself still running.
+                result.stopped_processes = len(stop_play_uninterrupted(token))
         except KeyboardInterrupt:
             result.interrupted = True
             result.status = "canceled"
@@ -408,6 +426,7 @@ def run_playbook(
                 "playbook": playbook, "inventory": str(inventory), "limit": limit, "check": check, "forks": forks,
                 "argv": _argv_evidence(runner_cmd, private), "status": result.status, "rc": result.rc,
                 "wall_s": round(result.wall_s, 3), "host_key_checking": host_key_checking,
+                "stopped_processes": result.stopped_processes,
                 "host_key_unchecked_hosts": unchecked,
                 "strategy": strategy or "configured default",
                 "ssh_master_connections": not once,
@@ -417,6 +436,19 @@ def run_playbook(
 
 
 _PRIVATE_PREFIX = "k3fleet-runner-"
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def stop_play_uninterrupted(token: str) -> list[int]:
+    """``stop_play`` with the stop signals held back until it is done (a few seconds at most): one
+    more Ctrl-C must not leave half the play's workers running."""
+    if threading.current_thread() is not threading.main_thread():
+        return stop_play(token)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return stop_play(token)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _sweep_private_dirs() -> None:

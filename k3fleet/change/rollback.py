@@ -18,10 +18,13 @@ from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts, refuse_simulated
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
+from k3fleet.change.interrupt import signal_name
 from k3fleet.change.journal import (
     HostHistory,
     Journal,
     JournalEntry,
+    journal_now,
+    mark_interrupted,
     read_journal,
     replay,
     replay_journal,
@@ -232,6 +235,15 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
                 failure = f"held by change {h.held_by}: not touched by this rollback"
             result.hosts[host] = {"outcome": outcome, "from": str(journal.path), "stages": stages,
                                   "failure": failure, "returned_to_service": _returned(h)}
+        if play.interrupted and not opts.check:
+            # Where each host was when the signal came, in the source journal (and the rollback's copy).
+            marks = mark_interrupted(
+                journal.path, replay([*journal.entries, *mine]), list(src.hosts), run=rd.path.name,
+                signal=signal_name(cancel), during="rollback", now=journal_now(),
+                next_step=f"k3fleet rollback --run {journal.path.parent} (it is idempotent)")
+            for line in marks:
+                rd.append_jsonl(layout.JOURNAL, line)
+                result.hosts[str(line["host"])]["interrupted"] = {"stage": line["stage"], **line["interrupted"]}
         # The source run's journal grew by the rollback's lines: its manifest says so again.
         RunDir(journal.path.parent).write_manifest()
         if play.interrupted:

@@ -81,6 +81,9 @@ def decide(
     if result.signer is not None:
         err.print(f"signed: {result.signer.key_type} key {result.signer.fingerprint} (namespace k3fleet-evidence)",
                   markup=False)
+    elif d.draft:
+        err.print(f"DRAFT: the evidence supports {d.outcome}, but go-live needs a reviewer's signature: run decide "
+                  "again with --sign-key KEY (exit 3 until then)", markup=False)
     else:
         err.print("unsigned: verify-evidence will not call it trusted; sign with --sign-key KEY", markup=False)
     raise typer.Exit(d.exit_code)
@@ -89,12 +92,13 @@ def decide(
 def _print_decision(d: object) -> None:
     from k3fleet.decide.models import Decision
     from k3fleet.report.terminal import outcome_style
+    from k3fleet.report.view import approval_words
 
     assert isinstance(d, Decision)
     # The outcome first, then what is not proven and who owns it; the whole checklist (detail,
     # evidence) is in the run directory (checklist.json, report.md), not 150 lines here.
     style = outcome_style(d.outcome)
-    approval = "approved" if d.approved else "NOT approved"
+    approval = approval_words(d.approved, d.draft)
     out.print(f"decision: [{style}]{d.outcome}[/{style}] ({approval}, exit {d.exit_code})")
     for r in d.reasons:
         # One line each: a rule naming 700 hosts is cut here, whole in report.md.

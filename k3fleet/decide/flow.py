@@ -212,7 +212,8 @@ def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> Eviden
         reviewer=validate_name(opts.reviewer, "--reviewer"), reviewed_at=reviewed_at,
         service_owner=validate_name(opts.owner, "--owner"), policy=opts.policy,
         second_reviewer=validate_name(opts.second_reviewer, "--second-reviewer"),
-        rollback_owner=validate_name(opts.rollback_owner, "--rollback-owner"), profile=profile)
+        rollback_owner=validate_name(opts.rollback_owner, "--rollback-owner"), profile=profile,
+        signed=opts.sign_key is not None)
     _refuse_mixed_tracks(summary, src)
     return summary
 

@@ -238,6 +238,17 @@ class LoadEvidence(_Model):
     sustained_concurrency: int | None = None
     slo: dict[str, float] = Field(default_factory=dict, description="ttft_p95_s, itl_p95_s, error_rate the "
                                                                     "steps were judged by")
+    # Open loop (docs/acceptance-load.md "Open-loop arrivals"): the rates that held and the SLO search's answer.
+    held_rps: float | None = Field(default=None, description="highest open-loop rate whose goodput met the target")
+    failed_rps: float | None = Field(default=None, description="lowest open-loop rate whose goodput missed it")
+    slo_rps: float | None = Field(default=None, description="the SLO search's highest rate meeting the SLO")
+    slo_rps_upper: float | None = Field(default=None, description="the lowest rate the search saw miss the SLO")
+    rate_margin: float | None = Field(default=None, description="slo_rps over the profile's request rate, minus 1")
+    # Repeated runs (docs/acceptance-load.md "Repeated runs"): how many, and the 95% interval of each figure
+    # the envelope is judged by (slo_rps, held_concurrency, and the held steps' worst ttft_p95_s, itl_p95_s,
+    # e2e_p95_s).
+    repeats: int | None = None
+    intervals: dict[str, list[float]] = Field(default_factory=dict)
     traffic: dict[str, float] = Field(default_factory=dict, description="the held steps' real traffic: hit ratio, "
                                                                         "latency, queue, rate (watch's baseline)")
     findings: list[Fact] = Field(default_factory=list)
@@ -353,6 +364,7 @@ class ProfileBrief(_Model):
 
     name: str
     concurrency: int
+    request_rate_rps: float | None = None
     context_typical: int
     context_p99: int
     context_max: int
@@ -399,6 +411,9 @@ class EvidenceSummary(_Model):
     rollback_owner: str | None = None
     profile: ProfileBrief | None = None
     policy: Policy = Field(default_factory=Policy)
+    signed: bool = Field(default=False, description="the decision is signed (decide --sign-key): an approval "
+                                                    "needs it; unsigned, a decision that would be approved is "
+                                                    "a draft (docs/decision.md)")
 
 
 # -- what the decision returns ---------------------------------------------------------------------
@@ -462,6 +477,8 @@ class Decision(_Model):
     outcome: Outcome
     approved: bool
     exit_code: int
+    draft: bool = Field(default=False, description="the evidence would approve it, but nobody signed it: not an "
+                                                   "approval until decide runs with --sign-key")
     track: Track
     reasons: list[Reason]
     limits: list[Limit] = Field(default_factory=list)

@@ -19,7 +19,7 @@ from k3fleet.accept.result import result_from_json
 from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
-from k3fleet.decide.envelope import held_envelope, traffic_baseline
+from k3fleet.decide.envelope import held_envelope, repeat_intervals, slo_rate, traffic_baseline
 from k3fleet.decide.models import (
     AcceptEvidence,
     AgentCase,
@@ -355,7 +355,7 @@ def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
     envelope: dict[str, Any] = d["envelope"] if isinstance(d.get("envelope"), dict) else {}
     options = d.get("options")
     held = held_envelope(points, options if isinstance(options, dict) else {})
-    return LoadEvidence(**held,
+    return LoadEvidence(**held, **slo_rate(d), **repeat_intervals(d),
         ref=ref, status=result.status, reason=result.reason, outcome=d.get("outcome"), ceiling=_int(d.get("ceiling")),
         envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,

@@ -40,6 +40,8 @@ from k3fleet.decide.models import (
 from k3fleet.evidence import layout
 
 # Rules that block only because something is not shown yet (exit 3, not 1): more evidence can lift them.
+# The reason a decision the evidence would approve carries while it is unsigned (exit 3, a draft).
+UNSIGNED_RULE = "signoff.unsigned"
 NOT_DEFINITE = frozenset({"evidence.missing", "envelope.gap", "limits.unowned"})
 
 
@@ -513,6 +515,15 @@ def decide(summary: EvidenceSummary) -> Decision:
                               text=f"every checklist item passes ({len(items)} items) and no rule fired",
                               evidence=[r for i in items for r in i.evidence][:1]))
     approved = not blocked and outcome in APPROVABLE_OUTCOMES
+    # "A reviewer has signed the final go-live outcome": what the evidence would approve is a draft
+    # until it is signed, never an exit 0 (docs/decision.md "Drafts").
+    draft = approved and not summary.signed
+    if draft:
+        approved = False
+        reasons.append(Reason(rule=UNSIGNED_RULE, outcome=outcome, approval="blocks",
+                              text=f"draft: the evidence supports {outcome}, but the decision is unsigned; "
+                                   "run decide again with --sign-key KEY to approve it",
+                              evidence=[]))
     exit_code = EXIT_OK if approved else EXIT_FAILED if definite else EXIT_INCOMPLETE
 
     warnings = triage_outside_audit(summary)
@@ -522,7 +533,8 @@ def decide(summary: EvidenceSummary) -> Decision:
                         f"another profile ({summary.accept.profile_name if summary.accept else '?'}) than the one "
                         f"decided against ({summary.profile.name})")
     return Decision(
-        outcome=outcome, approved=approved, exit_code=exit_code, track="custom" if is_custom(summary) else "official",
+        outcome=outcome, approved=approved, exit_code=exit_code, draft=draft,
+        track="custom" if is_custom(summary) else "official",
         reasons=reasons, limits=limits, missing=missing, warnings=warnings,
         checklist=items, reviewer=summary.reviewer,
         reviewed_at=summary.reviewed_at, service_owner=summary.service_owner,

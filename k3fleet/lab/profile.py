@@ -156,6 +156,7 @@ class GpuHealthSpec(_Spec):
     clock_events: list[ClockEvent] = Field(default_factory=list)
     pcie_gen: int | None = Field(default=None, ge=1, le=6, description="current generation; None: the maximum")
     pcie_width: int | None = Field(default=None, ge=1, le=16, description="current width; None: x16")
+    nvlink_inactive: list[int] = Field(default_factory=list, description="NVLink links nvlink -s prints <inactive>")
     gpus: list[int] | None = None
 
 
@@ -182,6 +183,11 @@ class GpuSpec(_Spec):
     pci_bus_ids: list[str] | None = None
     # Memory in use on a GPU no process holds (driver contexts); processes add theirs.
     memory_used_mib: int = Field(default=0, ge=0)
+    # What the driver keeps for itself, printed as "Reserved" beside "Used" (a real idle H200 on R580:
+    # 616 MiB; docs/facts.md section 14).
+    memory_reserved_mib: int = Field(default=616, ge=0)
+    # NVLink links per GPU; None: 18 on an NVSwitch board or an NVLink rack (NVLink 4 and 5), else none.
+    nvlinks: int | None = Field(default=None, ge=0, le=36)
     processes: list[GpuProcessSpec] = Field(default_factory=list)
     fabric_health: FabricHealthSpec | None = None
     health: GpuHealthSpec | None = None

@@ -115,6 +115,8 @@ class GpuEcc(_Model):
     mode: Literal["enabled", "disabled"] | None = None
     volatile_uncorrected: int | None = Field(default=None, description="since the last driver load")
     aggregate_uncorrected: int | None = Field(default=None, description="lifetime (persists across reboots)")
+    volatile_corrected: int | None = Field(default=None, description="correctable errors since the last driver load")
+    aggregate_corrected: int | None = Field(default=None, description="correctable errors over the GPU's life")
     reason: str | None = Field(default=None, description="why the counts are unknown (N/A, not supported)")
 
 
@@ -144,6 +146,21 @@ class GpuPcieLink(_Model):
     gen_max: int | None = None
     width_current: int | None = None
     width_max: int | None = None
+    replay_counter: int | None = Field(default=None, description="PCIe replays since the driver loaded")
+    reason: str | None = None
+
+
+class GpuNvlink(_Model):
+    """NVLink links of one GPU (docs/facts.md section 14): ``links`` 0 means the GPU has none (NVML
+    answers "not supported" on link 0, ``nvidia-smi nvlink -s`` prints nothing): "no links", not
+    "healthy links". None: not read."""
+
+    links: int | None = None
+    active: list[int] = Field(default_factory=list)
+    inactive: list[int] = Field(default_factory=list)
+    errors: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="link -> replay, recovery, crc_flit, crc_data counters")
+    source: str | None = Field(default=None, description="nvml or nvidia-smi")
     reason: str | None = None
 
 
@@ -186,7 +203,12 @@ class Gpu(_Model):
     # zero UUID. None: not reported or not read (docs/facts.md section 15).
     fabric_cluster_uuid: str | None = None
     fabric_clique_id: int | None = None
+    # Used as the driver means it: without the driver's reserved memory (NVML's v2 memory call,
+    # nvidia-smi's "Used"); with memory_source "nvml_v1" the figure includes the reserved memory.
     memory_used_mib: int | None = None
+    memory_reserved_mib: int | None = None
+    memory_source: Literal["nvml_v2", "nvml_v1", "nvidia-smi"] | None = None
+    nvlink: GpuNvlink | None = None
     # None: not read (the call is missing or refused); []: no compute process on the GPU.
     processes: list[GpuProcess] | None = None
     # GPU health (schema 1.1); None: not read by this collector (older facts) or not captured.

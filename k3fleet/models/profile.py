@@ -64,6 +64,8 @@ class Slo(_Strict):
     ttft_p95_s: float = Field(gt=0, le=3600, description="time to first token, 95th percentile, seconds")
     itl_p95_s: float = Field(gt=0, le=3600, description="inter-token latency, 95th percentile, seconds")
     error_rate: float = Field(default=0.01, ge=0, le=1, description="share of requests that may fail")
+    e2e_p95_s: float | None = Field(default=None, gt=0, le=86400, description="end-to-end request time, 95th "
+                                                                             "percentile, seconds (optional)")
 
 
 def _one_line_each(values: list[str], what: str, limit: int, forbidden: str) -> list[str]:
@@ -103,6 +105,9 @@ class ProductionProfile(_Strict):
     sustained_s: float = Field(gt=0, le=_DAY, description="how long the peak lasts, seconds: the sustained "
                                                            "run must last at least this long")
     slo: Slo
+    request_rate_rps: float | None = Field(default=None, gt=0, le=10000,
+                                           description="expected peak request rate (requests/s, optional): the "
+                                                       "open-loop SLO search must find a rate at least this high")
     tools: list[str] = Field(default_factory=list, max_length=64,
                              description="files (JSON or YAML, relative to the profile) with the production tool "
                                          "definitions: a list of OpenAI tools or functions")

@@ -16,7 +16,7 @@ from typing import Any
 from k3fleet.contracts import OUTCOME_STATUS
 from k3fleet.report.escapes import safe_html as escape
 from k3fleet.report.plan import package_groups, plan_lines, plan_title
-from k3fleet.report.view import STATUS_ORDER, Chart, GpuHost, HeatMap, ReportView, plain_number
+from k3fleet.report.view import STATUS_ORDER, Chart, GpuHost, HeatMap, ReportView, approval_words, plain_number
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
@@ -317,7 +317,8 @@ def render_html(view: ReportView) -> str:
     verdict = ""
     if view.outcome is not None:
         approval = ("" if view.approved is None else
-                    _badge("approved", "s") if view.approved else '<span class="badge s-fail">NOT approved</span>')
+                    _badge("approved", "s") if view.approved else
+                    f'<span class="badge s-fail">{escape(approval_words(False, view.draft))}</span>')
         verdict = (f'<div class="verdict" id="decision" data-outcome="{escape(view.outcome)}" '
                    f'data-approved="{str(view.approved).lower()}">{_outcome_badge(view.outcome)}{approval}'
                    f'<span>exit code {view.exit_code}</span></div>')

@@ -472,6 +472,7 @@ def test_redact_text_new_shapes(text: str, kept: str) -> None:
 @pytest.mark.parametrize(
     "text",
     ["the api key is missing", "bearer token expired", "sign with --sign-key KEY", "--api-key $VLLM_API_KEY",
+     "(sign with k3fleet decide --sign-key KEY)", "[give --api-key KEY].", "token=<token>;",
      "{'api_key': None, 'max_tokens': 5}", "max_tokens=5 prompt_tokens=3 cached_tokens=0",
      "non-default args: {'model': '/m', 'tensor_parallel_size': 8, 'enable_prefix_caching': True}",
      "--api-key-env OPENAI_API_KEY --max-num-seqs 256", "host_key_checking=False api_key_env=VLLM_API_KEY",

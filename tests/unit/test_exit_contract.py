@@ -55,9 +55,11 @@ def _audit(verdict_code: int, *, invalid: bool = False, interrupted: bool = Fals
     (EXIT_OK, False, False, EXIT_OK),
     (EXIT_OK, True, False, EXIT_INCOMPLETE),
     (EXIT_OK, False, True, EXIT_INCOMPLETE),
-    # The two combinations that used to exit 3: a failed check beside an invalid host or an interrupted play.
+    # A failed check beside an invalid host is a known no-go (it used to exit 3).
     (EXIT_FAILED, True, False, EXIT_FAILED),
-    (EXIT_FAILED, False, True, EXIT_FAILED),
+    # An interrupted play (Ctrl-C, SIGTERM, SIGHUP) is an interrupted run: its verdict rests on the
+    # hosts that answered before the stop.
+    (EXIT_FAILED, False, True, EXIT_INCOMPLETE),
     (EXIT_INCOMPLETE, True, True, EXIT_INCOMPLETE),
 ])
 def test_audit_combines_verdict_and_evidence(verdict_code: int, invalid: bool, interrupted: bool, want: int) -> None:

@@ -40,6 +40,9 @@ class Shot:
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     rid: str | None = None  # the response's id: an OOM record names the last successful request by it
+    # Open loop: when the request was due (run seconds) and how late its arrival was (seconds).
+    scheduled: float | None = None
+    lag: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:

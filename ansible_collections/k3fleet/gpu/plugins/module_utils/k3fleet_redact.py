@@ -129,6 +129,9 @@ _PLACEHOLDER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[A-Za-z][\w .-]{0,30
 
 
 def _says_nothing(value):
+    # A placeholder that closes the sentence around it ("(sign with --sign-key KEY)") is still one:
+    # the closing bracket or stop is prose, not part of a value.
+    value = value.rstrip(")]}.,;:") or value
     return value in _EMPTY_VALUES or _PLACEHOLDER.fullmatch(value) is not None
 
 

@@ -56,6 +56,12 @@ COMMANDS = {
     # docs/facts.md sections 2 and 12); the per-GPU blocks of the full output carry the NVLink
     # "Fabric" state, status and health, "FB Memory Usage" and the running "Processes".
     "nvidia_smi_q": ["nvidia-smi", "-q"],
+    # Used and Reserved memory, asked only of GPUs whose NVML answered the v1 memory call alone (it counts
+    # the driver's reserved memory as used: docs/facts.md section 14).
+    "nvidia_smi_q_memory": ["nvidia-smi", "-q", "-d", "MEMORY"],
+    # Each GPU's NVLink links, up or inactive, where NVML did not answer; nothing at all on GPUs without
+    # NVLink (docs/facts.md section 14).
+    "nvidia_smi_nvlink_status": ["nvidia-smi", "nvlink", "-s"],
     # The kernel log since boot, for the driver's "NVRM: Xid" lines (docs/facts.md section 14): dmesg
     # first; where kernel.dmesg_restrict refuses it, the journal's kernel messages of this boot.
     "dmesg": ["dmesg"],
