@@ -37,7 +37,8 @@ from k3fleet.bounds import read_bounded, read_input
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import RunDir, layout, verify_run
-from k3fleet.evidence.reader import RunReader, RunRecord
+from k3fleet.evidence.reader import RunReader
+from k3fleet.models.evidence import MergeRunRecord, RunRecord
 from k3fleet.models.facts import schema_mismatch
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
@@ -452,18 +453,18 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     play = PlayResult(playbook="audit.yml", status="merged", rc=None, wall_s=wall, interrupted=bool(incomplete))
     result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
     rd.write_json(layout.VERDICT, verdict.model_dump(mode="json"))
-    rd.write_json(layout.RUN, {
-        "status": "merged",
-        "slices": sources,
-        "incomplete_slices": incomplete,
-        "hosts_total": len(merged.chosen),
-        "hosts_with_facts": len(facts),
-        "unreachable": unreachable,
-        "invalid_evidence": invalid,
-        "duplicates": len(merged.duplicates),
-        "slices_wall_s": round(wall, 3),
-        "exit_code": code,
-    })
+    rd.write_json(layout.RUN, MergeRunRecord(
+        status="merged",
+        slices=sources,
+        incomplete_slices=incomplete,
+        hosts_total=len(merged.chosen),
+        hosts_with_facts=len(facts),
+        unreachable=unreachable,
+        invalid_evidence=invalid,
+        duplicates=len(merged.duplicates),
+        slices_wall_s=round(wall, 3),
+        exit_code=code,
+    ).dump())
     rd.write_text(layout.REPORT, markdown.render_audit(result, tgt))
     rd.write_manifest()
     return MergeResult(rd, verdict, merged, unreachable, invalid, code)

@@ -15,6 +15,7 @@ from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
+from k3fleet.models.evidence import AuditRunRecord
 from k3fleet.models.facts import HostFacts, schema_mismatch
 from k3fleet.models.pairs import PairPhase
 from k3fleet.report import markdown
@@ -181,17 +182,17 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
 def _write_outputs(result: AuditResult, target: Any) -> None:
     rd, v, play = result.run_dir, result.verdict, result.play
     rd.write_json(layout.VERDICT, v.model_dump(mode="json"))
-    rd.write_json(layout.RUN, {
-        "status": "interrupted" if play.interrupted else play.status,
-        "ansible_rc": play.rc,
-        "hosts_total": len(result.facts) + len(result.unreachable) + len(result.invalid),
-        "hosts_with_facts": len(result.facts),
-        "unreachable": result.unreachable,
-        "invalid_evidence": result.invalid,
-        "wall_s": round(play.wall_s, 3),
-        "controller_cpu_s": round(play.cpu_s, 3),
-        "exit_code": result.exit_code,
-        "ansible_stats": play.stats,
-    })
+    rd.write_json(layout.RUN, AuditRunRecord(
+        status="interrupted" if play.interrupted else play.status,
+        ansible_rc=play.rc,
+        hosts_total=len(result.facts) + len(result.unreachable) + len(result.invalid),
+        hosts_with_facts=len(result.facts),
+        unreachable=result.unreachable,
+        invalid_evidence=result.invalid,
+        wall_s=round(play.wall_s, 3),
+        controller_cpu_s=round(play.cpu_s, 3),
+        exit_code=result.exit_code,
+        ansible_stats=play.stats,
+    ).dump())
     rd.write_text(layout.REPORT, markdown.render_audit(result, target))
     rd.write_manifest()

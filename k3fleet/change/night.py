@@ -44,6 +44,7 @@ from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
+from k3fleet.models.evidence import ChangeRunRecord
 from k3fleet.targets import load_target
 
 
@@ -228,9 +229,9 @@ def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str,
               "smoke": dict(smoke)}
     rd.write_json(layout.CHANGE, change)
     result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
-    rd.write_json(layout.RUN, {"status": "nothing_to_do", "exit_code": result.exit_code, "message": result.message,
-                               "hosts": {}, "done": change["done"], "blocked": change["blocked"],
-                               "held": change["held"]})
+    rd.write_json(layout.RUN, ChangeRunRecord(status="nothing_to_do", exit_code=result.exit_code,
+                                              message=result.message, hosts={}, done=change["done"],
+                                              blocked=change["blocked"], held=change["held"]).dump())
     rd.write_manifest()
     return result
 
@@ -356,22 +357,22 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
     else:
         result.exit_code = EXIT_OK
         result.message = result.message or f"{len(outcomes)} host(s) on {result.change.get('target_version')}"
-    rd.write_json(layout.RUN, {
-        "status": ("interrupted" if play is not None and play.interrupted else
-                   (play.status if play is not None else "nothing_to_do")),
-        "ansible_rc": play.rc if play is not None else None,
-        "exit_code": result.exit_code,
-        "message": result.message,
-        "hosts": result.hosts,
-        "skipped": result.skipped,
-        "journal_problems": result.problems,
+    rd.write_json(layout.RUN, ChangeRunRecord(
+        status=("interrupted" if play is not None and play.interrupted else
+                (play.status if play is not None else "nothing_to_do")),
+        ansible_rc=play.rc if play is not None else None,
+        exit_code=result.exit_code,
+        message=result.message,
+        hosts=result.hosts,
+        skipped=result.skipped,
+        journal_problems=result.problems,
         # The serving smoke as the night ran it, and a warning when it skipped it.
-        "smoke": result.change.get("smoke"),
-        "warnings": result.warnings,
-        "wall_s": round(play.wall_s, 3) if play is not None else 0.0,
-        "controller_cpu_s": round(play.cpu_s, 3) if play is not None else 0.0,
-        "ansible_stats": play.stats if play is not None else {},
-    })
+        smoke=result.change.get("smoke"),
+        warnings=result.warnings,
+        wall_s=round(play.wall_s, 3) if play is not None else 0.0,
+        controller_cpu_s=round(play.cpu_s, 3) if play is not None else 0.0,
+        ansible_stats=play.stats if play is not None else {},
+    ).dump())
     if journal is not None:
         # Each host's pre-change snapshot as its own file too: readable without parsing the journal.
         for host, h in replay_journal(journal).items():

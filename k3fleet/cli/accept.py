@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import httpx
 
     from k3fleet.accept.client import Endpoint
+    from k3fleet.models.evidence import AcceptRecord
 
 T = TypeVar("T")
 
@@ -311,13 +312,13 @@ def accept_all(
                                                     "(Ctrl-C again to abort)[/yellow]"))
     res = asyncio.run(run_all(ep, opts, sys.argv, progress=say))
     if as_json:
-        out.print_json(json.dumps(res.summary, default=str))
+        out.print_json(json.dumps(res.summary.dump(), default=str))
     else:
         _print_summary(res.summary, res.results)
     err.print(f"run directory: {res.run_dir.path}", markup=False)
-    if res.summary.get("error"):
-        err.print(f"k3fleet: error: {res.summary['error']}", markup=False)
-    if res.summary.get("interrupted"):
+    if res.summary.error:
+        err.print(f"k3fleet: error: {res.summary.error}", markup=False)
+    if res.summary.interrupted:
         err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
     raise typer.Exit(res.exit_code)
 
@@ -335,16 +336,16 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any]:
     return outd
 
 
-def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> None:
-    out.print(f"[bold]accept[/bold] {safe_markup(summary['base_url'])} model {safe_markup(summary['model'])}"
-              + ("" if summary["tls_verify"] else "  [yellow](TLS verification off)[/yellow]"), markup=True)
-    elapsed = (summary.get("budget") or {}).get("elapsed_s") or {}
+def _print_summary(summary: AcceptRecord, results: dict[str, ProbeResult]) -> None:
+    out.print(f"[bold]accept[/bold] {safe_markup(summary.base_url)} model {safe_markup(summary.model)}"
+              + ("" if summary.tls_verify else "  [yellow](TLS verification off)[/yellow]"), markup=True)
+    elapsed = (summary.budget or {}).get("elapsed_s") or {}
     for name, result in results.items():
         style = _STATUS_STYLE.get(result.status, "")
         took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
         out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {took}{safe_markup(result.reason)}",
                   markup=True)
-    for name, why in (summary.get("not_run") or {}).items():
+    for name, why in summary.not_run.items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
     failing = [f for r in results.values() for f in r.failing()]
     for f in failing[:20]:

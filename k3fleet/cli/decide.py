@@ -90,7 +90,7 @@ def decide(
 
 
 def _print_decision(d: object) -> None:
-    from k3fleet.decide.models import Decision
+    from k3fleet.models.evidence import Decision
     from k3fleet.report.terminal import outcome_style
     from k3fleet.report.view import approval_words
 

@@ -20,8 +20,14 @@ from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
 from k3fleet.decide.envelope import held_envelope, repeat_intervals, slo_rate, traffic_baseline
-from k3fleet.decide.models import (
+from k3fleet.errors import UsageError, validation_line
+from k3fleet.evidence import layout
+from k3fleet.evidence.reader import RunReader
+from k3fleet.evidence.reader import open_run as open_checked
+from k3fleet.evidence.redact import excerpt
+from k3fleet.models.evidence import (
     AcceptEvidence,
+    AcceptRecord,
     AgentCase,
     AgentEvidence,
     AuditEvidence,
@@ -35,16 +41,12 @@ from k3fleet.decide.models import (
     PrefixCacheEvidence,
     Ref,
     RunInfo,
+    RunRecord,
     StartupEvidence,
     TargetBrief,
     TimelineEvent,
     TriageEvidence,
 )
-from k3fleet.errors import UsageError, validation_line
-from k3fleet.evidence import layout
-from k3fleet.evidence.reader import RecordedExitCode, RunReader, RunRecord
-from k3fleet.evidence.reader import open_run as open_checked
-from k3fleet.evidence.redact import excerpt
 from k3fleet.models.facts import HostFacts
 from k3fleet.triage.record import parse_triage_record
 from k3fleet.verdict import all2all
@@ -381,17 +383,6 @@ def curve_points(run: RunReader, data: Mapping[str, Any]) -> list[dict[str, Any]
                 if isinstance(r, dict):
                     rows.append({"phase": phase, **r})
     return rows
-
-
-class AcceptRecord(BaseModel):
-    """``accept.json`` as ``accept all`` and ``accept load`` write it (k3fleet/accept/run.py): the parts
-    read back."""
-
-    model_config = ConfigDict(extra="ignore")
-    base_url: str | None = None
-    model: str | None = None
-    started_at: str | None = None
-    exit_code: RecordedExitCode = None
 
 
 def read_accept(path: Path, info: RunInfo) -> AcceptEvidence:

@@ -63,12 +63,12 @@ from k3fleet.accept.metrics import MetricsError, scrape
 from k3fleet.accept.startup import NCCL_ERROR
 from k3fleet.bounds import check_seconds, parse_seconds, read_input
 from k3fleet.contracts import result_code
-from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.redact import excerpt
+from k3fleet.models.evidence import Baseline
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.target import Target
 from k3fleet.triage import Capture, build_facts

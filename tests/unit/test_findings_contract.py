@@ -23,7 +23,7 @@ from k3fleet.contracts import (
     is_blocking,
     is_failure,
 )
-from k3fleet.decide.models import Fact, Ref
+from k3fleet.models.evidence import Fact, Ref
 from k3fleet.models.findings import Finding, FleetVerdict, HostVerdict
 from k3fleet.triage.record import TriageRecord
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from k3fleet.decide.models import Baseline
 from k3fleet.decide.watch import (
     Sample,
     WatchState,
@@ -24,6 +23,7 @@ from k3fleet.decide.watch import (
     rollback_artifact,
 )
 from k3fleet.errors import UsageError
+from k3fleet.models.evidence import Baseline
 from k3fleet.targets import load_target
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"

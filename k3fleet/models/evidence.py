@@ -1,4 +1,11 @@
-"""The go-live decision's data: the evidence summary it is computed from, and what it returns.
+"""The run files as their writers model them, and the go-live decision's data.
+
+Each run file that more than one part reads is modelled here once, by the part that writes it, below
+every reader (``decide``, ``report``, ``merge``): ``run.json`` (:class:`RunRecord`, every run kind),
+``accept.json`` (:class:`AcceptRecord`, written by ``k3fleet.accept.run``), ``triage.json``
+(:class:`TriageRecord`, written by ``k3fleet triage``), and the decision's own files
+(:class:`Decision`, :class:`EvidenceSummary`, :class:`Baseline`). The writer dumps the model, every
+reader validates the same model.
 
 The reader layer (:mod:`k3fleet.decide.readers`) turns run directories into an
 :class:`EvidenceSummary`; :func:`k3fleet.decide.decide` is a pure function of that summary
@@ -10,11 +17,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from k3fleet.contracts import Outcome
+from k3fleet.contracts import EXIT_CODES, EXIT_INCOMPLETE, Outcome
 from k3fleet.models.findings import Finding, InterconnectSummary, earlier_finding
 
 ItemStatus = Literal["pass", "fail", "missing"]
@@ -27,6 +34,121 @@ SCHEMA_VERSION = "1.0"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _contract_code(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v in EXIT_CODES else None
+
+
+# A recorded exit code: anything but one of the contract's codes is read as absent, never shown as one.
+RecordedExitCode = Annotated[int | None, BeforeValidator(_contract_code)]
+
+
+# -- run.json ---------------------------------------------------------------------------------------
+
+
+class RunRecord(BaseModel):
+    """``run.json``: how a run ended, as every reader takes it. Each kind's writer adds its own fields
+    (the subclasses below); a reader keeps what it does not know (``extra="allow"``), so a later
+    writer's field never breaks an older reader."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: str | None = None
+    exit_code: RecordedExitCode = None
+    message: str | None = None
+    wall_s: float | None = None
+    unreachable: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
+    invalid_evidence: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
+    hosts: dict[str, dict[str, Any]] = Field(default_factory=dict, description="change: host -> its outcome")
+    journal_problems: list[str] = Field(default_factory=list)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.status == "interrupted"
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON a writer puts in run.json: the fields it set, nothing a reader would take as said."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class _Written(RunRecord):
+    # A writer's record: a field it does not declare is a mistake, refused when the file is written.
+    model_config = ConfigDict(extra="forbid")
+
+
+class AuditRunRecord(_Written):
+    """``run.json`` of ``k3fleet audit`` (k3fleet/audit/run.py)."""
+
+    ansible_rc: int | None = None
+    hosts_total: int = 0
+    hosts_with_facts: int = 0
+    controller_cpu_s: float = 0.0
+    ansible_stats: dict[str, Any] = Field(default_factory=dict)
+
+
+class MergeRunRecord(_Written):
+    """``run.json`` of ``k3fleet merge`` (k3fleet/audit/merge.py)."""
+
+    slices: list[Any] = Field(default_factory=list)
+    incomplete_slices: list[Any] = Field(default_factory=list)
+    hosts_total: int = 0
+    hosts_with_facts: int = 0
+    duplicates: int = 0
+    slices_wall_s: float = 0.0
+
+
+class ChangeRunRecord(_Written):
+    """``run.json`` of a change night (k3fleet/change/night.py), and of a night with nothing to do."""
+
+    ansible_rc: int | None = None
+    skipped: Any = None
+    smoke: Any = None
+    warnings: list[str] = Field(default_factory=list)
+    controller_cpu_s: float = 0.0
+    ansible_stats: dict[str, Any] = Field(default_factory=dict)
+    done: Any = None
+    blocked: Any = None
+    held: Any = None
+
+
+class RollbackRunRecord(_Written):
+    """``run.json`` of ``k3fleet rollback`` (k3fleet/change/rollback.py)."""
+
+    skipped: Any = None
+    refused: Any = None
+    sources: Any = None
+
+
+# -- accept.json ------------------------------------------------------------------------------------
+
+
+class AcceptRecord(BaseModel):
+    """``accept.json`` as ``accept all`` and ``accept load`` write it (k3fleet/accept/run.py) and
+    ``decide`` and ``report`` read it back: the endpoint, which probes ran and which did not, how the
+    run ended. Each probe's own result is in its ``<probe>.json``."""
+
+    # Records of earlier versions may hold keys this one dropped: a reader keeps them out.
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: str = SCHEMA_VERSION
+    base_url: str | None = None
+    model: str | None = None
+    tls_verify: bool | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the server said about itself")
+    probes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="probe -> its summary")
+    not_run: dict[str, str] = Field(default_factory=dict, description="probe -> why it did not run")
+    interrupted: bool = False
+    error: str | None = None
+    exit_code: RecordedExitCode = EXIT_INCOMPLETE
+    budget: dict[str, Any] | None = Field(default=None, description="accept all --budget: the plan and the "
+                                                                      "time each probe took")
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON of accept.json (``budget`` only when the run had one)."""
+        return self.model_dump(mode="json", exclude={"budget"} if self.budget is None else None)
 
 
 class Ref(_Model):
