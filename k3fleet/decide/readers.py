@@ -46,9 +46,10 @@ from k3fleet.models.evidence import (
     TargetBrief,
     TimelineEvent,
     TriageEvidence,
+    TriageRecord,
+    parse_triage_record,
 )
 from k3fleet.models.facts import HostFacts
-from k3fleet.triage.record import parse_triage_record
 from k3fleet.verdict import all2all
 
 KINDS = ("audit", "change", "accept", "triage")
@@ -426,8 +427,8 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
 # -- triage ------------------------------------------------------------------------------------------
 
 
-def triage_record(run: RunReader) -> Any:
-    """``triage.json`` as its :class:`k3fleet.triage.record.TriageRecord`."""
+def triage_record(run: RunReader) -> TriageRecord:
+    """``triage.json`` as its :class:`k3fleet.models.evidence.TriageRecord`."""
     return parse_triage_record(run.json(layout.TRIAGE), run.label)
 
 
