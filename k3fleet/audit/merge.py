@@ -40,6 +40,8 @@ from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader
 from k3fleet.models.evidence import MergeRunRecord, RunRecord
 from k3fleet.models.facts import schema_mismatch
+from k3fleet.models.findings import FleetVerdict
+from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import evaluate_fleet, validate_facts
@@ -82,7 +84,7 @@ class Slice:
     status: str
     started_at: str
     observations: list[Observation] = field(default_factory=list)
-    target: Any = None  # the Target the slice was audited against (a run directory keeps it)
+    target: Target | None = None  # the Target the slice was audited against (a run directory keeps it)
     wall_s: float | None = None
 
     @property
@@ -408,7 +410,7 @@ def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
 @dataclass
 class MergeResult:
     run_dir: RunDir
-    verdict: Any
+    verdict: FleetVerdict
     merged: Merged
     unreachable: dict[str, str]
     invalid: dict[str, str]

@@ -18,6 +18,7 @@ from k3fleet.evidence import RunDir, layout
 from k3fleet.models.evidence import AuditRunRecord
 from k3fleet.models.facts import HostFacts, schema_mismatch
 from k3fleet.models.pairs import PairPhase
+from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import evaluate_fleet, validate_facts
@@ -46,7 +47,7 @@ class AuditOptions:
 ACTIVE_LEVELS = ("none", "quick", "full")
 
 
-def active_spec(target: Any, level: str) -> tuple[dict[str, Any], int]:
+def active_spec(target: Target, level: str) -> tuple[dict[str, Any], int]:
     """The node module's ``active_spec`` from the target, and the most seconds the checks may take.
 
     Full runs one ib_write_bw per rail: the budget counts the target's expected rails. The NCCL pair
@@ -179,7 +180,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
     return result
 
 
-def _write_outputs(result: AuditResult, target: Any) -> None:
+def _write_outputs(result: AuditResult, target: Target) -> None:
     rd, v, play = result.run_dir, result.verdict, result.play
     rd.write_json(layout.VERDICT, v.model_dump(mode="json"))
     rd.write_json(layout.RUN, AuditRunRecord(

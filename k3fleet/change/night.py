@@ -45,6 +45,7 @@ from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.models.evidence import ChangeRunRecord
+from k3fleet.models.target import Target
 from k3fleet.targets import load_target
 
 
@@ -63,7 +64,7 @@ class ChangeResult:
     message: str = ""
 
 
-def change_timeouts(target: Any, opts: UpgradeOptions, *, smoke: bool = True) -> dict[str, int]:
+def change_timeouts(target: Target, opts: UpgradeOptions, *, smoke: bool = True) -> dict[str, int]:
     """Every timeout of the night, in seconds, from the target (``change`` section) unless the
     command line says otherwise."""
     c = target.change
@@ -76,7 +77,7 @@ def change_timeouts(target: Any, opts: UpgradeOptions, *, smoke: bool = True) ->
     return {k: int(v) for k, v in out.items()}
 
 
-def resumed_timeouts(recorded: Mapping[str, Any], target: Any, *, smoke: bool) -> dict[str, int]:
+def resumed_timeouts(recorded: Mapping[str, Any], target: Target, *, smoke: bool) -> dict[str, int]:
     """A resume's timeouts: the night's as recorded (a night recorded before the smoke existed gets
     the target's smoke bounds), with the slot wait for the resume's own smoke choice: a resume that
     turns the smoke on (or off) makes each host's change longer (or shorter) than the night planned."""

@@ -40,6 +40,7 @@ from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
 from k3fleet.evidence.reader import RunReader
 from k3fleet.models.evidence import RollbackRunRecord
+from k3fleet.models.target import Target
 from k3fleet.targets import load_target
 
 
@@ -167,7 +168,7 @@ def run_rollback(opts: RollbackOptions, argv: Sequence[str], observer: Observer 
 
 
 def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, cancel: threading.Event | None,
-         operator: str | None, target: Any, drain_timeout: int, lock: NightLock | None = None) -> RollbackResult:
+         operator: str | None, target: Target, drain_timeout: int, lock: NightLock | None = None) -> RollbackResult:
     sources, skipped, refused = rollback_sources(opts)
     rd = RunDir.create(opts.runs_dir, "rollback", argv, out=opts.out)
     if lock is not None:

@@ -50,6 +50,7 @@ from k3fleet.models.evidence import (
     parse_triage_record,
 )
 from k3fleet.models.facts import HostFacts
+from k3fleet.models.target import Target
 from k3fleet.verdict import all2all
 
 KINDS = ("audit", "change", "accept", "triage")
@@ -80,7 +81,7 @@ def read_target(path: Path, label: str) -> TargetBrief | None:
     return target_brief(target, Ref(run=label, file=layout.TARGET)) if target is not None else None
 
 
-def target_brief(target: Any, ref: Ref | None = None) -> TargetBrief:
+def target_brief(target: Target, ref: Ref | None = None) -> TargetBrief:
     return TargetBrief(name=target.name, image=target.image.ref, image_repository=image_repository(target.image.ref)
                        or target.image.ref, image_cuda=target.image.cuda, image_digest=target.image.digest,
                        vllm_min=target.vllm.min_version, driver_branch=target.driver.branch,

@@ -91,8 +91,8 @@ class AuditRunRecord(_Written):
 class MergeRunRecord(_Written):
     """``run.json`` of ``k3fleet merge`` (k3fleet/audit/merge.py)."""
 
-    slices: list[Any] = Field(default_factory=list)
-    incomplete_slices: list[Any] = Field(default_factory=list)
+    slices: list[dict[str, Any]] = Field(default_factory=list, description="each slice: source, kind, status")
+    incomplete_slices: list[str] = Field(default_factory=list)
     hosts_total: int = 0
     hosts_with_facts: int = 0
     duplicates: int = 0
@@ -103,22 +103,22 @@ class ChangeRunRecord(_Written):
     """``run.json`` of a change night (k3fleet/change/night.py), and of a night with nothing to do."""
 
     ansible_rc: int | None = None
-    skipped: Any = None
-    smoke: Any = None
+    skipped: dict[str, str] = Field(default_factory=dict, description="host -> why the night left it")
+    smoke: dict[str, Any] | None = Field(default=None, description="the serving smoke as the night ran it")
     warnings: list[str] = Field(default_factory=list)
     controller_cpu_s: float = 0.0
     ansible_stats: dict[str, Any] = Field(default_factory=dict)
-    done: Any = None
-    blocked: Any = None
-    held: Any = None
+    done: list[str] = Field(default_factory=list, description="nothing to do: hosts already on the target")
+    blocked: list[dict[str, Any]] = Field(default_factory=list, description="nothing to do: blocked hosts")
+    held: dict[str, Any] = Field(default_factory=dict, description="nothing to do: hosts held back")
 
 
 class RollbackRunRecord(_Written):
     """``run.json`` of ``k3fleet rollback`` (k3fleet/change/rollback.py)."""
 
-    skipped: Any = None
-    refused: Any = None
-    sources: Any = None
+    skipped: dict[str, str] = Field(default_factory=dict)
+    refused: dict[str, str] = Field(default_factory=dict)
+    sources: dict[str, list[str]] = Field(default_factory=dict, description="journal -> the hosts read from it")
 
 
 # -- accept.json ------------------------------------------------------------------------------------

@@ -361,7 +361,7 @@ def triage(paths: Sequence[Path], *, host: str = "capture", target: Target | Pat
     return result
 
 
-def _startup_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
+def _startup_into(result: TriageResult, c: Capture, stored: str, target: Target) -> None:
     probe = analyse_startup(c.text, None, target=target, source=str(c.path))
     result.startup = probe.model_dump(mode="json")
     for f in probe.findings:
@@ -375,7 +375,7 @@ def _accept_finding(result: TriageResult, check_id: str, severity: Severity, mes
         update={"host": result.host, "evidence": {"file": stored}}))
 
 
-def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
+def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Target) -> None:
     # lazy: the metrics reader brings prometheus_client and httpx; only a /metrics capture needs them,
     # and decide and report read triage records through this package
     from k3fleet.accept.metrics import REMOVED_NAMES, MetricsError, parse_metrics
