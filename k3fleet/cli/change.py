@@ -177,13 +177,30 @@ def upgrade(
     if resume is not None and (canary is not None or target_version is not None or max_unavailable is not None):
         raise UsageError("--resume continues a run as it was planned: drop --canary, --target-version and "
                          "--max-unavailable")
+    from k3fleet.lab import changelab
+
     opts = UpgradeOptions(inventory=inventory, change_id=change_id, operator=operator, canary=canary, waves=waves,
                           check=check, resume=resume, target_version=target_version, limit=limit,
                           forks=forks, failure_budget=failure_budget, max_unavailable=max_unavailable,
                           drain_timeout=drain_timeout, force=force, audit_max_age=audit_max_age, target=target,
                           accept_findings=list(accept_finding or []), host_key_checking=not no_host_key_checking,
                           runs_dir=runs_dir, out=out_dir, smoke=smoke, launch_file=launch_file)
-    result = _run(run_upgrade, opts, quiet=quiet or as_json)
+    lab = changelab.lab_source(inventory) if resume is None else None
+    if lab is not None and not check:
+        raise UsageError(f"{inventory} is the simulated lab fleet: a change there would run apt on this machine; "
+                         "rehearse the night on it with --check (README \"Rehearse the night\")")
+    if lab is not None:
+        # The rehearsal: the lab made plannable (a private apt state, the hosts' replayed scheduler).
+        with changelab.rehearsing(inventory) as rehearsal:
+            opts.inventory = rehearsal.inventory
+            opts.canary = opts.canary or rehearsal.canary
+            if not quiet and not as_json:
+                err.print(f"rehearsal on the lab fleet {inventory}: canary {opts.canary}, packages from a private apt "
+                          "state over the stand-in driver repository, the scheduler as the lab replays it",
+                          markup=False)
+            result = _run(run_upgrade, opts, quiet=quiet or as_json)
+    else:
+        result = _run(run_upgrade, opts, quiet=quiet or as_json)
     if as_json:
         _print_json(result, change=result.change, hosts=result.hosts, check=result.check, skipped=result.skipped,
                     warnings=result.warnings)

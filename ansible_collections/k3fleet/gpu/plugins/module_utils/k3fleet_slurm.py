@@ -32,7 +32,10 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler impo
     normalize_slurm_state,
     parse_scontrol_nodes,
 )
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import scontrol_show_node_argv
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    scontrol_show_node_argv,
+    squeue_active_argv,
+)
 
 __metaclass__ = type
 
@@ -45,11 +48,6 @@ _IDLE_ENOUGH = ("drained", "down", "fail")
 
 def sinfo_json_argv():
     return ["sinfo", "--json"]
-
-
-def squeue_active_argv(node):
-    # COMPLETING too: a cancelled or ended job may still be killing processes that hold the GPUs.
-    return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING,COMPLETING", "--format", "%A"]
 
 
 def drain_argv(node, reason):
