@@ -50,6 +50,8 @@ class UpgradeOptions:
     # night was started for a resume); launch_file replaces the audit's serve command.
     smoke: bool | None = None
     launch_file: Path | None = None
+    # node_exporter's textfile collector: the night's gauges, rewritten at every stage (k3fleet.change.textfile).
+    textfile: Path | None = None
 
 
 class NothingToChange(UsageError):

@@ -40,6 +40,7 @@ from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.record import ChangeRecord
 from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
+from k3fleet.change.textfile import NightTextfile, check_textfile
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
@@ -130,6 +131,7 @@ def validate_request(opts: UpgradeOptions) -> tuple[str, str, str | None, list[s
     if opts.failure_budget < 0:
         raise UsageError(f"--failure-budget must be 0 or more, got {opts.failure_budget}")
     max_arg = check_max_unavailable(opts.max_unavailable)
+    check_textfile(opts.textfile)
     accept = check_accept_patterns(opts.accept_findings, CHECKS) if opts.accept_findings else []
     return change_id, operator, max_arg, accept
 
@@ -243,6 +245,16 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
     # What the night is planned from is fixed by a manifest as the play starts: a resume or a
     # rollback of a night killed mid-play checks it.
     recorder = ChangeRecorder(inner=observer or Observer(), started=rd.write_manifest)
+    textfile = None
+    if opts.textfile is not None and not opts.check:
+        serial = [int(n) for n in ev.get("k3fleet_serial") or []]
+        order = list(ev.get("k3fleet_change_hosts") or hosts)
+        batches = [order[sum(serial[:i]):sum(serial[:i + 1])] for i in range(len(serial))] or [order]
+        textfile = NightTextfile(opts.textfile, change_id=record.change_id, run=rd.path.name, batches=batches,
+                                 failure_budget=record.failure_budget)
+        # A resume starts from what the journal already says.
+        textfile.add(e.model_dump(mode="json") for e in (journal.entries if journal is not None else []))
+        recorder.on_line = lambda line: textfile.add([line])
     with PlayGuard(opts.runs_dir, f"{rd.path.name}-{private}", real_ansible_playbook()):
         play = run_playbook("change_night.yml", opts.inventory, rd.path / private, extravars=ev,
                             forks=opts.forks, check=opts.check, observer=recorder, cancel=cancel,
@@ -267,6 +279,10 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
             next_step=f"k3fleet upgrade --resume {rd.path} (continues each host from its snapshot) or "
                       f"k3fleet rollback --run {rd.path}"))
     summarize_hosts(result, report_hosts or hosts, recorder, journal)
+    if textfile is not None:
+        textfile.add(e.model_dump(mode="json") for e in journal.entries)
+        if textfile.problem:
+            result.warnings.append(f"the textfile could not always be written: {textfile.problem}")
     finish(result, journal)
     return result
 

@@ -165,6 +165,10 @@ def upgrade(
     launch_file: Annotated[Path | None, typer.Option(
         "--launch-file", help="File with the command the smoke runs inside the image (vllm serve MODEL ...) instead "
                               "of the audit's serve command.")] = None,
+    textfile: Annotated[Path | None, typer.Option(
+        "--textfile", help="A *.prom file in node_exporter's textfile directory: the night's gauges (hosts by "
+                           "stage, failures and budget left, the current wave), replaced atomically at every "
+                           "stage.")] = None,
     no_host_key_checking: NoHostKeyChecking = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     out_dir: OutDir = None,
@@ -184,7 +188,8 @@ def upgrade(
                           forks=forks, failure_budget=failure_budget, max_unavailable=max_unavailable,
                           drain_timeout=drain_timeout, force=force, audit_max_age=audit_max_age, target=target,
                           accept_findings=list(accept_finding or []), host_key_checking=not no_host_key_checking,
-                          runs_dir=runs_dir, out=out_dir, smoke=smoke, launch_file=launch_file)
+                          runs_dir=runs_dir, out=out_dir, smoke=smoke, launch_file=launch_file,
+                          textfile=textfile)
     lab = changelab.lab_source(inventory) if resume is None else None
     if lab is not None and not check:
         raise UsageError(f"{inventory} is the simulated lab fleet: a change there would run apt on this machine; "
