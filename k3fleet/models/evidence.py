@@ -106,6 +106,8 @@ class ChangeRunRecord(_Written):
     skipped: dict[str, str] = Field(default_factory=dict, description="host -> why the night left it")
     smoke: dict[str, Any] | None = Field(default=None, description="the serving smoke as the night ran it")
     warnings: list[str] = Field(default_factory=list)
+    pauses: list[dict[str, Any]] = Field(default_factory=list, description="--pause-after: each pause point "
+                                                                           "reached and how it was continued")
     controller_cpu_s: float = 0.0
     ansible_stats: dict[str, Any] = Field(default_factory=dict)
     done: list[str] = Field(default_factory=list, description="nothing to do: hosts already on the target")
