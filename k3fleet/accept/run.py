@@ -121,7 +121,7 @@ async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
     key = endpoint.api_key()
     ev = _Evidence(rd, [key] if key else [])
     summary = AcceptRecord(base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls,
-                           started_at=_now())
+                           started_at=_now(), exit_code=EXIT_INCOMPLETE)
     results: dict[str, ProbeResult] = {}
     rec = Recorder()
     try:

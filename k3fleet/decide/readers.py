@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from k3fleet.accept.result import result_from_json
+from k3fleet.accept.result import ProbeResult, result_from_json
 from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
@@ -190,7 +190,7 @@ def _check_steps(rep: Any) -> Iterable[tuple[str, str]]:
 # -- acceptance --------------------------------------------------------------------------------------
 
 
-def probe_result(run: RunReader, probe: str) -> tuple[Any, Ref] | None:
+def probe_result(run: RunReader, probe: str) -> tuple[ProbeResult, Ref] | None:
     """A probe's result file as its :class:`k3fleet.accept.result.ProbeResult`, with its ref; None when
     the probe did not run."""
     rel = layout.probe_file(probe)

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from k3fleet.contracts import EXIT_CODES, EXIT_INCOMPLETE, Outcome
+from k3fleet.contracts import EXIT_CODES, Outcome
 from k3fleet.errors import UsageError, validation_line
 from k3fleet.models.findings import Finding, InterconnectSummary, earlier_finding
 
@@ -145,7 +145,8 @@ class AcceptRecord(BaseModel):
     not_run: dict[str, str] = Field(default_factory=dict, description="probe -> why it did not run")
     interrupted: bool = False
     error: str | None = None
-    exit_code: RecordedExitCode = EXIT_INCOMPLETE
+    # None: no code recorded (a reader's default); a writer starts from EXIT_INCOMPLETE.
+    exit_code: RecordedExitCode = None
     budget: dict[str, Any] | None = Field(default=None, description="accept all --budget: the plan and the "
                                                                       "time each probe took")
 
