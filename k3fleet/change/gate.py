@@ -50,6 +50,9 @@ class UpgradeOptions:
     # night was started for a resume); launch_file replaces the audit's serve command.
     smoke: bool | None = None
     launch_file: Path | None = None
+    # The rollback kit staged before each host's first change: None is the default (on for a night, as
+    # the night was started for a resume); False is --no-rollback-kit.
+    rollback_kit: bool | None = None
 
 
 class NothingToChange(UsageError):
