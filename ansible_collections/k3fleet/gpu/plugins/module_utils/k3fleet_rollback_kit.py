@@ -40,7 +40,6 @@ KIT_ROOT = "/var/lib/k3fleet/rollback-kit"
 MANIFEST = "kit.json"
 SCHEMA = 1
 APT_ARCHIVES = "/var/cache/apt/archives"
-DPKG_STATUS = "/var/lib/dpkg/status"
 # dpkg's "Architecture: all" packages carry no arch qualifier in dpkg-query's ${Package}.
 _CHANGE_DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _VERSION_LINE = re.compile(r"^(?: \*\*\*|    ) (?P<version>\S+) (?P<priority>-?\d+)$")
@@ -124,10 +123,16 @@ def parse_policy(text):
     return out
 
 
+def is_repository(source):
+    """A version table source that is a repository's index (``URI SUITE [COMPONENT ARCH] Packages``), not
+    dpkg's status file (one path: ``/var/lib/dpkg/status``, or wherever ``Dir::State::status`` points)."""
+    return len(source.split()) > 1
+
+
 def offered(policy, name, version):
     """True when a repository (any source but dpkg's status file) offers ``name`` at ``version``."""
     sources = ((policy.get(name) or {}).get("versions") or {}).get(version) or []
-    return any(s != DPKG_STATUS for s in sources)
+    return any(is_repository(s) for s in sources)
 
 
 def sha256_file(path, chunk=1 << 20):
