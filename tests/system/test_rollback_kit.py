@@ -148,4 +148,5 @@ def test_rollback_from_the_kit_when_the_repository_dropped_the_old_versions(
     assert loaded(tb, HOST) == OLD
     sha = hashlib.sha256(after[0].encode()).hexdigest()[:12]
     print(f"night {night_s:.1f}s, rollback from the kit {rollback_s:.1f}s, dpkg -l sha256 {sha} before and after")
-    testbed.update_node(tb, NODE, "resume")
+    # The rollback drained the node itself, so it gave it back.
+    assert host["returned_to_service"] is True and not testbed.node_state(tb, NODE).drained
