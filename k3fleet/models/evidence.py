@@ -108,6 +108,8 @@ class ChangeRunRecord(_Written):
     warnings: list[str] = Field(default_factory=list)
     pauses: list[dict[str, Any]] = Field(default_factory=list, description="--pause-after: each pause point "
                                                                            "reached and how it was continued")
+    rollback_kit: bool | None = Field(default=None, description="the rollback kit as the night chose it (false: "
+                                                                "--no-rollback-kit)")
     controller_cpu_s: float = 0.0
     ansible_stats: dict[str, Any] = Field(default_factory=dict)
     done: list[str] = Field(default_factory=list, description="nothing to do: hosts already on the target")
