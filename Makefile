@@ -132,6 +132,12 @@ bench-load:
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench-load]'
 	$(BENCH_VENV)/bin/python scripts/bench_load.py --streams 64 256 1024 --vllm-bench --real
 
+# How closely accept load --trace keeps a trace's arrival times: 200 requests/s for 10 s on the simulator
+# (docs/acceptance-load.md "Trace replay"); prints the arrival error, asserts nothing.
+.PHONY: bench-trace
+bench-trace: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_trace.py --rate 200 --seconds 10 --repeat 3
+
 # Every acceptance probe against a real vLLM: the CPU build in its own venv (.cache/vllm-venv, pinned;
 # built here on first use, about 3.5 GB and 10 minutes) serving a tiny model made on the spot
 # (docs/acceptance.md "The serving suite"). Four server starts, one at a time.

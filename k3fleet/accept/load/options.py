@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from k3fleet.bounds import DURATIONS
 from k3fleet.errors import UsageError
 
-Phase = Literal["long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search"]
+Phase = Literal["long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search", "trace"]
 # Every phase in run order; the default schedule runs the first three (the open-loop phases are asked for).
-PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search")
+PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search", "trace")
 DEFAULT_PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained")
-OPEN_LOOP: tuple[Phase, ...] = ("rate_ramp", "slo_search")
+OPEN_LOOP: tuple[Phase, ...] = ("rate_ramp", "slo_search", "trace")
 Arrival = Literal["poisson", "gamma", "closed"]
 
 
@@ -82,6 +82,10 @@ class LoadOptions(BaseModel):
     repeat: int = Field(default=1, ge=1, le=30)
     warmup_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
     cooldown_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
+    # Trace replay (docs/acceptance-load.md "Trace replay"): the JSON Lines request log the trace phase replays,
+    # its arrival offsets divided by trace_speed.
+    trace_path: str | None = Field(default=None, min_length=1, max_length=4096)
+    trace_speed: float = Field(default=1.0, gt=0, le=1000)
     # GPU telemetry: a DCGM exporter's /metrics URL, read with every sample (docs/acceptance-load.md "GPU
     # telemetry"); none: the run has no GPU curves and says so.
     telemetry_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2048)
@@ -98,6 +102,8 @@ class LoadOptions(BaseModel):
             raise ValueError("concurrency above 4096 is refused (bounded load)")
         if any(not 0 < r <= 10000 for r in self.rates) or self.rates != sorted(self.rates):
             raise ValueError("rates must be ascending request rates above 0 and at most 10000 per second")
+        if ("trace" in self.phases) != (self.trace_path is not None):
+            raise ValueError("the trace phase and trace_path go together (--trace FILE)")
         if "rate_ramp" in self.phases and not self.rates:
             raise ValueError("the rate_ramp phase needs at least one rate")
         if self.arrival == "poisson" and self.burstiness != 1.0:

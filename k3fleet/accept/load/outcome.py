@@ -28,7 +28,8 @@ class Report:
 
     def __init__(self, opts: LoadOptions, tally: Tally, monitor: Monitor, curve: Curve, display_url: str, *,
                  refused_context: int | None, tokens_per_word: float, calibrated: bool,
-                 max_model_len: int | None, search: dict[str, Any] | None = None) -> None:
+                 max_model_len: int | None, search: dict[str, Any] | None = None,
+                 trace: dict[str, Any] | None = None) -> None:
         self.opts = opts
         self.tally = tally
         self.monitor = monitor
@@ -39,6 +40,7 @@ class Report:
         self.calibrated = calibrated
         self.max_model_len = max_model_len
         self.search = search
+        self.trace = trace
 
     def result(self) -> ProbeResult:
         outcome, ceiling, reason, findings = self._outcome()
@@ -83,6 +85,8 @@ class Report:
                                                                       "memory, power and utilisation are unknown"})}
         if any(r["phase"] in OPEN_LOOP for r in self.curve.rows):
             data["rate"] = rate_envelope(self.curve.rows, self.search, self.opts)
+        if self.trace is not None:
+            data["trace"] = self.trace
         return ProbeResult(probe="load", status=status, reason=reason, findings=findings, data=data)
 
     def _side_findings(self) -> list[Finding]:
@@ -196,6 +200,15 @@ class Report:
                                             f"{first_bad['rate_rps']:g}: {why}; limit the rate to {top:g}/s"))
             return "ceiling", None, f"stable only up to {top:g} requests/s ({why} at {first_bad['rate_rps']:g})", \
                 findings
+        # Replayed production traffic at its own rate: a miss is the server failing the traffic it must carry.
+        trace_bad = [r for r in rows if r["phase"] == "trace" and not r.get("partial") and r["verdict"] != "ok"]
+        if trace_bad:
+            r = trace_bad[0]
+            why = f"{self._pressure_text(r)}, goodput {r.get('goodput') or 0:.0%}"
+            findings.append(finding(check_id="accept.load.trace_slo", severity="error", layer="environment",
+                                    message=f"the replayed trace ({r['step']}, {r['rate_rps']:g} requests/s) does not "
+                                            f"meet the SLO: {why}"))
+            return "collapse", None, f"replayed traffic does not meet the SLO ({why}); expand capacity", findings
         if not [r for r in rows if not r.get("partial")]:
             return None, None, "no step completed", findings
         return "stable", None, self._stable_text(rows), findings

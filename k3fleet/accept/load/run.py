@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from k3fleet.accept.client import Endpoint, EndpointError
@@ -18,6 +19,7 @@ from k3fleet.accept.load.rate import MAX_IN_FLIGHT, OpenLoop
 from k3fleet.accept.load.repeats import combine
 from k3fleet.accept.load.shots import Budget, Shot, Tally
 from k3fleet.accept.load.steps import Curve
+from k3fleet.accept.load.trace import load_trace
 from k3fleet.accept.load.transport import Transport, endpoint_kind
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult
@@ -40,6 +42,9 @@ class LoadRun:
         self.monitor = Monitor(self.http, self.tally, recorder)
         self.curve = Curve(opts, observer, self.tally.t0, self.monitor.samples)
         self.open_loop = OpenLoop(self)
+        # A bad trace is a usage error before any request (the CLI reads it first, before the run directory).
+        self.trace = (load_trace(Path(opts.trace_path), speed=opts.trace_speed, limit=opts.max_requests)
+                      if opts.trace_path and "trace" in opts.phases else None)
         self.tokens_per_word = 1.3
         self.calibrated = False
         self.base_tokens = 0
@@ -73,7 +78,7 @@ class LoadRun:
             await self.http.close()
             self.monitor.snapshot("load-end")
         return Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
-                      search=self.open_loop.search,
+                      search=self.open_loop.search, trace=self.trace.summary() if self.trace else None,
                       refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
                       calibrated=self.calibrated, max_model_len=self.max_model_len).result()
 
@@ -95,7 +100,12 @@ class LoadRun:
                 await self._sustained(conc)
         for phase in OPEN_LOOP:
             if phase in phases and not any(r["verdict"] == "server" for r in self.curve.rows):
-                await (self.open_loop.ramp() if phase == "rate_ramp" else self.open_loop.slo_search())
+                if phase == "rate_ramp":
+                    await self.open_loop.ramp()
+                elif phase == "slo_search":
+                    await self.open_loop.slo_search()
+                elif self.trace is not None:
+                    await self.open_loop.replay(self.trace)
                 self.monitor.snapshot(f"load-{phase}")
 
     async def _calibrate(self) -> None:
