@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
+from k3fleet.evidence.redact import excerpt
 
 OOM = re.compile(r"out of memory|\bOOM\b", re.IGNORECASE)
 # One engine this much fuller than the emptiest one, and near full itself: pressure is uneven.

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.bounds import read_input
 from k3fleet.contracts import Severity
 from k3fleet.errors import UsageError
 from k3fleet.evidence import redact_argv
+from k3fleet.evidence.redact import excerpt
 from k3fleet.models.findings import Finding
 from k3fleet.models.target import Target, version_tuple
 from k3fleet.verdict import all2all

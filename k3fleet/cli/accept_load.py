@@ -32,7 +32,7 @@ from k3fleet.cli.accept import (
     print_result,
 )
 from k3fleet.cli.base import err
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -190,9 +190,7 @@ def load(
                                max_requests=max_requests, max_duration_s=max_duration, request_timeout_s=timeout,
                                ttft_p95_slo_s=ttft_slo, itl_p95_slo_s=itl_slo, **open_loop))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "options"
-        raise UsageError(f"accept load: {where}: {first['msg']}") from exc
+        raise UsageError(validation_line(exc, "accept load")) from exc
     endpoint = make_endpoint(base_url, model, api_key_env, insecure, timeout)
     stop = cancel_on_signals(lambda: err.print("[yellow]interrupt: stopping the load; writing what was measured "
                                                "(Ctrl-C again to abort)[/yellow]"))

@@ -14,16 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from k3fleet.contracts import Outcome
 from k3fleet.models.findings import Finding, InterconnectSummary, earlier_finding
 
-Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity"]
 ItemStatus = Literal["pass", "fail", "missing"]
 Track = Literal["official", "custom"]
 RunKind = Literal["audit", "change", "accept", "triage"]
 
-# Worst first: the decision takes the worst outcome any rule gives (docs/decision.md "Precedence").
-OUTCOME_RANK: dict[str, int] = {"go_live": 0, "observe_with_limits": 1, "expand_capacity": 2,
-                                "rebuild_environment": 3}
 
 SCHEMA_VERSION = "1.0"
 

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from k3fleet.bounds import read_input
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 
 PROFILE_VERSION = "1.0"
 MAX_CONCURRENCY = 4096  # the load probe's own bound
@@ -170,16 +170,6 @@ class LoadedProfile:
         return self.profile.mix.multimodal > 0
 
 
-def _validation_line(label: str, exc: ValidationError) -> str:
-    e = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    msg = str(e["msg"]).removeprefix("Value error, ")
-    if e["type"] == "extra_forbidden":
-        msg = "unknown key (misspelt?)"
-    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{label}: {loc}: {msg}{more}"
-
-
 def _read_text(path: Path, what: str) -> str:
     raw = read_input(path, what, kind="a YAML or JSON file", limit="record")
     try:
@@ -252,7 +242,7 @@ def load_profile(path: Path) -> LoadedProfile:
     try:
         profile = ProductionProfile.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(_validation_line(f"profile {path}", exc)) from exc
+        raise UsageError(validation_line(exc, f"profile {path}")) from exc
     loaded = LoadedProfile(profile=profile, path=path, text=text)
     base = path.parent
     for rel in profile.tools:

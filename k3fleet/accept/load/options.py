@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3fleet.bounds import DURATIONS
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 
 Phase = Literal["long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search", "trace"]
 # Every phase in run order; the default schedule runs the first three (the open-loop phases are asked for).
@@ -142,8 +142,7 @@ def load_options(overrides: Mapping[str, Any]) -> LoadOptions:
     try:
         return LoadOptions(**overrides)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"--load-option {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc
+        raise UsageError(validation_line(exc, at="--load-option ")) from exc
 
 
 class LoadObserver:

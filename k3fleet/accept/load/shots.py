@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.load.options import LoadObserver, LoadOptions
+from k3fleet.evidence.redact import excerpt
 
 # Error kinds that say the server itself broke (as opposed to being slow or refusing input).
 SERVER_KINDS = frozenset({"http_5xx", "stream_error", "stream_cut", "connect", "bad_response"})
