@@ -120,6 +120,10 @@ def load(
                                                "docs/acceptance-load.md 'Trace replay').")] = None,
     trace_speed: Annotated[float, typer.Option("--trace-speed", min=0.001, max=1000.0,
                                                help="Replay the trace this many times faster.")] = 1.0,
+    retries: Annotated[int, typer.Option("--retries", min=0, max=10, help="Send a 429, 503 or timed-out agent "
+                                         "turn again up to N times (counted).")] = 0,
+    retry_backoff: Annotated[float, typer.Option("--retry-backoff", min=0.0, max=3600.0,
+                                                 help="Seconds before the first retry, doubled each time.")] = 0.5,
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=30, help="Run the schedule N times: each figure "
                                         "gets its spread and 95% interval.")] = 1,
     warmup: Annotated[float, typer.Option("--warmup", min=0.0, max=86400.0,
@@ -157,7 +161,8 @@ def load(
         open_loop["e2e_p95_slo_s"] = e2e_slo
     if telemetry_url is not None:
         open_loop["telemetry_url"] = telemetry_url
-    open_loop.update(repeat=repeat, warmup_s=warmup, cooldown_s=cooldown)
+    open_loop.update(repeat=repeat, warmup_s=warmup, cooldown_s=cooldown, retry_max=retries,
+                     retry_backoff_s=retry_backoff)
     if trace is not None:
         open_loop.update(trace_path=str(trace), trace_speed=trace_speed)
     if target_rate is not None:

@@ -69,7 +69,10 @@ class Report:
                        "timeouts": kinds.get("timeout", 0), "health_failures": monitor.health_failures,
                        "restarts": monitor.restarts,
                        "oom_events": sum(1 for s in shots if s.message and _OOM.search(s.message)),
-                       "preemptions": monitor.delta_total("preemptions")},
+                       "preemptions": monitor.delta_total("preemptions"),
+                       "retries": sum(s.retries for s in shots),
+                       "retried": dict(Counter(k for s in shots for k in s.retried_kinds)),
+                       "duplicate_tool_calls": sum(1 for s in shots if s.duplicate_tool_call)},
             "oom_records": oom_records(shots, monitor.samples, self.display_url),
             "calibration": {"tokens_per_word": round(self.tokens_per_word, 4), "from_usage": self.calibrated},
             "options": self.opts.model_dump(mode="json"),
@@ -108,6 +111,15 @@ class Report:
             out.append(finding(check_id="accept.load.telemetry_unavailable", severity="warning", layer="http",
                                message=f"GPU telemetry could not be read during the run: {why}; GPU memory, power "
                                        "and utilisation are unknown, not fine"))
+        dups = [s for s in self.tally.shots if s.duplicate_tool_call]
+        if dups:
+            dup = dups[0]
+            out.append(finding(check_id="accept.load.retry_duplicate_tool_call", severity="warning", layer="traffic",
+                               message=f"{len(dups)} retried request(s) called a tool an earlier attempt had already "
+                                       f"streamed (first at {dup.t:.1f} s, {dup.phase} {dup.step}, after "
+                                       f"{', '.join(dup.retried_kinds)}): a client that retries would run the tool "
+                                       "twice; make tool calls idempotent or retry only before the first tool-call "
+                                       "delta"))
         pre = self.monitor.delta_total("preemptions")
         if pre:
             first = next((r for r in self.curve.rows if r.get("preemptions_delta")), None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
 from pathlib import Path
@@ -182,23 +183,43 @@ class LoadRun:
     async def _agent_session(self, sid: int, phase: str, label: str, concurrency: int, until: float,
                              system: str, out: list[Shot]) -> None:
         opts = self.opts
+        tools = opts.tools or TOOLS
+        ask = (f"call node_status node=n{sid:03d}" if opts.tools is None
+               else f"call {tools[0]['function'].get('name', 'the tool')} for n{sid:03d}")
+        schemas = sorted(opts.response_schemas)
         convo = 0
         while time.monotonic() < until:
-            messages: list[dict[str, Any]] = [
-                {"role": "system", "content": system},
-                {"role": "user", "content": f"Session {sid}.{convo}: is node n{sid:03d} drained? "
-                                            f"call node_status node=n{sid:03d}"}]
+            # The mix (docs/acceptance-load.md "Request mix"), drawn per conversation and turn from a seeded
+            # generator: the same run sends the same mix.
+            rng = random.Random(f"{opts.mix_seed}:{phase}:{label}:{sid}:{convo}")
+            long = rng.random() < opts.long_share
+            question = f"Session {sid}.{convo}: is node n{sid:03d} drained? {ask}"
+            if long and opts.long_context_tokens:
+                pad = self._words_for(max(16, opts.long_context_tokens - opts.system_prompt_tokens))
+                question += " Context: " + filler(pad, sid * 131 + convo)
+            messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                              {"role": "user", "content": question}]
             for turn in range(opts.session_turns):
                 if time.monotonic() >= until:
                     return
                 self.tally.admit()
-                body = {"model": self.ep.model, "messages": messages, "tools": TOOLS, "stream": True,
-                        "stream_options": {"include_usage": True}, "max_tokens": opts.turn_output_tokens,
-                        "temperature": 0}
+                offer_tools = rng.random() < opts.tools_share
+                structured = bool(schemas) and rng.random() < opts.structured_share
+                body: dict[str, Any] = {"model": self.ep.model, "messages": messages, "stream": True,
+                                        "stream_options": {"include_usage": True},
+                                        "max_tokens": opts.turn_output_tokens, "temperature": 0}
+                if offer_tools:
+                    body["tools"] = tools
+                if structured:
+                    name = schemas[rng.randrange(len(schemas))]
+                    body["response_format"] = {"type": "json_schema", "json_schema": {
+                        "name": name, "schema": opts.response_schemas[name]}}
                 if opts.exact_turn_tokens:
                     body["ignore_eos"] = True
                 shot = Shot(phase, label, concurrency, None, 0.0)
-                await self.http.send(body, shot, parse_all=True)
+                shot.mix = tuple(m for m, on in (("tools", offer_tools), ("structured", structured), ("long", long))
+                                 if on)
+                await self._send_with_retries(body, shot)
                 shot.context_tokens = shot.prompt_tokens
                 self.tally.record(shot)
                 out.append(shot)
@@ -208,6 +229,26 @@ class LoadRun:
                     break
                 messages += _next_messages(shot, sid, turn)
             convo += 1
+
+    async def _send_with_retries(self, body: dict[str, Any], shot: Shot) -> Shot:
+        """Send as a production client does: a 429, a 503 or a timeout is sent again (``retry_max`` times at
+        most, after ``retry_backoff_s`` doubled each time); each retry is a request the bounds count. A retry
+        whose answer calls a tool an earlier attempt already streamed would run that tool twice."""
+        opts = self.opts
+        streamed: list[dict[str, Any]] = []
+        while True:
+            await self.http.send(body, shot, parse_all=True)
+            if shot.ok or shot.retries >= opts.retry_max or not _retryable(shot):
+                break
+            streamed += shot.tool_calls
+            shot.retried_kinds.append(shot.kind or "?")
+            shot.retries += 1
+            await asyncio.sleep(opts.retry_backoff_s * 2 ** (shot.retries - 1))
+            self.tally.admit()
+            _reset(shot)
+        if shot.ok and streamed and any(_same_call(a, b) for a in streamed for b in shot.tool_calls):
+            shot.duplicate_tool_call = True
+        return shot
 
     async def _timed_step(self, phase: str, label: str, concurrency: int, seconds: float) -> dict[str, Any]:
         """One time-boxed step of ``concurrency`` agent sessions."""
@@ -261,6 +302,26 @@ def _next_messages(shot: Shot, sid: int, turn: int) -> list[dict[str, Any]]:
                     "content": json.dumps({"node": f"n{sid:03d}", "drained": False, "driver": "580.95.05",
                                            "note": filler(40, turn)})})
     return out
+
+
+def _retryable(shot: Shot) -> bool:
+    return shot.status in (429, 503) or shot.kind == "timeout"
+
+
+def _reset(shot: Shot) -> None:
+    """A shot ready for its next attempt: what the failed one measured is gone (its retries stay)."""
+    shot.ok, shot.kind, shot.status, shot.message = False, None, None, None
+    shot.ttft, shot.e2e, shot.chunks, shot.content = None, None, 0, ""
+    shot.gaps, shot.tool_calls = [], []
+    shot.prompt_tokens = shot.completion_tokens = shot.cached_tokens = None
+
+
+def _same_call(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same tool call: the same function, and the earlier (perhaps cut) arguments a prefix of the later."""
+    fa, fb = a.get("function") or {}, b.get("function") or {}
+    if not fa.get("name") or fa.get("name") != fb.get("name"):
+        return False
+    return str(fb.get("arguments") or "").startswith(str(fa.get("arguments") or ""))
 
 
 def _uncancel() -> None:
