@@ -228,6 +228,13 @@ class Report:
     def _stable_text(self, rows: list[dict[str, Any]]) -> str:
         """The figures behind "stable", for the terminal: what was tested and what it held."""
         done = [r for r in rows if not r.get("partial")]
+        closed = [r for r in done if r["phase"] in ("agent_ramp", "sustained")]
+        rates = [r for r in done if r["phase"] in OPEN_LOOP]
+        if rates and not closed:
+            top_rate = max(r["rate_rps"] for r in rates if r["verdict"] == "ok") if any(
+                r["verdict"] == "ok" for r in rates) else 0
+            return (f"stable in the open loop: goodput met the SLO up to {top_rate:g} requests/s (the most "
+                    f"tested that held): {len(self.tally.shots)} requests, {self.tally.errors} errors")
         loaded = [r for r in done if r["phase"] != "long_input"] or done
         top = max(r["concurrency"] for r in loaded)
         p95 = [r["ttft_p95_s"] for r in loaded if r.get("ttft_p95_s") is not None]
