@@ -316,6 +316,9 @@ def watch(
     api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="Environment variable holding the "
                                                                           "API key.")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Turn TLS verification off.")] = False,
+    telemetry_url: Annotated[str | None, typer.Option("--telemetry-url", help="A DCGM exporter's /metrics URL: "
+                                                      "each sample keeps every GPU's memory, power and "
+                                                      "utilisation.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
@@ -333,7 +336,7 @@ def watch(
                         agent_every=agent_every, agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES),
                         api_key_env=api_key_env, verify_tls=not insecure, model=model,
                         allowed_signers=allowed_signers, node_logs=tuple(node_log or ()),
-                        target=load_target(target))
+                        target=load_target(target), telemetry_url=telemetry_url)
 
     def show(s: Sample, fired: list[Trigger]) -> None:
         def num(v: float | None, fmt: str = "g") -> str:

@@ -375,6 +375,8 @@ class LoadEvidence(_Model):
     # the envelope is judged by (slo_rps, held_concurrency, and the held steps' worst ttft_p95_s, itl_p95_s,
     # e2e_p95_s).
     repeats: int | None = None
+    replayed: dict[str, Any] | None = Field(default=None, description="the replayed trace (file, sha256, requests, "
+                                                                         "speed) when the run replayed one")
     intervals: dict[str, list[float]] = Field(default_factory=dict)
     traffic: dict[str, float] = Field(default_factory=dict, description="the held steps' real traffic: hit ratio, "
                                                                         "latency, queue, rate (watch's baseline)")
