@@ -33,6 +33,8 @@ def _code(value: object, cell: bool = False) -> str:
 
 def render_markdown(view: ReportView) -> str:
     lines = [f"# {_text(view.title)}", ""]
+    if view.next_step:
+        lines += [f"**Do this next:** {_text(view.next_step)}", ""]
     lines += [f"- {_text(k)}: {_text(v)}" for k, v in view.meta]
     if view.exit_code is not None:
         lines.append(f"- exit code: {view.exit_code}")
