@@ -16,7 +16,16 @@ from typing import Any
 from k3fleet.contracts import OUTCOME_STATUS
 from k3fleet.report.escapes import safe_html as escape
 from k3fleet.report.plan import package_groups, plan_lines, plan_title
-from k3fleet.report.view import STATUS_ORDER, Chart, GpuHost, HeatMap, ReportView, approval_words, plain_number
+from k3fleet.report.view import (
+    STATUS_ORDER,
+    Chart,
+    GpuHost,
+    HeatMap,
+    ReportView,
+    approval_words,
+    plain_number,
+    plain_value,
+)
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
@@ -187,7 +196,8 @@ def svg_chart(chart: Chart, width: int = 560, height: int = 300, slo: tuple[str,
     legend_rows = math.ceil(len(labels) / per_row)
     pad_l, pad_r, pad_t, pad_b = 60, 20, 28, 46 + 16 * legend_rows
     height += 16 * legend_rows
-    x_ticks = nice_ticks(min(xs), max(xs), integer=chart.x_label in _COUNT_AXES)
+    x_lo, x_hi = chart.x_range if chart.x_range is not None else (min(xs), max(xs))
+    x_ticks = nice_ticks(min(x_lo, min(xs)), max(x_hi, max(xs)), integer=chart.x_label in _COUNT_AXES)
     y_hi = max([*ys, slo[1] if slo else 0.0])
     y_ticks = nice_ticks(min(0.0, min(ys)), y_hi, integer=chart.y_label in _COUNT_AXES)
     x0, x1 = x_ticks[0], x_ticks[-1]
@@ -439,7 +449,7 @@ def render_html(view: ReportView) -> str:
                          for c in view.charts)
         sections.append(f'<section id="curves"><h2>Load curves</h2><div class="charts">{charts}</div></section>')
     if view.baseline:
-        rows = [f'<tr><td>{escape(k)}</td><td><code>{escape(str(v))}</code></td></tr>'
+        rows = [f'<tr><td>{escape(k)}</td><td><code>{escape(plain_value(v))}</code></td></tr>'
                 for k, v in view.baseline.items() if v not in (None, {}, []) and k != "evidence"]
         sections.append(_section("Accepted baseline (serving rollback artifact)", ["setting", "value"], rows,
                                  "baseline-table", sid="baseline"))

@@ -9,6 +9,7 @@ command hand this module what they read, so it imports none of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -47,6 +48,8 @@ class Chart:
     x_label: str
     y_label: str
     series: list[Series]
+    # The x range the phase's charts share, so its panels line up (None: this chart's own points).
+    x_range: tuple[float, float] | None = None
 
 
 @dataclass
@@ -420,9 +423,25 @@ def plain_number(v: Any, unit: str = "") -> str:
         text = f"{n:.1f}"
     elif abs(n) >= 1:
         text = f"{n:.2f}"
+    elif n:
+        # Two significant digits however small (0.00025, not "0"), never an exponent.
+        places = max(3, 1 - math.floor(math.log10(abs(n))) + 1)
+        text = f"{n:.{places}f}".rstrip("0").rstrip(".")
     else:
-        text = f"{n:.3f}".rstrip("0").rstrip(".") if n else "0"
+        text = "0"
     return f"{text} {unit}".rstrip() if unit else text
+
+
+def plain_value(v: Any) -> str:
+    """A setting as people read it: a mapping as ``key=value, ...``, a list comma-separated, never a
+    Python or JSON literal."""
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={plain_value(x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(plain_value(x) for x in v)
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "none"}[v]
+    return str(v)
 
 
 def _median(values: Any) -> float | None:
@@ -515,7 +534,7 @@ _CHARTS = (
     ("latency", "seconds", (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("e2e_p50_s", "end-to-end p50"),
                             ("itl_p50_s", "inter-token p50"))),
     ("queue", "requests", (("running_max", "running (max)"), ("waiting_max", "waiting (max)"))),
-    ("KV cache", "fraction used", (("kv_usage_max", "KV usage (max)"),)),
+    ("KV cache", "percent used", (("kv_usage_max", "KV usage (max)"),)),
     ("goodput", "share within the SLO", (("goodput", "goodput"),)),
 )
 # GPU telemetry curves (load.json data.gpu.curves rows: t_s, used, free, power, utilisation).
@@ -530,15 +549,21 @@ def load_charts(points: Sequence[dict[str, Any]]) -> list[Chart]:
         phases.setdefault(str(p.get("phase") or "load"), []).append(p)
     for phase, pts in phases.items():
         x_key, x_label = _PHASE_X.get(phase, ("t_start_s", "seconds into the run"))
+        xs = [float(p[x_key]) for p in pts if _num(p.get(x_key)) is not None]
+        # One x range per phase: its latency, queue and KV panels line up point for point.
+        x_range = (min(xs), max(xs)) if xs else None
         for title, unit, keys in _CHARTS:
+            # vLLM reports KV usage as a fraction (0-1): drawn as a percentage, so a 0.04% cache reads 0.04.
+            scale = 100.0 if unit == "percent used" else 1.0
             series = []
             for key, label in keys:
-                xy = [(float(p[x_key]), float(p[key])) for p in pts
+                xy = [(float(p[x_key]), float(p[key]) * scale) for p in pts
                       if _num(p.get(x_key)) is not None and _num(p.get(key)) is not None]
                 if xy:
                     series.append(Series(label, sorted(xy)))
             if series:
-                charts.append(Chart(title=f"{phase}: {title}", x_label=x_label, y_label=unit, series=series))
+                charts.append(Chart(title=f"{phase}: {title}", x_label=x_label, y_label=unit, series=series,
+                                    x_range=x_range))
     return charts
 
 
