@@ -341,6 +341,9 @@ def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> 
         took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
         out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {took}{safe_markup(result.reason)}",
                   markup=True)
+    for name, why in (summary.get("aborted") or {}).items():
+        took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
+        out.print(f"  {name:13s} [red]ABORTED[/red]      {took}{safe_markup(why)}", markup=True)
     for name, why in (summary.get("not_run") or {}).items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
     failing = [f for r in results.values() for f in r.failing()]

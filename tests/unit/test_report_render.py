@@ -140,7 +140,7 @@ def test_a_small_kv_usage_has_readable_ticks_and_a_phase_shares_its_x_axis() -> 
     assert len(set(y_kv)) == len(y_kv) > 2, y_kv
     small = load_charts([{**r, "kv_usage_max": float(r["kv_usage_max"]) / 100} for r in rows])  # type: ignore[arg-type]
     y_small, _ = _ticks(svg_chart(next(c for c in small if c.title.endswith("KV cache"))))
-    assert len(set(y_small)) == len(y_small) and "0" == y_small[0] and y_small[1] != "0", y_small
+    assert len(set(y_small)) == len(y_small) and y_small[0] == "0" and y_small[1] != "0", y_small
     x_lat = _ticks(svg_chart(charts["long_input: latency"]))[1]
     x_queue = _ticks(svg_chart(charts["long_input: queue"]))[1]
     assert x_lat == x_queue, (x_lat, x_queue)
