@@ -145,6 +145,8 @@ class AcceptRecord(BaseModel):
     server: dict[str, Any] = Field(default_factory=dict, description="what the server said about itself")
     probes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="probe -> its summary")
     not_run: dict[str, str] = Field(default_factory=dict, description="probe -> why it did not run")
+    aborted: dict[str, str] = Field(default_factory=dict, description="probe -> the endpoint error that ended the "
+                                                                      "run while it ran")
     interrupted: bool = False
     error: str | None = None
     exit_code: RecordedExitCode = EXIT_INCOMPLETE
