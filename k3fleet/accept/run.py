@@ -272,6 +272,12 @@ async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, Pro
     watcher = asyncio.ensure_future(watch()) if stop is not None else None
     try:
         result = await coro
+    except EndpointError as exc:
+        # The run ends here (run_all records the error), but the summary keeps the probe's row: a load
+        # that aborted is a line that says so, not a line that vanishes.
+        summary.aborted[name] = exc.message
+        _elapsed(summary, name, round(time.monotonic() - t0, 1))
+        raise
     except asyncio.CancelledError:
         if stop is None or not stop.is_set() or me is None:
             raise

@@ -59,6 +59,9 @@ class UpgradeOptions:
     pause_timeout: int = 3600
     # Where pause prompts go (the CLI's stderr); None: nowhere.
     say: Callable[[str], None] | None = None
+    # The rollback kit staged before each host's first change: None is the default (on for a night, as
+    # the night was started for a resume); False is --no-rollback-kit.
+    rollback_kit: bool | None = None
 
 
 class NothingToChange(UsageError):

@@ -37,6 +37,7 @@ from k3fleet.change.gate import (
 )
 from k3fleet.change.interrupt import signal_name
 from k3fleet.change.journal import Journal, journal_now, mark_interrupted, read_journal, replay_journal, summarize
+from k3fleet.change.kit import kit_choice, kit_extravar, kit_timeouts, kit_warnings
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.pause import PauseWatcher, check_pause, continue_dir
@@ -77,7 +78,7 @@ def change_timeouts(target: Target, opts: UpgradeOptions, *, smoke: bool = True)
            "reboot": c.reboot_timeout_s, "fabricmanager_settle": c.fabricmanager_settle_s,
            "command": c.command_timeout_s,
            "audit_max_age": opts.audit_max_age if opts.audit_max_age is not None else c.audit_max_age_s,
-           "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target)}
+           "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target), **kit_timeouts(target)}
     out["slot_wait"] = slot_wait(out, smoke=smoke)
     return {k: int(v) for k, v in out.items()}
 
@@ -87,7 +88,7 @@ def resumed_timeouts(recorded: Mapping[str, Any], target: Target, *, smoke: bool
     the target's smoke bounds), with the slot wait for the resume's own smoke choice: a resume that
     turns the smoke on (or off) makes each host's change longer (or shorter) than the night planned."""
     out = {k: int(v) for k, v in recorded.items()}
-    for key, seconds in smoke_timeouts(target).items():
+    for key, seconds in {**smoke_timeouts(target), **kit_timeouts(target)}.items():
         out.setdefault(key, seconds)
     if all(k in out for k in ("drain", "reboot", "fabricmanager_settle", "command")):
         out["slot_wait"] = slot_wait(out, smoke=smoke)
@@ -150,6 +151,7 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
     Never raises for host failures: they are in the result, the journal and the exit code."""
     change_id, operator, max_arg, accept = validate_request(opts)
     smoke = smoke_choice(opts)
+    kit = kit_choice(opts)
     target = load_target(opts.target)
     # --check only simulates (apt-get -s): a lab host may be checked, never changed.
     (inventory_hosts if opts.check else refuse_simulated)(opts.inventory, opts.limit)
@@ -185,12 +187,13 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
             audit=str((rd.path / layout.gate_audit_dir() / layout.VERDICT).resolve()), inventory=str(opts.inventory),
             blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
             accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
-            timeouts=timeouts, image=target.image.ref, smoke=smoke)
+            timeouts=timeouts, image=target.image.ref, smoke=smoke, rollback_kit=kit)
         rd.write_json(layout.CHANGE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
         return execute(rd, record, opts, ev, hosts, layout.ansible_dir(), layout.events_file(), observer, cancel,
-                       journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check) + smoke_notes)
+                       journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check) + smoke_notes
+                       + kit_warnings(kit, opts.check))
 
 
 def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Sequence[int], *, audit_dir: Path,
@@ -222,6 +225,8 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_accepted_blocked": list(record.accepted_blocked),
         # The serving smoke after each host's verification (null: none); the role never runs it in --check.
         "k3fleet_smoke": smoke_extravar(record),
+        # The rollback kit staged before each host's first change (null: --no-rollback-kit).
+        "k3fleet_rollback_kit": kit_extravar(record),
     }
     if snapshots:
         ev["k3fleet_snapshots"] = dict(snapshots)
@@ -414,6 +419,8 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
         smoke=result.change.get("smoke"),
         warnings=result.warnings,
         pauses=result.pauses,
+        # The rollback kit as the night chose it (false: --no-rollback-kit, with its warning).
+        rollback_kit=result.change.get("rollback_kit"),
         wall_s=round(play.wall_s, 3) if play is not None else 0.0,
         controller_cpu_s=round(play.cpu_s, 3) if play is not None else 0.0,
         ansible_stats=play.stats if play is not None else {},

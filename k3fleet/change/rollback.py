@@ -236,7 +236,7 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
             if outcome == "held" and h is not None:
                 failure = f"held by change {h.held_by}: not touched by this rollback"
             result.hosts[host] = {"outcome": outcome, "from": str(journal.path), "stages": stages,
-                                  "failure": failure, "returned_to_service": _returned(h)}
+                                  "failure": failure, "returned_to_service": _returned(h), **_source(h)}
         if play.interrupted and not opts.check:
             # Where each host was when the signal came, in the source journal (and the rollback's copy).
             marks = mark_interrupted(
@@ -279,3 +279,13 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
 def _returned(h: HostHistory | None) -> bool:
     back = h.last("returned") if h is not None else None
     return bool(back is not None and isinstance(back.detail, dict) and back.detail.get("returned_to_service"))
+
+
+def _source(h: HostHistory | None) -> dict[str, Any]:
+    """Where the rollback took the packages from (``repository`` or ``kit``, docs/change-night.md "Rollback
+    kit") and why, from its ``rolled_back`` line; nothing when no package had to be installed."""
+    back = h.last("rolled_back") if h is not None else None
+    detail = back.detail if back is not None and isinstance(back.detail, dict) else {}
+    if not detail.get("source"):
+        return {"source": None, "source_why": None}
+    return {"source": str(detail["source"]), "source_why": str(detail.get("source_why") or "")}

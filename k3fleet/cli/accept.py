@@ -23,7 +23,7 @@ from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.errors import UsageError, validation_line
 from k3fleet.report.escapes import safe_markup
-from k3fleet.report.terminal import SEVERITY_STYLE
+from k3fleet.report.terminal import SEVERITY_STYLE, whole_column
 
 if TYPE_CHECKING:
     import httpx
@@ -53,10 +53,10 @@ def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None 
         out.print(f"  {line}", markup=False)
     if result.findings:
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        table.add_column("severity")
-        table.add_column("id")
-        table.add_column("layer")
-        table.add_column("finding", overflow="fold")
+        table.add_column("severity", no_wrap=True)
+        whole_column(table, "id", (f.check_id for f in result.findings))
+        table.add_column("layer", no_wrap=True)
+        table.add_column("finding", overflow="fold", ratio=1)
         for f in result.findings:
             sev = SEVERITY_STYLE[f.severity]
             table.add_row(f"[{sev}]{f.severity}[/{sev}]", safe_markup(f.check_id), safe_markup(f.layer or ""),
@@ -345,6 +345,9 @@ def _print_summary(summary: AcceptRecord, results: dict[str, ProbeResult]) -> No
         took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
         out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {took}{safe_markup(result.reason)}",
                   markup=True)
+    for name, why in summary.aborted.items():
+        took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
+        out.print(f"  {name:13s} [red]ABORTED[/red]      {took}{safe_markup(why)}", markup=True)
     for name, why in summary.not_run.items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
     failing = [f for r in results.values() for f in r.failing()]

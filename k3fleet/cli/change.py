@@ -86,12 +86,17 @@ def print_change(console: Console, result: Any) -> None:
 
 
 def _print_smoke(console: Console, change: dict[str, Any], when: str = "") -> None:
-    """The night's serving smoke choice, one line (the launch file's path is the operator's: text)."""
+    """The night's serving smoke choice, one line (the launch file's path is the operator's: text), and
+    its rollback kit choice."""
+    from k3fleet.change.kit import describe as describe_kit
     from k3fleet.change.smoke import describe
 
     line = describe(change)
     if line is not None:
         console.print(line + when, markup=False)
+    kit = describe_kit(change)
+    if kit is not None:
+        console.print(kit, markup=False)
 
 
 def print_check(console: Console, result: Any) -> None:
@@ -118,6 +123,15 @@ def print_check(console: Console, result: Any) -> None:
                 console.print(f"  {key:<8} " + " ".join(safe_text(p) for p in plan[key]), markup=False)
         console.print(f"  reboot   {'yes, loaded ' + str(plan.get('loaded_version')) if plan.get('reboot') else 'no'}",
                       markup=False)
+        kit = rep.get("rollback_kit") or {}
+        if kit.get("path"):
+            fetched = kit.get("fetched") or []
+            console.print(f"  rollback kit {safe_text(kit['path'])}: "
+                          + (f"{len(fetched)} package(s) to fetch" if fetched else "complete"), markup=False)
+            for line in fetched:
+                console.print(f"    {safe_text(line)}", markup=False)
+        elif kit.get("why"):
+            console.print(f"  rollback kit: none, {safe_text(kit['why'])}", markup=False)
         lines = rep.get("transaction") or []
         if lines:
             console.print("  package transaction:")
@@ -181,6 +195,12 @@ def upgrade(
         "--textfile", help="A *.prom file in node_exporter's textfile directory: the night's gauges (hosts by "
                            "stage, failures and budget left, the current wave), replaced atomically at every "
                            "stage.")] = None,
+    rollback_kit: Annotated[bool | None, typer.Option(
+        "--rollback-kit/--no-rollback-kit",
+        help="Before each host's first change, fetch the exact driver packages it runs onto the node with their "
+             "sha256, so a rollback works when the repository no longer offers them; a host whose kit cannot be "
+             "made is not changed (default: on; --resume: as the night was started). --no-rollback-kit is "
+             "recorded and warned about.")] = None,
     no_host_key_checking: NoHostKeyChecking = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     out_dir: OutDir = None,
@@ -212,7 +232,7 @@ def upgrade(
                           accept_findings=list(accept_finding or []), host_key_checking=not no_host_key_checking,
                           runs_dir=runs_dir, out=out_dir, smoke=smoke, launch_file=launch_file,
                           textfile=textfile, pause_after=pause_after, pause_timeout=pause_timeout,
-                          say=lambda text: err.print(text, markup=False))
+                          say=lambda text: err.print(text, markup=False), rollback_kit=rollback_kit)
     lab = changelab.lab_source(inventory) if resume is None else None
     if lab is not None and not check:
         raise UsageError(f"{inventory} is the simulated lab fleet: a change there would run apt on this machine; "
@@ -295,14 +315,18 @@ def rollback(
         _print_json(result, hosts=result.hosts, skipped=result.skipped, refused=result.refused, sources=result.sources)
     else:
         table = Table(title="rollback")
-        for col in ("host", "outcome", "stages", "back in service", "from", "note"):
+        for col in ("host", "outcome", "stages", "packages from", "back in service", "from", "note"):
             table.add_column(col)
         for host, h in result.hosts.items():
             style = _OUTCOME_STYLE.get(h["outcome"], "white")
             table.add_row(escape(safe_text(host)), f"[{style}]{h['outcome']}[/{style}]", " ".join(h["stages"]),
-                          "yes" if h.get("returned_to_service") else "no", escape(Path(h["from"]).parent.name),
-                          escape(safe_text(h.get("failure") or "")))
+                          escape(safe_text(h.get("source") or "")), "yes" if h.get("returned_to_service") else "no",
+                          escape(Path(h["from"]).parent.name), escape(safe_text(h.get("failure") or "")))
         out.print(table)
+        for host, h in result.hosts.items():
+            if h.get("source"):
+                out.print(f"  {safe_text(host)}: packages from the {h['source']} ({safe_text(h.get('source_why'))})",
+                          markup=False)
         for host, why in result.skipped.items():
             out.print(f"  not rolled back {host}: {safe_text(why)}", markup=False)
         for host, why in result.refused.items():

@@ -360,6 +360,7 @@ def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
     options = d.get("options")
     held = held_envelope(points, options if isinstance(options, dict) else {})
     return LoadEvidence(**held, **slo_rate(d), **repeat_intervals(d),
+        replayed=d["trace"] if isinstance(d.get("trace"), dict) else None,
         ref=ref, status=result.status, reason=result.reason, outcome=d.get("outcome"), ceiling=_int(d.get("ceiling")),
         envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,

@@ -59,7 +59,8 @@ from pydantic import BaseModel, Field, ValidationError
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
 from k3fleet.accept.agent import CASES, AgentOptions, run_agent
 from k3fleet.accept.client import Endpoint, EndpointError, fetch
-from k3fleet.accept.metrics import MetricsError, scrape
+from k3fleet.accept.gpu_telemetry import gpus_of
+from k3fleet.accept.metrics import MetricsError, scrape, scrape_url
 from k3fleet.accept.startup import NCCL_ERROR
 from k3fleet.bounds import check_seconds, parse_seconds, read_input
 from k3fleet.contracts import result_code
@@ -115,6 +116,9 @@ class Sample(BaseModel):
     node_notes: list[str] | None = Field(default=None, description="what the node logs hold that fires nothing")
     window: dict[str, float | None] | None = Field(default=None, description="the interval's real traffic "
                                                                              "(evaluate fills it)")
+    gpus: dict[str, dict[str, float]] | None = Field(default=None, description="per GPU: memory used and free "
+                                                     "(MiB), power (W), utilisation (%) from --telemetry-url")
+    telemetry_error: str | None = None
 
 
 @dataclass
@@ -538,6 +542,7 @@ class WatchOptions:
     # The CLI's target (--target, or the packaged default): used only when the approved decision's
     # package records none (a decision taken on the packaged default).
     target: Target | None = None
+    telemetry_url: str | None = None
 
 
 @dataclass
@@ -692,6 +697,13 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
                         pass  # the probe's requests are still counted: real_traffic takes them out
                     else:
                         s.after_probe, s.after_probe_at = counters_of(after)[0], time.time()
+            if opts.telemetry_url:
+                try:
+                    s.gpus = gpus_of(await scrape_url(client, opts.telemetry_url, timeout_s=timeout)) or None
+                    if s.gpus is None:
+                        s.telemetry_error = "the telemetry page has no DCGM GPU series"
+                except MetricsError as exc:
+                    s.telemetry_error = str(exc)
             if nodes.paths:
                 errors, notes = nodes.read()
                 s.node_errors, s.node_notes = errors or None, notes or None
@@ -726,6 +738,8 @@ def check_options(opts: WatchOptions) -> None:
         raise UsageError("--min-requests must be 1 or more")
     if opts.max_samples is not None and opts.max_samples < 1:
         raise UsageError("--samples must be 1 or more")
+    if opts.telemetry_url is not None and not re.match(r"^https?://\S+$", opts.telemetry_url):
+        raise UsageError(f"--telemetry-url {opts.telemetry_url!r}: an http:// or https:// URL")
     for p in opts.node_logs:
         if not p.is_file():
             raise UsageError(f"--node-log {p}: no such file")

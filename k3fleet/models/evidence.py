@@ -108,6 +108,8 @@ class ChangeRunRecord(_Written):
     warnings: list[str] = Field(default_factory=list)
     pauses: list[dict[str, Any]] = Field(default_factory=list, description="--pause-after: each pause point "
                                                                            "reached and how it was continued")
+    rollback_kit: bool | None = Field(default=None, description="the rollback kit as the night chose it (false: "
+                                                                "--no-rollback-kit)")
     controller_cpu_s: float = 0.0
     ansible_stats: dict[str, Any] = Field(default_factory=dict)
     done: list[str] = Field(default_factory=list, description="nothing to do: hosts already on the target")
@@ -143,6 +145,8 @@ class AcceptRecord(BaseModel):
     server: dict[str, Any] = Field(default_factory=dict, description="what the server said about itself")
     probes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="probe -> its summary")
     not_run: dict[str, str] = Field(default_factory=dict, description="probe -> why it did not run")
+    aborted: dict[str, str] = Field(default_factory=dict, description="probe -> the endpoint error that ended the "
+                                                                      "run while it ran")
     interrupted: bool = False
     error: str | None = None
     # None: no code recorded (a reader's default); a writer starts from EXIT_INCOMPLETE.
@@ -374,6 +378,8 @@ class LoadEvidence(_Model):
     # the envelope is judged by (slo_rps, held_concurrency, and the held steps' worst ttft_p95_s, itl_p95_s,
     # e2e_p95_s).
     repeats: int | None = None
+    replayed: dict[str, Any] | None = Field(default=None, description="the replayed trace (file, sha256, requests, "
+                                                                         "speed) when the run replayed one")
     intervals: dict[str, list[float]] = Field(default_factory=dict)
     traffic: dict[str, float] = Field(default_factory=dict, description="the held steps' real traffic: hit ratio, "
                                                                         "latency, queue, rate (watch's baseline)")

@@ -418,3 +418,19 @@ def test_only_the_signature_makes_a_baseline_trusted(unapproved: Path, evidence_
                   sign=signing_key(evidence_keys.stranger))
     line = _refused(_watch_once(stranger, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
     assert f"signed by ED25519 key {evidence_keys.stranger_fingerprint}, which is not in" in line
+
+
+def test_the_watch_samples_the_gpus(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
+    """--telemetry-url: each sample keeps every GPU's memory, power and utilisation (the simulator's DCGM page)."""
+    proc = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "w", 3, "--agent-every", "0",
+                  "--telemetry-url", sim.base_url + "/dcgm/metrics", interval=0.5)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    samples = _samples(tmp_path / "w")
+    assert len(samples) == 3 and all(s["telemetry_error"] is None for s in samples), samples
+    gpu = samples[-1]["gpus"]["vllm-sim/0"]
+    assert gpu["used_mib"] + gpu["free_mib"] == 143771 and gpu["power_w"] >= 91
+    bad = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "b", 1, "--agent-every", "0",
+                 "--telemetry-url", "ftp://x")
+    _, err = bad.communicate(timeout=120)
+    assert bad.returncode == 2 and "--telemetry-url" in err
