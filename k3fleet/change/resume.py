@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from k3fleet.audit.inventory import refuse_simulated
 from k3fleet.audit.runner import Observer
@@ -33,10 +32,11 @@ from k3fleet.change.smoke import check_one_node, resumed_smoke, smoke_warnings
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
 from k3fleet.evidence.reader import RunReader
+from k3fleet.models.target import Target
 
 
 def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list[str], argv: Sequence[str],
-               observer: Observer | None, cancel: threading.Event | None, target: Any) -> ChangeResult:
+               observer: Observer | None, cancel: threading.Event | None, target: Target) -> ChangeResult:
     assert opts.resume is not None
     if opts.check:
         raise UsageError("--resume continues a night that changes nodes: it cannot be a --check")

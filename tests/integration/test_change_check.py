@@ -284,3 +284,38 @@ def test_kubernetes_cordon_and_uncordon_only_ours(kube: dict[str, Any]) -> None:
     other = _node(kube, "gpu-k02")
     assert other["spec"]["unschedulable"] is True and other["metadata"]["annotations"] == {"ops/reason": "NIC swap"}
     assert _k8s_run(kube, "returned")["gpu-k01"]["decision"] == "not_drained"
+
+
+K8S_MARK_PLAY = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: k3fleet.gpu.k3_drain
+        tasks_from: mark
+      vars:
+        k3_drain_backend: kubernetes
+    - ansible.builtin.debug:
+        var: k3_drain_mark_result
+"""
+
+
+def test_kubernetes_validated_label_set_after_verify_and_taken_off_by_rollback(kube: dict[str, Any]) -> None:
+    from k3fleet.audit.runner import run_playbook
+
+    play_file = kube["tmp"] / "k8s_mark.yml"
+    play_file.write_text(K8S_MARK_PLAY)
+
+    def mark(how: str, driver: str = "") -> dict[str, Any]:
+        play = run_playbook(str(play_file), kube["inventory"], kube["tmp"] / f"ansible-mark-{how}", limit="gpu-k01",
+                            extravars={"k3_drain_mark": how, "k3_drain_mark_driver": driver}, forks=1)
+        assert play.status == "successful", (play.stderr_tail, play.last("gpu-k01"))
+        return next(o.result["k3_drain_mark_result"] for o in play.hosts["gpu-k01"]
+                    if o.result and "k3_drain_mark_result" in o.result)
+
+    res = mark("validated", "580.95.05")
+    assert res["marker"] == "k3fleet.io/validated=580.95.05"
+    assert _node(kube, "gpu-k01")["metadata"]["labels"]["k3fleet.io/validated"] == "580.95.05"
+    assert "k3fleet.io/validated" not in (_node(kube, "gpu-k02")["metadata"].get("labels") or {})
+    mark("unvalidated")
+    assert "k3fleet.io/validated" not in (_node(kube, "gpu-k01")["metadata"].get("labels") or {})
