@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k3fleet.decide.models import DataProtectionBrief, EvidenceSummary, LoadEvidence, ProfileBrief, Ref
+from k3fleet.models.evidence import DataProtectionBrief, EvidenceSummary, LoadEvidence, ProfileBrief, Ref
 from k3fleet.models.profile import profile_record
 
 # Agent case names a production profile adds (k3fleet/accept/profile_cases.py).

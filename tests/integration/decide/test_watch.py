@@ -281,6 +281,19 @@ def test_node_error_line_fires(approved: Path, evidence_keys: Any, sim: Any, tmp
     assert "gpu-b01-kern.log" in message and "Xid 79" in message
 
 
+def test_the_log_is_judged_by_the_decisions_own_target(approved: Path) -> None:
+    """The signed package carries the target its audit recorded; watch judges node logs by that one."""
+    from k3fleet.decide.watch import package_target
+    from k3fleet.evidence import layout
+    from k3fleet.evidence.reader import RunReader
+
+    summary = RunReader(approved).object(layout.SUMMARY)
+    ref = summary["target"]["ref"]
+    assert ref["file"] == layout.TARGET
+    target = package_target(layout.package_beside(approved))
+    assert target is not None and target.name == summary["target"]["name"]
+
+
 def _watch_once(baseline: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return k3fleet("watch", "--base-url", "http://127.0.0.1:9", "--baseline", str(baseline), "--for", "3s",
                    "--interval", "1", "--runs-dir", str(tmp_path / "r"), *extra)
