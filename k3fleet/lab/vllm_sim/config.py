@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments")
+DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments",
+           "warm_answer_changed")
 
 
 class SimConfig(BaseModel):
@@ -39,6 +40,9 @@ class SimConfig(BaseModel):
     crash_above_kv: float | None = Field(default=None, gt=0, le=1)
     restart_after_s: float | None = Field(default=None, ge=0)
     old_metric_names: bool = False
+    # /metrics shows the counters as they were this long ago: vLLM records a step's stats after it has
+    # handed the step's outputs to the requests, so a scrape right after a stream can miss that request.
+    metrics_lag_s: float = Field(default=0.0, ge=0, le=60)
     metrics_format: str = Field(default="prometheus", pattern="^(prometheus|openmetrics)$")
 
     enable_prompt_tokens_details: bool = False

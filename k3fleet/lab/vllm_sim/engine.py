@@ -30,12 +30,13 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from k3fleet.lab.vllm_sim.config import SimConfig
-from k3fleet.lab.vllm_sim.generate import Plan
+from k3fleet.lab.vllm_sim.generate import Plan, change_answer
 from k3fleet.lab.vllm_sim.kv_cache import Holding, KVCache
 
 # Bucket bounds after vLLM's Prometheus loggers (docs/acceptance-load.md, "Metric names").
@@ -135,6 +136,7 @@ class Engine:
         self.reported_waiting = 0
         self.stats = Stats()
         self.started_at = time.time()
+        self._defect_rng = random.Random(cfg.seed ^ 0xCAC4E)
         self.dead = False
         self.dead_since: float | None = None
         self.restarts = 0
@@ -237,6 +239,8 @@ class Engine:
             if req.admitted_at is None:
                 req.admitted_at = time.monotonic()
                 req.hit_tokens = hit
+                if hit and self._defect_rng.random() < cfg.defects.get("warm_answer_changed", 0.0):
+                    change_answer(req.plan)
                 self.stats.queue.observe(req.admitted_at - req.arrival)
             self.stats.prompt_tokens_cached += hit
             self.running.append(req)

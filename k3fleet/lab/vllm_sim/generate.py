@@ -16,7 +16,9 @@ Rules (docs/acceptance-load.md, "Simulator"):
   ``tool_calls`` empty, finish ``stop``: vLLM 53246), ``merged_stream_calls`` (streamed turns with two
   or more calls: all under index 0 as one entry with concatenated arguments: vLLM 24478),
   ``marker_in_reasoning`` (tool-call markers in the reasoning text: vLLM 30238), ``invalid_arguments``
-  (the first call's arguments cut off as JSON, or missing a required property).
+  (the first call's arguments cut off as JSON, or missing a required property), ``warm_answer_changed``
+  (the engine's: a request admitted with a prefix-cache hit answers with its first word changed, as a
+  hybrid model whose hit resumes the recurrence mid-stream does: ROCm/ATOM PR 1759).
 """
 
 from __future__ import annotations
@@ -294,6 +296,15 @@ def _apply_defects(plan: Plan, rates: dict[str, float], rng: random.Random, stre
         else:
             # Not JSON at all: the closing of the object is cut off.
             first.arguments = first.arguments[: max(1, len(first.arguments) - 2)]
+
+
+def change_answer(plan: Plan) -> None:
+    """``warm_answer_changed``: the first reasoning or content word differs from the cold answer's."""
+    for i, (channel, text) in enumerate(plan.items):
+        if channel in ("reasoning", "content"):
+            plan.items[i] = (channel, " stale" if text.strip() != "stale" else " state")
+            plan.defects.append("warm_answer_changed")
+            return
 
 
 def extend_to(plan: Plan, n_tokens: int, prompt: str) -> None:
