@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from k3fleet.accept import toolcheck
+from k3fleet.accept import identity, toolcheck
 from k3fleet.accept.agent_profile import case_func
 from k3fleet.accept.client import (
     Endpoint,
@@ -319,6 +319,7 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
     t0 = time.monotonic()
     # The model must be served (exit 2 otherwise), as for every probe, before any case runs.
     await model_card(ctx.client, ctx.endpoint)
+    seen = await identity.live(ctx.client, ctx.endpoint)
     await _reference_client(ctx, say)
     # Round by round (every case once a round), so a time budget cut leaves every case measured alike.
     rounds = 0
@@ -331,7 +332,8 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
         await asyncio.gather(*(one(case) for case in opts.cases))
         rounds = rnd
     result = _result(outcomes, opts, ctx.rec)
-    result.data.update(rounds=rounds, repeats_planned=opts.repeats, elapsed_s=round(time.monotonic() - t0, 3))
+    result.data.update(rounds=rounds, repeats_planned=opts.repeats, elapsed_s=round(time.monotonic() - t0, 3),
+                       server=seen)
     if rounds < opts.repeats:
         result.findings.append(finding(check_id="accept.agent.budget", severity="info",
                                        message=f"the time budget ({opts.time_budget_s:.0f} s) allowed {rounds} of "

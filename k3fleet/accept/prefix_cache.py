@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
+from k3fleet.accept import identity
 from k3fleet.accept.answers import Answer, answer_of, compare
 from k3fleet.accept.client import Endpoint, Exchange, max_model_len_of, model_card, post_json, stream_chat
 from k3fleet.accept.metrics import MetricsError, MetricsSnapshot, delta, scrape
@@ -252,6 +253,7 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
     # The model must be served (exit 2 otherwise) and its context bounds the prompt.
     max_len = max_model_len_of(await model_card(client, endpoint))
     s0, metrics_error = await _snapshot(client, endpoint, "0_before", rec)
+    data["server"] = await identity.live(client, endpoint, s0)
     cfg = s0.cache_config() if s0 is not None else None
     unit, unit_source = _match_unit(cfg, opts, endpoint.model)
     data.update(match_unit=unit, match_unit_source=unit_source, cache_config=cfg, metrics_error=metrics_error,

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from k3fleet.accept import identity
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load.monitor import Monitor
 from k3fleet.accept.load.options import LoadObserver, LoadOptions
@@ -262,4 +263,9 @@ async def run_load(endpoint: Endpoint, opts: LoadOptions, observer: LoadObserver
     model) raises :class:`EndpointError`; everything after it is measured and returned. ``stop`` (set
     from a signal handler) ends the run early with what was measured; ``recorder`` (``snapshot(window,
     raw)``) receives raw /metrics pages at the start, after each phase and at the end."""
-    return await LoadRun(endpoint, opts, observer or LoadObserver(), stop, recorder).execute()
+    # What the run saw of the server, for holding start-up evidence against it (k3fleet.accept.identity).
+    async with endpoint.async_client(1) as client:
+        seen = await identity.live(client, endpoint)
+    result = await LoadRun(endpoint, opts, observer or LoadObserver(), stop, recorder).execute()
+    result.data["server"] = seen
+    return result
