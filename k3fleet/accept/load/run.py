@@ -12,9 +12,11 @@ from typing import Any
 from k3fleet.accept import identity
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load.monitor import Monitor
-from k3fleet.accept.load.options import LoadObserver, LoadOptions
+from k3fleet.accept.load.options import OPEN_LOOP, LoadObserver, LoadOptions
 from k3fleet.accept.load.outcome import Report
 from k3fleet.accept.load.prompts import TOOLS, filler, plain_body
+from k3fleet.accept.load.rate import MAX_IN_FLIGHT, OpenLoop
+from k3fleet.accept.load.repeats import combine
 from k3fleet.accept.load.shots import Budget, Shot, Tally
 from k3fleet.accept.load.steps import Curve
 from k3fleet.accept.load.transport import Transport, endpoint_kind
@@ -32,9 +34,13 @@ class LoadRun:
         self.obs = observer
         self.tally = Tally(opts, observer, stop)
         top = max([*opts.ramp, opts.sustained_concurrency or 1, 1])
+        if any(p in opts.phases for p in OPEN_LOOP):
+            # Open loop: the connection pool must not queue what the server should (its own cap only).
+            top = max(top, min(opts.max_concurrency or MAX_IN_FLIGHT, MAX_IN_FLIGHT))
         self.http = Transport(endpoint, opts, top + 2, self.tally.t0)
         self.monitor = Monitor(self.http, self.tally, recorder)
         self.curve = Curve(opts, observer, self.tally.t0, self.monitor.samples)
+        self.open_loop = OpenLoop(self)
         self.tokens_per_word = 1.3
         self.calibrated = False
         self.base_tokens = 0
@@ -68,6 +74,7 @@ class LoadRun:
             await self.http.close()
             self.monitor.snapshot("load-end")
         return Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
+                      search=self.open_loop.search,
                       refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
                       calibrated=self.calibrated, max_model_len=self.max_model_len).result()
 
@@ -87,6 +94,10 @@ class LoadRun:
                                                        (None if ramp_run else max(self.opts.ramp)))
             if conc is not None and not any(r["verdict"] == "server" for r in rows):
                 await self._sustained(conc)
+        for phase in OPEN_LOOP:
+            if phase in phases and not any(r["verdict"] == "server" for r in self.curve.rows):
+                await (self.open_loop.ramp() if phase == "rate_ramp" else self.open_loop.slo_search())
+                self.monitor.snapshot(f"load-{phase}")
 
     async def _calibrate(self) -> None:
         """Tokens per filler word from the server's own usage (two tiny requests)."""
@@ -266,6 +277,11 @@ async def run_load(endpoint: Endpoint, opts: LoadOptions, observer: LoadObserver
     # What the run saw of the server, for holding start-up evidence against it (k3fleet.accept.identity).
     async with endpoint.async_client(1) as client:
         seen = await identity.live(client, endpoint)
-    result = await LoadRun(endpoint, opts, observer or LoadObserver(), stop, recorder).execute()
+    obs = observer or LoadObserver()
+    results = [await LoadRun(endpoint, opts, obs, stop, recorder).execute()]
+    while len(results) < opts.repeat and not results[-1].data.get("interrupted") and not (stop and stop.is_set()):
+        obs.note(f"run {len(results) + 1} of {opts.repeat}")
+        results.append(await LoadRun(endpoint, opts, obs, stop, recorder).execute())
+    result = combine(results) if opts.repeat > 1 else results[0]
     result.data["server"] = seen
     return result
