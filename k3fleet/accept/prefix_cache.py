@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from k3fleet.accept import identity
+from k3fleet.accept import explain, identity
 from k3fleet.accept.answers import Answer, answer_of, compare
 from k3fleet.accept.client import Endpoint, Exchange, max_model_len_of, model_card, post_json, stream_chat
 from k3fleet.accept.metrics import MetricsError, MetricsSnapshot, delta, scrape
@@ -400,6 +400,12 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
         status, reason = _judge(findings, data, windows, unit, exp_low, exp_high, high, cached_warm, ctrl_cached,
                                 s0, opts)
     status, reason = _judge_answers(findings, data, cold, replays, status, reason)
+    data["explain"] = explain.window(s0, s3, endpoint.model)
+    extra = explain.findings_of(PROBE, data["explain"])
+    findings.extend(extra)
+    bad = [f for f in extra if f.failed]
+    if bad:
+        status, reason = "fail", bad[0].message if status != "fail" else f"{reason}; {bad[0].message}"
     return ProbeResult(probe=PROBE, status=status, reason=reason, findings=findings, data=data)
 
 

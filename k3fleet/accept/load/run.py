@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from k3fleet.accept import identity
+from k3fleet.accept import explain, identity
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load.monitor import Monitor
 from k3fleet.accept.load.options import OPEN_LOOP, LoadObserver, LoadOptions
@@ -73,10 +73,17 @@ class LoadRun:
             await asyncio.gather(*(t for t in (monitor, watcher) if t is not None), return_exceptions=True)
             await self.http.close()
             self.monitor.snapshot("load-end")
-        return Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
-                      search=self.open_loop.search,
-                      refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
-                      calibrated=self.calibrated, max_model_len=self.max_model_len).result()
+        result = Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
+                        search=self.open_loop.search,
+                        refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
+                        calibrated=self.calibrated, max_model_len=self.max_model_len).result()
+        result.data["explain"] = explain.window(self.monitor.first, self.monitor.last, self.ep.model)
+        extra = explain.findings_of("load", result.data["explain"])
+        result.findings.extend(extra)
+        bad = [f for f in extra if f.failed]
+        if bad and result.status != "fail":
+            result.status, result.reason = "fail", bad[0].message
+        return result
 
     async def _phases(self) -> None:
         phases = self.opts.phases

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments",
-           "warm_answer_changed")
+           "warm_answer_changed", "corrupted_request")
 
 
 class SimConfig(BaseModel):
@@ -30,6 +30,9 @@ class SimConfig(BaseModel):
     # Scheduler (vLLM: --max-num-seqs, --max-num-batched-tokens).
     max_num_seqs: int = Field(default=256, ge=1)
     max_num_batched_tokens: int = Field(default=8192, ge=16)
+    # vLLM 0.30+ queue cap (--max-num-queued-reqs): a request past it is answered 503 and counted in
+    # vllm:admission_rejections{reason="max_num_queued_reqs"}; None: no cap.
+    max_num_queued_reqs: int | None = Field(default=None, ge=0)
 
     # Latency model: each engine step costs itl_ms plus prefill_ms_per_token per prompt token computed.
     prefill_ms_per_token: float = Field(default=0.05, ge=0)

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from k3fleet.lab.vllm_sim import exposition, tokenizer
 from k3fleet.lab.vllm_sim.config import SimConfig
-from k3fleet.lab.vllm_sim.engine import Engine, EngineDead, SimRequest
+from k3fleet.lab.vllm_sim.engine import Engine, EngineDead, QueueFull, SimRequest
 from k3fleet.lab.vllm_sim.generate import Plan, RequestError, extend_to, plan_answer, render_prompt
 
 _ENGINE = web.AppKey("engine", Engine)
@@ -170,6 +170,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         eng.submit(req)
     except EngineDead as exc:
         return _error(500, str(exc), "InternalServerError")
+    except QueueFull as exc:
+        return _error(503, str(exc), "ServiceUnavailableError")
     if stream:
         return await _stream(request, eng, req, rid, body)
     try:
