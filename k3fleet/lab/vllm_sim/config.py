@@ -9,7 +9,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments",
-           "warm_answer_changed", "corrupted_request")
+           "warm_answer_changed", "corrupted_request", "parallel_collapsed", "wrong_function", "irrelevant_call",
+           "invent_argument", "stale_turn", "kimi_marker_leak", "call_text_in_content")
 
 
 class SimConfig(BaseModel):
