@@ -79,6 +79,28 @@ SEATS: dict[str, str] = {
 }
 
 
+# The fix each defect calls for, at its layer (what triage and the agent findings tell the operator).
+FIXES: dict[str, str] = {
+    "empty_tool_calls": "serve with the model's own --tool-call-parser (kimi_k3 for Kimi K3) and a vLLM with the "
+                        "parser fix; until then the client validates tool_calls against the schema and retries",
+    "kimi_marker_leak": "take the Kimi tool parser fix for vLLM issue 54273; until then the client must not show or "
+                        "store such content and retries the turn",
+    "tool_call_text_in_content": "start the server with --enable-auto-tool-choice and the model's --tool-call-parser "
+                                 "(hermes for <tool_call> models); a client-side fallback may parse the text",
+    "marker_in_content": "the tool parser left markers in content: update the parser (vLLM PR 31207 fixed the K2 path)",
+    "marker_in_reasoning": "the reasoning parser kept tool markers: serve with the matching --reasoning-parser",
+    "reasoning_in_content": "serve with the model's --reasoning-parser so reasoning is split from content",
+    "merged_stream_calls": "update vLLM past issue 24478, or read calls non-streamed until then",
+    "invalid_arguments": "validate arguments against the tool's schema and retry; constrain with tool_choice "
+                         "required / a named tool (structured outputs) where the turn must call",
+    "wrong_finish_reason": "the parser and the finish reason disagree: update the tool parser",
+    "malformed_response": "a gateway or client cut the body: raise the proxy's buffer and read timeout, keep the "
+                          "whole response",
+    "invented_argument": "tell the model to ask for missing required values (system prompt) and reject calls whose "
+                         "required arguments the user never gave",
+}
+
+
 def seat_of(defect: str, seen_at: str) -> str:
     """A defect's layer: the client when only the SDK's reading shows it, else where :data:`SEATS` puts it."""
     return "client" if seen_at == "client" else SEATS.get(defect, "model")
