@@ -324,7 +324,7 @@ class Budget:
         """How many requests each probe will send (the agent's and the load's are upper bounds)."""
         out: dict[str, Any] = {}
         if "prefix_cache" not in opts.skip:
-            reps = getattr(opts.prefix, "repeats", 5)
+            reps = getattr(opts.prefix, "repeats", 5) + getattr(opts.prefix, "replays", 1)
             out["prefix_cache"] = {"requests": reps + 2, "tokenize_requests": 5}
         if "agent" not in opts.skip:
             a = opts.agent

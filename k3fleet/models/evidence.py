@@ -282,6 +282,8 @@ class StartupEvidence(_Model):
     all2all_backend: str | None = None
     launch_command: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict, description="the server the log names "
+                                   "(k3fleet.accept.identity.from_startup)")
     findings: list[Fact] = Field(default_factory=list)
 
     @property
@@ -299,6 +301,8 @@ class PrefixCacheEvidence(_Model):
     controlled_reuse: bool | None = Field(default=None, description="hits rose by about the shared prefix")
     caching_enabled: bool | None = Field(default=None, description="cache_config_info enable_prefix_caching")
     hit_ratio: float | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -321,6 +325,8 @@ class AgentEvidence(_Model):
     status: str
     reason: str | None = None
     cases: list[AgentCase] = Field(default_factory=list)
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -351,6 +357,8 @@ class LoadEvidence(_Model):
     envelope: dict[str, Any] = Field(default_factory=dict)
     phases: list[str] = Field(default_factory=list, description="phases with saved curve points")
     curves_ref: Ref | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     request_params_saved: bool = False
     queue_latency_saved: bool = False
     restarts: int | None = None
