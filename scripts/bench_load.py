@@ -279,8 +279,10 @@ def rate_worker(url: str, rate: float, count: int, prompt_tokens: int, output_to
     from k3fleet.accept.load import LoadOptions, run_load
 
     ep = Endpoint(base_url=url, model=model, timeout_s=600)
-    opts = LoadOptions(phases=["rate_ramp"], rates=[rate], rate_step_s=count / rate, arrival="poisson",
-                       rate_prompt_tokens=prompt_tokens, rate_output_tokens=output_tokens, max_requests=count + 10,
+    # Exactly ``count`` requests, as vLLM's benchmark sends: a Poisson draw over count / rate seconds may hold
+    # fewer, so the step is twice as long and the request bound (which calibration does not count) ends them.
+    opts = LoadOptions(phases=["rate_ramp"], rates=[rate], rate_step_s=count / rate * 2, arrival="poisson",
+                       rate_prompt_tokens=prompt_tokens, rate_output_tokens=output_tokens, max_requests=count,
                        ttft_p95_slo_s=3600, itl_p95_slo_s=3600, request_timeout_s=600, max_duration_s=86400)
     res = asyncio.run(run_load(ep, opts))
     (row,) = [r for r in res.data["curves"] if r["phase"] == "rate_ramp"]

@@ -121,7 +121,7 @@ async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
     key = endpoint.api_key()
     ev = _Evidence(rd, [key] if key else [])
     summary = AcceptRecord(base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls,
-                           started_at=_now())
+                           started_at=_now(), exit_code=EXIT_INCOMPLETE)
     results: dict[str, ProbeResult] = {}
     rec = Recorder()
     try:
@@ -324,7 +324,7 @@ class Budget:
         """How many requests each probe will send (the agent's and the load's are upper bounds)."""
         out: dict[str, Any] = {}
         if "prefix_cache" not in opts.skip:
-            reps = getattr(opts.prefix, "repeats", 5)
+            reps = getattr(opts.prefix, "repeats", 5) + getattr(opts.prefix, "replays", 1)
             out["prefix_cache"] = {"requests": reps + 2, "tokenize_requests": 5}
         if "agent" not in opts.skip:
             a = opts.agent

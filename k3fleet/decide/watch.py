@@ -31,6 +31,9 @@ Rollback triggers:
   pools in a row;
 - ``schema_invalid_tool_calls``: a sampled critical tool-call or structured-output case fails
   ``repeat`` times in a row;
+- ``corrupted_requests``: ``vllm:corrupted_requests`` rose (NaN or inf in the logits), at once;
+- ``admission_rejections``: ``vllm:admission_rejections`` rose ``repeat`` intervals in a row (clients
+  get 503s because a queue cap is reached), with the reasons;
 - ``node_errors``: an Xid of error or critical severity (the audit's ``gpu.xid`` verdict over the
   kernel log's NVRM lines) or an NCCL error on a ``--node-log`` line not older than the approval.
 
@@ -76,7 +79,7 @@ from k3fleet.triage import Capture, build_facts
 from k3fleet.verdict import evaluate_host
 
 TRIGGERS = ("process_restart_or_oom", "queue_beyond_envelope", "queue_growth", "cache_hit_regression",
-            "schema_invalid_tool_calls", "node_errors")
+            "schema_invalid_tool_calls", "corrupted_requests", "admission_rejections", "node_errors")
 DEFAULT_AGENT_CASES = ("one_required_arg", "streaming_deltas", "structured_output")
 # Counters read from /metrics whose rise over an interval is the interval's traffic.
 COUNTERS = ("requests", "queries", "hits", "prompt_tokens", "cached_tokens", "preemptions", "http_errors",
@@ -251,6 +254,7 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
                 and s.counters.get("prompt_tokens") is not None \
                 and s.counters["prompt_tokens"] < prev.counters["prompt_tokens"]:
             fire("process_restart_or_oom", "vllm:prompt_tokens went backwards: the engine restarted")
+        _explained(state, prev, s, fire)
         limit = state.queue_limit
         queue = (s.running or 0) + (s.waiting or 0) if s.running is not None or s.waiting is not None else None
         over = limit is not None and queue is not None and queue > limit
@@ -280,6 +284,26 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
         fire("node_errors", "node errors since the approval: " + "; ".join(s.node_errors[:4]))
     state.last = s
     return out
+
+
+def _explained(state: WatchState, prev: Sample | None, s: Sample, fire: Callable[[str, str], None]) -> None:
+    """The failure-explaining counters between two samples: corrupted requests fire at once, admission
+    rejections after ``repeat`` intervals in a row."""
+    def rise(key: str) -> float | None:
+        if prev is None or key not in prev.counters or key not in s.counters:
+            return None
+        return max(0.0, s.counters[key] - prev.counters[key])
+
+    corrupted = rise("corrupted")
+    if corrupted:
+        fire("corrupted_requests", f"the server counted {corrupted:.0f} corrupted request(s) since the last sample "
+                                   "(vllm:corrupted_requests: NaN or inf in the logits): its answers cannot be trusted")
+    rejected = rise("rejected")
+    n = _streak(state, "rejected", bool(rejected))
+    if rejected and n >= state.repeat:
+        fire("admission_rejections", f"{rejected:.0f} request(s) refused at admission in the last interval "
+                                     f"({n} intervals in a row, vllm:admission_rejections): clients get 503s because "
+                                     "a queue cap is reached")
 
 
 def _judge_rates(state: WatchState, s: Sample, window: Mapping[str, float | None], traffic: Mapping[str, float],
@@ -595,6 +619,10 @@ def counters_of(snap: Any) -> tuple[dict[str, float], dict[str, float]]:
     put("prompt_tokens", snap.counter("vllm:prompt_tokens"))
     put("cached_tokens", snap.counter("vllm:prompt_tokens_cached"))
     put("preemptions", snap.counter("vllm:num_preemptions"))
+    # vLLM 0.30+ (k3fleet.accept.explain): what explains a failure the clients see.
+    put("corrupted", snap.counter("vllm:corrupted_requests"))
+    put("rejected", snap.counter("vllm:admission_rejections"))
+    put("external_hits", snap.counter("vllm:external_prefix_cache_hits"))
     for key, name in (("e2e", "vllm:e2e_request_latency_seconds"), ("itl", "vllm:inter_token_latency_seconds"),
                       ("ttft", "vllm:time_to_first_token_seconds"), ("prefill", "vllm:request_prefill_time_seconds")):
         hist = snap.histogram(name)

@@ -10,6 +10,7 @@ import pytest
 from k3fleet.cli.base import main
 from k3fleet.evidence import RunDir
 from k3fleet.lab.vllm_sim.server import start_simulator
+from k3fleet.models.evidence import AcceptRecord
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_startup"
 # A short load schedule: the probe's own defaults run for minutes.
@@ -27,6 +28,8 @@ def test_every_probe_passes_on_a_healthy_simulator(tmp_path: Path) -> None:
     assert {k: v["status"] for k, v in summary["probes"].items()} == {
         "startup": "pass", "prefix_cache": "pass", "agent": "pass", "load": "pass"}
     assert summary["not_run"] == {} and summary["exit_code"] == 0
+    # Written through its model: every key is one the model declares, and the model reads it back whole.
+    assert set(summary) <= set(AcceptRecord.model_fields) and AcceptRecord.model_validate(summary).dump() == summary
     for rel in ("startup.json", "prefix_cache.json", "agent.json", "load.json", "load/curves.jsonl",
                 "requests/prefix_cache.jsonl", "requests/agent.jsonl", "metrics/start.txt", "inputs/startup.log"):
         assert (out / rel).is_file(), rel
