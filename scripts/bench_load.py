@@ -320,14 +320,15 @@ def open_loop(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-load-rate-") as tmp:
         work = Path(tmp)
-        sim, url = start_simulator(args.itl_ms)
-        try:
-            for rate in args.rates:
-                compare("simulator", url, "moonshotai/Kimi-K3", rate, work)
-        finally:
-            sim.terminate()
-            sim.wait(10)
-        if args.real:
+        if not args.real_only:
+            sim, url = start_simulator(args.itl_ms)
+            try:
+                for rate in args.rates:
+                    compare("simulator", url, "moonshotai/Kimi-K3", rate, work)
+            finally:
+                sim.terminate()
+                sim.wait(10)
+        if args.real or args.real_only:
             wd = work / "vllm"
             try:
                 state = vllm.up(0, [], workdir=wd, progress=lambda m: print(m, file=sys.stderr))
@@ -437,6 +438,7 @@ def main() -> int:
                     "--request-rate (Poisson) at these rates, on the simulator (and --real at --real-rates)")
     ap.add_argument("--rate-seconds", type=float, default=20.0, help="open loop: seconds of arrivals per rate")
     ap.add_argument("--real-rates", type=float, nargs="+", default=[2.0, 4.0])
+    ap.add_argument("--real-only", action="store_true", help="open loop: the real vLLM's rates only")
     ap.add_argument("--rate-worker", nargs=6, metavar=("URL", "RATE", "COUNT", "PROMPT", "OUTPUT", "MODEL"))
     args = ap.parse_args()
     if args.worker:

@@ -128,7 +128,7 @@ _MEMORY: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
     (re.compile(r"[GC]PU KV cache size: ([\d,]+) tokens"), ("kv_cache_tokens",)),
     (re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
      ("concurrency_tokens", "max_concurrency_x")),
-    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) seconds"), ("init_s",)),
+    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) (?:seconds|s)\b"), ("init_s",)),
 )
 _LOAD_START = re.compile(r"Loading (?:model )?weights|Loading safetensors|load_model|Starting to load model")
 _LOAD_DONE = re.compile(r"Loading (?:model )?weights took|Model loading took|Loading weights took")

@@ -41,7 +41,7 @@ from k3fleet.change.kit import kit_choice, kit_extravar, kit_timeouts, kit_warni
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.pause import PauseWatcher, check_pause, continue_dir
-from k3fleet.change.record import ChangeRecord
+from k3fleet.change.record import ChangeRecord, SmokeChoice
 from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
 from k3fleet.change.textfile import NightTextfile, check_textfile
 from k3fleet.change.timing import ChangeRecorder, host_timings
@@ -236,10 +236,12 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
 def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str, Any], target_version: str,
              held: Mapping[str, str], exc: NothingToChange, smoke: Mapping[str, Any]) -> ChangeResult:
     """A second night over a done fleet changes nothing and says so (exit 0; 1 when hosts are blocked)."""
-    change = {"change_id": opts.change_id, "operator": operator, "target_version": target_version,
-              "target_branch": plan["target_branch"], "canary": None, "waves": [], "check": opts.check,
-              "done": plan.get("done") or [], "blocked": plan.get("blocked") or [], "held": dict(held),
-              "smoke": dict(smoke)}
+    # change.json through its model, as a night with hosts to change writes it (the fields set, no more).
+    change = ChangeRecord(
+        change_id=opts.change_id, operator=operator, target_version=target_version,
+        target_branch=plan["target_branch"], canary=None, waves=[], check=opts.check,
+        done=plan.get("done") or [], blocked=plan.get("blocked") or [], held=dict(held),
+        smoke=SmokeChoice.model_validate(dict(smoke))).model_dump(mode="json", exclude_unset=True)
     rd.write_json(layout.CHANGE, change)
     result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
     rd.write_json(layout.RUN, ChangeRunRecord(status="nothing_to_do", exit_code=result.exit_code,

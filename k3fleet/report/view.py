@@ -442,7 +442,7 @@ def plain_number(v: object, unit: str = "") -> str:
     return f"{text} {unit}".rstrip() if unit else text
 
 
-def plain_value(v: Any) -> str:
+def plain_value(v: object) -> str:
     """A setting as people read it: a mapping as ``key=value, ...``, a list comma-separated, never a
     Python or JSON literal."""
     if isinstance(v, Mapping):

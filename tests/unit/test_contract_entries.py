@@ -174,3 +174,13 @@ def test_run_files_are_written_through_their_models() -> None:
     others = [f"{p.relative_to(ROOT)}:{n.name}" for p in _modules() if p.name != "evidence.py"
               for n in ast.walk(ast.parse(_source(p))) if isinstance(n, ast.ClassDef) and n.name in written.values()]
     assert others == []
+
+
+def test_report_views_and_targets_are_typed() -> None:
+    """The report views take the evidence models (models/evidence.py sits below report), and a target is
+    a Target wherever it is passed: no ``: Any`` parameter in report/view.py, no ``target: Any``."""
+    untyped = [f"{p.relative_to(ROOT)}:{a.lineno}" for p in _modules() for n in ast.walk(ast.parse(_source(p)))
+               if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for a in n.args.args + n.args.kwonlyargs
+               if a.annotation is not None and ast.unparse(a.annotation) == "Any"
+               and ((p.name == "view.py" and p.parent.name == "report") or a.arg == "target")]
+    assert untyped == []

@@ -19,7 +19,10 @@ class SimConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
     model: str = "moonshotai/Kimi-K3"
-    vllm_version: str = "0.28.0"
+    # The version the lab's start-up logs and image labels name (k3fleet/lab/demo_data, the lab fleet's
+    # image_vllm): the simulated server is the server those logs describe, so "one server, one story"
+    # holds on the lab (docs/acceptance.md).
+    vllm_version: str = "0.27.1"
     max_model_len: int = Field(default=262144, ge=64)
 
     # Prefix cache (vLLM: --enable-prefix-caching, --block-size; K3: --prefix-match-unit).
