@@ -176,7 +176,8 @@ def test_api_key_never_reaches_the_run_directory(tmp_path: Path, monkeypatch: py
     assert set(summary["probes"]) == {"startup", "prefix_cache", "agent"}
     assert json.loads((out / "agent.json").read_text())["data"]["cases"]["one_required_arg"]["runs"] == 1
     assert (out / "requests" / "prefix_cache.jsonl").is_file() and (out / "requests" / "agent.jsonl").is_file()
-    assert len(list((out / "metrics").glob("prefix_cache_*.txt"))) == 4
+    # One settled snapshot before and after each request: cold, 2 warm, the replay, the control.
+    assert len(list((out / "metrics").glob("prefix_cache_*.txt"))) == 6
     from k3fleet.evidence import RunDir
 
     assert RunDir.open(out).verify_manifest() == []
