@@ -50,6 +50,9 @@ def serve_vllm(
     = False,
     metrics_format: Annotated[str, typer.Option("--metrics-format", help="prometheus or openmetrics.")]
     = "prometheus",
+    max_num_queued_reqs: Annotated[int | None, typer.Option(
+        "--max-num-queued-reqs", min=0, help="Answer 503 past this many waiting requests (counted as admission "
+        "rejections).")] = None,
     metrics_lag: Annotated[float, typer.Option("--metrics-lag", min=0.0, max=60.0,
                                                help="Seconds /metrics lags behind the engine's counters.")] = 0.0,
     enable_prompt_tokens_details: Annotated[bool, typer.Option("--enable-prompt-tokens-details",
@@ -69,6 +72,7 @@ def serve_vllm(
                         itl_ms=itl_ms, defects=parse_defects(defect or []), crash_above_kv=crash_above_kv,
                         restart_after_s=restart_after, old_metric_names=old_metric_names,
                         metrics_format=metrics_format, metrics_lag_s=metrics_lag,
+                        max_num_queued_reqs=max_num_queued_reqs,
                         enable_prompt_tokens_details=enable_prompt_tokens_details,
                         api_key_env=api_key_env, seed=seed)
     except ValidationError as exc:
