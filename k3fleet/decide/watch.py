@@ -354,8 +354,8 @@ def lines_since(text: str, since: _dt.datetime | None) -> str:
 
 def judge_node_log(text: str, since: _dt.datetime | None, host: str = "node") -> tuple[list[str], list[str]]:
     """(errors, notes) on a node's kernel log or journal since the approval: its Xid lines judged by the
-    audit's ``gpu.xid`` verdict (error and critical fire; a warning, often the application's own fault,
-    is a note) and NCCL errors by the start-up analyser's pattern."""
+    audit's ``gpu.xid`` verdict (error and critical fire; a warning is a note) and ``gpu.xid_application``
+    (the application's own fault: a note), and NCCL errors by the start-up analyser's pattern."""
     kept = lines_since(text, since)
     errors: list[str] = []
     notes: list[str] = []
@@ -364,6 +364,8 @@ def judge_node_log(text: str, since: _dt.datetime | None, host: str = "node") ->
         for f in evaluate_host(HostFacts.model_validate(facts), load_target(None)):
             if f.check_id == "gpu.xid" and f.kind == "fail":
                 (errors if f.severity in ("error", "critical") else notes).append(f"{host}: {f.message}")
+            elif f.check_id == "gpu.xid_application" and f.kind == "fail":
+                notes.append(f"{host}: {f.message}")
     nccl = [line for line in kept.splitlines() if NCCL_ERROR.search(line)]
     if nccl:
         more = f" (and {len(nccl) - 1} more)" if len(nccl) > 1 else ""

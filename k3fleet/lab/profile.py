@@ -168,6 +168,8 @@ class XidSpec(_Spec):
     pid: int | None = None
     name: str | None = None
     uptime_s: float = Field(default=81234.5, gt=0)
+    # 0: this boot (dmesg); -1 the previous boot, and so on (the journal's kernel messages of that boot).
+    boot: int = Field(default=0, ge=-8, le=0)
 
 
 class GpuSpec(_Spec):
@@ -467,6 +469,8 @@ class Profile(_Spec):
     xid: list[XidSpec] = Field(default_factory=list)
     # kernel.dmesg_restrict=1 for the audit's user: dmesg is refused, the journal's kernel messages answer.
     dmesg_restricted: bool = False
+    # Boots the journal keeps, this one included (1: a volatile journal); raised to reach every Xid's boot.
+    journal_boots: int = Field(default=1, ge=1, le=9)
     # Captured text per k3fleet_sources name; overrides what would be rendered. null: absent.
     raw: dict[str, str | RawCapture | None] = Field(default_factory=dict)
 

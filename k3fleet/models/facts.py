@@ -153,6 +153,25 @@ class XidEvent(_Model):
     time: str | None = Field(default=None, description="the line's timestamp as printed")
 
 
+class BootXid(_Model):
+    """The Xid lines of one earlier boot, from the journal."""
+
+    offset: int = Field(description="journalctl's boot offset: -1 the previous boot")
+    boot_id: str | None = None
+    span: str | None = Field(default=None, description="first and last entry as --list-boots prints them")
+    xid: list[XidEvent] = Field(default_factory=list)
+
+
+class XidHistory(_Model):
+    """Xid lines of the last few earlier boots (docs/facts.md section 14); ok with no boots when the journal
+    keeps none (volatile storage)."""
+
+    status: SectionStatus = "unknown"
+    reason: str | None = None
+    boots_listed: int | None = Field(default=None, description="boots journalctl --list-boots lists, this one too")
+    boots: list[BootXid] = Field(default_factory=list)
+
+
 class KernelLog(_Model):
     """Xid events of the kernel log since boot; status unknown when no log could be read."""
 
@@ -160,6 +179,8 @@ class KernelLog(_Model):
     reason: str | None = None
     source: str | None = Field(default=None, description="dmesg or journalctl")
     xid: list[XidEvent] = Field(default_factory=list)
+    # None: not read (facts from before the history was collected).
+    history: XidHistory | None = None
 
 
 class Gpu(_Model):

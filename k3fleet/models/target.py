@@ -519,6 +519,46 @@ class ActiveSpec(_Strict):
         return v
 
 
+class HealthSpec(_Strict):
+    """Node health thresholds (docs/facts.md section 14), each with its source."""
+
+    ecc_correctable_max: int = Field(
+        default=20_000_000, ge=0,
+        description="correctable ECC errors (volatile or aggregate) above which a GPU fails gpu.ecc_correctable")
+    ecc_correctable_source: str = (
+        "Azure azurehpc-health-checks conf/nd96isr_h200_v5.conf: check_gpu_ecc 20000000 10000 "
+        "(customTests/azure_gpu_ecc.nhc: 20000000 for DRAM counts; NVML's totals mix SRAM and DRAM)")
+    xid_recurring_boots: int = Field(
+        default=2, ge=2, le=4, description="boots a node Xid must appear in to escalate to hardware inspection")
+    xid_recurring_source: str = (
+        "leptonai/gpud components/accelerator/nvidia/xid/threshold.go: the same Xid after 2 reboots escalates "
+        "to HARDWARE_INSPECTION")
+
+
+class XidEntry(_Strict):
+    """One Xid of NVIDIA's catalogue (k3fleet/targets/xid_catalog.yaml; docs/facts.md section 14)."""
+
+    mnemonic: str
+    description: str
+    immediate: str = Field(description="the catalogue's Resolution Bucket (Immediate Action)")
+    investigatory: str = Field(default="", description="the catalogue's Resolution Bucket (Investigatory Action)")
+    scope: Literal["application", "memory", "node"]
+    severity: Literal["info", "warning", "error", "critical"]
+
+
+class XidCatalog(_Strict):
+    source: str
+    actions: dict[str, str] = Field(description="resolution bucket -> what to do, in this project's words")
+    codes: dict[int, XidEntry]
+
+    @model_validator(mode="after")
+    def _actions_known(self) -> XidCatalog:
+        missing = sorted({e.immediate for e in self.codes.values()} - set(self.actions))
+        if missing:
+            raise ValueError(f"immediate actions without a meaning in actions: {', '.join(missing)}")
+        return self
+
+
 class Source(_Strict):
     what: str
     where: str
@@ -544,6 +584,7 @@ class Target(_Strict):
     serve: ServeSpec
     change: ChangeSpec = Field(default_factory=ChangeSpec)
     active: ActiveSpec = Field(default_factory=ActiveSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
     # Filled by the loader from matrix_file; a target is unusable without it.
     matrix: CudaDriverMatrix
 

@@ -8,6 +8,7 @@ field and what is wrong with it, e.g.
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from pydantic import ValidationError
 
 from k3fleet.bounds import read_input
 from k3fleet.errors import UsageError
-from k3fleet.models.target import CudaDriverMatrix, Target, TargetConflict
+from k3fleet.models.target import CudaDriverMatrix, Target, TargetConflict, XidCatalog
 
 DEFAULT_TARGET = "kimi-k3.yaml"
 DEFAULT_MATRIX = "cuda_driver_matrix.yaml"
+XID_CATALOG = "xid_catalog.yaml"
 
 __all__ = [
     "DEFAULT_MATRIX",
@@ -29,6 +31,7 @@ __all__ = [
     "default_target_path",
     "load_matrix",
     "load_target",
+    "xid_catalog",
 ]
 
 
@@ -104,6 +107,17 @@ def load_matrix(path: Path | None = None) -> CudaDriverMatrix:
     data = _read_yaml(label, p)
     try:
         return CudaDriverMatrix.model_validate(data)
+    except ValidationError as exc:
+        raise _from_validation(label, exc) from None
+
+
+@functools.cache
+def xid_catalog() -> XidCatalog:
+    """NVIDIA's Xid catalogue with each code's action (the packaged xid_catalog.yaml, read once)."""
+    p = _packaged(XID_CATALOG)
+    label = f"Xid catalogue {p}"
+    try:
+        return XidCatalog.model_validate(_read_yaml(label, p))
     except ValidationError as exc:
         raise _from_validation(label, exc) from None
 

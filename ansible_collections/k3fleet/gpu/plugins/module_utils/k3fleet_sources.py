@@ -59,6 +59,9 @@ COMMANDS = {
     # first; where kernel.dmesg_restrict refuses it, the journal's kernel messages of this boot.
     "dmesg": ["dmesg"],
     "journalctl_kernel": ["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso"],
+    # The journal's boots, for the Xid lines of earlier boots (a bounded few: XID_HISTORY_BOOTS): "-1 <boot id>
+    # <first>—<last>" per boot (docs/facts.md section 14). A volatile journal lists only the current boot.
+    "journalctl_boots": ["journalctl", "--list-boots", "--no-pager", "-q"],
     "dpkg_query": ["dpkg-query", "-W", "-f=${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"],
     "rpm_query": ["rpm", "-qa", "--qf", "%{NAME}\\t%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"],
     "dkms_status": ["dkms", "status"],
@@ -119,6 +122,16 @@ PROBE_SCRIPT = (
     " out['error']='%s: %s'%(type(e).__name__,e)\n"
     "print('" + "K3FLEET_PROBE" + " '+json.dumps(out))\n"
 )
+
+
+# Earlier boots whose kernel log the audit reads for Xid lines: the same Xid across two boots escalates to
+# hardware inspection (gpud's rule, docs/facts.md section 14); three bound the work on a node with a long journal.
+XID_HISTORY_BOOTS = 3
+
+
+def journalctl_kernel_boot_argv(offset):
+    """The kernel messages of one earlier boot (offset -1, -2, ...)."""
+    return ["journalctl", "-k", "-b", str(int(offset)), "--no-pager", "-q", "-o", "short-iso"]
 
 
 def runtime_version_argv(runtime):
