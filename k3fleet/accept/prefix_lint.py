@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import ProbeResult, finding
 from k3fleet.bounds import read_input
 from k3fleet.errors import UsageError
+from k3fleet.evidence.redact import excerpt
 from k3fleet.models.findings import Finding
 
 PROBE = "prefix_lint"

@@ -12,9 +12,10 @@ from typing import Any
 from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.audit.pairs import run_pair_phase
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
-from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.facts import HostFacts, schema_mismatch
 from k3fleet.models.pairs import PairPhase
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
@@ -93,10 +94,9 @@ def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
     for host in hosts:
         if host in raw:
             data = raw[host]
-            major = str(data.get("schema_version", "")).split(".")[0] if isinstance(data, dict) else ""
-            if major != SCHEMA_VERSION.split(".")[0]:
-                got = data.get("schema_version") if isinstance(data, dict) else None
-                invalid[host] = f"host {host}: facts schema {got!r} from the node, controller expects {SCHEMA_VERSION}"
+            mismatch = schema_mismatch(host, data)
+            if mismatch:
+                invalid[host] = mismatch
             else:
                 candidates[host] = {**data, "host": host}
             continue

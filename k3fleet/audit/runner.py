@@ -31,7 +31,8 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 from k3fleet.audit.inventory import load_inventory
 from k3fleet.audit.playprocs import PLAY_ENV, new_token, stop_play
 from k3fleet.errors import UsageError
-from k3fleet.evidence import COMMAND, RunDir
+from k3fleet.evidence import COMMAND, RunDir, layout
+from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.redact import redact_text
 from k3fleet.paths import collections_path, data_dir
 
@@ -332,7 +333,7 @@ def run_playbook(
     cancel = cancel or threading.Event()
     ours = ansible_env(host_key_checking=host_key_checking, persist=not once)
     # What runs the play: the operator's ANSIBLE_STRATEGY, ours for a play that connects once, else
-    # Ansible's configured default (recorded in runner.json).
+    # Ansible's configured default (recorded in the play's runner summary, layout.RUNNER_SUMMARY).
     strategy = os.environ.get("ANSIBLE_STRATEGY") or (FLEET_STRATEGY if once else None)
     if once and strategy == FLEET_STRATEGY:
         ours["ANSIBLE_STRATEGY"] = FLEET_STRATEGY
@@ -420,8 +421,8 @@ def run_playbook(
         result.stderr_tail = redact_text(_tail(stdout))
         if evidence is not None:
             rd, rel = evidence
-            rd.write_text(f"{rel}/stdout.txt", stdout)
-            rd.write_json(f"{rel}/runner.json", {
+            rd.write_text(f"{rel}/{layout.RUNNER_STDOUT}", stdout)
+            rd.write_json(f"{rel}/{layout.RUNNER_SUMMARY}", {
                 "playbook": playbook, "inventory": str(inventory), "limit": limit, "check": check, "forks": forks,
                 "argv": _argv_evidence(runner_cmd, private), "status": result.status, "rc": result.rc,
                 "wall_s": round(result.wall_s, 3), "host_key_checking": host_key_checking,
@@ -504,7 +505,7 @@ def _record_host_keys(rd: RunDir, play: str, checking: bool, opt_outs: Mapping[s
     choice), under the play's evidence folder: a resumed night adds its own entry."""
     if not (rd.path / COMMAND).is_file():
         return
-    recorded = rd.read_object(COMMAND).get("host_key_checking")
+    recorded = RunReader(rd.path).object(COMMAND).get("host_key_checking")
     policy = dict(recorded) if isinstance(recorded, dict) else {}
     policy[play] = {
         "default": "checked" if checking else "unchecked (--no-host-key-checking)",

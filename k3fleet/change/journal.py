@@ -30,6 +30,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format
     split_lines,
 )
 from k3fleet.bounds import read_input
+from k3fleet.errors import validation_line
 
 if TYPE_CHECKING:
     Stage = str
@@ -107,14 +108,8 @@ class Journal:
             try:
                 self.entries.append(JournalEntry.model_validate(data))
             except ValidationError as exc:
-                self.unreadable.append(Unreadable(-1, 0, f"line reported by the play: {_first_error(exc)}",
+                self.unreadable.append(Unreadable(-1, 0, f"line reported by the play: {validation_line(exc)}",
                                                   host=str(data.get("host")) if data.get("host") else None))
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(line)"
-    return f"{loc}: {err['msg']}"
 
 
 def parse_journal(raw: bytes, path: Path) -> Journal:
@@ -131,7 +126,7 @@ def parse_journal(raw: bytes, path: Path) -> Journal:
             stage = value.get("stage") if value.get("stage") in STAGES else None
             end = raw.find(b"\n", offset)
             length = (len(raw) if end < 0 else end) - offset
-            journal.unreadable.append(Unreadable(offset, length, f"not a journal line: {_first_error(exc)}", host,
+            journal.unreadable.append(Unreadable(offset, length, f"not a journal line: {validation_line(exc)}", host,
                                                  stage))
             continue
         entry._offset = offset

@@ -41,7 +41,8 @@ from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.record import ChangeRecord
 from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
 from k3fleet.change.timing import ChangeRecorder, host_timings
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.targets import load_target
 

@@ -35,8 +35,10 @@ from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.night import real_ansible_playbook
 from k3fleet.change.record import verified
 from k3fleet.change.timing import ChangeRecorder
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
+from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
+from k3fleet.evidence.reader import RunReader
 from k3fleet.targets import load_target
 
 
@@ -89,7 +91,7 @@ def _journals_under(runs_dir: Path) -> list[Path]:
         raise UsageError(f"runs directory {runs_dir} does not exist: give --run RUN")
     out = []
     for p in sorted(runs_dir.glob(f"*/{layout.JOURNAL}")):
-        if p.is_file() and RunDir.open(p.parent).read_object(COMMAND).get("kind") == "change":
+        if p.is_file() and RunReader(p.parent).object(COMMAND).get("kind") == "change":
             out.append(p)
     return out
 

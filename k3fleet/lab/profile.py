@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
+from k3fleet.errors import validation_line
 
 # Command sources whose argv depends on the host (runtime, image or node name); a profile
 # names them like the k3fleet_sources helper that builds the argv, without "_argv".
@@ -611,17 +612,6 @@ def _resolve_raw_files(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _format_validation(error: ValidationError) -> str:
-    parts = []
-    for err in error.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
-
-
 class ProfileLoader:
     """Loads profiles by name from one directory, following ``extends`` chains."""
 
@@ -666,7 +656,7 @@ def validate_profile(data: dict[str, Any], where: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise LabProfileError(f"{where}: {_format_validation(exc)}") from None
+        raise LabProfileError(f"{where}: {validation_line(exc)}") from None
 
 
 def load_fleet_file(path: Path) -> FleetSpec:

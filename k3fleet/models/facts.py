@@ -13,10 +13,31 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-# 1.1: GPU health (ECC, remapped rows, retired pages, clock events, PCIe link), the kernel log's
-# Xid events and platform kind "unknown"; later the optional sections active and imex. Every new field
-# is optional, so 1.0 facts validate with them unset (read as unknown, never as a pass).
-SCHEMA_VERSION = "1.1"
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import FACTS_SCHEMA_VERSION
+
+# Defined once, where the collector stamps it (k3fleet_sources.py says what each version added).
+SCHEMA_VERSION: str = FACTS_SCHEMA_VERSION
+
+
+def schema_major(version: object) -> str:
+    """The major part of a facts schema version (``"1"`` of ``"1.1"``; ``""`` when there is none)."""
+    return str(version if version is not None else "").split(".", 1)[0]
+
+
+def readable_schema(data: object) -> bool:
+    """Facts (a dict, or their ``schema_version``) this controller reads: the same major version as its
+    own. The one major-version check: an older or newer collector of the same major validates here."""
+    version = data.get("schema_version") if isinstance(data, dict) else data if isinstance(data, str) else None
+    return schema_major(version) == schema_major(SCHEMA_VERSION)
+
+
+def schema_mismatch(host: str, data: object) -> str | None:
+    """The one line for a host whose facts are of another major version (None when they are readable)."""
+    if readable_schema(data):
+        return None
+    got = data.get("schema_version") if isinstance(data, dict) else None
+    return f"host {host}: facts schema {got!r} from the node, controller expects {SCHEMA_VERSION}"
+
 
 SectionStatus = Literal["ok", "unknown", "absent"]
 

@@ -12,6 +12,13 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+# The host facts' schema version, defined here once: k3fleet_host stamps it on every node's facts and the
+# controller's k3fleet.models.facts reads it from here. 1.1: GPU health (ECC, remapped rows, retired
+# pages, clock events, PCIe link), the kernel log's Xid events and platform kind "unknown"; later the
+# optional sections active and imex. Every new field is optional, so 1.0 facts validate with them unset
+# (read as unknown, never as a pass). The major version changes on any incompatible change.
+FACTS_SCHEMA_VERSION = "1.1"
+
 # name -> absolute node path (read through NodeReader.resolve: /proc and /sys may be moved)
 FILES = {
     "proc_driver_version": "/proc/driver/nvidia/version",
