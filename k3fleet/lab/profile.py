@@ -291,6 +291,11 @@ class IbPortSpec(_Spec):
     phys_state: Literal["Sleep", "Polling", "Disabled", "LinkUp", "LinkErrorRecovery"] = "LinkUp"
     rate: str | None = None
     link_layer: Literal["InfiniBand", "Ethernet"] | None = None
+    # Error counters in sysfs (counters/<name>): totals since the port came up. A replayed file reads the
+    # same twice, so a lab port shows totals, not a rate (the rate cases are unit tests).
+    counters: dict[str, int] = Field(default_factory=dict)
+    # IPoIB "lost carrier" lines in the kernel log (Azure's link-flap check), each at this uptime.
+    carrier_lost_at: list[float] = Field(default_factory=list)
 
 
 class InfinibandSpec(_Spec):

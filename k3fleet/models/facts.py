@@ -193,6 +193,13 @@ class XidHistory(_Model):
     boots: list[BootXid] = Field(default_factory=list)
 
 
+class CarrierEvent(_Model):
+    """One "ib...: lost carrier" line of the log (an IPoIB link going down)."""
+
+    iface: str
+    time: str | None = None
+
+
 class KernelLog(_Model):
     """Xid events of the kernel log since boot; status unknown when no log could be read."""
 
@@ -200,6 +207,7 @@ class KernelLog(_Model):
     reason: str | None = None
     source: str | None = Field(default=None, description="dmesg or journalctl")
     xid: list[XidEvent] = Field(default_factory=list)
+    ib_carrier_lost: list[CarrierEvent] = Field(default_factory=list)
     # None: not read (facts from before the history was collected).
     history: XidHistory | None = None
 
@@ -239,6 +247,34 @@ class Gpu(_Model):
     pcie: GpuPcieLink | None = None
 
 
+class GpuCounterPair(_Model):
+    """One GPU's error counters read twice in one visit: each value is [first, second]."""
+
+    pcie_replay: list[int] | None = Field(default=None, description="PCIe replay counter [first, second]")
+    nvlink: dict[str, dict[str, list[int]]] = Field(
+        default_factory=dict,
+        description="link -> counter (replay, recovery, crc_flit, crc_data, crc) -> [first, second]")
+
+
+class GpuCounters(_Model):
+    """The GPUs' error counters sampled at the start and the end of the module's visit (docs/facts.md
+    section 14); the verdict judges their rate over ``interval_s``."""
+
+    interval_s: int = Field(ge=1, description="whole seconds between the samples, rounded up")
+    source: str | None = Field(default=None, description="nvml or nvidia-smi (NVLink only)")
+    reason: str | None = None
+    gpus: dict[str, GpuCounterPair] = Field(default_factory=dict)
+
+
+class PortCounters(_Model):
+    """The RDMA ports' error counters sampled at the start and the end of the visit: port ("mlx5_0/1") ->
+    counter (symbol_error, link_downed, port_rcv_errors, link_error_recovery, excessive_buffer_overrun_errors)
+    -> [first, second]."""
+
+    interval_s: int = Field(ge=1)
+    ports: dict[str, dict[str, list[int]]] = Field(default_factory=dict)
+
+
 class DriverFacts(Section):
     kernel_module: KernelModule = Field(default_factory=KernelModule)
     platform: Platform = Field(default_factory=Platform)
@@ -251,6 +287,8 @@ class DriverFacts(Section):
     gpus: list[Gpu] = Field(default_factory=list)
     # None: facts from a collector older than schema 1.1 (the kernel log was not read).
     kernel_log: KernelLog | None = None
+    # None: not sampled (no GPU listed, or facts from before the counters were read twice).
+    counters: GpuCounters | None = None
 
 
 # -- packages ------------------------------------------------------------------
@@ -370,6 +408,8 @@ class RdmaFacts(Section):
     acs_checked: bool = False
     acs_reason: str | None = None
     acs_enabled_bridges: list[str] = Field(default_factory=list)
+    # None: not sampled (no RDMA device, or facts from before the counters were read).
+    counters: PortCounters | None = None
 
 
 class NcclSetting(_Model):

@@ -519,8 +519,41 @@ class ActiveSpec(_Strict):
         return v
 
 
+class CounterThresholds(_Strict):
+    """Error-counter rates a node may show during the audit's visit, for the GPU models whose name contains
+    ``gpu_name_contains`` ("" matches every model; the first matching row applies). docs/facts.md section 14."""
+
+    gpu_name_contains: str = ""
+    ib_symbol_error_per_second: float = Field(default=10, ge=0)
+    ib_port_rcv_errors_per_second: float = Field(default=10, ge=0)
+    ib_link_error_recovery_per_minute: float = Field(default=5, ge=0)
+    # Any increase of these fails: the link went down, or the lossless fabric dropped a packet.
+    ib_link_downed_max: int = Field(default=0, ge=0)
+    ib_buffer_overrun_max: int = Field(default=0, ge=0)
+    nvlink_crc_per_second: float = Field(default=100, ge=0)
+    nvlink_replay_recovery_max: int = Field(default=0, ge=0)
+    pcie_replay_per_minute: float = Field(default=8, ge=0)
+    source: str = (
+        "IB: NVSentinel NIC Health Monitor design, docs/nic-health-monitor/link-counter-detection.md Appendix A "
+        "(link_downed and excessive_buffer_overrun_errors delta > 0 fatal; symbol_error > 10/sec, port_rcv_errors "
+        "> 10/sec, link_error_recovery > 5/min); NVLink and PCIe: NVIDIA/DCGM dcgm_gpu_hardware_limits.h (CRC "
+        "errors matter at 100+ per second, one other NVLink error, 8 PCIe replays per minute)")
+
+
 class HealthSpec(_Strict):
     """Node health thresholds (docs/facts.md section 14), each with its source."""
+
+    counter_interval_s: float = Field(
+        default=0, ge=0, le=60,
+        description="least seconds between the two counter samples of one visit (0: the visit's own length)")
+    counters: list[CounterThresholds] = Field(default_factory=lambda: [CounterThresholds()])
+
+    def counter_thresholds(self, gpu_names: list[str]) -> CounterThresholds:
+        upper = [n.upper() for n in gpu_names]
+        for row in self.counters:
+            if not row.gpu_name_contains or any(row.gpu_name_contains.upper() in n for n in upper):
+                return row
+        return CounterThresholds()
 
     ecc_correctable_max: int = Field(
         default=20_000_000, ge=0,

@@ -127,7 +127,7 @@ def test_bad_usage_and_health_specs(tmp_path: Path, gpus: dict[str, object], det
 HEALTH_HOSTS = {"gpu-h01": "h200-r575-ecc", "gpu-h02": "h200-r575-xid79", "gpu-h03": "h200-r580-power-brake",
                 "gpu-h04": "h200-r580-pcie-x8", "gpu-h05": "jetson-orin-l4t36", "gpu-h06": "h200-r575-rhel9",
                 "gpu-h07": "h200-r580-xid-recurring", "gpu-h08": "h200-r580-xid-app",
-                "gpu-h09": "h200-r580-nvlink-down"}
+                "gpu-h09": "h200-r580-nvlink-down", "gpu-h10": "h200-r580-ib-flap"}
 # host -> (finding the audit names on it, the source whose rendered text triage reads)
 HEALTH_CASES = {
     "gpu-h01": ({"gpu.ecc", "gpu.remapped_rows"}, "nvidia_smi_q"),
@@ -166,6 +166,16 @@ def test_lab_hosts_show_the_node_health_cases(health_lab: Path) -> None:
     assert all(g.nvlink is not None and g.nvlink.links == 18 and not g.nvlink.inactive for g in f.driver.gpus)
     assert all((g.memory_used_mib, g.memory_reserved_mib) == (0, 616) for g in f.driver.gpus)
     assert "gpu.nvlink" not in found("gpu-h04") and "gpu.xid_recurring" not in found("gpu-h04")
+    # A flapping rail: three "ib3: lost carrier" lines since boot; the port's counters were sampled twice
+    # (a replayed file reads the same twice: totals 3 and 41, no change, so no counter finding).
+    flap = found("gpu-h10")
+    assert flap["rdma.link_flap"].message == ("RDMA link flapping in the kernel log since boot: ib3 lost its "
+                                              "carrier 3 times")
+    assert "rdma.port_counters" not in flap
+    rdma = facts_of(health_lab, "gpu-h10").rdma.counters
+    assert rdma is not None and rdma.ports["mlx5_3/1"]["link_downed"] == [3, 3]
+    drv = facts_of(health_lab, "gpu-h10").driver.counters
+    assert drv is not None and drv.source == "nvidia-smi" and len(drv.gpus["0"].nvlink) == 18
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,16 @@ SOURCES.md names each source)."""
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 from nodetree import fake_command, fixtures, node
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_counters as counters
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_driver as drv
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_smi as smi
 
@@ -95,3 +99,87 @@ def test_xid_history_reads_at_most_three_earlier_boots(tmp_path: Path) -> None:
     got = drv.collect_xid_history(reader)
     assert [b["offset"] for b in got["boots"]] == [-1, -2, -3]
     assert len([c for c in reader.commands if c["argv"][:2] == ["journalctl", "-k"]]) == 3
+
+
+# -- counters sampled twice ----------------------------------------------------------------------------
+
+
+def test_parse_nvlink_errors_of_an_h100_and_of_a_gpu_without_nvlink() -> None:
+    # The H100 of stas00/ml-engineering: Replay, Recovery and CRC Errors per link (links 0, 1 and 17 shown).
+    parsed = counters.parse_nvlink_errors(health("nvlink_e_h100_ml_engineering.txt"))
+    assert sorted(parsed[0], key=int) == ["0", "1", "17"]
+    assert parsed[0]["17"] == {"replay": 0, "recovery": 0, "crc": 0}
+    # The real H200 in a VM printed nothing: no links, no counters.
+    assert counters.parse_nvlink_errors(health("h200_r580/health-nvlink-e.txt")) == {}
+
+
+def _ib_tree(root: Path, values: dict[str, int]) -> None:
+    d = root / "sys/class/infiniband/mlx5_3/ports/1/counters"
+    d.mkdir(parents=True, exist_ok=True)
+    for name in counters.IB_COUNTERS:
+        (d / name).write_text(f"{values.get(name, 0)}\n")
+
+
+def test_ib_counters_sampled_twice_become_pairs(tmp_path: Path) -> None:
+    reader = node(tmp_path)
+    root = tmp_path / "root"
+    _ib_tree(root, {"symbol_error": 41, "link_downed": 3})
+    first = counters.sample_counters(reader, use_nvml=False)
+    _ib_tree(root, {"symbol_error": 41, "link_downed": 4})
+    second = counters.sample_counters(reader, use_nvml=False)
+    driver, rdma = counters.counter_facts(first, second)
+    # No nvidia-smi on this node: the GPU counters are unknown, with the reason.
+    assert driver["gpus"] == {} and "nvidia-smi: command not found" in driver["reason"]
+    assert rdma["ports"]["mlx5_3/1"]["link_downed"] == [3, 4]
+    assert rdma["ports"]["mlx5_3/1"]["symbol_error"] == [41, 41]
+    assert rdma["interval_s"] >= 1
+
+
+class _Counting(types.ModuleType):
+    """Just enough of pynvml for the counter sample: 2 GPUs with 18 links each (H100/H200 NVLink 4); GPU 1's
+    link 7 adds one recovery and 700 CRC flit errors per session, its PCIe replay counter 60."""
+
+    NVMLError = pynvml.NVMLError
+    NVML_NVLINK_MAX_LINKS = 36
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.session = 0
+
+    def nvmlInit(self) -> None:
+        self.session += 1
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        if link >= 18:
+            raise pynvml.NVMLError_InvalidArgument()
+        return 1
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        if handle == 1 and link == 7:
+            return {pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: self.session,
+                    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: 700 * self.session}.get(counter, 0)
+        return 0
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: int) -> int:
+        return 60 * self.session if handle == 1 else 0
+
+
+def test_gpu_counters_sampled_twice_through_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _Counting())
+    reader = node(tmp_path)
+    first = counters.sample_counters(reader)
+    second = counters.sample_counters(reader)
+    driver, _rdma = counters.counter_facts(first, second)
+    assert driver["source"] == "nvml" and len(driver["gpus"]["0"]["nvlink"]) == 18
+    assert driver["gpus"]["1"]["nvlink"]["7"]["recovery"] == [1, 2]
+    assert driver["gpus"]["1"]["nvlink"]["7"]["crc_flit"] == [700, 1400]
+    assert driver["gpus"]["1"]["pcie_replay"] == [60, 120]

@@ -245,6 +245,29 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
      "source": "nvidia-smi"}), "fabricmanager.required": False, "fabricmanager.nvswitch_present": False}, set()),
     ("18 NVLink links up", GOOD, {"driver.gpus": each_gpu(nvlink={"links": 18, "active": list(range(18)),
      "source": "nvml"})}, set()),
+    # Counters sampled twice in one visit: judged by their change, not their total.
+    ("IB port went down during the visit", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_3/1": {"link_downed": [3, 4], "symbol_error": [41, 41]}}}}, {"rdma.link_flap/error"}),
+    ("IB port totals without change", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_3/1": {"link_downed": [3, 3], "symbol_error": [41, 41], "port_rcv_errors": [9000, 9000]}}}}, set()),
+    ("IB buffer overrun during the visit", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_0/1": {"excessive_buffer_overrun_errors": [0, 2]}}}}, {"rdma.port_counters/error"}),
+    # 90 symbol errors in 3 s: 30/s, above NVSentinel's 10/s; 20 in 3 s (6.7/s) is below it.
+    ("IB symbol errors above their rate", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_0/1": {"symbol_error": [10, 100]}}}}, {"rdma.port_counters/warning"}),
+    ("IB symbol errors below their rate", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_0/1": {"symbol_error": [10, 30]}}}}, set()),
+    ("IPoIB lost carrier twice in the kernel log", GOOD, {"driver.kernel_log.ib_carrier_lost": [
+     {"iface": "ib3", "time": "8123.402117"}, {"iface": "ib3", "time": "8190.216650"}]}, {"rdma.link_flap/error"}),
+    ("NVLink recovery during the visit", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"nvlink": {"7": {"recovery": [1, 2], "crc_flit": [700, 700]}}}}}}, {"gpu.nvlink_errors/error"}),
+    # 1,400 CRC flit errors in 2 s: 700/s, above DCGM's 100/s.
+    ("NVLink CRC errors above DCGM's rate", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"nvlink": {"7": {"crc_flit": [0, 1400], "recovery": [0, 0]}}}}}}, {"gpu.nvlink_errors/warning"}),
+    ("PCIe replays above DCGM's rate", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"pcie_replay": [60, 120], "nvlink": {}}}}}, {"gpu.pcie_replay/warning"}),
+    ("PCIe replay total without change", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"pcie_replay": [5000, 5000], "nvlink": {}}}}}, set()),
     # Azure's check_gpu_ecc threshold: 20,000,000 correctable errors.
     ("correctable ECC above the threshold", GOOD, {"driver.gpus.0.ecc": {"mode": "enabled",
      "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "volatile_corrected": 12, "aggregate_corrected":

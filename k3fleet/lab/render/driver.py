@@ -154,6 +154,12 @@ class DriverView(Part):
         if self.drv is not None and self.node.module_loaded:
             first = self.proc_driver_version().splitlines()[0].removeprefix("NVRM version: ")
             lines.append(f"[    5.812337] NVRM: loading {first}")
+        if boot == 0:
+            # IPoIB interfaces losing their carrier (the line Azure's link-flap check greps for).
+            for i, dev in enumerate(self.p.infiniband.device_names()):
+                port = self.p.infiniband.ports.get(dev)
+                for at in (port.carrier_lost_at if port else []):
+                    lines.append(f"[{at:12.6f}] ib{i}: lost carrier")
         bus_ids = self.node.bus_ids()
         for x in sorted((x for x in self.p.xid if x.boot == boot), key=lambda x: x.uptime_s):
             _domain, bus, dev_fn = bus_ids[x.gpu].split(":")

@@ -118,6 +118,22 @@ class SmiLog(Part):
             out += "".join(f"         Link {k}: {'<inactive>' if k in down else speed}\n" for k in range(links))
         return Recording(stdout=out)
 
+    def nvidia_smi_nvlink_errors(self, hostname: str) -> Recording:
+        """`nvidia-smi nvlink -e`: per GPU each link's Replay, Recovery and CRC Errors (the H100 layout of
+        stas00/ml-engineering debug.md), all 0; nothing at all when the GPUs have no NVLink."""
+        failure = self.driver.smi_failure()
+        if failure:
+            return failure
+        links = self.nvlink_links()
+        if not links:
+            return Recording(stdout="")
+        out = ""
+        for index in range(self.p.gpus.count):
+            out += f"GPU {index}: {self.p.gpus.model} (UUID: {gpu_uuid(hostname, index)})\n"
+            out += "\n".join("".join(f"         Link {k}: {name} Errors: 0\n" for name in ("Replay", "Recovery", "CRC"))
+                              for k in range(links))
+        return Recording(stdout=out)
+
     def _smi_header(self, version: str) -> str:
         def row(label: str, value: str) -> str:
             return f"{label:<42}: {value}\n"

@@ -56,6 +56,23 @@ CHECKS: tuple[Check, ...] = (
           "to retrain the links, and service the GPU or its baseboard if a link stays inactive.",
           source='docs/facts.md section 14 (NVML nvmlDeviceGetNvLinkState; nvidia-smi nvlink -s: '
           'Azure/azhpc-diagnostics issue 73, an empty answer on a GPU without NVLink)'),
+    check("gpu.nvlink_errors", "NVLink error counters quiet",
+          "Each NVLink link's replay, recovery and CRC counters, sampled twice within the audit's visit, say what "
+          "the link does now: a recovery is the link retraining, replays re-send corrupted flits, and CRC "
+          "errors above DCGM's rate (100 per second) cost bandwidth and precede a link failure.",
+          "error",
+          "Drain the node; read nvidia-smi nvlink -e and the Xid log (74, 144-150), reset the GPU to retrain "
+          "the links, and service the GPU or baseboard if the counters keep rising.",
+          source='docs/facts.md section 14 (nvmlDeviceGetNvLinkErrorCounter, nvidia-smi nvlink -e; NVIDIA/DCGM '
+          'dcgm_gpu_hardware_limits.h)'),
+    check("gpu.pcie_replay", "PCIe replays below DCGM's rate",
+          "A PCIe replay re-sends a packet the link corrupted; DCGM holds more than 8 replays per minute to be a "
+          "failing link (signal integrity, riser, slot), which slows host transfers and model loading.",
+          "warning",
+          "Reseat the GPU or its riser, check the slot and BIOS PCIe settings, and re-audit; a rate that stays "
+          "high needs the GPU or baseboard serviced.",
+          source='docs/facts.md section 14 (nvmlDeviceGetPcieReplayCounter; NVIDIA/DCGM dcgm_gpu_hardware_limits.h: '
+          '8 replays per minute)'),
     check("gpu.in_use", "GPUs free for the serving engine",
           "A GPU that another process already holds memory on fails vLLM's start-up check (free memory at least "
           "{gpu_memory_utilization} of the total), and draining or upgrading the node ends that workload.",
@@ -249,6 +266,47 @@ def _nvlink(f: HostFacts, c: HostContext, e: Emitter) -> None:
     if none and c.fm_required:
         e.fail("gpu.nvlink", f"GPU {gpu_list(none)} report no NVLink links on a board with NVSwitches "
                "(an empty nvidia-smi nvlink -s is no links, not healthy links)", ev)
+
+
+def _delta(pair: list[int]) -> int:
+    """second - first; a counter that went back (a driver reload reset it) counts from zero."""
+    return pair[-1] - pair[0] if pair[-1] >= pair[0] else pair[-1]
+
+
+def _gpu_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """NVLink error counters and PCIe replays judged by their rate over the visit's two samples."""
+    counters = f.driver.counters
+    if counters is None or not counters.gpus or c.driver_failed:
+        return
+    t = e.ct.target.health.counter_thresholds(c.gpu_names)
+    secs = counters.interval_s
+    retrain: list[str] = []
+    crc: list[str] = []
+    replays: list[str] = []
+    detail: dict[str, Any] = {}
+    for index, g in counters.gpus.items():
+        for link, values in g.nvlink.items():
+            d = {name: _delta(pair) for name, pair in values.items()}
+            bad = {k: v for k, v in d.items() if k in ("replay", "recovery") and v > t.nvlink_replay_recovery_max}
+            if bad:
+                retrain.append(f"GPU {index} link {link} " + ", ".join(f"{k} +{v}" for k, v in bad.items()))
+            crc_n = sum(v for k, v in d.items() if k.startswith("crc"))
+            if crc_n / secs > t.nvlink_crc_per_second:
+                crc.append(f"GPU {index} link {link} CRC +{crc_n} in {secs} s ({crc_n / secs:.0f}/s)")
+            if any(d.values()):
+                detail.setdefault(index, {})[link] = values
+        if g.pcie_replay is not None:
+            n = _delta(g.pcie_replay)
+            if n * 60 / secs > t.pcie_replay_per_minute:
+                replays.append(f"GPU {index} +{n} in {secs} s ({n * 60 / secs:.0f}/min)")
+    ev = {"interval_s": secs, "source": counters.source, "links": detail,
+          "thresholds": t.model_dump(exclude={"source"}), "thresholds_source": t.source}
+    if retrain or crc:
+        e.fail("gpu.nvlink_errors", "NVLink errors during the audit: " + "; ".join((retrain + crc)[:8]), ev,
+               severity="error" if retrain else "warning")
+    if replays:
+        e.fail("gpu.pcie_replay", f"PCIe replays above {t.pcie_replay_per_minute:g}/min: " + "; ".join(replays[:8]),
+               {"interval_s": secs, "replays": replays})
 
 
 def _gpu_in_use(f: HostFacts, c: HostContext, e: Emitter) -> None:
@@ -580,5 +638,5 @@ def _pcie_link(f: HostFacts, c: HostContext, e: Emitter) -> None:
 
 RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (
     _gpu_count, _persistence, _fabric_state, _fabric_health, _nvlink, _gpu_in_use, _ecc, _remapped_rows, _xid,
-    _xid_recurring, _ecc_correctable, _throttle, _pcie_link,
+    _xid_recurring, _ecc_correctable, _gpu_counters, _throttle, _pcie_link,
 )

@@ -102,6 +102,24 @@ def parse_xid_lines(text: str) -> list[dict[str, Any]]:
     return events[-MAX_XID_EVENTS:]
 
 
+# Azure's link-flap check greps the log for "ib.*lost carrier" (azurehpc-health-checks
+# customTests/azure_ib_link_flapping.nhc, docs/facts.md section 14): an IPoIB interface losing its carrier.
+_CARRIER_RE = re.compile(r"\b(ib[\w.]*):?\s.*?lost carrier", re.I)
+
+MAX_CARRIER_EVENTS = 32
+
+
+def parse_carrier_lost(text: str) -> list[dict[str, Any]]:
+    """The "ib...: lost carrier" lines of a kernel log or journal, oldest first (the last MAX_CARRIER_EVENTS)."""
+    events = []
+    for line in (text or "").splitlines():
+        match = _CARRIER_RE.search(line)
+        if match:
+            tm = _LOG_TIME_RE.match(line)
+            events.append({"iface": match.group(1), "time": (tm.group(1) or tm.group(2)) if tm else None})
+    return events[-MAX_CARRIER_EVENTS:]
+
+
 def collect_kernel_log(reader: NodeReader) -> dict[str, Any]:
     """KernelLog facts: the Xid events of this boot, from dmesg or else the journal's kernel messages."""
     reasons = []
@@ -109,7 +127,7 @@ def collect_kernel_log(reader: NodeReader) -> dict[str, Any]:
         res = reader.run(COMMANDS[name])
         if res.ok and res.stdout.strip():
             return {"status": "ok", "reason": None, "source": name.split("_", 1)[0],
-                    "xid": parse_xid_lines(res.stdout)}
+                    "xid": parse_xid_lines(res.stdout), "ib_carrier_lost": parse_carrier_lost(res.stdout)}
         detail = (res.stderr or res.stdout).strip().splitlines()
         reasons.append(f"{' '.join(COMMANDS[name][:2])}: "
                        f"{detail[0][:160] if detail else res.reason() or 'no output'}")
@@ -417,6 +435,7 @@ __all__ = [
     "load_nvml",
     "load_pynvml",
     "normalize_bus_id",
+    "parse_carrier_lost",
     "parse_list_boots",
     "parse_nv_tegra_release",
     "parse_proc_modules",

@@ -62,6 +62,9 @@ COMMANDS = {
     # Each GPU's NVLink links, up or inactive, where NVML did not answer; nothing at all on GPUs without
     # NVLink (docs/facts.md section 14).
     "nvidia_smi_nvlink_status": ["nvidia-smi", "nvlink", "-s"],
+    # Each link's Replay, Recovery and CRC error counters, sampled at the start and the end of the visit
+    # where NVML did not answer (docs/facts.md section 14).
+    "nvidia_smi_nvlink_errors": ["nvidia-smi", "nvlink", "-e"],
     # The kernel log since boot, for the driver's "NVRM: Xid" lines (docs/facts.md section 14): dmesg
     # first; where kernel.dmesg_restrict refuses it, the journal's kernel messages of this boot.
     "dmesg": ["dmesg"],
