@@ -561,6 +561,23 @@ class DcgmDiag(ActiveTool):
     tests: list[DcgmTest] = Field(default_factory=list)
 
 
+class NcclTransport(_Model):
+    """What a run's NCCL_DEBUG=INFO lines say about its transport (docs/facts.md section 6)."""
+
+    network: str | None = Field(default=None, description='"Using network X": IB, Socket, IBext_v8, ...')
+    ib_devices: str | None = Field(default=None, description="NET/IB : Using <devices>")
+    ib_no_device: bool = Field(default=False, description="NET/IB : No device found")
+    socket: bool = Field(default=False, description="NET/Socket : Using ...")
+    ib_hca: str | None = Field(default=None, description="NCCL_IB_HCA as NCCL read it")
+    gdr_enabled: list[str] = Field(default_factory=list, description="HCAs with GPU Direct RDMA enabled")
+    gdr_disabled: list[str] = Field(default_factory=list, description="HCAs with GPU Direct RDMA disabled")
+    dmabuf: bool = False
+    channels: dict[str, int] = Field(default_factory=dict,
+                                     description="channel transport -> lines (P2P/IPC, NET/IB...)")
+    nvls: bool | None = Field(default=None, description="NVLS multicast available on every device that said")
+    mnnvl_uuid: str | None = Field(default=None, description="the MNNVL fabric UUID NCCL saw (0.0: none)")
+
+
 class NcclRun(ActiveTool):
     gpus: int | None = None
     ranks: int | None = None
@@ -570,6 +587,8 @@ class NcclRun(ActiveTool):
     peak_busbw_gbs: float | None = Field(default=None, description="busbw of the largest message, GB/s")
     avg_busbw_gbs: float | None = None
     out_of_bounds: int | None = None
+    # None: the run printed no NCCL INFO line (older facts, or NCCL_DEBUG not honoured).
+    transport: NcclTransport | None = None
 
 
 class IbWriteBw(ActiveTool):

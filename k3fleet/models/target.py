@@ -479,6 +479,15 @@ class ActiveSpec(_Strict):
         description="the launcher's command line before all_reduce_perf")
     # ib_write_bw's average against the rail's rate (sysfs rate, Gb/s).
     ib_write_bw_min_fraction: float = Field(default=0.9, gt=0, le=1)
+    # The transport the NCCL runs must use, from their NCCL_DEBUG=INFO lines (docs/facts.md section 6).
+    nccl_rdma_networks: list[str] = Field(
+        default_factory=lambda: ["IB", "IBext"],
+        description='"Using network X" names that are RDMA (a prefix: IBext_v8 is IBext); any other, Socket above '
+        "all, fails a pair run on a fleet that needs RDMA")
+    nccl_require_p2p: bool = Field(
+        default=True, description="on an NVSwitch node the within-node run's channels must go over P2P (NVLink)")
+    nccl_require_nvls: bool = Field(
+        default=False, description="the within-node run must report NVLS multicast available (NVSwitch, CUDA 12.1+)")
 
     @field_validator("nccl_busbw_min_gbs", "nccl_pair_busbw_min_gbs")
     @classmethod

@@ -183,3 +183,87 @@ def test_gpu_counters_sampled_twice_through_nvml(tmp_path: Path, monkeypatch: py
     assert driver["gpus"]["1"]["nvlink"]["7"]["recovery"] == [1, 2]
     assert driver["gpus"]["1"]["nvlink"]["7"]["crc_flit"] == [700, 1400]
     assert driver["gpus"]["1"]["pcie_replay"] == [60, 120]
+
+
+# -- the NCCL transport ----------------------------------------------------------------------------------
+
+NCCL, nccl_text = fixtures("nccl_transport")
+
+
+@pytest.mark.parametrize(("name", "network", "extra"), [
+    ("socket_no_ib_device_nccl352.txt", "Socket", {"ib_no_device": True, "socket": True}),
+    ("ib_gdr_disabled_nccl1537.txt", "IB", {"gdr_disabled": ["mlx5_0", "mlx5_1"], "gdr_enabled": []}),
+    ("channels_socket_p2p_nccl952.txt", "Socket", {"channels": {"P2P/IPC": 3, "NET/Socket": 4}}),
+    ("../../../k3fleet/lab/active_data/nccl_info_ib_hca_nccltests228.txt", "IB", {
+        "ib_hca": "mlx5_2:1,mlx5_0:1", "ib_devices": "[0]mlx5_0:1/IB [1]mlx5_2:1/IB"}),
+    ("../../../k3fleet/lab/active_data/nccl_info_p2p_direct_pointer_nccl892.txt", None, {
+        "channels": {"P2P/direct pointer": 2}}),
+    ("nvls_mnnvl_available_nccl1584.txt", "IBext_v8", {"nvls": True, "mnnvl_uuid": "0.0"}),
+    ("nvls_not_available_awsofi715.txt", None, {"nvls": False}),
+])
+def test_parse_nccl_transport(name: str, network: str | None, extra: dict[str, Any]) -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import parse_nccl_transport
+
+    t = parse_nccl_transport(nccl_text(name))
+    assert t is not None and t["network"] == network
+    assert {k: t[k] for k in extra} == extra
+
+
+def test_a_pair_over_sockets_fails_whatever_its_bandwidth_and_says_why() -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import parse_nccl_transport
+    from k3fleet.models.pairs import PairRun
+    from k3fleet.targets import load_target
+    from k3fleet.verdict.pairs import judge_pairs
+
+    def run(name: str, busbw: float) -> PairRun:
+        return PairRun(ran=True, rc=0, hosts=["a01", "a02"], round=1, gpus=8, ranks=16, max_bytes=8589934592,
+                       peak_busbw_gbs=busbw, gpu_model="NVIDIA H200", transport=parse_nccl_transport(nccl_text(name)))
+
+    target = load_target(None)
+    # NET/IB found no device: the pair ran over sockets; even at 400 GB/s it fails, with the reason.
+    found = judge_pairs([run("socket_no_ib_device_nccl352.txt", 400.0)], {}, target)
+    socket = [f for f in found["a01"] if f.check_id == "active.nccl_pair_transport"]
+    assert socket and socket[0].severity == "error"
+    assert "ran over Socket, not RDMA" in socket[0].message and "NET/IB found no device" in socket[0].message
+    # Over IB: no transport finding.
+    ok = judge_pairs([run("../../../k3fleet/lab/active_data/nccl_info_ib_hca_nccltests228.txt", 400.0)], {}, target)
+    assert not [f for fs in ok.values() for f in fs if f.check_id == "active.nccl_pair_transport"]
+
+
+def test_socket_reasons_name_the_cause() -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import parse_nccl_transport
+    from k3fleet.models.facts import NcclTransport
+    from k3fleet.verdict.pairs import socket_reason
+
+    gdr = NcclTransport.model_validate(parse_nccl_transport(nccl_text("ib_gdr_disabled_nccl1537.txt")))
+    assert socket_reason(gdr).startswith("GPU Direct RDMA disabled for mlx5_0, mlx5_1: no nvidia_peermem")
+    wrong_hca = NcclTransport(ib_no_device=True, ib_hca="mlx5_9:1", socket=True)
+    assert "NCCL_IB_HCA=mlx5_9:1 matches none" in socket_reason(wrong_hca)
+
+
+def test_within_node_channels_not_over_p2p_fail_on_an_nvswitch_node() -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import parse_nccl_transport
+    from k3fleet.models.facts import HostFacts
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import evaluate_host
+
+    base = (Path(__file__).resolve().parents[1] / "fixtures/verdict/host_r580_h200_hgx.json").read_text()
+
+    def judged(transport: dict[str, Any] | None) -> dict[str, Any]:
+        import json
+
+        data = json.loads(base)
+        data["active"] = {"status": "ok", "level": "full", "nccl": {"ran": True, "rc": 0, "gpus": 8, "ranks": 8,
+                                                                     "peak_busbw_gbs": 450.0, "transport": transport}}
+        found = evaluate_host(HostFacts.model_validate(data), load_target(None))
+        return {f.check_id: f for f in found if f.check_id == "active.nccl_transport"}
+
+    # nccl issue 952's channels: P2P/IPC and NET/Socket, with P2P present: passes.
+    assert judged(parse_nccl_transport(nccl_text("channels_socket_p2p_nccl952.txt"))) == {}
+    # Only sockets between the GPUs of an NVSwitch node: fails.
+    only_socket = parse_nccl_transport("h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct\n")
+    assert only_socket is not None and only_socket["channels"] == {"SHM": 1}
+    f = judged(only_socket)["active.nccl_transport"]
+    assert "channels go over SHM, none over P2P (NVLink)" in f.message
+    # No INFO line at all: unknown, never a pass.
+    assert judged(None)["active.nccl_transport"].kind == "unknown"

@@ -19,8 +19,18 @@ _ACTIVE_FILES = {"pass": "dcgmi_diag_r2_pass_excerpt.txt",
                  "pair_low": "all_reduce_perf_h100_2nodes_16ranks_low_excerpt.txt"}
 
 
+# NCCL_DEBUG=INFO lines the stand-ins print before a run (the audit sets NCCL_DEBUG=INFO): the channels of
+# an NVSwitch node over P2P, and a pair over IB.
+_NCCL_INFO = {"all_reduce_perf": "nccl_info_p2p_direct_pointer_nccl892.txt",
+              "pair": "nccl_info_ib_hca_nccltests228.txt"}
+
+
 def _active_output(kind: str) -> str:
     return (_ACTIVE_DATA / _ACTIVE_FILES[kind]).read_text(encoding="utf-8")
+
+
+def _nccl_info(kind: str) -> str:
+    return (_ACTIVE_DATA / _NCCL_INFO[kind]).read_text(encoding="utf-8")
 
 
 class ActiveView(Part):
@@ -35,11 +45,12 @@ class ActiveView(Part):
         if tools.all_reduce_perf != "absent":
             max_bytes = load_target().active.nccl_max_bytes
             img.record(sources.all_reduce_perf_argv(self.p.gpus.count, max_bytes),
-                       Recording(stdout=_active_output(tools.all_reduce_perf)))
+                       Recording(stdout=_nccl_info("all_reduce_perf") + _active_output(tools.all_reduce_perf)))
         if tools.mpirun != "absent":
             # What the stand-in mpirun answers with (k3fleet.lab.replay.mpirun_script), under fixed keys.
             for link in ("good", "low"):
-                img.record(pair_recording_argv(link), Recording(stdout=_active_output(f"pair_{link}")))
+                img.record(pair_recording_argv(link),
+                           Recording(stdout=_nccl_info("pair") + _active_output(f"pair_{link}")))
             if tools.mpirun == "low":
                 img.record(pair_link_argv("low"), Recording())
         if tools.ib_write_bw != "absent":

@@ -34,6 +34,16 @@ CHECKS: tuple[Check, ...] = (
           "NCCL_P2P_DISABLE) and PCIe ACS, then rerun with audit --active full.",
           source='docs/facts.md section 17 (nccl-tests PERFORMANCE.md: busbw; nccl-tests issue 212: ~480 GB/s peak '
           'on 8 NVLink4 GPUs)'),
+    check("active.nccl_transport", "NCCL inside the node over P2P (NVLink)",
+          "The within-node all_reduce_perf runs with NCCL_DEBUG=INFO; its channel lines say how the GPUs reach "
+          "each other. On an NVSwitch node every channel must go over P2P (NVLink): channels via SHM or NET mean "
+          "the GPUs do not see each other's memory (ACS, IOMMU, NCCL_P2P_DISABLE), whatever the bandwidth a small "
+          "message reaches; NVLS (and MNNVL on an NVLink rack) is asserted where the target asks for it.",
+          "error",
+          "Check PCIe ACS and the IOMMU (rdma.acs), NCCL_P2P_DISABLE / NCCL_P2P_LEVEL and the Fabric Manager; for "
+          "NVLS the NVSwitch driver and CUDA 12.1+; rerun with audit --active full.",
+          source='docs/facts.md section 6 (NCCL_DEBUG=INFO channel lines "via P2P/IPC", "via NET/Socket"; NVIDIA '
+          'AICR validation: NVLS/MNNVL asserted from the INFO lines)'),
     check("active.ib_write_bw", "RDMA rails reach their bandwidth",
           "A loopback ib_write_bw on each active rail measures what the HCA and its PCIe path carry; a rail "
           "well below its rate slows every cross-node collective. The path between nodes is "
@@ -120,6 +130,32 @@ def _active_nccl(f: HostFacts, c: HostContext, e: Emitter) -> None:
                f"{n.max_bytes} B is below {floor:g} GB/s for {c.gpu_model}", ev)
 
 
+def _active_transport(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    a = f.active
+    if a is None or a.skipped or a.nccl is None or not a.nccl.ran:
+        return
+    t = a.nccl.transport
+    if t is None:
+        e.unknown("active.nccl_transport", "the NCCL transport of all_reduce_perf",
+                  "the run printed no NCCL INFO line (NCCL_DEBUG=INFO was not honoured)")
+        return
+    spec = e.ct.target.active
+    ev: dict[str, Any] = t.model_dump()
+    problems = []
+    p2p = sum(n for k, n in t.channels.items() if k.startswith("P2P"))
+    other = {k: n for k, n in t.channels.items() if not k.startswith("P2P") and k != "NVLS"}
+    if spec.nccl_require_p2p and c.fm_required and (a.nccl.gpus or 0) > 1 and other and not p2p:
+        problems.append("channels go over " + ", ".join(sorted(other)) + ", none over P2P (NVLink)")
+    if spec.nccl_require_nvls and t.nvls is not True:
+        problems.append("NVLS multicast is " + ("not available" if t.nvls is False else "not reported"))
+    in_domain = any(g.fabric_cluster_uuid and set(g.fabric_cluster_uuid) - {"0", "-"} for g in f.driver.gpus)
+    if in_domain and t.mnnvl_uuid in (None, "0.0"):
+        problems.append("the GPUs are in a multi-node NVLink domain but NCCL saw no MNNVL fabric (set "
+                        "NCCL_MNNVL_ENABLE=1, NCCL_CUMEM_ENABLE=1 and run IMEX)")
+    if problems:
+        e.fail("active.nccl_transport", "all_reduce_perf within the node: " + "; ".join(problems), ev)
+
+
 def _active_ib(f: HostFacts, c: HostContext, e: Emitter) -> None:
     if not _active_gate(f, e, "active.ib_write_bw", "ib_write_bw per rail"):
         return
@@ -146,4 +182,6 @@ def _active_ib(f: HostFacts, c: HostContext, e: Emitter) -> None:
                {"rails": [r.model_dump() for r in f.active.ib_write_bw], "min_fraction": frac})
 
 
-RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (_active_dcgm, _active_nccl, _active_ib,)
+RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (
+    _active_dcgm, _active_nccl, _active_transport, _active_ib,
+)

@@ -179,8 +179,8 @@ class NodeReader:
             self._cache[key] = self.run(argv, timeout=timeout)
         return self._cache[key]
 
-    def run(self, argv, timeout=None, stdin=None):
-        """Run ``argv`` with C locale and a timeout. Never raises."""
+    def run(self, argv, timeout=None, stdin=None, env=None):
+        """Run ``argv`` with C locale and a timeout, ``env`` added to the environment. Never raises."""
         argv = [str(a) for a in argv]
         timeout = self.timeout if timeout is None else float(timeout)
         started = time.time()
@@ -198,7 +198,8 @@ class NodeReader:
             return res
         try:
             proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=dict(self.env(), **(env or {})),
                                     close_fds=True, start_new_session=True)
         except (IOError, OSError) as exc:
             res = CommandResult(argv, None, "", str(exc), error="exec_error", duration=time.time() - started)
