@@ -25,7 +25,6 @@ from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.contracts import Severity
 from k3fleet.models.findings import Finding
-from k3fleet.targets import load_target
 
 PROBE = "prefix_cache"
 # Kimi K3's hybrid cache hits only on prefix_match_unit boundaries: 1536 tokens unless the server sets
@@ -54,6 +53,9 @@ class PrefixOptions(BaseModel):
     # Warm median TTFT must be below this fraction of the cold TTFT.
     ttft_ratio: float = Field(default=0.9, gt=0, le=1)
     timeout_s: float | None = Field(default=None, gt=0)
+    # The served model of the run's target (``serve.model``): the target's default match unit applies to
+    # that model alone; None (no target given) leaves an unpublished unit unknown.
+    target_model: str | None = None
 
 
 # Fixed tool definitions: serialised with the body, byte-identical in every request of a run.
@@ -369,14 +371,14 @@ def _match_unit(cfg: Mapping[str, str] | None, opts: PrefixOptions, model: str) 
         # vLLM writes the string "None" when there is no hybrid unit.
         if raw is not None and raw.strip().isdigit() and int(raw) > 0:
             return int(raw), source
-    if _is_target_model(model):
+    if opts.target_model is not None and _same_model(model, opts.target_model):
         return DEFAULT_MATCH_UNIT, "target default"
     return None, "unknown"
 
 
-def _is_target_model(model: str) -> bool:
-    want = load_target(None).serve.model.rsplit("/", 1)[-1].lower()
-    return model.rstrip("/").rsplit("/", 1)[-1].lower() == want
+def _same_model(model: str, target_model: str) -> bool:
+    """The served model is the target's (by its last path part: a local copy of the same weights counts)."""
+    return model.rstrip("/").rsplit("/", 1)[-1].lower() == target_model.rstrip("/").rsplit("/", 1)[-1].lower()
 
 
 def _no_room(findings: list[Finding], data: dict[str, Any], unit: int, max_len: int | None,

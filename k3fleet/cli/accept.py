@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import httpx
 
     from k3fleet.accept.client import Endpoint
+    from k3fleet.models.evidence import AcceptRecord
 
 T = TypeVar("T")
 
@@ -127,9 +128,12 @@ def prefix_cache(
 ) -> None:
     """Prove prefix-cache reuse: cold, warm and control requests with /metrics around each window."""
     from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
+    from k3fleet.targets import load_target
 
     ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
-    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit)
+    # The CLI's default target (Kimi K3): its model's default match unit, when the server publishes none.
+    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit,
+                         target_model=load_target(None).serve.model)
     say = progress_printer(quiet or as_json)
     result = run_probe(ep, lambda client, _info: run_prefix_cache(ep, opts, progress=say, client=client))
     print_result(result, as_json=as_json, lines=_prefix_lines(result))
@@ -308,13 +312,13 @@ def accept_all(
                                                     "(Ctrl-C again to abort)[/yellow]"))
     res = asyncio.run(run_all(ep, opts, sys.argv, progress=say))
     if as_json:
-        out.print_json(json.dumps(res.summary, default=str))
+        out.print_json(json.dumps(res.summary.dump(), default=str))
     else:
         _print_summary(res.summary, res.results)
     err.print(f"run directory: {res.run_dir.path}", markup=False)
-    if res.summary.get("error"):
-        err.print(f"k3fleet: error: {res.summary['error']}", markup=False)
-    if res.summary.get("interrupted"):
+    if res.summary.error:
+        err.print(f"k3fleet: error: {res.summary.error}", markup=False)
+    if res.summary.interrupted:
         err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
     raise typer.Exit(res.exit_code)
 
@@ -332,16 +336,16 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any]:
     return outd
 
 
-def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> None:
-    out.print(f"[bold]accept[/bold] {safe_markup(summary['base_url'])} model {safe_markup(summary['model'])}"
-              + ("" if summary["tls_verify"] else "  [yellow](TLS verification off)[/yellow]"), markup=True)
-    elapsed = (summary.get("budget") or {}).get("elapsed_s") or {}
+def _print_summary(summary: AcceptRecord, results: dict[str, ProbeResult]) -> None:
+    out.print(f"[bold]accept[/bold] {safe_markup(summary.base_url)} model {safe_markup(summary.model)}"
+              + ("" if summary.tls_verify else "  [yellow](TLS verification off)[/yellow]"), markup=True)
+    elapsed = (summary.budget or {}).get("elapsed_s") or {}
     for name, result in results.items():
         style = _STATUS_STYLE.get(result.status, "")
         took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
         out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {took}{safe_markup(result.reason)}",
                   markup=True)
-    for name, why in (summary.get("not_run") or {}).items():
+    for name, why in summary.not_run.items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
     failing = [f for r in results.values() for f in r.failing()]
     for f in failing[:20]:

@@ -106,7 +106,8 @@ def read_audit_plan(run: Path) -> dict[str, Any]:
 
     from k3fleet.errors import IncompleteError
     from k3fleet.evidence import COMMAND, RunDir, layout, verify_run
-    from k3fleet.evidence.reader import RunReader, RunRecord
+    from k3fleet.evidence.reader import RunReader
+    from k3fleet.models.evidence import RunRecord
     from k3fleet.models.findings import FleetVerdict
 
     rd = RunDir.open(run)

@@ -20,8 +20,14 @@ from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
 from k3fleet.decide.envelope import held_envelope, repeat_intervals, slo_rate, traffic_baseline
-from k3fleet.decide.models import (
+from k3fleet.errors import UsageError, validation_line
+from k3fleet.evidence import layout
+from k3fleet.evidence.reader import RunReader
+from k3fleet.evidence.reader import open_run as open_checked
+from k3fleet.evidence.redact import excerpt
+from k3fleet.models.evidence import (
     AcceptEvidence,
+    AcceptRecord,
     AgentCase,
     AgentEvidence,
     AuditEvidence,
@@ -35,18 +41,16 @@ from k3fleet.decide.models import (
     PrefixCacheEvidence,
     Ref,
     RunInfo,
+    RunRecord,
     StartupEvidence,
     TargetBrief,
     TimelineEvent,
     TriageEvidence,
+    TriageRecord,
+    parse_triage_record,
 )
-from k3fleet.errors import UsageError, validation_line
-from k3fleet.evidence import layout
-from k3fleet.evidence.reader import RecordedExitCode, RunReader, RunRecord
-from k3fleet.evidence.reader import open_run as open_checked
-from k3fleet.evidence.redact import excerpt
 from k3fleet.models.facts import HostFacts
-from k3fleet.triage.record import parse_triage_record
+from k3fleet.models.target import Target
 from k3fleet.verdict import all2all
 
 KINDS = ("audit", "change", "accept", "triage")
@@ -77,7 +81,7 @@ def read_target(path: Path, label: str) -> TargetBrief | None:
     return target_brief(target, Ref(run=label, file=layout.TARGET)) if target is not None else None
 
 
-def target_brief(target: Any, ref: Ref | None = None) -> TargetBrief:
+def target_brief(target: Target, ref: Ref | None = None) -> TargetBrief:
     return TargetBrief(name=target.name, image=target.image.ref, image_repository=image_repository(target.image.ref)
                        or target.image.ref, image_cuda=target.image.cuda, image_digest=target.image.digest,
                        vllm_min=target.vllm.min_version, driver_branch=target.driver.branch,
@@ -100,7 +104,7 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
     record = run.model(layout.RUN, RunRecord)
     hosts = {name: HostEvidence(host=name, status=hv.status, driver_version=hv.driver_version,
                                 gpu_model=hv.gpu_model, gpu_count=hv.gpu_count, reason=hv.reason,
-                                branch=_branch(hv.driver_version)) for name, hv in v.hosts.items()}
+                                branch=hv.driver_branch) for name, hv in v.hosts.items()}
     nccl_seen: dict[str, set[str]] = {}
     for name, facts in audit_facts(run, v.hosts):
         he, image = hosts[name], facts.container.image
@@ -121,13 +125,6 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
         unreachable=sorted(h for h, he in hosts.items() if he.status == "unreachable"),
         evidence_incomplete=v.summary.evidence_incomplete, interrupted=record.interrupted,
         nccl=nccl, plan=v.plan.model_dump(mode="json"), interconnect=v.interconnect)
-
-
-def _branch(version: str | None) -> int | None:
-    if not version:
-        return None
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else None
 
 
 # -- change night ------------------------------------------------------------------------------------
@@ -363,6 +360,7 @@ def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
     options = d.get("options")
     held = held_envelope(points, options if isinstance(options, dict) else {})
     return LoadEvidence(**held, **slo_rate(d), **repeat_intervals(d),
+        replayed=d["trace"] if isinstance(d.get("trace"), dict) else None,
         ref=ref, status=result.status, reason=result.reason, outcome=d.get("outcome"), ceiling=_int(d.get("ceiling")),
         envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,
@@ -388,17 +386,6 @@ def curve_points(run: RunReader, data: Mapping[str, Any]) -> list[dict[str, Any]
                 if isinstance(r, dict):
                     rows.append({"phase": phase, **r})
     return rows
-
-
-class AcceptRecord(BaseModel):
-    """``accept.json`` as ``accept all`` and ``accept load`` write it (k3fleet/accept/run.py): the parts
-    read back."""
-
-    model_config = ConfigDict(extra="ignore")
-    base_url: str | None = None
-    model: str | None = None
-    started_at: str | None = None
-    exit_code: RecordedExitCode = None
 
 
 def read_accept(path: Path, info: RunInfo) -> AcceptEvidence:
@@ -442,8 +429,8 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
 # -- triage ------------------------------------------------------------------------------------------
 
 
-def triage_record(run: RunReader) -> Any:
-    """``triage.json`` as its :class:`k3fleet.triage.record.TriageRecord`."""
+def triage_record(run: RunReader) -> TriageRecord:
+    """``triage.json`` as its :class:`k3fleet.models.evidence.TriageRecord`."""
     return parse_triage_record(run.json(layout.TRIAGE), run.label)
 
 

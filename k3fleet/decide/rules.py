@@ -28,7 +28,8 @@ from k3fleet.decide.checklist import (
     world_size,
 )
 from k3fleet.decide.envelope import envelope_gaps, tested_text, unproven
-from k3fleet.decide.models import (
+from k3fleet.evidence import layout
+from k3fleet.models.evidence import (
     Baseline,
     ChecklistItem,
     Decision,
@@ -37,7 +38,6 @@ from k3fleet.decide.models import (
     Reason,
     Ref,
 )
-from k3fleet.evidence import layout
 
 # Rules that block only because something is not shown yet (exit 3, not 1): more evidence can lift them.
 # The reason a decision the evidence would approve carries while it is unsigned (exit 3, a draft).

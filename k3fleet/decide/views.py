@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from k3fleet.decide.models import RunInfo
 from k3fleet.decide.readers import (
     AcceptRecord,
     audit_facts,
@@ -25,7 +24,8 @@ from k3fleet.decide.readers import (
     triage_record,
 )
 from k3fleet.evidence import layout
-from k3fleet.evidence.reader import RunReader, RunRecord, open_run
+from k3fleet.evidence.reader import RunReader, open_run
+from k3fleet.models.evidence import RunInfo, RunRecord
 from k3fleet.report.view import (
     ReportView,
     accept_view,

@@ -41,6 +41,7 @@ image, digest and launch configuration.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as _dt
 import itertools
 import json
@@ -58,18 +59,19 @@ from pydantic import BaseModel, Field, ValidationError
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
 from k3fleet.accept.agent import CASES, AgentOptions, run_agent
 from k3fleet.accept.client import Endpoint, EndpointError, fetch
-from k3fleet.accept.metrics import MetricsError, scrape
+from k3fleet.accept.gpu_telemetry import gpus_of
+from k3fleet.accept.metrics import MetricsError, scrape, scrape_url
 from k3fleet.accept.startup import NCCL_ERROR
 from k3fleet.bounds import check_seconds, parse_seconds, read_input
 from k3fleet.contracts import result_code
-from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.redact import excerpt
+from k3fleet.models.evidence import Baseline
 from k3fleet.models.facts import HostFacts
-from k3fleet.targets import load_target
+from k3fleet.models.target import Target
 from k3fleet.triage import Capture, build_facts
 from k3fleet.verdict import evaluate_host
 
@@ -114,6 +116,9 @@ class Sample(BaseModel):
     node_notes: list[str] | None = Field(default=None, description="what the node logs hold that fires nothing")
     window: dict[str, float | None] | None = Field(default=None, description="the interval's real traffic "
                                                                              "(evaluate fills it)")
+    gpus: dict[str, dict[str, float]] | None = Field(default=None, description="per GPU: memory used and free "
+                                                     "(MiB), power (W), utilisation (%) from --telemetry-url")
+    telemetry_error: str | None = None
 
 
 @dataclass
@@ -353,16 +358,18 @@ def lines_since(text: str, since: _dt.datetime | None) -> str:
                      if (when := line_time(line, since.year)) is None or when >= since)
 
 
-def judge_node_log(text: str, since: _dt.datetime | None, host: str = "node") -> tuple[list[str], list[str]]:
+def judge_node_log(text: str, since: _dt.datetime | None, target: Target,
+                   host: str = "node") -> tuple[list[str], list[str]]:
     """(errors, notes) on a node's kernel log or journal since the approval: its Xid lines judged by the
-    audit's ``gpu.xid`` verdict (error and critical fire; a warning is a note) and ``gpu.xid_application``
-    (the application's own fault: a note), and NCCL errors by the start-up analyser's pattern."""
+    audit's ``gpu.xid`` verdict against ``target`` (the one the approved decision was taken on; error and
+    critical fire; a warning is a note) and ``gpu.xid_application`` (the application's own fault: a note),
+    and NCCL errors by the start-up analyser's pattern."""
     kept = lines_since(text, since)
     errors: list[str] = []
     notes: list[str] = []
     if parse_xid_lines(kept):
         facts = build_facts(host, [Capture(path=Path(host), name=host, kind="kernel_log", text=kept, sha256="")])
-        for f in evaluate_host(HostFacts.model_validate(facts), load_target(None)):
+        for f in evaluate_host(HostFacts.model_validate(facts), target):
             if f.check_id == "gpu.xid" and f.kind == "fail":
                 (errors if f.severity in ("error", "critical") else notes).append(f"{host}: {f.message}")
             elif f.check_id == "gpu.xid_application" and f.kind == "fail":
@@ -426,6 +433,29 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
         return Baseline.model_validate(raw), decision
     except ValidationError as exc:
         raise UsageError(validation_line(exc, f"--baseline {path}: baseline.json does not validate")) from exc
+
+
+def package_target(package: Path) -> Target | None:
+    """The target the signed package's decision was taken on: the audit run's ``inputs/target.json`` that
+    the decision's summary names (None when the decision rests on no recorded target)."""
+    try:
+        summary = _loads(read_package_file(package, layout.package_member(layout.SUMMARY)), package.name)
+        ref = ((summary.get("target") or {}).get("ref") or {}) if isinstance(summary, dict) else {}
+        if not (isinstance(ref, dict) and ref.get("run") and ref.get("file")):
+            return None
+        raw = _loads(read_package_file(package, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}"), package.name)
+    except (UsageError, tarfile.TarError, OSError, EOFError, KeyError):
+        return None
+    try:
+        return Target.model_validate(raw)
+    except ValidationError as exc:
+        raise UsageError(validation_line(exc, f"--baseline {package.name}: the decision's target")) from exc
+
+
+def _package_of(path: Path) -> Path:
+    """The package a --baseline names (itself, or the one beside a decision run directory); load_baseline
+    has checked it."""
+    return layout.package_beside(path) if path.is_dir() else path
 
 
 def _decision_dir_package(path: Path) -> Path:
@@ -511,6 +541,10 @@ class WatchOptions:
     model: str | None = None
     allowed_signers: Path | None = None
     node_logs: Sequence[Path] = ()
+    # The CLI's target (--target, or the packaged default): used only when the approved decision's
+    # package records none (a decision taken on the packaged default).
+    target: Target | None = None
+    telemetry_url: str | None = None
 
 
 @dataclass
@@ -583,8 +617,8 @@ class _NodeLogs:
     """The --node-log files, read again each interval (they grow) through the bounded reader and
     judged only when they changed."""
 
-    def __init__(self, paths: Sequence[Path], since: _dt.datetime | None) -> None:
-        self.paths, self.since = list(paths), since
+    def __init__(self, paths: Sequence[Path], since: _dt.datetime | None, target: Target | None) -> None:
+        self.paths, self.since, self.target = list(paths), since, target
         self.seen: dict[Path, tuple[float, int, list[str], list[str]]] = {}
 
     def read(self) -> tuple[list[str], list[str]]:
@@ -597,7 +631,10 @@ class _NodeLogs:
                 cached = self.seen.get(p)
                 if cached is None or cached[:2] != key:
                     text = read_input(p, "--node-log", kind="a node log", limit="capture", text=True)
-                    e, n = judge_node_log(text.decode("utf-8", errors="replace"), self.since, p.name)
+                    if self.target is None:
+                        raise UsageError("--node-log: the decision records no target to judge the log by: give "
+                                         "--target FILE")
+                    e, n = judge_node_log(text.decode("utf-8", errors="replace"), self.since, self.target, p.name)
                     self.seen[p] = (*key, e, n)
                 errors += self.seen[p][2]
                 notes += self.seen[p][3]
@@ -619,7 +656,7 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
     state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance,
                        latency_tolerance=opts.latency_tolerance, min_requests=opts.min_requests)
     result = WatchResult(baseline=baseline, samples=[], triggers=[])
-    nodes = _NodeLogs(opts.node_logs, approval_time(decision))
+    nodes = _NodeLogs(opts.node_logs, approval_time(decision), opts.target)
     t0 = time.monotonic()
     timeout = max(min(opts.interval_s, 10.0), 1.0)
     sent = [0]
@@ -662,6 +699,13 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
                         pass  # the probe's requests are still counted: real_traffic takes them out
                     else:
                         s.after_probe, s.after_probe_at = counters_of(after)[0], time.time()
+            if opts.telemetry_url:
+                try:
+                    s.gpus = gpus_of(await scrape_url(client, opts.telemetry_url, timeout_s=timeout)) or None
+                    if s.gpus is None:
+                        s.telemetry_error = "the telemetry page has no DCGM GPU series"
+                except MetricsError as exc:
+                    s.telemetry_error = str(exc)
             if nodes.paths:
                 errors, notes = nodes.read()
                 s.node_errors, s.node_notes = errors or None, notes or None
@@ -696,6 +740,8 @@ def check_options(opts: WatchOptions) -> None:
         raise UsageError("--min-requests must be 1 or more")
     if opts.max_samples is not None and opts.max_samples < 1:
         raise UsageError("--samples must be 1 or more")
+    if opts.telemetry_url is not None and not re.match(r"^https?://\S+$", opts.telemetry_url):
+        raise UsageError(f"--telemetry-url {opts.telemetry_url!r}: an http:// or https:// URL")
     for p in opts.node_logs:
         if not p.is_file():
             raise UsageError(f"--node-log {p}: no such file")
@@ -721,6 +767,10 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
     an untrusted baseline (unsigned, forged, tampered, unapproved) are refused before it exists."""
     check_options(opts)
     baseline, decision = load_baseline(opts.baseline, opts.allowed_signers)
+    # The target the approved decision was taken on travels with its package; the CLI's only stands in.
+    recorded = package_target(_package_of(opts.baseline))
+    if recorded is not None:
+        opts = dataclasses.replace(opts, target=recorded)
     rd = RunDir.create(runs_dir, "watch", argv, out=out, record={"baseline": str(opts.baseline)})
 
     def sample(s: Sample, fired: list[Trigger]) -> None:

@@ -7,7 +7,7 @@ escapes (k3fleet.report.escapes).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -15,9 +15,14 @@ from rich.table import Table
 from rich.text import Text
 
 from k3fleet.contracts import OUTCOME_STATUS
-from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict, HostVerdict
 from k3fleet.report.escapes import safe_text
 from k3fleet.report.plan import host_list, package_groups, plan_lines, plan_title
+
+if TYPE_CHECKING:
+    # The audit's CLI prints through this module: the type only, never at run time.
+    from k3fleet.audit.merge import MergeResult
+    from k3fleet.audit.run import AuditResult
 
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "unreachable": "magenta"}
 # One style per step of the severity scale (k3fleet.contracts), for every table that prints findings.
@@ -38,7 +43,7 @@ _ATTENTION_ROWS = 6
 _FLEET_LINES = 6
 
 
-def _host_status(h: Any) -> tuple[str, str]:
+def _host_status(h: HostVerdict) -> tuple[str, str]:
     """``ok``, ``warn N``, ``failing N`` or ``unreachable``, and its style."""
     if h.status == "unreachable":
         return "unreachable", "magenta"
@@ -49,11 +54,11 @@ def _host_status(h: Any) -> tuple[str, str]:
     return (f"warn {len(warns)}", "yellow") if warns else ("ok", "green")
 
 
-def _ids(h: Any) -> list[str]:
+def _ids(h: HostVerdict) -> list[str]:
     return sorted({f.check_id for f in h.findings if f.severity != "info"})
 
 
-def next_command(v: FleetVerdict, run: Any) -> str:
+def next_command(v: FleetVerdict, run: object) -> str:
     """The one command to run next, from the outcome and the plan."""
     run_s = safe_text(run)
     if v.outcome == "incomplete" or (v.summary.unreachable and not v.checks_failed):
@@ -69,7 +74,7 @@ def next_command(v: FleetVerdict, run: Any) -> str:
     return f"k3fleet report {run_s} --format html --out audit.html   (every finding with its fix)"
 
 
-def print_audit(console: Console, result: Any, show_all: bool = False) -> None:
+def print_audit(console: Console, result: AuditResult | MergeResult, show_all: bool = False) -> None:
     """The summary first (outcome, hosts by status, failures per check, fleet findings, the plan,
     the next command), then the hosts that need attention (every host with ``show_all``).
 

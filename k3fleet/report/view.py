@@ -13,7 +13,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from k3fleet.accept.result import ProbeResult
 from k3fleet.contracts import finding_status
+from k3fleet.models.evidence import (
+    AcceptEvidence,
+    AuditEvidence,
+    ChangeEvidence,
+    Decision,
+    EvidenceSummary,
+    OwnerEntry,
+    TriageRecord,
+)
 from k3fleet.models.facts import Gpu, HostFacts
 from k3fleet.models.findings import Finding
 from k3fleet.verdict import CHECKS
@@ -249,7 +259,7 @@ def heat_map(hosts: Iterable[tuple[str, str]], findings: Iterable[Finding]) -> H
     return HeatMap(groups, rows)
 
 
-def audit_view(a: Any, run: str, exit_code: int | None, facts: Iterable[tuple[str, HostFacts]]) -> ReportView:
+def audit_view(a: AuditEvidence, run: str, exit_code: int | None, facts: Iterable[tuple[str, HostFacts]]) -> ReportView:
     """An audit run: its evidence summary (``k3fleet.decide.readers.read_audit``), the exit code its
     run.json recorded (None: none of the contract's), and the validated facts of its reachable hosts
     (for the GPU grid)."""
@@ -269,7 +279,7 @@ def gpu_hosts(facts: Iterable[tuple[str, HostFacts]]) -> list[GpuHost]:
     return [GpuHost(host, [_gpu_cell(g) for g in f.driver.gpus]) for host, f in facts]
 
 
-def _dict(v: Any) -> dict[str, Any]:
+def _dict(v: object) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
@@ -303,7 +313,7 @@ def _gpu_cell(g: Gpu) -> GpuCell:
                    fails + warns)
 
 
-def _hosts_into(view: ReportView, a: Any) -> None:
+def _hosts_into(view: ReportView, a: AuditEvidence) -> None:
     findings = [{"check_id": f.check_id, "severity": f.severity, "kind": f.kind, "host": f.host, "message": f.message,
                  "evidence": str(f.ref)} for f in a.findings]
     for h in a.hosts:
@@ -325,7 +335,7 @@ def _hosts_into(view: ReportView, a: Any) -> None:
 # -- change night ------------------------------------------------------------------------------------
 
 
-def change_view(c: Any, run: str) -> ReportView:
+def change_view(c: ChangeEvidence, run: str) -> ReportView:
     """A change run from its evidence summary (``k3fleet.decide.readers.read_change``)."""
     mode = "check (nothing changed)" if c.check else "change night"
     view = ReportView(kind="change", run=run, title=f"k3fleet change {c.change_id or ''}: {mode}".strip(),
@@ -350,7 +360,7 @@ def _status(s: str) -> CheckStatus:
     return {"pass": "pass", "fail": "fail", "skipped": "skipped"}.get(s, "error")  # type: ignore[return-value]
 
 
-def accept_view(acc: Any, run: str, exit_code: int | None, results: Mapping[str, Any],
+def accept_view(acc: AcceptEvidence, run: str, exit_code: int | None, results: Mapping[str, ProbeResult],
                 curves: Sequence[dict[str, Any]]) -> ReportView:
     """An acceptance run: its evidence summary (``k3fleet.decide.readers.read_accept``), the exit code
     its accept.json recorded, each probe's result (:class:`k3fleet.accept.result.ProbeResult`, in
@@ -382,7 +392,7 @@ def accept_view(acc: Any, run: str, exit_code: int | None, results: Mapping[str,
     return view
 
 
-def plain_number(v: Any, unit: str = "") -> str:
+def plain_number(v: object, unit: str = "") -> str:
     """A number as people write it: no exponent, integers without decimals, 2-3 significant digits."""
     n = _num(v)
     if n is None:
@@ -400,7 +410,7 @@ def plain_number(v: Any, unit: str = "") -> str:
     return f"{text} {unit}".rstrip() if unit else text
 
 
-def _median(values: Any) -> float | None:
+def _median(values: object) -> float | None:
     nums = [float(v) for v in values if _num(v) is not None] if isinstance(values, list) else []
     if not nums:
         return None
@@ -416,7 +426,7 @@ def load_slo(data: dict[str, Any]) -> dict[str, tuple[str, float]]:
     return {"latency": ("TTFT p95 SLO", slo)} if slo else {}
 
 
-def probe_summaries(results: Mapping[str, Any]) -> list[ProbeSummary]:
+def probe_summaries(results: Mapping[str, ProbeResult]) -> list[ProbeSummary]:
     """Each probe's figures from its result (a ProbeResult: status, reason, data): prefix-cache tokens
     and TTFT cold vs warm, agent pass rates per case, the load envelope and ceiling, start-up layout."""
     out: list[ProbeSummary] = []
@@ -517,7 +527,7 @@ def load_charts(points: Sequence[dict[str, Any]]) -> list[Chart]:
     return charts
 
 
-def gpu_charts(gpu: Any) -> list[Chart]:
+def gpu_charts(gpu: object) -> list[Chart]:
     """Per load phase, each GPU's memory used, power and utilisation against the run's seconds."""
     curves = gpu.get("curves") if isinstance(gpu, dict) else None
     charts: list[Chart] = []
@@ -539,7 +549,7 @@ def gpu_charts(gpu: Any) -> list[Chart]:
     return charts
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     if isinstance(v, bool):
         return None
     return float(v) if isinstance(v, int | float) else None
@@ -548,8 +558,8 @@ def _num(v: Any) -> float | None:
 # -- triage ------------------------------------------------------------------------------------------
 
 
-def triage_view(data: Any, run: str) -> ReportView:
-    """A triage run from its record (``k3fleet.triage.record.TriageRecord``)."""
+def triage_view(data: TriageRecord, run: str) -> ReportView:
+    """A triage run from its record (``k3fleet.models.evidence.TriageRecord``)."""
     host = data.host or "capture"
     view = ReportView(kind="triage", run=run, title=f"k3fleet triage: {host} (operator-supplied)")
     view.meta += [("kinds", ", ".join(data.kinds)), ("files", str(len(data.files)))]
@@ -566,7 +576,7 @@ def triage_view(data: Any, run: str) -> ReportView:
 # -- decision ----------------------------------------------------------------------------------------
 
 
-def _owner_text(entry: Any) -> str | None:
+def _owner_text(entry: OwnerEntry | None) -> str | None:
     return f"{entry.owner}, by {entry.deadline}; rollback: {entry.rollback}" if entry is not None else None
 
 
@@ -575,7 +585,7 @@ def approval_words(approved: bool, draft: bool) -> str:
     return "approved" if approved else "DRAFT: unsigned, not approved" if draft else "NOT approved"
 
 
-def decision_view(d: Any, s: Any, run: str, curves: Sequence[dict[str, Any]] = ()) -> ReportView:
+def decision_view(d: Decision, s: EvidenceSummary, run: str, curves: Sequence[dict[str, Any]] = ()) -> ReportView:
     approval = approval_words(d.approved, d.draft)
     view = ReportView(kind="decision", run=run, title=f"k3fleet decision: {d.outcome} ({approval})",
                       outcome=d.outcome, approved=d.approved, exit_code=d.exit_code, draft=d.draft)
@@ -613,7 +623,7 @@ def decision_view(d: Any, s: Any, run: str, curves: Sequence[dict[str, Any]] = (
     return view
 
 
-def evidence_probes(acc: Any) -> list[ProbeSummary]:
+def evidence_probes(acc: AcceptEvidence) -> list[ProbeSummary]:
     """The acceptance probes as the decision's evidence summary holds them."""
     out: list[ProbeSummary] = []
     if acc.startup is not None:

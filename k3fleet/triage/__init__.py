@@ -30,13 +30,14 @@ from k3fleet.contracts import Severity, result_code
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
 from k3fleet.evidence.reader import open_run
+from k3fleet.models.evidence import TriageFile, TriageRecord, parse_triage_record
 from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
 from k3fleet.models.findings import Finding
+from k3fleet.models.target import Target
 from k3fleet.report.decision_md import render_markdown
 from k3fleet.report.view import triage_view, with_run
 from k3fleet.targets import load_target
 from k3fleet.triage import adapters as ad
-from k3fleet.triage.record import parse_triage_record
 from k3fleet.verdict import evaluate_host
 
 NOT_CAPTURED = "not in the captured text"
@@ -174,21 +175,22 @@ class TriageResult:
     def exit_code(self) -> int:
         return result_code(failed=any(f.failed for f in self.findings))
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> TriageRecord:
+        """triage.json, as the model its readers validate it with."""
         drv = self.facts.get("driver") or {}
         km = drv.get("kernel_module") or {}
         image = (self.facts.get("container") or {}).get("image") or {}
-        return {
-            "schema_version": "1.0", "host": self.host, "operator_supplied": True, "kinds": self.kinds,
-            "files": [{"name": c.name, "kind": c.kind, "original_sha256": c.sha256, "bytes": len(c.text.encode()),
-                       "stored": stored_name(i, c)} for i, c in enumerate(self.captures)],
-            "driver_version": km.get("version") or drv.get("driver_version"),
-            "image_digest": image.get("digest") if isinstance(image, dict) else None,
-            "findings": [f.model_dump(mode="json") for f in self.findings],
-            "startup": self.startup, "metrics": self.metrics, "chat": self.chat,
-            "facts": self.facts,
-            "exit_code": self.exit_code,
-        }
+        return TriageRecord(
+            host=self.host, kinds=self.kinds,
+            files=[TriageFile(name=c.name, kind=c.kind, original_sha256=c.sha256, bytes=len(c.text.encode()),
+                              stored=stored_name(i, c)) for i, c in enumerate(self.captures)],
+            driver_version=km.get("version") or drv.get("driver_version"),
+            image_digest=image.get("digest") if isinstance(image, dict) else None,
+            findings=self.findings, startup=self.startup, metrics=self.metrics, chat=self.chat, facts=self.facts,
+            exit_code=self.exit_code)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.record().model_dump(mode="json")
 
 
 def stored_name(i: int, c: Capture) -> str:
@@ -325,12 +327,13 @@ def _file_of(check: str, captures: Sequence[Capture]) -> str:
     return layout.TRIAGE
 
 
-def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
+def triage(paths: Sequence[Path], *, host: str = "capture", target: Target | Path | None = None,
            kinds: Sequence[str | None] = ()) -> TriageResult:
     """Read, sniff and judge every capture as one host's evidence (pure but for reading the files)."""
     if not paths:
         raise UsageError("give at least one captured file")
-    tgt = target if target is not None else load_target(None)
+    # The run's target as given, or loaded from the file given (none: the packaged default).
+    tgt = target if isinstance(target, Target) else load_target(target)
     forced = list(kinds) + [None] * (len(paths) - len(kinds))
     captures = [read_capture(p, k) for p, k in zip(paths, forced, strict=True)]
     facts = build_facts(host, captures)
@@ -358,7 +361,7 @@ def triage(paths: Sequence[Path], *, host: str = "capture", target: Any = None,
     return result
 
 
-def _startup_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
+def _startup_into(result: TriageResult, c: Capture, stored: str, target: Target) -> None:
     probe = analyse_startup(c.text, None, target=target, source=str(c.path))
     result.startup = probe.model_dump(mode="json")
     for f in probe.findings:
@@ -372,7 +375,7 @@ def _accept_finding(result: TriageResult, check_id: str, severity: Severity, mes
         update={"host": result.host, "evidence": {"file": stored}}))
 
 
-def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Any) -> None:
+def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Target) -> None:
     # lazy: the metrics reader brings prometheus_client and httpx; only a /metrics capture needs them,
     # and decide and report read triage records through this package
     from k3fleet.accept.metrics import REMOVED_NAMES, MetricsError, parse_metrics

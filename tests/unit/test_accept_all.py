@@ -78,7 +78,7 @@ def test_ctrl_c_ends_the_running_probe_and_writes_what_was_measured(tmp_path: Pa
         opts = AllOptions(out=out, prefix=PrefixOptions(repeats=2), agent=AgentOptions(repeats=50), stop=stop,
                           budget_s=600)
         res = asyncio.run(run_all(ep, opts, ["k3fleet", "accept", "all"], progress=progress))
-    assert res.exit_code == 3 and res.summary["interrupted"] is True
+    assert res.exit_code == 3 and res.summary.interrupted is True
     assert any(line.startswith("plan (budget 600 s):") for line in lines)
     summary = json.loads((out / "accept.json").read_text())
     assert summary["probes"]["prefix_cache"]["status"] == "pass"

@@ -130,9 +130,6 @@ def test_lab_low_bus_bandwidth_and_slow_rails(active_lab: Any) -> None:
     assert ib.kind == "fail" and "mlx5_0/1 0.48 Gb/s < 360" in ib.message
     # The run printed its NCCL_DEBUG=INFO channel lines: P2P inside the node, no transport finding.
     assert "active.nccl_transport" not in found
-    transport = active_lab.hosts["a02"].facts.active.nccl.transport if hasattr(active_lab.hosts["a02"], "facts") \
-        else None
-    assert transport is None or transport.channels == {"P2P/direct pointer": 2}
 
 
 def test_lab_host_without_tools_is_unknown_everywhere(active_lab: Any) -> None:

@@ -17,7 +17,8 @@ import pytest
 from k3fleet.decide import RULES, build_checklist, decide
 from k3fleet.decide.checklist import ITEM_IDS
 from k3fleet.decide.envelope import tested_text as envelope_text
-from k3fleet.decide.models import (
+from k3fleet.errors import UsageError
+from k3fleet.models.evidence import (
     AcceptEvidence,
     AgentCase,
     AgentEvidence,
@@ -40,7 +41,6 @@ from k3fleet.decide.models import (
     TargetBrief,
     TriageEvidence,
 )
-from k3fleet.errors import UsageError
 
 DIGEST = "sha256:" + "93aead97" * 8
 OTHER = "sha256:" + "0badc0de" * 8

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from k3fleet.decide.models import Baseline
 from k3fleet.decide.watch import (
     Sample,
     WatchState,
@@ -24,6 +23,8 @@ from k3fleet.decide.watch import (
     rollback_artifact,
 )
 from k3fleet.errors import UsageError
+from k3fleet.models.evidence import Baseline
+from k3fleet.targets import load_target
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 # The accepted load: its sessions hit the prefix cache 80% of the time at a 50 ms TTFT p50, none waited.
@@ -195,7 +196,7 @@ def test_lines_since_keep_the_undated_and_the_new() -> None:
 ])
 def test_judge_node_log(fixture: str, errors: list[str], notes: list[str]) -> None:
     text = (FIX / fixture).read_text()
-    found, noted = judge_node_log(text, APPROVED, "gpu-b01")
+    found, noted = judge_node_log(text, APPROVED, load_target(None), "gpu-b01")
     assert len(found) == len(errors) and all(w in f for w, f in zip(errors, found, strict=True)), found
     assert all(f.startswith("gpu-b01: ") for f in found)
     assert len(noted) == len(notes), noted
@@ -203,7 +204,7 @@ def test_judge_node_log(fixture: str, errors: list[str], notes: list[str]) -> No
 
 def test_xid13_after_the_approval_is_a_note() -> None:
     text = (FIX / "gpu_health/dmesg_ctime_xid13_109_gpud46.txt").read_text()
-    found, noted = judge_node_log(text, None, "gpu-b01")
+    found, noted = judge_node_log(text, None, load_target(None), "gpu-b01")
     assert any("Xid 13" in n for n in noted + found)
 
 

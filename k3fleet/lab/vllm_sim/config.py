@@ -38,6 +38,11 @@ class SimConfig(BaseModel):
     defects: dict[str, float] = Field(default_factory=dict)
     crash_above_kv: float | None = Field(default=None, gt=0, le=1)
     restart_after_s: float | None = Field(default=None, ge=0)
+    # A share of chat requests answered 503 before scheduling (an overloaded server or gateway), and a share of
+    # streams that stop for stall_s after their first tool-call delta (a client times out mid-answer).
+    overload_rate: float = Field(default=0.0, ge=0, le=1)
+    stall_after_tool_call_rate: float = Field(default=0.0, ge=0, le=1)
+    stall_s: float = Field(default=30.0, ge=0, le=3600)
     old_metric_names: bool = False
     metrics_format: str = Field(default="prometheus", pattern="^(prometheus|openmetrics)$")
 

@@ -113,6 +113,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     bad_schema = _response_schema_problem(body.get("response_format"))
     if bad_schema is not None:
         return _error(400, bad_schema, "BadRequestError")
+    if cfg.overload_rate and request.app[_RNG].random() < cfg.overload_rate:
+        return _error(503, "The server is overloaded (simulated): retry later", "ServiceUnavailableError")
     stream = bool(body.get("stream"))
     rid = "chatcmpl-" + uuid.uuid4().hex
     try:
@@ -246,6 +248,7 @@ async def _stream(request: web.Request, eng: Engine, req: SimRequest, rid: str,
                                                    "Cache-Control": "no-cache"})
     chunks = _Chunks(cfg, rid)
     sent = 0
+    stall = bool(cfg.stall_after_tool_call_rate) and request.app[_RNG].random() < cfg.stall_after_tool_call_rate
     try:
         await resp.prepare(request)
         while True:
@@ -270,6 +273,11 @@ async def _stream(request: web.Request, eng: Engine, req: SimRequest, rid: str,
                 parts.append("data: [DONE]\n\n")
             if parts:
                 await resp.write("".join(parts).encode())
+                if stall and any('"tool_calls"' in p for p in parts):
+                    # The answer stops after its first tool-call delta: the client times out mid-answer.
+                    await asyncio.sleep(cfg.stall_s)
+                    eng.abort(req)
+                    break
             if req.done:
                 break
         await resp.write_eof()
