@@ -546,12 +546,22 @@ class ActiveTool(_Model):
     duration_s: float | None = None
 
 
+class DcgmCode(_Model):
+    """A DCGM_FR_* failure code a test recorded (``dcgmi diag -j``; docs/facts.md section 17)."""
+
+    id: int
+    severity: int | None = None
+    category: int | None = None
+    gpu: int | None = None
+
+
 class DcgmTest(_Model):
     section: str | None = None
     name: str
     result: Literal["pass", "fail", "warn", "skip"] | None = None
     failed_gpus: list[int] = Field(default_factory=list)
     details: list[dict[str, str]] = Field(default_factory=list)
+    codes: list[DcgmCode] = Field(default_factory=list)
 
 
 class DcgmDiag(ActiveTool):
@@ -559,6 +569,8 @@ class DcgmDiag(ActiveTool):
     result: Literal["pass", "fail", "warn"] | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     tests: list[DcgmTest] = Field(default_factory=list)
+    format: Literal["json", "table"] | None = Field(default=None, description="json: dcgmi diag -j")
+    runtime_error: str | None = None
 
 
 class NcclTransport(_Model):

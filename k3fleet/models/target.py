@@ -604,6 +604,26 @@ class XidCatalog(_Strict):
         return self
 
 
+class DcgmSeverity(_Strict):
+    name: str
+    action: str
+
+
+class DcgmCodeEntry(_Strict):
+    name: str
+    meaning: str
+    could_not_run: bool = False
+
+
+class DcgmErrors(_Strict):
+    """DCGM's DCGM_FR_* codes (k3fleet/targets/dcgm_errors.yaml; docs/facts.md section 17)."""
+
+    source: str
+    severities: dict[int, DcgmSeverity]
+    categories: dict[int, str]
+    codes: dict[int, DcgmCodeEntry]
+
+
 class Source(_Strict):
     what: str
     where: str

@@ -267,3 +267,66 @@ def test_within_node_channels_not_over_p2p_fail_on_an_nvswitch_node() -> None:
     assert "channels go over SHM, none over P2P (NVLink)" in f.message
     # No INFO line at all: unknown, never a pass.
     assert judged(None)["active.nccl_transport"].kind == "unknown"
+
+
+# -- dcgmi diag -j -------------------------------------------------------------------------------------
+
+ACTIVE_DATA = Path(__file__).resolve().parents[2] / "k3fleet" / "lab" / "active_data"
+
+
+def _dcgm_found(dcgm: dict[str, Any]) -> Any:
+    import json
+
+    from k3fleet.models.facts import HostFacts
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import evaluate_host
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "fixtures/verdict/host_r580_h200_hgx.json").read_text())
+    data["active"] = {"status": "ok", "level": "full", "dcgm": {"ran": True, "rc": 0, "level": 3, **dcgm}}
+    return next((f for f in evaluate_host(HostFacts.model_validate(data), load_target(None))
+                 if f.check_id == "active.dcgm_diag"), None)
+
+
+def test_dcgmi_json_gives_codes_and_the_failure_names_them() -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import parse_dcgmi_diag
+
+    parsed = parse_dcgmi_diag((ACTIVE_DATA / "dcgmi_diag_r2_gpu_memory_fail_excerpt.json").read_text())
+    assert (parsed["format"], parsed["result"]) == ("json", "fail")
+    (memory,) = parsed["tests"]
+    assert (memory["name"], memory["failed_gpus"], memory["codes"]) == (
+        "GPU Memory", [0], [{"id": 66, "severity": 4, "category": 6, "gpu": 0}])
+    f = _dcgm_found(parsed)
+    assert f.kind == "fail" and "GPU Memory fails on GPU 0: DCGM_FR_CUDA_CONTEXT" in f.message
+    assert "TRIAGE: triage: run a field diagnostic" in f.message
+
+
+def _one(name: str, status: str, codes: list[dict[str, Any]], text: str = "") -> dict[str, Any]:
+    return {"result": "fail" if status == "fail" else "pass", "format": "json", "tests": [
+        {"section": "Hardware", "name": name, "result": status, "failed_gpus": [0] if status == "fail" else [],
+         "details": [{"kind": "warning", "text": text}] if text else [], "codes": codes}]}
+
+
+def test_a_test_that_could_not_run_is_unknown_not_a_fail() -> None:
+    # DCGM_FR_TEST_DISABLED (48): the test did not run on this GPU.
+    f = _dcgm_found(_one("Targeted Stress", "fail", [{"id": 48, "severity": 5, "gpu": 0}]))
+    assert f.kind == "unknown" and "Targeted Stress could not run: DCGM_FR_TEST_DISABLED" in f.message
+
+
+def test_documented_false_results_are_recognised() -> None:
+    # NVIDIA/DCGM 272: nvbandwidth's "MCUTIL > 10%" right after the level-3 burn.
+    f = _dcgm_found(_one("nvbandwidth", "fail", [{"id": 34, "gpu": 0}], "MCUTIL > 10% on GPU 0"))
+    assert f.kind == "unknown" and "issue 272" in f.message
+    # NVIDIA/DCGM 284: a memory test that passes with DCGM_FR_MEMORY_ALLOC.
+    f = _dcgm_found(_one("memory", "pass", [{"id": 56, "gpu": 0}]))
+    assert f.kind == "unknown" and "issue 284" in f.message
+
+
+def test_exit_226_is_the_diagnostics_own_failure() -> None:
+    f = _dcgm_found({"rc": 226, "result": None, "tests": []})
+    assert f.kind == "unknown" and "DCGM_ST_NVVS_ERROR" in f.message
+
+
+def test_dcgmi_runs_with_json_and_the_expected_gpu_count() -> None:
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import dcgmi_diag_argv
+
+    assert dcgmi_diag_argv(3, 8) == ["dcgmi", "diag", "-r", "3", "-j", "--expectedNumEntities", "gpu:8"]

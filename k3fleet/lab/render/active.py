@@ -11,8 +11,8 @@ from k3fleet.lab.render.node import HostImage, Part, Recording
 from k3fleet.targets import load_target
 
 _ACTIVE_DATA = Path(__file__).resolve().parent.parent / "active_data"
-_ACTIVE_FILES = {"pass": "dcgmi_diag_r2_pass_excerpt.txt",
-                 "gpu_memory_fail": "dcgmi_diag_r2_gpu_memory_fail_excerpt.txt",
+_ACTIVE_FILES = {"pass": "dcgmi_diag_r2_pass_excerpt.json",
+                 "gpu_memory_fail": "dcgmi_diag_r2_gpu_memory_fail_excerpt.json",
                  "low_busbw": "all_reduce_perf_h100_2nodes_16ranks.txt", "slow": "ib_write_bw_post_list_8B.txt",
                  # The NCCL pair test's two-node runs (the stand-in mpirun prints one of them).
                  "pair_good": "all_reduce_perf_h100_2nodes_16ranks.txt",
@@ -41,7 +41,7 @@ class ActiveView(Part):
         if tools.dcgmi != "absent":
             text = _active_output(tools.dcgmi)
             for level in (1, 2, 3, 4):
-                img.record(sources.dcgmi_diag_argv(level), Recording(stdout=text))
+                img.record(sources.dcgmi_diag_argv(level, self.p.gpus.count), Recording(stdout=text))
         if tools.all_reduce_perf != "absent":
             max_bytes = load_target().active.nccl_max_bytes
             img.record(sources.all_reduce_perf_argv(self.p.gpus.count, max_bytes),

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from k3fleet.models.facts import HostFacts
+from k3fleet.models.facts import DcgmCode, DcgmTest, HostFacts
+from k3fleet.targets import dcgm_errors
 from k3fleet.verdict.check import Check, check
 from k3fleet.verdict.rules.base import Emitter, HostContext, gpu_list
 
@@ -78,6 +79,38 @@ def _tool_unknown(e: Emitter, check: str, what: str, tool: Any) -> bool:
     return False
 
 
+# dcgmi returns DCGM_ST_NVVS_ERROR (-30) as the unsigned exit status 226 (NVIDIA/DCGM issue 158).
+NVVS_ERROR_RC = 226
+
+
+def code_text(code: DcgmCode) -> str:
+    """ "DCGM_FR_CUDA_CONTEXT (Cannot create a CUDA context on this GPU; TRIAGE: run a field diagnostic)"."""
+    cat = dcgm_errors()
+    entry = cat.codes.get(code.id)
+    name = entry.name if entry else f"DCGM_FR code {code.id}"
+    sev = cat.severities.get(code.severity) if code.severity is not None else None
+    tail = f"; {sev.name}: {sev.action}" if sev else ""
+    return f"{name} ({entry.meaning if entry else 'not in the packaged code list'}{tail})"
+
+
+def _could_not_run(t: DcgmTest) -> bool:
+    cat = dcgm_errors()
+    return bool(t.codes) and all((cat.codes.get(c.id) is not None and cat.codes[c.id].could_not_run)
+                                 or c.category == 16 for c in t.codes)
+
+
+def known_false_result(t: DcgmTest, level: int | None) -> str | None:
+    """A documented false result of DCGM's diagnostic, or None."""
+    text = " ".join(d.get("text", "") for d in t.details)
+    if t.result == "fail" and "nvbandwidth" in t.name.lower() and "MCUTIL" in text and (level or 0) >= 3:
+        return ("nvbandwidth fails 'MCUTIL > 10%' right after the level-3/4 GEMM burn even on an idle GPU "
+                "(NVIDIA/DCGM issue 272): run the nvbandwidth test alone to judge it")
+    if t.result == "pass" and any(c.id == 56 for c in t.codes):
+        return ("the memory test passed while recording DCGM_FR_MEMORY_ALLOC (NVIDIA/DCGM issue 284): it did not "
+                "test the memory it was configured to")
+    return None
+
+
 def _active_dcgm(f: HostFacts, c: HostContext, e: Emitter) -> None:
     if not _active_gate(f, e, "active.dcgm_diag", "the DCGM diagnostic"):
         return
@@ -85,18 +118,33 @@ def _active_dcgm(f: HostFacts, c: HostContext, e: Emitter) -> None:
     d = f.active.dcgm
     if d is None or _tool_unknown(e, "active.dcgm_diag", f"dcgmi diag -r {d.level}", d):
         return
-    if d.result is None:
-        e.unknown("active.dcgm_diag", f"dcgmi diag -r {d.level}'s results",
-                  f"no test row in its output (exit {d.rc})", error=True)
+    if d.result is None or d.runtime_error:
+        why = d.runtime_error or f"no test row in its output (exit {d.rc})"
+        if d.rc == NVVS_ERROR_RC:
+            why += ("; exit 226 is DCGM_ST_NVVS_ERROR, the diagnostic's own failure (NVIDIA/DCGM issue 158): "
+                    "read nvvs.log and nv-hostengine.log under /var/log/nvidia-dcgm")
+        e.unknown("active.dcgm_diag", f"dcgmi diag -r {d.level}'s results", why, error=True)
         return
-    bad = [t for t in d.tests if t.result in ("fail", "warn")]
+    false_results = {t.name: reason for t in d.tests if (reason := known_false_result(t, d.level))}
+    unrun = [t for t in d.tests if t.result == "fail" and _could_not_run(t) and t.name not in false_results]
+    bad = [t for t in d.tests if t.result in ("fail", "warn") and t not in unrun and t.name not in false_results]
     failed = [t for t in bad if t.result == "fail"]
-    ev: dict[str, Any] = {"level": d.level, "tests": [t.model_dump() for t in bad], "metadata": d.metadata}
+    ev: dict[str, Any] = {"level": d.level, "tests": [t.model_dump() for t in bad], "metadata": d.metadata,
+                          "codes": {t.name: [code_text(x) for x in t.codes] for t in d.tests if t.codes},
+                          "could_not_run": [t.name for t in unrun], "known_false_results": false_results}
     if failed:
         parts = [f"{t.name} fails" + (f" on GPU {gpu_list(t.failed_gpus)}" if t.failed_gpus else "")
-                 + (f" ({t.details[0]['text'][:160]})" if t.details else "") for t in failed]
+                 + (f": {code_text(t.codes[0])}" if t.codes else
+                    (f" ({t.details[0]['text'][:160]})" if t.details else "")) for t in failed]
         e.fail("active.dcgm_diag", f"dcgmi diag -r {d.level}: " + "; ".join(parts[:3]), ev)
-    elif bad:
+        return
+    if unrun or false_results:
+        whys = [f"{t.name} could not run: {code_text(t.codes[0])}" for t in unrun]
+        whys += [f"{name}: {why}" for name, why in false_results.items()]
+        e.unknown("active.dcgm_diag", f"dcgmi diag -r {d.level}", "; ".join(whys[:4]), error=bool(unrun))
+        if not bad:
+            return
+    if bad:
         e.fail("active.dcgm_diag", f"dcgmi diag -r {d.level} warns: " + ", ".join(t.name for t in bad), ev,
                severity="warning")
     elif d.rc not in (0, None):

@@ -14,6 +14,7 @@ runs show it (k3fleet/lab/active_data/SOURCES.md).
 
 from __future__ import absolute_import, division, print_function
 
+import json
 import re
 import threading
 import time
@@ -44,11 +45,19 @@ IB_SERVER_HEAD_START = 1.0
 
 
 def parse_dcgmi_diag(text):
-    """``dcgmi diag -r N`` table -> ``{"metadata", "tests": [...], "result"}``.
+    """``dcgmi diag -r N`` table (or its ``-j`` JSON) -> ``{"metadata", "tests": [...], "result"}``.
 
     Each test: section, name, result (pass / fail / warn / skip, the worst of its lines),
     ``failed_gpus`` and the Warning / Info lines after it. ``result`` None: no test was read.
     """
+    head = (text or "").lstrip()
+    if head.startswith("{"):
+        try:
+            data = json.loads(head)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            return parse_dcgmi_diag_json(data)
     section = None
     metadata = {}
     tests = []
@@ -102,7 +111,62 @@ def parse_dcgmi_diag(text):
     if tests:
         words = [t["result"] for t in tests]
         overall = "fail" if "fail" in words else ("warn" if "warn" in words else "pass")
-    return {"metadata": metadata, "tests": tests, "result": overall}
+    return {"metadata": metadata, "tests": tests, "result": overall, "format": "table" if tests else None}
+
+
+_JSON_STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip",
+                "skipped": "skip", "not run": "skip"}
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_dcgmi_diag_json(data):
+    """``dcgmi diag -j`` (DCGM 3.x "DCGM GPU Diagnostic", 4.x "DCGM Diagnostic": test_categories > tests >
+    results per entity, each with its warnings' ``error_id``, ``error_severity``, ``error_category``) in
+    the shape of :func:`parse_dcgmi_diag`, each test with its ``codes``."""
+    root = data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic") or {}
+    metadata = {str(k): str(v) for k, v in (data.get("metadata") or {}).items() if not isinstance(v, (dict, list))}
+    tests = []
+    for cat in root.get("test_categories") or []:
+        for test in cat.get("tests") or []:
+            t = {"section": cat.get("category"), "name": str(test.get("name") or "?"), "result": None,
+                 "failed_gpus": [], "details": [], "codes": []}
+            words = []
+            for res in test.get("results") or []:
+                word = _JSON_STATUS.get(str(res.get("status") or "").strip().lower())
+                gpu = _int(res.get("entity_id", res.get("gpu_id")))
+                if word:
+                    words.append(word)
+                if word == "fail" and gpu is not None and (res.get("entity_group") in (None, "GPU")):
+                    t["failed_gpus"].append(gpu)
+                for w in res.get("warnings") or []:
+                    error_id = w.get("error_id")
+                    if isinstance(error_id, dict):  # DCGM 3.x: {"code", "field_id"}
+                        error_id = error_id.get("code")
+                    text = " ".join(str(w.get("warning") or "").split())[:400]
+                    t["details"].append({"kind": "warning", "text": text})
+                    code = {"id": _int(error_id), "severity": _int(w.get("error_severity")),
+                            "category": _int(w.get("error_category")), "gpu": gpu}
+                    if code["id"] is not None:
+                        t["codes"].append(code)
+                for i in res.get("info") or []:
+                    t["details"].append({"kind": "info", "text": " ".join(str(i).split())[:400]})
+            summary = _JSON_STATUS.get(str((test.get("test_summary") or {}).get("status") or "").strip().lower())
+            t["result"] = summary or next((w for w in ("fail", "warn", "pass", "skip") if w in words), None)
+            tests.append(t)
+    overall = None
+    if tests:
+        words = [t["result"] for t in tests]
+        overall = "fail" if "fail" in words else ("warn" if "warn" in words else "pass")
+    out = {"metadata": metadata, "tests": tests, "result": overall, "format": "json"}
+    if root.get("runtime_error") or data.get("runtime_error"):
+        out["runtime_error"] = str(root.get("runtime_error") or data.get("runtime_error"))[:400]
+    return out
 
 
 def _add_result(test, match):
@@ -332,7 +396,9 @@ def collect_active(reader, level, spec, driver, rdma, scheduler=None):
         out["skipped"] = why
         return out
     dlevel = int(spec["dcgm_level"][level])
-    out["dcgm"] = _tool(reader, dcgmi_diag_argv(dlevel),
+    # -j: the failure codes; --expectedNumEntities: a GPU missing from DCGM's view fails the diagnostic.
+    gpus = len((driver or {}).get("gpus") or []) or None
+    out["dcgm"] = _tool(reader, dcgmi_diag_argv(dlevel, gpus),
                         float(spec["dcgm_timeout_s"][level]), parse_dcgmi_diag)
     out["dcgm"]["level"] = dlevel
     if level != "full":

@@ -179,8 +179,13 @@ def container_inspect_argv(runtime, ids):
 
 
 # Active checks (docs/facts.md section 17): only with audit --active.
-def dcgmi_diag_argv(level):
-    return ["dcgmi", "diag", "-r", str(level)]
+def dcgmi_diag_argv(level, gpus=None):
+    """``dcgmi diag -r N -j``, with ``--expectedNumEntities gpu:G`` when the node's GPU count is known (a GPU
+    DCGM does not see then fails the run; NVIDIA/DCGM's own dcgmi tests use the ``gpu:N`` form)."""
+    argv = ["dcgmi", "diag", "-r", str(level), "-j"]
+    if gpus:
+        argv += ["--expectedNumEntities", "gpu:%d" % int(gpus)]
+    return argv
 
 
 def all_reduce_perf_argv(gpus, max_bytes):
