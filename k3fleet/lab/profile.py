@@ -157,6 +157,8 @@ class GpuHealthSpec(_Spec):
     pcie_gen: int | None = Field(default=None, ge=1, le=6, description="current generation; None: the maximum")
     pcie_width: int | None = Field(default=None, ge=1, le=16, description="current width; None: x16")
     nvlink_inactive: list[int] = Field(default_factory=list, description="NVLink links nvlink -s prints <inactive>")
+    own_nic_distance: Literal["PIX", "PXB", "PHB", "NODE", "SYS"] | None = Field(
+        default=None, description="what nvidia-smi topo -m prints between the GPU and its own NIC (None: PIX)")
     gpus: list[int] | None = None
 
 

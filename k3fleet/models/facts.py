@@ -275,6 +275,23 @@ class PortCounters(_Model):
     ports: dict[str, dict[str, list[int]]] = Field(default_factory=dict)
 
 
+class GpuTopology(_Model):
+    nearest_nic: str | None = None
+    distance: str | None = Field(default=None, description="PIX, PXB, PHB, NODE or SYS (nvidia-smi topo -m)")
+    cpu_affinity: str | None = None
+    numa: str | None = None
+
+
+class Topology(_Model):
+    """``nvidia-smi topo -m``: each GPU's nearest NIC with its PCIe distance, CPU and NUMA affinity
+    (docs/facts.md section 6)."""
+
+    status: SectionStatus = "unknown"
+    reason: str | None = None
+    nics: list[str] = Field(default_factory=list)
+    gpus: dict[str, GpuTopology] = Field(default_factory=dict)
+
+
 class DriverFacts(Section):
     kernel_module: KernelModule = Field(default_factory=KernelModule)
     platform: Platform = Field(default_factory=Platform)
@@ -289,6 +306,8 @@ class DriverFacts(Section):
     kernel_log: KernelLog | None = None
     # None: not sampled (no GPU listed, or facts from before the counters were read twice).
     counters: GpuCounters | None = None
+    # None: not read (no GPU listed, or older facts).
+    topology: Topology | None = None
 
 
 # -- packages ------------------------------------------------------------------

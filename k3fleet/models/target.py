@@ -321,6 +321,10 @@ class FabricManagerSpec(_Strict):
     must_be_active: bool = True
 
 
+PcieDistance = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
+NEAR_NIC: tuple[PcieDistance, ...] = ("PIX", "PXB")
+
+
 class RdmaSpec(_Strict):
     required: bool | None = Field(
         default=None, description="None: required for multi_node_* strategies (explicit or derived)"
@@ -333,6 +337,9 @@ class RdmaSpec(_Strict):
     ignore_devices: list[str] = Field(
         default_factory=list, description="glob patterns of RDMA devices that are not fabric rails"
     )
+    gpu_nic_distance: list[PcieDistance] = Field(
+        default_factory=lambda: list(NEAR_NIC),
+        description="PCIe distances (nvidia-smi topo -m) each GPU's nearest NIC may be at on an RDMA fleet")
 
     def ignored(self, device: str) -> bool:
         return any(fnmatch.fnmatchcase(device, p) for p in self.ignore_devices)

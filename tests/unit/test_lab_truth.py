@@ -127,7 +127,8 @@ def test_bad_usage_and_health_specs(tmp_path: Path, gpus: dict[str, object], det
 HEALTH_HOSTS = {"gpu-h01": "h200-r575-ecc", "gpu-h02": "h200-r575-xid79", "gpu-h03": "h200-r580-power-brake",
                 "gpu-h04": "h200-r580-pcie-x8", "gpu-h05": "jetson-orin-l4t36", "gpu-h06": "h200-r575-rhel9",
                 "gpu-h07": "h200-r580-xid-recurring", "gpu-h08": "h200-r580-xid-app",
-                "gpu-h09": "h200-r580-nvlink-down", "gpu-h10": "h200-r580-ib-flap"}
+                "gpu-h09": "h200-r580-nvlink-down", "gpu-h10": "h200-r580-ib-flap",
+                "gpu-h11": "h200-r580-nic-across-socket"}
 # host -> (finding the audit names on it, the source whose rendered text triage reads)
 HEALTH_CASES = {
     "gpu-h01": ({"gpu.ecc", "gpu.remapped_rows"}, "nvidia_smi_q"),
@@ -176,6 +177,12 @@ def test_lab_hosts_show_the_node_health_cases(health_lab: Path) -> None:
     assert rdma is not None and rdma.ports["mlx5_3/1"]["link_downed"] == [3, 3]
     drv = facts_of(health_lab, "gpu-h10").driver.counters
     assert drv is not None and drv.source == "nvidia-smi" and len(drv.gpus["0"].nvlink) == 18
+    # GPU 5's own NIC across the socket: its nearest NIC is a neighbour's at NODE.
+    topo = found("gpu-h11")["rdma.gpu_nic_topology"]
+    assert topo.message.endswith("GPU 5 nearest mlx5_4 at NODE") and topo.evidence["gpus"]["5"]["numa"] == "1"
+    default = facts_of(health_lab, "gpu-h04").driver.topology
+    assert default is not None and {g.distance for g in default.gpus.values()} == {"PIX"}
+    assert "rdma.gpu_nic_topology" not in found("gpu-h04")
 
 
 @pytest.fixture(scope="module")

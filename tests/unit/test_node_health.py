@@ -330,3 +330,39 @@ def test_dcgmi_runs_with_json_and_the_expected_gpu_count() -> None:
     from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import dcgmi_diag_argv
 
     assert dcgmi_diag_argv(3, 8) == ["dcgmi", "diag", "-r", "3", "-j", "--expectedNumEntities", "gpu:8"]
+
+
+# -- GPU / NIC topology ------------------------------------------------------------------------------------
+
+
+def test_topology_of_four_h100_with_their_own_nics() -> None:
+    topo = smi.parse_topo_matrix(health("topo_h100x4_nv6_pix_nccl1617.txt"))
+    assert topo["nics"] == ["NIC0", "NIC1", "NIC2", "NIC3"]
+    assert topo["gpus"]["0"] == {"nearest_nic": "NIC0", "distance": "PIX", "cpu_affinity": "6,14,22,30", "numa": "3"}
+    assert [g["distance"] for g in topo["gpus"].values()] == ["PIX"] * 4
+
+
+def test_topology_of_the_real_h200_without_a_nic() -> None:
+    topo = smi.parse_topo_matrix(health("h200_r580/nvidia-smi-topo.txt"))
+    assert topo == {"nics": [], "gpus": {"0": {"nearest_nic": None, "distance": None, "cpu_affinity": "0-15",
+                                               "numa": "0"}}}
+
+
+def test_a_gpu_whose_nearest_nic_is_across_the_socket_fails() -> None:
+    import json
+
+    from k3fleet.models.facts import HostFacts
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import evaluate_host
+
+    def found(name: str) -> list[Any]:
+        host = Path(__file__).resolve().parents[1] / "fixtures/verdict/host_r580_h200_hgx.json"
+        data = json.loads(host.read_text())
+        data["driver"]["topology"] = dict(smi.parse_topo_matrix(health(name)), status="ok")
+        return [f for f in evaluate_host(HostFacts.model_validate(data), load_target(None))
+                if f.check_id == "rdma.gpu_nic_topology"]
+
+    assert found("topo_h100x4_nv6_pix_nccl1617.txt") == []
+    (f,) = found("topo_h100x4_gpu3_nic_across_socket.txt")
+    assert f.kind == "fail" and "GPU 3 nearest NIC0 at SYS" in f.message
+    assert f.evidence["gpus"]["3"]["numa"] == "5"

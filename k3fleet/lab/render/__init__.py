@@ -42,6 +42,7 @@ __all__ = ["LAB_ISO_TIME", "LAB_TIMESTAMP", "HostImage", "ProfileRenderer", "Rec
 # Sources whose output names the host (or its GPUs' UUIDs): rendered per host, never shared.
 _HOST_SPECIFIC = ("hostname", "dmesg", "journalctl_kernel", "journalctl_boots", "nvidia_smi_query", "nvidia_smi_q",
                   "nvidia_smi_nvlink_status", "nvidia_smi_nvlink_errors", "nvidia_smi_q_memory",
+                  "nvidia_smi_topo",
                   "scontrol_show_node", "squeue_running")
 
 
@@ -81,6 +82,7 @@ class ProfileRenderer:
             img.record(sources.COMMANDS["nvidia_smi_nvlink_status"], self.smi.nvidia_smi_nvlink_status(hostname))
             img.record(sources.COMMANDS["nvidia_smi_q_memory"], self.smi.nvidia_smi_q_memory(hostname))
             img.record(sources.COMMANDS["nvidia_smi_nvlink_errors"], self.smi.nvidia_smi_nvlink_errors(hostname))
+            img.record(sources.COMMANDS["nvidia_smi_topo"], self.smi.nvidia_smi_topo())
         if p.slurm is not None:
             img.record(sources.scontrol_show_node_argv(hostname), self.scheduler.scontrol_show_node(hostname))
             img.record(sources.squeue_running_argv(hostname), self.scheduler.squeue_running())

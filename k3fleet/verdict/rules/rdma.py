@@ -43,6 +43,16 @@ CHECKS: tuple[Check, ...] = (
           "re-audit after a quiet interval.",
           source='docs/facts.md section 14 (link_downed delta; Azure azurehpc-health-checks '
           'customTests/azure_ib_link_flapping.nhc: "ib.*lost carrier" in the kernel log)'),
+    check("rdma.gpu_nic_topology", "Each GPU's nearest NIC on its own PCIe switch",
+          "GPUDirect RDMA moves each GPU's traffic through its nearest NIC; a GPU whose nearest NIC sits behind the "
+          "host bridge (PHB), across host bridges (NODE) or across the socket (SYS in nvidia-smi topo -m) crosses "
+          "the CPU's interconnect and loses about half its bandwidth. The SKUs this target serves put a NIC under "
+          "each GPU's PCIe switch ({gpu_nic_distance}); each GPU's NUMA affinity is recorded beside it.",
+          "error",
+          "Check the NIC population and the PCIe slot of each HCA against the system's topology guide, the BIOS's "
+          "PCIe settings, and NCCL_IB_HCA's order; on a VM, the VM's NUMA and PCIe layout.",
+          source='docs/facts.md section 6 (nvidia-smi topo -m legend; Azure azurehpc-health-checks '
+          'check_hw_topology: GPU/NIC NUMA against the SKU)'),
     check("rdma.peermem", "GPUDirect RDMA available",
           "Without nvidia_peermem or DMA-BUF, NCCL bounces GPU traffic through host memory.",
           "error",
@@ -307,6 +317,27 @@ def _kernel_flaps(f: HostFacts, c: HostContext, e: Emitter) -> None:
                 "source": log.source})
 
 
+def _gpu_nic_topology(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    topo = f.driver.topology
+    if not e.ct.rdma_required or topo is None or not f.driver.gpus or c.driver_failed:
+        return
+    if topo.status != "ok":
+        e.unknown("rdma.gpu_nic_topology", "the GPUs' nearest NICs (nvidia-smi topo -m)", topo.reason)
+        return
+    if not topo.nics:
+        if f.rdma.devices:
+            e.unknown("rdma.gpu_nic_topology", "the GPUs' nearest NICs",
+                      "nvidia-smi topo -m lists no NIC although the node has RDMA devices")
+        return
+    allowed = e.ct.target.rdma.gpu_nic_distance
+    far = {i: g for i, g in topo.gpus.items() if g.distance is not None and g.distance not in allowed}
+    ev = {"gpus": {i: g.model_dump() for i, g in topo.gpus.items()}, "nics": topo.nics, "allowed": list(allowed)}
+    if far:
+        shown = "; ".join(f"GPU {i} nearest {g.nearest_nic} at {g.distance}" for i, g in list(far.items())[:8])
+        e.fail("rdma.gpu_nic_topology", f"a GPU's nearest NIC is not on its PCIe switch ({'/'.join(allowed)}): "
+               f"{shown}", ev)
+
+
 RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (
-    _rdma, _port_counters, _kernel_flaps, _acs, _nccl,
+    _rdma, _port_counters, _kernel_flaps, _gpu_nic_topology, _acs, _nccl,
 )

@@ -406,6 +406,10 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
             facts["nvml"] = {"status": smi["failure"], "error": f"via nvidia-smi: {smi['reason']}",
                              "bindings": None}
 
+    if facts["gpus"]:
+        from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_smi import collect_topology
+
+        facts["topology"] = collect_topology(reader)
     if km["loaded"] is not False:
         facts["kernel_log"] = collect_kernel_log(reader)
         facts["kernel_log"]["history"] = collect_xid_history(reader)

@@ -62,6 +62,9 @@ COMMANDS = {
     # Each GPU's NVLink links, up or inactive, where NVML did not answer; nothing at all on GPUs without
     # NVLink (docs/facts.md section 14).
     "nvidia_smi_nvlink_status": ["nvidia-smi", "nvlink", "-s"],
+    # The PCIe distance between every GPU and NIC, and each GPU's CPU and NUMA affinity (docs/facts.md
+    # section 6): a GPU whose nearest NIC is across the socket (SYS) halves its GPUDirect bandwidth.
+    "nvidia_smi_topo": ["nvidia-smi", "topo", "-m"],
     # Each link's Replay, Recovery and CRC error counters, sampled at the start and the end of the visit
     # where NVML did not answer (docs/facts.md section 14).
     "nvidia_smi_nvlink_errors": ["nvidia-smi", "nvlink", "-e"],

@@ -204,6 +204,14 @@ k3fleet:
       returned: never by this module
       type: dict
       sample: {"interval_s": 2, "source": "nvml", "reason": null, "gpus": {"0": {"pcie_replay": [0, 0], "nvlink": {}}}}
+    topology:
+      description: >-
+        nvidia-smi topo -m read: each GPU's nearest NIC and its PCIe distance (PIX, PXB, PHB, NODE, SYS), CPU and
+        NUMA affinity (docs/facts.md section 6).
+      returned: when GPUs were listed
+      type: dict
+      sample: {"status": "ok", "reason": null, "nics": ["mlx5_0"], "gpus": {"0": {"nearest_nic": "mlx5_0",
+               "distance": "PIX", "cpu_affinity": "0-55", "numa": "0"}}}
     kernel_log:
       description: >-
         Xid events of the kernel log since boot (dmesg, else journalctl -k -b); status unknown when
