@@ -146,6 +146,8 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
             # The CLI reads every host's facts from the events; the job-artifact copy is for AWX
             # (docs/scale.md) and costs the controller CPU per host.
             "k3fleet_publish_artifacts": False,
+            # The error counters' two samples, at least this far apart (docs/facts.md section 14).
+            "k3fleet_counter_interval": target.health.counter_interval_s,
         }
         if opts.probe or opts.active != "none":
             # Extra vars beat host vars: only force the probe on, never off (hosts may opt in). Every

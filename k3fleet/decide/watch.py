@@ -386,8 +386,8 @@ def judge_node_log(text: str, since: _dt.datetime | None, target: Target,
                    host: str = "node") -> tuple[list[str], list[str]]:
     """(errors, notes) on a node's kernel log or journal since the approval: its Xid lines judged by the
     audit's ``gpu.xid`` verdict against ``target`` (the one the approved decision was taken on; error and
-    critical fire; a warning, often the application's own fault, is a note) and NCCL errors by the
-    start-up analyser's pattern."""
+    critical fire; a warning is a note) and ``gpu.xid_application`` (the application's own fault: a note),
+    and NCCL errors by the start-up analyser's pattern."""
     kept = lines_since(text, since)
     errors: list[str] = []
     notes: list[str] = []
@@ -396,6 +396,8 @@ def judge_node_log(text: str, since: _dt.datetime | None, target: Target,
         for f in evaluate_host(HostFacts.model_validate(facts), target):
             if f.check_id == "gpu.xid" and f.kind == "fail":
                 (errors if f.severity in ("error", "critical") else notes).append(f"{host}: {f.message}")
+            elif f.check_id == "gpu.xid_application" and f.kind == "fail":
+                notes.append(f"{host}: {f.message}")
     nccl = [line for line in kept.splitlines() if NCCL_ERROR.search(line)]
     if nccl:
         more = f" (and {len(nccl) - 1} more)" if len(nccl) > 1 else ""

@@ -157,6 +157,8 @@ class GpuHealthSpec(_Spec):
     pcie_gen: int | None = Field(default=None, ge=1, le=6, description="current generation; None: the maximum")
     pcie_width: int | None = Field(default=None, ge=1, le=16, description="current width; None: x16")
     nvlink_inactive: list[int] = Field(default_factory=list, description="NVLink links nvlink -s prints <inactive>")
+    own_nic_distance: Literal["PIX", "PXB", "PHB", "NODE", "SYS"] | None = Field(
+        default=None, description="what nvidia-smi topo -m prints between the GPU and its own NIC (None: PIX)")
     gpus: list[int] | None = None
 
 
@@ -169,6 +171,8 @@ class XidSpec(_Spec):
     pid: int | None = None
     name: str | None = None
     uptime_s: float = Field(default=81234.5, gt=0)
+    # 0: this boot (dmesg); -1 the previous boot, and so on (the journal's kernel messages of that boot).
+    boot: int = Field(default=0, ge=-8, le=0)
 
 
 class GpuSpec(_Spec):
@@ -289,6 +293,11 @@ class IbPortSpec(_Spec):
     phys_state: Literal["Sleep", "Polling", "Disabled", "LinkUp", "LinkErrorRecovery"] = "LinkUp"
     rate: str | None = None
     link_layer: Literal["InfiniBand", "Ethernet"] | None = None
+    # Error counters in sysfs (counters/<name>): totals since the port came up. A replayed file reads the
+    # same twice, so a lab port shows totals, not a rate (the rate cases are unit tests).
+    counters: dict[str, int] = Field(default_factory=dict)
+    # IPoIB "lost carrier" lines in the kernel log (Azure's link-flap check), each at this uptime.
+    carrier_lost_at: list[float] = Field(default_factory=list)
 
 
 class InfinibandSpec(_Spec):
@@ -468,6 +477,8 @@ class Profile(_Spec):
     xid: list[XidSpec] = Field(default_factory=list)
     # kernel.dmesg_restrict=1 for the audit's user: dmesg is refused, the journal's kernel messages answer.
     dmesg_restricted: bool = False
+    # Boots the journal keeps, this one included (1: a volatile journal); raised to reach every Xid's boot.
+    journal_boots: int = Field(default=1, ge=1, le=9)
     # Captured text per k3fleet_sources name; overrides what would be rendered. null: absent.
     raw: dict[str, str | RawCapture | None] = Field(default_factory=dict)
 

@@ -174,6 +174,32 @@ class XidEvent(_Model):
     time: str | None = Field(default=None, description="the line's timestamp as printed")
 
 
+class BootXid(_Model):
+    """The Xid lines of one earlier boot, from the journal."""
+
+    offset: int = Field(description="journalctl's boot offset: -1 the previous boot")
+    boot_id: str | None = None
+    span: str | None = Field(default=None, description="first and last entry as --list-boots prints them")
+    xid: list[XidEvent] = Field(default_factory=list)
+
+
+class XidHistory(_Model):
+    """Xid lines of the last few earlier boots (docs/facts.md section 14); ok with no boots when the journal
+    keeps none (volatile storage)."""
+
+    status: SectionStatus = "unknown"
+    reason: str | None = None
+    boots_listed: int | None = Field(default=None, description="boots journalctl --list-boots lists, this one too")
+    boots: list[BootXid] = Field(default_factory=list)
+
+
+class CarrierEvent(_Model):
+    """One "ib...: lost carrier" line of the log (an IPoIB link going down)."""
+
+    iface: str
+    time: str | None = None
+
+
 class KernelLog(_Model):
     """Xid events of the kernel log since boot; status unknown when no log could be read."""
 
@@ -181,6 +207,9 @@ class KernelLog(_Model):
     reason: str | None = None
     source: str | None = Field(default=None, description="dmesg or journalctl")
     xid: list[XidEvent] = Field(default_factory=list)
+    ib_carrier_lost: list[CarrierEvent] = Field(default_factory=list)
+    # None: not read (facts from before the history was collected).
+    history: XidHistory | None = None
 
 
 class Gpu(_Model):
@@ -218,6 +247,51 @@ class Gpu(_Model):
     pcie: GpuPcieLink | None = None
 
 
+class GpuCounterPair(_Model):
+    """One GPU's error counters read twice in one visit: each value is [first, second]."""
+
+    pcie_replay: list[int] | None = Field(default=None, description="PCIe replay counter [first, second]")
+    nvlink: dict[str, dict[str, list[int]]] = Field(
+        default_factory=dict,
+        description="link -> counter (replay, recovery, crc_flit, crc_data, crc) -> [first, second]")
+
+
+class GpuCounters(_Model):
+    """The GPUs' error counters sampled at the start and the end of the module's visit (docs/facts.md
+    section 14); the verdict judges their rate over ``interval_s``."""
+
+    interval_s: int = Field(ge=1, description="whole seconds between the samples, rounded up")
+    source: str | None = Field(default=None, description="nvml or nvidia-smi (NVLink only)")
+    reason: str | None = None
+    gpus: dict[str, GpuCounterPair] = Field(default_factory=dict)
+
+
+class PortCounters(_Model):
+    """The RDMA ports' error counters sampled at the start and the end of the visit: port ("mlx5_0/1") ->
+    counter (symbol_error, link_downed, port_rcv_errors, link_error_recovery, excessive_buffer_overrun_errors)
+    -> [first, second]."""
+
+    interval_s: int = Field(ge=1)
+    ports: dict[str, dict[str, list[int]]] = Field(default_factory=dict)
+
+
+class GpuTopology(_Model):
+    nearest_nic: str | None = None
+    distance: str | None = Field(default=None, description="PIX, PXB, PHB, NODE or SYS (nvidia-smi topo -m)")
+    cpu_affinity: str | None = None
+    numa: str | None = None
+
+
+class Topology(_Model):
+    """``nvidia-smi topo -m``: each GPU's nearest NIC with its PCIe distance, CPU and NUMA affinity
+    (docs/facts.md section 6)."""
+
+    status: SectionStatus = "unknown"
+    reason: str | None = None
+    nics: list[str] = Field(default_factory=list)
+    gpus: dict[str, GpuTopology] = Field(default_factory=dict)
+
+
 class DriverFacts(Section):
     kernel_module: KernelModule = Field(default_factory=KernelModule)
     platform: Platform = Field(default_factory=Platform)
@@ -230,6 +304,10 @@ class DriverFacts(Section):
     gpus: list[Gpu] = Field(default_factory=list)
     # None: facts from a collector older than schema 1.1 (the kernel log was not read).
     kernel_log: KernelLog | None = None
+    # None: not sampled (no GPU listed, or facts from before the counters were read twice).
+    counters: GpuCounters | None = None
+    # None: not read (no GPU listed, or older facts).
+    topology: Topology | None = None
 
 
 # -- packages ------------------------------------------------------------------
@@ -349,6 +427,8 @@ class RdmaFacts(Section):
     acs_checked: bool = False
     acs_reason: str | None = None
     acs_enabled_bridges: list[str] = Field(default_factory=list)
+    # None: not sampled (no RDMA device, or facts from before the counters were read).
+    counters: PortCounters | None = None
 
 
 class NcclSetting(_Model):
@@ -485,12 +565,22 @@ class ActiveTool(_Model):
     duration_s: float | None = None
 
 
+class DcgmCode(_Model):
+    """A DCGM_FR_* failure code a test recorded (``dcgmi diag -j``; docs/facts.md section 17)."""
+
+    id: int
+    severity: int | None = None
+    category: int | None = None
+    gpu: int | None = None
+
+
 class DcgmTest(_Model):
     section: str | None = None
     name: str
     result: Literal["pass", "fail", "warn", "skip"] | None = None
     failed_gpus: list[int] = Field(default_factory=list)
     details: list[dict[str, str]] = Field(default_factory=list)
+    codes: list[DcgmCode] = Field(default_factory=list)
 
 
 class DcgmDiag(ActiveTool):
@@ -498,6 +588,25 @@ class DcgmDiag(ActiveTool):
     result: Literal["pass", "fail", "warn"] | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     tests: list[DcgmTest] = Field(default_factory=list)
+    format: Literal["json", "table"] | None = Field(default=None, description="json: dcgmi diag -j")
+    runtime_error: str | None = None
+
+
+class NcclTransport(_Model):
+    """What a run's NCCL_DEBUG=INFO lines say about its transport (docs/facts.md section 6)."""
+
+    network: str | None = Field(default=None, description='"Using network X": IB, Socket, IBext_v8, ...')
+    ib_devices: str | None = Field(default=None, description="NET/IB : Using <devices>")
+    ib_no_device: bool = Field(default=False, description="NET/IB : No device found")
+    socket: bool = Field(default=False, description="NET/Socket : Using ...")
+    ib_hca: str | None = Field(default=None, description="NCCL_IB_HCA as NCCL read it")
+    gdr_enabled: list[str] = Field(default_factory=list, description="HCAs with GPU Direct RDMA enabled")
+    gdr_disabled: list[str] = Field(default_factory=list, description="HCAs with GPU Direct RDMA disabled")
+    dmabuf: bool = False
+    channels: dict[str, int] = Field(default_factory=dict,
+                                     description="channel transport -> lines (P2P/IPC, NET/IB...)")
+    nvls: bool | None = Field(default=None, description="NVLS multicast available on every device that said")
+    mnnvl_uuid: str | None = Field(default=None, description="the MNNVL fabric UUID NCCL saw (0.0: none)")
 
 
 class NcclRun(ActiveTool):
@@ -509,6 +618,8 @@ class NcclRun(ActiveTool):
     peak_busbw_gbs: float | None = Field(default=None, description="busbw of the largest message, GB/s")
     avg_busbw_gbs: float | None = None
     out_of_bounds: int | None = None
+    # None: the run printed no NCCL INFO line (older facts, or NCCL_DEBUG not honoured).
+    transport: NcclTransport | None = None
 
 
 class IbWriteBw(ActiveTool):

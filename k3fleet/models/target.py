@@ -321,6 +321,10 @@ class FabricManagerSpec(_Strict):
     must_be_active: bool = True
 
 
+PcieDistance = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
+NEAR_NIC: tuple[PcieDistance, ...] = ("PIX", "PXB")
+
+
 class RdmaSpec(_Strict):
     required: bool | None = Field(
         default=None, description="None: required for multi_node_* strategies (explicit or derived)"
@@ -333,6 +337,9 @@ class RdmaSpec(_Strict):
     ignore_devices: list[str] = Field(
         default_factory=list, description="glob patterns of RDMA devices that are not fabric rails"
     )
+    gpu_nic_distance: list[PcieDistance] = Field(
+        default_factory=lambda: list(NEAR_NIC),
+        description="PCIe distances (nvidia-smi topo -m) each GPU's nearest NIC may be at on an RDMA fleet")
 
     def ignored(self, device: str) -> bool:
         return any(fnmatch.fnmatchcase(device, p) for p in self.ignore_devices)
@@ -482,6 +489,15 @@ class ActiveSpec(_Strict):
         description="the launcher's command line before all_reduce_perf")
     # ib_write_bw's average against the rail's rate (sysfs rate, Gb/s).
     ib_write_bw_min_fraction: float = Field(default=0.9, gt=0, le=1)
+    # The transport the NCCL runs must use, from their NCCL_DEBUG=INFO lines (docs/facts.md section 6).
+    nccl_rdma_networks: list[str] = Field(
+        default_factory=lambda: ["IB", "IBext"],
+        description='"Using network X" names that are RDMA (a prefix: IBext_v8 is IBext); any other, Socket above '
+        "all, fails a pair run on a fleet that needs RDMA")
+    nccl_require_p2p: bool = Field(
+        default=True, description="on an NVSwitch node the within-node run's channels must go over P2P (NVLink)")
+    nccl_require_nvls: bool = Field(
+        default=False, description="the within-node run must report NVLS multicast available (NVSwitch, CUDA 12.1+)")
 
     @field_validator("nccl_busbw_min_gbs", "nccl_pair_busbw_min_gbs")
     @classmethod
@@ -522,6 +538,99 @@ class ActiveSpec(_Strict):
         return v
 
 
+class CounterThresholds(_Strict):
+    """Error-counter rates a node may show during the audit's visit, for the GPU models whose name contains
+    ``gpu_name_contains`` ("" matches every model; the first matching row applies). docs/facts.md section 14."""
+
+    gpu_name_contains: str = ""
+    ib_symbol_error_per_second: float = Field(default=10, ge=0)
+    ib_port_rcv_errors_per_second: float = Field(default=10, ge=0)
+    ib_link_error_recovery_per_minute: float = Field(default=5, ge=0)
+    # Any increase of these fails: the link went down, or the lossless fabric dropped a packet.
+    ib_link_downed_max: int = Field(default=0, ge=0)
+    ib_buffer_overrun_max: int = Field(default=0, ge=0)
+    nvlink_crc_per_second: float = Field(default=100, ge=0)
+    nvlink_replay_recovery_max: int = Field(default=0, ge=0)
+    pcie_replay_per_minute: float = Field(default=8, ge=0)
+    source: str = (
+        "IB: NVSentinel NIC Health Monitor design, docs/nic-health-monitor/link-counter-detection.md Appendix A "
+        "(link_downed and excessive_buffer_overrun_errors delta > 0 fatal; symbol_error > 10/sec, port_rcv_errors "
+        "> 10/sec, link_error_recovery > 5/min); NVLink and PCIe: NVIDIA/DCGM dcgm_gpu_hardware_limits.h (CRC "
+        "errors matter at 100+ per second, one other NVLink error, 8 PCIe replays per minute)")
+
+
+class HealthSpec(_Strict):
+    """Node health thresholds (docs/facts.md section 14), each with its source."""
+
+    counter_interval_s: float = Field(
+        default=0, ge=0, le=60,
+        description="least seconds between the two counter samples of one visit (0: the visit's own length)")
+    counters: list[CounterThresholds] = Field(default_factory=lambda: [CounterThresholds()])
+
+    def counter_thresholds(self, gpu_names: list[str]) -> CounterThresholds:
+        upper = [n.upper() for n in gpu_names]
+        for row in self.counters:
+            if not row.gpu_name_contains or any(row.gpu_name_contains.upper() in n for n in upper):
+                return row
+        return CounterThresholds()
+
+    ecc_correctable_max: int = Field(
+        default=20_000_000, ge=0,
+        description="correctable ECC errors (volatile or aggregate) above which a GPU fails gpu.ecc_correctable")
+    ecc_correctable_source: str = (
+        "Azure azurehpc-health-checks conf/nd96isr_h200_v5.conf: check_gpu_ecc 20000000 10000 "
+        "(customTests/azure_gpu_ecc.nhc: 20000000 for DRAM counts; NVML's totals mix SRAM and DRAM)")
+    xid_recurring_boots: int = Field(
+        default=2, ge=2, le=4, description="boots a node Xid must appear in to escalate to hardware inspection")
+    xid_recurring_source: str = (
+        "leptonai/gpud components/accelerator/nvidia/xid/threshold.go: the same Xid after 2 reboots escalates "
+        "to HARDWARE_INSPECTION")
+
+
+class XidEntry(_Strict):
+    """One Xid of NVIDIA's catalogue (k3fleet/targets/xid_catalog.yaml; docs/facts.md section 14)."""
+
+    mnemonic: str
+    description: str
+    immediate: str = Field(description="the catalogue's Resolution Bucket (Immediate Action)")
+    investigatory: str = Field(default="", description="the catalogue's Resolution Bucket (Investigatory Action)")
+    scope: Literal["application", "memory", "node"]
+    severity: Literal["info", "warning", "error", "critical"]
+
+
+class XidCatalog(_Strict):
+    source: str
+    actions: dict[str, str] = Field(description="resolution bucket -> what to do, in this project's words")
+    codes: dict[int, XidEntry]
+
+    @model_validator(mode="after")
+    def _actions_known(self) -> XidCatalog:
+        missing = sorted({e.immediate for e in self.codes.values()} - set(self.actions))
+        if missing:
+            raise ValueError(f"immediate actions without a meaning in actions: {', '.join(missing)}")
+        return self
+
+
+class DcgmSeverity(_Strict):
+    name: str
+    action: str
+
+
+class DcgmCodeEntry(_Strict):
+    name: str
+    meaning: str
+    could_not_run: bool = False
+
+
+class DcgmErrors(_Strict):
+    """DCGM's DCGM_FR_* codes (k3fleet/targets/dcgm_errors.yaml; docs/facts.md section 17)."""
+
+    source: str
+    severities: dict[int, DcgmSeverity]
+    categories: dict[int, str]
+    codes: dict[int, DcgmCodeEntry]
+
+
 class Source(_Strict):
     what: str
     where: str
@@ -547,6 +656,7 @@ class Target(_Strict):
     serve: ServeSpec
     change: ChangeSpec = Field(default_factory=ChangeSpec)
     active: ActiveSpec = Field(default_factory=ActiveSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
     # Filled by the loader from matrix_file; a target is unusable without it.
     matrix: CudaDriverMatrix
 

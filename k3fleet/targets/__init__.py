@@ -8,6 +8,7 @@ field and what is wrong with it, e.g.
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -17,18 +18,22 @@ from pydantic import ValidationError
 
 from k3fleet.bounds import read_input
 from k3fleet.errors import UsageError, error_location, error_message
-from k3fleet.models.target import CudaDriverMatrix, Target, TargetConflict
+from k3fleet.models.target import CudaDriverMatrix, DcgmErrors, Target, TargetConflict, XidCatalog
 
 DEFAULT_TARGET = "kimi-k3.yaml"
 DEFAULT_MATRIX = "cuda_driver_matrix.yaml"
+XID_CATALOG = "xid_catalog.yaml"
+DCGM_ERRORS = "dcgm_errors.yaml"
 
 __all__ = [
     "DEFAULT_MATRIX",
     "DEFAULT_TARGET",
     "TargetError",
+    "dcgm_errors",
     "default_target_path",
     "load_matrix",
     "load_target",
+    "xid_catalog",
 ]
 
 
@@ -94,6 +99,28 @@ def load_matrix(path: Path | None = None) -> CudaDriverMatrix:
     data = _read_yaml(label, p)
     try:
         return CudaDriverMatrix.model_validate(data)
+    except ValidationError as exc:
+        raise _from_validation(label, exc) from None
+
+
+@functools.cache
+def xid_catalog() -> XidCatalog:
+    """NVIDIA's Xid catalogue with each code's action (the packaged xid_catalog.yaml, read once)."""
+    p = _packaged(XID_CATALOG)
+    label = f"Xid catalogue {p}"
+    try:
+        return XidCatalog.model_validate(_read_yaml(label, p))
+    except ValidationError as exc:
+        raise _from_validation(label, exc) from None
+
+
+@functools.cache
+def dcgm_errors() -> DcgmErrors:
+    """DCGM's diagnostic failure codes with their severities (the packaged dcgm_errors.yaml, read once)."""
+    p = _packaged(DCGM_ERRORS)
+    label = f"DCGM error codes {p}"
+    try:
+        return DcgmErrors.model_validate(_read_yaml(label, p))
     except ValidationError as exc:
         raise _from_validation(label, exc) from None
 

@@ -70,7 +70,7 @@ COVERS: dict[str, frozenset[str]] = {
     "nvidia_smi": _DRIVER | {"gpu.count", "gpu.persistence_mode", "gpu.in_use", "gpu.ecc"},
     "nvidia_smi_q": _DRIVER | _HEALTH_Q | {"gpu.count", "gpu.persistence_mode", "gpu.fabric_state"},
     "nvidia_smi_failure": frozenset({"nvml.status", "driver.pending_reboot"}),
-    "kernel_log": frozenset({"gpu.xid"}),
+    "kernel_log": frozenset({"gpu.xid", "gpu.xid_application"}),
     # version_match only where the text names both versions (Fabric Manager's refusal), else it needs a
     # driver capture beside it (_NEEDS).
     "fabricmanager_status": frozenset({"fabricmanager.active", "fabricmanager.version_match"}),

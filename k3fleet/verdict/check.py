@@ -77,6 +77,8 @@ def template_values(target: Target) -> dict[str, Any]:
         "min_driver": min_driver,
         "image": target.image.ref,
         "image_cuda": target.image.cuda,
+        "ecc_correctable_max": f"{target.health.ecc_correctable_max:,}",
+        "gpu_nic_distance": "/".join(target.rdma.gpu_nic_distance),
         "vllm_min": target.vllm.min_version,
         "toolkit_min": target.container.toolkit_min_version,
         "toolkit_advisory": target.container.toolkit_advisory or "Old toolkits have known vulnerabilities",

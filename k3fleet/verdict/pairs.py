@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3fleet.models.facts import HostFacts
+from k3fleet.models.facts import HostFacts, NcclTransport
 from k3fleet.models.findings import Finding, FindingKind, Severity
 from k3fleet.models.pairs import PairRun
 from k3fleet.models.target import Target
@@ -55,7 +55,19 @@ CHECKS: tuple[Check, ...] = (
           "multi-node serving until audit --active full passes.",
           source='docs/facts.md section 17 (nccl-tests issues 290 and 319: 46-48 GB/s busbw per NDR 400 Gb/s NIC with '
           'NCCL_ALGO=Ring between two nodes)'),
+    check("active.nccl_pair_transport", "NCCL between nodes over RDMA",
+          "The pair test runs with NCCL_DEBUG=INFO; the launching node's lines name the network NCCL used. On a "
+          "fleet that needs RDMA, a run that fell back to NET/Socket fails whatever its bandwidth (a small message "
+          "can still look fast enough): the serving engine's cross-node traffic would cross the kernel's TCP "
+          "stack. The lines also say why: no IB device found (or an NCCL_IB_HCA that matches none), GPU Direct "
+          "RDMA disabled (no nvidia_peermem, no DMA-BUF).",
+          "error",
+          "Follow the reason in the evidence: load nvidia_peermem or use DMA-BUF (open kernel modules), correct "
+          "NCCL_IB_HCA to the node's devices (ibv_devices), bring the rails up; rerun with audit --active full.",
+          source='docs/facts.md section 6 (NCCL_DEBUG=INFO "Using network Socket", "NET/IB : No device found", "GPU '
+          'Direct RDMA Disabled for HCA"; NVIDIA AICR validation: a Socket run on an RDMA fleet fails)'),
 )
+TRANSPORT_CHECK = "active.nccl_pair_transport"
 UNKNOWN_FIX = ("Make the pair test runnable on both nodes: mpirun and all_reduce_perf (nccl-tests built with "
                "MPI=1) on the PATH, SSH between the nodes without a password for the audit's user, both nodes "
                "idle; evidence.reason says what was missing; then re-run audit --active full.")
@@ -265,4 +277,43 @@ def judge_pairs(runs: Iterable[PairRun], not_paired: Mapping[str, str], target: 
     for h in sorted(not_paired):
         if h not in per_host:
             add(h, "warning", "unknown", f"the NCCL pair test could not run: not paired: {not_paired[h]}", [])
+    for h, found in judge_pair_transport(every, target).items():
+        out[h].extend(found)
+    return dict(out)
+
+
+def socket_reason(t: NcclTransport) -> str:
+    """Why NCCL fell back to sockets, from its own lines."""
+    if t.ib_no_device and t.ib_hca:
+        return f"NET/IB found no device: NCCL_IB_HCA={t.ib_hca} matches none of the node's HCAs (wrong HCA list)"
+    if t.ib_no_device:
+        return "NET/IB found no device (no RDMA device visible to NCCL, or the IB verbs library is missing)"
+    if t.gdr_disabled and not t.gdr_enabled and not t.dmabuf:
+        return (f"GPU Direct RDMA disabled for {', '.join(t.gdr_disabled)}: no nvidia_peermem loaded and no "
+                "DMA-BUF")
+    return "NCCL chose sockets (check NCCL_IB_DISABLE, NCCL_NET and the rails)"
+
+
+def judge_pair_transport(judged: Sequence[_Judged], target: Target) -> dict[str, list[Finding]]:
+    """active.nccl_pair_transport per node: a pair run whose network is not RDMA on a fleet that needs RDMA."""
+    if target.rdma.required is False:
+        return {}
+    rdma = tuple(target.active.nccl_rdma_networks)
+    fix = render(CHECKS[1].fix, template_values(target))
+    out: dict[str, list[Finding]] = defaultdict(list)
+    for j in judged:
+        t = j.run.transport
+        if t is None or not j.run.ran:
+            continue
+        net = t.network or ("Socket" if any(k == "NET/Socket" for k in t.channels) else None)
+        if net is None or net.startswith(rdma):
+            continue
+        why = socket_reason(t) if net == "Socket" else f"the network is {net}, not one of {', '.join(rdma)}"
+        ev = {"hosts": j.run.hosts, "network": net, "transport": t.model_dump(), "peak_busbw_gbs": j.run.peak_busbw_gbs,
+              "reason": why}
+        for h in j.run.hosts:
+            out[h].append(Finding(check_id=TRANSPORT_CHECK, severity="error", kind="fail", host=h, fix=fix,
+                                  message=f"the NCCL pair test with {j.partner(h)} ran over {net}, not RDMA "
+                                  f"({j.run.peak_busbw_gbs if j.run.peak_busbw_gbs is not None else '?'} GB/s): "
+                                  f"{why}", evidence=ev))
     return dict(out)

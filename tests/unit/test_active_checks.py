@@ -58,7 +58,7 @@ def test_dcgmi_without_rows_has_no_result(garbage: str) -> None:
 def test_all_reduce_perf_peak_and_average() -> None:
     got = parse_all_reduce_perf(text("all_reduce_perf_h100_2nodes_16ranks.txt"))
     assert got == {"ranks": 16, "sizes": 31, "wrong": 0, "max_bytes": 8589934592, "peak_busbw_gbs": 338.82,
-                   "avg_busbw_gbs": 70.742, "out_of_bounds": 0}
+                   "avg_busbw_gbs": 70.742, "out_of_bounds": 0, "transport": None}
 
 
 def test_all_reduce_perf_wrong_results_are_counted() -> None:
@@ -128,6 +128,8 @@ def test_lab_low_bus_bandwidth_and_slow_rails(active_lab: Any) -> None:
     assert n.kind == "fail" and "338.82 GB/s" in n.message and "400 GB/s" in n.message
     ib = found["active.ib_write_bw"]
     assert ib.kind == "fail" and "mlx5_0/1 0.48 Gb/s < 360" in ib.message
+    # The run printed its NCCL_DEBUG=INFO channel lines: P2P inside the node, no transport finding.
+    assert "active.nccl_transport" not in found
 
 
 def test_lab_host_without_tools_is_unknown_everywhere(active_lab: Any) -> None:

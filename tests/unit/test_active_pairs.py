@@ -55,7 +55,7 @@ def test_the_two_node_recordings_parse() -> None:
     assert GOOD["ranks"] == 16 and GOOD["peak_busbw_gbs"] == 338.82 and GOOD["max_bytes"] == 8589934592
     # An excerpt without the rank lines: its largest message (16 GiB) and the busbw there.
     assert LOW == {"ranks": None, "sizes": 10, "wrong": 0, "max_bytes": 17179869184, "peak_busbw_gbs": 44.27,
-                   "avg_busbw_gbs": 20.017, "out_of_bounds": 0}
+                   "avg_busbw_gbs": 20.017, "out_of_bounds": 0, "transport": None}
 
 
 # -- the schedule ----------------------------------------------------------------------------------

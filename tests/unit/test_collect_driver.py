@@ -575,7 +575,10 @@ def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyP
     # GPU 1 answered only NVML's v1 memory call (used counts reserved): nvidia-smi -q -d MEMORY is asked
     # for its Used and Reserved (here not installed: a note says the figure includes reserved memory);
     # then the kernel log (for Xid lines), here absent.
-    assert [c["argv"][:2] for c in reader.commands] == [["nvidia-smi", "-q"], ["dmesg"], ["journalctl", "-k"]]
+    # The journal's boot list follows (the Xid lines of earlier boots), here absent too.
+    # Then nvidia-smi topo -m (the GPU/NIC topology NVML does not give), here not installed either.
+    assert [c["argv"][:2] for c in reader.commands] == [["nvidia-smi", "-q"], ["nvidia-smi", "topo"], ["dmesg"],
+                                                        ["journalctl", "-k"], ["journalctl", "--list-boots"]]
     assert "GPU used memory includes the driver's reserved memory" in facts["reason"]
     assert facts["kernel_log"]["status"] == "unknown"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -124,7 +125,10 @@ def test_bad_usage_and_health_specs(tmp_path: Path, gpus: dict[str, object], det
 # -- GPU health and platforms: the audit and triage name the same finding on the same text -----------
 
 HEALTH_HOSTS = {"gpu-h01": "h200-r575-ecc", "gpu-h02": "h200-r575-xid79", "gpu-h03": "h200-r580-power-brake",
-                "gpu-h04": "h200-r580-pcie-x8", "gpu-h05": "jetson-orin-l4t36", "gpu-h06": "h200-r575-rhel9"}
+                "gpu-h04": "h200-r580-pcie-x8", "gpu-h05": "jetson-orin-l4t36", "gpu-h06": "h200-r575-rhel9",
+                "gpu-h07": "h200-r580-xid-recurring", "gpu-h08": "h200-r580-xid-app",
+                "gpu-h09": "h200-r580-nvlink-down", "gpu-h10": "h200-r580-ib-flap",
+                "gpu-h11": "h200-r580-nic-across-socket"}
 # host -> (finding the audit names on it, the source whose rendered text triage reads)
 HEALTH_CASES = {
     "gpu-h01": ({"gpu.ecc", "gpu.remapped_rows"}, "nvidia_smi_q"),
@@ -132,7 +136,53 @@ HEALTH_CASES = {
     "gpu-h03": ({"gpu.throttle"}, "nvidia_smi_q"),
     "gpu-h04": ({"gpu.pcie_link"}, "nvidia_smi_q"),
     "gpu-h05": ({"driver.platform"}, "proc_driver_version"),
+    "gpu-h08": ({"gpu.xid_application"}, "dmesg"),
 }
+
+
+def test_lab_hosts_show_the_node_health_cases(health_lab: Path) -> None:
+    from k3fleet.targets import load_target
+    from k3fleet.verdict import evaluate_host
+
+    def found(host: str) -> dict[str, Any]:
+        return {f.check_id: f for f in evaluate_host(facts_of(health_lab, host), load_target(None))}
+
+    # Xid 79 in this boot and the previous one: escalated, with the catalogue's action for this boot's line.
+    recurring = found("gpu-h07")
+    assert recurring["gpu.xid_recurring"].severity == "critical"
+    assert "Xid 79 (GPU has fallen off the bus) in boots 0, -1" in recurring["gpu.xid_recurring"].message
+    assert "RESTART_BM" in recurring["gpu.xid"].message
+    log = facts_of(health_lab, "gpu-h07").driver.kernel_log
+    assert log is not None and log.history is not None
+    assert [(b.offset, [x.code for x in b.xid]) for b in log.history.boots] == [(-1, [79]), (-2, [])]
+    # Application Xid 13 only: a warning apart from the node's faults; the node does not fail on it.
+    app = found("gpu-h08")
+    assert app["gpu.xid_application"].severity == "warning" and "gpu.xid" not in app
+    assert "RESTART_APP" in app["gpu.xid_application"].message
+    # Two inactive links on GPU 3.
+    nvlink = found("gpu-h09")["gpu.nvlink"]
+    assert nvlink.message == "NVLink links inactive: GPU 3 link 3, 5" and nvlink.severity == "error"
+    # The default R580 HGX host: 18 links up on every GPU, the driver's reserved memory apart from used.
+    f = facts_of(health_lab, "gpu-h04")
+    assert all(g.nvlink is not None and g.nvlink.links == 18 and not g.nvlink.inactive for g in f.driver.gpus)
+    assert all((g.memory_used_mib, g.memory_reserved_mib) == (0, 616) for g in f.driver.gpus)
+    assert "gpu.nvlink" not in found("gpu-h04") and "gpu.xid_recurring" not in found("gpu-h04")
+    # A flapping rail: three "ib3: lost carrier" lines since boot; the port's counters were sampled twice
+    # (a replayed file reads the same twice: totals 3 and 41, no change, so no counter finding).
+    flap = found("gpu-h10")
+    assert flap["rdma.link_flap"].message == ("RDMA link flapping in the kernel log since boot: ib3 lost its "
+                                              "carrier 3 times")
+    assert "rdma.port_counters" not in flap
+    rdma = facts_of(health_lab, "gpu-h10").rdma.counters
+    assert rdma is not None and rdma.ports["mlx5_3/1"]["link_downed"] == [3, 3]
+    drv = facts_of(health_lab, "gpu-h10").driver.counters
+    assert drv is not None and drv.source == "nvidia-smi" and len(drv.gpus["0"].nvlink) == 18
+    # GPU 5's own NIC across the socket: its nearest NIC is a neighbour's at NODE.
+    topo = found("gpu-h11")["rdma.gpu_nic_topology"]
+    assert topo.message.endswith("GPU 5 nearest mlx5_4 at NODE") and topo.evidence["gpus"]["5"]["numa"] == "1"
+    default = facts_of(health_lab, "gpu-h04").driver.topology
+    assert default is not None and {g.distance for g in default.gpus.values()} == {"PIX"}
+    assert "rdma.gpu_nic_topology" not in found("gpu-h04")
 
 
 @pytest.fixture(scope="module")

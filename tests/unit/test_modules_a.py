@@ -95,7 +95,8 @@ def test_driver_info_reads_fabric_state_from_nvidia_smi_q(hgx_node: dict[str, An
     assert (facts.source, facts.gpu_count, facts.cuda_driver_version) == ("nvidia-smi", 8, "12.7")
     assert {(g.fabric_state, g.fabric_status) for g in facts.gpus} == {("completed", "success")}
     assert facts.gpus[7].pci_bus_id == "00000000:DB:00.0"
-    assert facts.reason is None
+    # This replay has no `nvidia-smi nvlink -s`: the links are unknown and the reason says so.
+    assert facts.reason == "NVLink state unknown: nvidia-smi nvlink -s: exit 127"
 
 
 def test_driver_info_fabric_state_unknown_is_said(hgx_node: dict[str, Any]) -> None:
@@ -104,7 +105,8 @@ def test_driver_info_fabric_state_unknown_is_said(hgx_node: dict[str, Any]) -> N
     assert all(g.fabric_state is None for g in facts.gpus)
     # Memory use and processes come from the same blocks: unknown too, and said, never "idle".
     assert facts.reason == ("GPU fabric state unknown: GPU 0-1: bus id not in nvidia-smi -q; "
-                            "GPU memory use and processes unknown: GPU 0-1: bus id not in nvidia-smi -q")
+                            "GPU memory use and processes unknown: GPU 0-1: bus id not in nvidia-smi -q; "
+                            "NVLink state unknown: nvidia-smi nvlink -s: exit 127")
     assert all(g.processes is None and g.memory_used_mib is None for g in facts.gpus)
 
 

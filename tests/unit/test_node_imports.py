@@ -238,12 +238,14 @@ def test_without_pynvml_nvml_answers_through_the_binding_and_nvidia_smi_never_ru
         "k3fleet_nvml_lib": "PayloadSourceLoader", "k3fleet_nvml": "PayloadSourceLoader"}
     assert {name: run["compiles"].get(f"{name}.py") for name in ("k3fleet_nvml_lib", "k3fleet_nvml")} == {
         "k3fleet_nvml_lib": 1, "k3fleet_nvml": 1}
-    # NVML answered: nvidia-smi's parser is never compiled and nvidia-smi never runs, where the same
-    # host without the library runs it twice (its query and -q).
-    assert "k3fleet_smi" not in run["loaders"]
-    assert _nvidia_smi_runs(run) == []
+    # NVML answered: nvidia-smi runs only for what NVML cannot say, the GPU/NIC topology (topo -m), where the
+    # same host without the library runs it six times: its query, -q and nvlink -s, topo -m, and nvlink -e
+    # at the start and the end of the visit (the NVLink error counters sampled twice).
+    assert [argv[1:] for argv in _nvidia_smi_runs(run)] == [["topo", "-m"]]
     without = _run(payload, host_root, use_nvml=True, library=NO_NVML_LIBRARY)
-    assert len(_nvidia_smi_runs(without)) == 2
+    assert [argv[1:] for argv in _nvidia_smi_runs(without)][2:] == [["-q"], ["nvlink", "-s"], ["topo", "-m"],
+                                                                    ["nvlink", "-e"]]
+    assert len(_nvidia_smi_runs(without)) == 6
 
 
 @pytest.mark.parametrize("module", sorted(p.name for p in (COLLECTION / "plugins" / "modules").glob("k3fleet_*.py")))

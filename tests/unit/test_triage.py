@@ -65,8 +65,10 @@ CASES: dict[str, tuple[str, set[str], int]] = {
     "gpu_health/dmesg_fallen_off_bus_no_xid_nvsentinel155.txt": ("kernel_log", {"gpu.xid"}, 1),
     "gpu_health/xid94_line_gpud1174.txt": ("kernel_log", {"gpu.xid"}, 1),
     "gpu_health/xid63_line_ml_engineering.txt": ("kernel_log", {"gpu.xid"}, 1),
-    # Application faults only: a warning finding, never silence.
-    "gpu_health/dmesg_ctime_xid13_109_gpud46.txt": ("kernel_log", {"gpu.xid"}, 0),
+    # Xid 13 (the application's) apart from Xid 109, a context-switch timeout the catalogue resolves with a
+    # GPU reset: that one fails the node.
+    "gpu_health/dmesg_ctime_xid13_109_gpud46.txt": ("kernel_log", {"gpu.xid", "gpu.xid_application"}, 1),
+    # Xid 45 (cleanup after another fault): a warning finding, never silence.
     "gpu_health/journal_xid45_ogkm1150.txt": ("kernel_log", {"gpu.xid"}, 0),
     # -- Fabric Manager's refusal names both versions, with or without a journal prefix
     "triage/fm_journal_version_mismatch.txt": ("fabricmanager_status", {"fabricmanager.active",

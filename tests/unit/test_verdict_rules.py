@@ -214,7 +214,67 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     ("Xid 79 in the kernel log", GOOD, {"driver.kernel_log.xid": [{"code": 79, "pci": "PCI:0000:1b:00",
      "text": "GPU has fallen off the bus."}]}, {"gpu.xid/critical"}),
     ("Xid 13 only (an application fault)", GOOD, {"driver.kernel_log.xid": [{"code": 13, "pci": "PCI:0000:1b:00"}]},
-     {"gpu.xid/warning"}),
+     {"gpu.xid_application/warning"}),
+    # Xid 63 on a GPU whose row remapping reads clean: the remap was recorded and activated; the remapped
+    # rows check judges it (gpud leaves 63/64 to it), not gpu.xid.
+    ("Xid 63 with remapped rows read", GOOD, {"driver.kernel_log.xid": [{"code": 63, "pci": "PCI:0000:18:00"}]},
+     set()),
+    # On a GPU the audit cannot match (or whose remapping state is unknown) Xid 63 stays a node fault.
+    ("Xid 63 on an unmatched GPU", GOOD, {"driver.kernel_log.xid": [{"code": 63, "pci": "PCI:0000:99:00"}]},
+     {"gpu.xid/error"}),
+    # The same Xid 79 this boot and the boot before: the reboot did not fix it.
+    ("Xid 79 in two boots", GOOD, {"driver.kernel_log.xid": [{"code": 79, "pci": "PCI:0000:1b:00"}],
+     "driver.kernel_log.history": {"status": "ok", "boots_listed": 3, "boots": [
+         {"offset": -1, "xid": [{"code": 79, "pci": "PCI:0000:1b:00"}]}, {"offset": -2, "xid": []}]}},
+     {"gpu.xid/critical", "gpu.xid_recurring/critical"}),
+    # Xid 94 in two earlier boots (none this boot) escalates too; Xid 13 in two boots is the application's.
+    ("Xid 94 in two earlier boots", GOOD, {"driver.kernel_log.history": {"status": "ok", "boots": [
+         {"offset": -1, "xid": [{"code": 94}, {"code": 13}]}, {"offset": -2, "xid": [{"code": 94}, {"code": 13}]}]}},
+     {"gpu.xid_recurring/critical"}),
+    ("Xid 79 in one earlier boot only", GOOD, {"driver.kernel_log.history": {"status": "ok", "boots": [
+         {"offset": -1, "xid": [{"code": 79}]}]}}, set()),
+    ("earlier boots unreadable", GOOD, {"driver.kernel_log.history": {"status": "unknown", "reason":
+     "journalctl --list-boots: command not found"}}, {"gpu.xid_recurring/warning/unknown"}),
+    # NVLink: GPU 3 with links 3 and 5 inactive as nvidia-smi nvlink -s printed them (azhpc-diagnostics 73).
+    ("NVLink links inactive", GOOD, {"driver.gpus.3.nvlink": {"links": 6, "active": [0, 1, 2, 4],
+     "inactive": [3, 5], "source": "nvidia-smi"}}, {"gpu.nvlink/error"}),
+    # An empty nvlink -s on an NVSwitch board: no links, not healthy links.
+    ("no NVLink links on an NVSwitch board", GOOD, {"driver.gpus": each_gpu(nvlink={"links": 0,
+     "source": "nvidia-smi"})}, {"gpu.nvlink/error"}),
+    ("no NVLink links on a board without NVSwitches", GOOD, {"driver.gpus": each_gpu(nvlink={"links": 0,
+     "source": "nvidia-smi"}), "fabricmanager.required": False, "fabricmanager.nvswitch_present": False}, set()),
+    ("18 NVLink links up", GOOD, {"driver.gpus": each_gpu(nvlink={"links": 18, "active": list(range(18)),
+     "source": "nvml"})}, set()),
+    # Counters sampled twice in one visit: judged by their change, not their total.
+    ("IB port went down during the visit", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_3/1": {"link_downed": [3, 4], "symbol_error": [41, 41]}}}}, {"rdma.link_flap/error"}),
+    ("IB port totals without change", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_3/1": {"link_downed": [3, 3], "symbol_error": [41, 41], "port_rcv_errors": [9000, 9000]}}}}, set()),
+    ("IB buffer overrun during the visit", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_0/1": {"excessive_buffer_overrun_errors": [0, 2]}}}}, {"rdma.port_counters/error"}),
+    # 90 symbol errors in 3 s: 30/s, above NVSentinel's 10/s; 20 in 3 s (6.7/s) is below it.
+    ("IB symbol errors above their rate", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_0/1": {"symbol_error": [10, 100]}}}}, {"rdma.port_counters/warning"}),
+    ("IB symbol errors below their rate", GOOD, {"rdma.counters": {"interval_s": 3, "ports": {
+     "mlx5_0/1": {"symbol_error": [10, 30]}}}}, set()),
+    ("IPoIB lost carrier twice in the kernel log", GOOD, {"driver.kernel_log.ib_carrier_lost": [
+     {"iface": "ib3", "time": "8123.402117"}, {"iface": "ib3", "time": "8190.216650"}]}, {"rdma.link_flap/error"}),
+    ("NVLink recovery during the visit", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"nvlink": {"7": {"recovery": [1, 2], "crc_flit": [700, 700]}}}}}}, {"gpu.nvlink_errors/error"}),
+    # 1,400 CRC flit errors in 2 s: 700/s, above DCGM's 100/s.
+    ("NVLink CRC errors above DCGM's rate", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"nvlink": {"7": {"crc_flit": [0, 1400], "recovery": [0, 0]}}}}}}, {"gpu.nvlink_errors/warning"}),
+    ("PCIe replays above DCGM's rate", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"pcie_replay": [60, 120], "nvlink": {}}}}}, {"gpu.pcie_replay/warning"}),
+    ("PCIe replay total without change", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
+     "1": {"pcie_replay": [5000, 5000], "nvlink": {}}}}}, set()),
+    # Azure's check_gpu_ecc threshold: 20,000,000 correctable errors.
+    ("correctable ECC above the threshold", GOOD, {"driver.gpus.0.ecc": {"mode": "enabled",
+     "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "volatile_corrected": 12, "aggregate_corrected":
+     25_000_000}}, {"gpu.ecc_correctable/warning"}),
+    ("correctable ECC below the threshold", GOOD, {"driver.gpus.0.ecc": {"mode": "enabled",
+     "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "volatile_corrected": 12, "aggregate_corrected":
+     19_000_000}}, set()),
     ("kernel log unreadable", GOOD, {"driver.kernel_log": {"status": "unknown", "reason": "dmesg: Operation not "
      "permitted"}}, {"gpu.xid/warning/unknown"}),
     ("HW power brake slowdown", GOOD, {"driver.gpus": first_gpu(throttle={"active": ["hw_slowdown",

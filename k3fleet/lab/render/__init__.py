@@ -40,8 +40,9 @@ from k3fleet.lab.render.system import SystemView
 __all__ = ["LAB_ISO_TIME", "LAB_TIMESTAMP", "HostImage", "ProfileRenderer", "Recording", "gpu_uuid"]
 
 # Sources whose output names the host (or its GPUs' UUIDs): rendered per host, never shared.
-_HOST_SPECIFIC = ("hostname", "dmesg", "journalctl_kernel", "nvidia_smi_query", "nvidia_smi_q",
-                  "nvidia_smi_nvlink_status", "nvidia_smi_q_memory",
+_HOST_SPECIFIC = ("hostname", "dmesg", "journalctl_kernel", "journalctl_boots", "nvidia_smi_query", "nvidia_smi_q",
+                  "nvidia_smi_nvlink_status", "nvidia_smi_nvlink_errors", "nvidia_smi_q_memory",
+                  "nvidia_smi_topo",
                   "scontrol_show_node", "squeue_running")
 
 
@@ -71,11 +72,17 @@ class ProfileRenderer:
             img.record(sources.COMMANDS["dmesg"], self.driver.dmesg())
             if p.dmesg_restricted:
                 img.record(sources.COMMANDS["journalctl_kernel"], self.driver.journalctl_kernel(hostname))
+            img.record(sources.COMMANDS["journalctl_boots"], self.driver.journalctl_list_boots(hostname))
+            for offset in range(1 - self.driver.journal_boots(), 0)[-sources.XID_HISTORY_BOOTS:]:
+                img.record(sources.journalctl_kernel_boot_argv(offset),
+                           self.driver.journalctl_kernel_boot(hostname, offset))
             img.record(sources.COMMANDS["nvidia_smi_query"], self.driver.nvidia_smi_query(hostname))
             # -q prints each GPU's UUID, so it is as host-specific as the query.
             img.record(sources.COMMANDS["nvidia_smi_q"], self.smi.nvidia_smi_q(hostname))
             img.record(sources.COMMANDS["nvidia_smi_nvlink_status"], self.smi.nvidia_smi_nvlink_status(hostname))
             img.record(sources.COMMANDS["nvidia_smi_q_memory"], self.smi.nvidia_smi_q_memory(hostname))
+            img.record(sources.COMMANDS["nvidia_smi_nvlink_errors"], self.smi.nvidia_smi_nvlink_errors(hostname))
+            img.record(sources.COMMANDS["nvidia_smi_topo"], self.smi.nvidia_smi_topo())
         if p.slurm is not None:
             img.record(sources.scontrol_show_node_argv(hostname), self.scheduler.scontrol_show_node(hostname))
             img.record(sources.squeue_running_argv(hostname), self.scheduler.squeue_running())

@@ -5,7 +5,7 @@ Each output is in the format the real tool prints (tests/fixtures/lab/, tests/fi
 
 from __future__ import annotations
 
-from k3fleet.lab.render.node import Part, Recording, gpu_uuid, lines_text
+from k3fleet.lab.render.node import Part, Recording, gpu_uuid, hex_of, lines_text
 
 # nvidia-smi exit statuses: 9 driver not loaded (nvidia-smi man page); 18 is what it returns
 # for NVML_ERROR_LIB_RM_VERSION_MISMATCH (the NVML return code is passed through).
@@ -128,13 +128,40 @@ class DriverView(Part):
         return Recording(stdout="".join(f"{stamp} {hostname} kernel: {line.split('] ', 1)[-1]}\n"
                                         for line in self._kernel_lines()))
 
-    def _kernel_lines(self) -> list[str]:
+    def journal_boots(self) -> int:
+        """Boots the journal lists: the profile's, raised to the oldest boot an Xid line is in."""
+        return max(self.p.journal_boots, 1 - min((x.boot for x in self.p.xid), default=0))
+
+    def journalctl_list_boots(self, hostname: str) -> Recording:
+        """journalctl --list-boots in systemd 246's layout (systemd/systemd issue 17326): oldest first, one
+        day apart, the current boot last."""
+        out = ""
+        count = self.journal_boots()
+        for offset in range(1 - count, 1):
+            day = 30 + offset
+            span = f"Mon 2026-11-{day:02d} 21:04:02 UTC—Mon 2026-11-{day:02d} 23:59:40 UTC"
+            out += f"{offset:>2} {hex_of(f'boot/{hostname}/{offset}', 32)} {span}\n"
+        return Recording(stdout=out)
+
+    def journalctl_kernel_boot(self, hostname: str, offset: int) -> Recording:
+        """journalctl -k -b OFFSET -o short-iso: that boot's kernel lines (its own Xid lines)."""
+        stamp = f"2026-11-{30 + offset:02d}T21:04:11+0000"
+        return Recording(stdout="".join(f"{stamp} {hostname} kernel: {line.split('] ', 1)[-1]}\n"
+                                        for line in self._kernel_lines(offset)))
+
+    def _kernel_lines(self, boot: int = 0) -> list[str]:
         lines = []
         if self.drv is not None and self.node.module_loaded:
             first = self.proc_driver_version().splitlines()[0].removeprefix("NVRM version: ")
             lines.append(f"[    5.812337] NVRM: loading {first}")
+        if boot == 0:
+            # IPoIB interfaces losing their carrier (the line Azure's link-flap check greps for).
+            for i, dev in enumerate(self.p.infiniband.device_names()):
+                port = self.p.infiniband.ports.get(dev)
+                for at in (port.carrier_lost_at if port else []):
+                    lines.append(f"[{at:12.6f}] ib{i}: lost carrier")
         bus_ids = self.node.bus_ids()
-        for x in sorted(self.p.xid, key=lambda x: x.uptime_s):
+        for x in sorted((x for x in self.p.xid if x.boot == boot), key=lambda x: x.uptime_s):
             _domain, bus, dev_fn = bus_ids[x.gpu].split(":")
             who = f"pid={x.pid}, name={x.name or 'python3'}, " if x.pid is not None else ""
             lines.append(f"[{x.uptime_s:12.6f}] NVRM: Xid (PCI:0000:{bus.lower()}:{dev_fn.split('.')[0]}): {x.code}, "

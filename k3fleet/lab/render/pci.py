@@ -12,6 +12,11 @@ IB_STATE_CODES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4}
 IB_PHYS_CODES = {"Sleep": 1, "Polling": 2, "Disabled": 3, "LinkUp": 5, "LinkErrorRecovery": 6}
 
 
+# The sysfs port counters the node module samples (docs/facts.md section 14).
+IB_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
+               "excessive_buffer_overrun_errors")
+
+
 class PciView(Part):
     """What sysfs and lspci show of the HCAs, the NVSwitches and the PCIe switches above the GPUs."""
 
@@ -30,6 +35,9 @@ class PciView(Part):
             out[f"{d}/phys_state"] = f"{IB_PHYS_CODES[phys]}: {phys}\n"
             out[f"{d}/rate"] = f"{rate}\n"
             out[f"{d}/link_layer"] = f"{layer}\n"
+            counts = port.counters if port else {}
+            for name in IB_COUNTERS:
+                out[f"{d}/counters/{name}"] = f"{counts.get(name, 0)}\n"
         return out
 
     def nvswitch_dirs(self) -> dict[str, str | None]:

@@ -92,6 +92,52 @@ class SmiLog(Part):
             out += row("Free", f"{g.memory_mib - g.memory_reserved_mib - used} MiB", 8) + "\n"
         return Recording(stdout=out)
 
+    def nvidia_smi_topo(self) -> Recording:
+        """`nvidia-smi topo -m` of an HGX board in the layout of NVIDIA/nccl issue 1617's capture: NV<links>
+        between GPUs on NVLink (else NODE/SYS), GPU i's own NIC i at PIX, the other NICs of its socket (GPUs
+        and NICs split in halves) at NODE and the rest at SYS; the CPU and NUMA affinity of each half; the
+        NIC legend naming the HCAs. A profile's ``own_nic_distance`` moves a GPU's own NIC further away."""
+        failure = self.driver.smi_failure()
+        if failure:
+            return failure
+        g = self.p.gpus
+        nics = self.p.infiniband.device_names()
+        links = self.nvlink_links()
+        cols = [f"GPU{i}" for i in range(g.count)] + [f"NIC{j}" for j in range(len(nics))]
+        half = max(1, (g.count + 1) // 2)
+
+        def side(i: int) -> int:
+            return 0 if i < half else 1
+
+        def nic_side(j: int) -> int:
+            return 0 if j < max(1, (len(nics) + 1) // 2) else 1
+
+        def gpu_nic(i: int, j: int) -> str:
+            if i == j:
+                return g.health_of(i).own_nic_distance or "PIX"
+            return "NODE" if side(i) == nic_side(j) else "SYS"
+
+        out = "\t" + "\t".join(cols) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+        for i in range(g.count):
+            cells = [" X " if k == i else (f"NV{links}" if links else ("NODE" if side(i) == side(k) else "SYS"))
+                     for k in range(g.count)]
+            cells += [gpu_nic(i, j) for j in range(len(nics))]
+            cpus = "0-55,112-167" if side(i) == 0 else "56-111,168-223"
+            out += f"GPU{i}\t" + "\t".join(cells) + f"\t{cpus}\t{side(i)}\t\tN/A\n"
+        for j in range(len(nics)):
+            cells = [gpu_nic(i, j) for i in range(g.count)]
+            cells += [" X " if k == j else ("NODE" if nic_side(k) == nic_side(j) else "SYS") for k in range(len(nics))]
+            out += f"NIC{j}\t" + "\t".join(cells) + "\n"
+        out += ("\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect "
+                "between NUMA nodes (e.g., QPI/UPI)\n  NODE = Connection traversing PCIe as well as the interconnect "
+                "between PCIe Host Bridges within a NUMA node\n  PHB  = Connection traversing PCIe as well as a PCIe "
+                "Host Bridge (typically the CPU)\n  PXB  = Connection traversing multiple PCIe bridges (without "
+                "traversing the PCIe Host Bridge)\n  PIX  = Connection traversing at most a single PCIe bridge\n"
+                "  NV#  = Connection traversing a bonded set of # NVLinks\n")
+        if nics:
+            out += "\nNIC Legend:\n\n" + "".join(f"  NIC{j}: {name}\n" for j, name in enumerate(nics))
+        return Recording(stdout=out)
+
     def nvlink_links(self) -> int:
         """Links per GPU: the profile's, else 18 on an NVSwitch board or an NVLink rack (H100/H200 NVLink 4,
         GB200 NVLink 5: tests/fixtures/gpu_health/SOURCES.md), else none (a PCIe card, the H200 in a VM)."""
@@ -116,6 +162,22 @@ class SmiLog(Part):
             down = self.p.gpus.health_of(index).nvlink_inactive
             out += f"GPU {index}: {self.p.gpus.model} (UUID: {gpu_uuid(hostname, index)})\n"
             out += "".join(f"         Link {k}: {'<inactive>' if k in down else speed}\n" for k in range(links))
+        return Recording(stdout=out)
+
+    def nvidia_smi_nvlink_errors(self, hostname: str) -> Recording:
+        """`nvidia-smi nvlink -e`: per GPU each link's Replay, Recovery and CRC Errors (the H100 layout of
+        stas00/ml-engineering debug.md), all 0; nothing at all when the GPUs have no NVLink."""
+        failure = self.driver.smi_failure()
+        if failure:
+            return failure
+        links = self.nvlink_links()
+        if not links:
+            return Recording(stdout="")
+        out = ""
+        for index in range(self.p.gpus.count):
+            out += f"GPU {index}: {self.p.gpus.model} (UUID: {gpu_uuid(hostname, index)})\n"
+            out += "\n".join("".join(f"         Link {k}: {name} Errors: 0\n" for name in ("Replay", "Recovery", "CRC"))
+                              for k in range(links))
         return Recording(stdout=out)
 
     def _smi_header(self, version: str) -> str:

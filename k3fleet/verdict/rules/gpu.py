@@ -13,6 +13,8 @@ from typing import Any
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import normalize_bus_id
 from k3fleet.models.facts import Gpu, HostFacts, XidEvent
 from k3fleet.models.findings import SEVERITY_RANK, Severity
+from k3fleet.models.target import XidEntry
+from k3fleet.targets import xid_catalog
 from k3fleet.verdict.check import Check, check
 from k3fleet.verdict.rules.base import Emitter, HostContext, gpu_list
 
@@ -44,6 +46,33 @@ CHECKS: tuple[Check, ...] = (
           "manager log, reset or service the GPU's links, then re-audit.",
           source='docs/facts.md section 9 (NVML nvmlGpuFabricInfo_v3_t health mask and summary; nvidia-smi -q Fabric > '
           'Health)'),
+    check("gpu.nvlink", "NVLink links up",
+          "On an NVSwitch board (HGX H100/H200/B200) or an NVLink rack every GPU's links carry tensor-parallel "
+          "traffic: an inactive link cuts the GPU's NVLink bandwidth, and a GPU that reports no links at all "
+          "(nvidia-smi nvlink -s prints nothing, NVML answers not supported) has none to use. On a board "
+          "without NVLink no links is expected, never read as healthy links.",
+          "error",
+          "Drain the node; read nvidia-smi nvlink -s and -e and the Fabric Manager log, reset the GPU (or reboot) "
+          "to retrain the links, and service the GPU or its baseboard if a link stays inactive.",
+          source='docs/facts.md section 14 (NVML nvmlDeviceGetNvLinkState; nvidia-smi nvlink -s: '
+          'Azure/azhpc-diagnostics issue 73, an empty answer on a GPU without NVLink)'),
+    check("gpu.nvlink_errors", "NVLink error counters quiet",
+          "Each NVLink link's replay, recovery and CRC counters, sampled twice within the audit's visit, say what "
+          "the link does now: a recovery is the link retraining, replays re-send corrupted flits, and CRC "
+          "errors above DCGM's rate (100 per second) cost bandwidth and precede a link failure.",
+          "error",
+          "Drain the node; read nvidia-smi nvlink -e and the Xid log (74, 144-150), reset the GPU to retrain "
+          "the links, and service the GPU or baseboard if the counters keep rising.",
+          source='docs/facts.md section 14 (nvmlDeviceGetNvLinkErrorCounter, nvidia-smi nvlink -e; NVIDIA/DCGM '
+          'dcgm_gpu_hardware_limits.h)'),
+    check("gpu.pcie_replay", "PCIe replays below DCGM's rate",
+          "A PCIe replay re-sends a packet the link corrupted; DCGM holds more than 8 replays per minute to be a "
+          "failing link (signal integrity, riser, slot), which slows host transfers and model loading.",
+          "warning",
+          "Reseat the GPU or its riser, check the slot and BIOS PCIe settings, and re-audit; a rate that stays "
+          "high needs the GPU or baseboard serviced.",
+          source='docs/facts.md section 14 (nvmlDeviceGetPcieReplayCounter; NVIDIA/DCGM dcgm_gpu_hardware_limits.h: '
+          '8 replays per minute)'),
     check("gpu.in_use", "GPUs free for the serving engine",
           "A GPU that another process already holds memory on fails vLLM's start-up check (free memory at least "
           "{gpu_memory_utilization} of the total), and draining or upgrading the node ends that workload.",
@@ -80,6 +109,34 @@ CHECKS: tuple[Check, ...] = (
           "check PCIe power and cooling; for ECC codes reset the GPU and check remapped rows; for 74 check the "
           "NVLink and Fabric Manager; re-audit after a reboot.",
           source='docs/facts.md section 14 (NVIDIA Xid catalogue: 48, 63, 64, 74, 79, 92, 94, 95 and more)'),
+    check("gpu.xid_application", "Application Xids kept apart from node faults",
+          "Xid 13, 31, 43 and the other codes NVIDIA's catalogue resolves by restarting the application "
+          "(RESTART_APP, investigate CHECK_APP/CUDA) are usually the application's own fault, not the node's: "
+          "they are reported, but do not fail the node.",
+          "warning",
+          "Check the application named in the line (pid, name): its CUDA errors, out-of-bounds accesses or "
+          "killed kernels. Only when the same code returns with different applications, or beside a node "
+          "Xid, suspect the GPU.",
+          source='docs/facts.md section 14 (NVIDIA Xid catalogue resolution buckets; gpud: Xid 13/31/43 '
+          'CHECK_USER_APP_AND_GPU)'),
+    check("gpu.xid_recurring", "No node Xid repeated across boots",
+          "The same node or memory Xid in two boots (this one or the last few the journal keeps) survived a "
+          "reboot: the repair the catalogue names (reset, reboot) did not hold, and gpud escalates it to "
+          "hardware inspection.",
+          "critical",
+          "Take the GPU out of service for hardware inspection (RMA): collect nvidia-bug-report.sh, run dcgmi "
+          "diag -r 3 on the drained node, and do not return it to serving on a reboot alone.",
+          source='docs/facts.md section 14 (gpud components/accelerator/nvidia/xid/threshold.go: same Xid after '
+          '2 reboots -> HARDWARE_INSPECTION; journalctl --list-boots)'),
+    check("gpu.ecc_correctable", "Correctable ECC errors below the threshold",
+          "Correctable (single-bit) ECC errors are repaired on the fly, but a count in the millions says the "
+          "memory is wearing out and uncorrectable errors follow; Azure's health checks fail a GPU above "
+          "{ecc_correctable_max} correctable errors.",
+          "warning",
+          "Drain the node, check remapped rows and the Xid log (Xid 92: high single-bit rate), run dcgmi diag -r "
+          "3, and plan the GPU's replacement if the count keeps rising.",
+          source='docs/facts.md section 14 (Azure azurehpc-health-checks customTests/azure_gpu_ecc.nhc, '
+          'check_gpu_ecc 20000000 10000 in conf/nd96isr_h200_v5.conf)'),
     check("gpu.throttle", "No hardware clock slowdown",
           "HW Slowdown, HW Thermal Slowdown and HW Power Brake cut the GPU's clocks by half or more (heat, power "
           "supply, an external power brake signal): every shard of a tensor-parallel engine runs at the slowest "
@@ -186,6 +243,72 @@ def _fabric_health(f: HostFacts, c: HostContext, e: Emitter) -> None:
            {"gpus": detail, "fields": fields})
 
 
+def _nvlink(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """Inactive NVLink links fail; no links at all fail only where the board has NVSwitches (Fabric Manager
+    required), where every GPU must have them; elsewhere "no links" is recorded as such, never as healthy."""
+    gpus = f.driver.gpus
+    if not gpus or c.driver_failed:
+        return
+    read = [g for g in gpus if g.nvlink is not None and g.nvlink.links is not None]
+    if not read:
+        why = next((g.nvlink.reason for g in gpus if g.nvlink is not None and g.nvlink.reason), None)
+        if c.fm_required and why:
+            e.unknown("gpu.nvlink", "the GPUs' NVLink links", why)
+        return
+    inactive = {g.index: g.nvlink.inactive for g in read if g.nvlink is not None and g.nvlink.inactive}
+    none = [g.index for g in read if g.nvlink is not None and g.nvlink.links == 0]
+    ev = {"links": {str(g.index): g.nvlink.links for g in read if g.nvlink is not None},
+          "inactive": {str(i): links for i, links in inactive.items()}, "no_links": none,
+          "source": read[0].nvlink.source if read[0].nvlink is not None else None}
+    if inactive:
+        shown = "; ".join(f"GPU {i} link {', '.join(str(k) for k in links)}" for i, links in list(inactive.items())[:8])
+        e.fail("gpu.nvlink", f"NVLink links inactive: {shown}", ev)
+    if none and c.fm_required:
+        e.fail("gpu.nvlink", f"GPU {gpu_list(none)} report no NVLink links on a board with NVSwitches "
+               "(an empty nvidia-smi nvlink -s is no links, not healthy links)", ev)
+
+
+def _delta(pair: list[int]) -> int:
+    """second - first; a counter that went back (a driver reload reset it) counts from zero."""
+    return pair[-1] - pair[0] if pair[-1] >= pair[0] else pair[-1]
+
+
+def _gpu_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """NVLink error counters and PCIe replays judged by their rate over the visit's two samples."""
+    counters = f.driver.counters
+    if counters is None or not counters.gpus or c.driver_failed:
+        return
+    t = e.ct.target.health.counter_thresholds(c.gpu_names)
+    secs = counters.interval_s
+    retrain: list[str] = []
+    crc: list[str] = []
+    replays: list[str] = []
+    detail: dict[str, Any] = {}
+    for index, g in counters.gpus.items():
+        for link, values in g.nvlink.items():
+            d = {name: _delta(pair) for name, pair in values.items()}
+            bad = {k: v for k, v in d.items() if k in ("replay", "recovery") and v > t.nvlink_replay_recovery_max}
+            if bad:
+                retrain.append(f"GPU {index} link {link} " + ", ".join(f"{k} +{v}" for k, v in bad.items()))
+            crc_n = sum(v for k, v in d.items() if k.startswith("crc"))
+            if crc_n / secs > t.nvlink_crc_per_second:
+                crc.append(f"GPU {index} link {link} CRC +{crc_n} in {secs} s ({crc_n / secs:.0f}/s)")
+            if any(d.values()):
+                detail.setdefault(index, {})[link] = values
+        if g.pcie_replay is not None:
+            n = _delta(g.pcie_replay)
+            if n * 60 / secs > t.pcie_replay_per_minute:
+                replays.append(f"GPU {index} +{n} in {secs} s ({n * 60 / secs:.0f}/min)")
+    ev = {"interval_s": secs, "source": counters.source, "links": detail,
+          "thresholds": t.model_dump(exclude={"source"}), "thresholds_source": t.source}
+    if retrain or crc:
+        e.fail("gpu.nvlink_errors", "NVLink errors during the audit: " + "; ".join((retrain + crc)[:8]), ev,
+               severity="error" if retrain else "warning")
+    if replays:
+        e.fail("gpu.pcie_replay", f"PCIe replays above {t.pcie_replay_per_minute:g}/min: " + "; ".join(replays[:8]),
+               {"interval_s": secs, "replays": replays})
+
+
 def _gpu_in_use(f: HostFacts, c: HostContext, e: Emitter) -> None:
     if not c.gpus_in_use:
         if f.driver.gpus and not c.usage_known and not c.driver_failed:
@@ -223,26 +346,12 @@ def _gpu_in_use(f: HostFacts, c: HostContext, e: Emitter) -> None:
 
 # -- GPU health (docs/facts.md section 14) ------------------------------------------------------------
 
-# Xid codes this verdict names, with the NVIDIA Xid catalogue's meaning and how bad each is for a
-# serving node (docs/facts.md section 14). A code not listed is reported as a warning, by number.
-XID_CODES: dict[int, tuple[str, Severity]] = {
-    13: ("Graphics Engine Exception, often the application's own fault", "warning"),
-    31: ("GPU memory page fault, often the application's own fault", "warning"),
-    43: ("GPU stopped processing, a user application fault", "warning"),
-    45: ("preemptive cleanup after a previous error", "warning"),
-    48: ("Double Bit ECC Error (DBE): an uncorrectable memory error", "critical"),
-    61: ("internal micro-controller breakpoint or warning", "error"),
-    62: ("internal micro-controller halt", "error"),
-    63: ("ECC page retirement or row remapping recorded: a GPU reset activates it", "error"),
-    64: ("ECC page retirement or row remapper recording failure", "critical"),
-    74: ("NVLink error", "error"),
-    79: ("GPU has fallen off the bus", "critical"),
-    92: ("high single-bit ECC error rate", "warning"),
-    94: ("contained ECC error: the affected application stopped, the GPU needs a reset", "error"),
-    95: ("uncontained ECC error: every application on the GPU is affected", "critical"),
-    119: ("GSP RPC timeout", "error"),
-    120: ("GSP error", "error"),
-}
+# Xid codes: NVIDIA's catalogue with each code's action, scope and severity here
+# (k3fleet/targets/xid_catalog.yaml, docs/facts.md section 14). A code not in it is a warning, by number.
+_UNKNOWN_XID: tuple[str, Severity] = ("not in the packaged Xid catalogue: look it up in the NVIDIA Xid catalogue",
+                                     "warning")
+
+
 # Clock event reasons that mean the hardware itself slows the GPU (power, heat); the others are
 # the GPU at idle, a setting someone chose, or the normal power cap under load.
 HW_SLOWDOWN = frozenset({"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
@@ -333,12 +442,60 @@ def _xid_gpu(event: XidEvent, gpus: list[Gpu]) -> int | None:
     return None
 
 
+def xid_entry(code: int) -> XidEntry | None:
+    return xid_catalog().codes.get(code)
+
+
 def xid_meaning(code: int) -> tuple[str, Severity]:
-    return XID_CODES.get(code, ("not in this verdict's Xid table: look it up in the NVIDIA Xid catalogue",
-                                "warning"))
+    """The catalogue's description of ``code`` and how bad it is for a serving node."""
+    entry = xid_entry(code)
+    return (entry.description, entry.severity) if entry is not None else _UNKNOWN_XID
+
+
+def xid_action(code: int) -> tuple[str, str]:
+    """(the catalogue's immediate action, what it means here); CONTACT_SUPPORT for a code it does not list."""
+    cat = xid_catalog()
+    entry = cat.codes.get(code)
+    bucket = entry.immediate if entry is not None else "CONTACT_SUPPORT"
+    return bucket, cat.actions.get(bucket, bucket)
+
+
+def xid_scope(code: int) -> str:
+    entry = xid_entry(code)
+    return entry.scope if entry is not None else "node"
+
+
+def _remap_known(g: Gpu | None) -> bool:
+    r = g.remapped_rows if g is not None else None
+    return r is not None and (r.pending is not None or r.failure is not None)
+
+
+def _xid_parts(events: list[XidEvent], gpus: list[Gpu]) -> tuple[list[str], Severity, dict[str, str]]:
+    """One text per code (meaning, where, count, action), the worst severity, code -> immediate action."""
+    by_code: dict[int, list[XidEvent]] = {}
+    for ev in events:
+        by_code.setdefault(ev.code, []).append(ev)
+    worst: Severity = "info"
+    parts = []
+    actions: dict[str, str] = {}
+    for code, evs in sorted(by_code.items(), key=lambda kv: -SEVERITY_RANK[xid_meaning(kv[0])[1]]):
+        meaning, sev = xid_meaning(code)
+        if SEVERITY_RANK[sev] > SEVERITY_RANK[worst]:
+            worst = sev
+        bucket, todo = xid_action(code)
+        actions[str(code)] = bucket
+        where = sorted({ev.pci or "?" for ev in evs})
+        idx = sorted({i for i in (_xid_gpu(ev, gpus) for ev in evs) if i is not None})
+        gpu = f" (GPU {gpu_list(idx)})" if idx else ""
+        parts.append(f"Xid {code} ({meaning}) on {', '.join(where[:4])}{gpu}" +
+                     (f" x{len(evs)}" if len(evs) > 1 else "") + f": {bucket}, {todo}")
+    return parts, worst, actions
 
 
 def _xid(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """This boot's Xid lines: node and memory faults fail gpu.xid with the catalogue's action; the
+    application's own codes go to gpu.xid_application; 63/64 on a GPU whose row-remapping state was read
+    are left to gpu.remapped_rows (the remap is judged there, as gpud does)."""
     log = f.driver.kernel_log
     if log is None or log.status != "ok":
         if not c.driver_failed and f.driver.kernel_module.loaded is not False:
@@ -347,23 +504,81 @@ def _xid(f: HostFacts, c: HostContext, e: Emitter) -> None:
         return
     if not log.xid:
         return
-    by_code: dict[int, list[XidEvent]] = {}
+    by_index = {g.index: g for g in f.driver.gpus}
+    node: list[XidEvent] = []
+    app: list[XidEvent] = []
+    remap: list[XidEvent] = []
     for ev in log.xid:
-        by_code.setdefault(ev.code, []).append(ev)
-    worst: Severity = "info"
-    parts = []
-    for code, events in sorted(by_code.items(), key=lambda kv: -SEVERITY_RANK[xid_meaning(kv[0])[1]]):
-        meaning, sev = xid_meaning(code)
-        if SEVERITY_RANK[sev] > SEVERITY_RANK[worst]:
-            worst = sev
-        where = sorted({ev.pci or "?" for ev in events})
-        idx = sorted({i for i in (_xid_gpu(ev, f.driver.gpus) for ev in events) if i is not None})
-        gpu = f" (GPU {gpu_list(idx)})" if idx else ""
-        parts.append(f"Xid {code} ({meaning}) on {', '.join(where[:4])}{gpu}" +
-                     (f" x{len(events)}" if len(events) > 1 else ""))
-    e.fail("gpu.xid", "kernel log since boot: " + "; ".join(parts[:6]),
-           {"source": log.source, "codes": sorted(by_code),
-            "events": [ev.model_dump() for ev in log.xid[-16:]]}, severity=worst)
+        index = _xid_gpu(ev, f.driver.gpus)
+        if ev.code in (63, 64) and _remap_known(by_index.get(index) if index is not None else None):
+            remap.append(ev)
+        elif xid_scope(ev.code) == "application":
+            app.append(ev)
+        else:
+            node.append(ev)
+    if node:
+        parts, worst, actions = _xid_parts(node, f.driver.gpus)
+        e.fail("gpu.xid", "kernel log since boot: " + "; ".join(parts[:6]),
+               {"source": log.source, "codes": sorted({ev.code for ev in node}), "actions": actions,
+                "left_to_remapped_rows": sorted({ev.code for ev in remap}),
+                "events": [ev.model_dump() for ev in node[-16:]]}, severity=worst)
+    if app:
+        parts, _worst, actions = _xid_parts(app, f.driver.gpus)
+        e.fail("gpu.xid_application", "application Xids since boot (usually the application's own fault): "
+               + "; ".join(parts[:6]),
+               {"source": log.source, "codes": sorted({ev.code for ev in app}), "actions": actions,
+                "events": [ev.model_dump() for ev in app[-16:]]})
+
+
+def _xid_recurring(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """A node or memory Xid in two or more boots (this one and the journal's earlier ones): hardware inspection."""
+    log = f.driver.kernel_log
+    history = log.history if log is not None else None
+    if history is None:
+        return
+    if history.status != "ok":
+        if not c.driver_failed and f.driver.kernel_module.loaded is not False:
+            e.unknown("gpu.xid_recurring", "the Xid lines of earlier boots", history.reason)
+        return
+    boots: dict[int, set[int]] = {}
+    current = log.xid if log is not None and log.status == "ok" else []
+    for offset, events in [(0, current), *((b.offset, b.xid) for b in history.boots)]:
+        for ev in events:
+            if xid_scope(ev.code) != "application" and xid_action(ev.code)[0] != "IGNORE":
+                boots.setdefault(ev.code, set()).add(offset)
+    need = e.ct.target.health.xid_recurring_boots
+    repeated = {code: sorted(seen, reverse=True) for code, seen in boots.items() if len(seen) >= need}
+    if not repeated:
+        return
+    parts = [f"Xid {code} ({xid_meaning(code)[0]}) in boots {', '.join(str(b) for b in seen)}"
+             for code, seen in sorted(repeated.items())]
+    e.fail("gpu.xid_recurring", "the same Xid survived a reboot: " + "; ".join(parts[:6]) +
+           f": {xid_catalog().actions['HARDWARE_INSPECTION']}",
+           {"codes": {str(k): v for k, v in repeated.items()}, "boots_read": [b.offset for b in history.boots],
+            "boots_listed": history.boots_listed, "action": "HARDWARE_INSPECTION"})
+
+
+def _ecc_correctable(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """Correctable ECC counts (volatile or aggregate) against the target's threshold (Azure's check_gpu_ecc)."""
+    gpus = f.driver.gpus
+    if not gpus or c.driver_failed:
+        return
+    limit = e.ct.target.health.ecc_correctable_max
+    over: dict[str, Any] = {}
+    for g in gpus:
+        ecc = g.ecc
+        if ecc is None:
+            continue
+        counts = [v for v in (ecc.volatile_corrected, ecc.aggregate_corrected) if v is not None]
+        if counts and max(counts) > limit:
+            over[str(g.index)] = {"volatile_corrected": ecc.volatile_corrected,
+                                  "aggregate_corrected": ecc.aggregate_corrected}
+    if over:
+        first = next(iter(over))
+        worst = max(v for v in over[first].values() if v is not None)
+        e.fail("gpu.ecc_correctable", f"correctable ECC errors above {limit:,} on GPU "
+               f"{gpu_list([int(i) for i in over])} ({worst:,} on GPU {first})",
+               {"gpus": over, "threshold": limit})
 
 
 def _throttle(f: HostFacts, c: HostContext, e: Emitter) -> None:
@@ -422,6 +637,6 @@ def _pcie_link(f: HostFacts, c: HostContext, e: Emitter) -> None:
 
 
 RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (
-    _gpu_count, _persistence, _fabric_state, _fabric_health, _gpu_in_use, _ecc, _remapped_rows, _xid, _throttle,
-    _pcie_link,
+    _gpu_count, _persistence, _fabric_state, _fabric_health, _nvlink, _gpu_in_use, _ecc, _remapped_rows, _xid,
+    _xid_recurring, _ecc_correctable, _gpu_counters, _throttle, _pcie_link,
 )

@@ -26,6 +26,33 @@ CHECKS: tuple[Check, ...] = (
           "error",
           "Check that every HCA is present (lspci, ibv_devices) and its driver (mlx5_core) is loaded.",
           source='docs/facts.md section 6'),
+    check("rdma.port_counters", "RDMA port error counters quiet",
+          "Sampled twice within the audit's visit, an InfiniBand port's counters say what the link does now: a "
+          "link_downed or excessive_buffer_overrun_errors increase drops a lossless fabric's packets and ends "
+          "any NCCL job on it; symbol errors, receive errors and link error recoveries above their rate mean a "
+          "cable or transceiver wearing out.",
+          "error",
+          "Drain the node from multi-node serving; check the cable, transceiver and switch port (mlxlink, "
+          "ibdiagnet), reseat or replace the cable, then re-audit.",
+          source='docs/facts.md section 14 (sysfs counters; NVSentinel NIC Health Monitor thresholds)'),
+    check("rdma.link_flap", "RDMA links not flapping",
+          "A port that went down during the audit (link_downed increased) or whose interface lost its carrier "
+          "repeatedly in the kernel log flaps: every flap aborts the NCCL communicators on it.",
+          "error",
+          "Drain the node; check the cable, transceiver and switch port logs, replace the flapping cable, and "
+          "re-audit after a quiet interval.",
+          source='docs/facts.md section 14 (link_downed delta; Azure azurehpc-health-checks '
+          'customTests/azure_ib_link_flapping.nhc: "ib.*lost carrier" in the kernel log)'),
+    check("rdma.gpu_nic_topology", "Each GPU's nearest NIC on its own PCIe switch",
+          "GPUDirect RDMA moves each GPU's traffic through its nearest NIC; a GPU whose nearest NIC sits behind the "
+          "host bridge (PHB), across host bridges (NODE) or across the socket (SYS in nvidia-smi topo -m) crosses "
+          "the CPU's interconnect and loses about half its bandwidth. The SKUs this target serves put a NIC under "
+          "each GPU's PCIe switch ({gpu_nic_distance}); each GPU's NUMA affinity is recorded beside it.",
+          "error",
+          "Check the NIC population and the PCIe slot of each HCA against the system's topology guide, the BIOS's "
+          "PCIe settings, and NCCL_IB_HCA's order; on a VM, the VM's NUMA and PCIe layout.",
+          source='docs/facts.md section 6 (nvidia-smi topo -m legend; Azure azurehpc-health-checks '
+          'check_hw_topology: GPU/NIC NUMA against the SKU)'),
     check("rdma.peermem", "GPUDirect RDMA available",
           "Without nvidia_peermem or DMA-BUF, NCCL bounces GPU traffic through host memory.",
           "error",
@@ -234,4 +261,83 @@ def missing_hcas(value: str, devices: list[str]) -> list[str]:
     return out
 
 
-RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (_rdma, _acs, _nccl,)
+def _delta(pair: list[int]) -> int:
+    """second - first; a counter that went back (reset, wrapped) counts from zero."""
+    first, second = pair[0], pair[-1]
+    return second - first if second >= first else second
+
+
+def _port_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    counters = f.rdma.counters
+    if counters is None or not counters.ports:
+        return
+    t = e.ct.target.health.counter_thresholds(c.gpu_names)
+    secs = counters.interval_s
+    fatal: list[str] = []
+    rate: list[str] = []
+    flapped: list[str] = []
+    detail: dict[str, Any] = {}
+    for port, values in counters.ports.items():
+        d = {name: _delta(pair) for name, pair in values.items()}
+        if "link_downed" in d and d["link_downed"] > t.ib_link_downed_max:
+            flapped.append(f"{port} went down {d['link_downed']} time(s) in {secs} s")
+        if d.get("excessive_buffer_overrun_errors", 0) > t.ib_buffer_overrun_max:
+            fatal.append(f"{port} excessive_buffer_overrun_errors +{d['excessive_buffer_overrun_errors']}")
+        for name, limit, per, unit in (("symbol_error", t.ib_symbol_error_per_second, 1, "s"),
+                                       ("port_rcv_errors", t.ib_port_rcv_errors_per_second, 1, "s"),
+                                       ("link_error_recovery", t.ib_link_error_recovery_per_minute, 60, "min")):
+            if name in d and d[name] * per / secs > limit:
+                rate.append(f"{port} {name} +{d[name]} in {secs} s ({d[name] * per / secs:.1f}/{unit}, "
+                            f"limit {limit:g}/{unit})")
+        if any(d.values()):
+            detail[port] = {name: values[name] for name in values}
+    ev = {"interval_s": secs, "ports": detail, "thresholds": t.model_dump(exclude={"source"}), "source": t.source}
+    if flapped:
+        e.fail("rdma.link_flap", "RDMA link flapped during the audit: " + "; ".join(flapped[:8]), ev)
+    if fatal:
+        e.fail("rdma.port_counters", "RDMA port dropped packets during the audit: " + "; ".join(fatal[:8]), ev)
+    if rate:
+        e.fail("rdma.port_counters", "RDMA port errors above their rate: " + "; ".join(rate[:8]), ev,
+               severity="warning")
+
+
+def _kernel_flaps(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """Azure's link-flap check: an IB interface that lost its carrier twice or more in the kernel log."""
+    log = f.driver.kernel_log
+    if log is None or log.status != "ok" or not log.ib_carrier_lost:
+        return
+    by_iface: dict[str, int] = {}
+    for ev in log.ib_carrier_lost:
+        by_iface[ev.iface] = by_iface.get(ev.iface, 0) + 1
+    flapping = {iface: n for iface, n in by_iface.items() if n >= 2}
+    if flapping:
+        shown = "; ".join(f"{iface} lost its carrier {n} times" for iface, n in sorted(flapping.items()))
+        e.fail("rdma.link_flap", f"RDMA link flapping in the kernel log since boot: {shown}",
+               {"interfaces": flapping, "events": [ev.model_dump() for ev in log.ib_carrier_lost[-16:]],
+                "source": log.source})
+
+
+def _gpu_nic_topology(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    topo = f.driver.topology
+    if not e.ct.rdma_required or topo is None or not f.driver.gpus or c.driver_failed:
+        return
+    if topo.status != "ok":
+        e.unknown("rdma.gpu_nic_topology", "the GPUs' nearest NICs (nvidia-smi topo -m)", topo.reason)
+        return
+    if not topo.nics:
+        if f.rdma.devices:
+            e.unknown("rdma.gpu_nic_topology", "the GPUs' nearest NICs",
+                      "nvidia-smi topo -m lists no NIC although the node has RDMA devices")
+        return
+    allowed = e.ct.target.rdma.gpu_nic_distance
+    far = {i: g for i, g in topo.gpus.items() if g.distance is not None and g.distance not in allowed}
+    ev = {"gpus": {i: g.model_dump() for i, g in topo.gpus.items()}, "nics": topo.nics, "allowed": list(allowed)}
+    if far:
+        shown = "; ".join(f"GPU {i} nearest {g.nearest_nic} at {g.distance}" for i, g in list(far.items())[:8])
+        e.fail("rdma.gpu_nic_topology", f"a GPU's nearest NIC is not on its PCIe switch ({'/'.join(allowed)}): "
+               f"{shown}", ev)
+
+
+RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (
+    _rdma, _port_counters, _kernel_flaps, _gpu_nic_topology, _acs, _nccl,
+)

@@ -36,6 +36,7 @@ OPTION_VARIABLES = {
     "probe": ("k3fleet_probe", "probe"),
     "active": ("k3fleet_active", None),
     "active_spec": ("k3fleet_active_spec", None),
+    "counter_interval": ("k3fleet_counter_interval", None),
     "use_nvml": ("k3fleet_use_nvml", "use_nvml"),
     "env_files": ("k3fleet_env_files", "env_files"),
     "lspci": ("k3fleet_lspci", "lspci"),

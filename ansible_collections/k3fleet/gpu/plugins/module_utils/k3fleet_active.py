@@ -14,6 +14,7 @@ runs show it (k3fleet/lab/active_data/SOURCES.md).
 
 from __future__ import absolute_import, division, print_function
 
+import json
 import re
 import threading
 import time
@@ -44,11 +45,19 @@ IB_SERVER_HEAD_START = 1.0
 
 
 def parse_dcgmi_diag(text):
-    """``dcgmi diag -r N`` table -> ``{"metadata", "tests": [...], "result"}``.
+    """``dcgmi diag -r N`` table (or its ``-j`` JSON) -> ``{"metadata", "tests": [...], "result"}``.
 
     Each test: section, name, result (pass / fail / warn / skip, the worst of its lines),
     ``failed_gpus`` and the Warning / Info lines after it. ``result`` None: no test was read.
     """
+    head = (text or "").lstrip()
+    if head.startswith("{"):
+        try:
+            data = json.loads(head)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            return parse_dcgmi_diag_json(data)
     section = None
     metadata = {}
     tests = []
@@ -102,7 +111,62 @@ def parse_dcgmi_diag(text):
     if tests:
         words = [t["result"] for t in tests]
         overall = "fail" if "fail" in words else ("warn" if "warn" in words else "pass")
-    return {"metadata": metadata, "tests": tests, "result": overall}
+    return {"metadata": metadata, "tests": tests, "result": overall, "format": "table" if tests else None}
+
+
+_JSON_STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip",
+                "skipped": "skip", "not run": "skip"}
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_dcgmi_diag_json(data):
+    """``dcgmi diag -j`` (DCGM 3.x "DCGM GPU Diagnostic", 4.x "DCGM Diagnostic": test_categories > tests >
+    results per entity, each with its warnings' ``error_id``, ``error_severity``, ``error_category``) in
+    the shape of :func:`parse_dcgmi_diag`, each test with its ``codes``."""
+    root = data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic") or {}
+    metadata = {str(k): str(v) for k, v in (data.get("metadata") or {}).items() if not isinstance(v, (dict, list))}
+    tests = []
+    for cat in root.get("test_categories") or []:
+        for test in cat.get("tests") or []:
+            t = {"section": cat.get("category"), "name": str(test.get("name") or "?"), "result": None,
+                 "failed_gpus": [], "details": [], "codes": []}
+            words = []
+            for res in test.get("results") or []:
+                word = _JSON_STATUS.get(str(res.get("status") or "").strip().lower())
+                gpu = _int(res.get("entity_id", res.get("gpu_id")))
+                if word:
+                    words.append(word)
+                if word == "fail" and gpu is not None and (res.get("entity_group") in (None, "GPU")):
+                    t["failed_gpus"].append(gpu)
+                for w in res.get("warnings") or []:
+                    error_id = w.get("error_id")
+                    if isinstance(error_id, dict):  # DCGM 3.x: {"code", "field_id"}
+                        error_id = error_id.get("code")
+                    text = " ".join(str(w.get("warning") or "").split())[:400]
+                    t["details"].append({"kind": "warning", "text": text})
+                    code = {"id": _int(error_id), "severity": _int(w.get("error_severity")),
+                            "category": _int(w.get("error_category")), "gpu": gpu}
+                    if code["id"] is not None:
+                        t["codes"].append(code)
+                for i in res.get("info") or []:
+                    t["details"].append({"kind": "info", "text": " ".join(str(i).split())[:400]})
+            summary = _JSON_STATUS.get(str((test.get("test_summary") or {}).get("status") or "").strip().lower())
+            t["result"] = summary or next((w for w in ("fail", "warn", "pass", "skip") if w in words), None)
+            tests.append(t)
+    overall = None
+    if tests:
+        words = [t["result"] for t in tests]
+        overall = "fail" if "fail" in words else ("warn" if "warn" in words else "pass")
+    out = {"metadata": metadata, "tests": tests, "result": overall, "format": "json"}
+    if root.get("runtime_error") or data.get("runtime_error"):
+        out["runtime_error"] = str(root.get("runtime_error") or data.get("runtime_error"))[:400]
+    return out
 
 
 def _add_result(test, match):
@@ -113,6 +177,84 @@ def _add_result(test, match):
 
 
 # -- nccl-tests ----------------------------------------------------------------------------------
+
+
+# -- the NCCL transport (NCCL_DEBUG=INFO lines; docs/facts.md section 6) -------------------------------------
+
+# The environment the NCCL runs get: INFO lines name the network, the channels' transports and NVLS.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+_NET_USING = re.compile(r"Using network (\S+)")
+_NET_IB_USING = re.compile(r"NET/IB : Using (.*?)\s*(?:\[RO\])?\s*;\s*OOB")
+_NET_SOCKET_USING = re.compile(r"NET/Socket : Using")
+_IB_NO_DEVICE = re.compile(r"NET/IB : No device found")
+_IB_HCA = re.compile(r"NCCL_IB_HCA set (?:by environment )?to (\S+)")
+_GDR = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for (?:GPU \S+ / )?HCA (\d+) '([^']+)'")
+_DMABUF = re.compile(r"DMA-BUF is available on GPU device")
+_VIA = re.compile(r"\bvia (P2P/[\w ]+|NET/\w+|SHM|NVLS|CollNet\w*)(?:/[\w ]+)*\s*$")
+_NVLS = re.compile(r"NVLS multicast support is (not )?available")
+_MNNVL = re.compile(r"MNNVL busId \S+ fabric UUID (\S+) cliqueId (\S+) state (\d+)")
+
+
+def parse_nccl_transport(text):
+    """What NCCL_DEBUG=INFO says about the transport of a run: ``{"network", "ib_devices", "ib_no_device",
+    "ib_hca", "gdr_enabled", "gdr_disabled", "dmabuf", "channels", "nvls", "mnnvl_uuid"}``; None when the
+    text has no NCCL INFO line at all (NCCL_DEBUG was not honoured)."""
+    out = {"network": None, "ib_devices": None, "ib_no_device": False, "socket": False, "ib_hca": None,
+           "gdr_enabled": [], "gdr_disabled": [], "dmabuf": False, "channels": {}, "nvls": None,
+           "mnnvl_uuid": None}
+    seen = False
+    for line in (text or "").splitlines():
+        if "NCCL INFO" not in line and "NET/" not in line and "NVLS" not in line and "MNNVL" not in line \
+                and "Using network" not in line:
+            continue
+        seen = True
+        m = _NET_USING.search(line)
+        if m:
+            out["network"] = m.group(1)
+        m = _NET_IB_USING.search(line)
+        if m:
+            out["ib_devices"] = m.group(1).strip()
+        if _IB_NO_DEVICE.search(line):
+            out["ib_no_device"] = True
+        if _NET_SOCKET_USING.search(line):
+            out["socket"] = True
+        m = _IB_HCA.search(line)
+        if m:
+            out["ib_hca"] = m.group(1)
+        m = _GDR.search(line)
+        if m:
+            bucket = out["gdr_enabled"] if m.group(1) == "Enabled" else out["gdr_disabled"]
+            if m.group(3) not in bucket:
+                bucket.append(m.group(3))
+        if _DMABUF.search(line):
+            out["dmabuf"] = True
+        m = _VIA.search(line)
+        if m:
+            kind = m.group(1).strip()
+            out["channels"][kind] = out["channels"].get(kind, 0) + 1
+        m = _NVLS.search(line)
+        if m:
+            available = m.group(1) is None
+            out["nvls"] = available if out["nvls"] is None else (out["nvls"] and available)
+        m = _MNNVL.search(line)
+        if m:
+            out["mnnvl_uuid"] = m.group(1)
+    informative = (out["network"] or out["ib_devices"] or out["ib_no_device"] or out["socket"] or out["ib_hca"]
+                   or out["gdr_enabled"] or out["gdr_disabled"] or out["dmabuf"] or out["channels"]
+                   or out["nvls"] is not None or out["mnnvl_uuid"])
+    if not seen or not informative:
+        return None
+    if out["network"] is None:
+        # Older NCCL prints no "Using network": the channels' NET transport, else what NET/IB found.
+        nets = [k.split("/", 1)[1] for k in out["channels"] if k.startswith("NET/")]
+        if nets:
+            out["network"] = nets[0]
+        elif out["ib_devices"]:
+            out["network"] = "IB"
+        elif out["socket"] and out["ib_no_device"]:
+            out["network"] = "Socket"
+    return out
 
 
 def parse_all_reduce_perf(text):
@@ -146,6 +288,7 @@ def parse_all_reduce_perf(text):
         "peak_busbw_gbs": max(top["busbw_oop"], top["busbw_ip"]) if top else None,
         "avg_busbw_gbs": float(avg.group(1)) if avg else None,
         "out_of_bounds": int(oob.group(1)) if oob else None,
+        "transport": parse_nccl_transport(text),
     }
 
 
@@ -200,10 +343,10 @@ def gpus_busy(driver, util):
     return None
 
 
-def _tool(reader, argv, timeout, parse):
+def _tool(reader, argv, timeout, parse, env=None):
     if reader.which(argv[0]) is None:
         return {"ran": False, "reason": "%s: command not found" % argv[0]}
-    res = reader.run(argv, timeout=timeout)
+    res = reader.run(argv, timeout=timeout, env=env)
     out = {"ran": True, "rc": res.rc, "error": res.error, "duration_s": round(res.duration, 1)}
     if res.error:
         out["reason"] = res.reason()
@@ -253,14 +396,16 @@ def collect_active(reader, level, spec, driver, rdma, scheduler=None):
         out["skipped"] = why
         return out
     dlevel = int(spec["dcgm_level"][level])
-    out["dcgm"] = _tool(reader, dcgmi_diag_argv(dlevel),
+    # -j: the failure codes; --expectedNumEntities: a GPU missing from DCGM's view fails the diagnostic.
+    gpus = len((driver or {}).get("gpus") or []) or None
+    out["dcgm"] = _tool(reader, dcgmi_diag_argv(dlevel, gpus),
                         float(spec["dcgm_timeout_s"][level]), parse_dcgmi_diag)
     out["dcgm"]["level"] = dlevel
     if level != "full":
         return out
     count = len((driver or {}).get("gpus") or [])
     out["nccl"] = _tool(reader, all_reduce_perf_argv(count, spec["nccl_max_bytes"]), float(spec["nccl_timeout_s"]),
-                        parse_all_reduce_perf)
+                        parse_all_reduce_perf, env=NCCL_DEBUG_ENV)
     out["nccl"]["gpus"] = count
     for offset, rail in enumerate(r for r in _rails(rdma) if r["state"] == "ACTIVE"):
         result = _ib_loopback(reader, rail["device"], IB_WRITE_BW_PORT + offset, float(spec["ib_write_bw_timeout_s"]))
@@ -296,6 +441,7 @@ def collect_pair(reader, addresses, gpus, spec):
         if reader.which(tool) is None:
             out["reason"] = "%s: command not found" % tool
             return out
-    result = _tool(reader, argv, float(spec["nccl_timeout_s"]), parse_all_reduce_perf)
+    # The launching node's ranks inherit NCCL_DEBUG=INFO: their lines name the network the pair used.
+    result = _tool(reader, argv, float(spec["nccl_timeout_s"]), parse_all_reduce_perf, env=NCCL_DEBUG_ENV)
     result.update({"addresses": out["addresses"], "gpus": gpus})
     return result

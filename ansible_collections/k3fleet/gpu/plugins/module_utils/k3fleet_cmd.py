@@ -179,9 +179,9 @@ class NodeReader:
             self._cache[key] = self.run(argv, timeout=timeout)
         return self._cache[key]
 
-    def run(self, argv, timeout=None, stdin=None, cwd=None):
+    def run(self, argv, timeout=None, stdin=None, cwd=None, env=None):
         """Run ``argv`` with C locale and a timeout (in ``cwd`` when given: apt-get download writes
-        there). Never raises."""
+        there), ``env`` added to the environment. Never raises."""
         argv = [str(a) for a in argv]
         timeout = self.timeout if timeout is None else float(timeout)
         started = time.time()
@@ -199,7 +199,8 @@ class NodeReader:
             return res
         try:
             proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=dict(self.env(), **(env or {})),
                                     close_fds=True, start_new_session=True, cwd=cwd)
         except (IOError, OSError) as exc:
             res = CommandResult(argv, None, "", str(exc), error="exec_error", duration=time.time() - started)

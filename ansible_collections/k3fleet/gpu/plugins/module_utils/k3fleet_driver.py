@@ -18,7 +18,12 @@ from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, parse_proc_modules
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_gpu_common import VERSION_RE, normalize_bus_id
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    COMMANDS,
+    FILES,
+    XID_HISTORY_BOOTS,
+    journalctl_kernel_boot_argv,
+)
 
 
 def parse_proc_version(text: str) -> dict[str, Any]:
@@ -97,6 +102,24 @@ def parse_xid_lines(text: str) -> list[dict[str, Any]]:
     return events[-MAX_XID_EVENTS:]
 
 
+# Azure's link-flap check greps the log for "ib.*lost carrier" (azurehpc-health-checks
+# customTests/azure_ib_link_flapping.nhc, docs/facts.md section 14): an IPoIB interface losing its carrier.
+_CARRIER_RE = re.compile(r"\b(ib[\w.]*):?\s.*?lost carrier", re.I)
+
+MAX_CARRIER_EVENTS = 32
+
+
+def parse_carrier_lost(text: str) -> list[dict[str, Any]]:
+    """The "ib...: lost carrier" lines of a kernel log or journal, oldest first (the last MAX_CARRIER_EVENTS)."""
+    events = []
+    for line in (text or "").splitlines():
+        match = _CARRIER_RE.search(line)
+        if match:
+            tm = _LOG_TIME_RE.match(line)
+            events.append({"iface": match.group(1), "time": (tm.group(1) or tm.group(2)) if tm else None})
+    return events[-MAX_CARRIER_EVENTS:]
+
+
 def collect_kernel_log(reader: NodeReader) -> dict[str, Any]:
     """KernelLog facts: the Xid events of this boot, from dmesg or else the journal's kernel messages."""
     reasons = []
@@ -104,11 +127,49 @@ def collect_kernel_log(reader: NodeReader) -> dict[str, Any]:
         res = reader.run(COMMANDS[name])
         if res.ok and res.stdout.strip():
             return {"status": "ok", "reason": None, "source": name.split("_", 1)[0],
-                    "xid": parse_xid_lines(res.stdout)}
+                    "xid": parse_xid_lines(res.stdout), "ib_carrier_lost": parse_carrier_lost(res.stdout)}
         detail = (res.stderr or res.stdout).strip().splitlines()
         reasons.append(f"{' '.join(COMMANDS[name][:2])}: "
                        f"{detail[0][:160] if detail else res.reason() or 'no output'}")
     return {"status": "unknown", "reason": "; ".join(reasons), "source": None, "xid": []}
+
+
+_BOOT_RE = re.compile(r"^\s*(-?\d+)\s+([0-9a-f]{32})\s+(.*?)\s*$")
+
+
+def parse_list_boots(text: str) -> list[dict[str, Any]]:
+    """``journalctl --list-boots``: ``[{"offset", "boot_id", "span"}]`` oldest first. Lines of another shape
+    (systemd 253's column header) are skipped."""
+    boots = []
+    for line in (text or "").splitlines():
+        match = _BOOT_RE.match(line)
+        if match:
+            boots.append({"offset": int(match.group(1)), "boot_id": match.group(2), "span": match.group(3)[:120]})
+    return boots
+
+
+def collect_xid_history(reader: NodeReader) -> dict[str, Any]:
+    """XidHistory facts: the Xid lines of the last XID_HISTORY_BOOTS earlier boots, from the journal.
+
+    Returns ``{"status", "reason", "boots_listed", "boots"}``; ``boots`` holds, newest first, each earlier
+    boot read (``offset``, ``boot_id``, ``span``, ``xid``). A journal that keeps no earlier boot (volatile
+    storage) is ``ok`` with no boots: nothing earlier to judge, said in ``boots_listed``.
+    """
+    res = reader.run(COMMANDS["journalctl_boots"])
+    if not res.ok:
+        return {"status": "unknown", "reason": res.reason(), "boots_listed": None, "boots": []}
+    listed = parse_list_boots(res.stdout)
+    earlier = sorted((b for b in listed if b["offset"] < 0), key=lambda b: -b["offset"])[:XID_HISTORY_BOOTS]
+    boots = []
+    reasons = []
+    for boot in earlier:
+        log = reader.run(journalctl_kernel_boot_argv(boot["offset"]))
+        if not log.ok:
+            reasons.append(f"boot {boot['offset']}: {log.reason() or 'no output'}")
+            continue
+        boots.append(dict(boot, xid=parse_xid_lines(log.stdout)))
+    status = "ok" if boots or not earlier else "unknown"
+    return {"status": status, "reason": "; ".join(reasons) or None, "boots_listed": len(listed), "boots": boots}
 
 
 def load_pynvml() -> tuple[Any, str | None]:
@@ -345,8 +406,13 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
             facts["nvml"] = {"status": smi["failure"], "error": f"via nvidia-smi: {smi['reason']}",
                              "bindings": None}
 
+    if facts["gpus"]:
+        from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_smi import collect_topology
+
+        facts["topology"] = collect_topology(reader)
     if km["loaded"] is not False:
         facts["kernel_log"] = collect_kernel_log(reader)
+        facts["kernel_log"]["history"] = collect_xid_history(reader)
     if unloaded is not None and not facts["source"]:
         reasons.insert(*unloaded)
     if facts["source"]:
@@ -368,10 +434,13 @@ __all__ = [
     "classify_driver_platform",
     "collect_driver",
     "collect_kernel_log",
+    "collect_xid_history",
     "kernel_module_facts",
     "load_nvml",
     "load_pynvml",
     "normalize_bus_id",
+    "parse_carrier_lost",
+    "parse_list_boots",
     "parse_nv_tegra_release",
     "parse_proc_modules",
     "parse_proc_version",

@@ -9,6 +9,7 @@ import time
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_counters import counter_facts, sample_counters
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_imex import collect_imex
@@ -37,10 +38,32 @@ def node_hostname(reader):
     return None
 
 
+def _counters(reader, facts, first, use_nvml, interval):
+    """The second counter sample, at least ``interval`` seconds after the first (within the node's time
+    budget), and both into the driver and RDMA sections (docs/facts.md section 14)."""
+    if interval and reader.deadline is not None:
+        interval = min(interval, max(0.0, reader.deadline - time.time() - 1.0))
+    wait = first["at"] + (interval or 0) - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    second = sample_counters(reader, use_nvml=use_nvml, rdma=bool(first["ib"]))
+    driver_counters, rdma_counters = counter_facts(first, second)
+    if isinstance(facts["driver"], dict) and facts["driver"].get("gpus"):
+        facts["driver"]["counters"] = driver_counters
+    if isinstance(facts["rdma"], dict) and facts["rdma"].get("devices"):
+        facts["rdma"]["counters"] = rdma_counters
+
+
 def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False, env_files=(),
-                 lspci=True, slurm_node=None, environ=None, active="none", active_spec=None):
-    """Return the HostFacts dict for one node; every section is guarded independently."""
+                 lspci=True, slurm_node=None, environ=None, active="none", active_spec=None,
+                 counter_interval=0.0):
+    """Return the HostFacts dict for one node; every section is guarded independently.
+
+    Error counters (IB ports, NVLink links, PCIe replays) are sampled first and again at the end of the
+    visit, at least ``counter_interval`` seconds apart: the verdict judges their rate.
+    """
     started = time.time()
+    first = guard("counters", sample_counters, reader, use_nvml=use_nvml)
     driver = guard("driver", collect_driver, reader, use_nvml=use_nvml)
     packages = guard("packages", collect_packages, reader)
     facts = {
@@ -65,6 +88,9 @@ def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False
     if isinstance(facts["container"], dict):
         facts["container"]["workloads"] = guard("workloads", collect_workloads, reader, facts["container"],
                                                 driver, packages)
+    if isinstance(first, dict) and "at" in first:
+        # Before the active checks: their load must not count as the node's own errors.
+        guard("counters", _counters, reader, facts, first, use_nvml, counter_interval)
     # Active checks (docs/facts.md section 17) last: every state read above is in before they load the node.
     if active in ("quick", "full") and active_spec:
         # Imported here: an audit without active checks does not compile them on every node.

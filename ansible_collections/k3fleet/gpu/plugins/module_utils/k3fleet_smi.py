@@ -692,6 +692,60 @@ def apply_nvlink_status(gpus: list[dict[str, Any]], res: Any) -> str | None:
     return None
 
 
+# PCIe distances of `nvidia-smi topo -m`, nearest first (its legend: PIX at most one PCIe bridge, PXB several
+# bridges, PHB through a host bridge, NODE across host bridges in one NUMA node, SYS across the SMP link).
+TOPO_DISTANCES = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+_TOPO_SPLIT = re.compile(r"\t+| {2,}")
+_NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
+
+
+def parse_topo_matrix(text: str) -> dict[str, Any]:
+    """``nvidia-smi topo -m``: each GPU's nearest NIC and its PCIe distance, CPU and NUMA affinity.
+
+    Returns ``{"nics": [name...], "gpus": {index: {"nearest_nic", "distance", "cpu_affinity", "numa"}}}``;
+    NICs are named by the legend ("NIC0: mlx5_0") where it is printed. Raises ValueError without a header.
+    """
+    lines = [_ANSI_RE.sub("", ln) for ln in (text or "").splitlines()]
+    header = next((ln for ln in lines if re.search(r"\bGPU0\b", ln) and not ln.startswith("GPU")), None)
+    if header is None:
+        raise ValueError("nvidia-smi topo -m: no header row with GPU0")
+    cols = [c.strip() for c in _TOPO_SPLIT.split(header.strip()) if c.strip()]
+    devices = [c for c in cols if re.match(r"^(GPU\d+|NIC\d+|mlx\S+|ib\S+)$", c)]
+    legend = {m.group(1): m.group(2) for m in (_NIC_LEGEND_RE.match(ln) for ln in lines) if m}
+    nics = [d for d in devices if not d.startswith("GPU")]
+    out: dict[str, Any] = {"nics": [legend.get(n, n) for n in nics], "gpus": {}}
+    for ln in lines:
+        m = re.match(r"^GPU(\d+)\s", ln)
+        if not m:
+            continue
+        cells = [c.strip() for c in _TOPO_SPLIT.split(ln.strip())][1:]
+        rel = dict(zip(devices, cells[:len(devices)], strict=False))
+        rest = [c for c in cells[len(devices):] if c]
+        best = None
+        for nic in nics:
+            dist = rel.get(nic, "")
+            if dist in TOPO_DISTANCES and (best is None or TOPO_DISTANCES.index(dist) < TOPO_DISTANCES.index(best[1])):
+                best = (nic, dist)
+        out["gpus"][str(int(m.group(1)))] = {
+            "nearest_nic": legend.get(best[0], best[0]) if best else None, "distance": best[1] if best else None,
+            "cpu_affinity": rest[0] if rest else None,
+            "numa": rest[1] if len(rest) > 1 and not is_na(rest[1]) else None}
+    return out
+
+
+def collect_topology(reader: NodeReader) -> dict[str, Any]:
+    """Topology facts from ``nvidia-smi topo -m``: status, reason, and :func:`parse_topo_matrix`'s fields."""
+    res = reader.run(COMMANDS["nvidia_smi_topo"])
+    if not res.ok:
+        return {"status": "unknown", "reason": res.reason(), "nics": [], "gpus": {}}
+    try:
+        parsed = parse_topo_matrix(res.stdout)
+    except ValueError as exc:
+        return {"status": "unknown", "reason": str(exc), "nics": [], "gpus": {}}
+    return dict(parsed, status="ok", reason=None)
+
+
 def collect_smi(reader: NodeReader) -> dict[str, Any]:
     """Query nvidia-smi (COMMANDS nvidia_smi_query and nvidia_smi_q).
 

@@ -62,10 +62,19 @@ COMMANDS = {
     # Each GPU's NVLink links, up or inactive, where NVML did not answer; nothing at all on GPUs without
     # NVLink (docs/facts.md section 14).
     "nvidia_smi_nvlink_status": ["nvidia-smi", "nvlink", "-s"],
+    # The PCIe distance between every GPU and NIC, and each GPU's CPU and NUMA affinity (docs/facts.md
+    # section 6): a GPU whose nearest NIC is across the socket (SYS) halves its GPUDirect bandwidth.
+    "nvidia_smi_topo": ["nvidia-smi", "topo", "-m"],
+    # Each link's Replay, Recovery and CRC error counters, sampled at the start and the end of the visit
+    # where NVML did not answer (docs/facts.md section 14).
+    "nvidia_smi_nvlink_errors": ["nvidia-smi", "nvlink", "-e"],
     # The kernel log since boot, for the driver's "NVRM: Xid" lines (docs/facts.md section 14): dmesg
     # first; where kernel.dmesg_restrict refuses it, the journal's kernel messages of this boot.
     "dmesg": ["dmesg"],
     "journalctl_kernel": ["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso"],
+    # The journal's boots, for the Xid lines of earlier boots (a bounded few: XID_HISTORY_BOOTS): "-1 <boot id>
+    # <first>—<last>" per boot (docs/facts.md section 14). A volatile journal lists only the current boot.
+    "journalctl_boots": ["journalctl", "--list-boots", "--no-pager", "-q"],
     "dpkg_query": ["dpkg-query", "-W", "-f=${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"],
     "rpm_query": ["rpm", "-qa", "--qf", "%{NAME}\\t%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"],
     "dkms_status": ["dkms", "status"],
@@ -128,6 +137,16 @@ PROBE_SCRIPT = (
 )
 
 
+# Earlier boots whose kernel log the audit reads for Xid lines: the same Xid across two boots escalates to
+# hardware inspection (gpud's rule, docs/facts.md section 14); three bound the work on a node with a long journal.
+XID_HISTORY_BOOTS = 3
+
+
+def journalctl_kernel_boot_argv(offset):
+    """The kernel messages of one earlier boot (offset -1, -2, ...)."""
+    return ["journalctl", "-k", "-b", str(int(offset)), "--no-pager", "-q", "-o", "short-iso"]
+
+
 def runtime_version_argv(runtime):
     return [runtime, "--version"]
 
@@ -163,8 +182,13 @@ def container_inspect_argv(runtime, ids):
 
 
 # Active checks (docs/facts.md section 17): only with audit --active.
-def dcgmi_diag_argv(level):
-    return ["dcgmi", "diag", "-r", str(level)]
+def dcgmi_diag_argv(level, gpus=None):
+    """``dcgmi diag -r N -j``, with ``--expectedNumEntities gpu:G`` when the node's GPU count is known (a GPU
+    DCGM does not see then fails the run; NVIDIA/DCGM's own dcgmi tests use the ``gpu:N`` form)."""
+    argv = ["dcgmi", "diag", "-r", str(level), "-j"]
+    if gpus:
+        argv += ["--expectedNumEntities", "gpu:%d" % int(gpus)]
+    return argv
 
 
 def all_reduce_perf_argv(gpus, max_bytes):

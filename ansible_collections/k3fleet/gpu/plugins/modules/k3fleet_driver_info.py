@@ -196,10 +196,28 @@ k3fleet:
             other: {}
           memory_used_mib: 0
           processes: []
+    counters:
+      description: >-
+        The GPUs' error counters (NVLink per link, PCIe replays) read at the start and the end of one visit,
+        each as [first, second] (docs/facts.md section 14). Only k3fleet_host_info samples them twice; this
+        module leaves them out.
+      returned: never by this module
+      type: dict
+      sample: {"interval_s": 2, "source": "nvml", "reason": null, "gpus": {"0": {"pcie_replay": [0, 0], "nvlink": {}}}}
+    topology:
+      description: >-
+        nvidia-smi topo -m read: each GPU's nearest NIC and its PCIe distance (PIX, PXB, PHB, NODE, SYS), CPU and
+        NUMA affinity (docs/facts.md section 6).
+      returned: when GPUs were listed
+      type: dict
+      sample: {"status": "ok", "reason": null, "nics": ["mlx5_0"], "gpus": {"0": {"nearest_nic": "mlx5_0",
+               "distance": "PIX", "cpu_affinity": "0-55", "numa": "0"}}}
     kernel_log:
       description: >-
         Xid events of the kernel log since boot (dmesg, else journalctl -k -b); status unknown when
-        no log could be read (docs/facts.md section 14).
+        no log could be read (docs/facts.md section 14). The Xid lines of the last three earlier boots
+        (journalctl --list-boots, journalctl -k -b -N) are in C(history); IPoIB "lost carrier" lines in
+        C(ib_carrier_lost).
       returned: always
       type: dict
       sample: {"status": "ok", "reason": null, "source": "dmesg", "xid": []}

@@ -49,6 +49,13 @@ options:
     description:
       - What the active checks run and for how long, from the target file (the controller passes it).
     type: dict
+  counter_interval:
+    description:
+      - Least seconds between the two samples of the error counters (InfiniBand ports, NVLink links, PCIe
+        replays) the module reads at the start and the end of its visit; 0 takes the visit's own length.
+        The controller passes the target's C(health.counter_interval_s).
+    type: float
+    default: 0
   use_nvml:
     description: Query NVML first (through pynvml when it imports, else through the collection's own binding to
       libnvidia-ml.so.1); when false, or when no NVML library loads, nvidia-smi is used.
@@ -209,6 +216,7 @@ def main():
         probe=dict(type="bool", default=False),
         active=dict(type="str", default="none", choices=["none", "quick", "full"]),
         active_spec=dict(type="dict"),
+        counter_interval=dict(type="float", default=0.0),
         use_nvml=dict(type="bool", default=True),
         env_files=dict(type="list", elements="path", default=[]),
         lspci=dict(type="bool", default=True),
@@ -223,7 +231,8 @@ def main():
     facts = collect_host(reader, host=p["host"] or "",
                          image=p["image"], use_nvml=p["use_nvml"], runtime=p["runtime"], probe=p["probe"],
                          env_files=p["env_files"], lspci=p["lspci"], slurm_node=p["slurm_node"],
-                         active=p["active"], active_spec=p["active_spec"])
+                         active=p["active"], active_spec=p["active_spec"],
+                         counter_interval=p["counter_interval"])
     if p["facts_format"] == "json":
         module.exit_json(changed=False, **{RESULT_JSON_KEY: json.dumps(facts, separators=(",", ":"))})
     module.exit_json(changed=False, **{RESULT_KEY: facts})
