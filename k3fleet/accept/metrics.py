@@ -25,9 +25,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as _parse_prometheus
 from pydantic import BaseModel, Field
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.client import EndpointError, fetch
 from k3fleet.errors import IncompleteError
+from k3fleet.evidence.redact import excerpt
 
 OPENMETRICS_TYPE = "application/openmetrics-text"
 PROMETHEUS_TYPE = "text/plain"
@@ -325,7 +325,11 @@ async def scrape(client: httpx.AsyncClient, base_url: str, *, timeout_s: float |
     """GET ``/metrics`` and parse it; transport errors, non-200 answers, garbage, a page past its
     cap and a scrape past its deadline (``timeout_s``, default the client's, for the whole
     request) raise one-line :class:`MetricsError`."""
-    url = metrics_url(base_url)
+    return await scrape_url(client, metrics_url(base_url), timeout_s=timeout_s)
+
+
+async def scrape_url(client: httpx.AsyncClient, url: str, *, timeout_s: float | None = None) -> MetricsSnapshot:
+    """:func:`scrape` of a page at ``url`` itself (a DCGM exporter's ``/metrics``)."""
     deadline_s = timeout_s if timeout_s is not None else (client.timeout.read or 120.0)
     kwargs: dict[str, object] = {}
     if timeout_s is not None:

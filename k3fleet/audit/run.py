@@ -12,10 +12,13 @@ from typing import Any
 from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.audit.pairs import run_pair_phase
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
-from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.evidence import AuditRunRecord
+from k3fleet.models.facts import HostFacts, schema_mismatch
 from k3fleet.models.pairs import PairPhase
+from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import evaluate_fleet, validate_facts
@@ -44,7 +47,7 @@ class AuditOptions:
 ACTIVE_LEVELS = ("none", "quick", "full")
 
 
-def active_spec(target: Any, level: str) -> tuple[dict[str, Any], int]:
+def active_spec(target: Target, level: str) -> tuple[dict[str, Any], int]:
     """The node module's ``active_spec`` from the target, and the most seconds the checks may take.
 
     Full runs one ib_write_bw per rail: the budget counts the target's expected rails. The NCCL pair
@@ -76,7 +79,11 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         stopped = self.play.interrupted or (self.pairs is not None and self.pairs.interrupted)
-        return combine(int(self.verdict.exit_code), EXIT_INCOMPLETE if self.invalid or stopped else EXIT_OK)
+        if stopped:
+            # Stopped by a signal (Ctrl-C, SIGTERM, SIGHUP): the verdict rests on the hosts that
+            # answered before the stop, so the run says it was interrupted, whatever they found.
+            return EXIT_INCOMPLETE
+        return combine(int(self.verdict.exit_code), EXIT_INCOMPLETE if self.invalid else EXIT_OK)
 
 
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
@@ -89,10 +96,9 @@ def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
     for host in hosts:
         if host in raw:
             data = raw[host]
-            major = str(data.get("schema_version", "")).split(".")[0] if isinstance(data, dict) else ""
-            if major != SCHEMA_VERSION.split(".")[0]:
-                got = data.get("schema_version") if isinstance(data, dict) else None
-                invalid[host] = f"host {host}: facts schema {got!r} from the node, controller expects {SCHEMA_VERSION}"
+            mismatch = schema_mismatch(host, data)
+            if mismatch:
+                invalid[host] = mismatch
             else:
                 candidates[host] = {**data, "host": host}
             continue
@@ -174,20 +180,20 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
     return result
 
 
-def _write_outputs(result: AuditResult, target: Any) -> None:
+def _write_outputs(result: AuditResult, target: Target) -> None:
     rd, v, play = result.run_dir, result.verdict, result.play
     rd.write_json(layout.VERDICT, v.model_dump(mode="json"))
-    rd.write_json(layout.RUN, {
-        "status": "interrupted" if play.interrupted else play.status,
-        "ansible_rc": play.rc,
-        "hosts_total": len(result.facts) + len(result.unreachable) + len(result.invalid),
-        "hosts_with_facts": len(result.facts),
-        "unreachable": result.unreachable,
-        "invalid_evidence": result.invalid,
-        "wall_s": round(play.wall_s, 3),
-        "controller_cpu_s": round(play.cpu_s, 3),
-        "exit_code": result.exit_code,
-        "ansible_stats": play.stats,
-    })
+    rd.write_json(layout.RUN, AuditRunRecord(
+        status="interrupted" if play.interrupted else play.status,
+        ansible_rc=play.rc,
+        hosts_total=len(result.facts) + len(result.unreachable) + len(result.invalid),
+        hosts_with_facts=len(result.facts),
+        unreachable=result.unreachable,
+        invalid_evidence=result.invalid,
+        wall_s=round(play.wall_s, 3),
+        controller_cpu_s=round(play.cpu_s, 3),
+        exit_code=result.exit_code,
+        ansible_stats=play.stats,
+    ).dump())
     rd.write_text(layout.REPORT, markdown.render_audit(result, target))
     rd.write_manifest()

@@ -11,14 +11,15 @@ import fnmatch
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from k3fleet.audit.runner import Observer
 from k3fleet.change.lease import lease_holder, lease_owner
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 
 
 @dataclass
@@ -50,6 +51,17 @@ class UpgradeOptions:
     # night was started for a resume); launch_file replaces the audit's serve command.
     smoke: bool | None = None
     launch_file: Path | None = None
+    # node_exporter's textfile collector: the night's gauges, rewritten at every stage (k3fleet.change.textfile).
+    textfile: Path | None = None
+    # An operator in the loop (k3fleet.change.pause): pause after the canary, each host or each wave, each
+    # pause at most pause_timeout seconds (then the next host stops before its drain: resume later).
+    pause_after: str | None = None
+    pause_timeout: int = 3600
+    # Where pause prompts go (the CLI's stderr); None: nowhere.
+    say: Callable[[str], None] | None = None
+    # The rollback kit staged before each host's first change: None is the default (on for a night, as
+    # the night was started for a resume); False is --no-rollback-kit.
+    rollback_kit: bool | None = None
 
 
 class NothingToChange(UsageError):

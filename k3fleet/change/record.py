@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader
 
@@ -83,6 +83,9 @@ class ChangeRecord(BaseModel):
     # The preflight's policy from the target (docs/change-night.md "Preflight"); empty in a night recorded
     # before it (its resume takes the target's defaults again).
     preflight: dict[str, Any] = Field(default_factory=dict)
+    # The rollback kit staged before each host's first change (False: --no-rollback-kit); None: a night
+    # recorded before the kit existed.
+    rollback_kit: bool | None = None
 
 
 # What a change run writes after the manifest it takes before its play: the journal grows, the
@@ -149,8 +152,10 @@ def load_change(rd: RunDir) -> ChangeRecord:
     p = rd.path / layout.CHANGE
     try:
         data = RunReader(rd.path).json(layout.CHANGE)
-    except IncompleteError as exc:  # the reader's word for a missing file
-        raise UsageError(f"run {rd.path} has no {layout.CHANGE}: it is not a change run") from exc
+    except IncompleteError as exc:  # the reader's word for a missing or unreadable file
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise UsageError(f"run {rd.path} has no {layout.CHANGE}: it is not a change run") from exc
+        raise
     except UsageError as exc:  # not JSON: the reader keeps the decoder's own words as the cause
         raise IncompleteError(f"{p} cannot be read as JSON ({exc.__cause__}): the run's record is damaged") from exc
     if not isinstance(data, dict):
@@ -159,7 +164,5 @@ def load_change(rd: RunDir) -> ChangeRecord:
     try:
         return ChangeRecord.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(record)"
-        raise IncompleteError(f"{p} is not a change record ({exc.error_count()} problem(s), first {loc}: "
-                              f"{err['msg']}): the run's record is damaged") from exc
+        raise IncompleteError(f"{p} is not a change record ({validation_line(exc)}): the run's record is "
+                              "damaged") from exc

@@ -15,7 +15,7 @@ from rich.table import Table
 from k3fleet.bounds import seconds_option, whole_seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.report.escapes import safe_markup
 
 
@@ -79,9 +79,12 @@ def audit(
 def plan(
     run: Annotated[Path, typer.Option("--run", help="An audit run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Every host name and every blocked host's reasons "
+                                                         "(host lists are cut at 12 names otherwise).")] = False,
 ) -> None:
     """Print the change plan of an audit run: hosts to upgrade, canary, waves (verified first)."""
     from k3fleet.report import terminal
+    from k3fleet.report.escapes import safe_text
 
     plan_data = read_audit_plan(run)
     if as_json:
@@ -89,10 +92,22 @@ def plan(
 
         out.print_json(json.dumps(redact(plan_data)))
     else:
-        terminal.print_plan(out, plan_data)
+        terminal.print_plan(out, plan_data, show_all=show_all)
+        if not show_all and _plan_is_cut(plan_data, 12):
+            out.print(f"(host lists cut at 12 names: k3fleet plan --run {safe_text(str(run))} --all lists every "
+                      "host)", markup=False)
         if plan_data.get("canary"):
             out.print("next: k3fleet upgrade -i INVENTORY --change-id ID --operator YOU --check   (the night as a dry "
                       "run: per host the drain and the package transaction)", markup=False)
+
+
+def _plan_is_cut(plan: dict[str, Any], limit: int) -> bool:
+    """Whether the terminal's plan cut a host list (what --all would show whole)."""
+    from k3fleet.report.plan import package_groups
+
+    lists = [*(plan.get("waves") or []), plan.get("done") or [], plan.get("unreachable") or [],
+             *(hosts for _tx, hosts in package_groups(plan))]
+    return any(len(x) > limit for x in lists) or len(plan.get("blocked") or []) > limit
 
 
 def read_audit_plan(run: Path) -> dict[str, Any]:
@@ -106,27 +121,26 @@ def read_audit_plan(run: Path) -> dict[str, Any]:
 
     from k3fleet.errors import IncompleteError
     from k3fleet.evidence import COMMAND, RunDir, layout, verify_run
+    from k3fleet.evidence.reader import RunReader
+    from k3fleet.models.evidence import RunRecord
     from k3fleet.models.findings import FleetVerdict
 
     rd = RunDir.open(run)
     verify_run(rd.path).raise_if_bad()
-    kind = rd.read_object(COMMAND).get("kind")
+    reader = RunReader(rd.path, label=str(run))
+    kind = reader.kind
     if kind != "audit":
         gate = run / layout.gate_audit_dir()
         hint = f" (its gating audit is {gate})" if (gate / COMMAND).is_file() else ""
         raise UsageError(f"{run} is a {kind!r} run, not an audit{hint}")
-    status = rd.read_object(layout.RUN).get("status")
-    if status == "interrupted":
+    if reader.model(layout.RUN, RunRecord).interrupted:
         raise IncompleteError(f"the audit in {run} was interrupted: its plan covers only the hosts that answered; "
                               "run the audit again")
-    data = rd.read_object(layout.VERDICT)
+    data = reader.object(layout.VERDICT)
     try:
         verdict = FleetVerdict.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(top)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise UsageError(f"{run}/verdict.json is not a k3fleet verdict: {loc}: {first['msg']}{more}") from None
+        raise UsageError(validation_line(exc, f"{run}/{layout.VERDICT} is not a k3fleet verdict")) from None
     if verdict.outcome == "incomplete":
         raise IncompleteError(f"the audit in {run} measured no host: {'; '.join(verdict.reasons[:1])}")
     return verdict.plan.model_dump(mode="json")
@@ -174,11 +188,13 @@ def checks(
                 if row.get(key):
                     out.print(f"  {key}: {safe_text(row[key])}", markup=False)
         return
+    from k3fleet.report.terminal import whole_column
+
     table = Table(title="k3fleet checks (k3fleet checks ID explains one)", show_lines=True)
-    table.add_column("id", overflow="fold", no_wrap=True)
-    table.add_column("scope / severity")
-    table.add_column("why", ratio=1)
-    table.add_column("fix", ratio=1)
+    whole_column(table, "id", (row.get("id", "") for row in rows))
+    table.add_column("scope / severity", no_wrap=True)
+    table.add_column("why", ratio=1, overflow="fold")
+    table.add_column("fix", ratio=1, overflow="fold")
     for row in rows:
         table.add_row(row.get("id", ""), f"{row.get('scope', '')}\n{row.get('severity', '')}", row.get("why", ""),
                       row.get("fix", ""))

@@ -18,20 +18,6 @@ from k3fleet.accept.profile_cases import write_profile_evidence
 from k3fleet.bounds import read_input
 from k3fleet.decide.checklist import ITEM_IDS, image_repository
 from k3fleet.decide.envelope import profile_brief
-from k3fleet.decide.models import (
-    AcceptEvidence,
-    AuditEvidence,
-    ChangeEvidence,
-    CustomBuild,
-    Decision,
-    EvidenceSummary,
-    OwnersFile,
-    Policy,
-    Ref,
-    RunInfo,
-    TargetBrief,
-    TriageEvidence,
-)
 from k3fleet.decide.package import write_package
 from k3fleet.decide.readers import (
     curve_points,
@@ -46,10 +32,24 @@ from k3fleet.decide.readers import (
 )
 from k3fleet.decide.rules import decide
 from k3fleet.decide.signing import SigningKey, signing_key
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.writer import check_output, is_stdout
+from k3fleet.models.evidence import (
+    AcceptEvidence,
+    AuditEvidence,
+    ChangeEvidence,
+    CustomBuild,
+    Decision,
+    EvidenceSummary,
+    OwnersFile,
+    Policy,
+    Ref,
+    RunInfo,
+    TargetBrief,
+    TriageEvidence,
+)
 from k3fleet.models.profile import load_profile
 from k3fleet.report.decision_md import render_markdown
 from k3fleet.report.view import decision_view
@@ -89,16 +89,6 @@ def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.UTC).replace(microsecond=0)
 
 
-def _one_line_validation(label: str, exc: ValidationError) -> UsageError:
-    e = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    msg = str(e["msg"]).removeprefix("Value error, ")
-    if e["type"] == "extra_forbidden":
-        msg = "unknown key (misspelt?)"
-    return UsageError(f"{label}: {loc}: {msg}{more}")
-
-
 def _yaml_file(path: Path, what: str) -> Any:
     raw = read_input(path, what, kind="a YAML file", limit="record")
     try:
@@ -120,7 +110,7 @@ def load_owners(path: Path) -> OwnersFile:
     try:
         owners = OwnersFile.model_validate(data)
     except ValidationError as exc:
-        raise _one_line_validation(f"owners file {path}", exc) from exc
+        raise UsageError(validation_line(exc, f"owners file {path}")) from exc
     unknown = sorted(set(owners.items) - set(ITEM_IDS))
     if unknown:
         raise UsageError(f"owners file {path}: items.{unknown[0]}: not a checklist item "
@@ -143,7 +133,7 @@ def load_build(path: Path) -> CustomBuild:
     try:
         return CustomBuild.model_validate(data)
     except ValidationError as exc:
-        raise _one_line_validation(f"build record {path}", exc) from exc
+        raise UsageError(validation_line(exc, f"build record {path}")) from exc
 
 
 def validate_name(value: str | None, option: str) -> str | None:
@@ -202,13 +192,13 @@ def _newest(items: Sequence[Any]) -> Any:
 
 
 def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> EvidenceSummary:
-    if opts.target is not None:
-        target = target_brief(load_target(opts.target))
-    elif src.targets:
+    if src.targets and opts.target is None:
+        # The target the newest audit recorded: the runs' own, not one derived again.
         newest_audit = _newest(src.audits)
         target = next((t for t in src.targets if t.ref and t.ref.run == newest_audit.run), src.targets[0])
     else:
-        target = target_brief(load_target(None))
+        # --target, or (no run records one) the CLI's default, the packaged target.
+        target = target_brief(load_target(opts.target))
     owners = load_owners(opts.owners_file) if opts.owners_file else None
     build = load_build(opts.build_file) if opts.build_file else None
     profile = None
@@ -222,7 +212,8 @@ def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> Eviden
         reviewer=validate_name(opts.reviewer, "--reviewer"), reviewed_at=reviewed_at,
         service_owner=validate_name(opts.owner, "--owner"), policy=opts.policy,
         second_reviewer=validate_name(opts.second_reviewer, "--second-reviewer"),
-        rollback_owner=validate_name(opts.rollback_owner, "--rollback-owner"), profile=profile)
+        rollback_owner=validate_name(opts.rollback_owner, "--rollback-owner"), profile=profile,
+        signed=opts.sign_key is not None)
     _refuse_mixed_tracks(summary, src)
     return summary
 

@@ -2,35 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from k3fleet.contracts import OUTCOME_TEXT
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+from k3fleet.models.target import Target
 from k3fleet.report.escapes import safe_markdown
 from k3fleet.report.plan import plan_lines, plan_title
 
-_OUTCOME_TEXT = {
-    "go_live": "go live",
-    "observe_with_limits": "observe with limits",
-    "rebuild_environment": "rebuild the environment",
-    "expand_capacity": "expand capacity",
-    "incomplete": "incomplete: no host was measured",
-}
+if TYPE_CHECKING:
+    # The audit imports this module to write report.md: the type only, never at run time.
+    from k3fleet.audit.run import AuditResult
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     """A table cell: redacted, one line, no control characters, pipes and markup escaped."""
     return safe_markdown(value, cell=True)
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return safe_markdown(value)
 
 
-def render_audit(result: Any, target: Any) -> str:
+def render_audit(result: AuditResult, target: Target) -> str:
     v: FleetVerdict = result.verdict
     s = v.summary
     lines = [
-        f"# k3fleet audit: {_OUTCOME_TEXT.get(v.outcome, v.outcome)}",
+        f"# k3fleet audit: {OUTCOME_TEXT[v.outcome]}",
         "",
         f"- Target: **{v.target}** (image `{target.image.ref}`, CUDA {target.image.cuda}, "
         f"driver R{target.driver.branch} {target.driver.target_version})",

@@ -5,7 +5,9 @@ derived from the hosts' GPU memory (:mod:`k3fleet.verdict.strategy`). It sets th
 minimum and whether every node needs RDMA; the verdict's ``strategy`` and its last
 reason say which strategy was used and why.
 
-Outcome precedence (first that applies; ``incomplete`` before all when no host was measured):
+Outcome precedence (``k3fleet.contracts.AUDIT_PRECEDENCE``, the first that applies; ``incomplete``
+before all when no host was measured; the decision ranks expand_capacity and rebuild_environment the
+other way, for the reason written beside the two orders):
 
 1. ``expand_capacity``: even after the planned driver change the healthy GPUs stay
    below the target's minimum; no driver work reaches go-live.
@@ -34,6 +36,7 @@ from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
+from k3fleet.contracts import AuditOutcome, first_outcome
 from k3fleet.models.facts import HostFacts, SchedulerFacts, unchecked
 from k3fleet.models.findings import (
     SEVERITY_RANK,
@@ -44,19 +47,79 @@ from k3fleet.models.findings import (
     HostStatus,
     HostVerdict,
     InterconnectSummary,
-    Outcome,
     Severity,
     StrategyDecision,
     VerdictSummary,
 )
 from k3fleet.models.target import Target, is_multi_node
 from k3fleet.verdict import all2all
-from k3fleet.verdict.catalogue import CHECKS
+from k3fleet.verdict.check import Check, check, registered
 from k3fleet.verdict.intake import Intake, gc_paused
 from k3fleet.verdict.plan import HostEval, build_plan
 from k3fleet.verdict.rules import CompiledTarget, HostContext, RuleCache, host_rails, rule_key
 
 _NO_HOSTS: Mapping[str, str] = MappingProxyType({})
+# The catalogue entries of the fleet-scope checks this module emits (docs/architecture.md "Adding a check").
+CHECKS: tuple[Check, ...] = (
+    check("fleet.driver_drift", "One driver version across the fleet",
+          "Mixed driver versions make failures host-dependent and can break cross-node NCCL.",
+          "warning",
+          "Bring every host to {target_version} in the change night.",
+          scope="fleet",
+          source='docs/facts.md section 2'),
+    check("fleet.image_digest_drift", "One image build across the fleet",
+          "The same tag can point at different builds on different hosts; every host must run one digest.",
+          "error",
+          "Pull the image by digest on every host (pin image.digest in the target).",
+          scope="fleet",
+          source='docs/facts.md section 1'),
+    check("fleet.nccl_drift", "Consistent NCCL settings",
+          "NCCL settings that differ between hosts give hangs or slow collectives that are hard to trace.",
+          "warning",
+          "Distribute one /etc/nccl.conf (or one serving environment) to every host.",
+          scope="fleet",
+          source='docs/facts.md section 6'),
+    check("fleet.rdma_rail_drift", "Same RDMA rail count on every host",
+          "Hosts with fewer rails drag every collective down to their bandwidth.",
+          "warning",
+          "Repair or exclude hosts with missing rails.",
+          scope="fleet",
+          source='docs/facts.md section 6'),
+    check("fleet.strategy", "Serving strategy fits the GPUs' memory",
+          "One node must hold the model's weights ({weights_memory}) to serve single-node; otherwise every "
+          "instance spans nodes, which needs more GPUs and RDMA on every node.",
+          "warning",
+          "Set gpus.strategy: auto (or a multi_node_* strategy) in the target; if the weights figure is wrong "
+          "for your checkpoint, correct gpus.weights_memory.gb.",
+          scope="fleet",
+          source='docs/facts.md section 1 (MXFP4 weights about 1680 GB, unconfirmed; GPUs per strategy)'),
+    check("fleet.capacity", "Enough healthy GPUs",
+          "The serving strategy ({strategy}) needs a minimum number of GPUs that pass the checks.",
+          "error",
+          "Fix failing hosts or add nodes until the healthy GPU count reaches the minimum.",
+          scope="fleet",
+          source='docs/facts.md section 1 (Kimi K3 recipe: GPUs per strategy, 32 on H100)'),
+    check("fleet.all2all_topology", "All-to-all backend fits the interconnect",
+          "The expert-parallel all-to-all backend the serving command names (--all2all-backend, formerly "
+          "VLLM_ALL2ALL_BACKEND) needs its transport on every node of the serving group: the DeepEP backends "
+          "(deepep_v2) RDMA with every rail Active and nvidia_peermem or DMA-BUF, the FlashInfer NVLink backends "
+          "(flashinfer_nvlink_one_sided) one NVLink fabric spanning the nodes. Without it the engine fails at "
+          "start-up or runs on a fallback: the environment must be rebuilt.",
+          "error",
+          "Give every serving node the backend's transport (rails up, nvidia_peermem or DMA-BUF; or one NVLink "
+          "domain with Fabric Manager and IMEX), leave the hosts without it out of the serving group, or choose the "
+          "backend the interconnect has (deepep_v2 over RDMA, flashinfer_nvlink_one_sided on MNNVL).",
+          scope="fleet",
+          source='docs/facts.md section 15 (vLLM expert parallel deployment: --all2all-backend, DeepEP over RDMA, '
+          'FlashInfer over multi-node NVLink: one ClusterUUID and clique, IMEX ready on every node)'),
+    check("target.unconfirmed", "Verdict relied on unconfirmed data",
+          "Some CUDA -> driver matrix rows are not confirmed by the primary source.",
+          "info",
+          "Confirm the row against NVIDIA's release notes and set confirmed: true in the matrix file.",
+          scope="fleet",
+          source='docs/facts.md section 2 (rows marked confirmed: false)'),
+)
+
 # Drift evidence names at most this many outlying hosts: a 10,000-host report stays readable.
 MAX_LISTED = 50
 
@@ -80,7 +143,7 @@ class _Fleet:
 
     def add(self, check_id: str, message: str, evidence: dict[str, Any], *, severity: Severity | None = None,
             chain: bool = False) -> None:
-        sev: Severity = severity or CHECKS[check_id].severity
+        sev: Severity = severity or registered(check_id).severity
         self.out.append(Finding(
             check_id=check_id, severity=sev, kind="note" if sev == "info" else "fail",
             host=None, message=message, evidence=evidence, fix=self.ct.fix[check_id], chain=chain))
@@ -120,7 +183,7 @@ def _drift(groups: list[_Group], fl: _Fleet) -> None:
                 nccl = nccl_groups[id(f.nccl)] = (tuple(s[k].value if k in s else "<unset>" for k in keys), [])
             nccl[1].append(names)
 
-    for check, values, what in (
+    for check_id, values, what in (
         ("fleet.driver_drift", versions, "driver versions"),
         ("fleet.image_digest_drift", images, "image builds (digest or id)"),
         ("fleet.rdma_rail_drift", rail_counts, "RDMA rail counts"),
@@ -130,7 +193,7 @@ def _drift(groups: list[_Group], fl: _Fleet) -> None:
             counter[value] += len(names)
         if len(counter) > 1:
             majority = min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-            fl.add(check, f"{len(counter)} {what} across {counter.total()} hosts: {_spread(counter)}",
+            fl.add(check_id, f"{len(counter)} {what} across {counter.total()} hosts: {_spread(counter)}",
                    {"values": dict(counter.most_common(20)), "majority": majority,
                     **_outliers([names for value, names in values if value != majority])})
 
@@ -321,7 +384,8 @@ class FleetFold:
             # host's rules.
             hosts[name] = unchecked(
                 HostVerdict, host=name, status=status, reason=None, findings=findings,
-                driver_version=ctx.version, gpu_model=ctx.gpu_model, gpu_count=ctx.gpu_count)
+                driver_version=ctx.version, driver_branch=ctx.branch, gpu_model=ctx.gpu_model,
+                gpu_count=ctx.gpu_count)
         invalid = self.invalid
         for name in sorted(invalid):
             if name in unreachable or name in hosts:
@@ -488,8 +552,7 @@ def _strategy_findings(d: StrategyDecision, target: Target, fl: _Fleet) -> None:
 
 def _outcome(
     groups: list[_Group], s: VerdictSummary, need: int, basis: str, plan: ChangePlan, fleet_findings: list[Finding]
-) -> tuple[Outcome, list[str]]:
-    reasons: list[str] = []
+) -> tuple[AuditOutcome, list[str]]:
     if not groups:
         return "incomplete", [f"no host was measured ({s.unreachable} unreachable, {s.failed} without readable "
                               "facts): nothing can be judged; reach the hosts and audit again"]
@@ -502,40 +565,41 @@ def _outcome(
             n_chain += len(g.hosts)
             for check_id in ids:
                 chain_ids[check_id] += len(g.hosts)
-    if s.unreachable:
-        reasons.append(f"{s.unreachable} host(s) unreachable: their GPUs are not counted")
+    unreachable = [f"{s.unreachable} host(s) unreachable: their GPUs are not counted"] if s.unreachable else []
+    # Every outcome that applies, with its reasons; AUDIT_PRECEDENCE picks the one the audit gives.
+    applies: dict[AuditOutcome, list[str]] = {}
     if s.gpus_after_plan < need:
-        reasons.insert(0, f"{s.gpus_after_plan} GPUs would be healthy after the planned driver change, "
-                          f"{need} required ({basis})")
-        return "expand_capacity", reasons
+        applies["expand_capacity"] = [f"{s.gpus_after_plan} GPUs would be healthy after the planned driver change, "
+                                      f"{need} required ({basis})", *unreachable]
     # A backend whose transport the hosts lack fails the engine's start: the environment is rebuilt, not limited.
-    a2a = [f for f in fleet_findings if f.check_id == "fleet.all2all_topology" and f.kind == "fail"]
+    a2a = [f"{f.message}; fix: {f.fix}" for f in fleet_findings
+           if f.check_id == "fleet.all2all_topology" and f.kind == "fail"][:1]
     if n_chain:
-        if a2a:
-            reasons.append(f"{a2a[0].message}; fix: {a2a[0].fix}")
         listed = ", ".join(f"{k} ({n})" for k, n in sorted(chain_ids.items()))
-        reasons.insert(0, f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {listed}")
         n_driver = sum(1 for u in plan.needs_upgrade if u.scope == "driver")
         n_fm = len(plan.needs_upgrade) - n_driver
-        if n_driver or n_fm:
-            reasons.append(f"the change plan moves {n_driver} host(s) to the target driver"
-                           + (f" and {n_fm} host(s) to the Fabric Manager of their driver's version" if n_fm else ""))
-        return "rebuild_environment", reasons
-    if a2a:
-        reasons.insert(0, f"{a2a[0].message}; fix: {a2a[0].fix}")
-        return "rebuild_environment", reasons
+        moves = ([f"the change plan moves {n_driver} host(s) to the target driver"
+                  + (f" and {n_fm} host(s) to the Fabric Manager of their driver's version" if n_fm else "")]
+                 if n_driver or n_fm else [])
+        applies["rebuild_environment"] = [f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {listed}",
+                                          *unreachable, *a2a, *moves]
+    elif a2a:
+        applies["rebuild_environment"] = [*a2a, *unreachable]
     fleet_errors = sorted({f.check_id for f in fleet_findings if f.blocking})
     warnings = s.findings.get("warning", 0)
     if not (fleet_errors or s.failed or s.unreachable or s.evidence_incomplete or warnings):
-        return "go_live", [f"all {s.hosts} host(s) pass; {s.gpus_healthy} healthy GPUs, {need} required"]
-    # Enough healthy GPUs remain: serve on them, and say what limits that.
-    if s.failed:
-        reasons.insert(0, f"{s.failed} host(s) fail checks and are left out; {s.gpus_healthy} healthy GPUs "
-                          f"meet the {need} required")
-    if fleet_errors:
-        reasons.append(f"fleet-wide errors: {', '.join(fleet_errors)}")
-    if s.evidence_incomplete:
-        reasons.append("some evidence could not be read (unknown findings of error severity)")
-    if warnings:
-        reasons.append(f"{warnings} warning(s) to observe")
-    return "observe_with_limits", reasons
+        applies["go_live"] = [f"all {s.hosts} host(s) pass; {s.gpus_healthy} healthy GPUs, {need} required"]
+    else:
+        # Enough healthy GPUs remain: serve on them, and say what limits that.
+        limited = ([f"{s.failed} host(s) fail checks and are left out; {s.gpus_healthy} healthy GPUs "
+                    f"meet the {need} required"] if s.failed else [])
+        limited += unreachable
+        if fleet_errors:
+            limited.append(f"fleet-wide errors: {', '.join(fleet_errors)}")
+        if s.evidence_incomplete:
+            limited.append("some evidence could not be read (unknown findings of error severity)")
+        if warnings:
+            limited.append(f"{warnings} warning(s) to observe")
+        applies["observe_with_limits"] = limited
+    outcome = first_outcome(applies)
+    return outcome, applies[outcome]

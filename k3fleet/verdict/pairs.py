@@ -36,9 +36,26 @@ from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import Finding, FindingKind, Severity
 from k3fleet.models.pairs import PairRun
 from k3fleet.models.target import Target
-from k3fleet.verdict.catalogue import fixes_for
+from k3fleet.verdict.check import Check, check, render, template_values
 
 CHECK = "active.nccl_pair_busbw"
+
+# The pair check's catalogue entry (docs/architecture.md "Adding a check").
+CHECKS: tuple[Check, ...] = (
+    check("active.nccl_pair_busbw", "NCCL all-reduce bandwidth between nodes",
+          "all_reduce_perf across each pair of like nodes (mpirun, one rank per GPU, NCCL_ALGO=Ring) measures what "
+          "the RDMA rails, cables and switches carry between them, which the loopback ib_write_bw cannot see; its "
+          "peak busbw at the largest message is judged against active.nccl_pair_busbw_min_gbs for the GPU model. "
+          "Each node is in two pairs: one in two low pairs is the cause, a low pair of two otherwise good nodes "
+          "is the path between them, and #wrong results mean corrupted data.",
+          "error",
+          "On the node named: ibstat and ib_write_bw to its partner per rail, the rails' cables and switch ports "
+          "(ibdiagnet, port counters), GPUDirect RDMA (nvidia_peermem, NCCL_DEBUG=INFO shows GDRDMA) and PCIe "
+          "ACS; for a low path between two good nodes, the leaf/spine ports between them. Drain it from "
+          "multi-node serving until audit --active full passes.",
+          source='docs/facts.md section 17 (nccl-tests issues 290 and 319: 46-48 GB/s busbw per NDR 400 Gb/s NIC with '
+          'NCCL_ALGO=Ring between two nodes)'),
+)
 UNKNOWN_FIX = ("Make the pair test runnable on both nodes: mpirun and all_reduce_perf (nccl-tests built with "
                "MPI=1) on the PATH, SSH between the nodes without a password for the audit's user, both nodes "
                "idle; evidence.reason says what was missing; then re-run audit --active full.")
@@ -176,7 +193,7 @@ def _bw(j: _Judged, host: str) -> str:
 
 def judge_pairs(runs: Iterable[PairRun], not_paired: Mapping[str, str], target: Target) -> dict[str, list[Finding]]:
     """Per node, its findings of check ``active.nccl_pair_busbw`` (none for a node whose pairs are all good)."""
-    fix = fixes_for(target)[CHECK]
+    fix = render(CHECKS[0].fix, template_values(target))
     every = [_judge_run(r, target) for r in runs]
     per_host: dict[str, list[_Judged]] = defaultdict(list)
     for j in every:

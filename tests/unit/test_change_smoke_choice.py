@@ -17,7 +17,8 @@ from k3fleet.change import UpgradeOptions
 from k3fleet.change.night import ChangeResult, change_timeouts, extravars, finish, resumed_timeouts
 from k3fleet.change.record import ChangeRecord, HostPlan, SmokeChoice
 from k3fleet.change.smoke import SKIPPED, check_one_node, describe, resumed_smoke, smoke_choice, smoke_warnings
-from k3fleet.errors import EXIT_USAGE, UsageError
+from k3fleet.contracts import EXIT_USAGE
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir
 from k3fleet.models.findings import StrategyDecision
 from k3fleet.models.target import ChangeSpec
@@ -244,7 +245,8 @@ def test_a_resume_that_turns_the_smoke_on_waits_longer_for_a_slot(tmp_path: Path
     old = {k: v for k, v in off.items() if not k.startswith("smoke_")}
     assert resumed_timeouts(old, target, smoke=True) == on
     # A night that planned no host recorded no timeouts: nothing to wait for.
-    assert resumed_timeouts({}, target, smoke=True) == {"smoke_ready": 1800, "smoke_request": 120}
+    assert resumed_timeouts({}, target, smoke=True) == {"smoke_ready": 1800, "smoke_request": 120,
+                                                        "rollback_kit": 1200}
 
 
 def _strategy(name: str) -> StrategyDecision:

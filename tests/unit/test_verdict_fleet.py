@@ -21,6 +21,9 @@ from k3fleet.models.findings import FleetVerdict, fleet_verdict_json_schema
 from k3fleet.models.target import Target
 from k3fleet.verdict import CHECKS, catalogue, catalogue_markdown, catalogue_rows, evaluate_fleet, validate_facts
 from k3fleet.verdict.catalogue import fixes_for
+from k3fleet.verdict.check import check, registered, registered_ids
+from k3fleet.verdict.rules import RULES
+from k3fleet.verdict.rules import gpu as rules_gpu
 
 MULTI = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "multi_node_tp_dp"})})
 # Per-GPU memory (MiB) at which one 8-GPU node holds the target's 1680 GB weights estimate.
@@ -574,6 +577,19 @@ def test_fleet_verdict_round_trips_through_json() -> None:
     v = evaluate_fleet(fleet(host("n1", R575), host("g1")), TARGET, {"x": "timeout"})
     back = FleetVerdict.model_validate_json(v.model_dump_json())
     assert back == v and back.exit_code == v.exit_code
+
+
+def test_every_check_defined_beside_a_rule_is_in_the_catalogue_once() -> None:
+    # Entries are defined in the concern modules (rules/<concern>.py, fleet.py, pairs.py); the catalogue
+    # lists them in report order. One defined where the catalogue does not look would be reported but
+    # missing from docs/checks.md and `k3fleet checks`.
+    assert set(CHECKS) == registered_ids()
+    assert all(CHECKS[i] is registered(i) for i in CHECKS)
+    with pytest.raises(ValueError, match="defined twice"):
+        check("driver.loaded", "t", "w", "error", "f", source="s")
+    # A concern module's entries are the checks its rules emit, in catalogue order.
+    assert [c.id for c in rules_gpu.CHECKS][:2] == ["gpu.count", "gpu.persistence_mode"]
+    assert rules_gpu.RULES[0] in RULES
 
 
 def test_catalogue_ids_are_stable_and_documented() -> None:

@@ -47,10 +47,19 @@ class Transport:
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         t0 = time.perf_counter()
         shot.t = time.monotonic() - self.t0
-        last: float | None = None
-        done = False
         calls: dict[int, dict[str, Any]] = {}
         content: list[str] = []
+        try:
+            return await self._stream(data, shot, parse_all, t0, calls, content)
+        finally:
+            # A failed attempt keeps the tool calls it streamed: a retry that streams them again runs them twice.
+            if calls and not shot.tool_calls:
+                shot.tool_calls = [calls[i] for i in sorted(calls)]
+
+    async def _stream(self, data: bytes, shot: Shot, parse_all: bool, t0: float, calls: dict[int, dict[str, Any]],
+                      content: list[str]) -> Shot:
+        last: float | None = None
+        done = False
         try:
             async with self.session.post(self.url, data=data, headers={"Content-Type": "application/json"}) as resp:
                 shot.status = resp.status
@@ -154,11 +163,12 @@ class Transport:
         except (aiohttp.ClientError, TimeoutError) as exc:
             return one_line(f"{type(exc).__name__}: {exc}", 120)
 
-    async def metrics(self) -> MetricsSnapshot:
-        """One /metrics page, read up to the metrics cap (k3fleet.bounds) in pieces, never the whole page
-        first; :class:`MetricsError` (one line) when it cannot be read."""
+    async def metrics(self, url: str | None = None) -> MetricsSnapshot:
+        """One /metrics page (the server's, or ``url``'s: a DCGM exporter), read up to the metrics cap
+        (k3fleet.bounds) in pieces, never the whole page first; :class:`MetricsError` (one line) when it cannot
+        be read."""
         try:
-            async with self.session.get(metrics_url(self.ep.base_url), headers={"Accept": SCRAPE_ACCEPT},
+            async with self.session.get(url or metrics_url(self.ep.base_url), headers={"Accept": SCRAPE_ACCEPT},
                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
                 cap, page = cap_bytes("metrics"), bytearray()
                 async for piece in r.content.iter_chunked(1 << 16):

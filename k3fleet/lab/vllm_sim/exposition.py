@@ -79,6 +79,35 @@ class _SimCollector:
             c.add_metric([*lv, "external_kv_transfer"], 0.0)
             yield c
 
+        if not old:
+            # vLLM 0.30+ (docs/acceptance-load.md "Metric names"): why requests were refused, corrupted outputs,
+            # the KV connector's prefix cache, and the cached blocks' residency.
+            rej = CounterMetricFamily("vllm:admission_rejections",
+                                      "Number of admission attempts rejected by a queue limit, by reason.",
+                                      labels=["model_name", "reason"])
+            for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+                rej.add_metric([cfg.model, reason], float(st.admission_rejections.get(reason, 0)))
+            yield rej
+            for name, doc, value in (
+                ("vllm:corrupted_requests", "Corrupted requests, based on NaNs in logits.", st.corrupted_requests),
+                ("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector "
+                 "cross-instance cache sharing, in terms of number of queried tokens.", 0),
+                ("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance "
+                 "cache sharing, in terms of number of cached tokens.", 0),
+            ):
+                c = CounterMetricFamily(name, doc, labels=_LABELS)
+                c.add_metric(lv, float(value))
+                yield c
+            for name, doc, hist in (
+                ("vllm:kv_block_lifetime_seconds", "KV cache block lifetime from allocation to eviction (sampled).",
+                 kv.lifetime),
+                ("vllm:kv_block_idle_before_evict_seconds", "Idle time before eviction (sampled).",
+                 kv.idle_before_evict),
+                ("vllm:kv_block_reuse_gap_seconds", "Time between consecutive uses of a cached block (sampled).",
+                 kv.reuse_gap),
+            ):
+                yield self._hist(name, doc, hist, lv)
+
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=[*_LABELS, "finished_reason"])
         for reason in ("stop", "length", "abort", "tool_calls"):
@@ -105,6 +134,42 @@ class _SimCollector:
                              str(cfg.kv_blocks), "0",
                              str(cfg.prefix_match_unit) if cfg.prefix_match_unit else "None"], 1.0)
             yield info
+
+
+class _DcgmCollector:
+    """The engine's GPUs as dcgm-exporter names them (the whole GPU's series, no MIG instances)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        eng = self.engine
+        cfg = eng.cfg
+        busy = 0.0 if eng.dead else min(1.0, len(eng.running) / max(cfg.max_num_seqs, 1))
+        kv = 0.0 if eng.dead else eng.kv.usage
+        used = min(cfg.gpu_memory_mib, cfg.gpu_weights_mib + cfg.gpu_kv_pool_mib * kv
+                   + cfg.gpu_activation_mib_per_seq * (0 if eng.dead else len(eng.running)))
+        labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
+        fams = {name: GaugeMetricFamily(name, doc, labels=labels) for name, doc in (
+            ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+            ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."))}
+        for i in range(cfg.gpu_count):
+            lv = [str(i), f"GPU-sim-{cfg.seed:04d}-{i:04d}", f"nvidia{i}", "simulated", "vllm-sim"]
+            fams["DCGM_FI_DEV_FB_FREE"].add_metric(lv, round(cfg.gpu_memory_mib - used))
+            fams["DCGM_FI_DEV_FB_USED"].add_metric(lv, round(used))
+            fams["DCGM_FI_DEV_POWER_USAGE"].add_metric(
+                lv, round(cfg.gpu_power_idle_w + (cfg.gpu_power_max_w - cfg.gpu_power_idle_w) * busy, 3))
+            fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lv, round(100 * busy))
+        yield from fams.values()
+
+
+def render_dcgm(engine: Engine) -> tuple[bytes, str]:
+    """The simulated dcgm-exporter page (Prometheus text 0.0.4, as the exporter serves it)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_DcgmCollector(engine))  # type: ignore[arg-type]
+    return _render_prometheus(registry), PROMETHEUS_CONTENT_TYPE
 
 
 def render(engine: Engine) -> tuple[bytes, str]:
