@@ -187,13 +187,21 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
             audit=str((rd.path / layout.gate_audit_dir() / layout.VERDICT).resolve()), inventory=str(opts.inventory),
             blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
             accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
-            timeouts=timeouts, image=target.image.ref, smoke=smoke, rollback_kit=kit)
+            timeouts=timeouts, image=target.image.ref, smoke=smoke, rollback_kit=kit,
+            preflight=preflight_policy(target))
         rd.write_json(layout.CHANGE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
         return execute(rd, record, opts, ev, hosts, layout.ansible_dir(), layout.events_file(), observer, cancel,
                        journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check) + smoke_notes
                        + kit_warnings(kit, opts.check))
+
+
+def preflight_policy(target: Target) -> dict[str, Any]:
+    """The target's part of the preflight: the oldest NVIDIA Container Toolkit a node may run, with its reason."""
+    return {"min_container_toolkit": target.container.toolkit_min_version,
+            "min_container_toolkit_source": (target.container.toolkit_advisory
+                                             or "the target's container.toolkit_min_version")}
 
 
 def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Sequence[int], *, audit_dir: Path,
@@ -225,6 +233,8 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_accepted_blocked": list(record.accepted_blocked),
         # The serving smoke after each host's verification (null: none); the role never runs it in --check.
         "k3fleet_smoke": smoke_extravar(record),
+        # What the preflight before each drain holds the node to (docs/change-night.md "Preflight").
+        "k3fleet_preflight": dict(record.preflight),
         # The rollback kit staged before each host's first change (null: --no-rollback-kit).
         "k3fleet_rollback_kit": kit_extravar(record),
     }
