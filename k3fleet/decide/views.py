@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from k3fleet.accept.probes import PROBES
 from k3fleet.decide.models import RunInfo
 from k3fleet.decide.readers import (
     AcceptRecord,
@@ -68,7 +69,7 @@ def _accept(run: RunReader) -> ReportView:
     acc = read_accept(run.path, _info(run))
     head = run.model(layout.ACCEPT, AcceptRecord) if run.has(layout.ACCEPT) else AcceptRecord()
     results: dict[str, Any] = {}
-    for name in layout.PROBES:
+    for name in PROBES:
         got = probe_result(run, name)
         if got is not None:
             results[name] = got[0]
