@@ -1,16 +1,18 @@
 """k3fleet's exceptions, in one place, with the exit code each one maps to.
 
-The exit codes and the rule that combines them are owned by ``k3fleet.contracts``.
+The exit codes and the rule that combines them are owned by ``k3fleet.contracts`` and imported from
+there only (this module does not pass them on); a pydantic error becomes one line through
+``validation_line`` here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, combine
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_USAGE
 
-__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "IncompleteError", "K3FleetError",
-           "UsageError", "combine", "validation_line"]
+__all__ = ["IncompleteError", "K3FleetError", "UsageError", "error_location", "error_message", "validation_line"]
 
 
 class K3FleetError(Exception):
@@ -31,12 +33,43 @@ class IncompleteError(K3FleetError):
     exit_code = EXIT_INCOMPLETE
 
 
-def validation_line(exc: Any) -> str:
-    """The first error of a pydantic ValidationError as ``field.path: message`` (one line)."""
+# -- pydantic errors as one line ---------------------------------------------------------------------
+# Every place that reports a pydantic ValidationError to a person goes through validation_line (or, to
+# build a line of another shape, its two parts): one wording for the field, the message and the count.
+
+
+def error_location(loc: Iterable[object], *, at: str = "", option: bool = False) -> str:
+    """A pydantic error's field path: ``a.b.0``, after ``at`` (a prefix such as ``data.cases.``);
+    ``option`` spells the first part as the command-line option it came from (``--base-url``)."""
+    parts = [str(p) for p in loc]
+    if option and parts:
+        return "--" + parts[0].replace("_", "-") + "".join(f".{p}" for p in parts[1:])
+    return at + ".".join(parts) if parts else (at.rstrip(".") or "(top level)")
+
+
+def error_message(error: Mapping[str, Any], *, show_input: bool = False) -> str:
+    """A pydantic error's message in k3fleet's words: an extra key is ``unknown key (misspelt?)``, a
+    validator's message loses pydantic's ``Value error,`` prefix; ``show_input`` adds the value given
+    where pydantic's own message does not quote it."""
+    if error.get("type") == "extra_forbidden":
+        return "unknown key (misspelt?)"
+    msg = str(error.get("msg", "")).removeprefix("Value error, ")
+    got = error.get("input")
+    if (show_input and "input" in error and error.get("type") not in ("missing", "value_error")
+            and not isinstance(got, dict | list)):
+        msg += f" (got {got!r})"
+    return msg
+
+
+def validation_line(exc: Any, label: str | None = None, *, at: str = "", show_input: bool = False,
+                    option: bool = False) -> str:
+    """The first error of a pydantic ValidationError as one line, ``[label: ]field.path: message (+N more)``."""
     errs = exc.errors(include_url=False)
     if not errs:
-        return str(exc).splitlines()[0]
-    e = errs[0]
-    loc = ".".join(str(p) for p in e.get("loc", ())) or "(top level)"
-    more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
-    return f"{loc}: {e.get('msg')}{more}"
+        line = str(exc).splitlines()[0]
+    else:
+        e = errs[0]
+        line = f"{error_location(e.get('loc', ()), at=at, option=option)}: {error_message(e, show_input=show_input)}"
+        if len(errs) > 1:
+            line += f" (+{len(errs) - 1} more)"
+    return f"{label}: {line}" if label else line

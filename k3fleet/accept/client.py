@@ -20,9 +20,10 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt, remember_secret
 from k3fleet.bounds import CAPS, DURATIONS, cap_bytes
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError, UsageError
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_USAGE
+from k3fleet.errors import K3FleetError, UsageError
+from k3fleet.evidence.redact import excerpt, remember_secret
 
 # Exit code per error kind: a wrong key or model name is the caller's input (2); an endpoint that
 # cannot be reached or answers garbage leaves the evidence incomplete (3).

@@ -25,9 +25,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as _parse_prometheus
 from pydantic import BaseModel, Field
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.client import EndpointError, fetch
 from k3fleet.errors import IncompleteError
+from k3fleet.evidence.redact import excerpt
 
 OPENMETRICS_TYPE = "application/openmetrics-text"
 PROMETHEUS_TYPE = "text/plain"

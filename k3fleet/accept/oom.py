@@ -4,8 +4,10 @@ An OOM answer (a request failed with "out of memory" / OOM in its message) becom
 the node (the endpoint's host), the engine (vLLM's ``engine`` label: the DP rank whose KV cache was
 fullest in the sample before the failure), the error answers around it (redacted before they are
 cut), the last successful request before it (time and response id), and memory before and after:
-KV usage overall and per engine from the samples on either side. GPU memory is not on ``/metrics``:
-the record says so rather than guess (the audit's GPU facts hold it for the node).
+KV usage overall and per engine from the samples on either side. GPU memory is not on vLLM's ``/metrics``:
+with a telemetry source (a DCGM exporter, ``telemetry_url``) each sample carries every GPU's memory, power
+and utilisation, and the record keeps the GPU curve of its phase up to the failure with the request's shape
+and the concurrency at that moment; without one the record says so rather than guess.
 
 Uneven pressure across engines, one engine near full while another has room, is a topology OOM
 (docs/acceptance-load.md "OOM records"): more capacity does not fix it, the placement does.
@@ -18,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
+from k3fleet.evidence.redact import excerpt
 
 OOM = re.compile(r"out of memory|\bOOM\b", re.IGNORECASE)
 # One engine this much fuller than the emptiest one, and near full itself: pressure is uneven.
@@ -26,6 +28,9 @@ TOPOLOGY_SPREAD = 0.3
 NEAR_FULL = 0.9
 MAX_RECORDS = 8
 _AROUND = 2
+# The GPU curve an OOM record keeps: the samples of its phase up to the failure, the last this many.
+CURVE_POINTS = 120
+NO_TELEMETRY = "no GPU telemetry source (telemetry_url): the audit's GPU facts of the node hold its memory"
 
 
 def engine_kv(snap: Any, model: str | None) -> dict[str, float]:
@@ -60,7 +65,19 @@ def _memory(sample: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"t_s": sample.get("t_s"), "kv_usage": sample.get("kv_usage"),
             "kv_by_engine": dict(sample.get("kv_by_engine") or {}), "running": sample.get("running"),
-            "waiting": sample.get("waiting"), "gpu_memory": None}
+            "waiting": sample.get("waiting"),
+            "gpu_memory": {k: {"used_mib": v.get("used_mib"), "free_mib": v.get("free_mib")}
+                           for k, v in sample["gpus"].items()} if isinstance(sample.get("gpus"), Mapping) else None}
+
+
+def gpu_curve(samples: Sequence[Mapping[str, Any]], phase: str, t: float) -> list[dict[str, Any]]:
+    """The GPU readings of ``phase``'s samples up to ``t`` (run seconds), with the queue beside them."""
+    rows = [{"t_s": s.get("t_s"), "step": s.get("step"), "concurrency": s.get("concurrency"),
+             "running": s.get("running"), "waiting": s.get("waiting"), "kv_usage": s.get("kv_usage"),
+             "gpus": dict(s["gpus"])}
+            for s in samples if isinstance(s.get("gpus"), Mapping) and s.get("phase") == phase
+            and isinstance(s.get("t_s"), int | float) and s["t_s"] <= t]
+    return rows[-CURVE_POINTS:]
 
 
 def oom_records(shots: Sequence[Any], samples: Sequence[Mapping[str, Any]], base_url: str | None
@@ -92,10 +109,13 @@ def oom_records(shots: Sequence[Any], samples: Sequence[Mapping[str, Any]], base
             "last_success": None if last_ok is None else {"t_s": round(last_ok.t + last_ok.e2e, 3),
                                                           "id": last_ok.rid},
             "memory_before": mem_before, "memory_after": mem_after,
-            "gpu_memory": "not on /metrics: the audit's GPU facts of the node hold it",
+            "request": {"prompt_tokens": shot.prompt_tokens, "context_tokens": shot.context_tokens,
+                        "completion_tokens": shot.completion_tokens},
+            "gpu_memory": (mem_before or {}).get("gpu_memory") or NO_TELEMETRY,
+            "gpu_curve": gpu_curve(samples, shot.phase, shot.t),
             "topology": uneven(by_engine),
         })
     return out
 
 
-__all__ = ["OOM", "engine_kv", "oom_records", "uneven"]
+__all__ = ["NO_TELEMETRY", "OOM", "engine_kv", "gpu_curve", "oom_records", "uneven"]

@@ -16,17 +16,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import ProbeResult, finding
 from k3fleet.bounds import read_input
 from k3fleet.errors import UsageError
+from k3fleet.evidence.redact import excerpt
 from k3fleet.models.findings import Finding
 
 PROBE = "prefix_lint"
 
+# ISO 8601 / RFC 3339 date-times (2026-12-04T15:30:00.123Z, +01:00), times, epoch seconds or
+# milliseconds, RFC 2822 dates, bare dates. Bounded by non-digits, not \b: "T15:30:00Z" has no word
+# boundary around its time.
 _TIMESTAMP = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2})?|\b\d{1,2}:\d{2}:\d{2}\b|\b1[6-9]\d{8}(?:\d{3})?\b|"
-    r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,? \d{1,2} \w+ \d{4}|\b\d{4}-\d{2}-\d{2}\b")
+    r"(?<!\d)\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?(?!\d)"
+    r"|(?<!\d)\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?(?!\d)|\b1[6-9]\d{8}(?:\d{3})?\b"
+    r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,? \d{1,2} \w+ \d{4}")
 _ID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[0-9a-f]{16,}\b|"
                  r"\b(?:req|request|trace|session|conv|msg|run)[_-]?(?:id)?[=:_ -]+[\w-]{6,}", re.IGNORECASE)
 _MM_TYPES = ("image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "file")
@@ -103,13 +107,33 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _changed_fragment(a: str, b: str) -> tuple[str, str]:
-    """The first differing stretch of two texts (with a little context), for evidence and for classifying."""
+def _first_change(a: str, b: str) -> tuple[int, int, int, int] | None:
+    """Where two texts first differ: (i1, i2) in ``a`` and (j1, j2) in ``b``, or None when equal."""
     sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
     for op, i1, i2, j1, j2 in sm.get_opcodes():
         if op != "equal":
-            return a[max(0, i1 - 12): i2 + 12], b[max(0, j1 - 12): j2 + 12]
-    return "", ""
+            return i1, i2, j1, j2
+    return None
+
+
+def _changed_fragment(a: str, b: str) -> tuple[str, str]:
+    """The first differing stretch of two texts (with a little context), for evidence."""
+    at = _first_change(a, b)
+    if at is None:
+        return "", ""
+    i1, i2, j1, j2 = at
+    return a[max(0, i1 - 12): i2 + 12], b[max(0, j1 - 12): j2 + 12]
+
+
+def _change_in(pattern: re.Pattern[str], a: str, b: str) -> bool:
+    """Whether the first change between ``a`` and ``b`` falls inside a match of ``pattern`` in either
+    text: a timestamp whose minutes changed is a changed timestamp, however little of it the diff shows."""
+    at = _first_change(a, b)
+    if at is None:
+        return False
+    i1, i2, j1, j2 = at
+    return any(m.start() <= max(lo, hi - 1) and m.end() > lo
+               for text, lo, hi in ((a, i1, i2), (b, j1, j2)) for m in pattern.finditer(text))
 
 
 def _first_diff(a: str, b: str) -> int:
@@ -165,10 +189,10 @@ def _system_findings(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[s
     if _normalise_ws(sa) == _normalise_ws(sb):
         return [("whitespace", "the system prompt differs only in whitespace", evidence)]
     out = []
-    if _TIMESTAMP.search(fa) or _TIMESTAMP.search(fb):
+    if _change_in(_TIMESTAMP, sa, sb):
         out.append(("timestamp_in_system", "a timestamp or date in the system prompt changes between requests",
                     evidence))
-    if _ID.search(fa) or _ID.search(fb):
+    if _change_in(_ID, sa, sb):
         out.append(("id_in_system", "an id (request, session, trace, UUID) in the system prompt changes between "
                     "requests", evidence))
     if not out:

@@ -44,6 +44,12 @@ def ramp_to(concurrency: int) -> list[int]:
     return steps
 
 
+def rate_ramp_to(rate: float) -> list[float]:
+    """A quarter, a half, the rate itself, then 1.5 and 2 times it: the ramp brackets the profile's rate, so
+    the SLO search starts from a held and a missed rate around it."""
+    return [round(rate * f, 6) for f in (0.25, 0.5, 1.0, 1.5, 2.0)]
+
+
 def load_options_from_profile(loaded: LoadedProfile, overrides: Mapping[str, Any] | None = None) -> LoadOptions:
     """The load schedule that tests the profile's envelope; ``overrides`` (``--load-option``) win."""
     # lazy: the load probe (and aiohttp with it) loads only when a load schedule is asked for
@@ -55,15 +61,25 @@ def load_options_from_profile(loaded: LoadedProfile, overrides: Mapping[str, Any
     base: dict[str, Any] = {"ladder_tokens": ladder, "ramp": ramp, "sustained_concurrency": p.concurrency,
                             "sustained_s": p.sustained_s, "ttft_p95_slo_s": p.slo.ttft_p95_s,
                             "itl_p95_slo_s": p.slo.itl_p95_s, "error_rate_limit": p.slo.error_rate}
+    if p.slo.e2e_p95_s is not None:
+        base["e2e_p95_slo_s"] = p.slo.e2e_p95_s
+    if p.request_rate_rps is not None:
+        # The open-loop phases: a ramp to the profile's rate and past it, then the search for the SLO rate.
+        base.update(target_rps=p.request_rate_rps, rates=rate_ramp_to(p.request_rate_rps))
     merged = {**base, **{str(k).replace("-", "_"): v for k, v in (overrides or {}).items()}}
     # The bounds follow the schedule: a 30-minute sustained run is not cut at the default 10 minutes.
     step = float(merged.get("step_s", 10.0))
     ladder_s = len(merged["ladder_tokens"]) * float(merged.get("ladder_repeats", 2)) * float(
         merged.get("request_timeout_s", 120.0))
     planned = ladder_s + len(merged["ramp"]) * step + float(merged["sustained_s"])
+    # The open-loop steps (when a phase asks for them): each rate of the ramp and each search step.
+    rates = [float(r) for r in merged.get("rates") or [1.0, 2.0, 4.0, 8.0]]
+    open_steps = (len(rates) + int(merged.get("search_steps", 6))) * float(merged.get("rate_step_s", 10.0))
+    planned += open_steps
     merged.setdefault("max_duration_s", min(DURATIONS["load step"].high, max(600.0, planned * 1.5)))
     peak = max([*merged["ramp"], merged.get("sustained_concurrency") or 1])
-    merged.setdefault("max_requests", int(min(10_000_000, max(5000, math.ceil(peak * planned * 4)))))
+    merged.setdefault("max_requests", int(min(10_000_000, max(5000, math.ceil(peak * planned * 4),
+                                                              math.ceil(max(rates) * 2 * open_steps)))))
     return load_options(merged)
 
 

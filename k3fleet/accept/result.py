@@ -13,8 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
-from k3fleet.contracts import Severity, is_failure
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, Severity, combine, is_failure
 from k3fleet.models.findings import Finding, earlier_finding
 
 Status = Literal["pass", "fail", "inconclusive", "error", "skipped"]

@@ -28,7 +28,7 @@ from k3fleet.accept.probes import PROBES, REQUIRED
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
 from k3fleet.bounds import read_input
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE
 from k3fleet.evidence import REDACTED, RunDir, layout
 from k3fleet.evidence.privacy import without_bodies
 from k3fleet.targets import load_target

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.bounds import read_input
 from k3fleet.contracts import Severity
 from k3fleet.errors import UsageError
 from k3fleet.evidence import redact_argv
+from k3fleet.evidence.redact import excerpt
 from k3fleet.models.findings import Finding
 from k3fleet.models.target import Target, version_tuple
 from k3fleet.verdict import all2all
@@ -117,6 +117,18 @@ _FALLBACK = re.compile(r"[Ff]alling back to|[Ff]all(?:s|ing)? back to|fallback t
                        r"Custom allreduce is disabled", re.IGNORECASE)
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|No available memory for the cache blocks|"
                   r"CUDA error: out of memory")
+# Memory and time at start-up, as vLLM's workers and engine core print them (docs/acceptance.md "Start-up
+# memory"): the weights' memory and load time per rank, the KV cache memory and size, the engine's init time.
+_MEMORY: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
+    (re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"), ("weights_gib", "model_load_s")),
+    (re.compile(r"Loading weights took ([\d.]+) seconds"), ("weights_load_s",)),
+    (re.compile(r"Available KV cache memory: (-?[\d.]+) GiB"), ("kv_cache_gib",)),
+    (re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"), ("kv_cache_gib",)),
+    (re.compile(r"[GC]PU KV cache size: ([\d,]+) tokens"), ("kv_cache_tokens",)),
+    (re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
+     ("concurrency_tokens", "max_concurrency_x")),
+    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) seconds"), ("init_s",)),
+)
 _LOAD_START = re.compile(r"Loading (?:model )?weights|Loading safetensors|load_model|Starting to load model")
 _LOAD_DONE = re.compile(r"Loading (?:model )?weights took|Model loading took|Loading weights took")
 
@@ -282,7 +294,22 @@ def _scan_line(scan: _Scan, raw: str) -> None:
         scan.loading = True
     if _LOAD_DONE.search(msg):
         scan.loaded = True
+    _scan_memory(scan, msg)
     _scan_failures(scan, line, msg)
+
+
+def _scan_memory(scan: _Scan, msg: str) -> None:
+    """The start-up memory figures; a multi-rank log prints one per rank or engine: the largest is kept (the
+    rank nearest its limit)."""
+    for pat, keys in _MEMORY:
+        m = pat.search(msg)
+        if not m:
+            continue
+        memory: dict[str, float] = scan.fields.setdefault("memory", {})
+        for key, text in zip(keys, m.groups(), strict=True):
+            value = float(text.replace(",", ""))
+            memory[key] = max(value, memory.get(key, value))
+        scan.recognised = True
 
 
 # Lines that each say one thing went wrong: (pattern, finding id, severity, message, layer).
@@ -450,6 +477,8 @@ def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Ta
         raise UsageError(f"{source} does not look like a vLLM start-up log: no version, arguments, "
                          "readiness or known failure in it")
     data["ready"] = scan.ready
+    data["memory"] = {k: (int(v) if k in ("kv_cache_tokens", "concurrency_tokens") else v)
+                      for k, v in (scan.fields.get("memory") or {}).items()}
     data["launch_command"] = " ".join(launch["argv"]) if launch else None
     if target is not None:
         _check_target(scan, data, target, launch)
@@ -588,3 +617,6 @@ def summary_lines(result: ProbeResult) -> Iterable[str]:
         val = result.data.get(key)
         if val is not None:
             yield f"{key}: {val}"
+    memory = result.data.get("memory") or {}
+    if memory:
+        yield "start-up memory: " + ", ".join(f"{k} {v:g}" for k, v in memory.items())

@@ -20,7 +20,8 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
+from k3fleet.errors import validation_line
+from k3fleet.evidence.redact import excerpt
 
 # Kimi K2 markers (tokenizer special tokens) and the K3 channel markers named in vLLM PR 53249, plus
 # the functions.NAME:INDEX call header both use.
@@ -127,9 +128,7 @@ def sdk_view(body: Any) -> tuple[View | None, str | None]:
     try:
         completion = ChatCompletion.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return None, f"ChatCompletion rejected the body: {exc.error_count()} problem(s), first: {where}: {first['msg']}"
+        return None, validation_line(exc, "ChatCompletion rejected the body")
     if not completion.choices:
         return None, "ChatCompletion has no choices"
     choice = completion.choices[0]
@@ -150,7 +149,7 @@ def sdk_stream_view(chunks: Iterable[Any]) -> tuple[View | None, str | None]:
                 state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
         final = state.get_final_completion()
     except ValidationError as exc:
-        return None, f"ChatCompletionChunk rejected a chunk: {exc.errors()[0]['msg']}"
+        return None, validation_line(exc, "ChatCompletionChunk rejected a chunk")
     except (OpenAIError, ValueError, KeyError, TypeError, AssertionError, RuntimeError) as exc:
         return None, f"the SDK stream accumulator failed: {type(exc).__name__}: {excerpt(exc, 200, tail='')}"
     if not final.choices:

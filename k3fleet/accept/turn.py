@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept import toolcheck
 from k3fleet.accept.client import Endpoint, Exchange, assemble_stream, post_json, stream_chat
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.toolcheck import Expect, View
+from k3fleet.evidence.redact import excerpt
 
 if TYPE_CHECKING:
     import httpx

@@ -41,10 +41,11 @@ from typing import Any
 from k3fleet.audit.run import AuditResult, verdict_document
 from k3fleet.audit.runner import RESULT_KEY, PlayResult, module_result
 from k3fleet.bounds import read_bounded, read_input
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError, combine
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader, RunRecord
-from k3fleet.models.facts import SCHEMA_VERSION
+from k3fleet.models.facts import schema_mismatch
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import FleetFold
@@ -161,12 +162,10 @@ def _facts_observation(host: str, data: Any, when: str, source: str, *, verified
     if not isinstance(data, Mapping):
         return Observation(host, "invalid", when, source, verified=verified,
                            reason=f"host {host}: facts are {type(data).__name__}, not an object")
-    major = str(data.get("schema_version", "")).split(".")[0]
     stamp = _iso(data.get("collected_at"), when, f"slice {source}: host {host}: collected_at")
-    if major != SCHEMA_VERSION.split(".")[0]:
-        return Observation(host, "invalid", stamp, source, verified=verified, reason=(
-            f"host {host}: facts schema {data.get('schema_version')!r} from the node, "
-            f"controller expects {SCHEMA_VERSION}"))
+    mismatch = schema_mismatch(host, dict(data))
+    if mismatch:
+        return Observation(host, "invalid", stamp, source, verified=verified, reason=mismatch)
     return Observation(host, "facts", stamp, source, facts=dict(data), verified=verified)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
+from k3fleet.errors import validation_line
 from k3fleet.evidence import RunDir, layout
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.pairs import PairPhase, PairRun
@@ -101,4 +102,4 @@ def _run_of(a: str, b: str, k: int, plan: PairPlan, result: dict[str, Any] | Non
     try:
         return PairRun.model_validate({**data, **base, "addresses": data.get("addresses") or base["addresses"]})
     except ValidationError as exc:
-        return _not_run(a, b, k, plan, f"the node's result could not be read: {exc.errors()[0]['msg']}")
+        return _not_run(a, b, k, plan, validation_line(exc, "the node's result could not be read"))

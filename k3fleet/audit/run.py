@@ -17,9 +17,10 @@ from typing import Any
 from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.audit.pairs import run_pair_phase
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 from k3fleet.evidence import JsonEntries, RunDir, layout
-from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.facts import HostFacts, schema_mismatch
 from k3fleet.models.findings import FleetVerdict
 from k3fleet.models.pairs import PairPhase
 from k3fleet.report import markdown
@@ -84,7 +85,11 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         stopped = self.play.interrupted or (self.pairs is not None and self.pairs.interrupted)
-        return combine(int(self.verdict.exit_code), EXIT_INCOMPLETE if self.invalid or stopped else EXIT_OK)
+        if stopped:
+            # Stopped by a signal (Ctrl-C, SIGTERM, SIGHUP): the verdict rests on the hosts that
+            # answered before the stop, so the run says it was interrupted, whatever they found.
+            return EXIT_INCOMPLETE
+        return combine(int(self.verdict.exit_code), EXIT_INCOMPLETE if self.invalid else EXIT_OK)
 
 
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
@@ -97,10 +102,9 @@ def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
     for host in hosts:
         if host in raw:
             data = raw[host]
-            major = str(data.get("schema_version", "")).split(".")[0] if isinstance(data, dict) else ""
-            if major != SCHEMA_VERSION.split(".")[0]:
-                got = data.get("schema_version") if isinstance(data, dict) else None
-                invalid[host] = f"host {host}: facts schema {got!r} from the node, controller expects {SCHEMA_VERSION}"
+            mismatch = schema_mismatch(host, data)
+            if mismatch:
+                invalid[host] = mismatch
             else:
                 candidates[host] = {**data, "host": host}
             continue

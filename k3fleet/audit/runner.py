@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -28,8 +29,10 @@ from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_JSON_KEY, RESULT_KEY
 from k3fleet.audit.inventory import load_inventory
+from k3fleet.audit.playprocs import PLAY_ENV, new_token, stop_play
 from k3fleet.errors import UsageError
-from k3fleet.evidence import COMMAND, RunDir
+from k3fleet.evidence import COMMAND, RunDir, layout
+from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.redact import redact_text
 from k3fleet.paths import collections_path, data_dir
 
@@ -90,6 +93,8 @@ class PlayResult:
     cpu_s: float = 0.0
     interrupted: bool = False
     stderr_tail: str = ""
+    # Processes of the play still running when it ended, stopped then (workers, ssh masters).
+    stopped_processes: int = 0
 
     def last(self, host: str) -> HostOutcome | None:
         outs = self.hosts.get(host)
@@ -328,11 +333,15 @@ def run_playbook(
     cancel = cancel or threading.Event()
     ours = ansible_env(host_key_checking=host_key_checking, persist=not once)
     # What runs the play: the operator's ANSIBLE_STRATEGY, ours for a play that connects once, else
-    # Ansible's configured default (recorded in runner.json).
+    # Ansible's configured default (recorded in the play's runner summary, layout.RUNNER_SUMMARY).
     strategy = os.environ.get("ANSIBLE_STRATEGY") or (FLEET_STRATEGY if once else None)
     if once and strategy == FLEET_STRATEGY:
         ours["ANSIBLE_STRATEGY"] = FLEET_STRATEGY
     ours["PATH"] = _ansible_playbook_on_path()
+    # Every process the play starts inherits this: when the play ends, however it ends, what is left
+    # of it is found by it and stopped (k3fleet.audit.playprocs).
+    token = new_token()
+    ours[PLAY_ENV] = token
     unchecked = sorted(inv.hosts) if not host_key_checking else sorted(inv.host_key_opt_outs)
     evidence = _evidence_dir(artifacts_to, artifacts_name)
     if evidence is not None:
@@ -353,6 +362,11 @@ def run_playbook(
 
     observer.play_started(playbook, hosts)
     started, cpu0 = time.monotonic(), _children_cpu()
+    if cancel.is_set():
+        # Stopped before the play began: start nothing.
+        result.interrupted, result.status = True, "canceled"
+        observer.play_finished(result)
+        return result
     _sweep_private_dirs()
     # mkdtemp: mode 0700, a fresh name; ansible-runner's command record holds the environment.
     with tempfile.TemporaryDirectory(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-") as private:
@@ -381,7 +395,12 @@ def run_playbook(
             # the inventory and on PATH mean what they say (ansible-runner would use its private dir).
             r.config.cwd = os.getcwd()
             runner_cmd = list(r.config.command or [])
-            r.run()
+            try:
+                r.run()
+            finally:
+                # ansible-runner kills only the play's process group; its workers are sessions of
+                # their own. A second Ctrl-C lands here with the play itself still running.
+                result.stopped_processes = len(stop_play_uninterrupted(token))
         except KeyboardInterrupt:
             result.interrupted = True
             result.status = "canceled"
@@ -402,11 +421,12 @@ def run_playbook(
         result.stderr_tail = redact_text(_tail(stdout))
         if evidence is not None:
             rd, rel = evidence
-            rd.write_text(f"{rel}/stdout.txt", stdout)
-            rd.write_json(f"{rel}/runner.json", {
+            rd.write_text(f"{rel}/{layout.RUNNER_STDOUT}", stdout)
+            rd.write_json(f"{rel}/{layout.RUNNER_SUMMARY}", {
                 "playbook": playbook, "inventory": str(inventory), "limit": limit, "check": check, "forks": forks,
                 "argv": _argv_evidence(runner_cmd, private), "status": result.status, "rc": result.rc,
                 "wall_s": round(result.wall_s, 3), "host_key_checking": host_key_checking,
+                "stopped_processes": result.stopped_processes,
                 "host_key_unchecked_hosts": unchecked,
                 "strategy": strategy or "configured default",
                 "ssh_master_connections": not once,
@@ -416,6 +436,19 @@ def run_playbook(
 
 
 _PRIVATE_PREFIX = "k3fleet-runner-"
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def stop_play_uninterrupted(token: str) -> list[int]:
+    """``stop_play`` with the stop signals held back until it is done (a few seconds at most): one
+    more Ctrl-C must not leave half the play's workers running."""
+    if threading.current_thread() is not threading.main_thread():
+        return stop_play(token)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return stop_play(token)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _sweep_private_dirs() -> None:
@@ -472,7 +505,7 @@ def _record_host_keys(rd: RunDir, play: str, checking: bool, opt_outs: Mapping[s
     choice), under the play's evidence folder: a resumed night adds its own entry."""
     if not (rd.path / COMMAND).is_file():
         return
-    recorded = rd.read_object(COMMAND).get("host_key_checking")
+    recorded = RunReader(rd.path).object(COMMAND).get("host_key_checking")
     policy = dict(recorded) if isinstance(recorded, dict) else {}
     policy[play] = {
         "default": "checked" if checking else "unchecked (--no-host-key-checking)",

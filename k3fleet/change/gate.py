@@ -18,7 +18,8 @@ from typing import Any
 
 from k3fleet.audit.runner import Observer
 from k3fleet.change.lease import lease_holder, lease_owner
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 
 
 @dataclass

@@ -14,6 +14,7 @@ whose snapshot cannot be read is never taken for one that "changed nothing".
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,11 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format
     CHANGED_STAGES,
     STAGES,
     TOUCHED_STAGES,
+    append_line,
     split_lines,
 )
 from k3fleet.bounds import read_input
+from k3fleet.errors import validation_line
 
 if TYPE_CHECKING:
     Stage = str
@@ -47,6 +50,10 @@ class JournalEntry(BaseModel):
     stage: Stage
     detail: Any = None
     snapshot: dict[str, Any] | None = None
+    # Set on the line the controller writes when a signal stopped the play: the host was at ``stage``
+    # then (signal, the run that stopped, what to run next). Such a line changes nothing of the host's
+    # history: replay keeps it apart (``HostHistory.interruptions``).
+    interrupted: dict[str, Any] | None = None
     _offset: int = PrivateAttr(default=-1)
 
     @property
@@ -101,14 +108,8 @@ class Journal:
             try:
                 self.entries.append(JournalEntry.model_validate(data))
             except ValidationError as exc:
-                self.unreadable.append(Unreadable(-1, 0, f"line reported by the play: {_first_error(exc)}",
+                self.unreadable.append(Unreadable(-1, 0, f"line reported by the play: {validation_line(exc)}",
                                                   host=str(data.get("host")) if data.get("host") else None))
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(line)"
-    return f"{loc}: {err['msg']}"
 
 
 def parse_journal(raw: bytes, path: Path) -> Journal:
@@ -125,7 +126,7 @@ def parse_journal(raw: bytes, path: Path) -> Journal:
             stage = value.get("stage") if value.get("stage") in STAGES else None
             end = raw.find(b"\n", offset)
             length = (len(raw) if end < 0 else end) - offset
-            journal.unreadable.append(Unreadable(offset, length, f"not a journal line: {_first_error(exc)}", host,
+            journal.unreadable.append(Unreadable(offset, length, f"not a journal line: {validation_line(exc)}", host,
                                                  stage))
             continue
         entry._offset = offset
@@ -145,6 +146,18 @@ class HostHistory:
     host: str
     entries: list[JournalEntry] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)
+    # Lines saying a signal stopped the play while the host was at their stage (oldest first).
+    interruptions: list[JournalEntry] = field(default_factory=list)
+
+    @property
+    def interrupted_at(self) -> JournalEntry | None:
+        """The interruption that is the last thing the journal says of this host, if any."""
+        if not self.interruptions:
+            return None
+        last = self.interruptions[-1]
+        if self.entries and self.entries[-1].ts > last.ts:
+            return None
+        return last
 
     @property
     def stage(self) -> str | None:
@@ -238,7 +251,8 @@ def replay(entries: Iterable[JournalEntry], unreadable: Iterable[Unreadable] = (
     """Per host, in the order hosts first appear; unreadable lines go to the host they name."""
     out: dict[str, HostHistory] = {}
     for e in entries:
-        out.setdefault(e.host, HostHistory(e.host)).entries.append(e)
+        h = out.setdefault(e.host, HostHistory(e.host))
+        (h.interruptions if e.interrupted is not None else h.entries).append(e)
     for u in unreadable:
         if u.host is not None:
             out.setdefault(u.host, HostHistory(u.host)).unreadable.append(u)
@@ -367,7 +381,39 @@ def summarize(histories: dict[str, HostHistory]) -> dict[str, dict[str, Any]]:
         }
         if h.unreadable:
             row["unreadable"] = [u.describe() for u in h.unreadable]
+        stopped = h.interrupted_at
+        if stopped is not None:
+            row["interrupted"] = {"stage": stopped.stage, "ts": stopped.ts, **(stopped.interrupted or {})}
         if h.outcome == "held":
             row["failure"] = f"held by change {h.held_by}: not touched by this one"
         out[host] = row
     return out
+
+
+def journal_now() -> str:
+    """A journal line's time stamp, as the journal module writes it (UTC, milliseconds, ``Z``)."""
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+# Where a host stands when a signal stops the play: anything but these is half-way through a change
+# or a rollback (docs/change-night.md "Interrupted").
+_AT_REST = ("returned", "rolled_back", "held")
+
+
+def mark_interrupted(path: Path, histories: dict[str, HostHistory], hosts: Sequence[str], *, run: str,
+                     signal: str | None, during: str, next_step: str, now: str) -> list[dict[str, Any]]:
+    """Append, for every host of ``hosts`` that the journal shows half-way, one line at the stage it
+    was in, saying the play was stopped there (by ``signal``, during ``during``) and what continues it.
+    Returns the lines written (they go through the journal's one writer: lock, redactor, fsync)."""
+    written: list[dict[str, Any]] = []
+    for host in hosts:
+        h = histories.get(host)
+        if h is None or not h.entries or h.stage in _AT_REST:
+            continue
+        last = h.entries[-1]
+        line = {"ts": now, "run": run, "change_id": last.change_id, "host": host, "stage": last.stage,
+                "detail": None,
+                "interrupted": {"signal": signal or "unknown", "during": during, "next": next_step}}
+        append_line(str(path), line)
+        written.append(line)
+    return written

@@ -34,13 +34,15 @@ from k3fleet.change.gate import (
     plan_batches,
     resolve_max_unavailable,
 )
-from k3fleet.change.journal import Journal, read_journal, replay_journal, summarize
+from k3fleet.change.interrupt import signal_name
+from k3fleet.change.journal import Journal, journal_now, mark_interrupted, read_journal, replay_journal, summarize
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.record import ChangeRecord
 from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
 from k3fleet.change.timing import ChangeRecorder, host_timings
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError, combine
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.targets import load_target
 
@@ -258,6 +260,13 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
         journal = read_journal(path) if path.exists() else Journal(path=path)
     else:
         journal.extend(recorder.lines)
+    if play.interrupted and not opts.check:
+        # Where each host was when the signal came, in the journal itself (docs/change-night.md "Interrupted").
+        journal.extend(mark_interrupted(
+            path, replay_journal(journal), report_hosts or hosts, run=rd.path.name, signal=signal_name(cancel),
+            during="resume" if ev.get("k3fleet_resume") else "change night", now=journal_now(),
+            next_step=f"k3fleet upgrade --resume {rd.path} (continues each host from its snapshot) or "
+                      f"k3fleet rollback --run {rd.path}"))
     summarize_hosts(result, report_hosts or hosts, recorder, journal)
     finish(result, journal)
     return result
@@ -321,7 +330,8 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
     held = [h for h, s in result.hosts.items() if s.get("outcome") == "held"]
     if play is not None and play.interrupted:
         result.exit_code = EXIT_INCOMPLETE
-        result.message = result.message or "interrupted: resume with --resume " + str(rd.path)
+        result.message = result.message or (f"interrupted: resume with --resume {rd.path}, or roll back with "
+                                            f"k3fleet rollback --run {rd.path}")
     elif result.change.get("check"):
         bad = [h for h, r in result.check.items() if "error" in r]
         unreachable = [h for h, r in result.check.items() if str(r.get("error", "")).startswith("unreachable")]

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader
 
@@ -146,8 +146,10 @@ def load_change(rd: RunDir) -> ChangeRecord:
     p = rd.path / layout.CHANGE
     try:
         data = RunReader(rd.path).json(layout.CHANGE)
-    except IncompleteError as exc:  # the reader's word for a missing file
-        raise UsageError(f"run {rd.path} has no {layout.CHANGE}: it is not a change run") from exc
+    except IncompleteError as exc:  # the reader's word for a missing or unreadable file
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise UsageError(f"run {rd.path} has no {layout.CHANGE}: it is not a change run") from exc
+        raise
     except UsageError as exc:  # not JSON: the reader keeps the decoder's own words as the cause
         raise IncompleteError(f"{p} cannot be read as JSON ({exc.__cause__}): the run's record is damaged") from exc
     if not isinstance(data, dict):
@@ -156,7 +158,5 @@ def load_change(rd: RunDir) -> ChangeRecord:
     try:
         return ChangeRecord.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(record)"
-        raise IncompleteError(f"{p} is not a change record ({exc.error_count()} problem(s), first {loc}: "
-                              f"{err['msg']}): the run's record is damaged") from exc
+        raise IncompleteError(f"{p} is not a change record ({validation_line(exc)}): the run's record is "
+                              "damaged") from exc

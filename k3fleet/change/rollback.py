@@ -18,10 +18,13 @@ from typing import Any
 
 from k3fleet.audit.inventory import inventory_hosts, refuse_simulated
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
+from k3fleet.change.interrupt import signal_name
 from k3fleet.change.journal import (
     HostHistory,
     Journal,
     JournalEntry,
+    journal_now,
+    mark_interrupted,
     read_journal,
     replay,
     replay_journal,
@@ -32,8 +35,10 @@ from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.night import real_ansible_playbook
 from k3fleet.change.record import verified
 from k3fleet.change.timing import ChangeRecorder
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, UsageError
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
+from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
+from k3fleet.evidence.reader import RunReader
 from k3fleet.targets import load_target
 
 
@@ -86,7 +91,7 @@ def _journals_under(runs_dir: Path) -> list[Path]:
         raise UsageError(f"runs directory {runs_dir} does not exist: give --run RUN")
     out = []
     for p in sorted(runs_dir.glob(f"*/{layout.JOURNAL}")):
-        if p.is_file() and RunDir.open(p.parent).read_object(COMMAND).get("kind") == "change":
+        if p.is_file() and RunReader(p.parent).object(COMMAND).get("kind") == "change":
             out.append(p)
     return out
 
@@ -230,6 +235,15 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
                 failure = f"held by change {h.held_by}: not touched by this rollback"
             result.hosts[host] = {"outcome": outcome, "from": str(journal.path), "stages": stages,
                                   "failure": failure, "returned_to_service": _returned(h)}
+        if play.interrupted and not opts.check:
+            # Where each host was when the signal came, in the source journal (and the rollback's copy).
+            marks = mark_interrupted(
+                journal.path, replay([*journal.entries, *mine]), list(src.hosts), run=rd.path.name,
+                signal=signal_name(cancel), during="rollback", now=journal_now(),
+                next_step=f"k3fleet rollback --run {journal.path.parent} (it is idempotent)")
+            for line in marks:
+                rd.append_jsonl(layout.JOURNAL, line)
+                result.hosts[str(line["host"])]["interrupted"] = {"stage": line["stage"], **line["interrupted"]}
         # The source run's journal grew by the rollback's lines: its manifest says so again.
         RunDir(journal.path.parent).write_manifest()
         if play.interrupted:

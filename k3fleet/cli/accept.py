@@ -21,7 +21,7 @@ from rich.table import Table
 from k3fleet.accept.result import ProbeResult
 from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.report.escapes import safe_markup
 from k3fleet.report.terminal import SEVERITY_STYLE
 
@@ -84,8 +84,7 @@ def make_endpoint(base_url: str, model: str, api_key_env: str | None, insecure: 
         ep = Endpoint(base_url=base_url, model=model, api_key_env=api_key_env, verify_tls=not insecure,
                       timeout_s=timeout)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from exc
+        raise UsageError(validation_line(exc, option=True)) from exc
     ep.api_key()  # an unset key variable is bad input now, not a 401 later
     if insecure:
         err.print("[yellow]TLS certificate verification is off (--insecure)[/yellow]")

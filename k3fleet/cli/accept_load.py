@@ -32,7 +32,7 @@ from k3fleet.cli.accept import (
     print_result,
 )
 from k3fleet.cli.base import err
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -40,6 +40,16 @@ def _ints(text: str, flag: str) -> list[int]:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise UsageError(f"{flag}: {text!r} is not a comma-separated list of integers") from None
+    if not values:
+        raise UsageError(f"{flag}: give at least one value")
+    return values
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"{flag}: {text!r} is not a comma-separated list of numbers") from None
     if not values:
         raise UsageError(f"{flag}: give at least one value")
     return values
@@ -78,6 +88,39 @@ def load(
     max_requests: Annotated[int, typer.Option("--max-requests", min=1, help="Hard bound on requests.")] = 5000,
     max_duration: Annotated[float, typer.Option("--max-duration", parser=seconds_option("--max-duration", "load step"),
                                                 help="Hard bound in seconds (at most 86400).")] = 600.0,
+    rates: Annotated[str, typer.Option("--rates", help="Open-loop request rates (req/s) of the rate_ramp phase.")]
+    = "1,2,4,8",
+    rate_s: Annotated[float, typer.Option("--rate-seconds", parser=seconds_option("--rate-seconds", "load step"),
+                                          help="Seconds of arrivals per open-loop step.")] = 10.0,
+    arrival: Annotated[str, typer.Option("--arrival", help="poisson, gamma (with --burstiness) or closed (paced "
+                                                            "sessions, --max-concurrency of them).")] = "poisson",
+    burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma shape of the inter-arrival times: 1 "
+                                                                    "Poisson, below 1 burstier.")] = 1.0,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", min=1, max=4096,
+                                                        help="Open loop: at most this many requests in flight.")]
+    = None,
+    e2e_slo: Annotated[float | None, typer.Option("--e2e-slo", parser=seconds_option("--e2e-slo", "load slo"),
+                                                  help="End-to-end limit per request for goodput (s).")] = None,
+    goodput_target: Annotated[float, typer.Option("--goodput-target", min=0.01, max=1.0,
+                                                  help="Share of requests within the limits a rate needs.")] = 0.95,
+    search_steps: Annotated[int, typer.Option("--search-steps", min=1, max=30, help="SLO search steps.")] = 6,
+    search_low: Annotated[float | None, typer.Option("--search-low", min=0.001, help="SLO search: a rate to "
+                                                     "start from when no ramp ran (req/s).")] = None,
+    search_high: Annotated[float | None, typer.Option("--search-high", min=0.001, help="SLO search: the rate "
+                                                      "above it (req/s).")] = None,
+    target_rate: Annotated[float | None, typer.Option("--target-rate", min=0.001, help="Production's peak rate "
+                                                      "(req/s): the SLO rate's margin is read against it.")] = None,
+    telemetry_url: Annotated[str | None, typer.Option("--telemetry-url", help="A DCGM exporter's /metrics URL: "
+                                                      "GPU memory, power and utilisation sampled with the run.")]
+    = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=30, help="Run the schedule N times: each figure "
+                                        "gets its spread and 95% interval.")] = 1,
+    warmup: Annotated[float, typer.Option("--warmup", min=0.0, max=86400.0,
+                                          help="Seconds at the start of each timed step left out of its figures.")]
+    = 0.0,
+    cooldown: Annotated[float, typer.Option("--cooldown", min=0.0, max=86400.0,
+                                            help="Seconds at the end of each timed step left out of its figures.")]
+    = 0.0,
     as_json: AsJson = False,
     quiet: Quiet = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
@@ -92,6 +135,17 @@ def load(
     from k3fleet.cli.load_progress import LoadBar
 
     wanted = [p.strip() for p in phases.split(",") if p.strip()]
+    open_loop: dict[str, object] = dict(rates=_floats(rates, "--rates"), rate_step_s=rate_s, arrival=arrival,
+                                        burstiness=burstiness, max_concurrency=max_concurrency,
+                                        goodput_target=goodput_target, search_steps=search_steps,
+                                        search_low_rps=search_low, search_high_rps=search_high)
+    if e2e_slo is not None:
+        open_loop["e2e_p95_slo_s"] = e2e_slo
+    if telemetry_url is not None:
+        open_loop["telemetry_url"] = telemetry_url
+    open_loop.update(repeat=repeat, warmup_s=warmup, cooldown_s=cooldown)
+    if target_rate is not None:
+        open_loop["target_rps"] = target_rate
     loaded = None
     try:
         if profile is not None:
@@ -103,7 +157,9 @@ def load(
             shape: dict[str, object] = dict(phases=wanted, ladder_output_tokens=ladder_output,
                                             ladder_repeats=ladder_repeats, step_s=step_s, session_turns=turns,
                                             turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
-                                            request_timeout_s=timeout)
+                                            request_timeout_s=timeout, **open_loop)
+            if loaded.profile.request_rate_rps is not None:
+                shape.pop("rates")  # the profile's rate sets the ramp around it
             if max_requests != 5000:
                 shape["max_requests"] = max_requests
             if max_duration != 600.0:
@@ -116,11 +172,9 @@ def load(
                                turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
                                sustained_concurrency=sustained_concurrency, sustained_s=sustained_s,
                                max_requests=max_requests, max_duration_s=max_duration, request_timeout_s=timeout,
-                               ttft_p95_slo_s=ttft_slo, itl_p95_slo_s=itl_slo))
+                               ttft_p95_slo_s=ttft_slo, itl_p95_slo_s=itl_slo, **open_loop))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "options"
-        raise UsageError(f"accept load: {where}: {first['msg']}") from exc
+        raise UsageError(validation_line(exc, "accept load")) from exc
     endpoint = make_endpoint(base_url, model, api_key_env, insecure, timeout)
     stop = cancel_on_signals(lambda: err.print("[yellow]interrupt: stopping the load; writing what was measured "
                                                "(Ctrl-C again to abort)[/yellow]"))
@@ -136,5 +190,25 @@ def load(
              f"requests: {data['counts']['requests']} ({data['counts']['ok']} ok), health failures "
              f"{data['counts']['health_failures']}, restarts {data['counts']['restarts']}",
              f"run directory: {rd.path}"]
+    rate = data.get("rate")
+    if isinstance(rate, dict):
+        slo = rate.get("slo") or {}
+        line = f"open loop: goodput held up to {rate.get('held_rps') or 0:g} req/s"
+        if slo.get("rps") is not None:
+            line += f"; SLO rate {slo['rps']:g} req/s" + (f" (missed at {slo['upper_rps']:g})"
+                                                          if slo.get("upper_rps") else "")
+            if slo.get("margin") is not None:
+                line += f", margin {slo['margin']:+.0%} over {slo['target_rps']:g} req/s"
+        lines.insert(2, line)
+    rep = data.get("repeats")
+    if isinstance(rep, dict):
+        parts = []
+        for key, label in (("ceiling", "ceiling"), ("held_concurrency", "held concurrency"),
+                           ("slo_rps", "SLO rate (req/s)")):
+            st = rep["envelope"].get(key)
+            if st:
+                ci = f" (95% interval {st['ci95'][0]:g}-{st['ci95'][1]:g})" if st.get("ci95") else ""
+                parts.append(f"{label} {st['mean']:g} +- {st['stdev'] or 0:g}{ci}")
+        lines.insert(2, f"{rep['n']} runs: " + ("; ".join(parts) or "no envelope figure in every run"))
     print_result(result, as_json=as_json, lines=lines)
     raise typer.Exit(result.exit_code)

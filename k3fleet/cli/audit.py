@@ -15,7 +15,7 @@ from rich.table import Table
 from k3fleet.bounds import seconds_option, whole_seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.cli.progress import ProgressObserver, cancel_on_interrupt
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.report.escapes import safe_markup
 
 
@@ -106,27 +106,25 @@ def read_audit_plan(run: Path) -> dict[str, Any]:
 
     from k3fleet.errors import IncompleteError
     from k3fleet.evidence import COMMAND, RunDir, layout, verify_run
+    from k3fleet.evidence.reader import RunReader, RunRecord
     from k3fleet.models.findings import FleetVerdict
 
     rd = RunDir.open(run)
     verify_run(rd.path).raise_if_bad()
-    kind = rd.read_object(COMMAND).get("kind")
+    reader = RunReader(rd.path, label=str(run))
+    kind = reader.kind
     if kind != "audit":
         gate = run / layout.gate_audit_dir()
         hint = f" (its gating audit is {gate})" if (gate / COMMAND).is_file() else ""
         raise UsageError(f"{run} is a {kind!r} run, not an audit{hint}")
-    status = rd.read_object(layout.RUN).get("status")
-    if status == "interrupted":
+    if reader.model(layout.RUN, RunRecord).interrupted:
         raise IncompleteError(f"the audit in {run} was interrupted: its plan covers only the hosts that answered; "
                               "run the audit again")
-    data = rd.read_object(layout.VERDICT)
+    data = reader.object(layout.VERDICT)
     try:
         verdict = FleetVerdict.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(top)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise UsageError(f"{run}/verdict.json is not a k3fleet verdict: {loc}: {first['msg']}{more}") from None
+        raise UsageError(validation_line(exc, f"{run}/{layout.VERDICT} is not a k3fleet verdict")) from None
     if verdict.outcome == "incomplete":
         raise IncompleteError(f"the audit in {run} measured no host: {'; '.join(verdict.reasons[:1])}")
     return verdict.plan.model_dump(mode="json")

@@ -21,7 +21,8 @@ from rich.segment import Segment
 from rich.text import Text
 
 from k3fleet import __version__
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
+from k3fleet.errors import K3FleetError, validation_line
 
 
 def _conventional_help() -> None:
@@ -104,7 +105,7 @@ def _root(
 ) -> None:
     if version:
         out.print(__version__)
-        raise typer.Exit(0)
+        raise typer.Exit(EXIT_OK)
 
 
 # Each command group registers itself on ``app`` when imported; a new group is one more name here,
@@ -169,7 +170,7 @@ def _main(argv: list[str] | None) -> int:
         argv = sys.argv[1:]
     import os
 
-    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import remember_environment_secrets
+    from k3fleet.evidence.redact import remember_environment_secrets
 
     # The controller's own secrets (HF_TOKEN, the API key a probe sends) are masked by value in
     # everything printed or written, whatever shape a server or a tool echoes them back in.
@@ -195,10 +196,7 @@ def _main(argv: list[str] | None) -> int:
         err.print(f"k3fleet: error: {exc}", markup=False)
         return EXIT_USAGE
     except ValidationError as exc:
-        err.print(f"k3fleet: error: invalid input ({exc.error_count()} problem(s))", markup=False)
-        for e in exc.errors():
-            loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-            err.print(f"  {loc}: {e['msg']}", markup=False)
+        err.print(f"k3fleet: error: {validation_line(exc, 'invalid input')}", markup=False)
         return EXIT_USAGE
     except KeyboardInterrupt:
         err.print("k3fleet: interrupted")

@@ -19,13 +19,12 @@ from rich.table import Table
 
 from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
-from k3fleet.errors import EXIT_OK, UsageError
+from k3fleet.contracts import EXIT_OK
+from k3fleet.errors import UsageError
 
 if TYPE_CHECKING:
     from k3fleet.models.findings import Finding
 
-_OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
-                  "rebuild_environment": "bold red", "expand_capacity": "bold magenta"}
 _ITEM_STYLE = {"pass": "green", "fail": "red", "missing": "yellow"}
 
 
@@ -62,6 +61,7 @@ def decide(
 ) -> None:
     """Decide go-live from the evidence: one of four outcomes, the checklist, one evidence package."""
     from k3fleet.decide.flow import DecideOptions, run_decide
+    from k3fleet.evidence import layout
 
     opts = DecideOptions(runs=list(runs), reviewer=reviewer, owner=owner, owners_file=owners, build_file=build,
                          target=target, out=out_dir, runs_dir=runs_dir, archive=archive, sign_key=sign_key,
@@ -72,7 +72,8 @@ def decide(
         out.print_json(json.dumps(d.model_dump(mode="json")))
     else:
         _print_decision(d)
-        out.print(f"full checklist: {result.run_dir.path / 'report.md'} (checklist.json beside it)", markup=False)
+        out.print(f"full checklist: {result.run_dir.path / layout.REPORT} ({layout.CHECKLIST} beside it)",
+                  markup=False)
     for warning in d.warnings:
         err.print(f"warning: {warning}", markup=False)
     err.print(f"run directory: {result.run_dir.path}")
@@ -80,6 +81,9 @@ def decide(
     if result.signer is not None:
         err.print(f"signed: {result.signer.key_type} key {result.signer.fingerprint} (namespace k3fleet-evidence)",
                   markup=False)
+    elif d.draft:
+        err.print(f"DRAFT: the evidence supports {d.outcome}, but go-live needs a reviewer's signature: run decide "
+                  "again with --sign-key KEY (exit 3 until then)", markup=False)
     else:
         err.print("unsigned: verify-evidence will not call it trusted; sign with --sign-key KEY", markup=False)
     raise typer.Exit(d.exit_code)
@@ -87,12 +91,14 @@ def decide(
 
 def _print_decision(d: object) -> None:
     from k3fleet.decide.models import Decision
+    from k3fleet.report.terminal import outcome_style
+    from k3fleet.report.view import approval_words
 
     assert isinstance(d, Decision)
     # The outcome first, then what is not proven and who owns it; the whole checklist (detail,
     # evidence) is in the run directory (checklist.json, report.md), not 150 lines here.
-    style = _OUTCOME_STYLE.get(d.outcome, "bold")
-    approval = "approved" if d.approved else "NOT approved"
+    style = outcome_style(d.outcome)
+    approval = approval_words(d.approved, d.draft)
     out.print(f"decision: [{style}]{d.outcome}[/{style}] ({approval}, exit {d.exit_code})")
     for r in d.reasons:
         # One line each: a rule naming 700 hosts is cut here, whole in report.md.

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from k3fleet.cli.base import app, err, out
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_OK
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK
 
 
 @app.command()

@@ -11,7 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from k3fleet.cli.base import err, lab_app
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 
 
 @lab_app.command("serve-vllm")
@@ -68,8 +68,7 @@ def serve_vllm(
                         metrics_format=metrics_format, enable_prompt_tokens_details=enable_prompt_tokens_details,
                         api_key_env=api_key_env, seed=seed)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"serve-vllm: {'.'.join(map(str, first['loc'])) or 'options'}: {first['msg']}") from exc
+        raise UsageError(validation_line(exc, "serve-vllm")) from exc
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if cfg.effective_max_model_len < cfg.max_model_len:

@@ -52,14 +52,59 @@ def held_envelope(points: Sequence[Mapping[str, Any]], options: Mapping[str, Any
                          if p.get("verdict") == "ok" and not p.get("partial"))
     slo: dict[str, float] = {}
     for key, opt in (("ttft_p95_s", "ttft_p95_slo_s"), ("itl_p95_s", "itl_p95_slo_s"),
-                     ("error_rate", "error_rate_limit")):
+                     ("e2e_p95_s", "e2e_p95_slo_s"), ("error_rate", "error_rate_limit")):
         value = _num(options.get(opt))
         if value is not None:
             slo[key] = value
-    return {"held_concurrency": max(ok_conc) if ok_conc else None,
+    rate_rows = [p for p in done if p.get("phase") in ("rate_ramp", "slo_search") and _num(p.get("rate_rps"))]
+    ok_rate = [float(p["rate_rps"]) for p in rate_rows if p.get("verdict") == "ok"]
+    bad_rate = [float(p["rate_rps"]) for p in rate_rows if p.get("verdict") != "ok"]
+    return {"held_rps": max(ok_rate) if ok_rate else None, "failed_rps": min(bad_rate) if bad_rate else None,
+            "held_concurrency": max(ok_conc) if ok_conc else None,
             "failed_concurrency": min(bad_conc) if bad_conc else None,
             "held_context": max(ok_ctx) if ok_ctx else None, "failed_context": min(bad_ctx) if bad_ctx else None,
             "sustained_s": held_s, "sustained_concurrency": sustained_conc, "slo": slo}
+
+
+def slo_rate(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The SLO search's answer in a load result's ``data`` (``rate.slo``): the rate, the rate above it that
+    missed, and the margin over the profile's rate; empty when no search ran."""
+    rate = data.get("rate")
+    slo = rate.get("slo") if isinstance(rate, Mapping) else None
+    if not isinstance(slo, Mapping):
+        return {}
+    return {"slo_rps": _num(slo.get("rps")), "slo_rps_upper": _num(slo.get("upper_rps")),
+            "rate_margin": _num(slo.get("margin"))}
+
+
+def repeat_intervals(data: Mapping[str, Any]) -> dict[str, Any]:
+    """From a repeated load run's ``data.repeats``: the number of runs and the 95% intervals the envelope is
+    judged by: the SLO rate and the highest concurrency held, and the worst TTFT / inter-token / end-to-end
+    p95 interval of the steps that held in every run (their high ends). Empty for a single run."""
+    rep = data.get("repeats")
+    if not isinstance(rep, Mapping) or not _num(rep.get("n")):
+        return {}
+    out: dict[str, list[float]] = {}
+    env: Mapping[str, Any] = rep["envelope"] if isinstance(rep.get("envelope"), Mapping) else {}
+    for key in ("slo_rps", "held_concurrency"):
+        ci = (env.get(key) or {}).get("ci95") if isinstance(env.get(key), Mapping) else None
+        if isinstance(ci, list) and len(ci) == 2 and all(_num(v) is not None for v in ci):
+            out[key] = [float(ci[0]), float(ci[1])]
+    steps: Mapping[str, Any] = rep["steps"] if isinstance(rep.get("steps"), Mapping) else {}
+    for fig in ("ttft_p95_s", "itl_p95_s", "e2e_p95_s"):
+        worst: list[float] | None = None
+        for st in steps.values():
+            if not isinstance(st, Mapping) or st.get("phase") == "long_input" or st.get("phase") == "slo_search":
+                continue
+            if not st.get("verdicts") or any(v != "ok" for v in st["verdicts"]):
+                continue
+            ci = (st.get(fig) or {}).get("ci95") if isinstance(st.get(fig), Mapping) else None
+            if isinstance(ci, list) and len(ci) == 2 and all(_num(v) is not None for v in ci) and (
+                    worst is None or float(ci[1]) > worst[1]):
+                worst = [float(ci[0]), float(ci[1])]
+        if worst is not None:
+            out[fig] = worst
+    return {"repeats": int(rep["n"]), "intervals": out}
 
 
 def traffic_baseline(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -96,7 +141,9 @@ def profile_brief(loaded: Any, ref: Ref | None) -> ProfileBrief:
     p = loaded.profile
     return ProfileBrief(name=p.name, concurrency=p.concurrency, context_typical=p.context_tokens.typical,
                         context_p99=p.context_tokens.p99, context_max=p.context_tokens.max, sustained_s=p.sustained_s,
-                        mix=p.mix.model_dump(), slo=p.slo.model_dump(), tools=list(loaded.tool_names),
+                        request_rate_rps=p.request_rate_rps, mix=p.mix.model_dump(),
+                        slo={k: v for k, v in p.slo.model_dump().items() if v is not None},
+                        tools=list(loaded.tool_names),
                         schemas=sorted(loaded.schemas), rate_limits=list(p.rate_limits),
                         data_protection=DataProtectionBrief(**p.data_protection.model_dump())
                         if p.data_protection is not None else None,
@@ -107,6 +154,8 @@ def tested_text(ld: LoadEvidence | None) -> str:
     if ld is None:
         return "no load run"
     parts = [f"{ld.held_concurrency} concurrent" if ld.held_concurrency else "no concurrency held",
+             *([f"{ld.slo_rps:g} requests/s within the SLO (open loop)"] if ld.slo_rps else
+               [f"{ld.held_rps:g} requests/s held (open loop)"] if ld.held_rps else []),
              f"{ld.held_context}-token context" if ld.held_context else "no context held",
              f"{ld.sustained_s:g} s sustained" if ld.sustained_s else "no sustained run held"]
     return ", ".join(parts)
@@ -141,8 +190,18 @@ def envelope_gaps(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
         if (ld.sustained_s or 0) < need or (ld.sustained_concurrency or 0) < p.concurrency:
             out.append((f"sustained: {ld.sustained_s or 0:g} s at {ld.sustained_concurrency or 0} concurrent, the "
                         f"profile sustains {p.concurrency} for {p.sustained_s:g} s", refs))
+        if p.request_rate_rps is not None:
+            rate = ld.slo_rps
+            if rate is None:
+                held = f"held {ld.held_rps:g} requests/s" if ld.held_rps else "held no open-loop rate"
+                out.append((f"rate: no SLO search found the highest rate within the SLO ({held}), the profile "
+                            f"peaks at {p.request_rate_rps:g} requests/s", refs))
+            elif rate < p.request_rate_rps:
+                out.append((f"rate: goodput meets the SLO up to {rate:g} requests/s, the profile peaks at "
+                            f"{p.request_rate_rps:g}", refs))
+        out += _interval_gaps(ld, p, refs)
         for key, label in (("ttft_p95_s", "TTFT p95"), ("itl_p95_s", "inter-token p95"),
-                           ("error_rate", "error rate")):
+                           ("e2e_p95_s", "end-to-end p95"), ("error_rate", "error rate")):
             tested, want = ld.slo.get(key), p.slo.get(key)
             if want is None:
                 continue
@@ -159,6 +218,27 @@ def envelope_gaps(s: EvidenceSummary) -> list[tuple[str, list[Ref]]]:
     if absent:
         where = [ag.ref, *pref] if ag is not None else pref
         out.append((f"agent cases of the profile did not run: {', '.join(absent)} (accept agent --profile)", where))
+    return out
+
+
+def _interval_gaps(ld: LoadEvidence, p: ProfileBrief, refs: list[Ref]) -> list[tuple[str, list[Ref]]]:
+    """A repeated run's figure whose 95% interval crosses the profile's limit: the envelope is not shown to
+    hold, whatever the mean says (docs/decision.md, rule ``envelope.gap``)."""
+    out: list[tuple[str, list[Ref]]] = []
+    iv, n = ld.intervals, ld.repeats or 0
+    rate = iv.get("slo_rps")
+    if rate is not None and p.request_rate_rps is not None and rate[0] < p.request_rate_rps:
+        out.append((f"rate: the SLO rate's 95% interval over {n} runs ({rate[0]:g}-{rate[1]:g} requests/s) reaches "
+                    f"below the profile's {p.request_rate_rps:g}", refs))
+    conc = iv.get("held_concurrency")
+    if conc is not None and conc[0] < p.concurrency:
+        out.append((f"concurrency: the held concurrency's 95% interval over {n} runs ({conc[0]:g}-{conc[1]:g}) "
+                    f"reaches below the profile's {p.concurrency}", refs))
+    for key, label in (("ttft_p95_s", "TTFT p95"), ("itl_p95_s", "inter-token p95"), ("e2e_p95_s", "end-to-end p95")):
+        ci, limit = iv.get(key), p.slo.get(key)
+        if ci is not None and limit is not None and ci[1] > limit:
+            out.append((f"SLO: the held steps' {label} 95% interval over {n} runs ({ci[0]:g}-{ci[1]:g} s) crosses "
+                        f"the profile's {limit:g} s", refs))
     return out
 
 

@@ -46,7 +46,7 @@ from k3fleet.decide.readers import (
 )
 from k3fleet.decide.rules import decide
 from k3fleet.decide.signing import SigningKey, signing_key
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.writer import check_output, is_stdout
@@ -89,16 +89,6 @@ def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.UTC).replace(microsecond=0)
 
 
-def _one_line_validation(label: str, exc: ValidationError) -> UsageError:
-    e = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    msg = str(e["msg"]).removeprefix("Value error, ")
-    if e["type"] == "extra_forbidden":
-        msg = "unknown key (misspelt?)"
-    return UsageError(f"{label}: {loc}: {msg}{more}")
-
-
 def _yaml_file(path: Path, what: str) -> Any:
     raw = read_input(path, what, kind="a YAML file", limit="record")
     try:
@@ -120,7 +110,7 @@ def load_owners(path: Path) -> OwnersFile:
     try:
         owners = OwnersFile.model_validate(data)
     except ValidationError as exc:
-        raise _one_line_validation(f"owners file {path}", exc) from exc
+        raise UsageError(validation_line(exc, f"owners file {path}")) from exc
     unknown = sorted(set(owners.items) - set(ITEM_IDS))
     if unknown:
         raise UsageError(f"owners file {path}: items.{unknown[0]}: not a checklist item "
@@ -143,7 +133,7 @@ def load_build(path: Path) -> CustomBuild:
     try:
         return CustomBuild.model_validate(data)
     except ValidationError as exc:
-        raise _one_line_validation(f"build record {path}", exc) from exc
+        raise UsageError(validation_line(exc, f"build record {path}")) from exc
 
 
 def validate_name(value: str | None, option: str) -> str | None:
@@ -222,7 +212,8 @@ def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> Eviden
         reviewer=validate_name(opts.reviewer, "--reviewer"), reviewed_at=reviewed_at,
         service_owner=validate_name(opts.owner, "--owner"), policy=opts.policy,
         second_reviewer=validate_name(opts.second_reviewer, "--second-reviewer"),
-        rollback_owner=validate_name(opts.rollback_owner, "--rollback-owner"), profile=profile)
+        rollback_owner=validate_name(opts.rollback_owner, "--rollback-owner"), profile=profile,
+        signed=opts.sign_key is not None)
     _refuse_mixed_tracks(summary, src)
     return summary
 

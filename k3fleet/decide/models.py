@@ -14,16 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from k3fleet.contracts import Outcome
 from k3fleet.models.findings import Finding, InterconnectSummary, earlier_finding
 
-Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity"]
 ItemStatus = Literal["pass", "fail", "missing"]
 Track = Literal["official", "custom"]
 RunKind = Literal["audit", "change", "accept", "triage"]
 
-# Worst first: the decision takes the worst outcome any rule gives (docs/decision.md "Precedence").
-OUTCOME_RANK: dict[str, int] = {"go_live": 0, "observe_with_limits": 1, "expand_capacity": 2,
-                                "rebuild_environment": 3}
 
 SCHEMA_VERSION = "1.0"
 
@@ -241,6 +238,17 @@ class LoadEvidence(_Model):
     sustained_concurrency: int | None = None
     slo: dict[str, float] = Field(default_factory=dict, description="ttft_p95_s, itl_p95_s, error_rate the "
                                                                     "steps were judged by")
+    # Open loop (docs/acceptance-load.md "Open-loop arrivals"): the rates that held and the SLO search's answer.
+    held_rps: float | None = Field(default=None, description="highest open-loop rate whose goodput met the target")
+    failed_rps: float | None = Field(default=None, description="lowest open-loop rate whose goodput missed it")
+    slo_rps: float | None = Field(default=None, description="the SLO search's highest rate meeting the SLO")
+    slo_rps_upper: float | None = Field(default=None, description="the lowest rate the search saw miss the SLO")
+    rate_margin: float | None = Field(default=None, description="slo_rps over the profile's request rate, minus 1")
+    # Repeated runs (docs/acceptance-load.md "Repeated runs"): how many, and the 95% interval of each figure
+    # the envelope is judged by (slo_rps, held_concurrency, and the held steps' worst ttft_p95_s, itl_p95_s,
+    # e2e_p95_s).
+    repeats: int | None = None
+    intervals: dict[str, list[float]] = Field(default_factory=dict)
     traffic: dict[str, float] = Field(default_factory=dict, description="the held steps' real traffic: hit ratio, "
                                                                         "latency, queue, rate (watch's baseline)")
     findings: list[Fact] = Field(default_factory=list)
@@ -356,6 +364,7 @@ class ProfileBrief(_Model):
 
     name: str
     concurrency: int
+    request_rate_rps: float | None = None
     context_typical: int
     context_p99: int
     context_max: int
@@ -402,6 +411,9 @@ class EvidenceSummary(_Model):
     rollback_owner: str | None = None
     profile: ProfileBrief | None = None
     policy: Policy = Field(default_factory=Policy)
+    signed: bool = Field(default=False, description="the decision is signed (decide --sign-key): an approval "
+                                                    "needs it; unsigned, a decision that would be approved is "
+                                                    "a draft (docs/decision.md)")
 
 
 # -- what the decision returns ---------------------------------------------------------------------
@@ -465,6 +477,8 @@ class Decision(_Model):
     outcome: Outcome
     approved: bool
     exit_code: int
+    draft: bool = Field(default=False, description="the evidence would approve it, but nobody signed it: not an "
+                                                   "approval until decide runs with --sign-key")
     track: Track
     reasons: list[Reason]
     limits: list[Limit] = Field(default_factory=list)

@@ -38,8 +38,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from k3fleet import __version__
 from k3fleet.bounds import open_tar
+from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
 from k3fleet.decide.signing import verify_signature
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, IncompleteError, UsageError
+from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import is_secret_name, layout
 from k3fleet.evidence.layout import PACKAGE_MANIFEST, PACKAGE_SIGNATURE
 from k3fleet.evidence.writer import FILE_MODE, write_output

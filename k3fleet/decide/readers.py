@@ -20,7 +20,7 @@ from k3fleet.accept.result import result_from_json
 from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
-from k3fleet.decide.envelope import held_envelope, traffic_baseline
+from k3fleet.decide.envelope import held_envelope, repeat_intervals, slo_rate, traffic_baseline
 from k3fleet.decide.models import (
     AcceptEvidence,
     AgentCase,
@@ -298,7 +298,7 @@ def _agent_evidence(result: Any, ref: Ref) -> AgentEvidence:
     try:
         records = _AGENT_CASES.validate_python(d.get("cases") or {})
     except ValidationError as exc:
-        raise UsageError(f"run {ref.run}: {ref.file}: data.cases.{validation_line(exc)}") from None
+        raise UsageError(validation_line(exc, f"run {ref.run}: {ref.file}", at="data.cases.")) from None
     cases = [AgentCase(name=name, runs=c.runs, passed=c.passed, pass_rate=c.pass_rate, defects=c.defects,
                        layer=c.layer, critical=c.critical) for name, c in records.items()]
     return AgentEvidence(ref=ref, status=result.status, reason=result.reason, cases=cases,
@@ -340,7 +340,7 @@ def _oom_records(d: Mapping[str, Any], ref: Ref) -> list[OomRecord]:
     try:
         records = _OOM_RECORDS.validate_python(d.get("oom_records") or [])
     except ValidationError as exc:
-        raise UsageError(f"run {ref.run}: {ref.file}: data.oom_records.{validation_line(exc)}") from None
+        raise UsageError(validation_line(exc, f"run {ref.run}: {ref.file}", at="data.oom_records.")) from None
     return [OomRecord(t_s=r.t_s, phase=r.phase, step=r.step, concurrency=r.concurrency,
                       context_tokens=r.context_tokens, node=r.node, engine=r.engine, message=r.message,
                       last_success_t_s=r.last_success.t_s if r.last_success else None,
@@ -363,7 +363,7 @@ def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
     envelope: dict[str, Any] = d["envelope"] if isinstance(d.get("envelope"), dict) else {}
     options = d.get("options")
     held = held_envelope(points, options if isinstance(options, dict) else {})
-    return LoadEvidence(**held,
+    return LoadEvidence(**held, **slo_rate(d), **repeat_intervals(d),
         ref=ref, status=result.status, reason=result.reason, outcome=d.get("outcome"), ceiling=_int(d.get("ceiling")),
         envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,

@@ -2,9 +2,10 @@
 
 Each :class:`Rule` is one row of the table in docs/decision.md: when it fires, which outcome it
 asks for, and whether it allows, limits or blocks approval. The decision takes the worst
-outcome any rule asks for (rebuild_environment > expand_capacity > observe_with_limits >
-go_live) and lists every reason with the evidence it rests on. Missing evidence is never a
-pass: a missing checklist item caps the outcome at observe_with_limits and blocks approval.
+outcome any rule asks for (``k3fleet.contracts.DECISION_PRECEDENCE``: rebuild_environment >
+expand_capacity > observe_with_limits > go_live, the reason beside it) and lists every reason
+with the evidence it rests on. Missing evidence is never a pass: a missing checklist item caps the
+outcome at observe_with_limits and blocks approval.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from k3fleet.contracts import APPROVABLE_OUTCOMES, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, Outcome, worst_outcome
 from k3fleet.decide.checklist import (
     OWNERS_ITEM,
     REVIEWER_ITEM,
@@ -27,20 +29,19 @@ from k3fleet.decide.checklist import (
 )
 from k3fleet.decide.envelope import envelope_gaps, tested_text, unproven
 from k3fleet.decide.models import (
-    OUTCOME_RANK,
     Baseline,
     ChecklistItem,
     Decision,
     EvidenceSummary,
     Limit,
-    Outcome,
     Reason,
     Ref,
 )
-from k3fleet.errors import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
 from k3fleet.evidence import layout
 
 # Rules that block only because something is not shown yet (exit 3, not 1): more evidence can lift them.
+# The reason a decision the evidence would approve carries while it is unsigned (exit 3, a draft).
+UNSIGNED_RULE = "signoff.unsigned"
 NOT_DEFINITE = frozenset({"evidence.missing", "envelope.gap", "limits.unowned"})
 
 
@@ -495,8 +496,7 @@ def decide(summary: EvidenceSummary) -> Decision:
             if hit.limit is not None:
                 limits.append(hit.limit)
         if hits:
-            if OUTCOME_RANK[rule.outcome] > OUTCOME_RANK[outcome]:
-                outcome = rule.outcome
+            outcome = worst_outcome([rule.outcome], floor=outcome)
             if rule.approval == "blocks":
                 blocked = True
                 definite = definite or rule.id not in NOT_DEFINITE
@@ -508,14 +508,22 @@ def decide(summary: EvidenceSummary) -> Decision:
                               + " (give them in --owners FILE under limits:)",
                               evidence=[r for lim in limits for r in lim.evidence][:3]))
         blocked = True
-        if OUTCOME_RANK[outcome] < OUTCOME_RANK["observe_with_limits"]:
-            outcome = "observe_with_limits"
+        outcome = worst_outcome([outcome], floor="observe_with_limits")
     missing = [i.id for i in items if i.status == "missing"]
     if not reasons:
         reasons.append(Reason(rule="all.pass", outcome="go_live", approval="allows",
                               text=f"every checklist item passes ({len(items)} items) and no rule fired",
                               evidence=[r for i in items for r in i.evidence][:1]))
-    approved = not blocked and outcome in ("go_live", "observe_with_limits")
+    approved = not blocked and outcome in APPROVABLE_OUTCOMES
+    # "A reviewer has signed the final go-live outcome": what the evidence would approve is a draft
+    # until it is signed, never an exit 0 (docs/decision.md "Drafts").
+    draft = approved and not summary.signed
+    if draft:
+        approved = False
+        reasons.append(Reason(rule=UNSIGNED_RULE, outcome=outcome, approval="blocks",
+                              text=f"draft: the evidence supports {outcome}, but the decision is unsigned; "
+                                   "run decide again with --sign-key KEY to approve it",
+                              evidence=[]))
     exit_code = EXIT_OK if approved else EXIT_FAILED if definite else EXIT_INCOMPLETE
 
     warnings = triage_outside_audit(summary)
@@ -525,7 +533,8 @@ def decide(summary: EvidenceSummary) -> Decision:
                         f"another profile ({summary.accept.profile_name if summary.accept else '?'}) than the one "
                         f"decided against ({summary.profile.name})")
     return Decision(
-        outcome=outcome, approved=approved, exit_code=exit_code, track="custom" if is_custom(summary) else "official",
+        outcome=outcome, approved=approved, exit_code=exit_code, draft=draft,
+        track="custom" if is_custom(summary) else "official",
         reasons=reasons, limits=limits, missing=missing, warnings=warnings,
         checklist=items, reviewer=summary.reviewer,
         reviewed_at=summary.reviewed_at, service_owner=summary.service_owner,

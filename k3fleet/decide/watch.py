@@ -56,17 +56,18 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.agent import CASES, AgentOptions, run_agent
 from k3fleet.accept.client import Endpoint, EndpointError, fetch
 from k3fleet.accept.metrics import MetricsError, scrape
 from k3fleet.accept.startup import NCCL_ERROR
 from k3fleet.bounds import check_seconds, parse_seconds, read_input
+from k3fleet.contracts import result_code
 from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
-from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
+from k3fleet.evidence.redact import excerpt
 from k3fleet.models.facts import HostFacts
 from k3fleet.targets import load_target
 from k3fleet.triage import Capture, build_facts
@@ -422,8 +423,7 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
     try:
         return Baseline.model_validate(raw), decision
     except ValidationError as exc:
-        raise UsageError(f"--baseline {path}: baseline.json does not validate ({exc.error_count()} problem(s))") \
-            from exc
+        raise UsageError(validation_line(exc, f"--baseline {path}: baseline.json does not validate")) from exc
 
 
 def _decision_dir_package(path: Path) -> Path:
@@ -520,7 +520,7 @@ class WatchResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.triggers else 0
+        return result_code(failed=bool(self.triggers))
 
 
 async def _health(client: Any, base: str, timeout: float) -> tuple[int | None, str | None]:
@@ -613,7 +613,7 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
         endpoint = Endpoint(base_url=opts.base_url, model=model, api_key_env=opts.api_key_env,
                             verify_tls=opts.verify_tls, timeout_s=min(max(opts.interval_s * 4, 30.0), 3600.0))
     except ValidationError as exc:
-        raise UsageError(f"--base-url: {exc.errors()[0]['msg']}") from exc
+        raise UsageError(validation_line(exc, "--base-url")) from exc
     state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance,
                        latency_tolerance=opts.latency_tolerance, min_requests=opts.min_requests)
     result = WatchResult(baseline=baseline, samples=[], triggers=[])

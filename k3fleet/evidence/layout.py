@@ -24,6 +24,7 @@ TARGET = f"{INPUTS}/target.json"  # the target judged against, validated
 TARGET_SOURCE = f"{INPUTS}/target.yaml"  # the target file as given
 ANSIBLE = "ansible"  # the play's redacted output (k3fleet.audit.runner; ansible-<tag> for a later play)
 RUNNER_SUMMARY = "runner.json"  # inside the play's output folder
+RUNNER_STDOUT = "stdout.txt"  # inside the play's output folder: the play's redacted stdout
 
 # -- audit and merge ------------------------------------------------------------------------------
 FACTS = "facts"  # facts/<host>.json: what each node returned

@@ -11,7 +11,6 @@ so (docs/safety.md "Evidence privacy").
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import shutil
 from collections.abc import Sequence
@@ -19,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3fleet.bounds import read_bounded
-from k3fleet.errors import UsageError
+from k3fleet.errors import K3FleetError, UsageError
 from k3fleet.evidence.layout import COMMAND, DECISION, SUMMARY
+from k3fleet.evidence.reader import RunReader
 
 REMOVE, KEEP = "remove", "keep"
 
@@ -36,9 +35,10 @@ class Verdict:
 
 
 def _json(p: Path) -> Any:
+    """A run file through the run reader; None when it is missing or unreadable (prune judges what it can)."""
     try:
-        return json.loads(read_bounded(p, "run_json").decode("utf-8"))
-    except (OSError, ValueError, UsageError):
+        return RunReader(p.parent).json(p.name)
+    except K3FleetError:
         return None
 
 

@@ -6,13 +6,15 @@ what is not a run (exit 2), a run that does not match its manifest (exit 3) and 
 command does not read (exit 2); a ``RunReader`` then turns each file into a validated model:
 ``command.json`` into :class:`CommandRecord`, ``run.json`` into :class:`RunRecord`, the verdict,
 the target and each host's facts into the audit's own models (``k3fleet.models``), any other file
-into the model its flow gives (``model``). A file that is missing is one line and exit 3; one that
-is not JSON, not an object or not of its model's shape is one line naming the run, the file and the
-field, exit 2 (docs/safety.md "Exit codes of bad input").
+into the model its flow gives (``model``). A file that is missing or cannot be read is one line and
+exit 3 (the evidence is incomplete); one that is not UTF-8, not JSON, not an object or not of its
+model's shape is one line naming the run, the file and the field, exit 2 (docs/safety.md "Exit codes
+of bad input"). ``RunReader`` is the one class that reads a run directory back: ``RunDir`` writes one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Sequence
 from functools import cached_property
@@ -26,7 +28,7 @@ from k3fleet.contracts import EXIT_CODES
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import layout
 from k3fleet.evidence.verify import verify_run
-from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.facts import HostFacts, readable_schema
 from k3fleet.models.findings import FleetVerdict
 from k3fleet.models.target import Target
 
@@ -93,19 +95,39 @@ class RunReader:
     def has(self, rel: str) -> bool:
         return (self.path / rel).is_file()
 
-    def json(self, rel: str) -> Any:
-        """``rel`` parsed as JSON, read under the run-file cap."""
+    def bytes(self, rel: str) -> bytes:
+        """``rel`` as bytes, read under the run-file cap. The one exit for a file that is missing or
+        cannot be read: exit 3, the run directory is incomplete. One that is there but is no run file
+        (a directory, a device or FIFO, above the cap) is bad input: exit 2."""
         try:
-            return json.loads(read_bounded(self.path / rel, "run_json").decode("utf-8"))
+            return read_bounded(self.path / rel, "run_json")
         except FileNotFoundError as exc:
-            raise IncompleteError(f"run {self.label}: {rel} is missing") from exc
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise IncompleteError(f"run {self.label}: {rel} is missing: the run directory is incomplete") from exc
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            if exc.errno in (errno.EISDIR, errno.EINVAL, errno.EFBIG):
+                raise UsageError(f"run {self.label}: {rel} is not a run file: {why}") from exc
+            raise IncompleteError(f"run {self.label}: {rel} cannot be read ({why}): the run directory is "
+                                  "incomplete") from exc
+
+    def json(self, rel: str) -> Any:
+        """``rel`` parsed as JSON (exit 2 when it is not UTF-8 or not JSON)."""
+        raw = self.bytes(rel)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"run {self.label}: {rel} is not UTF-8 text (byte {exc.start}): not a k3fleet "
+                             "file") from exc
+        try:
+            return json.loads(text)
+        except ValueError as exc:
             raise UsageError(f"run {self.label}: {rel} is not valid JSON ({exc})") from exc
 
     def object(self, rel: str) -> dict[str, Any]:
+        """``json`` for a file that must hold a JSON object."""
         data = self.json(rel)
         if not isinstance(data, dict):
-            raise UsageError(f"run {self.label}: {rel} is not a JSON object")
+            raise UsageError(f"run {self.label}: {rel} holds a JSON {type(data).__name__}, expected an object")
         return data
 
     def invalid(self, rel: str, exc: ValidationError) -> UsageError:
@@ -124,7 +146,7 @@ class RunReader:
     def rows(self, rel: str) -> list[dict[str, Any]]:
         """The JSON objects of a JSON-lines file; a line that is not one (a torn last line) is left out."""
         rows: list[dict[str, Any]] = []
-        for line in read_bounded(self.path / rel, "run_json").decode("utf-8", errors="replace").splitlines():
+        for line in self.bytes(rel).decode("utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
             except ValueError:
@@ -178,7 +200,7 @@ class RunReader:
         if not self.has(rel):
             return None
         data = self.object(rel)
-        if str(data.get("schema_version", "")).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        if not readable_schema(data):
             return None
         try:
             return HostFacts.model_validate({**data, "host": host})
@@ -191,9 +213,9 @@ def verify(path: Path) -> list[str]:
     return verify_run(path).problems
 
 
-def open_run(path: Path, kinds: Sequence[str], reads: str, *, label: str | None = None) -> RunReader:
+def open_run(path: Path, kinds: Sequence[str] | None, reads: str, *, label: str | None = None) -> RunReader:
     """A run directory checked against its manifest, of one of ``kinds`` (``reads``: who reads it,
-    for the refusal: "decide reads", "report renders")."""
+    for the refusal: "decide reads", "report renders"; ``kinds`` None: any kind, the caller asks)."""
     path = Path(path)
     if not path.is_dir():
         raise UsageError(f"{path} is not a directory")
@@ -204,6 +226,6 @@ def open_run(path: Path, kinds: Sequence[str], reads: str, *, label: str | None 
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise RunVerificationError(f"run {run.label} does not match its manifest: {'; '.join(problems[:3])}{more}")
-    if run.kind not in kinds:
+    if kinds is not None and run.kind not in kinds:
         raise UsageError(f"run {run.label} is of kind {run.kind!r}; {reads} {', '.join(kinds)} runs")
     return run

@@ -18,13 +18,13 @@ from typing import Any
 import yaml
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import (
-    _METADATA,
-    _QUOTED,
+    METADATA_KEYS,
+    QUOTED_VALUE,
     REDACTED,
-    _keep_quotes,
     excerpt,
     forget_secrets,
     is_secret_name,
+    keep_quotes,
     redact_text,
     remember_environment_secrets,
     remember_secret,
@@ -62,7 +62,7 @@ def _secret_scalars(node: yaml.Node, spans: list[tuple[int, int]]) -> None:
             _secret_scalars(item, spans)
     elif isinstance(node, yaml.MappingNode):
         for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.value in _METADATA:
+            if isinstance(key, yaml.ScalarNode) and key.value in METADATA_KEYS:
                 continue
             _secret_scalars(value, spans)
 
@@ -110,7 +110,7 @@ def redact_yaml(text: str) -> str | None:
 
 _INI_SECTION = re.compile(r"^\s*\[(?P<name>[^\]]+)\]\s*$")
 _INI_VARS_LINE = re.compile(r"^(?P<pre>\s*(?P<k>[^=:\s#;][^=:\s]*)\s*[=:]\s*)(?P<v>.*?)\s*$")
-_INI_HOST_VAR = re.compile(r"(?P<pre>(?<!\S)(?P<k>[A-Za-z_][\w.-]*)=)(?P<v>" + _QUOTED + r"|\S+)")
+_INI_HOST_VAR = re.compile(r"(?P<pre>(?<!\S)(?P<k>[A-Za-z_][\w.-]*)=)(?P<v>" + QUOTED_VALUE + r"|\S+)")
 
 
 def redact_ini(text: str) -> str:
@@ -131,7 +131,7 @@ def redact_ini(text: str) -> str:
                 body = m.group("pre") + REDACTED
         else:
             body = _INI_HOST_VAR.sub(
-                lambda m: m.group("pre") + _keep_quotes(m.group("v")) if is_secret_name(m.group("k")) else m.group(0),
+                lambda m: m.group("pre") + keep_quotes(m.group("v")) if is_secret_name(m.group("k")) else m.group(0),
                 body)
         lines.append(body + ending)
     return redact_text("".join(lines))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from k3fleet import __version__
-from k3fleet.bounds import InputTooLarge, cap_bytes, read_bounded, read_input
+from k3fleet.bounds import InputTooLarge, cap_bytes, read_input
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
@@ -327,9 +327,10 @@ class RunDir:
 
     def update_command(self, **fields: Any) -> Path:
         """Add fields to command.json (a choice made after the run started, e.g. host-key checking)."""
-        data = self.read_json(COMMAND)
-        if not isinstance(data, dict):
-            raise UsageError(f"{self.path / COMMAND} is not a k3fleet command record")
+        # lazy: the reader imports the models it validates into; a writer needs them only here.
+        from k3fleet.evidence.reader import RunReader
+
+        data = RunReader(self.path).object(COMMAND)
         data.update(fields)
         return self.write_json(COMMAND, data)
 
@@ -383,30 +384,6 @@ class RunDir:
         return p
 
     # -- reading ----------------------------------------------------------------------------------
-
-    def read_json(self, rel: str) -> Any:
-        p = self.path / rel
-        try:
-            raw = read_bounded(p, "run_json")
-        except FileNotFoundError as exc:
-            raise UsageError(f"{p} is missing: the run directory is incomplete") from exc
-        except OSError as exc:
-            raise UsageError(f"{p} cannot be read: {exc.strerror or exc}") from exc
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"{p} is not UTF-8 text (byte {exc.start}): not a k3fleet file") from exc
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
-
-    def read_object(self, rel: str) -> dict[str, Any]:
-        """``read_json`` for files that must hold a JSON object."""
-        data = self.read_json(rel)
-        if not isinstance(data, dict):
-            raise UsageError(f"{self.path / rel} holds a JSON {type(data).__name__}, expected an object")
-        return data
 
     # -- manifest ---------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k3fleet.contracts import result_code
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
 from k3fleet.lab import changelab
@@ -244,7 +245,7 @@ def run_demo(work: Path) -> int:
         demo.say(step.line())
     for line in _next_lines(work, package):
         demo.say(line)
-    return 0 if all(s.good for s in demo.steps) else 1
+    return result_code(failed=not all(s.good for s in demo.steps))
 
 
 def _next_lines(work: Path, package: Path) -> list[str]:

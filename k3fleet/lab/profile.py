@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
+from k3fleet.errors import validation_line
 
 # Command sources whose argv depends on the host (runtime, image or node name); a profile
 # names them like the k3fleet_sources helper that builds the argv, without "_argv".
@@ -155,6 +156,7 @@ class GpuHealthSpec(_Spec):
     clock_events: list[ClockEvent] = Field(default_factory=list)
     pcie_gen: int | None = Field(default=None, ge=1, le=6, description="current generation; None: the maximum")
     pcie_width: int | None = Field(default=None, ge=1, le=16, description="current width; None: x16")
+    nvlink_inactive: list[int] = Field(default_factory=list, description="NVLink links nvlink -s prints <inactive>")
     gpus: list[int] | None = None
 
 
@@ -181,6 +183,11 @@ class GpuSpec(_Spec):
     pci_bus_ids: list[str] | None = None
     # Memory in use on a GPU no process holds (driver contexts); processes add theirs.
     memory_used_mib: int = Field(default=0, ge=0)
+    # What the driver keeps for itself, printed as "Reserved" beside "Used" (a real idle H200 on R580:
+    # 616 MiB; docs/facts.md section 14).
+    memory_reserved_mib: int = Field(default=616, ge=0)
+    # NVLink links per GPU; None: 18 on an NVSwitch board or an NVLink rack (NVLink 4 and 5), else none.
+    nvlinks: int | None = Field(default=None, ge=0, le=36)
     processes: list[GpuProcessSpec] = Field(default_factory=list)
     fabric_health: FabricHealthSpec | None = None
     health: GpuHealthSpec | None = None
@@ -601,17 +608,6 @@ def _resolve_raw_files(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _format_validation(error: ValidationError) -> str:
-    parts = []
-    for err in error.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
-
-
 class ProfileLoader:
     """Loads profiles by name from one directory, following ``extends`` chains."""
 
@@ -656,7 +652,7 @@ def validate_profile(data: dict[str, Any], where: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise LabProfileError(f"{where}: {_format_validation(exc)}") from None
+        raise LabProfileError(f"{where}: {validation_line(exc)}") from None
 
 
 def load_fleet_file(path: Path) -> FleetSpec:

@@ -13,10 +13,31 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-# 1.1: GPU health (ECC, remapped rows, retired pages, clock events, PCIe link), the kernel log's
-# Xid events and platform kind "unknown"; later the optional sections active and imex. Every new field
-# is optional, so 1.0 facts validate with them unset (read as unknown, never as a pass).
-SCHEMA_VERSION = "1.1"
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import FACTS_SCHEMA_VERSION
+
+# Defined once, where the collector stamps it (k3fleet_sources.py says what each version added).
+SCHEMA_VERSION: str = FACTS_SCHEMA_VERSION
+
+
+def schema_major(version: object) -> str:
+    """The major part of a facts schema version (``"1"`` of ``"1.1"``; ``""`` when there is none)."""
+    return str(version if version is not None else "").split(".", 1)[0]
+
+
+def readable_schema(data: object) -> bool:
+    """Facts (a dict, or their ``schema_version``) this controller reads: the same major version as its
+    own. The one major-version check: an older or newer collector of the same major validates here."""
+    version = data.get("schema_version") if isinstance(data, dict) else data if isinstance(data, str) else None
+    return schema_major(version) == schema_major(SCHEMA_VERSION)
+
+
+def schema_mismatch(host: str, data: object) -> str | None:
+    """The one line for a host whose facts are of another major version (None when they are readable)."""
+    if readable_schema(data):
+        return None
+    got = data.get("schema_version") if isinstance(data, dict) else None
+    return f"host {host}: facts schema {got!r} from the node, controller expects {SCHEMA_VERSION}"
+
 
 SectionStatus = Literal["ok", "unknown", "absent"]
 
@@ -94,6 +115,8 @@ class GpuEcc(_Model):
     mode: Literal["enabled", "disabled"] | None = None
     volatile_uncorrected: int | None = Field(default=None, description="since the last driver load")
     aggregate_uncorrected: int | None = Field(default=None, description="lifetime (persists across reboots)")
+    volatile_corrected: int | None = Field(default=None, description="correctable errors since the last driver load")
+    aggregate_corrected: int | None = Field(default=None, description="correctable errors over the GPU's life")
     reason: str | None = Field(default=None, description="why the counts are unknown (N/A, not supported)")
 
 
@@ -123,6 +146,21 @@ class GpuPcieLink(_Model):
     gen_max: int | None = None
     width_current: int | None = None
     width_max: int | None = None
+    replay_counter: int | None = Field(default=None, description="PCIe replays since the driver loaded")
+    reason: str | None = None
+
+
+class GpuNvlink(_Model):
+    """NVLink links of one GPU (docs/facts.md section 14): ``links`` 0 means the GPU has none (NVML
+    answers "not supported" on link 0, ``nvidia-smi nvlink -s`` prints nothing): "no links", not
+    "healthy links". None: not read."""
+
+    links: int | None = None
+    active: list[int] = Field(default_factory=list)
+    inactive: list[int] = Field(default_factory=list)
+    errors: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="link -> replay, recovery, crc_flit, crc_data counters")
+    source: str | None = Field(default=None, description="nvml or nvidia-smi")
     reason: str | None = None
 
 
@@ -165,7 +203,12 @@ class Gpu(_Model):
     # zero UUID. None: not reported or not read (docs/facts.md section 15).
     fabric_cluster_uuid: str | None = None
     fabric_clique_id: int | None = None
+    # Used as the driver means it: without the driver's reserved memory (NVML's v2 memory call,
+    # nvidia-smi's "Used"); with memory_source "nvml_v1" the figure includes the reserved memory.
     memory_used_mib: int | None = None
+    memory_reserved_mib: int | None = None
+    memory_source: Literal["nvml_v2", "nvml_v1", "nvidia-smi"] | None = None
+    nvlink: GpuNvlink | None = None
     # None: not read (the call is missing or refused); []: no compute process on the GPU.
     processes: list[GpuProcess] | None = None
     # GPU health (schema 1.1); None: not read by this collector (older facts) or not captured.

@@ -18,23 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from k3fleet.contracts import (
     EARLIER_SEVERITY,
-    EXIT_FAILED,
-    EXIT_INCOMPLETE,
-    EXIT_OK,
     SEVERITY_RANK,
+    AuditOutcome,
     FindingKind,
     Severity,
-    combine,
     is_blocking,
     is_failure,
+    result_code,
 )
 from k3fleet.models.target import Strategy, StrategySetting
 
 __all__ = ["SEVERITY_RANK", "Finding", "FindingKind", "Severity", "earlier_finding"]
 
 HostStatus = Literal["pass", "warn", "fail", "unreachable"]
-# incomplete: no host was measured (every host unreachable or without readable facts): nothing to judge.
-Outcome = Literal["go_live", "observe_with_limits", "rebuild_environment", "expand_capacity", "incomplete"]
 
 
 class _Out(BaseModel):
@@ -240,7 +236,7 @@ class FleetVerdict(_Out):
     model_config = ConfigDict(extra="ignore")
 
     target: str
-    outcome: Outcome
+    outcome: AuditOutcome
     reasons: list[str]
     summary: VerdictSummary
     hosts: dict[str, HostVerdict]
@@ -272,8 +268,8 @@ class FleetVerdict(_Out):
         When both apply, 1 wins: a definite failure is a no-go whatever the missing
         hosts would show, and a caller that retries on 3 must not retry a known no-go.
         """
-        return combine(EXIT_FAILED if self.checks_failed else EXIT_OK,
-                       EXIT_INCOMPLETE if self.summary.unreachable or self.summary.evidence_incomplete else EXIT_OK)
+        return result_code(failed=self.checks_failed,
+                           incomplete=bool(self.summary.unreachable or self.summary.evidence_incomplete))
 
 
 def fleet_verdict_json_schema() -> dict[str, Any]:

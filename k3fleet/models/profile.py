@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from k3fleet.bounds import read_input
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 
 PROFILE_VERSION = "1.0"
 MAX_CONCURRENCY = 4096  # the load probe's own bound
@@ -64,6 +64,8 @@ class Slo(_Strict):
     ttft_p95_s: float = Field(gt=0, le=3600, description="time to first token, 95th percentile, seconds")
     itl_p95_s: float = Field(gt=0, le=3600, description="inter-token latency, 95th percentile, seconds")
     error_rate: float = Field(default=0.01, ge=0, le=1, description="share of requests that may fail")
+    e2e_p95_s: float | None = Field(default=None, gt=0, le=86400, description="end-to-end request time, 95th "
+                                                                             "percentile, seconds (optional)")
 
 
 def _one_line_each(values: list[str], what: str, limit: int, forbidden: str) -> list[str]:
@@ -103,6 +105,9 @@ class ProductionProfile(_Strict):
     sustained_s: float = Field(gt=0, le=_DAY, description="how long the peak lasts, seconds: the sustained "
                                                            "run must last at least this long")
     slo: Slo
+    request_rate_rps: float | None = Field(default=None, gt=0, le=10000,
+                                           description="expected peak request rate (requests/s, optional): the "
+                                                       "open-loop SLO search must find a rate at least this high")
     tools: list[str] = Field(default_factory=list, max_length=64,
                              description="files (JSON or YAML, relative to the profile) with the production tool "
                                          "definitions: a list of OpenAI tools or functions")
@@ -163,16 +168,6 @@ class LoadedProfile:
     @property
     def multimodal(self) -> bool:
         return self.profile.mix.multimodal > 0
-
-
-def _validation_line(label: str, exc: ValidationError) -> str:
-    e = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    msg = str(e["msg"]).removeprefix("Value error, ")
-    if e["type"] == "extra_forbidden":
-        msg = "unknown key (misspelt?)"
-    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{label}: {loc}: {msg}{more}"
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -247,7 +242,7 @@ def load_profile(path: Path) -> LoadedProfile:
     try:
         profile = ProductionProfile.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(_validation_line(f"profile {path}", exc)) from exc
+        raise UsageError(validation_line(exc, f"profile {path}")) from exc
     loaded = LoadedProfile(profile=profile, path=path, text=text)
     base = path.parent
     for rel in profile.tools:

@@ -24,7 +24,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 # The rules module itself (stdlib only): printing must not import the whole evidence package.
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import redact, redact_text
+from k3fleet.evidence.redact import redact, redact_text
 
 if TYPE_CHECKING:
     from rich.text import Text

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 # Every value is redacted and stripped of control characters before it is HTML-escaped.
+from k3fleet.contracts import OUTCOME_STATUS
 from k3fleet.report.escapes import safe_html as escape
 from k3fleet.report.plan import package_groups, plan_lines, plan_title
-from k3fleet.report.view import STATUS_ORDER, Chart, GpuHost, HeatMap, ReportView, plain_number
+from k3fleet.report.view import STATUS_ORDER, Chart, GpuHost, HeatMap, ReportView, approval_words, plain_number
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
@@ -35,10 +36,10 @@ th { background: #f6f8fa; font-weight: 600; }
 td.evidence { color: var(--muted); font-size: 12px; word-break: break-all; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600;
          color: #fff; }
-.s-pass, .o-go_live { background: var(--ok); }
-.s-fail, .o-rebuild_environment { background: var(--bad); }
-.s-missing, .s-error, .o-expand_capacity { background: var(--miss); }
-.s-skipped, .s-warn, .s-unreachable, .o-observe_with_limits { background: var(--warn); }
+.s-pass { background: var(--ok); }
+.s-fail { background: var(--bad); }
+.s-missing, .s-error { background: var(--miss); }
+.s-skipped, .s-warn, .s-unreachable { background: var(--warn); }
 .outcome { font-size: 20px; padding: 4px 14px; }
 .verdict { display: flex; gap: 14px; align-items: center; flex-wrap: wrap; }
 .chart { background: #fff; border: 1px solid #eaeef2; margin: 6px 12px 6px 0; }
@@ -120,6 +121,12 @@ _COUNT_AXES = ("requests", "concurrent sessions", "prompt tokens", "tokens", "se
 
 def _badge(status: str, css: str = "s") -> str:
     return f'<span class="badge {css}-{escape(status)}">{escape(status)}</span>'
+
+
+def _outcome_badge(outcome: str) -> str:
+    """The outcome in its report status's colour (k3fleet.contracts.OUTCOME_STATUS)."""
+    status = OUTCOME_STATUS.get(outcome, "missing")  # type: ignore[call-overload]
+    return f'<span class="badge outcome s-{status}">{escape(outcome)}</span>'
 
 
 def _section(title: str, headers: list[str], rows: list[str], table_id: str, *, sid: str | None = None) -> str:
@@ -310,9 +317,10 @@ def render_html(view: ReportView) -> str:
     verdict = ""
     if view.outcome is not None:
         approval = ("" if view.approved is None else
-                    _badge("approved", "s") if view.approved else '<span class="badge s-fail">NOT approved</span>')
+                    _badge("approved", "s") if view.approved else
+                    f'<span class="badge s-fail">{escape(approval_words(False, view.draft))}</span>')
         verdict = (f'<div class="verdict" id="decision" data-outcome="{escape(view.outcome)}" '
-                   f'data-approved="{str(view.approved).lower()}">{_badge(view.outcome, "o outcome o")}{approval}'
+                   f'data-approved="{str(view.approved).lower()}">{_outcome_badge(view.outcome)}{approval}'
                    f'<span>exit code {view.exit_code}</span></div>')
     elif view.exit_code is not None:
         verdict = f'<div class="verdict" id="decision"><span>exit code {view.exit_code}</span></div>'

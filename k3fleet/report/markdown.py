@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3fleet.contracts import OUTCOME_TEXT
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
 from k3fleet.report.escapes import safe_markdown
 from k3fleet.report.plan import plan_lines, plan_title
-
-_OUTCOME_TEXT = {
-    "go_live": "go live",
-    "observe_with_limits": "observe with limits",
-    "rebuild_environment": "rebuild the environment",
-    "expand_capacity": "expand capacity",
-    "incomplete": "incomplete: no host was measured",
-}
 
 
 def _cell(value: Any) -> str:
@@ -30,7 +23,7 @@ def render_audit(result: Any, target: Any) -> str:
     v: FleetVerdict = result.verdict
     s = v.summary
     lines = [
-        f"# k3fleet audit: {_OUTCOME_TEXT.get(v.outcome, v.outcome)}",
+        f"# k3fleet audit: {OUTCOME_TEXT[v.outcome]}",
         "",
         f"- Target: **{v.target}** (image `{target.image.ref}`, CUDA {target.image.cuda}, "
         f"driver R{target.driver.branch} {target.driver.target_version})",

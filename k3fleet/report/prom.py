@@ -17,10 +17,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from k3fleet import __version__
+from k3fleet.contracts import OUTCOMES
 from k3fleet.report.escapes import safe_text
 from k3fleet.report.view import ReportView
 
-OUTCOMES = ("go_live", "observe_with_limits", "rebuild_environment", "expand_capacity")
 STATUSES = ("pass", "fail", "error", "skipped")
 
 

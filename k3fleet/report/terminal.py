@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from k3fleet.contracts import OUTCOME_STATUS
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
 from k3fleet.report.escapes import safe_text
 from k3fleet.report.plan import host_list, package_groups, plan_lines, plan_title
@@ -21,8 +22,14 @@ from k3fleet.report.plan import host_list, package_groups, plan_lines, plan_titl
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "unreachable": "magenta"}
 # One style per step of the severity scale (k3fleet.contracts), for every table that prints findings.
 SEVERITY_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "dim"}
-_OUTCOME_STYLE = {"go_live": "bold green", "observe_with_limits": "bold yellow",
-                  "rebuild_environment": "bold red", "expand_capacity": "bold magenta", "incomplete": "bold magenta"}
+# An outcome printed in its report status's colour (k3fleet.contracts.OUTCOME_STATUS).
+_OUTCOME_STATUS_STYLE = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red", "missing": "bold magenta"}
+
+
+def outcome_style(outcome: str) -> str:
+    """The Rich style an outcome (the audit's or the decision's) is printed in."""
+    status = OUTCOME_STATUS.get(outcome)  # type: ignore[call-overload]
+    return _OUTCOME_STATUS_STYLE[status] if status else "bold"
 
 
 # Rows of the attention table by default (hosts sharing status and findings are one row); --all
@@ -70,7 +77,7 @@ def print_audit(console: Console, result: Any, show_all: bool = False) -> None:
     v: FleetVerdict = result.verdict
     s = v.summary
     run = result.run_dir.path
-    style = _OUTCOME_STYLE.get(v.outcome, "bold")
+    style = outcome_style(v.outcome)
     console.print(Text("verdict: ").append(v.outcome, style=style).append(f" (exit {result.exit_code})"))
     warned = sum(1 for h in v.hosts.values() if _host_status(h)[0].startswith("warn"))
     failing = sum(1 for h in v.hosts.values() if _host_status(h)[0].startswith("failing"))

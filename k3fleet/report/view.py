@@ -128,6 +128,7 @@ class ReportView:
     meta: list[tuple[str, str]] = field(default_factory=list)
     outcome: str | None = None
     approved: bool | None = None
+    draft: bool = False
     exit_code: int | None = None
     reasons: list[dict[str, Any]] = field(default_factory=list)
     limits: list[dict[str, Any]] = field(default_factory=list)
@@ -377,7 +378,7 @@ def accept_view(acc: Any, run: str, exit_code: int | None, results: Mapping[str,
     view.probes = probe_summaries(results)
     if acc.load is not None and "load" in results:
         data = results["load"].data or {}
-        view.charts = load_charts(curves)
+        view.charts = load_charts(curves) + gpu_charts(data.get("gpu"))
         view.slo = load_slo(data)
     return view
 
@@ -484,13 +485,17 @@ def probe_summaries(results: Mapping[str, Any]) -> list[ProbeSummary]:
 
 # Per phase: the x axis, then the charts as (title, unit, [(row key, label)]) (docs/acceptance.md, load rows).
 _PHASE_X = {"long_input": ("prompt_tokens_mean", "prompt tokens"), "agent_ramp": ("concurrency", "concurrent sessions"),
-            "sustained": ("t_start_s", "seconds into the run")}
+            "sustained": ("t_start_s", "seconds into the run"), "rate_ramp": ("rate_rps", "requests per second"),
+            "slo_search": ("rate_rps", "requests per second")}
 _CHARTS = (
     ("latency", "seconds", (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("e2e_p50_s", "end-to-end p50"),
                             ("itl_p50_s", "inter-token p50"))),
     ("queue", "requests", (("running_max", "running (max)"), ("waiting_max", "waiting (max)"))),
     ("KV cache", "fraction used", (("kv_usage_max", "KV usage (max)"),)),
+    ("goodput", "share within the SLO", (("goodput", "goodput"),)),
 )
+# GPU telemetry curves (load.json data.gpu.curves rows: t_s, used, free, power, utilisation).
+_GPU_CHARTS = (("GPU memory used", "MiB", 1), ("GPU power", "W", 3), ("GPU utilisation", "percent", 4))
 
 
 def load_charts(points: Sequence[dict[str, Any]]) -> list[Chart]:
@@ -510,6 +515,28 @@ def load_charts(points: Sequence[dict[str, Any]]) -> list[Chart]:
                     series.append(Series(label, sorted(xy)))
             if series:
                 charts.append(Chart(title=f"{phase}: {title}", x_label=x_label, y_label=unit, series=series))
+    return charts
+
+
+def gpu_charts(gpu: Any) -> list[Chart]:
+    """Per load phase, each GPU's memory used, power and utilisation against the run's seconds."""
+    curves = gpu.get("curves") if isinstance(gpu, dict) else None
+    charts: list[Chart] = []
+    if not isinstance(curves, dict):
+        return charts
+    for phase, gpus in curves.items():
+        if not isinstance(gpus, dict):
+            continue
+        for title, unit, col in _GPU_CHARTS:
+            series = []
+            for key, rows in sorted(gpus.items()):
+                xy = [(float(r[0]), float(r[col])) for r in rows if isinstance(r, list) and len(r) > col
+                      and _num(r[0]) is not None and _num(r[col]) is not None]
+                if xy:
+                    series.append(Series(f"GPU {key}", xy))
+            if series:
+                charts.append(Chart(title=f"{phase}: {title}", x_label="seconds into the run", y_label=unit,
+                                    series=series))
     return charts
 
 
@@ -544,10 +571,15 @@ def _owner_text(entry: Any) -> str | None:
     return f"{entry.owner}, by {entry.deadline}; rollback: {entry.rollback}" if entry is not None else None
 
 
+def approval_words(approved: bool, draft: bool) -> str:
+    """How every view says a decision's approval: a draft (unsigned) is never read as approved."""
+    return "approved" if approved else "DRAFT: unsigned, not approved" if draft else "NOT approved"
+
+
 def decision_view(d: Any, s: Any, run: str, curves: Sequence[dict[str, Any]] = ()) -> ReportView:
-    approval = "approved" if d.approved else "NOT approved"
+    approval = approval_words(d.approved, d.draft)
     view = ReportView(kind="decision", run=run, title=f"k3fleet decision: {d.outcome} ({approval})",
-                      outcome=d.outcome, approved=d.approved, exit_code=d.exit_code)
+                      outcome=d.outcome, approved=d.approved, exit_code=d.exit_code, draft=d.draft)
     view.meta += [("reviewer", f"{d.reviewer or '?'} at {d.reviewed_at or '?'}"), ("track", d.track),
                   ("target", f"{s.target.name} ({s.target.image})")]
     if d.service_owner:

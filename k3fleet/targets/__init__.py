@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from k3fleet.bounds import read_input
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, error_location, error_message
 from k3fleet.models.target import CudaDriverMatrix, Target, TargetConflict
 
 DEFAULT_TARGET = "kimi-k3.yaml"
@@ -51,10 +51,6 @@ def default_target_path() -> Path:
     return _packaged(DEFAULT_TARGET)
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
-
-
 def _from_validation(label: str, exc: ValidationError) -> TargetError:
     errors = exc.errors(include_url=False)
     first = errors[0]
@@ -62,17 +58,11 @@ def _from_validation(label: str, exc: ValidationError) -> TargetError:
     if isinstance(conflict, TargetConflict):
         # A contradiction between fields: name the field to change, not the top level.
         return TargetError(label, conflict.field, str(conflict))
-    field = _loc(first["loc"])
-    problem = str(first["msg"]).removeprefix("Value error, ")
+    field = error_location(first["loc"])
     # Our own validators already quote the bad value; pydantic's built-in messages do not.
-    if "input" in first and first["type"] not in ("missing", "extra_forbidden", "value_error") and not isinstance(
-        first["input"], dict | list
-    ):
-        problem += f" (got {first['input']!r})"
-    if first["type"] == "extra_forbidden":
-        problem = "unknown key (misspelt?)"
+    problem = error_message(first, show_input=True)
     if len(errors) > 1:
-        rest = ", ".join(_loc(e["loc"]) for e in errors[1:4])
+        rest = ", ".join(error_location(e["loc"]) for e in errors[1:4])
         more = "" if len(errors) <= 4 else f" and {len(errors) - 4} more"
         problem += f"; also invalid: {rest}{more}"
     return TargetError(label, field, problem)

@@ -26,7 +26,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_probe import c
 from k3fleet.accept.result import finding
 from k3fleet.accept.startup import analyse_startup
 from k3fleet.bounds import cap_bytes, limit_hint, read_input
-from k3fleet.contracts import Severity
+from k3fleet.contracts import Severity, result_code
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
 from k3fleet.evidence.reader import open_run
@@ -172,7 +172,7 @@ class TriageResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(f.failed for f in self.findings) else 0
+        return result_code(failed=any(f.failed for f in self.findings))
 
     def to_json(self) -> dict[str, Any]:
         drv = self.facts.get("driver") or {}

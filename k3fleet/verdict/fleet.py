@@ -5,7 +5,9 @@ derived from the hosts' GPU memory (:mod:`k3fleet.verdict.strategy`). It sets th
 minimum and whether every node needs RDMA; the verdict's ``strategy`` and its last
 reason say which strategy was used and why.
 
-Outcome precedence (first that applies; ``incomplete`` before all when no host was measured):
+Outcome precedence (``k3fleet.contracts.AUDIT_PRECEDENCE``, the first that applies; ``incomplete``
+before all when no host was measured; the decision ranks expand_capacity and rebuild_environment the
+other way, for the reason written beside the two orders):
 
 1. ``expand_capacity``: even after the planned driver change the healthy GPUs stay
    below the target's minimum; no driver work reaches go-live.
@@ -34,6 +36,7 @@ from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
+from k3fleet.contracts import AuditOutcome, first_outcome
 from k3fleet.models.facts import HostFacts, SchedulerFacts, unchecked
 from k3fleet.models.findings import (
     SEVERITY_RANK,
@@ -44,7 +47,6 @@ from k3fleet.models.findings import (
     HostStatus,
     HostVerdict,
     InterconnectSummary,
-    Outcome,
     Severity,
     StrategyDecision,
     VerdictSummary,
@@ -549,8 +551,7 @@ def _strategy_findings(d: StrategyDecision, target: Target, fl: _Fleet) -> None:
 
 def _outcome(
     groups: list[_Group], s: VerdictSummary, need: int, basis: str, plan: ChangePlan, fleet_findings: list[Finding]
-) -> tuple[Outcome, list[str]]:
-    reasons: list[str] = []
+) -> tuple[AuditOutcome, list[str]]:
     if not groups:
         return "incomplete", [f"no host was measured ({s.unreachable} unreachable, {s.failed} without readable "
                               "facts): nothing can be judged; reach the hosts and audit again"]
@@ -563,40 +564,41 @@ def _outcome(
             n_chain += len(g.hosts)
             for check_id in ids:
                 chain_ids[check_id] += len(g.hosts)
-    if s.unreachable:
-        reasons.append(f"{s.unreachable} host(s) unreachable: their GPUs are not counted")
+    unreachable = [f"{s.unreachable} host(s) unreachable: their GPUs are not counted"] if s.unreachable else []
+    # Every outcome that applies, with its reasons; AUDIT_PRECEDENCE picks the one the audit gives.
+    applies: dict[AuditOutcome, list[str]] = {}
     if s.gpus_after_plan < need:
-        reasons.insert(0, f"{s.gpus_after_plan} GPUs would be healthy after the planned driver change, "
-                          f"{need} required ({basis})")
-        return "expand_capacity", reasons
+        applies["expand_capacity"] = [f"{s.gpus_after_plan} GPUs would be healthy after the planned driver change, "
+                                      f"{need} required ({basis})", *unreachable]
     # A backend whose transport the hosts lack fails the engine's start: the environment is rebuilt, not limited.
-    a2a = [f for f in fleet_findings if f.check_id == "fleet.all2all_topology" and f.kind == "fail"]
+    a2a = [f"{f.message}; fix: {f.fix}" for f in fleet_findings
+           if f.check_id == "fleet.all2all_topology" and f.kind == "fail"][:1]
     if n_chain:
-        if a2a:
-            reasons.append(f"{a2a[0].message}; fix: {a2a[0].fix}")
         listed = ", ".join(f"{k} ({n})" for k, n in sorted(chain_ids.items()))
-        reasons.insert(0, f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {listed}")
         n_driver = sum(1 for u in plan.needs_upgrade if u.scope == "driver")
         n_fm = len(plan.needs_upgrade) - n_driver
-        if n_driver or n_fm:
-            reasons.append(f"the change plan moves {n_driver} host(s) to the target driver"
-                           + (f" and {n_fm} host(s) to the Fabric Manager of their driver's version" if n_fm else ""))
-        return "rebuild_environment", reasons
-    if a2a:
-        reasons.insert(0, f"{a2a[0].message}; fix: {a2a[0].fix}")
-        return "rebuild_environment", reasons
+        moves = ([f"the change plan moves {n_driver} host(s) to the target driver"
+                  + (f" and {n_fm} host(s) to the Fabric Manager of their driver's version" if n_fm else "")]
+                 if n_driver or n_fm else [])
+        applies["rebuild_environment"] = [f"{n_chain} host(s) fail the image -> CUDA -> driver chain: {listed}",
+                                          *unreachable, *a2a, *moves]
+    elif a2a:
+        applies["rebuild_environment"] = [*a2a, *unreachable]
     fleet_errors = sorted({f.check_id for f in fleet_findings if f.blocking})
     warnings = s.findings.get("warning", 0)
     if not (fleet_errors or s.failed or s.unreachable or s.evidence_incomplete or warnings):
-        return "go_live", [f"all {s.hosts} host(s) pass; {s.gpus_healthy} healthy GPUs, {need} required"]
-    # Enough healthy GPUs remain: serve on them, and say what limits that.
-    if s.failed:
-        reasons.insert(0, f"{s.failed} host(s) fail checks and are left out; {s.gpus_healthy} healthy GPUs "
-                          f"meet the {need} required")
-    if fleet_errors:
-        reasons.append(f"fleet-wide errors: {', '.join(fleet_errors)}")
-    if s.evidence_incomplete:
-        reasons.append("some evidence could not be read (unknown findings of error severity)")
-    if warnings:
-        reasons.append(f"{warnings} warning(s) to observe")
-    return "observe_with_limits", reasons
+        applies["go_live"] = [f"all {s.hosts} host(s) pass; {s.gpus_healthy} healthy GPUs, {need} required"]
+    else:
+        # Enough healthy GPUs remain: serve on them, and say what limits that.
+        limited = ([f"{s.failed} host(s) fail checks and are left out; {s.gpus_healthy} healthy GPUs "
+                    f"meet the {need} required"] if s.failed else [])
+        limited += unreachable
+        if fleet_errors:
+            limited.append(f"fleet-wide errors: {', '.join(fleet_errors)}")
+        if s.evidence_incomplete:
+            limited.append("some evidence could not be read (unknown findings of error severity)")
+        if warnings:
+            limited.append(f"{warnings} warning(s) to observe")
+        applies["observe_with_limits"] = limited
+    outcome = first_outcome(applies)
+    return outcome, applies[outcome]

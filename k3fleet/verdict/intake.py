@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError, create_model
 
+from k3fleet.errors import validation_line
 from k3fleet.models.facts import (
     ActiveFacts,
     ContainerFacts,
@@ -91,13 +92,7 @@ def gc_paused(freeze: bool = False) -> Iterator[None]:
 
 def describe_invalid(host: str, exc: ValidationError) -> str:
     """One line: which host, which field, what is wrong (and how many more problems)."""
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    got = first.get("input")
-    detail = f" (got {got!r})" if first["type"] != "missing" and not isinstance(got, dict | list) else ""
-    more = f"; {len(errors) - 1} more problem(s)" if len(errors) > 1 else ""
-    return f"host {host}: facts invalid at {loc}: {first['msg']}{detail}{more}"
+    return f"host {host}: facts invalid at {validation_line(exc, show_input=True)}"
 
 
 def validate_facts(

@@ -64,6 +64,20 @@ def test_each_breaker_is_named(tmp_path: Path, second: dict[str, Any], breaker: 
     assert f"accept.prefix_lint.{breaker}" in ids(result), result.findings
 
 
+@pytest.mark.parametrize(("old", "new"), [
+    ("2026-12-04T15:30:00Z", "2026-12-04T15:31:07Z"),          # only the minutes and seconds change
+    ("2026-12-04T15:30:00.123+01:00", "2026-12-04T15:30:00.456+01:00"),
+    ("2026-12-04 15:30:00", "2026-12-04 15:30:01"),
+    ("1733325000", "1733325060"),
+])
+def test_an_iso_8601_timestamp_mid_prompt_is_named(tmp_path: Path, old: str, new: str) -> None:
+    """The diff of two RFC 3339 times is a digit or two inside ``T15:30:00Z``, which has no word
+    boundary around it: the timestamp is found in the whole prompt, where the change falls."""
+    rows = [body(system=f"You are helpful. Current time: {t}. Be nice.\n" + SYSTEM) for t in (old, new)]
+    assert "timestamp_in_system" in {f.check_id.rsplit(".", 1)[-1] for f in lint_captures(write(tmp_path, rows))
+                                     .findings}
+
+
 def test_tool_key_order_after_a_gateway(tmp_path: Path) -> None:
     before = body()
     after = body()

@@ -209,3 +209,19 @@ def test_real_start_failures_of_the_cpu_build_are_classified(name: str, fid: str
     assert result.data["vllm_version"] == "0.32.0"
     # The named cause is the only failure: no generic crash finding beside it.
     assert "accept.startup.crash" not in {f.check_id for f in result.findings}
+
+
+@pytest.mark.parametrize(("name", "memory"), [
+    ("model_loading_tp.log", {"weights_load_s": 24.84, "weights_gib": 12.66, "model_load_s": 31.657031}),
+    ("model_loading_runner_v2.log", {"weights_load_s": 26.93, "weights_gib": 7.64, "model_load_s": 32.969258}),
+    ("kv_cache_init_engine.log", {"kv_cache_gib": 100.43, "kv_cache_tokens": 2925232, "concurrency_tokens": 32768,
+                                  "max_concurrency_x": 89.27, "init_s": 2.6}),
+    # The lab's CPU vLLM sets its KV cache explicitly (0.0 of 9.46 GiB here) and loads no weights to speak of.
+    ("cpu_0_32_kv_capacity.log", {"weights_load_s": 0.0, "kv_cache_gib": 0.0}),
+    ("synthetic_kimi_k3_ready.log", {"kv_cache_tokens": 1587648, "init_s": 587.2}),
+])
+def test_startup_memory_and_init_time_are_read_from_the_log(name: str, memory: dict[str, float]) -> None:
+    res = analyse_startup((FIX / name).read_text())
+    assert res.data["memory"] == memory
+    from k3fleet.accept.startup import summary_lines
+    assert any(line.startswith("start-up memory: ") for line in summary_lines(res))

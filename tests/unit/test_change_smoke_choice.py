@@ -17,7 +17,8 @@ from k3fleet.change import UpgradeOptions
 from k3fleet.change.night import ChangeResult, change_timeouts, extravars, finish, resumed_timeouts
 from k3fleet.change.record import ChangeRecord, HostPlan, SmokeChoice
 from k3fleet.change.smoke import SKIPPED, check_one_node, describe, resumed_smoke, smoke_choice, smoke_warnings
-from k3fleet.errors import EXIT_USAGE, UsageError
+from k3fleet.contracts import EXIT_USAGE
+from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir
 from k3fleet.models.findings import StrategyDecision
 from k3fleet.models.target import ChangeSpec

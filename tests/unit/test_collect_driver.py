@@ -353,6 +353,7 @@ class FakeNvml(types.ModuleType):
 
     NVMLError = pynvml.NVMLError
     c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
 
     def __init__(self, gpus: list[dict[str, Any]], *, init_error: BaseException | None = None,
                  driver: Any = "580.95.05", cuda: int = 13000, lost_index: int | None = None) -> None:
@@ -392,8 +393,13 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetUUID(self, handle: int) -> Any:
         return self.gpus[handle]["uuid"]
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
-        return types.SimpleNamespace(total=self.gpus[handle]["mem_bytes"], free=0, used=0)
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> Any:
+        gpu = self.gpus[handle]
+        if not version:
+            return types.SimpleNamespace(total=gpu["mem_bytes"], free=0, used=gpu.get("reserved_bytes", 0))
+        if "reserved_bytes" not in gpu:
+            raise pynvml.NVMLError_FunctionNotFound()  # a driver before the v2 call
+        return types.SimpleNamespace(total=gpu["mem_bytes"], free=0, used=0, reserved=gpu["reserved_bytes"])
 
     def nvmlDeviceGetPersistenceMode(self, handle: int) -> int:
         return self.gpus[handle]["persistence"]
@@ -414,13 +420,19 @@ class FakeNvml(types.ModuleType):
 
 
 # NVML return values, in the types nvidia-ml-py 12.x (bytes) and 13.x (str) return. Name, memory and
-# compute capability are the H200's; the UUIDs and bus ids are placeholders in NVML's format.
+# compute capability are the H200's; the UUIDs and bus ids are placeholders in NVML's format. The first
+# answers the v2 memory call with the real idle H200's reserved bytes (tests/fixtures/gpu_health/h200_r580/
+# health-nvml-py.txt: reserved 644939776 B, used 0 B); the second has no v2 call (an older driver).
 H200 = [
     {"name": b"NVIDIA H200", "uuid": b"GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165", "mem_bytes": 143771 * 1024 * 1024,
-     "persistence": 1, "cc": (9, 0), "bus": b"00000000:1B:00.0", "fabric": 3},
+     "reserved_bytes": 644939776, "persistence": 1, "cc": (9, 0), "bus": b"00000000:1B:00.0", "fabric": 3},
     {"name": "NVIDIA H200", "uuid": "GPU-50404ee7-1d50-1d0c-6780-806cf66543b8", "mem_bytes": 143771 * 1024 * 1024,
      "persistence": 0, "cc": (9, 0), "bus": "00000000:43:00.0", "fabric": pynvml.NVMLError_NotSupported()},
 ]
+
+
+NO_NVLINK_CALL = {"links": None, "active": [], "inactive": [], "errors": {}, "source": "nvml",
+                  "reason": "bindings lack nvmlDeviceGetNvLinkState"}
 
 
 def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
@@ -441,13 +453,16 @@ def test_collect_nvml_lists_gpus_bytes_and_str() -> None:
         assert gpu.pop("pcie")["gen_current"] is None
     assert got["gpus"] == [
         {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a4626a2-1754-c017-fdb7-6d7d682f4165",
-         "memory_total_mib": 143771, "memory_used_mib": 0, "persistence_mode": True, "compute_capability": "9.0",
+         "memory_total_mib": 143771, "memory_used_mib": 0, "memory_reserved_mib": 615, "memory_source": "nvml_v2",
+         "nvlink": NO_NVLINK_CALL,
+         "persistence_mode": True, "compute_capability": "9.0",
          "pci_bus_id": "00000000:1B:00.0", "fabric_state": "completed", "fabric_status": "success",
          "fabric_health": no_health, "processes": None,
          # Registration completed: the domain is read (this fake leaves the struct's UUID and clique zero).
          "fabric_cluster_uuid": "00000000-0000-0000-0000-000000000000", "fabric_clique_id": 0},
         {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-50404ee7-1d50-1d0c-6780-806cf66543b8",
-         "memory_total_mib": 143771, "memory_used_mib": 0, "persistence_mode": False, "compute_capability": "9.0",
+         "memory_total_mib": 143771, "memory_used_mib": 0, "memory_reserved_mib": None, "memory_source": "nvml_v1",
+         "nvlink": NO_NVLINK_CALL, "persistence_mode": False, "compute_capability": "9.0",
          "pci_bus_id": "00000000:43:00.0", "fabric_state": "not_supported", "fabric_status": None,
          "fabric_health": None, "processes": None, "fabric_cluster_uuid": None, "fabric_clique_id": None},
     ]
@@ -557,8 +572,11 @@ def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert facts["platform"] == {"kind": "discrete", "l4t_release": None, "evidence": None}
     assert facts["gpu_count"] == 2
     assert facts["cuda_driver_version"] == "13.0"
-    # nvidia-smi is not needed; only the kernel log is read (for Xid lines), here absent.
-    assert [c["argv"][0] for c in reader.commands] == ["dmesg", "journalctl"]
+    # GPU 1 answered only NVML's v1 memory call (used counts reserved): nvidia-smi -q -d MEMORY is asked
+    # for its Used and Reserved (here not installed: a note says the figure includes reserved memory);
+    # then the kernel log (for Xid lines), here absent.
+    assert [c["argv"][:2] for c in reader.commands] == [["nvidia-smi", "-q"], ["dmesg"], ["journalctl", "-k"]]
+    assert "GPU used memory includes the driver's reserved memory" in facts["reason"]
     assert facts["kernel_log"]["status"] == "unknown"
 
 
@@ -671,7 +689,9 @@ def test_collect_driver_nvidia_smi_fills_fabric_state(tmp_path: Path, monkeypatc
     assert parsed.source == "nvidia-smi"
     assert [g.fabric_state for g in parsed.gpus] == ["completed"] * 8
     assert [g.fabric_status for g in parsed.gpus] == ["success"] * 2 + ["insufficient_resources"] + ["success"] * 5
-    assert (parsed.driver_version, parsed.cuda_driver_version, parsed.reason) == ("565.57.01", "12.7", None)
+    # This fake nvidia-smi answers no `nvlink -s`: the NVLink state is unknown, said in the reason.
+    assert (parsed.driver_version, parsed.cuda_driver_version, parsed.reason) == (
+        "565.57.01", "12.7", "NVLink state unknown: nvidia-smi nvlink -s: exit 127")
     assert ["nvidia-smi", "-q"] in [c["argv"] for c in reader.commands]
 
 
@@ -682,7 +702,8 @@ def test_collect_driver_nvidia_smi_fabric_na_is_a_note(tmp_path: Path, monkeypat
                           fixture("smi_query_h100x8.csv"), q)
     assert facts["status"] == "ok"
     assert [g["fabric_state"] for g in facts["gpus"]] == [None] * 8
-    assert facts["reason"] == "GPU fabric state unknown: GPU 0-7: State N/A"
+    assert facts["reason"] == ("GPU fabric state unknown: GPU 0-7: State N/A; "
+                               "NVLink state unknown: nvidia-smi nvlink -s: exit 127")
 
 
 def test_collect_driver_nvidia_smi_q_failure_keeps_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -753,22 +774,25 @@ def _block(text: str) -> list[Any]:
 @pytest.mark.parametrize(("rel", "field", "expected"), [
     # The 8x H100 capture: ECC on, every counter 0, Gen 5 x16, only Idle active.
     ("driver/smi_q_565_h100x8_fabric_completed.txt", "ecc",
-     {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "reason": None}),
+     {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "volatile_corrected": 0,
+      "aggregate_corrected": 0, "reason": None}),
+    # "Replays Since Reset : 7" on one GPU of that capture (PCIe replays since the driver loaded).
     ("driver/smi_q_565_h100x8_fabric_completed.txt", "pcie",
-     {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "reason": None}),
+     {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "replay_counter": 7, "reason": None}),
     ("driver/smi_q_565_h100x8_fabric_completed.txt", "throttle", {"active": ["idle"], "mask": None, "reason": None}),
     # The RTX 4090 at idle: ECC disabled (N/A counters), Gen 1 of 4.
     ("driver/smi_q_535_rtx4090x8_fabric_na.txt", "ecc",
      {"mode": "disabled", "volatile_uncorrected": None, "aggregate_uncorrected": None,
-      "reason": "ECC is disabled on this GPU"}),
+      "volatile_corrected": None, "aggregate_corrected": None, "reason": "ECC is disabled on this GPU"}),
     ("driver/smi_q_535_rtx4090x8_fabric_na.txt", "pcie",
-     {"gen_current": 1, "gen_max": 4, "width_current": 16, "width_max": 16, "reason": None}),
+     {"gen_current": 1, "gen_max": 4, "width_current": 16, "width_max": 16, "replay_counter": 0, "reason": None}),
     # R580.159's 55-character layout, with R550's split SRAM counters.
     ("driver/smi_q_580_h200_idle.txt", "remapped_rows",
      {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False, "retired_pages_pending": None,
       "reason": None}),
     ("gpu_health/smi_q_580_h200_ecc_remap_pending.txt", "ecc",
-     {"mode": "enabled", "volatile_uncorrected": 4, "aggregate_uncorrected": 4, "reason": None}),
+     {"mode": "enabled", "volatile_uncorrected": 4, "aggregate_uncorrected": 4, "volatile_corrected": 0,
+      "aggregate_corrected": 0, "reason": None}),
     ("gpu_health/smi_q_580_h200_power_brake_x8.txt", "throttle",
      {"active": ["hw_slowdown", "hw_power_brake_slowdown"], "mask": None, "reason": None}),
     # Published sections: gpud pull request 80 (pending remap), kubeflow issue 68 (pre-R535 label).
@@ -802,8 +826,8 @@ class HealthNvml(FakeNvml):
         return value
 
     def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
-        assert kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        return self._get(handle, "ecc")[0 if counter == pynvml.NVML_VOLATILE_ECC else 1]  # type: ignore[no-any-return]
+        key = "ecc" if kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "ecc_corrected"
+        return self._get(handle, key)[0 if counter == pynvml.NVML_VOLATILE_ECC else 1]  # type: ignore[no-any-return]
 
     def nvmlDeviceGetEccMode(self, handle: int) -> tuple[int, int]:
         return 1, 1
@@ -828,17 +852,21 @@ class HealthNvml(FakeNvml):
 
 
 def test_nvml_health_values_and_not_supported_is_unknown_not_a_pass() -> None:
-    sick = dict(H200[0], ecc=(2, 6), rows=(0, 4, 1, 0), clocks=0x8 | 0x80, link=(5, 8))
-    old = dict(H200[1], ecc=pynvml.NVMLError_NotSupported(), rows=pynvml.NVMLError_NotSupported(),
+    sick = dict(H200[0], ecc=(2, 6), ecc_corrected=(120, 30000), rows=(0, 4, 1, 0), clocks=0x8 | 0x80, link=(5, 8))
+    old = dict(H200[1], ecc=pynvml.NVMLError_NotSupported(), ecc_corrected=pynvml.NVMLError_NotSupported(),
+               rows=pynvml.NVMLError_NotSupported(),
                clocks=pynvml.NVMLError_NotSupported(), link=(1, 16))
     got = nvml.collect_nvml(HealthNvml([sick, old]))
     assert got["nvml"]["status"] == "ok"
     a, b = got["gpus"]
-    assert a["ecc"] == {"mode": "enabled", "volatile_uncorrected": 2, "aggregate_uncorrected": 6, "reason": None}
+    assert a["ecc"] == {"mode": "enabled", "volatile_uncorrected": 2, "aggregate_uncorrected": 6,
+                        "volatile_corrected": 120, "aggregate_corrected": 30000, "reason": None}
     assert a["remapped_rows"] == {"correctable": 0, "uncorrectable": 4, "pending": True, "failure": False,
                                   "retired_pages_pending": None, "reason": None}
     assert a["throttle"] == {"active": ["hw_slowdown", "hw_power_brake_slowdown"], "mask": 0x88, "reason": None}
-    assert a["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 8, "width_max": 16, "reason": None}
+    # This fake has no nvmlDeviceGetPcieReplayCounter: the counter is unknown, not 0.
+    assert a["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 8, "width_max": 16,
+                         "replay_counter": None, "reason": None}
     assert b["ecc"]["volatile_uncorrected"] is None and "NotSupported" in b["ecc"]["reason"]
     assert b["remapped_rows"]["pending"] is None and "NotSupported" in b["remapped_rows"]["reason"]
     assert b["throttle"]["active"] == [] and "NotSupported" in b["throttle"]["reason"]

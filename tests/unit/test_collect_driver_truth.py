@@ -23,6 +23,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_smi as 
 from k3fleet.models.facts import DriverFacts
 
 FIX, fixture = fixtures("driver")
+_HEALTH, health_fixture = fixtures("gpu_health")
 H100_Q = "smi_q_565_h100x8_fabric_completed.txt"
 
 
@@ -450,14 +451,21 @@ def test_smi_path_reads_r610_header_and_usage(tmp_path: Path, monkeypatch: pytes
 def test_recorded_h200_idle_and_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, used: int,
                                      procs: list[dict[str, Any]]) -> None:
     without_nvml(monkeypatch)
+    # `nvidia-smi nvlink -s` of the same H200 (no NVLink in that VM) printed nothing at all, exit 0
+    # (tests/fixtures/gpu_health/h200_r580/health-nvlink-s.txt).
     fake_command(tmp_path / "bin", "nvidia-smi", [("*--query-gpu*", fixture("smi_query_h200_580.csv"), "", 0),
-                                                  ("-q*", fixture(name), "", 0)])
+                                                  ("-q*", fixture(name), "", 0),
+                                                  ("nvlink*", health_fixture("h200_r580/health-nvlink-s.txt"), "", 0)])
     reader = node(tmp_path, {"/proc/driver/nvidia/version": fixture("proc_version_open_x86_64.txt")})
     facts = drv.collect_driver(reader)
     DriverFacts.model_validate(facts)
     assert (facts["driver_version"], facts["cuda_driver_version"]) == ("580.159.04", "13.0")
     (gpu,) = facts["gpus"]
     assert (gpu["memory_total_mib"], gpu["memory_used_mib"], gpu["processes"]) == (143771, used, procs)
+    # nvidia-smi's Used leaves out the driver's 616 MiB reserved memory.
+    assert (gpu["memory_reserved_mib"], gpu["memory_source"]) == (616, "nvidia-smi")
+    # An empty `nvlink -s` is "no links", not "every link healthy".
+    assert (gpu["nvlink"]["links"], gpu["nvlink"]["source"]) == (0, "nvidia-smi")
     # A GPU without an NVLink fabric: State N/A and the whole R580.159 Health block N/A.
     assert gpu["fabric_state"] is None
     assert gpu["fabric_health"] == {field: None for field, _ in smi.SMI_FABRIC_HEALTH_FIELDS.values()} | {"other": {}}

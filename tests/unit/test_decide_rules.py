@@ -16,6 +16,7 @@ import pytest
 
 from k3fleet.decide import RULES, build_checklist, decide
 from k3fleet.decide.checklist import ITEM_IDS
+from k3fleet.decide.envelope import tested_text as envelope_text
 from k3fleet.decide.models import (
     AcceptEvidence,
     AgentCase,
@@ -90,7 +91,7 @@ def healthy() -> EvidenceSummary:
                                                  model="moonshotai/Kimi-K3", startup=startup, prefix_cache=pc,
                                                  agent=agent, load=load),
                            reviewer="carol", reviewed_at="2026-11-30T12:00:00+00:00", service_owner="serving-team",
-                           rollback_owner="erin", profile=PROFILE.model_copy(deep=True),
+                           rollback_owner="erin", profile=PROFILE.model_copy(deep=True), signed=True,
                            runs=[RunInfo(label="accept-1", kind="accept", path="/runs/accept-1", user="alice"),
                                  RunInfo(label="audit-1", kind="audit", path="/runs/audit-1", user="alice")],
                            owners=OwnersFile(limits={k: OwnerEntry(**LIMIT_OWNER) for k in LIMIT_KINDS}),
@@ -666,3 +667,53 @@ def test_the_reader_takes_the_oom_records_the_load_probe_writes(tmp_path: Path) 
     bad = ProbeResult(probe="load", status="fail", reason="OOM", data={"oom_records": [{"t_s": "soon"}]})
     with pytest.raises(UsageError, match=r"load.json: data.oom_records.0.t_s"):
         _load_evidence(RunReader(tmp_path, "accept-1"), bad, ref)
+
+
+def test_the_profile_rate_needs_an_slo_search_that_reaches_it() -> None:
+    # The profile peaks at 20 requests/s: no search is a gap, a search that found 12 is a gap, 24 covers it.
+    def rated(s: EvidenceSummary) -> EvidenceSummary:
+        assert s.profile is not None
+        s.profile.request_rate_rps = 20.0
+        return s
+    none = decide(_apply(_chain(rated, _set("accept.load.held_rps", 8.0))))
+    gaps = [r.text for r in none.reasons if r.rule == "envelope.gap"]
+    assert any("no SLO search found the highest rate within the SLO (held 8 requests/s), the profile peaks at 20"
+               in g for g in gaps), gaps
+    low = decide(_apply(_chain(rated, _set("accept.load.slo_rps", 12.0))))
+    assert any("goodput meets the SLO up to 12 requests/s, the profile peaks at 20" in r.text for r in low.reasons)
+    ok = decide(_apply(_chain(rated, _set("accept.load.slo_rps", 24.0), _set("accept.load.rate_margin", 0.2))))
+    assert not [r for r in ok.reasons if r.rule == "envelope.gap"] and ok.outcome == "go_live"
+    tested = envelope_text(_acc(_apply(_set("accept.load.slo_rps", 24.0))).load)
+    assert "24 requests/s within the SLO (open loop)" in tested
+
+
+@pytest.mark.parametrize("outcome_mut", [None, _set("profile", None)])
+def test_an_unsigned_decision_the_evidence_would_approve_is_a_draft(outcome_mut: Any) -> None:
+    """"A reviewer has signed the final go-live outcome": unsigned, go_live is a draft, exit 3."""
+    s = _apply(outcome_mut)
+    signed = decide(s)
+    s.signed = False
+    draft = decide(s)
+    if signed.approved:
+        assert not draft.approved and draft.draft and draft.exit_code == 3, draft
+        assert draft.outcome == signed.outcome
+        assert draft.reasons[-1].rule == "signoff.unsigned" and "--sign-key" in draft.reasons[-1].text
+        assert draft.baseline is None and draft.rate_limits == []
+    else:  # not approved anyway: never called a draft, the exit unchanged
+        assert not draft.draft and draft.exit_code == signed.exit_code
+
+
+def test_an_interval_that_crosses_the_profile_limit_is_a_gap() -> None:
+    # The healthy evidence's mean held (64 concurrent, TTFT within 2 s) but over 5 runs the intervals reach past.
+    d = decide(_apply(_chain(_set("accept.load.repeats", 5),
+                             _set("accept.load.intervals", {"held_concurrency": [48.0, 70.0],
+                                                            "ttft_p95_s": [1.2, 2.6], "itl_p95_s": [0.05, 0.08]}))))
+    gaps = [r.text for r in d.reasons if r.rule == "envelope.gap"]
+    assert any("held concurrency's 95% interval over 5 runs (48-70) reaches below the profile's 64" in g
+               for g in gaps), gaps
+    assert any("TTFT p95 95% interval over 5 runs (1.2-2.6 s) crosses the profile's 2 s" in g for g in gaps), gaps
+    assert not any("inter-token" in g for g in gaps) and d.outcome != "go_live"
+    inside = decide(_apply(_chain(_set("accept.load.repeats", 5),
+                                  _set("accept.load.intervals", {"held_concurrency": [64.0, 64.0],
+                                                                 "ttft_p95_s": [1.2, 1.8]}))))
+    assert not [r for r in inside.reasons if r.rule == "envelope.gap"]

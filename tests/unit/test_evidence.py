@@ -28,6 +28,7 @@ from k3fleet.evidence import (
     redact_yaml,
     verify_run,
 )
+from k3fleet.evidence.reader import RunReader
 
 # -- names -------------------------------------------------------------------------------------
 
@@ -331,19 +332,28 @@ def test_open_rejects_non_run_dir(tmp_path: Path) -> None:
         RunDir.open(tmp_path / "nope")
 
 
-def test_read_json_errors_are_one_line(tmp_path: Path) -> None:
+def test_run_reader_errors_are_one_line(tmp_path: Path) -> None:
+    """The one reader of run directories: a missing file is exit 3 (incomplete), a file that is there
+    but is no run file (not JSON, not UTF-8, a list, a directory) exit 2, each one line."""
     rd = RunDir.create(tmp_path, "audit", ["k3fleet"])
+    reader = RunReader(rd.path, "r1")
     (rd.path / "verdict.json").write_text("{not json")
-    with pytest.raises(UsageError, match="not valid JSON"):
-        rd.read_json("verdict.json")
-    with pytest.raises(UsageError, match="missing"):
-        rd.read_json("plan.json")
+    with pytest.raises(UsageError, match=r"^run r1: verdict.json is not valid JSON"):
+        reader.json("verdict.json")
+    with pytest.raises(IncompleteError, match=r"^run r1: plan.json is missing: the run directory is incomplete$"):
+        reader.json("plan.json")
+    with pytest.raises(IncompleteError, match=r"plan.jsonl is missing"):
+        reader.rows("plan.jsonl")
     (rd.path / "bin.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff")
-    with pytest.raises(UsageError, match="not UTF-8"):
-        rd.read_json("bin.json")
+    with pytest.raises(UsageError, match=r"not UTF-8"):
+        reader.json("bin.json")
     (rd.path / "list.json").write_text("[1, 2]")
-    with pytest.raises(UsageError, match="JSON list, expected an object"):
-        rd.read_object("list.json")
+    with pytest.raises(UsageError, match=r"list.json holds a JSON list, expected an object"):
+        reader.object("list.json")
+    (rd.path / "dir.json").mkdir()
+    with pytest.raises(UsageError, match=r"dir.json is not a run file: Is a directory"):
+        reader.json("dir.json")
+    assert not hasattr(RunDir, "read_json") and not hasattr(RunDir, "read_object")
 
 
 # -- manifest and verify -------------------------------------------------------------------------
@@ -462,6 +472,7 @@ def test_redact_text_new_shapes(text: str, kept: str) -> None:
 @pytest.mark.parametrize(
     "text",
     ["the api key is missing", "bearer token expired", "sign with --sign-key KEY", "--api-key $VLLM_API_KEY",
+     "(sign with k3fleet decide --sign-key KEY)", "[give --api-key KEY].", "token=<token>;",
      "{'api_key': None, 'max_tokens': 5}", "max_tokens=5 prompt_tokens=3 cached_tokens=0",
      "non-default args: {'model': '/m', 'tensor_parallel_size': 8, 'enable_prefix_caching': True}",
      "--api-key-env OPENAI_API_KEY --max-num-seqs 256", "host_key_checking=False api_key_env=VLLM_API_KEY",

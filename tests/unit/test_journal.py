@@ -25,6 +25,7 @@ from k3fleet.audit.runner import HostOutcome, PlayResult
 from k3fleet.change import ChangeRecorder, check_reports, host_timings, plan_batches
 from k3fleet.change.journal import (
     STAGES,
+    mark_interrupted,
     read_journal,
     replay,
     replay_journal,
@@ -592,3 +593,43 @@ def test_check_reports_from_play_results() -> None:
     assert out["b"]["noop"] is True
     assert out["c"] == {"error": "failed: Simulate the package transaction: E: Unable to locate"}
     assert out["d"] == {"error": "not reached: -: no message"}
+
+
+# -- a signal stops the play (docs/change-night.md "Interrupted") ------------------------------------
+
+
+def test_an_interruption_is_journaled_at_each_half_way_hosts_stage(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    write(path, [line("done", s, f"2026-12-05T01:00:0{i}.000Z") for i, s in enumerate(HAPPY)]
+          + [line("w1", "snapshot", "2026-12-05T01:01:00.000Z", snapshot=SNAP),
+             line("w1", "draining", "2026-12-05T01:01:01.000Z"),
+             line("w1", "drained", "2026-12-05T01:01:02.000Z", detail={"drained_by_us": True}),
+             line("w1", "upgrading", "2026-12-05T01:01:03.000Z"),
+             line("w2", "snapshot", "2026-12-05T01:01:04.000Z", snapshot=SNAP)])
+    before = path.read_bytes()
+    marks = mark_interrupted(path, replay_journal(read_journal(path)), ["done", "w1", "w2", "w3"], run="R1",
+                             signal="SIGTERM", during="change night", next_step="k3fleet upgrade --resume R1",
+                             now="2026-12-05T01:01:05.000Z")
+    # Appended through the journal's writer: the lines before stay byte for byte.
+    assert path.read_bytes().startswith(before)
+    assert [(m["host"], m["stage"]) for m in marks] == [("w1", "upgrading"), ("w2", "snapshot")]
+    journal = read_journal(path)
+    histories = replay_journal(journal)
+    # The history is what it was: same stage, outcome, snapshot, drain owner; resume and rollback agree.
+    assert histories["w1"].stage == "upgrading" and histories["w1"].outcome == "in_progress"
+    assert histories["w1"].drained_by_us is True and histories["w1"].snapshot == SNAP
+    assert [e.stage for e in histories["w1"].entries] == ["snapshot", "draining", "drained", "upgrading"]
+    rp = resume_plan(histories, ["done", "w1", "w2", "w3"], journal)
+    assert (rp.done, rp.resume, rp.pending) == (["done"], ["w1", "w2"], ["w3"])
+    targets, _skipped, _refused = rollback_targets(histories, ["w1"], journal)
+    assert [(t.host, t.stage) for t in targets] == [("w1", "upgrading")]
+    row = summarize(histories)["w1"]
+    assert row["interrupted"] == {"stage": "upgrading", "ts": "2026-12-05T01:01:05.000Z", "signal": "SIGTERM",
+                                  "during": "change night", "next": "k3fleet upgrade --resume R1"}
+    assert "interrupted" not in summarize(histories)["done"]
+    # The slot gate counts the interrupted hosts as they were: still out of service.
+    out, failed = fmt.slot_state(path.read_bytes(), "CHG-1")
+    assert out == {"w1": "upgrading", "w2": "snapshot"} and failed == []
+    # A later line of the host (the resume going on) ends the interruption.
+    write(path, [line("w1", "rebooting", "2026-12-05T01:02:00.000Z")])
+    assert "interrupted" not in summarize(replay_journal(read_journal(path)))["w1"]

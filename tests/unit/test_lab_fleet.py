@@ -255,7 +255,7 @@ def test_raw_captures_replay_verbatim(tmp_path: Path) -> None:
 
 BAD_PROFILES = [
     ("driver:\n  version: '575'\n", "driver.version", "is not an NVIDIA driver version"),
-    ("extends: h200-r575\nnvidia_peremem: false\n", "nvidia_peremem", "unknown field"),
+    ("extends: h200-r575\nnvidia_peremem: false\n", "nvidia_peremem", "unknown key"),
     ("extends: no-such-profile\n", "no-such-profile", "not found"),
     ("extends: h200-r575\nraw: {nvidia_smi_json: x}\n", "raw", "unknown source 'nvidia_smi_json'"),
     ("extends: h200-r575\nraw: {infiniband_dir: x}\n", "raw", "directory source"),
@@ -263,7 +263,7 @@ BAD_PROFILES = [
     ("extends: h200-r575\ninfiniband: {ports: {mlx5_9: {state: DOWN}}}\n", "infiniband", "mlx5_9"),
     ("extends: h200-r575\nslurm: {state: allocated}\n", "slurm", "needs at least one running job"),
     ("extends: h200-r575\ngpus: {count: 2, pci_bus_ids: ['00000000:18:00.0']}\n", "gpus", "count is 2"),
-    ("extends: h200-r575\ncontainer: {runtime: none}\nraw: {probe: x}\n", "(top)", "container.runtime is none"),
+    ("extends: h200-r575\ncontainer: {runtime: none}\nraw: {probe: x}\n", "(top level)", "container.runtime is none"),
     ("extends: h200-r575\ndriver: [575]\n", "driver", "valid dictionary"),
     ("extends: broken\n", "broken.yaml", "invalid YAML"),
     ("extends: loop-b\n", "inheritance loop", "loop-a -> loop-b -> loop-a"),

@@ -96,3 +96,22 @@ def test_atomic_write_refuses_a_directory_and_a_missing_parent(tmp_path: Path) -
         write_output(tmp_path, b"x", "--out")
     with pytest.raises(UsageError, match="does not exist"):
         write_output(tmp_path / "no" / "f.prom", b"x", "--out")
+
+
+def test_gpu_curves_and_open_loop_rows_are_drawn() -> None:
+    from k3fleet.report.view import gpu_charts
+
+    gpu = {"curves": {"agent_ramp": {"host/0": [[0.0, 100.0, 900.0, 91.0, 0.0], [1.0, 400.0, 600.0, 500.0, 80.0]],
+                                     "host/1": [[0.0, 120.0, 880.0, None, None]]}}}
+    charts = {c.title: c for c in gpu_charts(gpu)}
+    assert set(charts) == {"agent_ramp: GPU memory used", "agent_ramp: GPU power", "agent_ramp: GPU utilisation"}
+    assert [s.label for s in charts["agent_ramp: GPU memory used"].series] == ["GPU host/0", "GPU host/1"]
+    assert charts["agent_ramp: GPU power"].series[0].points == [(0.0, 91.0), (1.0, 500.0)]
+    assert gpu_charts(None) == [] == gpu_charts({"curves": "bad"})
+    rate = [{"phase": "rate_ramp", "rate_rps": r, "goodput": g, "ttft_p95_s": 0.1 * r} for r, g in ((2, 1.0), (4, 0.5))]
+    titles = {c.title: c for c in load_charts(rate)}
+    assert titles["rate_ramp: goodput"].x_label == "requests per second"
+    view = _view()
+    view.charts = gpu_charts(gpu)
+    html = render_html(view)
+    assert "GPU memory used" in html and html.count('class="chart"') == 3

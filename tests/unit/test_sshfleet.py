@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from k3fleet.audit.inventory import inventory_hosts
-from k3fleet.errors import EXIT_USAGE
+from k3fleet.contracts import EXIT_USAGE
 from k3fleet.lab.common import proc
 from k3fleet.lab.fleet import MARKER, generate_fleet, load_fleet
 from k3fleet.lab.sshfleet import SshFleetUsageError, harness, state

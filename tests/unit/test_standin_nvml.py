@@ -338,11 +338,11 @@ def test_health_calls_answer_a_healthy_idle_gpu(node: Node, nvml: ModuleType) ->
         # The collector's own NVML path reads every field, none of them unknown.
         health = nvml_health(nvml, h)
         assert health["ecc"] == {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0,
-                                 "reason": None}
+                                 "volatile_corrected": 0, "aggregate_corrected": 0, "reason": None}
         assert (health["remapped_rows"]["pending"], health["remapped_rows"]["failure"]) == (False, False)
         assert health["throttle"] == {"active": ["gpu_idle"], "mask": 1, "reason": None}
         assert health["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16,
-                                  "reason": None}
+                                  "replay_counter": 0, "reason": None}
     h = nvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(nvml.NVMLError_InvalidArgument):
         nvml.nvmlDeviceGetTotalEccErrors(h, 2, nvml.NVML_VOLATILE_ECC)
@@ -437,14 +437,49 @@ def test_binding_reads_the_inventory_as_pynvml_does(node: Node, nvml: ModuleType
     assert (gpu["name"], gpu["memory_total_mib"], gpu["memory_used_mib"], gpu["compute_capability"],
             gpu["persistence_mode"], gpu["processes"]) == ("NVIDIA H200", 143771, 0, "9.0", True, [])
     assert (gpu["fabric_state"], gpu["fabric_status"], gpu["fabric_cluster_uuid"]) == ("not_started", None, None)
-    assert gpu["ecc"] == {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "reason": None}
+    assert gpu["ecc"] == {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0,
+                          "volatile_corrected": 0, "aggregate_corrected": 0, "reason": None}
     assert gpu["throttle"] == {"active": ["gpu_idle"], "mask": 1, "reason": None}
+    # Memory through NVML's v2 call (the shim reserves nothing); NVLink: the H200's 18 links, waiting for
+    # the fabric (Fabric Manager not running), every error counter 0.
+    assert (gpu["memory_reserved_mib"], gpu["memory_source"]) == (0, "nvml_v2")
+    assert (gpu["nvlink"]["links"], gpu["nvlink"]["active"], len(gpu["nvlink"]["inactive"])) == (18, [], 18)
+    assert gpu["nvlink"]["errors"]["17"] == {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}
     # Strings are str, as pynvml 13 returns them.
     builtin.nvmlInit()
     h = builtin.nvmlDeviceGetHandleByIndex(0)
     assert isinstance(builtin.nvmlDeviceGetUUID(h), str) and builtin.nvmlDeviceGetUUID(h) == gpu["uuid"]
     assert builtin.nvmlDeviceGetPciInfo(h).busId == gpu["pci_bus_id"]
     builtin.nvmlShutdown()
+
+
+def _captured_memory_v2() -> dict[str, int]:
+    """The v2 memory struct pynvml printed on the real idle H200 (tests/fixtures/gpu_health/h200_r580)."""
+    text = (Path(__file__).resolve().parents[1] / "fixtures/gpu_health/h200_r580/health-nvml-py.txt").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("memory_v2 = "))
+    return {k: int(v) for k, v in re.findall(r"(\w+): (\d+) B", line)}
+
+
+def test_memory_used_and_reserved_apart_as_the_real_h200_reports(node: Node, nvml: ModuleType,
+                                                                 builtin: Any) -> None:
+    # The real H200: v1 said 615 MiB used on the idle GPU, v2 used 0 and reserved 615 MiB, nvidia-smi
+    # -q -d MEMORY Used 0 and Reserved 616 MiB. The shim holds back the captured reserved bytes.
+    real = _captured_memory_v2()
+    assert (real["used"], real["reserved"] // 2**20) == (0, 615)
+    node.boot(LIB_VERSION)
+    add_conf(node, f"reserved_bytes={real['reserved']}")
+    facts = both(nvml, builtin)
+    gpu = facts["gpus"][0]
+    assert (gpu["memory_used_mib"], gpu["memory_reserved_mib"], gpu["memory_source"]) == (0, 615, "nvml_v2")
+    # The v1 call through either binding still counts it as used: what the facts said before.
+    for bindings in (nvml, builtin):
+        bindings.nvmlInit()
+        v1 = bindings.nvmlDeviceGetMemoryInfo(bindings.nvmlDeviceGetHandleByIndex(0))
+        bindings.nvmlShutdown()
+        assert int(v1.used) // 2**20 == 615
+    recorded = json.loads((Path(__file__).resolve().parents[1] /
+                           "fixtures/gpu_health/h200_r580/facts-nvml-pynvml.json").read_text())
+    assert recorded["driver"]["gpus"][0]["memory_used_mib"] == 615
 
 
 def test_binding_reads_a_registered_fabric_as_pynvml_does(node: Node, nvml: ModuleType, builtin: Any) -> None:
@@ -755,12 +790,12 @@ def test_nvidia_smi_q_health_reads_healthy(node: Node) -> None:
     for block in blocks.values():
         health = smi_q_health(block)
         assert health["ecc"] == {"mode": "enabled", "volatile_uncorrected": 0, "aggregate_uncorrected": 0,
-                                 "reason": None}
+                                 "volatile_corrected": 0, "aggregate_corrected": 0, "reason": None}
         assert health["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False,
                                            "failure": False, "retired_pages_pending": None, "reason": None}
         assert health["throttle"] == {"active": ["idle"], "mask": None, "reason": None}
         assert health["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16,
-                                  "reason": None}
+                                  "replay_counter": 0, "reason": None}
     ecc = node.run("nvidia_smi.py", "-q", "-d", "ECC").stdout
     assert "ECC Errors" in ecc and "Clocks Event Reasons" not in ecc and "Remapped Rows" not in ecc
     table = node.run("nvidia_smi.py").stdout.splitlines()

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 from typing import Any
 
+from k3fleet.accept.gpu_telemetry import gpus_of
 from k3fleet.accept.load.shots import Tally
 from k3fleet.accept.load.transport import Transport
 from k3fleet.accept.metrics import MetricsError, MetricsSnapshot
@@ -35,6 +36,8 @@ class Monitor:
         self.last_raw: str | None = None
         self._last_start: float | None = None
         self._last_counters: dict[str, float] = {}
+        self.telemetry_url = tally.opts.telemetry_url
+        self.telemetry_errors: list[str] = []
 
     async def run(self) -> None:
         while True:
@@ -49,6 +52,10 @@ class Monitor:
                 if by_engine:
                     row["kv_by_engine"] = by_engine
                 row.update(self._restart_check(snap))
+            if self.telemetry_url is not None:
+                gpus = await self._gpus()
+                if gpus is not None:
+                    row["gpus"] = gpus
             self.samples.append(row)
             await asyncio.sleep(self.tally.opts.sample_interval_s)
 
@@ -78,6 +85,23 @@ class Monitor:
             self._snapshot("load-start", snap.raw)
         self.last_raw = snap.raw
         return snap
+
+    async def _gpus(self) -> dict[str, dict[str, float]] | None:
+        """The GPUs' readings from the telemetry URL; a page that cannot be read, or has no GPU, is noted once."""
+        assert self.telemetry_url is not None
+        try:
+            gpus = gpus_of(await self.http.metrics(self.telemetry_url))
+        except MetricsError as exc:
+            self._telemetry_error(str(exc).replace("/metrics", "the telemetry page"))
+            return None
+        if not gpus:
+            self._telemetry_error("the telemetry page has no DCGM GPU series (DCGM_FI_DEV_FB_USED...)")
+            return None
+        return gpus
+
+    def _telemetry_error(self, message: str) -> None:
+        if message not in self.telemetry_errors and len(self.telemetry_errors) < 20:
+            self.telemetry_errors.append(message)
 
     def _snapshot(self, window: str, raw: str | None) -> None:
         if self.recorder is not None and raw is not None:

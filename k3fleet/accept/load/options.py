@@ -9,10 +9,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3fleet.bounds import DURATIONS
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 
-Phase = Literal["long_input", "agent_ramp", "sustained"]
-PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained")
+Phase = Literal["long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search"]
+# Every phase in run order; the default schedule runs the first three (the open-loop phases are asked for).
+PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search")
+DEFAULT_PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained")
+OPEN_LOOP: tuple[Phase, ...] = ("rate_ramp", "slo_search")
+Arrival = Literal["poisson", "gamma", "closed"]
 
 
 
@@ -26,7 +30,7 @@ class LoadOptions(BaseModel):
     # Finite numbers only: Infinity or NaN (JSON from --load-option) would unbound the run.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    phases: list[Phase] = Field(default_factory=lambda: list(PHASES))
+    phases: list[Phase] = Field(default_factory=lambda: list(DEFAULT_PHASES))
     ladder_tokens: list[int] = Field(default_factory=lambda: [1024, 4096, 16384])
     ladder_output_tokens: int = Field(default=32, ge=1)
     ladder_repeats: int = Field(default=2, ge=1, le=20)
@@ -50,6 +54,39 @@ class LoadOptions(BaseModel):
     ttft_p95_slo_s: float = Field(default=5.0, gt=0, le=_MAX_S["load slo"])
     itl_p95_slo_s: float = Field(default=0.25, gt=0, le=_MAX_S["load slo"])
     error_rate_limit: float = Field(default=0.01, ge=0, le=1)
+    # A request within every limit is goodput (docs/acceptance-load.md "Open-loop arrivals"): its TTFT, its
+    # mean inter-token gap and (when set) its end-to-end time. A rate meets the SLO when at least
+    # goodput_target of its requests do: 0.95 is what p95 limits promise.
+    e2e_p95_slo_s: float | None = Field(default=None, gt=0, le=_MAX_S["load slo"])
+    goodput_target: float = Field(default=0.95, gt=0, le=1)
+    # Open loop: requests arrive at a rate whether or not the server keeps up.
+    rates: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0])
+    rate_step_s: float = Field(default=10.0, gt=0, le=_MAX_S["load step"])
+    arrival: Arrival = "poisson"
+    # Gamma shape of the inter-arrival times (vLLM bench's --burstiness): 1 is Poisson, below 1 burstier,
+    # above 1 more even. ``closed``: max_concurrency sessions, each paced to its share of the rate.
+    burstiness: float = Field(default=1.0, gt=0, le=100)
+    max_concurrency: int | None = Field(default=None, ge=1, le=4096)
+    rate_prompt_tokens: int = Field(default=256, ge=1)
+    rate_output_tokens: int = Field(default=64, ge=1)
+    arrival_seed: int = 0
+    # The SLO search: bisect the rate between its bounds (default: the ramp's last held and first failed rate)
+    # for at most search_steps steps, or until the bounds are within search_precision of each other.
+    search_low_rps: float | None = Field(default=None, gt=0, le=10000)
+    search_high_rps: float | None = Field(default=None, gt=0, le=10000)
+    search_steps: int = Field(default=6, ge=1, le=30)
+    search_precision: float = Field(default=0.05, gt=0, le=1)
+    # Repeated runs (docs/acceptance-load.md "Repeated runs"): the schedule runs this many times, each figure
+    # gets its spread and 95% interval; the bounds above hold for each run. A timed step's figures leave out
+    # the requests started in its first warmup_s and its last cooldown_s seconds (errors always count).
+    repeat: int = Field(default=1, ge=1, le=30)
+    warmup_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
+    cooldown_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
+    # GPU telemetry: a DCGM exporter's /metrics URL, read with every sample (docs/acceptance-load.md "GPU
+    # telemetry"); none: the run has no GPU curves and says so.
+    telemetry_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2048)
+    # The rate production peaks at (the profile's request_rate_rps): the SLO rate's margin is read against it.
+    target_rps: float | None = Field(default=None, gt=0, le=10000)
 
     @model_validator(mode="after")
     def _sane(self) -> LoadOptions:
@@ -59,13 +96,32 @@ class LoadOptions(BaseModel):
             raise ValueError("ramp must be ascending concurrencies of at least 1")
         if max(self.ramp, default=1) > 4096 or (self.sustained_concurrency or 0) > 4096:
             raise ValueError("concurrency above 4096 is refused (bounded load)")
+        if any(not 0 < r <= 10000 for r in self.rates) or self.rates != sorted(self.rates):
+            raise ValueError("rates must be ascending request rates above 0 and at most 10000 per second")
+        if "rate_ramp" in self.phases and not self.rates:
+            raise ValueError("the rate_ramp phase needs at least one rate")
+        if self.arrival == "poisson" and self.burstiness != 1.0:
+            raise ValueError("burstiness other than 1 needs arrival gamma (Poisson is gamma of shape 1)")
+        if self.arrival == "closed" and self.max_concurrency is None:
+            raise ValueError("arrival closed needs max_concurrency (the sessions that pace the rate)")
+        if (self.search_low_rps and self.search_high_rps and self.search_low_rps >= self.search_high_rps):
+            raise ValueError("search_low_rps must be below search_high_rps")
+        shortest = min([*([self.step_s] if "agent_ramp" in self.phases else []),
+                        *([self.sustained_s / 3] if "sustained" in self.phases else []),
+                        *([self.rate_step_s] if any(p in self.phases for p in OPEN_LOOP) else [])], default=None)
+        if shortest is not None and self.warmup_s + self.cooldown_s >= shortest:
+            raise ValueError(f"warmup_s + cooldown_s must leave part of the shortest timed step ({shortest:g} s)")
+        if len(set(self.phases)) != len(self.phases):
+            raise ValueError("a phase is named twice")
         return self
 
     @property
     def envelope(self) -> dict[str, Any]:
         return {"max_context_tokens": max(self.ladder_tokens) if "long_input" in self.phases else None,
                 "max_concurrency": max(self.ramp) if "agent_ramp" in self.phases else self.sustained_concurrency,
-                "duration_s": self.sustained_s if "sustained" in self.phases else None}
+                "duration_s": self.sustained_s if "sustained" in self.phases else None,
+                **({"max_rate_rps": max([*self.rates, self.search_high_rps or 0.0])}
+                   if any(p in self.phases for p in OPEN_LOOP) else {})}
 
 
 def load_options(overrides: Mapping[str, Any]) -> LoadOptions:
@@ -80,8 +136,7 @@ def load_options(overrides: Mapping[str, Any]) -> LoadOptions:
     try:
         return LoadOptions(**overrides)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"--load-option {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc
+        raise UsageError(validation_line(exc, at="--load-option ")) from exc
 
 
 class LoadObserver:

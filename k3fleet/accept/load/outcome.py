@@ -9,8 +9,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from k3fleet.accept.gpu_telemetry import peaks, phase_curves
 from k3fleet.accept.load.monitor import Monitor
-from k3fleet.accept.load.options import PHASES, LoadOptions
+from k3fleet.accept.load.options import OPEN_LOOP, PHASES, LoadOptions
+from k3fleet.accept.load.rate import rate_envelope
 from k3fleet.accept.load.shots import SERVER_KINDS, Tally
 from k3fleet.accept.load.steps import Curve
 from k3fleet.accept.oom import oom_records
@@ -26,7 +28,7 @@ class Report:
 
     def __init__(self, opts: LoadOptions, tally: Tally, monitor: Monitor, curve: Curve, display_url: str, *,
                  refused_context: int | None, tokens_per_word: float, calibrated: bool,
-                 max_model_len: int | None) -> None:
+                 max_model_len: int | None, search: dict[str, Any] | None = None) -> None:
         self.opts = opts
         self.tally = tally
         self.monitor = monitor
@@ -36,6 +38,7 @@ class Report:
         self.tokens_per_word = tokens_per_word
         self.calibrated = calibrated
         self.max_model_len = max_model_len
+        self.search = search
 
     def result(self) -> ProbeResult:
         outcome, ceiling, reason, findings = self._outcome()
@@ -73,6 +76,13 @@ class Report:
             "unread_metrics": unread, "max_model_len": self.max_model_len,
             "elapsed_s": round(tally.elapsed(), 3),
         }
+        curves = phase_curves(monitor.samples)
+        data["gpu"] = {"source": self.opts.telemetry_url, "curves": curves, "peaks": peaks(curves),
+                       "errors": monitor.telemetry_errors,
+                       **({} if self.opts.telemetry_url else {"note": "no GPU telemetry source (telemetry_url): GPU "
+                                                                      "memory, power and utilisation are unknown"})}
+        if any(r["phase"] in OPEN_LOOP for r in self.curve.rows):
+            data["rate"] = rate_envelope(self.curve.rows, self.search, self.opts)
         return ProbeResult(probe="load", status=status, reason=reason, findings=findings, data=data)
 
     def _side_findings(self) -> list[Finding]:
@@ -89,6 +99,11 @@ class Report:
             out.append(finding(check_id="accept.load.metric_unread", severity="warning", layer="http",
                                message=f"{name} could not be read during the run: what it shows (running, "
                                        "waiting, KV usage, preemptions) is unknown, not fine", evidence=name))
+        if monitor.telemetry_url and not any("gpus" in s for s in monitor.samples):
+            why = monitor.telemetry_errors[0] if monitor.telemetry_errors else "no sample was taken"
+            out.append(finding(check_id="accept.load.telemetry_unavailable", severity="warning", layer="http",
+                               message=f"GPU telemetry could not be read during the run: {why}; GPU memory, power "
+                                       "and utilisation are unknown, not fine"))
         pre = self.monitor.delta_total("preemptions")
         if pre:
             first = next((r for r in self.curve.rows if r.get("preemptions_delta")), None)
@@ -161,6 +176,26 @@ class Report:
                                             f"{self._pressure_text(first_bad)}; limit traffic to {ceiling}"))
             return "ceiling", ceiling, (f"stable only up to {ceiling} concurrent sessions "
                                         f"({self._pressure_text(first_bad)} at {first_bad['concurrency']})"), findings
+        # Open loop: the rate ramp stops at the first rate whose goodput misses the target. The SLO search's
+        # misses are how it brackets the rate, never a failure of the run.
+        rate_rows = [r for r in rows if r["phase"] == "rate_ramp" and not r.get("partial")]
+        rate_bad = [r for r in rate_rows if r["verdict"] != "ok"]
+        if rate_bad:
+            first_bad = rate_bad[0]
+            held_rates = [r["rate_rps"] for r in rate_rows
+                          if r["verdict"] == "ok" and r["rate_rps"] < first_bad["rate_rps"]]
+            why = f"{self._pressure_text(first_bad)}, goodput {first_bad.get('goodput') or 0:.0%}"
+            if not held_rates:
+                findings.append(finding(check_id="accept.load.collapse", severity="error", layer="environment",
+                                        message=f"not even {first_bad['rate_rps']:g} requests/s (open loop) meet the "
+                                                f"SLO ({why})"))
+                return "collapse", None, f"no tested request rate holds the SLO ({why}); expand capacity", findings
+            top = max(held_rates)
+            findings.append(finding(check_id="accept.load.rate_ceiling", severity="warning", layer="traffic",
+                                    message=f"goodput holds up to {top:g} requests/s (open loop); at "
+                                            f"{first_bad['rate_rps']:g}: {why}; limit the rate to {top:g}/s"))
+            return "ceiling", None, f"stable only up to {top:g} requests/s ({why} at {first_bad['rate_rps']:g})", \
+                findings
         if not [r for r in rows if not r.get("partial")]:
             return None, None, "no step completed", findings
         return "stable", None, self._stable_text(rows), findings

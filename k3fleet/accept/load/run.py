@@ -11,9 +11,11 @@ from typing import Any
 
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load.monitor import Monitor
-from k3fleet.accept.load.options import LoadObserver, LoadOptions
+from k3fleet.accept.load.options import OPEN_LOOP, LoadObserver, LoadOptions
 from k3fleet.accept.load.outcome import Report
 from k3fleet.accept.load.prompts import TOOLS, filler, plain_body
+from k3fleet.accept.load.rate import MAX_IN_FLIGHT, OpenLoop
+from k3fleet.accept.load.repeats import combine
 from k3fleet.accept.load.shots import Budget, Shot, Tally
 from k3fleet.accept.load.steps import Curve
 from k3fleet.accept.load.transport import Transport, endpoint_kind
@@ -31,9 +33,13 @@ class LoadRun:
         self.obs = observer
         self.tally = Tally(opts, observer, stop)
         top = max([*opts.ramp, opts.sustained_concurrency or 1, 1])
+        if any(p in opts.phases for p in OPEN_LOOP):
+            # Open loop: the connection pool must not queue what the server should (its own cap only).
+            top = max(top, min(opts.max_concurrency or MAX_IN_FLIGHT, MAX_IN_FLIGHT))
         self.http = Transport(endpoint, opts, top + 2, self.tally.t0)
         self.monitor = Monitor(self.http, self.tally, recorder)
         self.curve = Curve(opts, observer, self.tally.t0, self.monitor.samples)
+        self.open_loop = OpenLoop(self)
         self.tokens_per_word = 1.3
         self.calibrated = False
         self.base_tokens = 0
@@ -67,6 +73,7 @@ class LoadRun:
             await self.http.close()
             self.monitor.snapshot("load-end")
         return Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
+                      search=self.open_loop.search,
                       refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
                       calibrated=self.calibrated, max_model_len=self.max_model_len).result()
 
@@ -86,6 +93,10 @@ class LoadRun:
                                                        (None if ramp_run else max(self.opts.ramp)))
             if conc is not None and not any(r["verdict"] == "server" for r in rows):
                 await self._sustained(conc)
+        for phase in OPEN_LOOP:
+            if phase in phases and not any(r["verdict"] == "server" for r in self.curve.rows):
+                await (self.open_loop.ramp() if phase == "rate_ramp" else self.open_loop.slo_search())
+                self.monitor.snapshot(f"load-{phase}")
 
     async def _calibrate(self) -> None:
         """Tokens per filler word from the server's own usage (two tiny requests)."""
@@ -262,4 +273,9 @@ async def run_load(endpoint: Endpoint, opts: LoadOptions, observer: LoadObserver
     model) raises :class:`EndpointError`; everything after it is measured and returned. ``stop`` (set
     from a signal handler) ends the run early with what was measured; ``recorder`` (``snapshot(window,
     raw)``) receives raw /metrics pages at the start, after each phase and at the end."""
-    return await LoadRun(endpoint, opts, observer or LoadObserver(), stop, recorder).execute()
+    obs = observer or LoadObserver()
+    results = [await LoadRun(endpoint, opts, obs, stop, recorder).execute()]
+    while len(results) < opts.repeat and not results[-1].data.get("interrupted") and not (stop and stop.is_set()):
+        obs.note(f"run {len(results) + 1} of {opts.repeat}")
+        results.append(await LoadRun(endpoint, opts, obs, stop, recorder).execute())
+    return combine(results) if opts.repeat > 1 else results[0]

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import excerpt
 from k3fleet.accept.load.options import LoadObserver, LoadOptions
+from k3fleet.evidence.redact import excerpt
 
 # Error kinds that say the server itself broke (as opposed to being slow or refusing input).
 SERVER_KINDS = frozenset({"http_5xx", "stream_error", "stream_cut", "connect", "bad_response"})
@@ -40,6 +40,9 @@ class Shot:
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     rid: str | None = None  # the response's id: an OOM record names the last successful request by it
+    # Open loop: when the request was due (run seconds) and how late its arrival was (seconds).
+    scheduled: float | None = None
+    lag: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:

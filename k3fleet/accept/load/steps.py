@@ -29,7 +29,8 @@ class Curve:
             offered_s: float | None = None) -> dict[str, Any]:
         """The step's row; ``offered_s``: how long its sessions started requests (a timed step's length)."""
         t_end = time.monotonic()
-        ok = [s for s in shots if s.ok]
+        kept = self.measured(shots, t_start, offered_s)
+        ok = [s for s in kept if s.ok]
         kinds = Counter(s.kind for s in shots if not s.ok)
         ttft = [s.ttft for s in ok if s.ttft is not None]
         gaps = [g for s in ok for g in s.gaps]
@@ -48,9 +49,20 @@ class Curve:
             for q in (50, 90, 95, 99):
                 v = percentile(values, q)
                 row[f"{name}_p{q}_s"] = None if v is None else round(v, 4)
+        if len(kept) != len(shots):
+            row["excluded"] = len(shots) - len(kept)
         row.update(server_window(self.samples, t_start - self.t0, t_end - self.t0, offered_s))
         row["verdict"] = self.verdict(phase, row, shots)
         return row
+
+    def measured(self, shots: list[Shot], t_start: float, offered_s: float | None) -> list[Shot]:
+        """The shots whose figures count: a timed step leaves out those started in its first ``warmup_s`` and
+        last ``cooldown_s`` seconds (failed ones always count: an error in the warm-up is still an error)."""
+        if offered_s is None or not (self.opts.warmup_s or self.opts.cooldown_s):
+            return shots
+        lo = t_start - self.t0 + self.opts.warmup_s
+        hi = t_start - self.t0 + offered_s - self.opts.cooldown_s
+        return [s for s in shots if not s.ok or lo <= s.t <= hi]
 
     def verdict(self, phase: str, row: dict[str, Any], shots: list[Shot]) -> str:
         n = max(len(shots), 1)

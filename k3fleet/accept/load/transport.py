@@ -154,11 +154,12 @@ class Transport:
         except (aiohttp.ClientError, TimeoutError) as exc:
             return one_line(f"{type(exc).__name__}: {exc}", 120)
 
-    async def metrics(self) -> MetricsSnapshot:
-        """One /metrics page, read up to the metrics cap (k3fleet.bounds) in pieces, never the whole page
-        first; :class:`MetricsError` (one line) when it cannot be read."""
+    async def metrics(self, url: str | None = None) -> MetricsSnapshot:
+        """One /metrics page (the server's, or ``url``'s: a DCGM exporter), read up to the metrics cap
+        (k3fleet.bounds) in pieces, never the whole page first; :class:`MetricsError` (one line) when it cannot
+        be read."""
         try:
-            async with self.session.get(metrics_url(self.ep.base_url), headers={"Accept": SCRAPE_ACCEPT},
+            async with self.session.get(url or metrics_url(self.ep.base_url), headers={"Accept": SCRAPE_ACCEPT},
                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
                 cap, page = cap_bytes("metrics"), bytearray()
                 async for piece in r.content.iter_chunked(1 << 16):

@@ -6,7 +6,8 @@ shared helpers run fails the same way whichever harness called it.
 
 from __future__ import annotations
 
-from k3fleet.errors import EXIT_INCOMPLETE, K3FleetError
+from k3fleet.contracts import EXIT_INCOMPLETE
+from k3fleet.errors import K3FleetError
 
 
 class LabError(K3FleetError):

@@ -41,6 +41,7 @@ __all__ = ["LAB_ISO_TIME", "LAB_TIMESTAMP", "HostImage", "ProfileRenderer", "Rec
 
 # Sources whose output names the host (or its GPUs' UUIDs): rendered per host, never shared.
 _HOST_SPECIFIC = ("hostname", "dmesg", "journalctl_kernel", "nvidia_smi_query", "nvidia_smi_q",
+                  "nvidia_smi_nvlink_status", "nvidia_smi_q_memory",
                   "scontrol_show_node", "squeue_running")
 
 
@@ -73,6 +74,8 @@ class ProfileRenderer:
             img.record(sources.COMMANDS["nvidia_smi_query"], self.driver.nvidia_smi_query(hostname))
             # -q prints each GPU's UUID, so it is as host-specific as the query.
             img.record(sources.COMMANDS["nvidia_smi_q"], self.smi.nvidia_smi_q(hostname))
+            img.record(sources.COMMANDS["nvidia_smi_nvlink_status"], self.smi.nvidia_smi_nvlink_status(hostname))
+            img.record(sources.COMMANDS["nvidia_smi_q_memory"], self.smi.nvidia_smi_q_memory(hostname))
         if p.slurm is not None:
             img.record(sources.scontrol_show_node_argv(hostname), self.scheduler.scontrol_show_node(hostname))
             img.record(sources.squeue_running_argv(hostname), self.scheduler.squeue_running())

@@ -55,7 +55,9 @@ class SmiLog(Part):
             out += row("Bus Id", bus_id, 8) + self._link_rows(index, row)
             out += self._clock_event_rows(index, row)
             out += "    FB Memory Usage\n" + row("Total", f"{g.memory_mib} MiB", 8)
-            out += row("Used", f"{used} MiB", 8) + row("Free", f"{g.memory_mib - used} MiB", 8)
+            out += row("Reserved", f"{g.memory_reserved_mib} MiB", 8)
+            out += row("Used", f"{used} MiB", 8)
+            out += row("Free", f"{g.memory_mib - g.memory_reserved_mib - used} MiB", 8)
             out += row("Compute Mode", g.compute_mode, 4) + self._memory_error_rows(index, row)
             # A single-node NVSwitch fabric has clique 0 and a zero cluster UUID (the H100 capture); an NVL72
             # tray its rack's domain (the GB300 capture: CliqueId 32766, a non-zero ClusterUUID).
@@ -67,6 +69,54 @@ class SmiLog(Part):
             out += self._process_rows(index, row) + "\n"
         return Recording(stdout=out)
 
+
+    def nvidia_smi_q_memory(self, hostname: str) -> Recording:
+        """`nvidia-smi -q -d MEMORY`: the header, then per GPU its FB Memory Usage (Total, Reserved, Used,
+        Free), as the real R580 H200 prints it (tests/fixtures/gpu_health/h200_r580/health-q-mem.txt; BAR1
+        and the confidential-compute section left out)."""
+        failure = self.driver.smi_failure()
+        if failure:
+            return failure
+        assert self.drv is not None
+        g = self.p.gpus
+
+        def row(label: str, value: str, indent: int = 0) -> str:
+            return f"{' ' * indent}{label:<{42 - indent}}: {value}\n"
+
+        out = "\n==============NVSMI LOG==============\n\n" + self._smi_header(self.drv.running_version)
+        out += "\n" + row("Attached GPUs", str(g.count))
+        for index, bus_id in enumerate(self.node.bus_ids()):
+            used = g.used_mib(index)
+            out += f"GPU {bus_id}\n    FB Memory Usage\n" + row("Total", f"{g.memory_mib} MiB", 8)
+            out += row("Reserved", f"{g.memory_reserved_mib} MiB", 8) + row("Used", f"{used} MiB", 8)
+            out += row("Free", f"{g.memory_mib - g.memory_reserved_mib - used} MiB", 8) + "\n"
+        return Recording(stdout=out)
+
+    def nvlink_links(self) -> int:
+        """Links per GPU: the profile's, else 18 on an NVSwitch board or an NVLink rack (H100/H200 NVLink 4,
+        GB200 NVLink 5: tests/fixtures/gpu_health/SOURCES.md), else none (a PCIe card, the H200 in a VM)."""
+        g = self.p.gpus
+        if g.nvlinks is not None:
+            return g.nvlinks
+        return 18 if self.p.nvswitches or self.p.nvlink_domain is not None else 0
+
+    def nvidia_smi_nvlink_status(self, hostname: str) -> Recording:
+        """`nvidia-smi nvlink -s`: per GPU its links' speed or ``<inactive>``; nothing at all when the GPUs
+        have no NVLink (the real H200 in a VM printed nothing, exit 0)."""
+        failure = self.driver.smi_failure()
+        if failure:
+            return failure
+        links = self.nvlink_links()
+        if not links:
+            return Recording(stdout="")
+        # NVLink 5 (Blackwell) links read 53.125 GB/s, NVLink 4 (Hopper) 26.562 GB/s.
+        speed = "53.125 GB/s" if self.p.nvlink_domain is not None else "26.562 GB/s"
+        out = ""
+        for index in range(self.p.gpus.count):
+            down = self.p.gpus.health_of(index).nvlink_inactive
+            out += f"GPU {index}: {self.p.gpus.model} (UUID: {gpu_uuid(hostname, index)})\n"
+            out += "".join(f"         Link {k}: {'<inactive>' if k in down else speed}\n" for k in range(links))
+        return Recording(stdout=out)
 
     def _smi_header(self, version: str) -> str:
         def row(label: str, value: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k3fleet.errors import EXIT_USAGE
+from k3fleet.contracts import EXIT_USAGE
 from k3fleet.lab.common.errors import LabError
 
 

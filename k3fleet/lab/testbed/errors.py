@@ -5,7 +5,7 @@ Every message is one line: what failed, on which object, and the detail (stderr 
 
 from __future__ import annotations
 
-from k3fleet.errors import EXIT_USAGE
+from k3fleet.contracts import EXIT_USAGE
 from k3fleet.lab.common.errors import LabError
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from k3fleet.errors import EXIT_INCOMPLETE, EXIT_USAGE, K3FleetError
+from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_USAGE
+from k3fleet.errors import K3FleetError
 from k3fleet.lab.common import workdir as common
 
 # The CPU build of vLLM and the torch it was built against (both from the index pip is configured

@@ -41,6 +41,18 @@ class SimConfig(BaseModel):
     old_metric_names: bool = False
     metrics_format: str = Field(default="prometheus", pattern="^(prometheus|openmetrics)$")
 
+    # GPUs as a DCGM exporter shows them at /dcgm/metrics (docs/acceptance-load.md "GPU telemetry"): an H200's
+    # 143771 MiB and 91 W idle / 700 W cap as nvidia-smi printed them (tests/fixtures/driver/
+    # smi_summary_580_h200_busy.txt). Memory used is the weights plus the KV blocks in use plus activations per
+    # running sequence: a model, so an OOM's memory curve has a shape; a real vLLM preallocates its KV cache.
+    gpu_count: int = Field(default=1, ge=0, le=64)
+    gpu_memory_mib: float = Field(default=143771.0, gt=0)
+    gpu_weights_mib: float = Field(default=100000.0, ge=0)
+    gpu_kv_pool_mib: float = Field(default=40000.0, ge=0)
+    gpu_activation_mib_per_seq: float = Field(default=8.0, ge=0)
+    gpu_power_idle_w: float = Field(default=91.0, ge=0)
+    gpu_power_max_w: float = Field(default=700.0, ge=0)
+
     enable_prompt_tokens_details: bool = False
     api_key_env: str | None = None
     seed: int = 0

@@ -107,6 +107,42 @@ class _SimCollector:
             yield info
 
 
+class _DcgmCollector:
+    """The engine's GPUs as dcgm-exporter names them (the whole GPU's series, no MIG instances)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        eng = self.engine
+        cfg = eng.cfg
+        busy = 0.0 if eng.dead else min(1.0, len(eng.running) / max(cfg.max_num_seqs, 1))
+        kv = 0.0 if eng.dead else eng.kv.usage
+        used = min(cfg.gpu_memory_mib, cfg.gpu_weights_mib + cfg.gpu_kv_pool_mib * kv
+                   + cfg.gpu_activation_mib_per_seq * (0 if eng.dead else len(eng.running)))
+        labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
+        fams = {name: GaugeMetricFamily(name, doc, labels=labels) for name, doc in (
+            ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+            ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."))}
+        for i in range(cfg.gpu_count):
+            lv = [str(i), f"GPU-sim-{cfg.seed:04d}-{i:04d}", f"nvidia{i}", "simulated", "vllm-sim"]
+            fams["DCGM_FI_DEV_FB_FREE"].add_metric(lv, round(cfg.gpu_memory_mib - used))
+            fams["DCGM_FI_DEV_FB_USED"].add_metric(lv, round(used))
+            fams["DCGM_FI_DEV_POWER_USAGE"].add_metric(
+                lv, round(cfg.gpu_power_idle_w + (cfg.gpu_power_max_w - cfg.gpu_power_idle_w) * busy, 3))
+            fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lv, round(100 * busy))
+        yield from fams.values()
+
+
+def render_dcgm(engine: Engine) -> tuple[bytes, str]:
+    """The simulated dcgm-exporter page (Prometheus text 0.0.4, as the exporter serves it)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_DcgmCollector(engine))  # type: ignore[arg-type]
+    return _render_prometheus(registry), PROMETHEUS_CONTENT_TYPE
+
+
 def render(engine: Engine) -> tuple[bytes, str]:
     """The page and its content type, in the configured exposition format."""
     registry = CollectorRegistry(auto_describe=False)

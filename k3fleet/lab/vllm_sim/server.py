@@ -80,6 +80,12 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": ctype})
 
 
+async def _dcgm(request: web.Request) -> web.Response:
+    """The GPUs as a DCGM exporter's /metrics shows them (a separate exporter in production, port 9400)."""
+    body, ctype = exposition.render_dcgm(request.app[_ENGINE])
+    return web.Response(body=body, headers={"Content-Type": ctype})
+
+
 def _int(body: dict[str, Any], *keys: str) -> int | None:
     for key in keys:
         value = body.get(key)
@@ -296,6 +302,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/dcgm/metrics", _dcgm)
     return app
 
 

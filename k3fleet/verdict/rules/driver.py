@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from k3fleet.models.facts import SCHEMA_VERSION, HostFacts
+from k3fleet.models.facts import SCHEMA_VERSION, HostFacts, readable_schema
 from k3fleet.models.findings import Severity
 from k3fleet.models.target import version_tuple
 from k3fleet.verdict.check import Check, check
@@ -76,7 +76,7 @@ CHECKS: tuple[Check, ...] = (
 def facts_schema(f: HostFacts, c: HostContext, e: Emitter) -> None:
     if f.schema_version == SCHEMA_VERSION:
         return
-    if f.schema_version.split(".", 1)[0] != SCHEMA_VERSION.split(".", 1)[0]:
+    if not readable_schema(f.schema_version):
         e.unknown("facts.schema", f"facts of schema {f.schema_version} (controller reads {SCHEMA_VERSION})",
                   "the collector on this host is from another major version", error=True)
 

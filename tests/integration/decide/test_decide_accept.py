@@ -16,18 +16,24 @@ STARTUP_DIGEST = "4f6c3a9a1d0b8e2f7c5d9e1a3b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b
 LOAD_ITEMS = {"load.long_input", "load.agent_queue", "load.no_termination"}
 
 
-def _decide(tmp: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    proc = k3fleet("decide", *args, "--reviewer", "carol", "--owner", "serving-team", "--out", str(tmp / "d"),
-                   "--profile", str(LAB_PROFILE), "--rollback-owner", "erin", "--json")
+def _decide(tmp: Path, *args: str, sign: Path | None = None, out: str = "d") -> tuple[int, dict[str, Any]]:
+    signing = ["--sign-key", str(sign)] if sign is not None else []
+    proc = k3fleet("decide", *args, "--reviewer", "carol", "--owner", "serving-team", "--out", str(tmp / out),
+                   "--profile", str(LAB_PROFILE), "--rollback-owner", "erin", "--json", *signing)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
 
-def test_healthy_server_on_matched_hosts(matched_audit: Path, accept_run: Any, tmp_path: Path) -> None:
+def test_healthy_server_on_matched_hosts(matched_audit: Path, accept_run: Any, evidence_keys: Any,
+                                        tmp_path: Path) -> None:
     """A run whose tested envelope covers the production profile: go_live, with the people, the rollback owner
-    and the rate limits in force recorded."""
+    and the rate limits in force recorded; unsigned, the same evidence is a draft (exit 3), never approved."""
     run = accept_run("healthy")
-    code, d = _decide(tmp_path, str(matched_audit), str(run))
+    code, d = _decide(tmp_path, str(matched_audit), str(run), sign=evidence_keys.key)
+    if load_probe_ran(run):
+        draft_code, draft = _decide(tmp_path, str(matched_audit), str(run), out="draft")
+        assert (draft_code, draft["outcome"], draft["approved"], draft["draft"]) == (3, "go_live", False, True)
+        assert draft["baseline"] is None and draft["reasons"][-1]["rule"] == "signoff.unsigned"
     items = {i["id"]: i for i in d["checklist"]}
     for item in ("image.tag_digest", "vllm.version_channel", "container.cuda13", "hosts.driver_branch",
                  "chain.agree", "topology.parallel", "startup.model_load_memory", "prefix_cache.cold",

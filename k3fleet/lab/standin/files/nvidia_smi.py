@@ -56,8 +56,10 @@ class PciInfo(ctypes.Structure):
                 ("pciSubSystemId", ctypes.c_uint), ("busId", ctypes.c_char * 32)]
 
 
-class Memory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+class MemoryV2(ctypes.Structure):
+    """nvmlMemory_v2_t: nvidia-smi's "Reserved" and "Used" are its reserved and used fields."""
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
 class FabricInfoV2(ctypes.Structure):
@@ -107,8 +109,8 @@ class Nvml:
     def describe(self, handle):
         pci = PciInfo()
         self.check(self.lib.nvmlDeviceGetPciInfo_v3(handle, ctypes.byref(pci)))
-        memory = Memory()
-        self.check(self.lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)))
+        memory = MemoryV2(version=(2 << 24) | ctypes.sizeof(MemoryV2))
+        self.check(self.lib.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(memory)))
         major, minor = ctypes.c_int(), ctypes.c_int()
         self.check(self.lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)))
         current, pending = ctypes.c_uint(), ctypes.c_uint()
@@ -125,6 +127,7 @@ class Nvml:
             "pci_bus": pci.bus, "pci_device": pci.device, "pci_domain": pci.domain,
             "memory_total_mib": memory.total // (1024 * 1024),
             "memory_used_mib": memory.used // (1024 * 1024),
+            "memory_reserved_mib": memory.reserved // (1024 * 1024),
             "memory_free_mib": memory.free // (1024 * 1024),
             "compute_cap": f"{major.value}.{minor.value}",
             "mig_current": current.value, "mig_pending": pending.value,
@@ -155,6 +158,7 @@ class Nvml:
             "pcie_gen_max": self.out("nvmlDeviceGetMaxPcieLinkGeneration", ctypes.c_uint, handle),
             "pcie_width": self.out("nvmlDeviceGetCurrPcieLinkWidth", ctypes.c_uint, handle),
             "pcie_width_max": self.out("nvmlDeviceGetMaxPcieLinkWidth", ctypes.c_uint, handle),
+            "pcie_replays": self.out("nvmlDeviceGetPcieReplayCounter", ctypes.c_uint, handle),
         }
 
     def fabric(self, handle):
@@ -311,6 +315,7 @@ def details(nvml, gpus, displays, attached):
         if show_all or "MEMORY" in displays:
             out.append("    FB Memory Usage")
             out.append(q_line("Total", f"{gpu['memory_total_mib']} MiB", 8))
+            out.append(q_line("Reserved", f"{gpu['memory_reserved_mib']} MiB", 8))
             out.append(q_line("Used", f"{gpu['memory_used_mib']} MiB", 8))
             out.append(q_line("Free", f"{gpu['memory_free_mib']} MiB", 8))
         if show_all or "COMPUTE" in displays:
@@ -353,7 +358,9 @@ def link_rows(gpu):
             q_line("Device Current", str(gpu["pcie_gen"]), 16), q_line("Device Max", str(gpu["pcie_gen_max"]), 16),
             q_line("Host Max", str(gpu["pcie_gen_max"]), 16),
             "            Link Width", q_line("Max", f"{gpu['pcie_width_max']}x", 16),
-            q_line("Current", f"{gpu['pcie_width']}x", 16)]
+            q_line("Current", f"{gpu['pcie_width']}x", 16),
+            # Beside GPU Link Info, as a real R580 H200 prints it (tests/fixtures/gpu_health/h200_r580).
+            q_line("Replays Since Reset", str(gpu["pcie_replays"]), 8)]
 
 
 def ecc_rows(gpu):

@@ -158,6 +158,9 @@ static struct {
     unsigned int count;
     char name[NAME_LEN];
     unsigned long long memory_bytes;
+    /* What the driver keeps for itself on each GPU: NVML's v1 memory call counts it as used, the v2
+     * call reports it apart (a real idle H200 on R580: 644939776 bytes, docs/facts.md section 14). */
+    unsigned long long reserved_bytes;
     int cc_major, cc_minor;
     unsigned int pci_device_id, pci_subsystem_id;
     unsigned int nvlinks;
@@ -382,6 +385,8 @@ static void load_inventory(void)
                 snprintf(sim.name, sizeof(sim.name), "%s", eq + 1);
             else if (strcmp(line, "memory_mib") == 0)
                 sim.memory_bytes = strtoull(eq + 1, NULL, 10) * 1024ULL * 1024ULL;
+            else if (strcmp(line, "reserved_bytes") == 0)
+                sim.reserved_bytes = strtoull(eq + 1, NULL, 10);
             else if (strcmp(line, "compute_cap") == 0)
                 sscanf(eq + 1, "%d.%d", &sim.cc_major, &sim.cc_minor);
             else if (strcmp(line, "pci_device_id") == 0)
@@ -677,9 +682,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
         return rc;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    /* What the compute processes hold; an idle GPU: nothing. */
+    /* What the compute processes hold, and (as the real v1 call does) the driver's reserved memory. */
     memory->total = sim.memory_bytes;
-    memory->used = used_bytes(device);
+    memory->used = used_bytes(device) + sim.reserved_bytes;
     memory->free = sim.memory_bytes - memory->used;
     return NVML_SUCCESS;
 }
@@ -694,9 +699,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = sim.memory_bytes;
-    memory->reserved = 0;
+    memory->reserved = sim.reserved_bytes;
     memory->used = used_bytes(device);
-    memory->free = sim.memory_bytes - memory->used;
+    memory->free = sim.memory_bytes - memory->used - sim.reserved_bytes;
     return NVML_SUCCESS;
 }
 
@@ -776,6 +781,31 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int l
         return NVML_ERROR_INVALID_ARGUMENT;
     /* Links to the NVSwitches are trained by the fabric manager. */
     *isActive = fabric_completed();
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, int counter,
+                                                    unsigned long long *counterValue)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    /* nvmlNvLinkErrorCounter_t: DL replay, recovery, CRC flit, CRC data, ECC data (0-4). */
+    if (!counterValue || link >= sim.nvlinks || counter < 0 || counter > 4)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* A healthy fabric: no link has replayed, recovered or seen a CRC error. */
+    *counterValue = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!value)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *value = 0; /* a link at its full generation and width has not replayed */
     return NVML_SUCCESS;
 }
 

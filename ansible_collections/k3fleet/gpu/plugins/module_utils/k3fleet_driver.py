@@ -260,6 +260,19 @@ def nvml_not_asked(nvml: dict[str, Any]) -> bool:
     return nvml["status"] == "library_not_found" and nvml.get("bindings") is None
 
 
+def reserved_memory_from_smi(reader: NodeReader, gpus: list[dict[str, Any]]) -> str | None:
+    """Where NVML answered only its v1 memory call (used includes the driver's reserved memory), Used and
+    Reserved from ``nvidia-smi -q -d MEMORY``; a note naming the GPUs left with the v1 figure."""
+    if not any(g.get("memory_source") == "nvml_v1" for g in gpus):
+        return None
+    from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_smi import apply_smi_memory
+
+    res = reader.run(COMMANDS["nvidia_smi_q_memory"])
+    if not res.ok:
+        return f"GPU used memory includes the driver's reserved memory (nvidia-smi -q -d MEMORY: {res.reason()})"
+    return apply_smi_memory(gpus, res.stdout)
+
+
 def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
     """Driver and GPU facts (``DriverFacts`` shape).
 
@@ -312,6 +325,9 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
                              cuda_driver_version=got["cuda_driver_version"], gpus=got["gpus"])
                 if got["note"]:
                     reasons.append(got["note"])
+                note = reserved_memory_from_smi(reader, got["gpus"])
+                if note:
+                    reasons.append(note)
             else:
                 reasons.append(f"NVML: {got['nvml']['error']}")
 

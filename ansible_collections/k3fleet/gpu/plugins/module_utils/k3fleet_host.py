@@ -15,13 +15,17 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_imex import co
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import FILES, HOSTNAME_LIMIT
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    FACTS_SCHEMA_VERSION,
+    FILES,
+    HOSTNAME_LIMIT,
+)
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_workloads import collect_workloads
 
 __metaclass__ = type
 
-# Must equal k3fleet.models.facts.SCHEMA_VERSION (a unit test holds them together).
-SCHEMA_VERSION = "1.1"
+# Defined in k3fleet_sources, which the controller reads too.
+SCHEMA_VERSION = FACTS_SCHEMA_VERSION
 
 
 def node_hostname(reader):

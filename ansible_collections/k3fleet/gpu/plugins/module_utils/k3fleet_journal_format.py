@@ -237,7 +237,8 @@ def slot_state(raw, change_id):
         if value.get("change_id") != change_id:
             continue
         host, stage = value.get("host"), value.get("stage")
-        if not isinstance(host, str):
+        if not isinstance(host, str) or value.get("interrupted"):
+            # A line saying a signal stopped the play repeats the host's stage: it changes nothing.
             continue
         if stage == "failed" and host not in failed:
             failed.append(host)

@@ -230,10 +230,7 @@ def _nvml_gpu(nv: Any, index: int, notes: dict[str, list[Any]]) -> dict[str, Any
     gpu: dict[str, Any] = {"index": index}
     gpu["name"] = _text(nv.nvmlDeviceGetName(handle))
     gpu["uuid"] = _text(nv.nvmlDeviceGetUUID(handle))
-    memory = nv.nvmlDeviceGetMemoryInfo(handle)
-    gpu["memory_total_mib"] = int(memory.total) // (1024 * 1024)
-    used = getattr(memory, "used", None)
-    gpu["memory_used_mib"] = int(used) // (1024 * 1024) if used is not None else None
+    gpu.update(nvml_memory(nv, handle))
     gpu["persistence_mode"] = int(nv.nvmlDeviceGetPersistenceMode(handle)) == 1
     major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
     gpu["compute_capability"] = f"{int(major)}.{int(minor)}"
@@ -245,7 +242,92 @@ def _nvml_gpu(nv: Any, index: int, notes: dict[str, list[Any]]) -> dict[str, Any
     if why:
         notes.setdefault(why, []).append(index)
     gpu.update(nvml_health(nv, handle))
+    gpu["nvlink"] = nvml_nvlink(nv, handle)
     return gpu
+
+
+MIB = 1024 * 1024
+
+
+def nvml_memory(nv: Any, handle: Any) -> dict[str, Any]:
+    """Total, used and reserved memory as the driver means them (docs/facts.md section 5).
+
+    The v2 call (``nvmlDeviceGetMemoryInfo`` with ``version=nvmlMemory_v2``) holds the driver's reserved
+    memory apart from what processes use: an idle H200 on R580 reads used 0, reserved 615 MiB there,
+    while the v1 call counts the reserved 615 MiB as used (tests/fixtures/gpu_health/h200_r580). A driver
+    or bindings without v2 leave the v1 figure with ``memory_source`` "nvml_v1" (used includes reserved),
+    which the collector then replaces with ``nvidia-smi -q -d MEMORY``'s Used and Reserved.
+    """
+    version = getattr(nv, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            memory = nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except nv.NVMLError as exc:
+            if type(exc).__name__ == "NVMLError_GpuIsLost":
+                raise
+        except TypeError:
+            pass  # bindings whose call takes no version: the v1 answer below
+        else:
+            reserved = getattr(memory, "reserved", None)
+            used = getattr(memory, "used", None)
+            return {"memory_total_mib": int(memory.total) // MIB,
+                    "memory_used_mib": None if used is None else int(used) // MIB,
+                    "memory_reserved_mib": None if reserved is None else int(reserved) // MIB,
+                    "memory_source": "nvml_v2"}
+    memory = nv.nvmlDeviceGetMemoryInfo(handle)
+    used = getattr(memory, "used", None)
+    return {"memory_total_mib": int(memory.total) // MIB,
+            "memory_used_mib": int(used) // MIB if used is not None else None,
+            "memory_reserved_mib": None, "memory_source": "nvml_v1"}
+
+
+# nvmlNvLinkErrorCounter_t names, as dcgm-exporter and nvidia-smi nvlink -e call them (docs/facts.md
+# section 14).
+NVLINK_COUNTERS = (("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0), ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY", 1),
+                   ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2), ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA", 3))
+
+
+def nvml_nvlink(nv: Any, handle: Any) -> dict[str, Any]:
+    """NVLink links of one GPU: how many it has, which are up, and each link's error counters.
+
+    A GPU without NVLink answers "not supported" on link 0 (the real H200 in a VM:
+    tests/fixtures/gpu_health/h200_r580/health-nvml-py.txt): that is ``links: 0``, "no links", never
+    "all links healthy". Links are asked until the GPU answers "invalid argument" or "not supported"
+    past its last one.
+    """
+    out: dict[str, Any] = {"links": None, "active": [], "inactive": [], "errors": {}, "source": "nvml",
+                           "reason": None}
+    state = getattr(nv, "nvmlDeviceGetNvLinkState", None)
+    if state is None:
+        out["reason"] = "bindings lack nvmlDeviceGetNvLinkState"
+        return out
+    counter = getattr(nv, "nvmlDeviceGetNvLinkErrorCounter", None)
+    top = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+    links = 0
+    for link in range(top):
+        try:
+            up = int(state(handle, link))
+        except nv.NVMLError as exc:
+            name = type(exc).__name__
+            if name == "NVMLError_GpuIsLost":
+                raise
+            if name in ("NVMLError_NotSupported", "NVMLError_InvalidArgument"):
+                break
+            out["reason"] = f"NVLink {link}: {_nvml_message(exc)}"
+            break
+        links += 1
+        (out["active"] if up == 1 else out["inactive"]).append(link)
+        if counter is None:
+            continue
+        errors: dict[str, int] = {}
+        for field, const, default in NVLINK_COUNTERS:
+            value, _why = _nvml_try(nv, counter, handle, link, getattr(nv, const, default))
+            if value is not None:
+                errors[field] = int(value)
+        if errors:
+            out["errors"][str(link)] = errors
+    out["links"] = links if out["reason"] is None or links else None
+    return out
 
 
 def _nvml_try(nv: Any, fn: Any, *args: Any) -> tuple[Any, str | None]:
@@ -285,9 +367,14 @@ def nvml_health(nv: Any, handle: Any) -> dict[str, Any]:
     aggregate, why_a = _nvml_try(nv, ecc_getter, handle, unc, getattr(nv, "NVML_AGGREGATE_ECC", 1))
     mode, _why = _nvml_try(nv, getattr(nv, "nvmlDeviceGetEccMode", None), handle)
     current = mode[0] if isinstance(mode, (list, tuple)) and mode else None
+    corr = getattr(nv, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
+    c_volatile, _why = _nvml_try(nv, ecc_getter, handle, corr, getattr(nv, "NVML_VOLATILE_ECC", 0))
+    c_aggregate, _why = _nvml_try(nv, ecc_getter, handle, corr, getattr(nv, "NVML_AGGREGATE_ECC", 1))
     ecc = {"mode": None if current is None else ("enabled" if int(current) == 1 else "disabled"),
            "volatile_uncorrected": None if volatile is None else int(volatile),
            "aggregate_uncorrected": None if aggregate is None else int(aggregate),
+           "volatile_corrected": None if c_volatile is None else int(c_volatile),
+           "aggregate_corrected": None if c_aggregate is None else int(c_aggregate),
            "reason": None if volatile is not None or aggregate is not None else (why_v or why_a)}
     rows, why_r = _nvml_try(nv, getattr(nv, "nvmlDeviceGetRemappedRows", None), handle)
     remapped: dict[str, Any] = {"correctable": None, "uncorrectable": None, "pending": None, "failure": None,
@@ -310,6 +397,8 @@ def nvml_health(nv: Any, handle: Any) -> dict[str, Any]:
         link[field] = None if value is None else int(value)
         if why:
             whys.append(f"{call}: {why}")
+    replay, why = _nvml_try(nv, getattr(nv, "nvmlDeviceGetPcieReplayCounter", None), handle)
+    link["replay_counter"] = None if replay is None else int(replay)
     link["reason"] = "; ".join(whys) or None
     return {"ecc": ecc, "remapped_rows": remapped, "throttle": throttle, "pcie": link}
 

@@ -38,6 +38,14 @@ NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+# nvmlNvLinkErrorCounter_t (nvml.h): the data-link layer's replay, recovery and CRC counters per link.
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+# NVML_NVLINK_MAX_LINKS of nvml.h since R570 (18 before; a GPU answers "invalid argument" past its last).
+NVML_NVLINK_MAX_LINKS = 36
 
 # What NVML writes into an unsigned long long it has no value for (usedGpuMemory under WDDM).
 NVML_VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
@@ -118,6 +126,13 @@ class MemoryInfo(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class MemoryInfoV2(ctypes.Structure):
+    """nvmlMemory_v2_t: bytes, with the driver's reserved memory apart from ``used``."""
+
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
 class PciInfo(ctypes.Structure):
     """nvmlPciInfo_t (nvmlDeviceGetPciInfo_v3)."""
 
@@ -187,6 +202,14 @@ class Nvml:
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
     NVML_AGGREGATE_ECC = NVML_AGGREGATE_ECC
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_NVLINK_ERROR_DL_REPLAY = NVML_NVLINK_ERROR_DL_REPLAY
+    NVML_NVLINK_ERROR_DL_RECOVERY = NVML_NVLINK_ERROR_DL_RECOVERY
+    NVML_NVLINK_ERROR_DL_CRC_FLIT = NVML_NVLINK_ERROR_DL_CRC_FLIT
+    NVML_NVLINK_ERROR_DL_CRC_DATA = NVML_NVLINK_ERROR_DL_CRC_DATA
+    NVML_NVLINK_MAX_LINKS = NVML_NVLINK_MAX_LINKS
+    # pynvml's name for the v2 memory struct's version word (nvmlMemory_v2 = 0x02000028).
+    nvmlMemory_v2 = (2 << 24) | ctypes.sizeof(MemoryInfoV2)
 
     def __init__(self, library: Any, path: str) -> None:
         self.library = library
@@ -266,10 +289,17 @@ class Nvml:
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         return self.text("nvmlDeviceGetUUID", DEVICE_UUID_BUFFER_SIZE, handle)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Record:
-        info = MemoryInfo()
-        self.call(("nvmlDeviceGetMemoryInfo",), handle, ctypes.byref(info))
-        return Record(info, ["total", "free", "used"])
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Record:
+        """pynvml's call: the v1 struct, or with ``version`` (nvmlMemory_v2) the v2 struct that holds
+        reserved memory apart from used."""
+        if not version:
+            info = MemoryInfo()
+            self.call(("nvmlDeviceGetMemoryInfo",), handle, ctypes.byref(info))
+            return Record(info, ["total", "free", "used"])
+        info2 = MemoryInfoV2()
+        info2.version = version
+        self.call(("nvmlDeviceGetMemoryInfo_v2",), handle, ctypes.byref(info2))
+        return Record(info2, ["version", "total", "reserved", "free", "used"])
 
     def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
         mode = ctypes.c_int()
@@ -337,6 +367,20 @@ class Nvml:
         self.call(("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
                   handle, ctypes.byref(mask))
         return mask.value
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        return self.uint("nvmlDeviceGetPcieReplayCounter", handle)
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        active = ctypes.c_int()
+        self.call(("nvmlDeviceGetNvLinkState",), handle, ctypes.c_uint(link), ctypes.byref(active))
+        return active.value
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        value = ctypes.c_ulonglong()
+        self.call(("nvmlDeviceGetNvLinkErrorCounter",), handle, ctypes.c_uint(link), ctypes.c_int(counter),
+                  ctypes.byref(value))
+        return value.value
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
         return self.uint("nvmlDeviceGetCurrPcieLinkGeneration", handle)

@@ -105,7 +105,9 @@ def _judge_name(name):
 # always succeeds and consumes what it read (a quote that never closes runs to the end of the
 # line and is redacted with it). scripts/bench_redact.py prints the time per line length.
 
-_QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\''
+# A quoted value, double (with escapes) or single, on one line (the controller's inventory redactor
+# reads values with it too).
+QUOTED_VALUE = r'"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\''
 
 # Words that follow a secret word in prose without being the secret ("the api key is missing").
 _PROSE_STOP = frozenset({
@@ -127,6 +129,9 @@ _PLACEHOLDER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[A-Za-z][\w .-]{0,30
 
 
 def _says_nothing(value):
+    # A placeholder that closes the sentence around it ("(sign with --sign-key KEY)") is still one:
+    # the closing bracket or stop is prose, not part of a value.
+    value = value.rstrip(")]}.,;:") or value
     return value in _EMPTY_VALUES or _PLACEHOLDER.fullmatch(value) is not None
 
 
@@ -208,7 +213,8 @@ def forget_secrets():
     _redact_short.cache_clear()
 
 
-def _keep_quotes(value):
+def keep_quotes(value):
+    """A secret value's replacement that keeps its quotes (``"***"``, ``\\"***\\"``, a quote never closed)."""
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
         return value[0] + REDACTED + value[0]
     if len(value) >= 4 and value[0] == "\\" and value[1] in "\"'" and value[-2:] == value[:2]:
@@ -222,10 +228,10 @@ def _masked_value(m):
     """A secret value matched by ``_VALUE``: the shape stays ([ '***' ], {***}, "***"), the content goes."""
     value = m.group(0)
     if m.group("list") is not None:
-        return _LIST_ITEM.sub(lambda i: _keep_quotes(i.group(0)), value)
+        return _LIST_ITEM.sub(lambda i: keep_quotes(i.group(0)), value)
     if m.group("map") is not None:
         return "{" + REDACTED + "}"
-    return _keep_quotes(value)
+    return keep_quotes(value)
 
 
 def _unquoted(value):
@@ -291,7 +297,7 @@ def _scan(text):
             out.append(m.group("prose"))
             v = _value_at(_PROSE_VALUE, text, end)
             if v is not None and v.group(0).lower().rstrip(".:") not in _PROSE_STOP:
-                out.append(_keep_quotes(v.group(0)))
+                out.append(keep_quotes(v.group(0)))
                 end = v.end()
         elif m.group("opt") is not None:
             out.append(m.group("opt"))
@@ -299,7 +305,7 @@ def _scan(text):
                 v = _value_at(_OPTION_VALUE, text, end)
                 if v is not None:
                     keep = names_key_file(m.group("opt_k"), _unquoted(v.group(0)))
-                    out.append(v.group(0) if keep else _keep_quotes(v.group(0)))
+                    out.append(v.group(0) if keep else keep_quotes(v.group(0)))
                     end = v.end()
         else:
             out.append(m.group("pair"))
@@ -395,7 +401,7 @@ def redact_argv(argv):
 
 # Under a secret key holding a mapping ({"value": X, "source": "/etc/nccl.conf"}), these describe
 # where the secret came from and stay readable.
-_METADATA = frozenset({"source", "file", "path", "origin", "line", "lineno", "type", "kind", "present", "set",
+METADATA_KEYS = frozenset({"source", "file", "path", "origin", "line", "lineno", "type", "kind", "present", "set",
                        "defined", "status", "reason"})
 # Name/value pairs ({"name": "HF_TOKEN", "value": X}): the name decides for the value.
 _PAIR_NAMES = ("name", "key", "Name", "Key", "env", "variable")
@@ -407,7 +413,7 @@ def _secret_value(value):
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, Mapping):
-        return {k: (redact(v) if k in _METADATA else _secret_value(v)) for k, v in value.items()}
+        return {k: (redact(v) if k in METADATA_KEYS else _secret_value(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_secret_value(v) for v in value]
     return REDACTED

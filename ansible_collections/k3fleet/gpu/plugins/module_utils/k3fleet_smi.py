@@ -357,6 +357,40 @@ def parse_smi_q_processes(node: list[Any] | None) -> list[dict[str, Any]] | None
     return out
 
 
+def smi_q_memory(block: list[list[Any]]) -> dict[str, Any]:
+    """Used and Reserved of a GPU block's "FB Memory Usage" (Reserved printed since R470; an idle R580
+    H200 shows Reserved 616 MiB, Used 0 MiB: tests/fixtures/gpu_health/h200_r580/health-q-mem.txt)."""
+    memory = _child(block, "FB Memory Usage")
+    if memory is None:
+        return {"memory_used_mib": None, "memory_reserved_mib": None, "memory_source": None}
+    used = _child(memory[2], "Used")
+    reserved = _child(memory[2], "Reserved")
+    return {"memory_used_mib": _mib(used[1]) if used is not None else None,
+            "memory_reserved_mib": _mib(reserved[1]) if reserved is not None else None,
+            "memory_source": "nvidia-smi"}
+
+
+def apply_smi_memory(gpus: list[dict[str, Any]], text: str) -> str | None:
+    """Used and Reserved from ``nvidia-smi -q -d MEMORY`` onto GPUs whose NVML answered only the v1 memory
+    call (used counts reserved there), by bus id. Returns a note naming GPUs left with the v1 figure."""
+    try:
+        blocks = parse_smi_q_blocks(text)
+    except ValueError as exc:
+        return f"GPU used memory includes the driver's reserved memory (nvidia-smi -q -d MEMORY: {exc})"
+    left: dict[str, list[Any]] = {}
+    for gpu in gpus:
+        if gpu.get("memory_source") != "nvml_v1":
+            continue
+        bus = normalize_bus_id(gpu.get("pci_bus_id"))
+        block = blocks.get(bus) if bus is not None else None
+        memory = smi_q_memory(block) if block is not None else None
+        if memory is None or memory["memory_used_mib"] is None:
+            left.setdefault("not in nvidia-smi -q -d MEMORY", []).append(gpu.get("index"))
+            continue
+        gpu.update(memory)
+    return gpu_notes("GPU used memory includes the driver's reserved memory: ", left)
+
+
 def apply_smi_q(gpus: list[dict[str, Any]], text: str) -> tuple[str | None, str | None]:
     """Fill the CSV GPUs from ``nvidia-smi -q`` by bus id: fabric state, status and health,
     memory in use and compute processes.
@@ -387,9 +421,7 @@ def apply_smi_q(gpus: list[dict[str, Any]], text: str) -> tuple[str | None, str 
         health = _child(fabric[2], "Health") if fabric is not None else None
         gpu["fabric_health"] = parse_fabric_health(health[2]) if health is not None else None
         gpu["fabric_cluster_uuid"], gpu["fabric_clique_id"] = _smi_fabric_domain(fabric)
-        memory = _child(block, "FB Memory Usage")
-        used = _child(memory[2], "Used") if memory is not None else None
-        gpu["memory_used_mib"] = _mib(used[1]) if used is not None else None
+        gpu.update(smi_q_memory(block))
         gpu["processes"] = parse_smi_q_processes(_child(block, "Processes"))
         gpu.update(smi_q_health(block))
         if gpu["memory_used_mib"] is None and gpu["processes"] is None:
@@ -441,6 +473,24 @@ def _uncorrectable_sum(node: list[Any] | None) -> tuple[int | None, bool]:
     return total, seen
 
 
+def _correctable_sum(node: list[Any] | None) -> int | None:
+    """Sum of the correctable counters under one ECC Errors timescale ("SRAM Correctable", "DRAM
+    Correctable"; older drivers a "Single Bit" section with a "Total"); None when none printed a count."""
+    if node is None:
+        return None
+    total: int | None = None
+    for key, value, children in node[2]:
+        low = key.lower()
+        n = None
+        if low.endswith("correctable") and "uncorrectable" not in low:
+            n = _count(value)
+        elif low == "single bit":
+            n = _count((_child(children, "Total") or [None, None])[1])
+        if n is not None:
+            total = (total or 0) + n
+    return total
+
+
 def parse_smi_q_ecc(block: list[list[Any]]) -> dict[str, Any] | None:
     """GpuEcc from a GPU block's "ECC Mode" and "ECC Errors"; None when neither section is printed."""
     mode_node = _child(block, "ECC Mode")
@@ -459,7 +509,12 @@ def parse_smi_q_ecc(block: list[list[Any]]) -> dict[str, Any] | None:
             reason = "ECC error counters read N/A"
         else:
             reason = "no ECC error counters in nvidia-smi -q"
-    return {"mode": mode, "volatile_uncorrected": volatile, "aggregate_uncorrected": aggregate, "reason": reason}
+    corrected = {"volatile_corrected": None, "aggregate_corrected": None}
+    if errors is not None:
+        corrected = {"volatile_corrected": _correctable_sum(_child(errors[2], "Volatile")),
+                     "aggregate_corrected": _correctable_sum(_child(errors[2], "Aggregate"))}
+    return {"mode": mode, "volatile_uncorrected": volatile, "aggregate_uncorrected": aggregate, **corrected,
+            "reason": reason}
 
 
 def parse_smi_q_remapped(block: list[list[Any]]) -> dict[str, Any] | None:
@@ -539,7 +594,11 @@ def parse_smi_q_pcie(block: list[list[Any]]) -> dict[str, Any] | None:
     gc, gm = pair(gen)
     wc, wm = pair(width)
     reason = None if None not in (gc, gm, wc, wm) else "PCIe link generation or width read N/A"
-    return {"gen_current": gc, "gen_max": gm, "width_current": wc, "width_max": wm, "reason": reason}
+    # "Replays Since Reset" sits beside "GPU Link Info" in the PCI section (R580 H200: tests/fixtures/
+    # gpu_health/h200_r580/nvidia-smi-q.txt).
+    replays = _count((_child(pci[2], "Replays Since Reset") or [None, None])[1]) if pci is not None else None
+    return {"gen_current": gc, "gen_max": gm, "width_current": wc, "width_max": wm, "replay_counter": replays,
+            "reason": reason}
 
 
 def smi_q_health(block: list[list[Any]]) -> dict[str, Any]:
@@ -578,12 +637,59 @@ def _gpu_from_smi(row: dict[str, Any]) -> dict[str, Any]:
         "fabric_cluster_uuid": None,
         "fabric_clique_id": None,
         "memory_used_mib": None,
+        "memory_reserved_mib": None,
+        "memory_source": None,
+        "nvlink": None,
         "processes": None,
         "ecc": None,
         "remapped_rows": None,
         "throttle": None,
         "pcie": None,
     }
+
+
+_NVLINK_GPU_RE = re.compile(r"^GPU (\d+): ")
+_NVLINK_LINK_RE = re.compile(r"^\s+Link (\d+): (.*?)\s*$")
+
+
+def parse_nvlink_status(text: str) -> dict[int, dict[str, Any]]:
+    """``nvidia-smi nvlink -s``: GPU index -> {"links", "active", "inactive"}.
+
+    Each GPU prints "GPU n: <name> (UUID: ...)" then one "Link k: 25.781 GB/s" or "Link k: <inactive>"
+    line per link (Azure/azhpc-diagnostics issue 73, a V100 with two inactive links). A GPU without
+    NVLink prints nothing at all, and so does a node none of whose GPUs has NVLink (the real H200 in a
+    VM: tests/fixtures/gpu_health/h200_r580/health-nvlink-s.txt): an empty answer is "no links".
+    """
+    out: dict[int, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for line in (text or "").splitlines():
+        gpu = _NVLINK_GPU_RE.match(line)
+        if gpu:
+            current = out.setdefault(int(gpu.group(1)), {"links": 0, "active": [], "inactive": []})
+            continue
+        link = _NVLINK_LINK_RE.match(line)
+        if link and current is not None:
+            current["links"] += 1
+            value = link.group(2).strip().lower()
+            (current["inactive"] if "inactive" in value or is_na(value) else current["active"]).append(
+                int(link.group(1)))
+        elif line.strip() and current is None:
+            raise ValueError(f"nvidia-smi nvlink -s: line before any GPU: {line.strip()[:120]!r}")
+    return out
+
+
+def apply_nvlink_status(gpus: list[dict[str, Any]], res: Any) -> str | None:
+    """Fill each GPU's ``nvlink`` from ``nvidia-smi nvlink -s``; a note when it could not be read."""
+    if not res.ok:
+        return f"NVLink state unknown: {res.reason()}"
+    try:
+        parsed = parse_nvlink_status(res.stdout)
+    except ValueError as exc:
+        return f"NVLink state unknown: {exc}"
+    for gpu in gpus:
+        links = parsed.get(gpu.get("index"), {"links": 0, "active": [], "inactive": []})
+        gpu["nvlink"] = dict(links, errors={}, source="nvidia-smi", reason=None)
+    return None
 
 
 def collect_smi(reader: NodeReader) -> dict[str, Any]:
@@ -634,5 +740,8 @@ def collect_smi(reader: NodeReader) -> dict[str, Any]:
         notes.extend(note for note in apply_smi_q(out["gpus"], q.stdout) if note)
     else:
         notes.append(f"CUDA version, GPU fabric state, memory use and processes unknown: {q.reason()}")
+    note = apply_nvlink_status(out["gpus"], reader.run(COMMANDS["nvidia_smi_nvlink_status"]))
+    if note:
+        notes.append(note)
     out["reason"] = "; ".join(notes) or None
     return out

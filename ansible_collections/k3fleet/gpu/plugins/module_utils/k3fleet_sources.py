@@ -12,6 +12,13 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+# The host facts' schema version, defined here once: k3fleet_host stamps it on every node's facts and the
+# controller's k3fleet.models.facts reads it from here. 1.1: GPU health (ECC, remapped rows, retired
+# pages, clock events, PCIe link), the kernel log's Xid events and platform kind "unknown"; later the
+# optional sections active and imex. Every new field is optional, so 1.0 facts validate with them unset
+# (read as unknown, never as a pass). The major version changes on any incompatible change.
+FACTS_SCHEMA_VERSION = "1.1"
+
 # name -> absolute node path (read through NodeReader.resolve: /proc and /sys may be moved)
 FILES = {
     "proc_driver_version": "/proc/driver/nvidia/version",
@@ -49,6 +56,12 @@ COMMANDS = {
     # docs/facts.md sections 2 and 12); the per-GPU blocks of the full output carry the NVLink
     # "Fabric" state, status and health, "FB Memory Usage" and the running "Processes".
     "nvidia_smi_q": ["nvidia-smi", "-q"],
+    # Used and Reserved memory, asked only of GPUs whose NVML answered the v1 memory call alone (it counts
+    # the driver's reserved memory as used: docs/facts.md section 14).
+    "nvidia_smi_q_memory": ["nvidia-smi", "-q", "-d", "MEMORY"],
+    # Each GPU's NVLink links, up or inactive, where NVML did not answer; nothing at all on GPUs without
+    # NVLink (docs/facts.md section 14).
+    "nvidia_smi_nvlink_status": ["nvidia-smi", "nvlink", "-s"],
     # The kernel log since boot, for the driver's "NVRM: Xid" lines (docs/facts.md section 14): dmesg
     # first; where kernel.dmesg_restrict refuses it, the journal's kernel messages of this boot.
     "dmesg": ["dmesg"],
