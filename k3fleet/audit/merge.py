@@ -31,7 +31,6 @@ its observation (names, time, where from) and its share of the verdict, not its 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from typing import Any
 
 from k3fleet.audit.run import AuditResult, verdict_document
 from k3fleet.audit.runner import RESULT_KEY, PlayResult, module_result
-from k3fleet.bounds import read_bounded, read_input
+from k3fleet.bounds import read_input, read_json
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import RunDir, layout, verify_run
@@ -169,15 +168,6 @@ def _facts_observation(host: str, data: Any, when: str, source: str, *, verified
     return Observation(host, "facts", stamp, source, facts=dict(data), verified=verified)
 
 
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(read_bounded(path, "run_json").decode("utf-8"))
-    except FileNotFoundError as exc:
-        raise UsageError(f"{what}: {path} is missing") from exc
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{what}: {path} is not readable JSON: {exc}") from exc
-
-
 # -- a k3fleet audit run directory -------------------------------------------------------------
 
 
@@ -237,10 +227,7 @@ def _runner_job_dirs(path: Path) -> list[Path]:
 def _events(job: Path) -> list[dict[str, Any]]:
     events = []
     for p in (job / "job_events").glob("*.json"):
-        try:
-            data = json.loads(read_bounded(p, "run_json").decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise UsageError(f"runner artifacts {job}: event {p.name} is not readable JSON: {exc}") from exc
+        data = read_json(p, f"runner artifacts {job}: event", kind="an ansible-runner job event")
         if not isinstance(data, dict):
             continue
         counter = data.get("counter", 0)
@@ -332,7 +319,7 @@ def read_runner_job(job: Path) -> Slice:
 
 def read_artifacts_file(path: Path) -> Slice:
     """A JSON file of job artifacts, as AWX shows a job's `artifacts`."""
-    data = _read_json(path, "artifacts file")
+    data = read_json(path, "artifacts file", kind="a JSON file of job artifacts")
     if not isinstance(data, Mapping) or ARTIFACT_KEY not in data:
         raise UsageError(f"{path}: not k3fleet job artifacts (no {ARTIFACT_KEY} key)")
     artifact = data[ARTIFACT_KEY]
