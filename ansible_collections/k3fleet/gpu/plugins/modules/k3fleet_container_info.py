@@ -60,12 +60,12 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Inspect the serving image on every node
-  k3fleet_container_info:
+  k3fleet.gpu.k3fleet_container_info:
     image: vllm/vllm-openai:kimi-k3
   register: container
 
 - name: Prove CUDA initialises in the serving image after the driver change
-  k3fleet_container_info:
+  k3fleet.gpu.k3fleet_container_info:
     image: vllm/vllm-openai:kimi-k3
     probe: true
     timeout: 60

@@ -95,12 +95,12 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Collect all k3fleet facts of this node
-  k3fleet_host_info:
+  k3fleet.gpu.k3fleet_host_info:
     image: vllm/vllm-openai:kimi-k3
   register: __k3fleet_host
 
 - name: Read a containerised view of the host, probing CUDA in the serving image
-  k3fleet_host_info:
+  k3fleet.gpu.k3fleet_host_info:
     root: /host
     probe: true
 """

@@ -79,7 +79,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Journal that the host is being drained
-  k3fleet_journal:
+  k3fleet.gpu.k3fleet_journal:
     path: "{{ k3fleet_journal }}"
     run: "{{ k3fleet_run_id }}"
     change_id: "{{ k3fleet_change_id }}"
@@ -89,7 +89,7 @@ EXAMPLES = r"""
   changed_when: false
 
 - name: Take a slot and journal the snapshot
-  k3fleet_journal:
+  k3fleet.gpu.k3fleet_journal:
     path: "{{ k3fleet_journal }}"
     run: "{{ k3fleet_run_id }}"
     change_id: "{{ k3fleet_change_id }}"

@@ -55,7 +55,7 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read RDMA and NCCL facts of the serving nodes
-  k3fleet_rdma_info:
+  k3fleet.gpu.k3fleet_rdma_info:
     env_files:
       - -/etc/default/vllm
   register: rdma

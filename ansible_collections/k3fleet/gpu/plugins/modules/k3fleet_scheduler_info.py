@@ -37,11 +37,11 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read the Slurm state of each GPU node
-  k3fleet_scheduler_info:
+  k3fleet.gpu.k3fleet_scheduler_info:
   register: sched
 
 - name: Use the Slurm NodeName where it differs from the host name
-  k3fleet_scheduler_info:
+  k3fleet.gpu.k3fleet_scheduler_info:
     node: "{{ slurm_node_name }}"
   register: sched
 """

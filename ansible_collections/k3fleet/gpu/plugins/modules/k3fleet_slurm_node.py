@@ -118,7 +118,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Lease and drain the node for change CHG-1042, waiting up to an hour for its jobs
-  k3fleet_slurm_node:
+  k3fleet.gpu.k3fleet_slurm_node:
     node: gpu017
     state: drained
     change_id: CHG-1042
@@ -128,7 +128,7 @@ EXAMPLES = r"""
   register: drain
 
 - name: Return the node to service only if this change holds its lease
-  k3fleet_slurm_node:
+  k3fleet.gpu.k3fleet_slurm_node:
     node: gpu017
     state: resumed
     change_id: CHG-1042
