@@ -2,7 +2,7 @@
 # Stdlib only: shipped to nodes.
 """All collectors in one pass: what the audit runs, once per host."""
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import socket
 import time
@@ -21,8 +21,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     HOSTNAME_LIMIT,
 )
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_workloads import collect_workloads
-
-__metaclass__ = type
 
 # Defined in k3fleet_sources, which the controller reads too.
 SCHEMA_VERSION = FACTS_SCHEMA_VERSION

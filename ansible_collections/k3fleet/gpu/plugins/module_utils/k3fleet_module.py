@@ -2,13 +2,11 @@
 # Stdlib only: shipped to nodes.
 """Options every k3fleet_*_info module shares, and the reader built from them."""
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import os
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import DEFAULT_TIMEOUT, NodeReader
-
-__metaclass__ = type
 
 # The key every module puts its result under; the controller reads nothing else.
 RESULT_KEY = "k3fleet"

@@ -3,9 +3,7 @@
 # Copyright: k3fleet contributors
 # Apache-2.0
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: k3fleet_host_info

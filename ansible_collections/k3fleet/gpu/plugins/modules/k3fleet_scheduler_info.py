@@ -4,9 +4,7 @@
 # Ansible module layout: documentation before the imports, node-side Python idioms.
 # ruff: noqa: E402, UP001, UP009, UP010, UP031
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
