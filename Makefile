@@ -127,7 +127,9 @@ bench-awx: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_awx_stream.py --count 40 --workers 1 2 4
 
 # accept load's generator beside guidellm and vLLM's own benchmark (from the lab's CPU build, .cache/vllm-venv) on
-# the vLLM simulator at 64, 256, 1024 streams and on the lab's real vLLM at 4 (docs/acceptance-load.md).
+# the vLLM simulator at 64, 256, 1024 streams and on the lab's real vLLM at 4; then open loop beside
+# vllm bench serve --request-rate (Poisson) at 5, 10, 20/s on the simulator and 2, 4/s on the real vLLM, which
+# one lock keeps to one user at a time (docs/acceptance-load.md).
 # guidellm brings torch and transformers: it gets its own venv, never the test venv.
 .PHONY: bench-load
 BENCH_VENV ?= .venv-bench
@@ -135,6 +137,14 @@ bench-load:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench-load]'
 	$(BENCH_VENV)/bin/python scripts/bench_load.py --streams 64 256 1024 --vllm-bench --real
+	flock /tmp/k3fleet-vllm.lock $(BENCH_VENV)/bin/python scripts/bench_load.py --no-guidellm --rates 5 10 20 \
+		--rate-seconds 20 --real --real-rates 2 4
+
+# How closely accept load --trace keeps a trace's arrival times: 200 requests/s for 10 s on the simulator
+# (docs/acceptance-load.md "Trace replay"); prints the arrival error, asserts nothing.
+.PHONY: bench-trace
+bench-trace: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_trace.py --rate 200 --seconds 10 --repeat 3
 
 # Every acceptance probe against a real vLLM: the CPU build in its own venv (.cache/vllm-venv, pinned;
 # built here on first use, about 3.5 GB and 10 minutes) serving a tiny model made on the spot

@@ -401,6 +401,7 @@ DURATIONS: dict[str, Span] = {
     "audit --host-timeout": Span(1.0, _DAY),
     "--drain-timeout": Span(0.0, 7 * _DAY),
     "--audit-max-age": Span(1.0, 30 * _DAY),
+    "--pause-timeout": Span(1.0, 7 * _DAY),
     "load step": Span(0.0, _DAY, low_inclusive=False),  # step_s, sustained_s, max_duration_s, sample_interval_s
     "load slo": Span(0.0, _HOUR, low_inclusive=False),  # ttft_p95_slo_s, itl_p95_slo_s
     "prune --older-than": Span(1.0, 3650 * _DAY),

@@ -228,6 +228,133 @@ def run_vllm_bench(py: Path, url: str, model: str, tokenizer: Path, streams: int
             "prompt_tokens": (prompt_tokens_total(url) - before) / max(ok, 1)}
 
 
+def run_vllm_bench_rate(py: Path, url: str, model: str, tokenizer: Path, rate: float, count: int,
+                        prompt_tokens: int, output_tokens: int, workdir: Path) -> dict[str, Any]:
+    """vLLM's benchmark open-loop: ``count`` requests at ``rate``/s, Poisson (burstiness 1), no concurrency cap."""
+    name = f"vllm-bench-rate-{rate:g}-{int(time.time() * 1000)}.json"
+    cmd = [str(py), "-c", _VLLM_BENCH, "--backend", "openai-chat", "--base-url", url, "--endpoint",
+           "/v1/chat/completions", "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+           "--random-input-len", str(prompt_tokens), "--random-output-len", str(output_tokens), "--num-prompts",
+           str(count), "--request-rate", f"{rate:g}", "--burstiness", "1.0", "--ignore-eos", "--seed", "0",
+           "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99", "--save-result", "--result-dir",
+           str(workdir), "--result-filename", name, "--disable-tqdm"]
+    before = prompt_tokens_total(url)
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    sampler = CpuSampler(proc.pid)
+    output, _ = proc.communicate()
+    sampler.stop()
+    out = workdir / name
+    if proc.returncode != 0 or not out.is_file():
+        tail = " | ".join(output.strip().splitlines()[-3:])
+        raise RuntimeError(f"vllm bench serve exited {proc.returncode}: {tail}")
+    res = json.loads(out.read_text())
+    end = out.stat().st_mtime
+    start = end - float(res["duration"])
+    ok = int(res["completed"])
+    return {"ok": ok, "requests": count, "rps": float(res["request_throughput"]), "cpu_s": sampler.window(start, end),
+            "ttft_p50": float(res["median_ttft_ms"]) / 1000, "ttft_p99": float(res["p99_ttft_ms"]) / 1000,
+            "itl_p50": float(res["median_itl_ms"]) / 1000, "itl_p99": float(res["p99_itl_ms"]) / 1000,
+            "prompt_tokens": (prompt_tokens_total(url) - before) / max(ok, 1)}
+
+
+def run_k3fleet_rate(url: str, rate: float, count: int, prompt_tokens: int, output_tokens: int,
+                     model: str) -> dict[str, Any]:
+    """accept load's open loop (its rate_ramp phase at one rate, Poisson) in a process of its own."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--rate-worker", url, f"{rate:g}", str(count),
+           str(prompt_tokens), str(output_tokens), model]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = CpuSampler(proc.pid)
+    out, errtext = proc.communicate()
+    sampler.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"k3fleet rate worker exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
+    res = json.loads(out)
+    res["cpu_s"] = sampler.window(res["start"], res["end"])
+    return res
+
+
+def rate_worker(url: str, rate: float, count: int, prompt_tokens: int, output_tokens: int, model: str) -> None:
+    from k3fleet.accept.client import Endpoint
+    from k3fleet.accept.load import LoadOptions, run_load
+
+    ep = Endpoint(base_url=url, model=model, timeout_s=600)
+    # Exactly ``count`` requests, as vLLM's benchmark sends: a Poisson draw over count / rate seconds may hold
+    # fewer, so the step is twice as long and the request bound (which calibration does not count) ends them.
+    opts = LoadOptions(phases=["rate_ramp"], rates=[rate], rate_step_s=count / rate * 2, arrival="poisson",
+                       rate_prompt_tokens=prompt_tokens, rate_output_tokens=output_tokens, max_requests=count,
+                       ttft_p95_slo_s=3600, itl_p95_slo_s=3600, request_timeout_s=600, max_duration_s=86400)
+    res = asyncio.run(run_load(ep, opts))
+    (row,) = [r for r in res.data["curves"] if r["phase"] == "rate_ramp"]
+    # The step's own window (its first request to its last answer) is what its CPU is read over.
+    end = time.time()
+    start = end - (res.data["elapsed_s"] - row["t_start_s"])
+    print(json.dumps({"ok": row["ok"], "requests": row["requests"], "rps": row["rps"], "start": start, "end": end,
+                      "ttft_p50": row["ttft_p50_s"], "ttft_p99": row["ttft_p99_s"], "itl_p50": row["itl_p50_s"],
+                      "itl_p99": row["itl_p99_s"], "lag_p99": row["arrival_lag_p99_s"],
+                      "waiting_max": row["waiting_max"]}))
+
+
+def open_loop(args: argparse.Namespace) -> int:
+    """k3fleet's open loop beside ``vllm bench serve --request-rate`` (Poisson) at the same rates, on the simulator
+    and (``--real``) on the lab's real vLLM: achieved req/s, TTFT and ITL p50/p99 and client CPU as ratios."""
+    from k3fleet.lab import vllm
+
+    py, model_dir = vllm.prepare(progress=lambda m: print(m, file=sys.stderr))
+    rows: list[tuple[str, float, int, dict[str, dict[str, Any]]]] = []
+    print(f"open loop, Poisson arrivals: prompt {args.prompt_tokens} tokens (vLLM's random dataset, its tokenizer), "
+          f"{args.output_tokens} out (ignore_eos), {args.rate_seconds:g} s of arrivals per rate; machine "
+          f"{os.cpu_count()} CPUs")
+
+    def compare(where: str, url: str, model: str, rate: float, work: Path) -> None:
+        count = max(1, round(rate * args.rate_seconds))
+        tools: dict[str, dict[str, Any]] = {}
+        tools["vllm bench"] = run_vllm_bench_rate(py, url, model, model_dir, rate, count, args.prompt_tokens,
+                                                  args.output_tokens, work)
+        tokens = max(1, round(tools["vllm bench"]["prompt_tokens"]))
+        tools["k3fleet"] = run_k3fleet_rate(url, rate, count, tokens, args.output_tokens, model)
+        rows.append((where, rate, count, tools))
+        print("  " + where + f" {rate:g}/s: " + " | ".join(
+            f"{name} {t['rps']:.2f} req/s TTFT p50 {t['ttft_p50'] or 0:.3f} s {t['cpu_s'] / max(t['ok'], 1) * 1000:.1f}"
+            " ms CPU/req" for name, t in tools.items()), flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="bench-load-rate-") as tmp:
+        work = Path(tmp)
+        sim, url = start_simulator(args.itl_ms)
+        try:
+            for rate in args.rates:
+                compare("simulator", url, "moonshotai/Kimi-K3", rate, work)
+        finally:
+            sim.terminate()
+            sim.wait(10)
+        if args.real:
+            wd = work / "vllm"
+            try:
+                state = vllm.up(0, [], workdir=wd, progress=lambda m: print(m, file=sys.stderr))
+                for rate in args.real_rates:
+                    compare("real vLLM", state.base_url, state.model, rate, work)
+            finally:
+                vllm.down(wd)
+    print()
+    keys = (("rps", "req/s"), ("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("itl_p50", "ITL p50"),
+            ("itl_p99", "ITL p99"))
+    print(f"{'server':<10} {'rate':>6} {'reqs':>5} | {'tool':<10} {'ok':>5} " + " ".join(f"{h:>9}" for _, h in keys)
+          + f" {'CPU s/req':>10}")
+    for where, rate, count, tools in rows:
+        for name, t in tools.items():
+            cpu = t["cpu_s"] / max(t["ok"], 1)
+            print(f"{where:<10} {rate:>6g} {count:>5} | {name:<10} {t['ok']:>5} "
+                  + " ".join(f"{t[k] if t[k] is not None else float('nan'):>9.4f}" for k, _ in keys) + f" {cpu:>10.5f}")
+        ref, k = tools["vllm bench"], tools["k3fleet"]
+        ratios = [(k[key] or 0) / ref[key] if ref[key] else float("nan") for key, _ in keys]
+        cpu_ratio = (k["cpu_s"] / max(k["ok"], 1)) / max(ref["cpu_s"] / max(ref["ok"], 1), 1e-9)
+        print(f"{where:<10} {rate:>6g} {count:>5} | {'ratio':<10} {'':>5} " + " ".join(f"{r:>9.2f}" for r in ratios)
+              + f" {cpu_ratio:>10.2f}")
+    print("ratio rows: k3fleet / vllm bench serve at the same rate (Poisson); req/s near 1 means both offered the "
+          "rate; TTFT and ITL near 1 mean both clients measured the same server; CPU below 1 is less client CPU")
+    return 0
+
+
 def words_for_server(url: str, model: str, tokens: float) -> int:
     """Prompt words that the server counts as about ``tokens`` prompt tokens (from two requests' usage)."""
     import httpx
@@ -306,11 +433,25 @@ def main() -> int:
     ap.add_argument("--real-requests-per-stream", type=int, default=4)
     ap.add_argument("--no-guidellm", action="store_true", help="leave guidellm out (it is not installed)")
     ap.add_argument("--worker", nargs=6, metavar=("URL", "STREAMS", "COUNT", "WORDS", "OUTPUT", "MODEL"))
+    ap.add_argument("--rates", type=float, nargs="+", help="open loop: k3fleet beside vllm bench serve "
+                    "--request-rate (Poisson) at these rates, on the simulator (and --real at --real-rates)")
+    ap.add_argument("--rate-seconds", type=float, default=20.0, help="open loop: seconds of arrivals per rate")
+    ap.add_argument("--real-rates", type=float, nargs="+", default=[2.0, 4.0])
+    ap.add_argument("--rate-worker", nargs=6, metavar=("URL", "RATE", "COUNT", "PROMPT", "OUTPUT", "MODEL"))
     args = ap.parse_args()
     if args.worker:
         url, streams, count, words, out, model = args.worker
         worker(url, int(streams), int(count), int(words), int(out), model)
         return 0
+    if args.rate_worker:
+        url, rate, count, prompt, out, model = args.rate_worker
+        rate_worker(url, float(rate), int(count), int(prompt), int(out), model)
+        return 0
+    if args.rates:
+        if any(not 0 < r <= 1000 for r in [*args.rates, *args.real_rates]) or not 0 < args.rate_seconds <= 600:
+            print("--rates and --real-rates above 0 and at most 1000, --rate-seconds 0-600", file=sys.stderr)
+            return 2
+        return open_loop(args)
 
     exe = None if args.no_guidellm else (shutil.which("guidellm", path=str(Path(sys.executable).parent))
                                          or shutil.which("guidellm"))

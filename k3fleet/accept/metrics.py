@@ -325,7 +325,11 @@ async def scrape(client: httpx.AsyncClient, base_url: str, *, timeout_s: float |
     """GET ``/metrics`` and parse it; transport errors, non-200 answers, garbage, a page past its
     cap and a scrape past its deadline (``timeout_s``, default the client's, for the whole
     request) raise one-line :class:`MetricsError`."""
-    url = metrics_url(base_url)
+    return await scrape_url(client, metrics_url(base_url), timeout_s=timeout_s)
+
+
+async def scrape_url(client: httpx.AsyncClient, url: str, *, timeout_s: float | None = None) -> MetricsSnapshot:
+    """:func:`scrape` of a page at ``url`` itself (a DCGM exporter's ``/metrics``)."""
     deadline_s = timeout_s if timeout_s is not None else (client.timeout.read or 120.0)
     kwargs: dict[str, object] = {}
     if timeout_s is not None:

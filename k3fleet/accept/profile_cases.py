@@ -61,6 +61,14 @@ def load_options_from_profile(loaded: LoadedProfile, overrides: Mapping[str, Any
     base: dict[str, Any] = {"ladder_tokens": ladder, "ramp": ramp, "sustained_concurrency": p.concurrency,
                             "sustained_s": p.sustained_s, "ttft_p95_slo_s": p.slo.ttft_p95_s,
                             "itl_p95_slo_s": p.slo.itl_p95_s, "error_rate_limit": p.slo.error_rate}
+    # The request mix of the agent sessions: the profile's tools, schemas and shares.
+    if loaded.tools:
+        base.update(tools=[{"type": "function", "function": dict(t)} for t in loaded.tools], tools_share=p.mix.tools)
+    if loaded.schemas:
+        base.update(response_schemas={k: dict(v) for k, v in loaded.schemas.items()},
+                    structured_share=p.mix.structured_output)
+    if p.mix.long > 0:
+        base.update(long_share=p.mix.long, long_context_tokens=p.context_tokens.p99)
     if p.slo.e2e_p95_s is not None:
         base["e2e_p95_slo_s"] = p.slo.e2e_p95_s
     if p.request_rate_rps is not None:

@@ -31,9 +31,9 @@ from k3fleet.bounds import read_input
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE
 from k3fleet.evidence import REDACTED, RunDir, layout
 from k3fleet.evidence.privacy import without_bodies
+from k3fleet.models.evidence import AcceptRecord
 from k3fleet.targets import load_target
 
-SCHEMA_VERSION = "1.0"
 Progress = Callable[[str], None]
 _USERINFO = re.compile(r"(?i)\b(https?://)[^/@\s]+@")
 
@@ -61,12 +61,12 @@ class AllOptions:
 @dataclass
 class AllResult:
     run_dir: RunDir
-    summary: dict[str, Any]
+    summary: AcceptRecord
     results: dict[str, ProbeResult]
 
     @property
     def exit_code(self) -> int:
-        return int(self.summary["exit_code"])
+        return int(self.summary.exit_code if self.summary.exit_code is not None else EXIT_INCOMPLETE)
 
 
 def _now() -> str:
@@ -119,24 +119,22 @@ async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
     rd = RunDir.create(opts.runs_dir, "accept", safe_argv(argv), out=opts.out)
     key = endpoint.api_key()
     ev = _Evidence(rd, [key] if key else [])
-    summary: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url, "model": endpoint.model,
-        "tls_verify": endpoint.verify_tls, "started_at": _now(), "finished_at": None, "server": {},
-        "probes": {}, "not_run": {}, "interrupted": False, "error": None, "exit_code": EXIT_INCOMPLETE}
+    summary = AcceptRecord(base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls,
+                           started_at=_now(), exit_code=EXIT_INCOMPLETE)
     results: dict[str, ProbeResult] = {}
     rec = Recorder()
     try:
         await _run_probes(endpoint, opts, summary, results, rec, ev, say)
     except EndpointError as exc:
-        summary["error"] = exc.message
-        summary["exit_code"] = exc.exit_code
+        summary.error = exc.message
+        summary.exit_code = exc.exit_code
     except (KeyboardInterrupt, asyncio.CancelledError):
-        summary["interrupted"] = True
+        summary.interrupted = True
     finally:
         _write_evidence(ev, rec, results, summary, opts)
-    if summary["error"] is None:
-        summary["exit_code"] = _exit_code(results, summary)
-        ev.json(layout.ACCEPT, summary)
+    if summary.error is None:
+        summary.exit_code = _exit_code(results, summary)
+        ev.json(layout.ACCEPT, summary.dump())
     rd.write_manifest()
     return AllResult(rd, summary, results)
 
@@ -161,61 +159,63 @@ def run_accept_load(endpoint: Endpoint, opts: Any, observer: Any, argv: Sequence
     try:
         result = asyncio.run(run_load(endpoint, opts, observer, stop=stop, recorder=rec))
     except BaseException:
-        ev.json(layout.ACCEPT, {"schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url,
-                                "model": endpoint.model, "tls_verify": endpoint.verify_tls, "started_at": started_at,
-                                "probes": {}, "error": "no load measured", "exit_code": EXIT_INCOMPLETE})
+        ev.json(layout.ACCEPT, AcceptRecord(base_url=endpoint.display_url, model=endpoint.model,
+                                            tls_verify=endpoint.verify_tls, started_at=started_at,
+                                            error="no load measured", exit_code=EXIT_INCOMPLETE).dump())
         rd.write_manifest()
         raise
-    summary: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "base_url": endpoint.display_url, "model": endpoint.model,
-        "tls_verify": endpoint.verify_tls, "started_at": started_at, "finished_at": None, "server": {},
-        "probes": {}, "not_run": {p: "accept load runs the load probe only" for p in PROBES if p != "load"},
-        "interrupted": bool(result.data.get("interrupted")), "error": None, "exit_code": result.exit_code}
+    summary = AcceptRecord(
+        base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls, started_at=started_at,
+        not_run={p: "accept load runs the load probe only" for p in PROBES if p != "load"},
+        interrupted=bool(result.data.get("interrupted")), exit_code=result.exit_code)
     results = {"load": result}
     _write_evidence(ev, rec, results, summary, AllOptions(profile=profile))
     rd.write_manifest()
     return AllResult(rd, summary, results)
 
 
-def _exit_code(results: Mapping[str, ProbeResult], summary: Mapping[str, Any]) -> int:
+def _exit_code(results: Mapping[str, ProbeResult], summary: AcceptRecord) -> int:
     code = combined_exit_code(results.values()) if results else EXIT_INCOMPLETE
     if code == EXIT_FAILED:
         return code
     # Probes an acceptance run needs (startup joins them when a log is given): absent means not proven.
     missing = [p for p in REQUIRED if p not in results]
-    if missing or summary.get("interrupted"):
+    if missing or summary.interrupted:
         return EXIT_INCOMPLETE
     return code
 
 
-async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, Any],
+async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: AcceptRecord,
                       results: dict[str, ProbeResult], rec: Recorder, ev: _Evidence, say: Progress) -> None:
     # lazy: accept all's own probes; accept load, whose command imports this module, needs none of them
     from k3fleet.accept.agent import run_agent
-    from k3fleet.accept.prefix_cache import run_prefix_cache
+    from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
     from k3fleet.accept.startup import run_startup
 
+    # The run's target, loaded once (--target, or the packaged default) and handed to every probe that reads it.
+    target = load_target(opts.target)
+    prefix_opts = (opts.prefix or PrefixOptions()).model_copy(update={"target_model": target.serve.model})
     if opts.log is not None and "startup" not in opts.skip:
         say("startup: reading the start-up log")
-        results["startup"] = run_startup(opts.log, opts.launch_command, target=load_target(opts.target))
+        results["startup"] = run_startup(opts.log, opts.launch_command, target=target)
         _copy_input(ev, opts.log, layout.STARTUP_LOG)
         if opts.launch_command is not None:
             _copy_input(ev, opts.launch_command, layout.LAUNCH_COMMAND)
     elif opts.log is None:
-        summary["not_run"]["startup"] = "no --log given"
+        summary.not_run["startup"] = "no --log given"
 
     concurrency = max(4, getattr(opts.agent, "concurrency", 4))
     async with endpoint.async_client(concurrency) as client:
         say(f"endpoint: {endpoint.display_url} model {endpoint.model}")
         info = await preflight(client, endpoint)
-        summary["server"].update(info)
+        summary.server.update(info)
         try:
             snap = await scrape(client, endpoint.base_url)
             rec.snapshot("start", snap.raw)
-            summary["server"].update(metrics_exposition=snap.exposition, cache_config=snap.cache_config(),
+            summary.server.update(metrics_exposition=snap.exposition, cache_config=snap.cache_config(),
                                      old_metric_names=snap.old_names())
         except MetricsError as exc:
-            summary["server"]["metrics_error"] = str(exc)
+            summary.server["metrics_error"] = str(exc)
         # lazy: the load probe can be left out of a build (load_available)
         load_mod: Any = importlib.import_module("k3fleet.accept.load") if load_available() else None
         load_opts = None
@@ -223,17 +223,17 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
             load_opts = opts.load_opts if opts.load_opts is not None else load_mod.load_options(opts.load_overrides)
         budget = Budget(opts.budget_s, time.monotonic())
         plan = budget.plan(opts, load_opts)
-        summary["budget"] = {"budget_s": opts.budget_s, "plan": plan, "elapsed_s": {}}
+        summary.budget = {"budget_s": opts.budget_s, "plan": plan, "elapsed_s": {}}
         for line in plan_lines(plan, opts.budget_s):
             say(line)
         stop = opts.stop or threading.Event()
         if "prefix_cache" in opts.skip:
-            summary["not_run"]["prefix_cache"] = "skipped (--skip)"
-        elif not await _timed("prefix_cache", run_prefix_cache(endpoint, opts.prefix, recorder=rec, progress=say,
+            summary.not_run["prefix_cache"] = "skipped (--skip)"
+        elif not await _timed("prefix_cache", run_prefix_cache(endpoint, prefix_opts, recorder=rec, progress=say,
                                                                 client=client), results, summary, rec, stop, say):
             return
         if "agent" in opts.skip:
-            summary["not_run"]["agent"] = "skipped (--skip)"
+            summary.not_run["agent"] = "skipped (--skip)"
         else:
             agent_opts = budget.agent(opts.agent)
             if agent_opts.time_budget_s is not None:
@@ -242,9 +242,9 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
                                 results, summary, rec, stop, say):
                 return
     if "load" in opts.skip:
-        summary["not_run"]["load"] = "skipped (--skip)"
+        summary.not_run["load"] = "skipped (--skip)"
     elif load_mod is None:
-        summary["not_run"]["load"] = "the load probe is not installed in this build"
+        summary.not_run["load"] = "the load probe is not installed in this build"
     else:
         load_opts = budget.load(load_opts, load_mod)
         say(f"load: phases {', '.join(load_opts.phases)}, time-boxed {load_opts.max_duration_s:.0f} s")
@@ -252,10 +252,10 @@ async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: dict[str, A
         await _timed("load", load_mod.run_load(endpoint, load_opts, _load_observer(load_mod.LoadObserver, say),
                                                recorder=rec, stop=stop), results, summary, rec, None, say)
         if stop.is_set():
-            summary["interrupted"] = True
+            summary.interrupted = True
 
 
-async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, ProbeResult], summary: dict[str, Any],
+async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, ProbeResult], summary: AcceptRecord,
                  rec: Recorder, stop: threading.Event | None, say: Progress) -> bool:
     """Run one probe, timing it; on Ctrl-C (``stop``) cancel it and keep what it had sent as an
     inconclusive result. False when the run must end here. The probe runs in this task (a
@@ -272,6 +272,12 @@ async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, Pro
     watcher = asyncio.ensure_future(watch()) if stop is not None else None
     try:
         result = await coro
+    except EndpointError as exc:
+        # The run ends here (run_all records the error), but the summary keeps the probe's row: a load
+        # that aborted is a line that says so, not a line that vanishes.
+        summary.aborted[name] = exc.message
+        _elapsed(summary, name, round(time.monotonic() - t0, 1))
+        raise
     except asyncio.CancelledError:
         if stop is None or not stop.is_set() or me is None:
             raise
@@ -280,8 +286,8 @@ async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, Pro
         results[name] = ProbeResult(probe=name, status="inconclusive", data={"interrupted": True},
                                     reason=f"interrupted after {sent} request(s); what was measured is in "
                                            f"{layout.requests_file(name)}")
-        summary["interrupted"] = True
-        summary["budget"]["elapsed_s"][name] = round(time.monotonic() - t0, 1)
+        summary.interrupted = True
+        _elapsed(summary, name, round(time.monotonic() - t0, 1))
         return False
     finally:
         if watcher is not None:
@@ -290,7 +296,7 @@ async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, Pro
                 await watcher
     results[name] = result
     elapsed = round(time.monotonic() - t0, 1)
-    summary["budget"]["elapsed_s"][name] = elapsed
+    _elapsed(summary, name, elapsed)
     say(f"{name}: {results[name].status.upper()} in {elapsed:.0f} s ({len(rec.exchanges.get(name, []))} requests "
         "recorded)" if name != "load" else f"load: {results[name].status.upper()} in {elapsed:.0f} s "
         f"({results[name].data.get('counts', {}).get('requests', 0)} requests)")
@@ -318,7 +324,7 @@ class Budget:
         """How many requests each probe will send (the agent's and the load's are upper bounds)."""
         out: dict[str, Any] = {}
         if "prefix_cache" not in opts.skip:
-            reps = getattr(opts.prefix, "repeats", 5)
+            reps = getattr(opts.prefix, "repeats", 5) + getattr(opts.prefix, "replays", 1)
             out["prefix_cache"] = {"requests": reps + 2, "tokenize_requests": 5}
         if "agent" not in opts.skip:
             a = opts.agent
@@ -391,13 +397,19 @@ def _copy_input(ev: _Evidence, src: Path, rel: str) -> None:
     ev.text(rel, data.decode("utf-8", errors="replace"))
 
 
-def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeResult], summary: dict[str, Any],
+def _elapsed(summary: AcceptRecord, name: str, seconds: float) -> None:
+    """The time a probe took, into the run's budget record (set before any probe runs)."""
+    if summary.budget is not None:
+        summary.budget["elapsed_s"][name] = seconds
+
+
+def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeResult], summary: AcceptRecord,
                     opts: AllOptions) -> None:
     """Everything gathered, whatever happened: probe files, requests, metric snapshots, accept.json."""
     for name, result in results.items():
         data = result.model_dump(mode="json")
         ev.json(layout.probe_file(name), data)
-        summary["probes"][name] = data
+        summary.probes[name] = data
         if name == "load":
             for part in layout.LOAD_ROWS:
                 rows = result.data.get(part)
@@ -415,5 +427,5 @@ def _write_evidence(ev: _Evidence, rec: Recorder, results: Mapping[str, ProbeRes
         write_profile_evidence(ev.rd, opts.profile)
     for window, raw in rec.metrics.items():
         ev.text(layout.metrics_file(window), raw)
-    summary["finished_at"] = _now()
-    ev.json(layout.ACCEPT, summary)
+    summary.finished_at = _now()
+    ev.json(layout.ACCEPT, summary.dump())

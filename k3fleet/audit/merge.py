@@ -43,8 +43,11 @@ from k3fleet.bounds import read_input, read_json
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import RunDir, layout, verify_run
-from k3fleet.evidence.reader import RunReader, RunRecord
+from k3fleet.evidence.reader import RunReader
+from k3fleet.models.evidence import MergeRunRecord, RunRecord
 from k3fleet.models.facts import schema_mismatch
+from k3fleet.models.findings import FleetVerdict
+from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import FleetFold
@@ -106,7 +109,7 @@ class Slice:
     status: str
     started_at: str
     observations: list[Observation] = field(default_factory=list)
-    target: Any = None  # the Target the slice was audited against (a run directory keeps it)
+    target: Target | None = None  # the Target the slice was audited against (a run directory keeps it)
     wall_s: float | None = None
 
     @property
@@ -419,11 +422,10 @@ def merge_slices(slices: Sequence[Slice]) -> Merged:
 
 
 def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
-    if target_path is not None:
-        return load_target(target_path)
     recorded = [(sl.source, sl.target) for sl in slices if sl.target is not None]
-    if not recorded:
-        return load_target(None)
+    if target_path is not None or not recorded:
+        # --target, or (no slice records one) the CLI's default, the packaged target.
+        return load_target(target_path)
     first_src, first = recorded[0]
     for src, other in recorded[1:]:
         if other != first:
@@ -435,7 +437,7 @@ def _target_of(slices: Sequence[Slice], target_path: Path | None) -> Any:
 @dataclass
 class MergeResult:
     run_dir: RunDir
-    verdict: Any
+    verdict: FleetVerdict
     merged: Merged
     unreachable: dict[str, str]
     invalid: dict[str, str]
@@ -496,18 +498,18 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     play = PlayResult(playbook="audit.yml", status="merged", rc=None, wall_s=wall, interrupted=bool(incomplete))
     result = AuditResult(rd, verdict, fold.measured, unreachable, invalid, play)
     rd.write_json(layout.VERDICT, verdict_document(verdict))
-    rd.write_json(layout.RUN, {
-        "status": "merged",
-        "slices": sources,
-        "incomplete_slices": incomplete,
-        "hosts_total": len(merged.chosen),
-        "hosts_with_facts": fold.measured,
-        "unreachable": unreachable,
-        "invalid_evidence": invalid,
-        "duplicates": len(merged.duplicates),
-        "slices_wall_s": round(wall, 3),
-        "exit_code": code,
-    })
+    rd.write_json(layout.RUN, MergeRunRecord(
+        status="merged",
+        slices=sources,
+        incomplete_slices=incomplete,
+        hosts_total=len(merged.chosen),
+        hosts_with_facts=fold.measured,
+        unreachable=unreachable,
+        invalid_evidence=invalid,
+        duplicates=len(merged.duplicates),
+        slices_wall_s=round(wall, 3),
+        exit_code=code,
+    ).dump())
     rd.write_text(layout.REPORT, markdown.render_audit(result, tgt))
     rd.write_manifest()
     return MergeResult(rd, verdict, merged, unreachable, invalid, code)

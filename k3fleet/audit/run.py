@@ -20,9 +20,11 @@ from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
 from k3fleet.evidence import JsonEntries, RunDir, layout
+from k3fleet.models.evidence import AuditRunRecord
 from k3fleet.models.facts import HostFacts, schema_mismatch
 from k3fleet.models.findings import FleetVerdict
 from k3fleet.models.pairs import PairPhase
+from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import FleetFold, validate_facts
@@ -52,7 +54,7 @@ class AuditOptions:
 ACTIVE_LEVELS = ("none", "quick", "full")
 
 
-def active_spec(target: Any, level: str) -> tuple[dict[str, Any], int]:
+def active_spec(target: Target, level: str) -> tuple[dict[str, Any], int]:
     """The node module's ``active_spec`` from the target, and the most seconds the checks may take.
 
     Full runs one ib_write_bw per rail: the budget counts the target's expected rails. The NCCL pair
@@ -217,20 +219,20 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
     return result
 
 
-def _write_outputs(result: AuditResult, target: Any) -> None:
+def _write_outputs(result: AuditResult, target: Target) -> None:
     rd, v, play = result.run_dir, result.verdict, result.play
     rd.write_json(layout.VERDICT, verdict_document(v))
-    rd.write_json(layout.RUN, {
-        "status": "interrupted" if play.interrupted else play.status,
-        "ansible_rc": play.rc,
-        "hosts_total": result.hosts_with_facts + len(result.unreachable) + len(result.invalid),
-        "hosts_with_facts": result.hosts_with_facts,
-        "unreachable": result.unreachable,
-        "invalid_evidence": result.invalid,
-        "wall_s": round(play.wall_s, 3),
-        "controller_cpu_s": round(play.cpu_s, 3),
-        "exit_code": result.exit_code,
-        "ansible_stats": play.stats,
-    })
+    rd.write_json(layout.RUN, AuditRunRecord(
+        status="interrupted" if play.interrupted else play.status,
+        ansible_rc=play.rc,
+        hosts_total=result.hosts_with_facts + len(result.unreachable) + len(result.invalid),
+        hosts_with_facts=result.hosts_with_facts,
+        unreachable=result.unreachable,
+        invalid_evidence=result.invalid,
+        wall_s=round(play.wall_s, 3),
+        controller_cpu_s=round(play.cpu_s, 3),
+        exit_code=result.exit_code,
+        ansible_stats=play.stats,
+    ).dump())
     rd.write_text(layout.REPORT, markdown.render_audit(result, target))
     rd.write_manifest()

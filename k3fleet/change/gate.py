@@ -11,7 +11,7 @@ import fnmatch
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,17 @@ class UpgradeOptions:
     # night was started for a resume); launch_file replaces the audit's serve command.
     smoke: bool | None = None
     launch_file: Path | None = None
+    # node_exporter's textfile collector: the night's gauges, rewritten at every stage (k3fleet.change.textfile).
+    textfile: Path | None = None
+    # An operator in the loop (k3fleet.change.pause): pause after the canary, each host or each wave, each
+    # pause at most pause_timeout seconds (then the next host stops before its drain: resume later).
+    pause_after: str | None = None
+    pause_timeout: int = 3600
+    # Where pause prompts go (the CLI's stderr); None: nowhere.
+    say: Callable[[str], None] | None = None
+    # The rollback kit staged before each host's first change: None is the default (on for a night, as
+    # the night was started for a resume); False is --no-rollback-kit.
+    rollback_kit: bool | None = None
 
 
 class NothingToChange(UsageError):

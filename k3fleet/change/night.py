@@ -9,6 +9,7 @@ reads the journal once, afterwards, to say what happened to every host.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import sys
 import threading
@@ -36,14 +37,19 @@ from k3fleet.change.gate import (
 )
 from k3fleet.change.interrupt import signal_name
 from k3fleet.change.journal import Journal, journal_now, mark_interrupted, read_journal, replay_journal, summarize
+from k3fleet.change.kit import kit_choice, kit_extravar, kit_timeouts, kit_warnings
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
+from k3fleet.change.pause import PauseWatcher, check_pause, continue_dir
 from k3fleet.change.record import ChangeRecord
 from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
+from k3fleet.change.textfile import NightTextfile, check_textfile
 from k3fleet.change.timing import ChangeRecorder, host_timings
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
+from k3fleet.models.evidence import ChangeRunRecord
+from k3fleet.models.target import Target
 from k3fleet.targets import load_target
 
 
@@ -58,11 +64,13 @@ class ChangeResult:
     problems: list[str] = field(default_factory=list)
     # Lines the operator must read besides the outcome (a night without the serving smoke).
     warnings: list[str] = field(default_factory=list)
+    # --pause-after: each pause point reached and how it was continued.
+    pauses: list[dict[str, Any]] = field(default_factory=list)
     exit_code: int = EXIT_OK
     message: str = ""
 
 
-def change_timeouts(target: Any, opts: UpgradeOptions, *, smoke: bool = True) -> dict[str, int]:
+def change_timeouts(target: Target, opts: UpgradeOptions, *, smoke: bool = True) -> dict[str, int]:
     """Every timeout of the night, in seconds, from the target (``change`` section) unless the
     command line says otherwise."""
     c = target.change
@@ -70,17 +78,17 @@ def change_timeouts(target: Any, opts: UpgradeOptions, *, smoke: bool = True) ->
            "reboot": c.reboot_timeout_s, "fabricmanager_settle": c.fabricmanager_settle_s,
            "command": c.command_timeout_s,
            "audit_max_age": opts.audit_max_age if opts.audit_max_age is not None else c.audit_max_age_s,
-           "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target)}
+           "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target), **kit_timeouts(target)}
     out["slot_wait"] = slot_wait(out, smoke=smoke)
     return {k: int(v) for k, v in out.items()}
 
 
-def resumed_timeouts(recorded: Mapping[str, Any], target: Any, *, smoke: bool) -> dict[str, int]:
+def resumed_timeouts(recorded: Mapping[str, Any], target: Target, *, smoke: bool) -> dict[str, int]:
     """A resume's timeouts: the night's as recorded (a night recorded before the smoke existed gets
     the target's smoke bounds), with the slot wait for the resume's own smoke choice: a resume that
     turns the smoke on (or off) makes each host's change longer (or shorter) than the night planned."""
     out = {k: int(v) for k, v in recorded.items()}
-    for key, seconds in smoke_timeouts(target).items():
+    for key, seconds in {**smoke_timeouts(target), **kit_timeouts(target)}.items():
         out.setdefault(key, seconds)
     if all(k in out for k in ("drain", "reboot", "fabricmanager_settle", "command")):
         out["slot_wait"] = slot_wait(out, smoke=smoke)
@@ -131,6 +139,8 @@ def validate_request(opts: UpgradeOptions) -> tuple[str, str, str | None, list[s
     if opts.failure_budget < 0:
         raise UsageError(f"--failure-budget must be 0 or more, got {opts.failure_budget}")
     max_arg = check_max_unavailable(opts.max_unavailable)
+    check_textfile(opts.textfile)
+    check_pause(opts.pause_after)
     accept = check_accept_patterns(opts.accept_findings, CHECKS) if opts.accept_findings else []
     return change_id, operator, max_arg, accept
 
@@ -141,6 +151,7 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
     Never raises for host failures: they are in the result, the journal and the exit code."""
     change_id, operator, max_arg, accept = validate_request(opts)
     smoke = smoke_choice(opts)
+    kit = kit_choice(opts)
     target = load_target(opts.target)
     # --check only simulates (apt-get -s): a lab host may be checked, never changed.
     (inventory_hosts if opts.check else refuse_simulated)(opts.inventory, opts.limit)
@@ -176,12 +187,13 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
             audit=str((rd.path / layout.gate_audit_dir() / layout.VERDICT).resolve()), inventory=str(opts.inventory),
             blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
             accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
-            timeouts=timeouts, image=target.image.ref, smoke=smoke)
+            timeouts=timeouts, image=target.image.ref, smoke=smoke, rollback_kit=kit)
         rd.write_json(layout.CHANGE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
         return execute(rd, record, opts, ev, hosts, layout.ansible_dir(), layout.events_file(), observer, cancel,
-                       journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check) + smoke_notes)
+                       journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check) + smoke_notes
+                       + kit_warnings(kit, opts.check))
 
 
 def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Sequence[int], *, audit_dir: Path,
@@ -213,6 +225,8 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_accepted_blocked": list(record.accepted_blocked),
         # The serving smoke after each host's verification (null: none); the role never runs it in --check.
         "k3fleet_smoke": smoke_extravar(record),
+        # The rollback kit staged before each host's first change (null: --no-rollback-kit).
+        "k3fleet_rollback_kit": kit_extravar(record),
     }
     if snapshots:
         ev["k3fleet_snapshots"] = dict(snapshots)
@@ -228,9 +242,9 @@ def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str,
               "smoke": dict(smoke)}
     rd.write_json(layout.CHANGE, change)
     result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
-    rd.write_json(layout.RUN, {"status": "nothing_to_do", "exit_code": result.exit_code, "message": result.message,
-                               "hosts": {}, "done": change["done"], "blocked": change["blocked"],
-                               "held": change["held"]})
+    rd.write_json(layout.RUN, ChangeRunRecord(status="nothing_to_do", exit_code=result.exit_code,
+                                              message=result.message, hosts={}, done=change["done"],
+                                              blocked=change["blocked"], held=change["held"]).dump())
     rd.write_manifest()
     return result
 
@@ -244,6 +258,27 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
     # What the night is planned from is fixed by a manifest as the play starts: a resume or a
     # rollback of a night killed mid-play checks it.
     recorder = ChangeRecorder(inner=observer or Observer(), started=rd.write_manifest)
+    textfile = None
+    if opts.textfile is not None and not opts.check:
+        serial = [int(n) for n in ev.get("k3fleet_serial") or []]
+        order = list(ev.get("k3fleet_change_hosts") or hosts)
+        batches = [order[sum(serial[:i]):sum(serial[:i + 1])] for i in range(len(serial))] or [order]
+        textfile = NightTextfile(opts.textfile, change_id=record.change_id, run=rd.path.name, batches=batches,
+                                 failure_budget=record.failure_budget)
+        # A resume starts from what the journal already says.
+        textfile.add(e.model_dump(mode="json") for e in (journal.entries if journal is not None else []))
+    watcher = None
+    if opts.pause_after is not None and not opts.check:
+        serial = [int(n) for n in ev.get("k3fleet_serial") or []]
+        order = list(ev.get("k3fleet_change_hosts") or hosts)
+        batches = [order[sum(serial[:i]):sum(serial[:i + 1])] for i in range(len(serial))] or [order]
+        watcher = PauseWatcher(opts.pause_after, batches, continue_dir(opts.runs_dir, rd.path.name),
+                               int(opts.pause_timeout), say=opts.say or (lambda _text: None), run=rd.path)
+        gate = dict(ev["k3fleet_gate"], pause=watcher.gate())
+        gate["wait_timeout"] = max(int(gate.get("wait_timeout") or 0), int(opts.pause_timeout))
+        ev = dict(ev, k3fleet_gate=gate)
+    if textfile is not None or watcher is not None:
+        recorder.on_line = functools.partial(_line_seen, textfile, watcher)
     with PlayGuard(opts.runs_dir, f"{rd.path.name}-{private}", real_ansible_playbook()):
         play = run_playbook("change_night.yml", opts.inventory, rd.path / private, extravars=ev,
                             forks=opts.forks, check=opts.check, observer=recorder, cancel=cancel,
@@ -268,8 +303,23 @@ def execute(rd: RunDir, record: ChangeRecord, opts: UpgradeOptions, ev: dict[str
             next_step=f"k3fleet upgrade --resume {rd.path} (continues each host from its snapshot) or "
                       f"k3fleet rollback --run {rd.path}"))
     summarize_hosts(result, report_hosts or hosts, recorder, journal)
+    if watcher is not None:
+        result.pauses = watcher.record()
+        watcher.close()
+    if textfile is not None:
+        textfile.add(e.model_dump(mode="json") for e in journal.entries)
+        if textfile.problem:
+            result.warnings.append(f"the textfile could not always be written: {textfile.problem}")
     finish(result, journal)
     return result
+
+
+def _line_seen(textfile: NightTextfile | None, watcher: PauseWatcher | None, line: dict[str, Any]) -> None:
+    """A journal line the play reported: the textfile and the pauses follow it."""
+    if textfile is not None:
+        textfile.add([line])
+    if watcher is not None:
+        watcher.on_line(line)
 
 
 def check_reports(play: PlayResult, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -356,22 +406,25 @@ def finish(result: ChangeResult, journal: Journal | None) -> None:
     else:
         result.exit_code = EXIT_OK
         result.message = result.message or f"{len(outcomes)} host(s) on {result.change.get('target_version')}"
-    rd.write_json(layout.RUN, {
-        "status": ("interrupted" if play is not None and play.interrupted else
-                   (play.status if play is not None else "nothing_to_do")),
-        "ansible_rc": play.rc if play is not None else None,
-        "exit_code": result.exit_code,
-        "message": result.message,
-        "hosts": result.hosts,
-        "skipped": result.skipped,
-        "journal_problems": result.problems,
+    rd.write_json(layout.RUN, ChangeRunRecord(
+        status=("interrupted" if play is not None and play.interrupted else
+                (play.status if play is not None else "nothing_to_do")),
+        ansible_rc=play.rc if play is not None else None,
+        exit_code=result.exit_code,
+        message=result.message,
+        hosts=result.hosts,
+        skipped=result.skipped,
+        journal_problems=result.problems,
         # The serving smoke as the night ran it, and a warning when it skipped it.
-        "smoke": result.change.get("smoke"),
-        "warnings": result.warnings,
-        "wall_s": round(play.wall_s, 3) if play is not None else 0.0,
-        "controller_cpu_s": round(play.cpu_s, 3) if play is not None else 0.0,
-        "ansible_stats": play.stats if play is not None else {},
-    })
+        smoke=result.change.get("smoke"),
+        warnings=result.warnings,
+        pauses=result.pauses,
+        # The rollback kit as the night chose it (false: --no-rollback-kit, with its warning).
+        rollback_kit=result.change.get("rollback_kit"),
+        wall_s=round(play.wall_s, 3) if play is not None else 0.0,
+        controller_cpu_s=round(play.cpu_s, 3) if play is not None else 0.0,
+        ansible_stats=play.stats if play is not None else {},
+    ).dump())
     if journal is not None:
         # Each host's pre-change snapshot as its own file too: readable without parsing the journal.
         for host, h in replay_journal(journal).items():

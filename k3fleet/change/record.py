@@ -80,6 +80,9 @@ class ChangeRecord(BaseModel):
     image: str | None = None
     # None: a night recorded before the choice was (it ran without the controller's smoke).
     smoke: SmokeChoice | None = None
+    # The rollback kit staged before each host's first change (False: --no-rollback-kit); None: a night
+    # recorded before the kit existed.
+    rollback_kit: bool | None = None
 
 
 # What a change run writes after the manifest it takes before its play: the journal grows, the

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from k3fleet.audit.inventory import refuse_simulated
 from k3fleet.audit.runner import Observer
@@ -26,16 +25,18 @@ from k3fleet.change.gate import (
     host_plans,
 )
 from k3fleet.change.journal import Journal, read_journal, replay_journal, resume_plan, summarize
+from k3fleet.change.kit import kit_choice, kit_warnings
 from k3fleet.change.night import ChangeResult, execute, extravars, finish, night_lock, resumed_timeouts
 from k3fleet.change.record import load_change, verified
 from k3fleet.change.smoke import check_one_node, resumed_smoke, smoke_warnings
 from k3fleet.errors import UsageError
 from k3fleet.evidence import layout
 from k3fleet.evidence.reader import RunReader
+from k3fleet.models.target import Target
 
 
 def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list[str], argv: Sequence[str],
-               observer: Observer | None, cancel: threading.Event | None, target: Any) -> ChangeResult:
+               observer: Observer | None, cancel: threading.Event | None, target: Target) -> ChangeResult:
     assert opts.resume is not None
     if opts.check:
         raise UsageError("--resume continues a night that changes nodes: it cannot be a --check")
@@ -54,6 +55,8 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
         # otherwise (recorded in resume-N.json and run.json; change.json stays as the night wrote it).
         record.smoke = resumed_smoke(opts, record.smoke)
         record.timeouts = resumed_timeouts(record.timeouts, target, smoke=record.smoke.enabled)
+        # The rollback kit likewise: as the night was started unless --rollback-kit / --no-rollback-kit.
+        record.rollback_kit = kit_choice(opts, record.rollback_kit)
         gate = RunReader(rd.path / layout.gate_audit_dir())
         if gate.has(layout.VERDICT):
             check_one_node(record.smoke, gate.verdict().strategy, check=False)
@@ -120,13 +123,15 @@ def run_resume(opts: UpgradeOptions, change_id: str, operator: str, accept: list
         rd.write_json(layout.resume_file(n), {"resumed_hosts": rp.resume, "pending": rp.pending, "done": rp.done,
                                            "skipped": skipped, "hosts": hosts, "serial": serial,
                                            "operator": operator, "journal_problems": journal.problems,
-                                           "smoke": record.smoke.model_dump(mode="json")})
+                                           "smoke": record.smoke.model_dump(mode="json"),
+                                           "rollback_kit": record.rollback_kit})
         record.with_waves = with_waves
         ev = extravars(record, rd, hosts, serial, audit_dir=audit_dir, snapshots=rp.snapshots, resume=True,
                        operator=operator)
         result = execute(rd, record, opts, ev, hosts, layout.ansible_dir(layout.resume_tag(n)),
                          layout.events_file(layout.resume_tag(n)), observer,
                          cancel, journal=journal, skipped=skipped, report_hosts=planned,
-                         warnings=smoke_warnings(record.smoke, check=False))
+                         warnings=smoke_warnings(record.smoke, check=False)
+                         + kit_warnings(bool(record.rollback_kit), check=False))
         result.change.update(operator_resume=operator)
         return result

@@ -39,6 +39,8 @@ from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
 from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
 from k3fleet.evidence.reader import RunReader
+from k3fleet.models.evidence import RollbackRunRecord
+from k3fleet.models.target import Target
 from k3fleet.targets import load_target
 
 
@@ -166,7 +168,7 @@ def run_rollback(opts: RollbackOptions, argv: Sequence[str], observer: Observer 
 
 
 def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, cancel: threading.Event | None,
-         operator: str | None, target: Any, drain_timeout: int, lock: NightLock | None = None) -> RollbackResult:
+         operator: str | None, target: Target, drain_timeout: int, lock: NightLock | None = None) -> RollbackResult:
     sources, skipped, refused = rollback_sources(opts)
     rd = RunDir.create(opts.runs_dir, "rollback", argv, out=opts.out)
     if lock is not None:
@@ -234,7 +236,7 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
             if outcome == "held" and h is not None:
                 failure = f"held by change {h.held_by}: not touched by this rollback"
             result.hosts[host] = {"outcome": outcome, "from": str(journal.path), "stages": stages,
-                                  "failure": failure, "returned_to_service": _returned(h)}
+                                  "failure": failure, "returned_to_service": _returned(h), **_source(h)}
         if play.interrupted and not opts.check:
             # Where each host was when the signal came, in the source journal (and the rollback's copy).
             marks = mark_interrupted(
@@ -266,10 +268,10 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
         result.exit_code = EXIT_OK
         result.message = f"{len(outcomes)} host(s) {'checked' if opts.check else 'rolled back'}"
     result.problems = [p for s in sources for p in s.journal.problems]
-    rd.write_json(layout.RUN, {"exit_code": result.exit_code, "message": result.message, "hosts": result.hosts,
-                               "skipped": skipped, "refused": refused, "sources": result.sources,
-                               "journal_problems": result.problems,
-                               "wall_s": round(sum(p.wall_s for p in result.plays), 3)})
+    rd.write_json(layout.RUN, RollbackRunRecord(
+        exit_code=result.exit_code, message=result.message, hosts=result.hosts, skipped=skipped, refused=refused,
+        sources=result.sources, journal_problems=result.problems,
+        wall_s=round(sum(p.wall_s for p in result.plays), 3)).dump())
     rd.write_manifest()
     return result
 
@@ -277,3 +279,13 @@ def _run(opts: RollbackOptions, argv: Sequence[str], observer: Observer | None, 
 def _returned(h: HostHistory | None) -> bool:
     back = h.last("returned") if h is not None else None
     return bool(back is not None and isinstance(back.detail, dict) and back.detail.get("returned_to_service"))
+
+
+def _source(h: HostHistory | None) -> dict[str, Any]:
+    """Where the rollback took the packages from (``repository`` or ``kit``, docs/change-night.md "Rollback
+    kit") and why, from its ``rolled_back`` line; nothing when no package had to be installed."""
+    back = h.last("rolled_back") if h is not None else None
+    detail = back.detail if back is not None and isinstance(back.detail, dict) else {}
+    if not detail.get("source"):
+        return {"source": None, "source_why": None}
+    return {"source": str(detail["source"]), "source_why": str(detail.get("source_why") or "")}

@@ -20,7 +20,7 @@ from k3fleet.bounds import read_input
 from k3fleet.change.gate import UpgradeOptions
 from k3fleet.change.record import ChangeRecord, SmokeChoice
 from k3fleet.errors import UsageError
-from k3fleet.models.target import is_multi_node
+from k3fleet.models.target import Target, is_multi_node
 
 SKIPPED = ("the night skips the serving smoke (--no-smoke): no changed host is shown to start the target's image "
            "and answer a chat request before it goes back into service")
@@ -124,7 +124,7 @@ def check_one_node(choice: SmokeChoice, strategy: Any, *, check: bool) -> list[s
     raise UsageError(problem)
 
 
-def smoke_timeouts(target: Any) -> dict[str, int]:
+def smoke_timeouts(target: Target) -> dict[str, int]:
     """The smoke's two bounds from the target, in seconds (``change`` section)."""
     c = target.change
     return {"smoke_ready": int(c.smoke_ready_timeout_s), "smoke_request": int(c.smoke_request_timeout_s)}

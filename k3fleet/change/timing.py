@@ -40,6 +40,8 @@ class ChangeRecorder(Observer):
     torn: list[dict[str, Any]] = field(default_factory=list)
     # First task start to last task end per host (events arrive as tasks end).
     span: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Called with each journal line the play reports writing, as it arrives (the night's textfile).
+    on_line: Callable[[dict[str, Any]], object] | None = None
 
     def play_started(self, playbook: str, hosts: int | None) -> None:
         if self.started is not None:
@@ -56,6 +58,8 @@ class ChangeRecorder(Observer):
         line = k3.get("line") if isinstance(k3.get("line"), dict) else None
         if line is not None and k3.get("written"):
             self.lines.append(line)
+            if self.on_line is not None:
+                self.on_line(line)
         if line is not None and k3.get("granted") is False:
             self.gate[outcome.host] = str(k3.get("why") or "no slot")
         if isinstance(k3.get("torn_tail"), dict):

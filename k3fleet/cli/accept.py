@@ -23,12 +23,13 @@ from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.errors import UsageError, validation_line
 from k3fleet.report.escapes import safe_markup
-from k3fleet.report.terminal import SEVERITY_STYLE
+from k3fleet.report.terminal import SEVERITY_STYLE, whole_column
 
 if TYPE_CHECKING:
     import httpx
 
     from k3fleet.accept.client import Endpoint
+    from k3fleet.models.evidence import AcceptRecord
 
 T = TypeVar("T")
 
@@ -52,10 +53,10 @@ def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None 
         out.print(f"  {line}", markup=False)
     if result.findings:
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        table.add_column("severity")
-        table.add_column("id")
-        table.add_column("layer")
-        table.add_column("finding", overflow="fold")
+        table.add_column("severity", no_wrap=True)
+        whole_column(table, "id", (f.check_id for f in result.findings))
+        table.add_column("layer", no_wrap=True)
+        table.add_column("finding", overflow="fold", ratio=1)
         for f in result.findings:
             sev = SEVERITY_STYLE[f.severity]
             table.add_row(f"[{sev}]{f.severity}[/{sev}]", safe_markup(f.check_id), safe_markup(f.layer or ""),
@@ -122,14 +123,22 @@ def prefix_cache(
         "--prefix-tokens", min=16, help="Shared prefix size in tokens (default: 4.4 match units).")] = None,
     match_unit: Annotated[int | None, typer.Option(
         "--match-unit", min=1, help="Prefix match unit when the server does not publish prefix_match_unit.")] = None,
+    replays: Annotated[int, typer.Option("--replays", min=1, max=20, help=(
+        "Times the cold request is sent again once warm; each answer must be the cold one."))] = 1,
+    settle_timeout: Annotated[float, typer.Option("--settle-timeout", min=0.1, max=300.0, help=(
+        "Seconds /metrics may take to count each request and come to rest."))] = 10.0,
     as_json: AsJson = False,
     quiet: Quiet = False,
 ) -> None:
-    """Prove prefix-cache reuse: cold, warm and control requests with /metrics around each window."""
+    """Prove prefix-cache reuse and that it keeps answers: cold, warm, replayed and control requests, /metrics
+    read once settled after each."""
     from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
+    from k3fleet.targets import load_target
 
     ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
-    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit)
+    # The CLI's default target (Kimi K3): its model's default match unit, when the server publishes none.
+    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit, replays=replays,
+                         settle_s=settle_timeout, target_model=load_target(None).serve.model)
     say = progress_printer(quiet or as_json)
     result = run_probe(ep, lambda client, _info: run_prefix_cache(ep, opts, progress=say, client=client))
     print_result(result, as_json=as_json, lines=_prefix_lines(result))
@@ -150,6 +159,14 @@ def _prefix_lines(result: ProbeResult) -> list[str]:
     tt = d.get("ttft_s") or {}
     if tt.get("cold") is not None and tt.get("warm_median") is not None:
         lines.append(f"TTFT cold {tt['cold'] * 1000:.0f} ms, warm median {tt['warm_median'] * 1000:.0f} ms")
+    ans = d.get("answers") or {}
+    if ans.get("comparisons"):
+        same = sum(1 for c in ans["comparisons"] if c.get("same") or c.get("near_tie"))
+        lines.append(f"warm replays with the cold answer: {same}/{len(ans['comparisons'])} ({ans.get('basis')})")
+    st = d.get("settle") or {}
+    if st.get("reads"):
+        lines.append(f"/metrics settled after each request: longest wait {st['max_waited_s']:.2f} s, "
+                     f"{st['total_reads']} reads")
     return lines
 
 
@@ -308,13 +325,13 @@ def accept_all(
                                                     "(Ctrl-C again to abort)[/yellow]"))
     res = asyncio.run(run_all(ep, opts, sys.argv, progress=say))
     if as_json:
-        out.print_json(json.dumps(res.summary, default=str))
+        out.print_json(json.dumps(res.summary.dump(), default=str))
     else:
         _print_summary(res.summary, res.results)
     err.print(f"run directory: {res.run_dir.path}", markup=False)
-    if res.summary.get("error"):
-        err.print(f"k3fleet: error: {res.summary['error']}", markup=False)
-    if res.summary.get("interrupted"):
+    if res.summary.error:
+        err.print(f"k3fleet: error: {res.summary.error}", markup=False)
+    if res.summary.interrupted:
         err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
     raise typer.Exit(res.exit_code)
 
@@ -332,16 +349,19 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any]:
     return outd
 
 
-def _print_summary(summary: dict[str, Any], results: dict[str, ProbeResult]) -> None:
-    out.print(f"[bold]accept[/bold] {safe_markup(summary['base_url'])} model {safe_markup(summary['model'])}"
-              + ("" if summary["tls_verify"] else "  [yellow](TLS verification off)[/yellow]"), markup=True)
-    elapsed = (summary.get("budget") or {}).get("elapsed_s") or {}
+def _print_summary(summary: AcceptRecord, results: dict[str, ProbeResult]) -> None:
+    out.print(f"[bold]accept[/bold] {safe_markup(summary.base_url)} model {safe_markup(summary.model)}"
+              + ("" if summary.tls_verify else "  [yellow](TLS verification off)[/yellow]"), markup=True)
+    elapsed = (summary.budget or {}).get("elapsed_s") or {}
     for name, result in results.items():
         style = _STATUS_STYLE.get(result.status, "")
         took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
         out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {took}{safe_markup(result.reason)}",
                   markup=True)
-    for name, why in (summary.get("not_run") or {}).items():
+    for name, why in summary.aborted.items():
+        took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
+        out.print(f"  {name:13s} [red]ABORTED[/red]      {took}{safe_markup(why)}", markup=True)
+    for name, why in summary.not_run.items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
     failing = [f for r in results.values() for f in r.failing()]
     for f in failing[:20]:

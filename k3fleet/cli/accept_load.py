@@ -52,6 +52,9 @@ def _ints(text: str, flag: str) -> list[int]:
     return _numbers(text, flag, int, "integers")
 
 
+_DEFAULT_PHASES = "long_input,agent_ramp,sustained"
+
+
 def _floats(text: str, flag: str) -> list[float]:
     return _numbers(text, flag, float, "numbers")
 
@@ -64,8 +67,8 @@ def load(
     insecure: Insecure = False,
     timeout: Annotated[float, typer.Option("--timeout", parser=seconds_option("--timeout", "request --timeout"),
                                            help="Seconds per request, all of it (0.1 to 3600).")] = 120.0,
-    phases: Annotated[str, typer.Option("--phases", help="Comma list of long_input, agent_ramp, sustained.")]
-    = "long_input,agent_ramp,sustained",
+    phases: Annotated[str, typer.Option("--phases", help="Comma list of long_input, agent_ramp, sustained, "
+                                                         "rate_ramp, slo_search.")] = "long_input,agent_ramp,sustained",
     ladder: Annotated[str, typer.Option("--ladder", help="Context lengths (tokens) of the long-input ladder.")]
     = "1024,4096,16384",
     ladder_output: Annotated[int, typer.Option("--ladder-output", min=1, help="Output tokens per ladder request.")]
@@ -114,6 +117,14 @@ def load(
     telemetry_url: Annotated[str | None, typer.Option("--telemetry-url", help="A DCGM exporter's /metrics URL: "
                                                       "GPU memory, power and utilisation sampled with the run.")]
     = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Replay this request log (JSON Lines; "
+                                               "docs/acceptance-load.md 'Trace replay').")] = None,
+    trace_speed: Annotated[float, typer.Option("--trace-speed", min=0.001, max=1000.0,
+                                               help="Replay the trace this many times faster.")] = 1.0,
+    retries: Annotated[int, typer.Option("--retries", min=0, max=10, help="Send a 429, 503 or timed-out agent "
+                                         "turn again up to N times (counted).")] = 0,
+    retry_backoff: Annotated[float, typer.Option("--retry-backoff", min=0.0, max=3600.0,
+                                                 help="Seconds before the first retry, doubled each time.")] = 0.5,
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=30, help="Run the schedule N times: each figure "
                                         "gets its spread and 95% interval.")] = 1,
     warmup: Annotated[float, typer.Option("--warmup", min=0.0, max=86400.0,
@@ -136,6 +147,13 @@ def load(
     from k3fleet.cli.load_progress import LoadBar
 
     wanted = [p.strip() for p in phases.split(",") if p.strip()]
+    if trace is not None:
+        from k3fleet.accept.load.trace import load_trace
+
+        # Read (and judged) before anything runs or is written; the run reads it again.
+        load_trace(trace, speed=trace_speed, limit=max_requests)
+        # --trace alone replays the trace; with --phases named, the replay follows them.
+        wanted = ["trace"] if phases == _DEFAULT_PHASES else [*(p for p in wanted if p != "trace"), "trace"]
     open_loop: dict[str, object] = dict(rates=_floats(rates, "--rates"), rate_step_s=rate_s, arrival=arrival,
                                         burstiness=burstiness, max_concurrency=max_concurrency,
                                         goodput_target=goodput_target, search_steps=search_steps,
@@ -144,7 +162,10 @@ def load(
         open_loop["e2e_p95_slo_s"] = e2e_slo
     if telemetry_url is not None:
         open_loop["telemetry_url"] = telemetry_url
-    open_loop.update(repeat=repeat, warmup_s=warmup, cooldown_s=cooldown)
+    open_loop.update(repeat=repeat, warmup_s=warmup, cooldown_s=cooldown, retry_max=retries,
+                     retry_backoff_s=retry_backoff)
+    if trace is not None:
+        open_loop.update(trace_path=str(trace), trace_speed=trace_speed)
     if target_rate is not None:
         open_loop["target_rps"] = target_rate
     loaded = None

@@ -165,6 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end any command as Ctrl-C does (exit 3, a temporary file removed, no traceback);
+    a command that runs plays replaces this with its own stop (k3fleet.change.interrupt)."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, stop)
+
+
 def _main(argv: list[str] | None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -175,6 +188,7 @@ def _main(argv: list[str] | None) -> int:
     # The controller's own secrets (HF_TOKEN, the API key a probe sends) are masked by value in
     # everything printed or written, whatever shape a server or a tool echoes them back in.
     remember_environment_secrets(os.environ)
+    _stop_on_signals()
     try:
         register_commands(_modules_for(argv))
         rc = app(args=argv, standalone_mode=False)

@@ -86,12 +86,17 @@ def print_change(console: Console, result: Any) -> None:
 
 
 def _print_smoke(console: Console, change: dict[str, Any], when: str = "") -> None:
-    """The night's serving smoke choice, one line (the launch file's path is the operator's: text)."""
+    """The night's serving smoke choice, one line (the launch file's path is the operator's: text), and
+    its rollback kit choice."""
+    from k3fleet.change.kit import describe as describe_kit
     from k3fleet.change.smoke import describe
 
     line = describe(change)
     if line is not None:
         console.print(line + when, markup=False)
+    kit = describe_kit(change)
+    if kit is not None:
+        console.print(kit, markup=False)
 
 
 def print_check(console: Console, result: Any) -> None:
@@ -118,6 +123,15 @@ def print_check(console: Console, result: Any) -> None:
                 console.print(f"  {key:<8} " + " ".join(safe_text(p) for p in plan[key]), markup=False)
         console.print(f"  reboot   {'yes, loaded ' + str(plan.get('loaded_version')) if plan.get('reboot') else 'no'}",
                       markup=False)
+        kit = rep.get("rollback_kit") or {}
+        if kit.get("path"):
+            fetched = kit.get("fetched") or []
+            console.print(f"  rollback kit {safe_text(kit['path'])}: "
+                          + (f"{len(fetched)} package(s) to fetch" if fetched else "complete"), markup=False)
+            for line in fetched:
+                console.print(f"    {safe_text(line)}", markup=False)
+        elif kit.get("why"):
+            console.print(f"  rollback kit: none, {safe_text(kit['why'])}", markup=False)
         lines = rep.get("transaction") or []
         if lines:
             console.print("  package transaction:")
@@ -128,9 +142,10 @@ def print_check(console: Console, result: Any) -> None:
 
 @app.command("upgrade")
 def upgrade(
-    inventory: Inventory,
     change_id: Annotated[str, typer.Option("--change-id", help="Change id; goes into drain reasons and the journal.")],
     operator: Annotated[str, typer.Option("--operator", help="Who runs the change.")],
+    inventory: Annotated[Path | None, typer.Option("-i", "--inventory", help="Ansible inventory of the fleet "
+                                                   "(required but with --continue).")] = None,
     canary: Annotated[str | None, typer.Option("--canary", help="Canary host (default: the audit's choice).")] = None,
     waves: Annotated[bool, typer.Option("--waves", help="Continue with the waves after a good canary.")] = False,
     check: Annotated[bool, typer.Option("--check", help="Print per host the drain and package transaction; "
@@ -165,6 +180,27 @@ def upgrade(
     launch_file: Annotated[Path | None, typer.Option(
         "--launch-file", help="File with the command the smoke runs inside the image (vllm serve MODEL ...) instead "
                               "of the audit's serve command.")] = None,
+    pause_after: Annotated[str | None, typer.Option(
+        "--pause-after", help="canary, each-host or wave: no host is drained past that point until the operator "
+                              "continues (Enter on a terminal; else k3fleet upgrade --continue RUN, or touch the "
+                              "file the pause names).")] = None,
+    pause_timeout: Annotated[int, typer.Option(
+        "--pause-timeout", parser=whole_seconds_option("--pause-timeout", "--pause-timeout"),
+        help="Seconds a pause waits; then the next host stops before its drain and the night can be resumed "
+             "(default 3600).")] = 3600,
+    continue_run: Annotated[Path | None, typer.Option(
+        "--continue", help="Continue a night paused by --pause-after (its run directory); needs --change-id and "
+                           "--operator, recorded.")] = None,
+    textfile: Annotated[Path | None, typer.Option(
+        "--textfile", help="A *.prom file in node_exporter's textfile directory: the night's gauges (hosts by "
+                           "stage, failures and budget left, the current wave), replaced atomically at every "
+                           "stage.")] = None,
+    rollback_kit: Annotated[bool | None, typer.Option(
+        "--rollback-kit/--no-rollback-kit",
+        help="Before each host's first change, fetch the exact driver packages it runs onto the node with their "
+             "sha256, so a rollback works when the repository no longer offers them; a host whose kit cannot be "
+             "made is not changed (default: on; --resume: as the night was started). --no-rollback-kit is "
+             "recorded and warned about.")] = None,
     no_host_key_checking: NoHostKeyChecking = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     out_dir: OutDir = None,
@@ -177,13 +213,42 @@ def upgrade(
     if resume is not None and (canary is not None or target_version is not None or max_unavailable is not None):
         raise UsageError("--resume continues a run as it was planned: drop --canary, --target-version and "
                          "--max-unavailable")
+    from k3fleet.lab import changelab
+
+    if continue_run is not None:
+        from k3fleet.change.lease import validate_change_id, validate_operator
+        from k3fleet.change.pause import continue_run as do_continue
+
+        validate_change_id(change_id)
+        points = do_continue(runs_dir, continue_run, validate_operator(operator))
+        err.print(f"continued {continue_run.name} ({', '.join(points)}) as {operator}", markup=False)
+        return
+    if inventory is None:
+        raise UsageError("Missing option '-i' / '--inventory'.")
     opts = UpgradeOptions(inventory=inventory, change_id=change_id, operator=operator, canary=canary, waves=waves,
                           check=check, resume=resume, target_version=target_version, limit=limit,
                           forks=forks, failure_budget=failure_budget, max_unavailable=max_unavailable,
                           drain_timeout=drain_timeout, force=force, audit_max_age=audit_max_age, target=target,
                           accept_findings=list(accept_finding or []), host_key_checking=not no_host_key_checking,
-                          runs_dir=runs_dir, out=out_dir, smoke=smoke, launch_file=launch_file)
-    result = _run(run_upgrade, opts, quiet=quiet or as_json)
+                          runs_dir=runs_dir, out=out_dir, smoke=smoke, launch_file=launch_file,
+                          textfile=textfile, pause_after=pause_after, pause_timeout=pause_timeout,
+                          say=lambda text: err.print(text, markup=False), rollback_kit=rollback_kit)
+    lab = changelab.lab_source(inventory) if resume is None else None
+    if lab is not None and not check:
+        raise UsageError(f"{inventory} is the simulated lab fleet: a change there would run apt on this machine; "
+                         "rehearse the night on it with --check (README \"Rehearse the night\")")
+    if lab is not None:
+        # The rehearsal: the lab made plannable (a private apt state, the hosts' replayed scheduler).
+        with changelab.rehearsing(inventory) as rehearsal:
+            opts.inventory = rehearsal.inventory
+            opts.canary = opts.canary or rehearsal.canary
+            if not quiet and not as_json:
+                err.print(f"rehearsal on the lab fleet {inventory}: canary {opts.canary}, packages from a private apt "
+                          "state over the stand-in driver repository, the scheduler as the lab replays it",
+                          markup=False)
+            result = _run(run_upgrade, opts, quiet=quiet or as_json)
+    else:
+        result = _run(run_upgrade, opts, quiet=quiet or as_json)
     if as_json:
         _print_json(result, change=result.change, hosts=result.hosts, check=result.check, skipped=result.skipped,
                     warnings=result.warnings)
@@ -250,14 +315,18 @@ def rollback(
         _print_json(result, hosts=result.hosts, skipped=result.skipped, refused=result.refused, sources=result.sources)
     else:
         table = Table(title="rollback")
-        for col in ("host", "outcome", "stages", "back in service", "from", "note"):
+        for col in ("host", "outcome", "stages", "packages from", "back in service", "from", "note"):
             table.add_column(col)
         for host, h in result.hosts.items():
             style = _OUTCOME_STYLE.get(h["outcome"], "white")
             table.add_row(escape(safe_text(host)), f"[{style}]{h['outcome']}[/{style}]", " ".join(h["stages"]),
-                          "yes" if h.get("returned_to_service") else "no", escape(Path(h["from"]).parent.name),
-                          escape(safe_text(h.get("failure") or "")))
+                          escape(safe_text(h.get("source") or "")), "yes" if h.get("returned_to_service") else "no",
+                          escape(Path(h["from"]).parent.name), escape(safe_text(h.get("failure") or "")))
         out.print(table)
+        for host, h in result.hosts.items():
+            if h.get("source"):
+                out.print(f"  {safe_text(host)}: packages from the {h['source']} ({safe_text(h.get('source_why'))})",
+                          markup=False)
         for host, why in result.skipped.items():
             out.print(f"  not rolled back {host}: {safe_text(why)}", markup=False)
         for host, why in result.refused.items():

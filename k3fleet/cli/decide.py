@@ -90,8 +90,8 @@ def decide(
 
 
 def _print_decision(d: object) -> None:
-    from k3fleet.decide.models import Decision
-    from k3fleet.report.terminal import outcome_style
+    from k3fleet.models.evidence import Decision
+    from k3fleet.report.terminal import outcome_style, wrapped
     from k3fleet.report.view import approval_words
 
     assert isinstance(d, Decision)
@@ -101,8 +101,9 @@ def _print_decision(d: object) -> None:
     approval = approval_words(d.approved, d.draft)
     out.print(f"decision: [{style}]{d.outcome}[/{style}] ({approval}, exit {d.exit_code})")
     for r in d.reasons:
-        # One line each: a rule naming 700 hosts is cut here, whole in report.md.
-        out.print(f"  - [{r.rule}] {r.text}", markup=False, no_wrap=True, overflow="ellipsis", soft_wrap=False)
+        # Whole and wrapped, the rule id first: a rule naming 700 hosts names them in report.md, and its
+        # text says so (the rules cap their host lists).
+        out.print(wrapped(f"[{r.rule}] {r.text}", out.width - 1), markup=False, soft_wrap=False)
     open_items = [i for i in d.checklist if i.status != "pass"]
     passed = len(d.checklist) - len(open_items)
     out.print(f"checklist: {passed} of {len(d.checklist)} items pass; not passed:" if open_items
@@ -258,9 +259,14 @@ def triage(
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
+        from k3fleet.report.terminal import whole_column
+
         table = Table(title=f"triage: {escape(result.host)} (operator-supplied)")
-        for col in ("file", "kind", "finding", "severity", "message"):
-            table.add_column(col)
+        table.add_column("file", overflow="fold")
+        table.add_column("kind", overflow="fold")
+        whole_column(table, "finding", (f.check_id for f in result.findings))
+        table.add_column("severity", no_wrap=True)
+        table.add_column("message", overflow="fold", ratio=1)
         by_file: dict[str, list[Finding]] = {}
         for f in result.findings:
             by_file.setdefault(str(f.evidence.get("file")), []).append(f)
@@ -316,19 +322,27 @@ def watch(
     api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="Environment variable holding the "
                                                                           "API key.")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Turn TLS verification off.")] = False,
+    telemetry_url: Annotated[str | None, typer.Option("--telemetry-url", help="A DCGM exporter's /metrics URL: "
+                                                      "each sample keeps every GPU's memory, power and "
+                                                      "utilisation.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to write.")] = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    target: Annotated[Path | None, typer.Option("--target", help="Target to judge --node-log by when the "
+                                                                 "decision's package records none (default: "
+                                                                 "Kimi K3).")] = None,
 ) -> None:
     """Watch a served model after approval; exit 1 with the trigger and the rollback artifact when one fires."""
     from k3fleet.decide.watch import DEFAULT_AGENT_CASES, Sample, Trigger, WatchOptions, parse_duration, run_watch
+    from k3fleet.targets import load_target
 
     opts = WatchOptions(base_url=base_url, baseline=baseline, duration_s=parse_duration(duration),
                         interval_s=interval, repeat=repeat, cache_tolerance=cache_tolerance,
                         latency_tolerance=latency_tolerance, min_requests=min_requests, max_samples=samples,
                         agent_every=agent_every, agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES),
                         api_key_env=api_key_env, verify_tls=not insecure, model=model,
-                        allowed_signers=allowed_signers, node_logs=tuple(node_log or ()))
+                        allowed_signers=allowed_signers, node_logs=tuple(node_log or ()),
+                        target=load_target(target), telemetry_url=telemetry_url)
 
     def show(s: Sample, fired: list[Trigger]) -> None:
         def num(v: float | None, fmt: str = "g") -> str:

@@ -60,6 +60,20 @@ def testbed_status(workdir: Annotated[Path, typer.Option("--workdir",
     out.print_json(json.dumps(data, default=str))
 
 
+@testbed_app.command("fault")
+def testbed_fault(
+    host: Annotated[str, typer.Argument(help="The guest (tb-node01...).")],
+    at: Annotated[str, typer.Option("--at", help="The stage the night fails at: drain, packages, verify; none "
+                                    "removes every fault.")],
+    workdir: Annotated[Path, typer.Option("--workdir", help="The testbed's state directory.")] = Path(".testbed"),
+) -> None:
+    """Make the change night fail on a guest at a chosen stage, to rehearse the rollback path (root)."""
+    from k3fleet.lab import testbed
+    from k3fleet.lab.testbed.fault import inject
+
+    out.print(inject(testbed.status(workdir), host, at), markup=False)
+
+
 @lab_app.command("demo")
 def lab_demo(
     workdir: Annotated[Path, typer.Option("--workdir", help="Where the demo's runs, keys and lab state go "

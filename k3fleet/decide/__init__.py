@@ -14,7 +14,7 @@ docs/decision.md describes the table, the checklist, the package and the baselin
 from __future__ import annotations
 
 from k3fleet.decide.checklist import build_checklist
-from k3fleet.decide.models import Decision, EvidenceSummary
 from k3fleet.decide.rules import RULES, decide
+from k3fleet.models.evidence import Decision, EvidenceSummary
 
 __all__ = ["RULES", "Decision", "EvidenceSummary", "build_checklist", "decide"]

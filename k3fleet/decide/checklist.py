@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
-from k3fleet.decide.models import (
+from k3fleet.models.evidence import (
     AgentCase,
     AgentEvidence,
     ChecklistItem,

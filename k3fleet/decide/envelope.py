@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k3fleet.decide.models import DataProtectionBrief, EvidenceSummary, LoadEvidence, ProfileBrief, Ref
+from k3fleet.models.evidence import DataProtectionBrief, EvidenceSummary, LoadEvidence, ProfileBrief, Ref
 from k3fleet.models.profile import profile_record
 
 # Agent case names a production profile adds (k3fleet/accept/profile_cases.py).
@@ -158,7 +158,11 @@ def tested_text(ld: LoadEvidence | None) -> str:
                [f"{ld.held_rps:g} requests/s held (open loop)"] if ld.held_rps else []),
              f"{ld.held_context}-token context" if ld.held_context else "no context held",
              f"{ld.sustained_s:g} s sustained" if ld.sustained_s else "no sustained run held"]
-    return ", ".join(parts)
+    text = ", ".join(parts)
+    if ld.replayed:
+        text += (f" (and a replayed trace of {ld.replayed.get('requests')} requests, "
+                 f"x{ld.replayed.get('speed')})")
+    return text
 
 
 def _ran(s: EvidenceSummary, case: str) -> bool:

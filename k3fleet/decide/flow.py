@@ -18,20 +18,6 @@ from k3fleet.accept.profile_cases import write_profile_evidence
 from k3fleet.bounds import read_input
 from k3fleet.decide.checklist import ITEM_IDS, image_repository
 from k3fleet.decide.envelope import profile_brief
-from k3fleet.decide.models import (
-    AcceptEvidence,
-    AuditEvidence,
-    ChangeEvidence,
-    CustomBuild,
-    Decision,
-    EvidenceSummary,
-    OwnersFile,
-    Policy,
-    Ref,
-    RunInfo,
-    TargetBrief,
-    TriageEvidence,
-)
 from k3fleet.decide.package import write_package
 from k3fleet.decide.readers import (
     curve_points,
@@ -50,6 +36,20 @@ from k3fleet.errors import UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.writer import check_output, is_stdout
+from k3fleet.models.evidence import (
+    AcceptEvidence,
+    AuditEvidence,
+    ChangeEvidence,
+    CustomBuild,
+    Decision,
+    EvidenceSummary,
+    OwnersFile,
+    Policy,
+    Ref,
+    RunInfo,
+    TargetBrief,
+    TriageEvidence,
+)
 from k3fleet.models.profile import load_profile
 from k3fleet.report.decision_md import render_markdown
 from k3fleet.report.view import decision_view
@@ -192,13 +192,13 @@ def _newest(items: Sequence[Any]) -> Any:
 
 
 def build_summary(src: Sources, opts: DecideOptions, reviewed_at: str) -> EvidenceSummary:
-    if opts.target is not None:
-        target = target_brief(load_target(opts.target))
-    elif src.targets:
+    if src.targets and opts.target is None:
+        # The target the newest audit recorded: the runs' own, not one derived again.
         newest_audit = _newest(src.audits)
         target = next((t for t in src.targets if t.ref and t.ref.run == newest_audit.run), src.targets[0])
     else:
-        target = target_brief(load_target(None))
+        # --target, or (no run records one) the CLI's default, the packaged target.
+        target = target_brief(load_target(opts.target))
     owners = load_owners(opts.owners_file) if opts.owners_file else None
     build = load_build(opts.build_file) if opts.build_file else None
     profile = None

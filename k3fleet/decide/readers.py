@@ -15,14 +15,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from k3fleet.accept import identity
 from k3fleet.accept.probes import PROBES
-from k3fleet.accept.result import result_from_json
+from k3fleet.accept.result import ProbeResult, result_from_json
 from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
 from k3fleet.decide.envelope import held_envelope, repeat_intervals, slo_rate, traffic_baseline
-from k3fleet.decide.models import (
+from k3fleet.errors import UsageError, validation_line
+from k3fleet.evidence import layout
+from k3fleet.evidence.reader import RunReader
+from k3fleet.evidence.reader import open_run as open_checked
+from k3fleet.evidence.redact import excerpt
+from k3fleet.models.evidence import (
     AcceptEvidence,
+    AcceptRecord,
     AgentCase,
     AgentEvidence,
     AuditEvidence,
@@ -36,18 +43,16 @@ from k3fleet.decide.models import (
     PrefixCacheEvidence,
     Ref,
     RunInfo,
+    RunRecord,
     StartupEvidence,
     TargetBrief,
     TimelineEvent,
     TriageEvidence,
+    TriageRecord,
+    parse_triage_record,
 )
-from k3fleet.errors import UsageError, validation_line
-from k3fleet.evidence import layout
-from k3fleet.evidence.reader import RecordedExitCode, RunReader, RunRecord
-from k3fleet.evidence.reader import open_run as open_checked
-from k3fleet.evidence.redact import excerpt
 from k3fleet.models.facts import HostFacts
-from k3fleet.triage.record import parse_triage_record
+from k3fleet.models.target import Target
 from k3fleet.verdict import all2all
 
 KINDS = ("audit", "change", "accept", "triage")
@@ -78,7 +83,7 @@ def read_target(path: Path, label: str) -> TargetBrief | None:
     return target_brief(target, Ref(run=label, file=layout.TARGET)) if target is not None else None
 
 
-def target_brief(target: Any, ref: Ref | None = None) -> TargetBrief:
+def target_brief(target: Target, ref: Ref | None = None) -> TargetBrief:
     return TargetBrief(name=target.name, image=target.image.ref, image_repository=image_repository(target.image.ref)
                        or target.image.ref, image_cuda=target.image.cuda, image_digest=target.image.digest,
                        vllm_min=target.vllm.min_version, driver_branch=target.driver.branch,
@@ -101,7 +106,7 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
     record = run.model(layout.RUN, RunRecord)
     hosts = {name: HostEvidence(host=name, status=hv.status, driver_version=hv.driver_version,
                                 gpu_model=hv.gpu_model, gpu_count=hv.gpu_count, reason=hv.reason,
-                                branch=_branch(hv.driver_version)) for name, hv in v.hosts.items()}
+                                branch=hv.driver_branch) for name, hv in v.hosts.items()}
     nccl_seen: dict[str, set[str]] = {}
     for name, facts in audit_facts(run, v.hosts):
         he, image = hosts[name], facts.container.image
@@ -122,13 +127,6 @@ def read_audit(path: Path, info: RunInfo) -> AuditEvidence:
         unreachable=sorted(h for h, he in hosts.items() if he.status == "unreachable"),
         evidence_incomplete=v.summary.evidence_incomplete, interrupted=record.interrupted,
         nccl=nccl, plan=v.plan.model_dump(mode="json"), interconnect=v.interconnect)
-
-
-def _branch(version: str | None) -> int | None:
-    if not version:
-        return None
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else None
 
 
 # -- change night ------------------------------------------------------------------------------------
@@ -194,7 +192,7 @@ def _check_steps(rep: Any) -> Iterable[tuple[str, str]]:
 # -- acceptance --------------------------------------------------------------------------------------
 
 
-def probe_result(run: RunReader, probe: str) -> tuple[Any, Ref] | None:
+def probe_result(run: RunReader, probe: str) -> tuple[ProbeResult, Ref] | None:
     """A probe's result file as its :class:`k3fleet.accept.result.ProbeResult`, with its ref; None when
     the probe did not run."""
     rel = layout.probe_file(probe)
@@ -245,7 +243,13 @@ def startup_evidence(result: Any, ref: Ref) -> StartupEvidence:
         all2all_backend=_str(d.get("all2all_backend"))
         or (_str(env.get(all2all.ENV)) if isinstance(env, dict) else None),
         env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+        server=d["server"] if isinstance(d.get("server"), dict) else identity.from_startup(d),
         findings=_facts_of(result, ref))
+
+
+def _server(d: Mapping[str, Any]) -> dict[str, Any]:
+    """What a live probe recorded of the server (``data.server``); {} in runs from before it did."""
+    return dict(d["server"]) if isinstance(d.get("server"), Mapping) else {}
 
 
 def _str(v: Any) -> str | None:
@@ -275,7 +279,7 @@ def _prefix_evidence(result: Any, ref: Ref) -> PrefixCacheEvidence:
         cold_saved="cold" in windows and ttft.get("cold") is not None,
         warm_saved="warm" in windows and bool(ttft.get("warm")),
         cache_metrics=cache_metrics, controlled_reuse=reuse, caching_enabled=caching, hit_ratio=ratio,
-        findings=_facts_of(result, ref))
+        server=_server(d), findings=_facts_of(result, ref))
 
 
 class _AgentCaseRecord(BaseModel):
@@ -301,7 +305,7 @@ def _agent_evidence(result: Any, ref: Ref) -> AgentEvidence:
         raise UsageError(validation_line(exc, f"run {ref.run}: {ref.file}", at="data.cases.")) from None
     cases = [AgentCase(name=name, runs=c.runs, passed=c.passed, pass_rate=c.pass_rate, defects=c.defects,
                        layer=c.layer, critical=c.critical) for name, c in records.items()]
-    return AgentEvidence(ref=ref, status=result.status, reason=result.reason, cases=cases,
+    return AgentEvidence(ref=ref, status=result.status, reason=result.reason, cases=cases, server=_server(d),
                          findings=_facts_of(result, ref))
 
 
@@ -364,11 +368,13 @@ def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
     options = d.get("options")
     held = held_envelope(points, options if isinstance(options, dict) else {})
     return LoadEvidence(**held, **slo_rate(d), **repeat_intervals(d),
+        replayed=d["trace"] if isinstance(d.get("trace"), dict) else None,
         ref=ref, status=result.status, reason=result.reason, outcome=d.get("outcome"), ceiling=_int(d.get("ceiling")),
         envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,
         restarts=_int(counts.get("restarts")), health_failures=_int(counts.get("health_failures")),
-        oom_events=_int(counts.get("oom_events")), oom_records=_oom_records(d, ref), findings=_facts_of(result, ref))
+        oom_events=_int(counts.get("oom_events")), oom_records=_oom_records(d, ref), server=_server(d),
+        findings=_facts_of(result, ref))
 
 
 def _has_any(point: Mapping[str, Any], keys: Sequence[str]) -> bool:
@@ -389,17 +395,6 @@ def curve_points(run: RunReader, data: Mapping[str, Any]) -> list[dict[str, Any]
                 if isinstance(r, dict):
                     rows.append({"phase": phase, **r})
     return rows
-
-
-class AcceptRecord(BaseModel):
-    """``accept.json`` as ``accept all`` and ``accept load`` write it (k3fleet/accept/run.py): the parts
-    read back."""
-
-    model_config = ConfigDict(extra="ignore")
-    base_url: str | None = None
-    model: str | None = None
-    started_at: str | None = None
-    exit_code: RecordedExitCode = None
 
 
 def read_accept(path: Path, info: RunInfo) -> AcceptEvidence:
@@ -443,8 +438,8 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
 # -- triage ------------------------------------------------------------------------------------------
 
 
-def triage_record(run: RunReader) -> Any:
-    """``triage.json`` as its :class:`k3fleet.triage.record.TriageRecord`."""
+def triage_record(run: RunReader) -> TriageRecord:
+    """``triage.json`` as its :class:`k3fleet.models.evidence.TriageRecord`."""
     return parse_triage_record(run.json(layout.TRIAGE), run.label)
 
 

@@ -10,10 +10,9 @@ the renderers read nothing and import none of them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from k3fleet.accept.probes import PROBES
-from k3fleet.decide.models import RunInfo
+from k3fleet.accept.result import ProbeResult
 from k3fleet.decide.readers import (
     AcceptRecord,
     audit_facts,
@@ -26,7 +25,8 @@ from k3fleet.decide.readers import (
     triage_record,
 )
 from k3fleet.evidence import layout
-from k3fleet.evidence.reader import RunReader, RunRecord, open_run
+from k3fleet.evidence.reader import RunReader, open_run
+from k3fleet.models.evidence import RunInfo, RunRecord
 from k3fleet.report.view import (
     ReportView,
     accept_view,
@@ -68,7 +68,7 @@ def _change(run: RunReader) -> ReportView:
 def _accept(run: RunReader) -> ReportView:
     acc = read_accept(run.path, _info(run))
     head = run.model(layout.ACCEPT, AcceptRecord) if run.has(layout.ACCEPT) else AcceptRecord()
-    results: dict[str, Any] = {}
+    results: dict[str, ProbeResult] = {}
     for name in PROBES:
         got = probe_result(run, name)
         if got is not None:

@@ -31,6 +31,9 @@ Rollback triggers:
   pools in a row;
 - ``schema_invalid_tool_calls``: a sampled critical tool-call or structured-output case fails
   ``repeat`` times in a row;
+- ``corrupted_requests``: ``vllm:corrupted_requests`` rose (NaN or inf in the logits), at once;
+- ``admission_rejections``: ``vllm:admission_rejections`` rose ``repeat`` intervals in a row (clients
+  get 503s because a queue cap is reached), with the reasons;
 - ``node_errors``: an Xid of error or critical severity (the audit's ``gpu.xid`` verdict over the
   kernel log's NVRM lines) or an NCCL error on a ``--node-log`` line not older than the approval.
 
@@ -41,6 +44,7 @@ image, digest and launch configuration.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as _dt
 import itertools
 import re
@@ -57,23 +61,24 @@ from pydantic import BaseModel, Field, ValidationError
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_xid_lines
 from k3fleet.accept.agent import CASES, AgentOptions, run_agent
 from k3fleet.accept.client import Endpoint, EndpointError, fetch
-from k3fleet.accept.metrics import MetricsError, scrape
+from k3fleet.accept.gpu_telemetry import gpus_of
+from k3fleet.accept.metrics import MetricsError, scrape, scrape_url
 from k3fleet.accept.startup import NCCL_ERROR
 from k3fleet.bounds import check_seconds, parse_json, parse_seconds, read_input
 from k3fleet.contracts import result_code
-from k3fleet.decide.models import Baseline
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.redact import excerpt
+from k3fleet.models.evidence import Baseline
 from k3fleet.models.facts import HostFacts
-from k3fleet.targets import load_target
+from k3fleet.models.target import Target
 from k3fleet.triage import Capture, build_facts
 from k3fleet.verdict import evaluate_host
 
 TRIGGERS = ("process_restart_or_oom", "queue_beyond_envelope", "queue_growth", "cache_hit_regression",
-            "schema_invalid_tool_calls", "node_errors")
+            "schema_invalid_tool_calls", "corrupted_requests", "admission_rejections", "node_errors")
 DEFAULT_AGENT_CASES = ("one_required_arg", "streaming_deltas", "structured_output")
 # Counters read from /metrics whose rise over an interval is the interval's traffic.
 COUNTERS = ("requests", "queries", "hits", "prompt_tokens", "cached_tokens", "preemptions", "http_errors",
@@ -113,6 +118,9 @@ class Sample(BaseModel):
     node_notes: list[str] | None = Field(default=None, description="what the node logs hold that fires nothing")
     window: dict[str, float | None] | None = Field(default=None, description="the interval's real traffic "
                                                                              "(evaluate fills it)")
+    gpus: dict[str, dict[str, float]] | None = Field(default=None, description="per GPU: memory used and free "
+                                                     "(MiB), power (W), utilisation (%) from --telemetry-url")
+    telemetry_error: str | None = None
 
 
 @dataclass
@@ -245,6 +253,7 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
                 and s.counters.get("prompt_tokens") is not None \
                 and s.counters["prompt_tokens"] < prev.counters["prompt_tokens"]:
             fire("process_restart_or_oom", "vllm:prompt_tokens went backwards: the engine restarted")
+        _explained(state, prev, s, fire)
         limit = state.queue_limit
         queue = (s.running or 0) + (s.waiting or 0) if s.running is not None or s.waiting is not None else None
         over = limit is not None and queue is not None and queue > limit
@@ -274,6 +283,26 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
         fire("node_errors", "node errors since the approval: " + "; ".join(s.node_errors[:4]))
     state.last = s
     return out
+
+
+def _explained(state: WatchState, prev: Sample | None, s: Sample, fire: Callable[[str, str], None]) -> None:
+    """The failure-explaining counters between two samples: corrupted requests fire at once, admission
+    rejections after ``repeat`` intervals in a row."""
+    def rise(key: str) -> float | None:
+        if prev is None or key not in prev.counters or key not in s.counters:
+            return None
+        return max(0.0, s.counters[key] - prev.counters[key])
+
+    corrupted = rise("corrupted")
+    if corrupted:
+        fire("corrupted_requests", f"the server counted {corrupted:.0f} corrupted request(s) since the last sample "
+                                   "(vllm:corrupted_requests: NaN or inf in the logits): its answers cannot be trusted")
+    rejected = rise("rejected")
+    n = _streak(state, "rejected", bool(rejected))
+    if rejected and n >= state.repeat:
+        fire("admission_rejections", f"{rejected:.0f} request(s) refused at admission in the last interval "
+                                     f"({n} intervals in a row, vllm:admission_rejections): clients get 503s because "
+                                     "a queue cap is reached")
 
 
 def _judge_rates(state: WatchState, s: Sample, window: Mapping[str, float | None], traffic: Mapping[str, float],
@@ -352,16 +381,18 @@ def lines_since(text: str, since: _dt.datetime | None) -> str:
                      if (when := line_time(line, since.year)) is None or when >= since)
 
 
-def judge_node_log(text: str, since: _dt.datetime | None, host: str = "node") -> tuple[list[str], list[str]]:
+def judge_node_log(text: str, since: _dt.datetime | None, target: Target,
+                   host: str = "node") -> tuple[list[str], list[str]]:
     """(errors, notes) on a node's kernel log or journal since the approval: its Xid lines judged by the
-    audit's ``gpu.xid`` verdict (error and critical fire; a warning, often the application's own fault,
-    is a note) and NCCL errors by the start-up analyser's pattern."""
+    audit's ``gpu.xid`` verdict against ``target`` (the one the approved decision was taken on; error and
+    critical fire; a warning, often the application's own fault, is a note) and NCCL errors by the
+    start-up analyser's pattern."""
     kept = lines_since(text, since)
     errors: list[str] = []
     notes: list[str] = []
     if parse_xid_lines(kept):
         facts = build_facts(host, [Capture(path=Path(host), name=host, kind="kernel_log", text=kept, sha256="")])
-        for f in evaluate_host(HostFacts.model_validate(facts), load_target(None)):
+        for f in evaluate_host(HostFacts.model_validate(facts), target):
             if f.check_id == "gpu.xid" and f.kind == "fail":
                 (errors if f.severity in ("error", "critical") else notes).append(f"{host}: {f.message}")
     nccl = [line for line in kept.splitlines() if NCCL_ERROR.search(line)]
@@ -423,6 +454,29 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
         return Baseline.model_validate(raw), decision
     except ValidationError as exc:
         raise UsageError(validation_line(exc, f"--baseline {path}: baseline.json does not validate")) from exc
+
+
+def package_target(package: Path) -> Target | None:
+    """The target the signed package's decision was taken on: the audit run's ``inputs/target.json`` that
+    the decision's summary names (None when the decision rests on no recorded target)."""
+    try:
+        summary = parse_json(read_package_file(package, layout.package_member(layout.SUMMARY)), package.name)
+        ref = ((summary.get("target") or {}).get("ref") or {}) if isinstance(summary, dict) else {}
+        if not (isinstance(ref, dict) and ref.get("run") and ref.get("file")):
+            return None
+        raw = parse_json(read_package_file(package, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}"), package.name)
+    except (UsageError, tarfile.TarError, OSError, EOFError, KeyError):
+        return None
+    try:
+        return Target.model_validate(raw)
+    except ValidationError as exc:
+        raise UsageError(validation_line(exc, f"--baseline {package.name}: the decision's target")) from exc
+
+
+def _package_of(path: Path) -> Path:
+    """The package a --baseline names (itself, or the one beside a decision run directory); load_baseline
+    has checked it."""
+    return layout.package_beside(path) if path.is_dir() else path
 
 
 def _decision_dir_package(path: Path) -> Path:
@@ -501,6 +555,10 @@ class WatchOptions:
     model: str | None = None
     allowed_signers: Path | None = None
     node_logs: Sequence[Path] = ()
+    # The CLI's target (--target, or the packaged default): used only when the approved decision's
+    # package records none (a decision taken on the packaged default).
+    target: Target | None = None
+    telemetry_url: str | None = None
 
 
 @dataclass
@@ -553,6 +611,10 @@ def counters_of(snap: Any) -> tuple[dict[str, float], dict[str, float]]:
     put("prompt_tokens", snap.counter("vllm:prompt_tokens"))
     put("cached_tokens", snap.counter("vllm:prompt_tokens_cached"))
     put("preemptions", snap.counter("vllm:num_preemptions"))
+    # vLLM 0.30+ (k3fleet.accept.explain): what explains a failure the clients see.
+    put("corrupted", snap.counter("vllm:corrupted_requests"))
+    put("rejected", snap.counter("vllm:admission_rejections"))
+    put("external_hits", snap.counter("vllm:external_prefix_cache_hits"))
     for key, name in (("e2e", "vllm:e2e_request_latency_seconds"), ("itl", "vllm:inter_token_latency_seconds"),
                       ("ttft", "vllm:time_to_first_token_seconds"), ("prefill", "vllm:request_prefill_time_seconds")):
         hist = snap.histogram(name)
@@ -573,8 +635,8 @@ class _NodeLogs:
     """The --node-log files, read again each interval (they grow) through the bounded reader and
     judged only when they changed."""
 
-    def __init__(self, paths: Sequence[Path], since: _dt.datetime | None) -> None:
-        self.paths, self.since = list(paths), since
+    def __init__(self, paths: Sequence[Path], since: _dt.datetime | None, target: Target | None) -> None:
+        self.paths, self.since, self.target = list(paths), since, target
         self.seen: dict[Path, tuple[float, int, list[str], list[str]]] = {}
 
     def read(self) -> tuple[list[str], list[str]]:
@@ -587,7 +649,10 @@ class _NodeLogs:
                 cached = self.seen.get(p)
                 if cached is None or cached[:2] != key:
                     text = read_input(p, "--node-log", kind="a node log", limit="capture", text=True)
-                    e, n = judge_node_log(text.decode("utf-8", errors="replace"), self.since, p.name)
+                    if self.target is None:
+                        raise UsageError("--node-log: the decision records no target to judge the log by: give "
+                                         "--target FILE")
+                    e, n = judge_node_log(text.decode("utf-8", errors="replace"), self.since, self.target, p.name)
                     self.seen[p] = (*key, e, n)
                 errors += self.seen[p][2]
                 notes += self.seen[p][3]
@@ -609,7 +674,7 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
     state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance,
                        latency_tolerance=opts.latency_tolerance, min_requests=opts.min_requests)
     result = WatchResult(baseline=baseline, samples=[], triggers=[])
-    nodes = _NodeLogs(opts.node_logs, approval_time(decision))
+    nodes = _NodeLogs(opts.node_logs, approval_time(decision), opts.target)
     t0 = time.monotonic()
     timeout = max(min(opts.interval_s, 10.0), 1.0)
     sent = [0]
@@ -652,6 +717,13 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
                         pass  # the probe's requests are still counted: real_traffic takes them out
                     else:
                         s.after_probe, s.after_probe_at = counters_of(after)[0], time.time()
+            if opts.telemetry_url:
+                try:
+                    s.gpus = gpus_of(await scrape_url(client, opts.telemetry_url, timeout_s=timeout)) or None
+                    if s.gpus is None:
+                        s.telemetry_error = "the telemetry page has no DCGM GPU series"
+                except MetricsError as exc:
+                    s.telemetry_error = str(exc)
             if nodes.paths:
                 errors, notes = nodes.read()
                 s.node_errors, s.node_notes = errors or None, notes or None
@@ -686,6 +758,8 @@ def check_options(opts: WatchOptions) -> None:
         raise UsageError("--min-requests must be 1 or more")
     if opts.max_samples is not None and opts.max_samples < 1:
         raise UsageError("--samples must be 1 or more")
+    if opts.telemetry_url is not None and not re.match(r"^https?://\S+$", opts.telemetry_url):
+        raise UsageError(f"--telemetry-url {opts.telemetry_url!r}: an http:// or https:// URL")
     for p in opts.node_logs:
         if not p.is_file():
             raise UsageError(f"--node-log {p}: no such file")
@@ -711,6 +785,10 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
     an untrusted baseline (unsigned, forged, tampered, unapproved) are refused before it exists."""
     check_options(opts)
     baseline, decision = load_baseline(opts.baseline, opts.allowed_signers)
+    # The target the approved decision was taken on travels with its package; the CLI's only stands in.
+    recorded = package_target(_package_of(opts.baseline))
+    if recorded is not None:
+        opts = dataclasses.replace(opts, target=recorded)
     rd = RunDir.create(runs_dir, "watch", argv, out=out, record={"baseline": str(opts.baseline)})
 
     def sample(s: Sample, fired: list[Trigger]) -> None:

@@ -4,7 +4,7 @@ Every command that reads evidence back (decide, report, merge, watch, a change n
 rollback) reads through here, by the names of :mod:`k3fleet.evidence.layout`. ``open_run`` refuses
 what is not a run (exit 2), a run that does not match its manifest (exit 3) and a run of a kind the
 command does not read (exit 2); a ``RunReader`` then turns each file into a validated model:
-``command.json`` into :class:`CommandRecord`, ``run.json`` into :class:`RunRecord`, the verdict,
+``command.json`` into :class:`CommandRecord`, ``run.json`` into ``k3fleet.models.evidence.RunRecord``, the verdict,
 the target and each host's facts into the audit's own models (``k3fleet.models``), any other file
 into the model its flow gives (``model``). A file that is missing or cannot be read is one line and
 exit 3 (the evidence is incomplete); one that is not UTF-8, not JSON, not an object or not of its
@@ -19,28 +19,20 @@ import json
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3fleet.bounds import read_bounded
-from k3fleet.contracts import EXIT_CODES
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import layout
 from k3fleet.evidence.verify import verify_run
+from k3fleet.models.evidence import RunRecord
 from k3fleet.models.facts import HostFacts, readable_schema
 from k3fleet.models.findings import FleetVerdict
 from k3fleet.models.target import Target
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def _contract_code(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v in EXIT_CODES else None
-
-
-# A recorded exit code: anything but one of the contract's codes is read as absent, never shown as one.
-RecordedExitCode = Annotated[int | None, BeforeValidator(_contract_code)]
 
 
 class RunVerificationError(IncompleteError):
@@ -61,26 +53,6 @@ class CommandRecord(BaseModel):
     started_at: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     operator: str | None = Field(default=None, description="an explicit --operator the run recorded")
-
-
-class RunRecord(BaseModel):
-    """``run.json``: how a run ended. Each kind adds its own fields (an audit its host counts, a
-    change night its per-host outcomes)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    status: str | None = None
-    exit_code: RecordedExitCode = None
-    message: str | None = None
-    wall_s: float | None = None
-    unreachable: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
-    invalid_evidence: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
-    hosts: dict[str, dict[str, Any]] = Field(default_factory=dict, description="change: host -> its outcome")
-    journal_problems: list[str] = Field(default_factory=list)
-
-    @property
-    def interrupted(self) -> bool:
-        return self.status == "interrupted"
 
 
 class RunReader:

@@ -16,10 +16,14 @@ product and the tests share one implementation (docs/architecture.md "The lab").
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,8 @@ from typing import Any
 import yaml
 
 from k3fleet.errors import UsageError
-from k3fleet.lab.fleet import generate_fleet, load_fleet
+from k3fleet.lab.fleet import INVENTORY, MARKER, expand_hosts, generate_fleet, load_fleet
+from k3fleet.lab.profile import LabHost
 from k3fleet.lab.standin import build_repo, install_pins
 
 DATA = Path(__file__).resolve().parent / "changelab_data"
@@ -156,3 +161,107 @@ def prepare(work: Path, *, calls: Path | None = None) -> ChangeLab:
     inventory = work / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {CANARY: host, DONE: dict(lab[DONE])}}}))
     return ChangeLab(inventory=inventory, env=env)
+
+
+# -- the rehearsal: `k3fleet upgrade --check` on the lab by hand (README "Rehearse the night") ------------
+
+
+def lab_source(path: Path) -> str | None:
+    """``"fleet"`` for a lab fleet (a directory holding fleet.yaml, such as inventories/lab, or a fleet
+    YAML file), ``"generated"`` for what `k3fleet lab generate` wrote (its directory or its inventory),
+    None for anything else (an Ansible inventory of real hosts)."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / MARKER).is_file():
+            return "generated"
+        return "fleet" if (path / "fleet.yaml").is_file() else None
+    if path.name == INVENTORY and (path.parent / MARKER).is_file():
+        return "generated"
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None
+        if isinstance(data, dict) and "all" not in data and isinstance(data.get("hosts"), dict) and all(
+                isinstance(h, dict) and "profile" in h for h in data["hosts"].values()):
+            return "fleet"
+    return None
+
+
+def _generated_hosts(directory: Path) -> dict[str, LabHost]:
+    """The lab hosts of a generated directory, by name, from its manifest (the fleet and count it was made of)."""
+    try:
+        manifest = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+        fleet = manifest.get("fleet")
+        count = manifest.get("count")
+        spec = load_fleet(Path(fleet) if fleet else None)
+        names = {h["name"] for h in manifest["hosts"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ChangeLabError(f"{directory / MARKER}: not a lab made by `k3fleet lab generate` ({exc})") from exc
+    scaled = count if count != len(spec.hosts) else None
+    return {name: host for name, host in expand_hosts(spec, scaled) if name in names}
+
+
+def rehearsal(source: Path, work: Path) -> ChangeLab:
+    """A lab fleet (or a generated lab) made plannable by `upgrade --check`, under ``work``.
+
+    Every reachable host whose profile runs the R575 release the stand-in repository installs
+    (proprietary modules) answers package questions from one private, real apt/dpkg state (R575
+    installed and held): the real `dpkg-query` ahead of its replayed one, apt's resolver over the
+    stand-in repository. Its scheduler is its own replayed `scontrol`/`squeue` (lab generate writes
+    that). The first such host is the rehearsal's canary. Other hosts keep their recordings: the audit
+    reads them, and a wave would say it cannot plan them.
+    """
+    missing = missing_tools()
+    if missing:
+        raise ChangeLabError(f"rehearsing the change night on the lab needs {', '.join(missing)} (Debian "
+                             f"packages: {' '.join(DEBIAN_PACKAGES)})")
+    kind = lab_source(source)
+    if kind == "fleet":
+        generated = generate_fleet(load_fleet(source), work / "lab").parent
+    elif kind == "generated":
+        generated = source if source.is_dir() else source.parent
+    else:
+        raise ChangeLabError(f"{source} is not a lab fleet or a lab made by `k3fleet lab generate`")
+    lab_hosts = _generated_hosts(generated)
+    inv = yaml.safe_load((generated / INVENTORY).read_text(encoding="utf-8"))
+    hosts: dict[str, dict[str, Any]] = inv["all"]["children"]["lab"]["hosts"]
+    env = {**make_apt_sandbox(work / "apt", build_repo(work / "repo")), "K3FLEET_PASS_ENV": PASS_ENV}
+    bindir = work / "bin"
+    bindir.mkdir(parents=True)
+    # Real dpkg-query ahead of the lab host's replayed one: it reads the private dpkg state.
+    (bindir / "dpkg-query").symlink_to(shutil.which("dpkg-query") or "/usr/bin/dpkg-query")
+    sandboxed = []
+    for name, hv in hosts.items():
+        lab = lab_hosts.get(name)
+        drv = lab.profile.driver if lab is not None else None
+        if (lab is None or not lab.profile.reachable or drv is None or drv.version != INSTALLED
+                or drv.running_flavour != "proprietary"):
+            continue
+        hv["k3fleet_path"] = f"{bindir}:{hv['k3fleet_path']}"
+        hv["k3fleet_probe"] = False
+        sandboxed.append(name)
+    if not sandboxed:
+        raise ChangeLabError(f"{source}: no reachable lab host runs R{INSTALLED} with proprietary modules: "
+                             "nothing the rehearsal can plan")
+    inventory = work / INVENTORY
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"lab": {"hosts": hosts}}}}, sort_keys=False))
+    return ChangeLab(inventory=inventory, env=env, canary=sandboxed[0])
+
+
+@contextlib.contextmanager
+def rehearsing(source: Path) -> Iterator[ChangeLab]:
+    """``rehearsal`` in a temporary directory, its environment (the private apt state, passed on to the
+    play by name) set for as long as the rehearsal runs; both gone afterwards."""
+    with tempfile.TemporaryDirectory(prefix="k3fleet-rehearsal-") as tmp:
+        lab = rehearsal(Path(source), Path(tmp))
+        saved = {k: os.environ.get(k) for k in lab.env}
+        os.environ.update(lab.env)
+        try:
+            yield lab
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

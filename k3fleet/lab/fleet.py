@@ -217,6 +217,13 @@ def generate_fleet(spec: FleetSpec, dest: Path, *, count: int | None = None, ima
                 "k3fleet_probe": True,
                 "k3fleet_lab_profile": host.profile_name,
             }
+            if host.profile.slurm is not None:
+                # The drain's Slurm client is the host's own replayed scontrol and squeue (run on the
+                # controller, as the host itself is): `upgrade --check` reads the simulated scheduler.
+                hostvars.update({"k3fleet_slurm_client": "localhost",
+                                 "k3fleet_slurm_path": f"{root / 'bin'}:/usr/bin:/bin"})
+            else:
+                hostvars["k3fleet_scheduler"] = "none"
             if not host.profile.reachable:
                 # A closed loopback port: Ansible reports the host unreachable at once, and no
                 # traffic can leave the machine.

@@ -100,6 +100,9 @@ class HostVerdict(_Out):
     reason: str | None = Field(default=None, description="why the host was unreachable")
     findings: list[Finding] = Field(default_factory=list)
     driver_version: str | None = None
+    driver_branch: int | None = Field(default=None, description=(
+        "the data-center driver branch the verdict read from the loaded driver (580 of 580.95.05); None when "
+        "unknown or on a platform with no branch (a Jetson's L4T release 35.3.1 is no R35)"))
     gpu_model: str | None = None
     gpu_count: int | None = None
 

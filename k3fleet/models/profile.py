@@ -56,6 +56,8 @@ class RequestMix(_Strict):
     structured_output: float = Field(default=0.0, ge=0, le=1, description="requests with a response_format schema")
     streaming: float = Field(default=0.0, ge=0, le=1, description="streamed requests")
     multimodal: float = Field(default=0.0, ge=0, le=1, description="requests with an image part")
+    long: float = Field(default=0.0, ge=0, le=1, description="conversations at the p99 context (the rest start at "
+                                                             "the typical context)")
 
 
 class Slo(_Strict):

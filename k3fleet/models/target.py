@@ -447,6 +447,9 @@ class ChangeSpec(_Strict):
                                        description="the smoke's server to answer /health after its container starts")
     smoke_request_timeout_s: int = Field(default=120, gt=0,
                                          description="each smoke request: /v1/models, then one chat completion")
+    # The rollback kit staged before each host's first change (docs/change-night.md "Rollback kit").
+    rollback_kit_timeout_s: int = Field(default=1200, gt=0,
+                                        description="one package's download into a node's rollback kit")
 
 
 class ActiveTimeouts(_Strict):

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3fleet.contracts import OUTCOME_TEXT
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
+from k3fleet.models.target import Target
 from k3fleet.report.escapes import safe_markdown
 from k3fleet.report.plan import plan_lines, plan_title
 
+if TYPE_CHECKING:
+    # The audit imports this module to write report.md: the type only, never at run time.
+    from k3fleet.audit.run import AuditResult
 
-def _cell(value: Any) -> str:
+
+def _cell(value: object) -> str:
     """A table cell: redacted, one line, no control characters, pipes and markup escaped."""
     return safe_markdown(value, cell=True)
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return safe_markdown(value)
 
 
-def render_audit(result: Any, target: Any) -> str:
+def render_audit(result: AuditResult, target: Target) -> str:
     v: FleetVerdict = result.verdict
     s = v.summary
     lines = [

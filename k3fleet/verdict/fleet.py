@@ -384,7 +384,8 @@ class FleetFold:
             # host's rules.
             hosts[name] = unchecked(
                 HostVerdict, host=name, status=status, reason=None, findings=findings,
-                driver_version=ctx.version, gpu_model=ctx.gpu_model, gpu_count=ctx.gpu_count)
+                driver_version=ctx.version, driver_branch=ctx.branch, gpu_model=ctx.gpu_model,
+                gpu_count=ctx.gpu_count)
         invalid = self.invalid
         for name in sorted(invalid):
             if name in unreachable or name in hosts:

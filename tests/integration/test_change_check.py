@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from k3fleet.change import UpgradeOptions, run_upgrade
 from k3fleet.cli import app
 from k3fleet.errors import UsageError
+from k3fleet.lab.standin import install_pins
 
 # The apt sandbox and the Slurm stand-in come from tests/integration/conftest.py.
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("change_tools")]
@@ -99,6 +100,13 @@ def test_check_reports_drain_and_apt_transaction_and_changes_nothing(node: dict[
     assert any(line.startswith("Remv nvidia-driver-575-server [575.57.08-0ubuntu1]") for line in tx), tx
     assert any(line.startswith("Inst nvidia-driver-580-server (580.95.05-0ubuntu1") for line in tx), tx
     assert any(line.startswith("Inst nvidia-fabricmanager-580 (580.95.05-1") for line in tx), tx
+    # The rollback kit would be fetched from the repository: every 575 package the node runs, at its exact
+    # version (asked with apt-get download --print-uris; nothing fetched).
+    kit = rep["rollback_kit"]
+    assert kit["made"] is False and kit["path"] == "/var/lib/k3fleet/rollback-kit/CHG-1042"
+    assert sorted(kit["fetched"]) == sorted(f"{p.split('=')[0]}:amd64={p.split('=')[1]} from a repository"
+                                            for p in install_pins("575.57.08")), kit["fetched"]
+    assert all(p["held"] for p in kit["packages"])
     # Nothing changed: dpkg state and holds byte for byte, no Slurm update, no journal line.
     assert node["status"].read_bytes() == status_before
     assert _selections(node["status"]) == holds_before
@@ -118,6 +126,9 @@ def test_check_through_the_command_line(node: dict[str, Any]) -> None:
     assert "drain   (slurm): scontrol update nodename=node01 state=drain reason='k3fleet:CHG-7 bob:" in res.output
     assert "Remv nvidia-driver-575-server" in res.output
     assert "reboot   yes, loaded 575.57.08" in res.output
+    assert "rollback kit /var/lib/k3fleet/rollback-kit/CHG-7: 6 package(s) to fetch" in res.output
+    assert "    nvidia-driver-575-server:amd64=575.57.08-0ubuntu1 from a repository" in res.output
+    assert "rollback kit: on, staged on each host before its first change" in res.output
 
 
 def test_check_of_a_failing_night_runs_the_rescue_and_still_changes_nothing(node: dict[str, Any]) -> None:
@@ -273,3 +284,38 @@ def test_kubernetes_cordon_and_uncordon_only_ours(kube: dict[str, Any]) -> None:
     other = _node(kube, "gpu-k02")
     assert other["spec"]["unschedulable"] is True and other["metadata"]["annotations"] == {"ops/reason": "NIC swap"}
     assert _k8s_run(kube, "returned")["gpu-k01"]["decision"] == "not_drained"
+
+
+K8S_MARK_PLAY = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: k3fleet.gpu.k3_drain
+        tasks_from: mark
+      vars:
+        k3_drain_backend: kubernetes
+    - ansible.builtin.debug:
+        var: k3_drain_mark_result
+"""
+
+
+def test_kubernetes_validated_label_set_after_verify_and_taken_off_by_rollback(kube: dict[str, Any]) -> None:
+    from k3fleet.audit.runner import run_playbook
+
+    play_file = kube["tmp"] / "k8s_mark.yml"
+    play_file.write_text(K8S_MARK_PLAY)
+
+    def mark(how: str, driver: str = "") -> dict[str, Any]:
+        play = run_playbook(str(play_file), kube["inventory"], kube["tmp"] / f"ansible-mark-{how}", limit="gpu-k01",
+                            extravars={"k3_drain_mark": how, "k3_drain_mark_driver": driver}, forks=1)
+        assert play.status == "successful", (play.stderr_tail, play.last("gpu-k01"))
+        return next(o.result["k3_drain_mark_result"] for o in play.hosts["gpu-k01"]
+                    if o.result and "k3_drain_mark_result" in o.result)
+
+    res = mark("validated", "580.95.05")
+    assert res["marker"] == "k3fleet.io/validated=580.95.05"
+    assert _node(kube, "gpu-k01")["metadata"]["labels"]["k3fleet.io/validated"] == "580.95.05"
+    assert "k3fleet.io/validated" not in (_node(kube, "gpu-k02")["metadata"].get("labels") or {})
+    mark("unvalidated")
+    assert "k3fleet.io/validated" not in (_node(kube, "gpu-k01")["metadata"].get("labels") or {})

@@ -208,7 +208,7 @@ def test_interrupted_run_keeps_what_was_measured(tmp_path: Path) -> None:
         ep = Endpoint(base_url=sim.base_url, model="moonshotai/Kimi-K3")
         opts = AllOptions(out=out, prefix=PrefixOptions(repeats=2), agent=AgentOptions(repeats=3), stop=stop)
         res = asyncio.run(run_all(ep, opts, ["k3fleet", "accept", "all"], progress=ctrl_c_at_agent))
-    assert res.exit_code == 3 and res.summary["interrupted"] is True
+    assert res.exit_code == 3 and res.summary.interrupted is True
     # The prefix-cache probe had finished: its result and evidence are on disk, the manifest holds;
     # the agent probe ended with what it had sent, inconclusive.
     summary = json.loads((out / "accept.json").read_text())

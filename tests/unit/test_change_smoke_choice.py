@@ -245,7 +245,8 @@ def test_a_resume_that_turns_the_smoke_on_waits_longer_for_a_slot(tmp_path: Path
     old = {k: v for k, v in off.items() if not k.startswith("smoke_")}
     assert resumed_timeouts(old, target, smoke=True) == on
     # A night that planned no host recorded no timeouts: nothing to wait for.
-    assert resumed_timeouts({}, target, smoke=True) == {"smoke_ready": 1800, "smoke_request": 120}
+    assert resumed_timeouts({}, target, smoke=True) == {"smoke_ready": 1800, "smoke_request": 120,
+                                                        "rollback_kit": 1200}
 
 
 def _strategy(name: str) -> StrategyDecision:

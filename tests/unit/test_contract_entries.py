@@ -107,7 +107,7 @@ def test_the_facts_schema_version_is_defined_once_and_checked_once() -> None:
     assert facts.SCHEMA_VERSION == k3fleet_host.SCHEMA_VERSION == k3fleet_sources.FACTS_SCHEMA_VERSION
     literal = re.compile(r"""^\s*(FACTS_)?SCHEMA_VERSION(: str)? = ["']\d""", re.M)
     utils = ROOT / "ansible_collections" / "k3fleet" / "gpu" / "plugins" / "module_utils"
-    defined = [p.name for p in [*(ROOT / "k3fleet" / "models").glob("*.py"), *utils.glob("*.py")]
+    defined = [p.name for p in [ROOT / "k3fleet" / "models" / "facts.py", *utils.glob("*.py")]
                if literal.search(_source(p))]
     assert defined == ["k3fleet_sources.py"]
     split = re.compile(r"schema_version.{0,40}\.split\(|SCHEMA_VERSION\.split\(")
@@ -139,3 +139,38 @@ def test_one_run_directory_reader() -> None:
                         or node.value.startswith("/" + n)]
                 spelt += [f"{path.relative_to(ROOT)}:{node.lineno}: {h}" for h in hits]
     assert spelt == []
+
+
+def test_the_packaged_target_is_only_the_clis_default() -> None:
+    """A flow takes the run's target (given, or recorded by the runs it reads); only the CLI names the
+    packaged default outright."""
+    found = [str(p.relative_to(ROOT)) for p in _modules()
+             if "/cli/" not in str(p) and "load_target(None)" in _source(p).replace("``load_target(None)``", "")]
+    assert found == []
+
+
+def test_run_files_are_written_through_their_models() -> None:
+    """run.json, accept.json and triage.json are written as their model's dump (models/evidence.py), never
+    as a dict literal that only a reader models."""
+    from k3fleet.models import evidence
+
+    written = {"RUN": "RunRecord", "ACCEPT": "AcceptRecord", "TRIAGE": "TriageRecord"}
+    literal: list[str] = []
+    writes = 0
+    for path in _modules():
+        for node in ast.walk(ast.parse(_source(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("write_json", "json") and len(node.args) == 2):
+                continue
+            name = ast.unparse(node.args[0]).removeprefix("layout.")
+            if name in written:
+                writes += 1
+                if isinstance(node.args[1], ast.Dict):
+                    literal.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert literal == [] and writes >= 7
+    for model in written.values():
+        assert getattr(evidence, model).__module__ == "k3fleet.models.evidence"
+    # One model of each: no other module defines a class of these names.
+    others = [f"{p.relative_to(ROOT)}:{n.name}" for p in _modules() if p.name != "evidence.py"
+              for n in ast.walk(ast.parse(_source(p))) if isinstance(n, ast.ClassDef) and n.name in written.values()]
+    assert others == []

@@ -23,9 +23,8 @@ from k3fleet.contracts import (
     is_blocking,
     is_failure,
 )
-from k3fleet.decide.models import Fact, Ref
+from k3fleet.models.evidence import Fact, Ref, TriageRecord
 from k3fleet.models.findings import Finding, FleetVerdict, HostVerdict
-from k3fleet.triage.record import TriageRecord
 
 
 def test_one_scale_lowest_first() -> None:

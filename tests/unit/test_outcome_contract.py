@@ -20,7 +20,7 @@ from k3fleet.contracts import (
     first_outcome,
     worst_outcome,
 )
-from k3fleet.decide.models import Decision
+from k3fleet.models.evidence import Decision
 from k3fleet.models.findings import FleetVerdict
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -42,6 +42,9 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_slurm import (
     split_stamp,
     status_from_scontrol,
     status_from_sinfo_json,
+    strip_marker,
+    validated_marker,
+    with_marker,
 )
 from ansible_collections.k3fleet.gpu.plugins.modules import k3fleet_slurm_node
 
@@ -667,3 +670,41 @@ def test_documentation_matches_the_argument_spec() -> None:
         assert opt.get("choices") == spec[name].get("choices"), name
     yaml.safe_load(k3fleet_slurm_node.RETURN)
     yaml.safe_load(k3fleet_slurm_node.EXAMPLES)
+
+
+# -- the validated marker (docs/change-night.md "Validated for the scheduler") -------------------------
+
+
+def test_the_marker_goes_first_and_keeps_anyone_elses_comment() -> None:
+    marker = validated_marker("580.95.05", CHANGE)
+    assert marker == f"k3fleet.io/validated=580.95.05 ({CHANGE})"
+    assert with_marker(None, marker) == marker
+    assert with_marker("rack 7: cable checked", marker) == f"{marker} | rack 7: cable checked"
+    # A second night replaces its own marker, never stacks one on another.
+    again = with_marker(with_marker("rack 7: cable checked", marker), validated_marker("580.105.08", "CHG-2"))
+    assert again == "k3fleet.io/validated=580.105.08 (CHG-2) | rack 7: cable checked"
+    assert strip_marker(again) == "rack 7: cable checked"
+    assert strip_marker(marker) == ""
+
+
+@pytest.mark.integration
+def test_real_validated_marker_is_set_read_back_and_removed(real: Cluster, tmp_path: Path) -> None:
+    real.sh("scontrol", "update", "nodename=node01", "comment=rack 7: cable checked")
+    try:
+        res = run_module(real_args(real, state="validated", driver="580.95.05"))
+        k = res[RESULT_KEY]
+        marker = f"k3fleet.io/validated=580.95.05 ({CHANGE})"
+        assert res["changed"] is True and k["decision"] == "validated" and k["marker"] == marker
+        raw = real.sh("scontrol", "show", "node", "node01", "--oneliner")
+        (tmp_path / "scontrol_node01_validated.txt").write_text(raw)
+        assert real.node("node01")["comment"] == f"{marker} | rack 7: cable checked", raw
+        # Idempotent, and check mode changes nothing.
+        assert run_module(real_args(real, state="validated", driver="580.95.05"))["changed"] is False
+        checked = run_module(real_args(real, state="unvalidated"), check=True)
+        assert checked["changed"] is True and real.node("node01")["comment"].startswith(marker)
+        res = run_module(real_args(real, state="unvalidated"))
+        assert res["changed"] is True
+        assert real.node("node01")["comment"] == "rack 7: cable checked"
+        assert run_module(real_args(real, state="unvalidated"))["changed"] is False
+    finally:
+        real.sh("scontrol", "update", "nodename=node01", "comment=", check=False)

@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from k3fleet.bounds import DURATIONS
 from k3fleet.errors import UsageError, validation_line
 
-Phase = Literal["long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search"]
+Phase = Literal["long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search", "trace"]
 # Every phase in run order; the default schedule runs the first three (the open-loop phases are asked for).
-PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search")
+PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained", "rate_ramp", "slo_search", "trace")
 DEFAULT_PHASES: tuple[Phase, ...] = ("long_input", "agent_ramp", "sustained")
-OPEN_LOOP: tuple[Phase, ...] = ("rate_ramp", "slo_search")
+OPEN_LOOP: tuple[Phase, ...] = ("rate_ramp", "slo_search", "trace")
 Arrival = Literal["poisson", "gamma", "closed"]
 
 
@@ -82,6 +82,24 @@ class LoadOptions(BaseModel):
     repeat: int = Field(default=1, ge=1, le=30)
     warmup_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
     cooldown_s: float = Field(default=0.0, ge=0, le=_MAX_S["load step"])
+    # Trace replay (docs/acceptance-load.md "Trace replay"): the JSON Lines request log the trace phase replays,
+    # its arrival offsets divided by trace_speed.
+    trace_path: str | None = Field(default=None, min_length=1, max_length=4096)
+    trace_speed: float = Field(default=1.0, gt=0, le=1000)
+    # The request mix of the agent sessions (docs/acceptance-load.md "Request mix"): the tools they offer (None:
+    # the two built-in ones), the share of turns that offer them, the response schemas and the share of turns
+    # that ask for one (structured output), the share of conversations that open at long_context_tokens.
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tools_share: float = Field(default=1.0, ge=0, le=1)
+    response_schemas: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    structured_share: float = Field(default=0.0, ge=0, le=1)
+    long_share: float = Field(default=0.0, ge=0, le=1)
+    long_context_tokens: int | None = Field(default=None, ge=16)
+    mix_seed: int = 0
+    # Retries as a production client makes them: a 429, a 503 or a timeout is sent again, at most retry_max
+    # times, after retry_backoff_s doubled each attempt (counted; a retry that repeats a tool call is a finding).
+    retry_max: int = Field(default=0, ge=0, le=10)
+    retry_backoff_s: float = Field(default=0.5, ge=0, le=_MAX_S["load slo"])
     # GPU telemetry: a DCGM exporter's /metrics URL, read with every sample (docs/acceptance-load.md "GPU
     # telemetry"); none: the run has no GPU curves and says so.
     telemetry_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2048)
@@ -98,6 +116,15 @@ class LoadOptions(BaseModel):
             raise ValueError("concurrency above 4096 is refused (bounded load)")
         if any(not 0 < r <= 10000 for r in self.rates) or self.rates != sorted(self.rates):
             raise ValueError("rates must be ascending request rates above 0 and at most 10000 per second")
+        if self.structured_share > 0 and not self.response_schemas:
+            raise ValueError("structured_share above 0 needs response_schemas")
+        if self.long_share > 0 and self.long_context_tokens is None:
+            raise ValueError("long_share above 0 needs long_context_tokens")
+        if self.tools is not None and not all(isinstance(t, dict) and t.get("type") == "function"
+                                              and isinstance(t.get("function"), dict) for t in self.tools):
+            raise ValueError("tools must be OpenAI tools ({\"type\": \"function\", \"function\": {...}})")
+        if ("trace" in self.phases) != (self.trace_path is not None):
+            raise ValueError("the trace phase and trace_path go together (--trace FILE)")
         if "rate_ramp" in self.phases and not self.rates:
             raise ValueError("the rate_ramp phase needs at least one rate")
         if self.arrival == "poisson" and self.burstiness != 1.0:

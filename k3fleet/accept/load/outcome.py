@@ -28,7 +28,8 @@ class Report:
 
     def __init__(self, opts: LoadOptions, tally: Tally, monitor: Monitor, curve: Curve, display_url: str, *,
                  refused_context: int | None, tokens_per_word: float, calibrated: bool,
-                 max_model_len: int | None, search: dict[str, Any] | None = None) -> None:
+                 max_model_len: int | None, search: dict[str, Any] | None = None,
+                 trace: dict[str, Any] | None = None) -> None:
         self.opts = opts
         self.tally = tally
         self.monitor = monitor
@@ -39,6 +40,7 @@ class Report:
         self.calibrated = calibrated
         self.max_model_len = max_model_len
         self.search = search
+        self.trace = trace
 
     def result(self) -> ProbeResult:
         outcome, ceiling, reason, findings = self._outcome()
@@ -67,7 +69,10 @@ class Report:
                        "timeouts": kinds.get("timeout", 0), "health_failures": monitor.health_failures,
                        "restarts": monitor.restarts,
                        "oom_events": sum(1 for s in shots if s.message and _OOM.search(s.message)),
-                       "preemptions": monitor.delta_total("preemptions")},
+                       "preemptions": monitor.delta_total("preemptions"),
+                       "retries": sum(s.retries for s in shots),
+                       "retried": dict(Counter(k for s in shots for k in s.retried_kinds)),
+                       "duplicate_tool_calls": sum(1 for s in shots if s.duplicate_tool_call)},
             "oom_records": oom_records(shots, monitor.samples, self.display_url),
             "calibration": {"tokens_per_word": round(self.tokens_per_word, 4), "from_usage": self.calibrated},
             "options": self.opts.model_dump(mode="json"),
@@ -83,6 +88,8 @@ class Report:
                                                                       "memory, power and utilisation are unknown"})}
         if any(r["phase"] in OPEN_LOOP for r in self.curve.rows):
             data["rate"] = rate_envelope(self.curve.rows, self.search, self.opts)
+        if self.trace is not None:
+            data["trace"] = self.trace
         return ProbeResult(probe="load", status=status, reason=reason, findings=findings, data=data)
 
     def _side_findings(self) -> list[Finding]:
@@ -104,6 +111,15 @@ class Report:
             out.append(finding(check_id="accept.load.telemetry_unavailable", severity="warning", layer="http",
                                message=f"GPU telemetry could not be read during the run: {why}; GPU memory, power "
                                        "and utilisation are unknown, not fine"))
+        dups = [s for s in self.tally.shots if s.duplicate_tool_call]
+        if dups:
+            dup = dups[0]
+            out.append(finding(check_id="accept.load.retry_duplicate_tool_call", severity="warning", layer="traffic",
+                               message=f"{len(dups)} retried request(s) called a tool an earlier attempt had already "
+                                       f"streamed (first at {dup.t:.1f} s, {dup.phase} {dup.step}, after "
+                                       f"{', '.join(dup.retried_kinds)}): a client that retries would run the tool "
+                                       "twice; make tool calls idempotent or retry only before the first tool-call "
+                                       "delta"))
         pre = self.monitor.delta_total("preemptions")
         if pre:
             first = next((r for r in self.curve.rows if r.get("preemptions_delta")), None)
@@ -196,6 +212,15 @@ class Report:
                                             f"{first_bad['rate_rps']:g}: {why}; limit the rate to {top:g}/s"))
             return "ceiling", None, f"stable only up to {top:g} requests/s ({why} at {first_bad['rate_rps']:g})", \
                 findings
+        # Replayed production traffic at its own rate: a miss is the server failing the traffic it must carry.
+        trace_bad = [r for r in rows if r["phase"] == "trace" and not r.get("partial") and r["verdict"] != "ok"]
+        if trace_bad:
+            r = trace_bad[0]
+            why = f"{self._pressure_text(r)}, goodput {r.get('goodput') or 0:.0%}"
+            findings.append(finding(check_id="accept.load.trace_slo", severity="error", layer="environment",
+                                    message=f"the replayed trace ({r['step']}, {r['rate_rps']:g} requests/s) does not "
+                                            f"meet the SLO: {why}"))
+            return "collapse", None, f"replayed traffic does not meet the SLO ({why}); expand capacity", findings
         if not [r for r in rows if not r.get("partial")]:
             return None, None, "no step completed", findings
         return "stable", None, self._stable_text(rows), findings
@@ -203,6 +228,13 @@ class Report:
     def _stable_text(self, rows: list[dict[str, Any]]) -> str:
         """The figures behind "stable", for the terminal: what was tested and what it held."""
         done = [r for r in rows if not r.get("partial")]
+        closed = [r for r in done if r["phase"] in ("agent_ramp", "sustained")]
+        rates = [r for r in done if r["phase"] in OPEN_LOOP]
+        if rates and not closed:
+            top_rate = max(r["rate_rps"] for r in rates if r["verdict"] == "ok") if any(
+                r["verdict"] == "ok" for r in rates) else 0
+            return (f"stable in the open loop: goodput met the SLO up to {top_rate:g} requests/s (the most "
+                    f"tested that held): {len(self.tally.shots)} requests, {self.tally.errors} errors")
         loaded = [r for r in done if r["phase"] != "long_input"] or done
         top = max(r["concurrency"] for r in loaded)
         p95 = [r["ttft_p95_s"] for r in loaded if r.get("ttft_p95_s") is not None]

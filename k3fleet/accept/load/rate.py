@@ -20,6 +20,7 @@ from k3fleet.accept.load.arrivals import arrival_offsets, goodput
 from k3fleet.accept.load.options import LoadOptions
 from k3fleet.accept.load.prompts import filler, plain_body
 from k3fleet.accept.load.shots import SERVER_KINDS, Budget, Shot, percentile
+from k3fleet.accept.load.trace import Trace, TraceRequest
 
 if TYPE_CHECKING:
     from k3fleet.accept.load.run import LoadRun
@@ -112,10 +113,10 @@ class OpenLoop:
         state = {"in_flight": 0, "peak": 0, "offered": 0}
         complete = False
 
-        async def one(i: int, scheduled: float) -> None:
+        async def one(i: int, scheduled: float, lag: float | None = None) -> None:
             shot = Shot(phase, label, cap or 0, opts.rate_prompt_tokens, 0.0)
             shot.scheduled = round(scheduled, 6)
-            shot.lag = time.monotonic() - run.tally.t0 - scheduled
+            shot.lag = lag if lag is not None else time.monotonic() - run.tally.t0 - scheduled
             async with gate:
                 state["in_flight"] += 1
                 state["peak"] = max(state["peak"], state["in_flight"])
@@ -144,7 +145,9 @@ class OpenLoop:
                             await asyncio.sleep(delay)
                         run.tally.admit()
                         state["offered"] += 1
-                        tasks.append(asyncio.ensure_future(one(i, base - run.tally.t0 + off)))
+                        # The arrival error is the dispatcher's: how late this request left the schedule.
+                        lag = time.monotonic() - base - off
+                        tasks.append(asyncio.ensure_future(one(i, base - run.tally.t0 + off, lag)))
                 await _all(tasks)
                 complete = True
             except Budget:
@@ -156,7 +159,79 @@ class OpenLoop:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
         finally:
-            row = self._row(phase, label, rate, shots, t_start, complete, state)
+            row = self._row(phase, label, rate, shots, t_start, complete, state, opts.rate_step_s)
+        return row
+
+    async def replay(self, trace: Trace) -> dict[str, Any]:
+        """The trace's requests at their own (scaled) arrival times: one step. A session's turns are one
+        conversation, each waiting for the turn before it (its wait is not arrival lag)."""
+        run, opts = self.run, self.opts
+        label = f"{len(trace.requests)} requests x{trace.speed:g}"
+        span = max(trace.duration_s, 1e-3)
+        rate = len(trace.requests) / span
+        self.run.obs.phase_started("trace", 1)
+        t_start = run._start_step("trace", label, opts.max_concurrency or 0, span)
+        shots: list[Shot] = []
+        tasks: list[asyncio.Future[None]] = []
+        gate = asyncio.Semaphore(min(opts.max_concurrency or MAX_IN_FLIGHT, MAX_IN_FLIGHT))
+        sessions: dict[str, tuple[asyncio.Lock, list[dict[str, Any]]]] = {}
+        state = {"in_flight": 0, "peak": 0, "offered": 0}
+        complete = False
+
+        async def one(i: int, req: TraceRequest, scheduled: float, lag: float) -> None:
+            shot = Shot("trace", label, opts.max_concurrency or 0, req.prompt_tokens, 0.0)
+            shot.scheduled = round(scheduled, 6)
+            shot.lag = lag
+            text = req.prompt if req.prompt is not None else (
+                f"request {i}: " + filler(run._words_for(req.prompt_tokens or 1), i))
+            slot = sessions.setdefault(req.session_id, (asyncio.Lock(), [])) if req.session_id else None
+            async with slot[0] if slot is not None else _NoLock():
+                history = slot[1] if slot is not None else []
+                messages = [*history, {"role": "user", "content": text}]
+                body: dict[str, Any] = {"model": run.ep.model, "messages": messages, "stream": True,
+                                        "stream_options": {"include_usage": True}, "max_tokens": req.output_tokens,
+                                        "ignore_eos": True, "temperature": 0}
+                if req.tools:
+                    body["tools"] = req.tools
+                if req.response_format:
+                    body["response_format"] = req.response_format
+                async with gate:
+                    state["in_flight"] += 1
+                    state["peak"] = max(state["peak"], state["in_flight"])
+                    try:
+                        await run.http.send(body, shot, parse_all=slot is not None)
+                    finally:
+                        state["in_flight"] -= 1
+                if slot is not None and shot.ok:
+                    history += [{"role": "user", "content": text}, {"role": "assistant", "content": shot.content}]
+            if shot.prompt_tokens is not None:
+                shot.context_tokens = shot.prompt_tokens
+            run.tally.record(shot)
+            shots.append(shot)
+
+        try:
+            try:
+                base = time.monotonic()
+                for i, req in enumerate(trace.requests):
+                    delay = base + req.arrival_s - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    run.tally.admit()
+                    state["offered"] += 1
+                    lag = time.monotonic() - base - req.arrival_s
+                    tasks.append(asyncio.ensure_future(one(i, req, base - run.tally.t0 + req.arrival_s, lag)))
+                await _all(tasks)
+                complete = True
+            except Budget:
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        finally:
+            row = self._row("trace", label, round(rate, 3), shots, t_start, complete, state, span)
         return row
 
     async def _closed(self, rate: float, one: Any, tasks: list[asyncio.Future[None]], state: dict[str, int]) -> None:
@@ -187,21 +262,22 @@ class OpenLoop:
         await _all(tasks)
 
     def _row(self, phase: str, label: str, rate: float, shots: list[Shot], t_start: float, complete: bool,
-             state: dict[str, int]) -> dict[str, Any]:
+             state: dict[str, int], offered_s: float) -> dict[str, Any]:
         run, opts = self.run, self.opts
-        row = run.curve.row(phase, label, opts.max_concurrency or state["peak"], shots, t_start, opts.rate_step_s)
-        kept = run.curve.measured(shots, t_start, opts.rate_step_s)
+        row = run.curve.row(phase, label, opts.max_concurrency or state["peak"], shots, t_start, offered_s)
+        kept = run.curve.measured(shots, t_start, offered_s)
         good = goodput(kept, opts.ttft_p95_slo_s, opts.itl_p95_slo_s, opts.e2e_p95_slo_s)
         lags = [s.lag for s in shots if s.lag is not None]
         lag_p50, lag_p99 = percentile(lags, 50), percentile(lags, 99)
         row.update({
             "rate_rps": rate, "arrival": opts.arrival, "burstiness": opts.burstiness,
             "max_concurrency": opts.max_concurrency, "offered": state["offered"],
-            "offered_rps": round(state["offered"] / opts.rate_step_s, 3), "in_flight_max": state["peak"],
+            "offered_rps": round(state["offered"] / offered_s, 3), "in_flight_max": state["peak"],
             "goodput": None if good is None else round(good, 4),
             "goodput_rps": None if good is None else round(good * len(kept) / max(row["duration_s"], 1e-9), 3),
             "arrival_lag_p50_s": None if lag_p50 is None else round(lag_p50, 5),
             "arrival_lag_p99_s": None if lag_p99 is None else round(lag_p99, 5),
+            "arrival_lag_max_s": round(max(lags), 5) if lags else None,
         })
         row["verdict"] = rate_verdict(row, shots, opts)
         if not complete:
@@ -233,7 +309,7 @@ def rate_verdict(row: dict[str, Any], shots: list[Shot], opts: LoadOptions) -> s
 def rate_envelope(rows: list[dict[str, Any]], search: dict[str, Any] | None, opts: LoadOptions) -> dict[str, Any]:
     """What the open-loop steps held: the highest rate that met the SLO, the lowest that did not, the
     search's answer and its margin over the profile's rate."""
-    done = [r for r in rows if r["phase"] in ("rate_ramp", "slo_search") and not r.get("partial")]
+    done = [r for r in rows if r["phase"] in ("rate_ramp", "slo_search", "trace") and not r.get("partial")]
     ok = [r["rate_rps"] for r in done if r["verdict"] == "ok"]
     bad = [r["rate_rps"] for r in done if r["verdict"] != "ok"]
     held = max(ok) if ok else None
@@ -242,6 +318,16 @@ def rate_envelope(rows: list[dict[str, Any]], search: dict[str, Any] | None, opt
             "goodput_target": opts.goodput_target, "target_rps": opts.target_rps,
             "limits": {"ttft_s": opts.ttft_p95_slo_s, "itl_s": opts.itl_p95_slo_s, "e2e_s": opts.e2e_p95_slo_s},
             "arrival": opts.arrival, "burstiness": opts.burstiness, "max_concurrency": opts.max_concurrency}
+
+
+class _NoLock:
+    """A request outside any session waits for nothing."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 async def _all(tasks: list[asyncio.Future[None]]) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+from k3fleet.accept import explain, identity
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load.monitor import Monitor
 from k3fleet.accept.load.options import OPEN_LOOP, LoadObserver, LoadOptions
@@ -18,6 +21,7 @@ from k3fleet.accept.load.rate import MAX_IN_FLIGHT, OpenLoop
 from k3fleet.accept.load.repeats import combine
 from k3fleet.accept.load.shots import Budget, Shot, Tally
 from k3fleet.accept.load.steps import Curve
+from k3fleet.accept.load.trace import load_trace
 from k3fleet.accept.load.transport import Transport, endpoint_kind
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult
@@ -40,6 +44,9 @@ class LoadRun:
         self.monitor = Monitor(self.http, self.tally, recorder)
         self.curve = Curve(opts, observer, self.tally.t0, self.monitor.samples)
         self.open_loop = OpenLoop(self)
+        # A bad trace is a usage error before any request (the CLI reads it first, before the run directory).
+        self.trace = (load_trace(Path(opts.trace_path), speed=opts.trace_speed, limit=opts.max_requests)
+                      if opts.trace_path and "trace" in opts.phases else None)
         self.tokens_per_word = 1.3
         self.calibrated = False
         self.base_tokens = 0
@@ -72,10 +79,17 @@ class LoadRun:
             await asyncio.gather(*(t for t in (monitor, watcher) if t is not None), return_exceptions=True)
             await self.http.close()
             self.monitor.snapshot("load-end")
-        return Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
-                      search=self.open_loop.search,
-                      refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
-                      calibrated=self.calibrated, max_model_len=self.max_model_len).result()
+        result = Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
+                        search=self.open_loop.search, trace=self.trace.summary() if self.trace else None,
+                        refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
+                        calibrated=self.calibrated, max_model_len=self.max_model_len).result()
+        result.data["explain"] = explain.window(self.monitor.first, self.monitor.last, self.ep.model)
+        extra = explain.findings_of("load", result.data["explain"])
+        result.findings.extend(extra)
+        bad = [f for f in extra if f.failed]
+        if bad and result.status != "fail":
+            result.status, result.reason = "fail", bad[0].message
+        return result
 
     async def _phases(self) -> None:
         phases = self.opts.phases
@@ -95,7 +109,12 @@ class LoadRun:
                 await self._sustained(conc)
         for phase in OPEN_LOOP:
             if phase in phases and not any(r["verdict"] == "server" for r in self.curve.rows):
-                await (self.open_loop.ramp() if phase == "rate_ramp" else self.open_loop.slo_search())
+                if phase == "rate_ramp":
+                    await self.open_loop.ramp()
+                elif phase == "slo_search":
+                    await self.open_loop.slo_search()
+                elif self.trace is not None:
+                    await self.open_loop.replay(self.trace)
                 self.monitor.snapshot(f"load-{phase}")
 
     async def _calibrate(self) -> None:
@@ -172,23 +191,43 @@ class LoadRun:
     async def _agent_session(self, sid: int, phase: str, label: str, concurrency: int, until: float,
                              system: str, out: list[Shot]) -> None:
         opts = self.opts
+        tools = opts.tools or TOOLS
+        ask = (f"call node_status node=n{sid:03d}" if opts.tools is None
+               else f"call {tools[0]['function'].get('name', 'the tool')} for n{sid:03d}")
+        schemas = sorted(opts.response_schemas)
         convo = 0
         while time.monotonic() < until:
-            messages: list[dict[str, Any]] = [
-                {"role": "system", "content": system},
-                {"role": "user", "content": f"Session {sid}.{convo}: is node n{sid:03d} drained? "
-                                            f"call node_status node=n{sid:03d}"}]
+            # The mix (docs/acceptance-load.md "Request mix"), drawn per conversation and turn from a seeded
+            # generator: the same run sends the same mix.
+            rng = random.Random(f"{opts.mix_seed}:{phase}:{label}:{sid}:{convo}")
+            long = rng.random() < opts.long_share
+            question = f"Session {sid}.{convo}: is node n{sid:03d} drained? {ask}"
+            if long and opts.long_context_tokens:
+                pad = self._words_for(max(16, opts.long_context_tokens - opts.system_prompt_tokens))
+                question += " Context: " + filler(pad, sid * 131 + convo)
+            messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                              {"role": "user", "content": question}]
             for turn in range(opts.session_turns):
                 if time.monotonic() >= until:
                     return
                 self.tally.admit()
-                body = {"model": self.ep.model, "messages": messages, "tools": TOOLS, "stream": True,
-                        "stream_options": {"include_usage": True}, "max_tokens": opts.turn_output_tokens,
-                        "temperature": 0}
+                offer_tools = rng.random() < opts.tools_share
+                structured = bool(schemas) and rng.random() < opts.structured_share
+                body: dict[str, Any] = {"model": self.ep.model, "messages": messages, "stream": True,
+                                        "stream_options": {"include_usage": True},
+                                        "max_tokens": opts.turn_output_tokens, "temperature": 0}
+                if offer_tools:
+                    body["tools"] = tools
+                if structured:
+                    name = schemas[rng.randrange(len(schemas))]
+                    body["response_format"] = {"type": "json_schema", "json_schema": {
+                        "name": name, "schema": opts.response_schemas[name]}}
                 if opts.exact_turn_tokens:
                     body["ignore_eos"] = True
                 shot = Shot(phase, label, concurrency, None, 0.0)
-                await self.http.send(body, shot, parse_all=True)
+                shot.mix = tuple(m for m, on in (("tools", offer_tools), ("structured", structured), ("long", long))
+                                 if on)
+                await self._send_with_retries(body, shot)
                 shot.context_tokens = shot.prompt_tokens
                 self.tally.record(shot)
                 out.append(shot)
@@ -198,6 +237,26 @@ class LoadRun:
                     break
                 messages += _next_messages(shot, sid, turn)
             convo += 1
+
+    async def _send_with_retries(self, body: dict[str, Any], shot: Shot) -> Shot:
+        """Send as a production client does: a 429, a 503 or a timeout is sent again (``retry_max`` times at
+        most, after ``retry_backoff_s`` doubled each time); each retry is a request the bounds count. A retry
+        whose answer calls a tool an earlier attempt already streamed would run that tool twice."""
+        opts = self.opts
+        streamed: list[dict[str, Any]] = []
+        while True:
+            await self.http.send(body, shot, parse_all=True)
+            if shot.ok or shot.retries >= opts.retry_max or not _retryable(shot):
+                break
+            streamed += shot.tool_calls
+            shot.retried_kinds.append(shot.kind or "?")
+            shot.retries += 1
+            await asyncio.sleep(opts.retry_backoff_s * 2 ** (shot.retries - 1))
+            self.tally.admit()
+            _reset(shot)
+        if shot.ok and streamed and any(_same_call(a, b) for a in streamed for b in shot.tool_calls):
+            shot.duplicate_tool_call = True
+        return shot
 
     async def _timed_step(self, phase: str, label: str, concurrency: int, seconds: float) -> dict[str, Any]:
         """One time-boxed step of ``concurrency`` agent sessions."""
@@ -253,6 +312,26 @@ def _next_messages(shot: Shot, sid: int, turn: int) -> list[dict[str, Any]]:
     return out
 
 
+def _retryable(shot: Shot) -> bool:
+    return shot.status in (429, 503) or shot.kind == "timeout"
+
+
+def _reset(shot: Shot) -> None:
+    """A shot ready for its next attempt: what the failed one measured is gone (its retries stay)."""
+    shot.ok, shot.kind, shot.status, shot.message = False, None, None, None
+    shot.ttft, shot.e2e, shot.chunks, shot.content = None, None, 0, ""
+    shot.gaps, shot.tool_calls = [], []
+    shot.prompt_tokens = shot.completion_tokens = shot.cached_tokens = None
+
+
+def _same_call(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same tool call: the same function, and the earlier (perhaps cut) arguments a prefix of the later."""
+    fa, fb = a.get("function") or {}, b.get("function") or {}
+    if not fa.get("name") or fa.get("name") != fb.get("name"):
+        return False
+    return str(fb.get("arguments") or "").startswith(str(fa.get("arguments") or ""))
+
+
 def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
@@ -273,9 +352,14 @@ async def run_load(endpoint: Endpoint, opts: LoadOptions, observer: LoadObserver
     model) raises :class:`EndpointError`; everything after it is measured and returned. ``stop`` (set
     from a signal handler) ends the run early with what was measured; ``recorder`` (``snapshot(window,
     raw)``) receives raw /metrics pages at the start, after each phase and at the end."""
+    # What the run saw of the server, for holding start-up evidence against it (k3fleet.accept.identity).
+    async with endpoint.async_client(1) as client:
+        seen = await identity.live(client, endpoint)
     obs = observer or LoadObserver()
     results = [await LoadRun(endpoint, opts, obs, stop, recorder).execute()]
     while len(results) < opts.repeat and not results[-1].data.get("interrupted") and not (stop and stop.is_set()):
         obs.note(f"run {len(results) + 1} of {opts.repeat}")
         results.append(await LoadRun(endpoint, opts, obs, stop, recorder).execute())
-    return combine(results) if opts.repeat > 1 else results[0]
+    result = combine(results) if opts.repeat > 1 else results[0]
+    result.data["server"] = seen
+    return result

@@ -43,6 +43,12 @@ class Shot:
     # Open loop: when the request was due (run seconds) and how late its arrival was (seconds).
     scheduled: float | None = None
     lag: float | None = None
+    # The request mix and the retry policy: what the turn asked for, how often it was sent again, and the tool
+    # calls an attempt streamed before it failed (a retry that streams them again runs the tool twice).
+    mix: tuple[str, ...] = ()
+    retries: int = 0
+    retried_kinds: list[str] = field(default_factory=list)
+    duplicate_tool_call: bool = False
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -51,6 +51,13 @@ class Curve:
                 row[f"{name}_p{q}_s"] = None if v is None else round(v, 4)
         if len(kept) != len(shots):
             row["excluded"] = len(shots) - len(kept)
+        mix = Counter(m for s in shots for m in s.mix)
+        if mix:
+            row["mix"] = dict(mix)
+        retries = sum(s.retries for s in shots)
+        if retries:
+            row["retries"] = retries
+            row["duplicate_tool_calls"] = sum(1 for s in shots if s.duplicate_tool_call)
         row.update(server_window(self.samples, t_start - self.t0, t_end - self.t0, offered_s))
         row["verdict"] = self.verdict(phase, row, shots)
         return row

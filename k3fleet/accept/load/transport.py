@@ -47,10 +47,19 @@ class Transport:
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         t0 = time.perf_counter()
         shot.t = time.monotonic() - self.t0
-        last: float | None = None
-        done = False
         calls: dict[int, dict[str, Any]] = {}
         content: list[str] = []
+        try:
+            return await self._stream(data, shot, parse_all, t0, calls, content)
+        finally:
+            # A failed attempt keeps the tool calls it streamed: a retry that streams them again runs them twice.
+            if calls and not shot.tool_calls:
+                shot.tool_calls = [calls[i] for i in sorted(calls)]
+
+    async def _stream(self, data: bytes, shot: Shot, parse_all: bool, t0: float, calls: dict[int, dict[str, Any]],
+                      content: list[str]) -> Shot:
+        last: float | None = None
+        done = False
         try:
             async with self.session.post(self.url, data=data, headers={"Content-Type": "application/json"}) as resp:
                 shot.status = resp.status

@@ -79,6 +79,8 @@ class ProfileRenderer:
         if p.slurm is not None:
             img.record(sources.scontrol_show_node_argv(hostname), self.scheduler.scontrol_show_node(hostname))
             img.record(sources.squeue_running_argv(hostname), self.scheduler.squeue_running())
+            # The drain's own question (k3fleet_slurm_node), so `upgrade --check` plans a lab host's drain.
+            img.record(sources.squeue_active_argv(hostname), self.scheduler.squeue_running())
         self._apply_raw(img, host_specific=True, hostname=hostname)
         return self._shared, img
 

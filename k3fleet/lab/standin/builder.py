@@ -458,11 +458,13 @@ def _index(repo: Path) -> None:
 
 
 def build_repo(dest: Path, *, broken_fm: str | None = None, gpus: int = 8,
-               gpu_name: str = "NVIDIA H200") -> Path:
+               gpu_name: str = "NVIDIA H200", without: Sequence[str] = ()) -> Path:
     """Builds (or confirms up to date) the flat stand-in apt repository in ``dest``.
 
     ``broken_fm`` names a driver version whose Fabric Manager package is built so that
-    its service never starts, even on a matching driver (rollback tests). ``gpus`` and
+    its service never starts, even on a matching driver (rollback tests). ``without`` names
+    driver versions the repository leaves out, as a mirror that keeps only the newest
+    releases does (the rollback kit's tests). ``gpus`` and
     ``gpu_name`` describe the simulated hardware. Also writes ``dest/pynvml/pynvml.py``,
     copied from the controller's nvidia-ml-py, for guests that have no pip.
     Returns ``dest``. Raises StandinBuildError naming the failed step.
@@ -470,12 +472,14 @@ def build_repo(dest: Path, *, broken_fm: str | None = None, gpus: int = 8,
     dest = Path(dest)
     if broken_fm is not None:
         release(broken_fm)
+    dropped = sorted({release(v).version for v in without})
     gpus_conf(gpus, gpu_name)
     dest.mkdir(parents=True, exist_ok=True)
     arch, multiarch = _machine()
     pynvml = _pynvml_source()
+    releases = [r for r in RELEASES if r.version not in dropped]
     params = {"broken_fm": broken_fm, "gpus": gpus, "gpu_name": gpu_name,
-              "releases": [(r.version, r.cuda, r.build_date) for r in RELEASES]}
+              "releases": [(r.version, r.cuda, r.build_date) for r in releases]}
     fingerprint = _fingerprint(params, arch, multiarch, pynvml)
     with _locked(dest):
         if _up_to_date(dest, fingerprint):
@@ -488,7 +492,7 @@ def build_repo(dest: Path, *, broken_fm: str | None = None, gpus: int = 8,
             work.mkdir()
             repo.mkdir()
             debs = [_build_deb(_hardware_package(gpus, gpu_name), work, repo)]
-            for r in RELEASES:
+            for r in releases:
                 shim = compile_shim(work / "shim" / r.version, r.version).resolve()
                 debs += [_build_deb(p, work, repo)
                          for p in _driver_packages(r, arch, multiarch, shim, broken_fm)]

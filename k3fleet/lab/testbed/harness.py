@@ -352,6 +352,8 @@ def _inventory(state: TestbedState) -> dict[str, Any]:
                         "ansible_python_interpreter": "/usr/bin/python3",
                         "k3fleet_procfs": GUEST_PROCFS,
                         "k3fleet_slurm_conf": str(state.slurm.conf),
+                        # Slurm's daemons run on this machine, so the drain's Slurm client does too.
+                        "k3fleet_slurm_client": "localhost",
                         # The images' store on this machine (the guests' podman reads it read-only):
                         # a play that checks the images on localhost passes this as its `environment`.
                         "k3fleet_podman_env": podman_vars,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments")
+DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments",
+           "warm_answer_changed", "corrupted_request", "parallel_collapsed", "wrong_function", "irrelevant_call",
+           "invent_argument", "stale_turn", "kimi_marker_leak", "call_text_in_content")
 
 
 class SimConfig(BaseModel):
@@ -29,6 +31,9 @@ class SimConfig(BaseModel):
     # Scheduler (vLLM: --max-num-seqs, --max-num-batched-tokens).
     max_num_seqs: int = Field(default=256, ge=1)
     max_num_batched_tokens: int = Field(default=8192, ge=16)
+    # vLLM 0.30+ queue cap (--max-num-queued-reqs): a request past it is answered 503 and counted in
+    # vllm:admission_rejections{reason="max_num_queued_reqs"}; None: no cap.
+    max_num_queued_reqs: int | None = Field(default=None, ge=0)
 
     # Latency model: each engine step costs itl_ms plus prefill_ms_per_token per prompt token computed.
     prefill_ms_per_token: float = Field(default=0.05, ge=0)
@@ -38,7 +43,15 @@ class SimConfig(BaseModel):
     defects: dict[str, float] = Field(default_factory=dict)
     crash_above_kv: float | None = Field(default=None, gt=0, le=1)
     restart_after_s: float | None = Field(default=None, ge=0)
+    # A share of chat requests answered 503 before scheduling (an overloaded server or gateway), and a share of
+    # streams that stop for stall_s after their first tool-call delta (a client times out mid-answer).
+    overload_rate: float = Field(default=0.0, ge=0, le=1)
+    stall_after_tool_call_rate: float = Field(default=0.0, ge=0, le=1)
+    stall_s: float = Field(default=30.0, ge=0, le=3600)
     old_metric_names: bool = False
+    # /metrics shows the counters as they were this long ago: vLLM records a step's stats after it has
+    # handed the step's outputs to the requests, so a scrape right after a stream can miss that request.
+    metrics_lag_s: float = Field(default=0.0, ge=0, le=60)
     metrics_format: str = Field(default="prometheus", pattern="^(prometheus|openmetrics)$")
 
     # GPUs as a DCGM exporter shows them at /dcgm/metrics (docs/acceptance-load.md "GPU telemetry"): an H200's

@@ -281,6 +281,19 @@ def test_node_error_line_fires(approved: Path, evidence_keys: Any, sim: Any, tmp
     assert "gpu-b01-kern.log" in message and "Xid 79" in message
 
 
+def test_the_log_is_judged_by_the_decisions_own_target(approved: Path) -> None:
+    """The signed package carries the target its audit recorded; watch judges node logs by that one."""
+    from k3fleet.decide.watch import package_target
+    from k3fleet.evidence import layout
+    from k3fleet.evidence.reader import RunReader
+
+    summary = RunReader(approved).object(layout.SUMMARY)
+    ref = summary["target"]["ref"]
+    assert ref["file"] == layout.TARGET
+    target = package_target(layout.package_beside(approved))
+    assert target is not None and target.name == summary["target"]["name"]
+
+
 def _watch_once(baseline: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return k3fleet("watch", "--base-url", "http://127.0.0.1:9", "--baseline", str(baseline), "--for", "3s",
                    "--interval", "1", "--runs-dir", str(tmp_path / "r"), *extra)
@@ -405,3 +418,19 @@ def test_only_the_signature_makes_a_baseline_trusted(unapproved: Path, evidence_
                   sign=signing_key(evidence_keys.stranger))
     line = _refused(_watch_once(stranger, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
     assert f"signed by ED25519 key {evidence_keys.stranger_fingerprint}, which is not in" in line
+
+
+def test_the_watch_samples_the_gpus(approved: Path, evidence_keys: Any, sim: Any, tmp_path: Path) -> None:
+    """--telemetry-url: each sample keeps every GPU's memory, power and utilisation (the simulator's DCGM page)."""
+    proc = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "w", 3, "--agent-every", "0",
+                  "--telemetry-url", sim.base_url + "/dcgm/metrics", interval=0.5)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    samples = _samples(tmp_path / "w")
+    assert len(samples) == 3 and all(s["telemetry_error"] is None for s in samples), samples
+    gpu = samples[-1]["gpus"]["vllm-sim/0"]
+    assert gpu["used_mib"] + gpu["free_mib"] == 143771 and gpu["power_w"] >= 91
+    bad = _watch(sim.base_url, approved, evidence_keys.allowed, tmp_path / "b", 1, "--agent-every", "0",
+                 "--telemetry-url", "ftp://x")
+    _, err = bad.communicate(timeout=120)
+    assert bad.returncode == 2 and "--telemetry-url" in err

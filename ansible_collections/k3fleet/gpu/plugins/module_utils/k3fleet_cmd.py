@@ -177,8 +177,9 @@ class NodeReader:
             self._cache[key] = self.run(argv, timeout=timeout)
         return self._cache[key]
 
-    def run(self, argv, timeout=None, stdin=None):
-        """Run ``argv`` with C locale and a timeout. Never raises."""
+    def run(self, argv, timeout=None, stdin=None, cwd=None):
+        """Run ``argv`` with C locale and a timeout (in ``cwd`` when given: apt-get download writes
+        there). Never raises."""
         argv = [str(a) for a in argv]
         timeout = self.timeout if timeout is None else float(timeout)
         started = time.time()
@@ -197,7 +198,7 @@ class NodeReader:
         try:
             proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(),
-                                    close_fds=True, start_new_session=True)
+                                    close_fds=True, start_new_session=True, cwd=cwd)
         except (IOError, OSError) as exc:
             res = CommandResult(argv, None, "", str(exc), error="exec_error", duration=time.time() - started)
             self.commands.append(res.as_dict())

@@ -276,6 +276,52 @@ def slot_decision(out, failed, host, gate):
     return "wait", "max-unavailable %d reached (%s)" % (limit, ", ".join(sorted(out)))
 
 
+# -- the operator in the loop (docs/change-night.md "Pauses") -----------------------------------------
+
+PAUSE_AFTER = ("canary", "each-host", "wave")
+
+
+def returned_hosts(raw, change_id):
+    """Hosts of ``change_id`` whose last line is ``returned``, in the order they returned."""
+    last = {}
+    order = []
+    for _offset, kind, value in split_lines(raw):
+        if kind == "torn" or value.get("change_id") != change_id or value.get("interrupted"):
+            continue
+        host = value.get("host")
+        if not isinstance(host, str):
+            continue
+        last[host] = value.get("stage")
+        if value.get("stage") == "returned" and host not in order:
+            order.append(host)
+    return [h for h in order if last.get(h) == "returned"]
+
+
+def pause_tokens(after, batches, host, returned):
+    """The continue tokens ``host`` needs before it may take a slot: the night pauses ``after`` the canary
+    (its batch), each wave (batch) or each host that returned to service."""
+    index = next((i for i, b in enumerate(batches) if host in b), 0)
+    if after == "canary":
+        return ["after-batch-0"] if index > 0 else []
+    if after == "wave":
+        return ["after-batch-%d" % (index - 1)] if index > 0 else []
+    if after == "each-host":
+        return ["after-host-%s" % h for h in returned if h != host]
+    return []
+
+
+def pause_decision(raw, change_id, host, pause):
+    """None when ``host`` may go on, else why it waits (the first continue token missing)."""
+    if not pause or not pause.get("after"):
+        return None
+    returned = returned_hosts(raw, change_id)
+    for token in pause_tokens(pause["after"], pause.get("batches") or [], host, returned):
+        if not os.path.exists(os.path.join(pause["dir"], token)):
+            return "paused (%s): continue with k3fleet upgrade --continue, or touch %s" % (
+                token, os.path.join(pause["dir"], token))
+    return None
+
+
 def take_slot(path, line, gate, now=time.time, sleep=time.sleep, stamp=None):
     """Append ``line`` only when ``gate`` allows this host out of service; wait while the change's
     other hosts hold every slot. Returns ``(granted, why, torn, waited_s, line)``: the line as
@@ -285,8 +331,13 @@ def take_slot(path, line, gate, now=time.time, sleep=time.sleep, stamp=None):
     poll = float(gate.get("poll") or 2.0)
     while True:
         with Journal(path) as journal:
-            out, failed = slot_state(journal.read(), line["change_id"])
+            raw = journal.read()
+            out, failed = slot_state(raw, line["change_id"])
             verdict, why = slot_decision(out, failed, line["host"], gate)
+            paused = pause_decision(raw, line["change_id"], line["host"], gate.get("pause")) if (
+                verdict == "grant" and line["host"] not in out) else None
+            if paused is not None:
+                verdict, why = "wait", paused
             if verdict == "grant":
                 # The line says when the slot was taken, not when the host started asking for it.
                 line = dict(line, ts=stamp()) if stamp is not None else dict(line)

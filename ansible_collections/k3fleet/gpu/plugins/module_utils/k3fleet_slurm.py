@@ -32,7 +32,10 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler impo
     normalize_slurm_state,
     parse_scontrol_nodes,
 )
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import scontrol_show_node_argv
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
+    scontrol_show_node_argv,
+    squeue_active_argv,
+)
 
 # scontrol appends "[user@time]" to a reason; sinfo --json gives user and time as fields.
 _STAMP_RE = re.compile(r"\s*\[([^\]\s@]+)@([^\]\s]+)\]\s*$")
@@ -43,11 +46,6 @@ _IDLE_ENOUGH = ("drained", "down", "fail")
 
 def sinfo_json_argv():
     return ["sinfo", "--json"]
-
-
-def squeue_active_argv(node):
-    # COMPLETING too: a cancelled or ended job may still be killing processes that hold the GPUs.
-    return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING,COMPLETING", "--format", "%A"]
 
 
 def drain_argv(node, reason):
@@ -61,6 +59,34 @@ def resume_argv(node):
 
 def scancel_argv(job_ids):
     return ["scancel"] + [str(j) for j in job_ids]
+
+
+# The validated marker (docs/change-night.md "Validated for the scheduler"): the node's Comment, which a
+# scheduler admin and job filters can read (scontrol show node; sinfo -o %E shows reasons, not comments).
+# The Kubernetes label of the same meaning is k3fleet.io/validated=<driver>.
+VALIDATED_KEY = "k3fleet.io/validated"
+_MARK_RE = re.compile(r"k3fleet\.io/validated=\S+(?: \([^)]*\))?(?: \| )?")
+
+
+def comment_argv(node, comment):
+    # One argv element: no shell, so the comment may hold spaces and '|'.
+    return ["scontrol", "update", "nodename=%s" % node, "comment=%s" % comment]
+
+
+def validated_marker(driver, change_id):
+    """``k3fleet.io/validated=580.95.05 (CHG-1042)``: the driver the node was verified on, and by which change."""
+    return "%s=%s (%s)" % (VALIDATED_KEY, driver, change_id)
+
+
+def strip_marker(comment):
+    """The node's comment without a k3fleet marker (what someone else wrote stays)."""
+    return _MARK_RE.sub("", comment or "").strip()
+
+
+def with_marker(comment, marker):
+    """The comment with ``marker`` first and anyone else's text kept after ``|``."""
+    theirs = strip_marker(comment)
+    return "%s | %s" % (marker, theirs) if theirs else marker
 
 
 def split_stamp(reason):
@@ -107,6 +133,8 @@ def status_from_scontrol(text, node):
     status = _status(node, fields.get("State"), fields.get("Reason"), None, None, "scontrol")
     if status is None:
         raise ValueError("scontrol record of %s has no State field" % node)
+    comment = fields.get("Comment")
+    status["comment"] = None if comment in _NO_REASON else comment
     return status
 
 
@@ -256,6 +284,9 @@ class SlurmNode:
 
     def resume(self):
         self._run(resume_argv(self.node), "resuming")
+
+    def set_comment(self, comment):
+        self._run(comment_argv(self.node, comment), "setting the comment")
 
     def cancel(self, job_ids):
         if job_ids:

@@ -198,3 +198,9 @@ def scontrol_show_node_argv(node):
 
 def squeue_running_argv(node):
     return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING", "--format", "%A"]
+
+
+def squeue_active_argv(node):
+    """The drain's question (k3fleet_slurm_node): the jobs a drain waits for. COMPLETING too: a cancelled
+    or ended job may still be killing processes that hold the GPUs."""
+    return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING,COMPLETING", "--format", "%A"]

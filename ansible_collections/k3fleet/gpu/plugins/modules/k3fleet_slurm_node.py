@@ -40,9 +40,14 @@ options:
       - C(drained) lease and drain (or confirm this change's lease) and wait for running jobs to end.
       - C(resumed) give the node back if, and only if, this change holds its lease.
       - C(query) read the node's state, drain reason and running jobs; never changes anything.
+      - C(validated) put the validated marker C(k3fleet.io/validated=<driver> (<change_id>)) first in the node's
+        Comment (anyone else's comment is kept after C(|)); C(unvalidated) take it out again (a rollback).
     type: str
-    choices: [drained, resumed, query]
+    choices: [drained, resumed, query, validated, unvalidated]
     default: drained
+  driver:
+    description: The driver version the node was verified on. Required with I(state=validated).
+    type: str
   change_id:
     description:
       - The change id; the lease starts with C(k3fleet:<change_id>). Letters, digits, C(.), C(_) and C(-), at most
@@ -155,10 +160,16 @@ k3fleet:
       description:
         - C(drain) (leased and drained now), C(ours) (already leased by this change), C(adopt) (drained by someone
           else, leased on top of their reason), C(held) (another change's lease, left alone), C(other) (down or
-          failed without a drain, left alone), C(resume), C(restore), C(not_drained), C(not_ours), or C(query).
+          failed without a drain, left alone), C(resume), C(restore), C(not_drained), C(not_ours), C(query),
+          C(validated) or C(unvalidated).
       returned: always
       type: str
       sample: drain
+    marker:
+      description: With I(state=validated), the marker put first in the node's Comment.
+      returned: when state is validated
+      type: str
+      sample: k3fleet.io/validated=580.95.05 (CHG-1042)
     owner:
       description: Who holds the node's current drain reason, C(ours), C(k3fleet) (another change), C(other), or null.
       returned: always
@@ -240,6 +251,9 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_slurm import (
     drain_complete,
     plan_drain,
     plan_resume,
+    strip_marker,
+    validated_marker,
+    with_marker,
 )
 
 # After `state=resume` slurmctld may show IDLE+NOT_RESPONDING for a ping or two; DRAIN goes at once.
@@ -445,6 +459,30 @@ class Run:
                 p["node"], status["raw_state"], RESUME_SETTLE_S))
         self.done(True)
 
+    # -- validated / unvalidated ------------------------------------------
+    def mark(self, validated):
+        p, r = self.module.params, self.result
+        before = self.read(with_jobs=False)
+        r["before"] = before
+        current = before.get("comment") or ""
+        wanted = with_marker(current, validated_marker(p["driver"], self.change_id)) if validated else \
+            strip_marker(current)
+        r["decision"] = "validated" if validated else "unvalidated"
+        r["marker"] = validated_marker(p["driver"], self.change_id) if validated else None
+        if wanted == current:
+            r["after"] = before
+            self.done(False)
+        self.actions.append("scontrol update nodename=%s comment=%s" % (p["node"], _quote(wanted)))
+        if self.module.check_mode:
+            r["after"] = dict(before, comment=wanted or None)
+            self.done(True)
+        self.act(self.slurm.set_comment, wanted)
+        r["after"] = self.read(with_jobs=False)
+        if (r["after"].get("comment") or "") != wanted:
+            self.fail("node %s: the comment reads %r after setting it to %r" % (
+                p["node"], r["after"].get("comment"), wanted))
+        self.done(True)
+
     def query(self):
         status = self.read()
         owner = lease_owner(status["reason"], self.change_id)
@@ -457,7 +495,8 @@ class Run:
 
 ARGUMENT_SPEC = dict(
     node=dict(type="str", required=True),
-    state=dict(type="str", default="drained", choices=["drained", "resumed", "query"]),
+    state=dict(type="str", default="drained", choices=["drained", "resumed", "query", "validated", "unvalidated"]),
+    driver=dict(type="str"),
     change_id=dict(type="str"),
     reason=dict(type="str"),
     wait=dict(type="bool", default=True),
@@ -476,7 +515,8 @@ ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        required_if=[("state", "drained", ("change_id", "reason")), ("state", "resumed", ("change_id",))],
+        required_if=[("state", "drained", ("change_id", "reason")), ("state", "resumed", ("change_id",)),
+                     ("state", "validated", ("change_id", "driver"))],
         supports_check_mode=True,
     )
     p = module.params
@@ -496,6 +536,8 @@ def main():
         run.drain()
     elif p["state"] == "resumed":
         run.resume()
+    elif p["state"] in ("validated", "unvalidated"):
+        run.mark(p["state"] == "validated")
     else:
         run.query()
 

@@ -1,4 +1,11 @@
-"""The go-live decision's data: the evidence summary it is computed from, and what it returns.
+"""The run files as their writers model them, and the go-live decision's data.
+
+Each run file that more than one part reads is modelled here once, by the part that writes it, below
+every reader (``decide``, ``report``, ``merge``): ``run.json`` (:class:`RunRecord`, every run kind),
+``accept.json`` (:class:`AcceptRecord`, written by ``k3fleet.accept.run``), ``triage.json``
+(:class:`TriageRecord`, written by ``k3fleet triage``), and the decision's own files
+(:class:`Decision`, :class:`EvidenceSummary`, :class:`Baseline`). The writer dumps the model, every
+reader validates the same model.
 
 The reader layer (:mod:`k3fleet.decide.readers`) turns run directories into an
 :class:`EvidenceSummary`; :func:`k3fleet.decide.decide` is a pure function of that summary
@@ -10,11 +17,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from k3fleet.contracts import Outcome
+from k3fleet.contracts import EXIT_CODES, Outcome
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.models.findings import Finding, InterconnectSummary, earlier_finding
 
 ItemStatus = Literal["pass", "fail", "missing"]
@@ -27,6 +35,128 @@ SCHEMA_VERSION = "1.0"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _contract_code(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v in EXIT_CODES else None
+
+
+# A recorded exit code: anything but one of the contract's codes is read as absent, never shown as one.
+RecordedExitCode = Annotated[int | None, BeforeValidator(_contract_code)]
+
+
+# -- run.json ---------------------------------------------------------------------------------------
+
+
+class RunRecord(BaseModel):
+    """``run.json``: how a run ended, as every reader takes it. Each kind's writer adds its own fields
+    (the subclasses below); a reader keeps what it does not know (``extra="allow"``), so a later
+    writer's field never breaks an older reader."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: str | None = None
+    exit_code: RecordedExitCode = None
+    message: str | None = None
+    wall_s: float | None = None
+    unreachable: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
+    invalid_evidence: dict[str, str] = Field(default_factory=dict, description="audit: host -> why")
+    hosts: dict[str, dict[str, Any]] = Field(default_factory=dict, description="change: host -> its outcome")
+    journal_problems: list[str] = Field(default_factory=list)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.status == "interrupted"
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON a writer puts in run.json: the fields it set, nothing a reader would take as said."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class _Written(RunRecord):
+    # A writer's record: a field it does not declare is a mistake, refused when the file is written.
+    model_config = ConfigDict(extra="forbid")
+
+
+class AuditRunRecord(_Written):
+    """``run.json`` of ``k3fleet audit`` (k3fleet/audit/run.py)."""
+
+    ansible_rc: int | None = None
+    hosts_total: int = 0
+    hosts_with_facts: int = 0
+    controller_cpu_s: float = 0.0
+    ansible_stats: dict[str, Any] = Field(default_factory=dict)
+
+
+class MergeRunRecord(_Written):
+    """``run.json`` of ``k3fleet merge`` (k3fleet/audit/merge.py)."""
+
+    slices: list[dict[str, Any]] = Field(default_factory=list, description="each slice: source, kind, status")
+    incomplete_slices: list[str] = Field(default_factory=list)
+    hosts_total: int = 0
+    hosts_with_facts: int = 0
+    duplicates: int = 0
+    slices_wall_s: float = 0.0
+
+
+class ChangeRunRecord(_Written):
+    """``run.json`` of a change night (k3fleet/change/night.py), and of a night with nothing to do."""
+
+    ansible_rc: int | None = None
+    skipped: dict[str, str] = Field(default_factory=dict, description="host -> why the night left it")
+    smoke: dict[str, Any] | None = Field(default=None, description="the serving smoke as the night ran it")
+    warnings: list[str] = Field(default_factory=list)
+    pauses: list[dict[str, Any]] = Field(default_factory=list, description="--pause-after: each pause point "
+                                                                           "reached and how it was continued")
+    rollback_kit: bool | None = Field(default=None, description="the rollback kit as the night chose it (false: "
+                                                                "--no-rollback-kit)")
+    controller_cpu_s: float = 0.0
+    ansible_stats: dict[str, Any] = Field(default_factory=dict)
+    done: list[str] = Field(default_factory=list, description="nothing to do: hosts already on the target")
+    blocked: list[dict[str, Any]] = Field(default_factory=list, description="nothing to do: blocked hosts")
+    held: dict[str, Any] = Field(default_factory=dict, description="nothing to do: hosts held back")
+
+
+class RollbackRunRecord(_Written):
+    """``run.json`` of ``k3fleet rollback`` (k3fleet/change/rollback.py)."""
+
+    skipped: dict[str, str] = Field(default_factory=dict)
+    refused: dict[str, str] = Field(default_factory=dict)
+    sources: dict[str, list[str]] = Field(default_factory=dict, description="journal -> the hosts read from it")
+
+
+# -- accept.json ------------------------------------------------------------------------------------
+
+
+class AcceptRecord(BaseModel):
+    """``accept.json`` as ``accept all`` and ``accept load`` write it (k3fleet/accept/run.py) and
+    ``decide`` and ``report`` read it back: the endpoint, which probes ran and which did not, how the
+    run ended. Each probe's own result is in its ``<probe>.json``."""
+
+    # Records of earlier versions may hold keys this one dropped: a reader keeps them out.
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: str = SCHEMA_VERSION
+    base_url: str | None = None
+    model: str | None = None
+    tls_verify: bool | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the server said about itself")
+    probes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="probe -> its summary")
+    not_run: dict[str, str] = Field(default_factory=dict, description="probe -> why it did not run")
+    aborted: dict[str, str] = Field(default_factory=dict, description="probe -> the endpoint error that ended the "
+                                                                      "run while it ran")
+    interrupted: bool = False
+    error: str | None = None
+    # None: no code recorded (a reader's default); a writer starts from EXIT_INCOMPLETE.
+    exit_code: RecordedExitCode = None
+    budget: dict[str, Any] | None = Field(default=None, description="accept all --budget: the plan and the "
+                                                                      "time each probe took")
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON of accept.json (``budget`` only when the run had one)."""
+        return self.model_dump(mode="json", exclude={"budget"} if self.budget is None else None)
 
 
 class Ref(_Model):
@@ -152,6 +282,8 @@ class StartupEvidence(_Model):
     all2all_backend: str | None = None
     launch_command: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict, description="the server the log names "
+                                   "(k3fleet.accept.identity.from_startup)")
     findings: list[Fact] = Field(default_factory=list)
 
     @property
@@ -169,6 +301,8 @@ class PrefixCacheEvidence(_Model):
     controlled_reuse: bool | None = Field(default=None, description="hits rose by about the shared prefix")
     caching_enabled: bool | None = Field(default=None, description="cache_config_info enable_prefix_caching")
     hit_ratio: float | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -191,6 +325,8 @@ class AgentEvidence(_Model):
     status: str
     reason: str | None = None
     cases: list[AgentCase] = Field(default_factory=list)
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -221,6 +357,8 @@ class LoadEvidence(_Model):
     envelope: dict[str, Any] = Field(default_factory=dict)
     phases: list[str] = Field(default_factory=list, description="phases with saved curve points")
     curves_ref: Ref | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     request_params_saved: bool = False
     queue_latency_saved: bool = False
     restarts: int | None = None
@@ -248,6 +386,8 @@ class LoadEvidence(_Model):
     # the envelope is judged by (slo_rps, held_concurrency, and the held steps' worst ttft_p95_s, itl_p95_s,
     # e2e_p95_s).
     repeats: int | None = None
+    replayed: dict[str, Any] | None = Field(default=None, description="the replayed trace (file, sha256, requests, "
+                                                                         "speed) when the run replayed one")
     intervals: dict[str, list[float]] = Field(default_factory=dict)
     traffic: dict[str, float] = Field(default_factory=dict, description="the held steps' real traffic: hit ratio, "
                                                                         "latency, queue, rate (watch's baseline)")
@@ -497,3 +637,65 @@ class Decision(_Model):
     profile: ProfileBrief | None = None
     unproven: list[str] = Field(default_factory=list, description="what the evidence does not prove about production")
     baseline: Baseline | None = None
+
+
+# -- triage.json ------------------------------------------------------------------------------------
+
+
+class _Lenient(BaseModel):
+    # Fields a reader does not use may be added by later versions: kept out, not refused.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TriageFile(_Lenient):
+    name: str
+    kind: str
+    original_sha256: str | None = None
+    bytes: int | None = None
+    stored: str | None = None
+
+
+class TriageRecord(_Lenient):
+    """``triage.json`` as ``k3fleet triage`` writes it (k3fleet/triage/__init__.py) and ``decide`` and
+    ``report`` read it. A triage run holds text an operator pasted: its record is validated before
+    anything reads it, so a file of the wrong shape (a list, a count where a list belongs, a finding
+    without an id) is one line naming the field, never a traceback (docs/safety.md "Bad input")."""
+
+    schema_version: str | None = SCHEMA_VERSION
+    host: str | None = None
+    operator_supplied: bool = True
+    kinds: list[str] = Field(default_factory=list)
+    files: list[TriageFile] = Field(default_factory=list)
+    driver_version: str | None = None
+    image_digest: str | None = None
+    findings: list[Finding] = Field(default_factory=list, description="each with evidence.file, the stored "
+                                    "capture it was judged from")
+    startup: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    chat: dict[str, Any] | None = None
+    facts: dict[str, Any] = Field(default_factory=dict, description="the host facts built from the captures")
+    exit_code: int | None = None
+
+    @field_validator("findings", mode="before")
+    @classmethod
+    def _earlier_findings(cls, v: Any) -> Any:
+        # Records written before the one Finding (id, the capture's file beside).
+        return [earlier_finding(f) for f in v] if isinstance(v, list) else v
+
+    @field_validator("exit_code")
+    @classmethod
+    def _known_code(cls, v: int | None) -> int | None:
+        if v is not None and v not in EXIT_CODES:
+            raise ValueError(f"{v} is not a k3fleet exit code")
+        return v
+
+
+def parse_triage_record(data: Any, label: str) -> TriageRecord:
+    """``triage.json``'s content as a typed record, or one UsageError naming the first bad field."""
+    if not isinstance(data, dict):
+        raise UsageError(f"run {label}: triage.json is not a JSON object (got {type(data).__name__})")
+    try:
+        return TriageRecord.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(f"run {label}: triage.json is not a triage record: {validation_line(exc)}") from None
+
