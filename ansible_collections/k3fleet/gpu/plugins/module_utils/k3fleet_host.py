@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import time
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
@@ -26,7 +26,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_workloads impo
 SCHEMA_VERSION = FACTS_SCHEMA_VERSION
 
 
-def node_hostname(reader):
+def node_hostname(reader: NodeReader) -> str | None:
     text = reader.read_cached(FILES["hostname"], limit=HOSTNAME_LIMIT)
     if text and text.strip():
         return text.strip().split()[0]

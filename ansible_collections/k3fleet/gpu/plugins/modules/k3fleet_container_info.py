@@ -166,7 +166,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 )
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(
         image=dict(type="str", required=True),

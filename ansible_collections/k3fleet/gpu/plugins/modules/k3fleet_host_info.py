@@ -200,7 +200,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 )
 
 
-def main():
+def main() -> None:
     argument_spec = dict(
         image=dict(type="str"),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),

@@ -98,7 +98,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 _SPEC_KEYS = ("nccl_pair_launcher", "nccl_max_bytes", "nccl_timeout_s")
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(
         addresses=dict(type="list", elements="str", required=True),

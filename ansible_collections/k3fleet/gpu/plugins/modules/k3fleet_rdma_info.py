@@ -178,7 +178,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(
         env_files=dict(type="list", elements="str", default=[]),

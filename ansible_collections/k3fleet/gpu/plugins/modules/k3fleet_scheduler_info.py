@@ -114,7 +114,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(node=dict(type="str"))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
