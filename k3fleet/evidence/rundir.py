@@ -87,11 +87,6 @@ _CHUNK = 1 << 16
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=False, indent=2)
 
 
-def _indented(value: Any, pad: str) -> str:
-    # JSON strings hold no raw newline: every newline of the dump starts a line of the structure.
-    return json.dumps(value, default=str, ensure_ascii=False, indent=2).replace("\n", "\n" + pad)
-
-
 def _json_chunks(obj: Any, pad: str = "") -> Iterator[str]:
     """``obj`` (already redacted, but for its JsonEntries) as ``json.dumps(obj, indent=2)`` would write it."""
     if isinstance(obj, JsonEntries):
@@ -114,7 +109,10 @@ def _json_chunks(obj: Any, pad: str = "") -> Iterator[str]:
     elif not pad:
         yield from _ENCODER.iterencode(obj)
     else:
-        yield _indented(obj, pad)
+        # JSON strings hold no raw newline: every newline the encoder yields starts a line of the structure.
+        nl = "\n" + pad
+        for chunk in _ENCODER.iterencode(obj):
+            yield chunk.replace("\n", nl) if "\n" in chunk else chunk
 
 
 def _holds_entries(obj: Any) -> bool:
