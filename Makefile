@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.k3fleet-installed
 
-.PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict wheel-check clean testbed-down
+.PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict bench-merge wheel-check clean testbed-down
 .PHONY: bench-ssh bench-node collection collection-check ee-check ssh-fleet-down test-under-load
 
 $(STAMP): pyproject.toml
@@ -120,6 +120,10 @@ ee-check: $(STAMP)
 
 bench-verdict: $(STAMP)
 	$(BIN)/python scripts/bench_verdict.py
+
+# k3fleet merge of 100,000 hosts' audit slices, as its own process: wall time and peak RSS (docs/scale.md).
+bench-merge: $(STAMP)
+	$(BIN)/python scripts/bench_verdict.py --merge 100000
 
 # AWX's execution path: one controller against the lab fleet split over 1, 2 and 4
 # transmit | worker | process pipelines merged by k3fleet merge (docs/scale.md "AWX's execution path").

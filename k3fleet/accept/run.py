@@ -24,6 +24,7 @@ from typing import Any
 
 from k3fleet.accept.client import Endpoint, EndpointError, preflight
 from k3fleet.accept.metrics import MetricsError, scrape
+from k3fleet.accept.probes import PROBES, REQUIRED
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
 from k3fleet.bounds import read_input
@@ -33,8 +34,6 @@ from k3fleet.evidence.privacy import without_bodies
 from k3fleet.models.evidence import AcceptRecord
 from k3fleet.targets import load_target
 
-# Probes an acceptance run needs; startup joins them when a log is given. Absent means not proven.
-REQUIRED = ("prefix_cache", "agent", "load")
 Progress = Callable[[str], None]
 _USERINFO = re.compile(r"(?i)\b(https?://)[^/@\s]+@")
 
@@ -167,7 +166,7 @@ def run_accept_load(endpoint: Endpoint, opts: Any, observer: Any, argv: Sequence
         raise
     summary = AcceptRecord(
         base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls, started_at=started_at,
-        not_run={p: "accept load runs the load probe only" for p in layout.PROBES if p != "load"},
+        not_run={p: "accept load runs the load probe only" for p in PROBES if p != "load"},
         interrupted=bool(result.data.get("interrupted")), exit_code=result.exit_code)
     results = {"load": result}
     _write_evidence(ev, rec, results, summary, AllOptions(profile=profile))
@@ -179,6 +178,7 @@ def _exit_code(results: Mapping[str, ProbeResult], summary: AcceptRecord) -> int
     code = combined_exit_code(results.values()) if results else EXIT_INCOMPLETE
     if code == EXIT_FAILED:
         return code
+    # Probes an acceptance run needs (startup joins them when a log is given): absent means not proven.
     missing = [p for p in REQUIRED if p not in results]
     if missing or summary.interrupted:
         return EXIT_INCOMPLETE

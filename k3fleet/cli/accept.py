@@ -278,12 +278,12 @@ def accept_all(
 
     from k3fleet.accept.agent import AgentOptions
     from k3fleet.accept.prefix_cache import PrefixOptions
+    from k3fleet.accept.probes import PROBES
     from k3fleet.accept.run import AllOptions, load_available, run_all
 
-    known = ("prefix_cache", "agent", "load", "startup")
-    bad = [p for p in skip or [] if p not in known]
+    bad = [p for p in skip or [] if p not in PROBES]
     if bad:
-        raise UsageError(f"--skip {bad[0]}: not a probe (one of {', '.join(known)})")
+        raise UsageError(f"--skip {bad[0]}: not a probe (one of {', '.join(PROBES)})")
     from k3fleet.bounds import check_input
 
     for path, flag in ((log, "--log"), (launch_command, "--launch-command")):

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from k3fleet.accept import identity
+from k3fleet.accept.probes import PROBES
 from k3fleet.accept.result import ProbeResult, result_from_json
 from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
@@ -428,7 +429,7 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
     ordered = sorted(runs, key=lambda r: r.started_at or "", reverse=True)
     merged = ordered[0].model_copy()
     for older in ordered[1:]:
-        for probe in ("startup", "prefix_cache", "agent", "load"):
+        for probe in PROBES:
             if getattr(merged, probe) is None and getattr(older, probe) is not None:
                 setattr(merged, probe, getattr(older, probe))
     return merged

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from k3fleet.accept.probes import PROBES
 from k3fleet.accept.result import ProbeResult
 from k3fleet.decide.readers import (
     AcceptRecord,
@@ -68,7 +69,7 @@ def _accept(run: RunReader) -> ReportView:
     acc = read_accept(run.path, _info(run))
     head = run.model(layout.ACCEPT, AcceptRecord) if run.has(layout.ACCEPT) else AcceptRecord()
     results: dict[str, ProbeResult] = {}
-    for name in layout.PROBES:
+    for name in PROBES:
         got = probe_result(run, name)
         if got is not None:
             results[name] = got[0]

@@ -47,7 +47,6 @@ import asyncio
 import dataclasses
 import datetime as _dt
 import itertools
-import json
 import re
 import tarfile
 import time
@@ -65,7 +64,7 @@ from k3fleet.accept.client import Endpoint, EndpointError, fetch
 from k3fleet.accept.gpu_telemetry import gpus_of
 from k3fleet.accept.metrics import MetricsError, scrape, scrape_url
 from k3fleet.accept.startup import NCCL_ERROR
-from k3fleet.bounds import check_seconds, parse_seconds, read_input
+from k3fleet.bounds import check_seconds, parse_json, parse_seconds, read_input
 from k3fleet.contracts import result_code
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError, validation_line
@@ -442,9 +441,9 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
     if run_dir is not None:
         _same_decision(run_dir, package, check)
     try:
-        decision = _loads(read_package_file(package, layout.package_member(layout.DECISION)), package.name)
+        decision = parse_json(read_package_file(package, layout.package_member(layout.DECISION)), package.name)
         try:
-            raw = _loads(read_package_file(package, layout.package_member(layout.BASELINE)), package.name)
+            raw = parse_json(read_package_file(package, layout.package_member(layout.BASELINE)), package.name)
         except UsageError:
             raw = None
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -463,11 +462,11 @@ def package_target(package: Path) -> Target | None:
     """The target the signed package's decision was taken on: the audit run's ``inputs/target.json`` that
     the decision's summary names (None when the decision rests on no recorded target)."""
     try:
-        summary = _loads(read_package_file(package, layout.package_member(layout.SUMMARY)), package.name)
+        summary = parse_json(read_package_file(package, layout.package_member(layout.SUMMARY)), package.name)
         ref = ((summary.get("target") or {}).get("ref") or {}) if isinstance(summary, dict) else {}
         if not (isinstance(ref, dict) and ref.get("run") and ref.get("file")):
             return None
-        raw = _loads(read_package_file(package, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}"), package.name)
+        raw = parse_json(read_package_file(package, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}"), package.name)
     except (UsageError, tarfile.TarError, OSError, EOFError, KeyError):
         return None
     try:
@@ -526,13 +525,6 @@ def _same_decision(run_dir: Path, package: Path, check: PackageCheck) -> None:
     if signed is None or signed != sha256_file(run_dir / layout.MANIFEST):
         raise UsageError(f"--baseline {run_dir} is not the decision its signed package {package.name} holds: its "
                          f"{layout.MANIFEST} differs (changed after signing, or another decision's package)")
-
-
-def _loads(data: bytes, label: str) -> Any:
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{label}: not valid JSON ({exc})") from exc
 
 
 def rollback_artifact(b: Baseline) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from k3fleet.accept.probes import PROBES
 from k3fleet.accept.result import ProbeResult
 from k3fleet.contracts import finding_status
 from k3fleet.models.evidence import (
@@ -396,7 +397,7 @@ def accept_view(acc: AcceptEvidence, run: str, exit_code: int | None, results: M
     view = ReportView(kind="accept", run=run, title=f"k3fleet accept: {acc.model or '?'}",
                       exit_code=exit_code)
     view.meta += [("endpoint", acc.base_url or "?"), ("model", acc.model or "?")]
-    for name in ("startup", "prefix_cache", "agent", "load"):
+    for name in PROBES:
         probe = getattr(acc, name)
         if probe is None:
             view.checks.append(CheckRow(f"accept.{name}", name, "skipped", "probe not run: missing evidence"))

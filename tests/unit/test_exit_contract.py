@@ -47,7 +47,7 @@ def test_one_owner_for_the_codes() -> None:
 def _audit(verdict_code: int, *, invalid: bool = False, interrupted: bool = False) -> AuditResult:
     play = PlayResult(playbook="audit.yml", status="successful", rc=0, interrupted=interrupted)
     return AuditResult(run_dir=SimpleNamespace(path=Path("runs/x")),  # type: ignore[arg-type]
-                       verdict=SimpleNamespace(exit_code=verdict_code), facts={}, unreachable={},
+                       verdict=SimpleNamespace(exit_code=verdict_code), hosts_with_facts=0, unreachable={},
                        invalid={"gpu-02": "facts did not validate"} if invalid else {}, play=play)
 
 

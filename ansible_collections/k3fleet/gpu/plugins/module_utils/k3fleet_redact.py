@@ -26,13 +26,11 @@ Structural redaction of inventory files (YAML, INI) needs a YAML parser and live
 controller, in ``k3fleet.evidence.redact``, on top of these rules.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from functools import lru_cache
-
-__metaclass__ = type
 
 REDACTED = "***"
 
