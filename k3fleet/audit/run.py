@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,9 @@ class AuditResult:
     play: PlayResult
     # audit --active full: the NCCL pair test (None when it was not asked for or the audit stopped first).
     pairs: PairPhase | None = None
+    # Each host's scheduler reason as its facts gave it (the change night reads other changes' leases
+    # from it); one string per host, kept while the facts themselves are folded and dropped.
+    scheduler_reasons: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -124,7 +127,14 @@ def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
     return candidates, unreachable, invalid, raw
 
 
-def fold_hosts(candidates: dict[str, Any], target: Any, unreachable: dict[str, str], invalid: dict[str, str], *,
+def _scheduler_reason(data: Mapping[str, Any]) -> str | None:
+    """The scheduler's reason in one host's raw facts (None where there is none, or it is not text)."""
+    scheduler = data.get("scheduler")
+    reason = scheduler.get("reason") if isinstance(scheduler, Mapping) else None
+    return reason if isinstance(reason, str) else None
+
+
+def fold_hosts(candidates: dict[str, Any], target: Target, unreachable: dict[str, str], invalid: dict[str, str], *,
                keep: bool = False) -> tuple[FleetFold, dict[str, HostFacts]]:
     """Each host's facts into the streaming verdict, one at a time; ``invalid`` gains the hosts whose facts
     do not validate. ``keep``: also return each host's validated facts (the NCCL pair test plans by them)."""
@@ -199,6 +209,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
                             host_key_checking=opts.host_key_checking, once=True)
         candidates, unreachable, invalid, raw = _facts_from_play(play, hosts)
         pair_phase = opts.active == "full" and not play.interrupted and not (cancel is not None and cancel.is_set())
+        reasons = {h: _scheduler_reason(d) for h, d in candidates.items()}
         fold, facts = fold_hosts(candidates, target, unreachable, invalid, keep=pair_phase)
         del candidates
         pairs = None
@@ -216,7 +227,8 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         extra = judge_pairs(pairs.runs, pairs.not_paired, target)
     measured = fold.measured
     verdict = fold.verdict(extra=extra)
-    result = AuditResult(rd, verdict, measured, unreachable, invalid, play, pairs)
+    result = AuditResult(rd, verdict, measured, unreachable, invalid, play, pairs,
+                         scheduler_reasons={h: r for h, r in reasons.items() if h not in invalid})
     _write_outputs(result, target)
     return result
 

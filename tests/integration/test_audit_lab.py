@@ -309,11 +309,13 @@ def test_change_commands_refuse_simulated_hosts(tmp_path: Path) -> None:
     inv = run_k3fleet("lab", "generate", str(tmp_path / "lab"))
     assert inv.returncode == 0, inv.stderr
     inventory = inv.stdout.strip()
-    for args in (["upgrade", "-i", inventory, "--change-id", "CHG-1", "--operator", "alice"],
-                 ["rollback", "-i", inventory, "--limit", "gpu-a01"]):
+    # upgrade names the lab fleet and points at the rehearsal (--check); rollback names the hosts.
+    for args, words in ((["upgrade", "-i", inventory, "--change-id", "CHG-1", "--operator", "alice"],
+                         "is the simulated lab fleet: a change there would run apt on this machine"),
+                        (["rollback", "-i", inventory, "--limit", "gpu-a01"], "simulated lab hosts")):
         proc = run_k3fleet(*args, "--runs-dir", str(tmp_path / "runs"))
         assert proc.returncode == 2, (args, proc.stderr)
-        assert "simulated lab hosts" in _one_error_line(proc)
+        assert words in _one_error_line(proc)
 
 
 # -- what an expert reads: fabric health, a Jetson, R610's header, a self-contradicting target -----------

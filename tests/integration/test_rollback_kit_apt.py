@@ -6,7 +6,7 @@ from the repository, checked with `dpkg-deb`, recorded with sha256; then the rep
 without R575 (a mirror that keeps only the newest releases) and apt's lists refreshed: apt-cache policy
 no longer offers the versions, a new kit cannot be made (apt's own words), and a rollback would take the
 kit made before, whose files still have their recorded sha256. Installing from the kit needs root and a
-booted node: tests/system/test_rollback_kit.py.
+booted node: tests/system/test_rollback_kit_night.py.
 """
 
 from __future__ import annotations
