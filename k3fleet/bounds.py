@@ -405,6 +405,7 @@ DURATIONS: dict[str, Span] = {
     "load step": Span(0.0, _DAY, low_inclusive=False),  # step_s, sustained_s, max_duration_s, sample_interval_s
     "load slo": Span(0.0, _HOUR, low_inclusive=False),  # ttft_p95_slo_s, itl_p95_slo_s
     "prune --older-than": Span(1.0, 3650 * _DAY),
+    "--max-age": Span(1.0, 3650 * _DAY),  # verify-evidence, watch: how old an approval may be
 }
 
 _UNITS = {"s": 1.0, "m": _MINUTE, "h": _HOUR, "d": _DAY}

@@ -137,20 +137,32 @@ def verify_evidence(
                                                                                    "\"k3fleet-evidence\" KEY).")]
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    runs_dir: Annotated[list[Path] | None, typer.Option("--runs-dir", help="The runs tree a later decision "
+                                                                           "would be in (repeatable; default: "
+                                                                           "the archive's directory).")] = None,
+    max_age: Annotated[str | None, typer.Option("--max-age", help="Refuse an approval older than this (30d, "
+                                                                  "12h; at most 3650d).")] = None,
 ) -> None:
-    """Check an evidence package: every member against PACKAGE.json, PACKAGE.json's signature against
-    --allowed-signers. Exit 0 intact and signed by an allowed signer, 1 the signature fails, 3 any
-    difference, unsigned, or the signature not checked."""
-    from k3fleet.decide.package import verify_package
+    """Check an evidence package: every member against PACKAGE.json and every run against its own manifest,
+    PACKAGE.json's signature against --allowed-signers and the reviewer it names, and that no later decision
+    replaced it. Exit 0 intact and signed by the reviewer, 1 the signature fails or the approval is replaced
+    or too old, 3 any difference, unsigned, or the signature not checked."""
+    from k3fleet.bounds import parse_seconds
+    from k3fleet.decide.package import check_fresh, verify_package
     from k3fleet.evidence import sha256_file
 
+    age = parse_seconds(max_age, "--max-age", "--max-age") if max_age is not None else None
     res = verify_package(archive, allowed_signers)
+    if res.trusted:
+        check_fresh(res, runs_dir or [archive.parent], age)
     digest = sha256_file(archive)
     if as_json:
         s = res.signer
         out.print_json(json.dumps({
             "archive": str(archive), "sha256": digest, "ok": res.exit_code == EXIT_OK, "intact": res.ok,
             "exit_code": res.exit_code, "files_checked": res.checked, "problems": res.problems,
+            "reviewer": res.reviewer, "reviewed_at": res.reviewed_at.isoformat() if res.reviewed_at else None,
+            "decision": (res.manifest or {}).get("decision"), "superseded": res.stale,
             "signature": {"status": res.signature, "problem": res.signature_problem,
                           "principal": s.principal if s else None, "key_type": s.key_type if s else None,
                           "key_fingerprint": s.fingerprint if s else None, "claimed": res.claimed_signer}}))
@@ -168,6 +180,8 @@ def _package_verdict(res: object) -> str:
     assert isinstance(res, PackageCheck)
     if res.signature == FAILED:
         return f"signature FAILED: {safe_text(res.signature_problem)}"
+    if res.stale is not None and res.trusted:
+        return f"not the approval to act on: {safe_text(res.stale)}"
     if not res.ok:
         return f"{len(res.problems)} difference(s): the package is not intact"
     if res.signature == UNSIGNED:
@@ -198,6 +212,10 @@ def _print_package_check(res: object, archive: Path, digest: str) -> None:
     if res.signature == VERIFIED and s is not None:
         out.print(f"signed by {safe_text(s.principal)} ({s.key_type} key {s.fingerprint}), namespace "
                   "k3fleet-evidence", markup=False)
+        verb = "approved" if dec.get("approved") is True else "decided"
+        when = res.reviewed_at.isoformat() if res.reviewed_at else "?"
+        out.print(f"{verb} by {safe_text(res.reviewer)} at {when}: {safe_text(dec.get('outcome', '?'))} "
+                  f"(decision {safe_text(res.root)})", markup=False)
     if res.trusted:
         out.print(f"intact: {res.checked} files match {safe_text(archive.name)} ({what})", markup=False)
     elif res.ok:
@@ -331,8 +349,11 @@ def watch(
     target: Annotated[Path | None, typer.Option("--target", help="Target to judge --node-log by when the "
                                                                  "decision's package records none (default: "
                                                                  "Kimi K3).")] = None,
+    max_age: Annotated[str | None, typer.Option("--max-age", help="Refuse an approval older than this (30d, "
+                                                                  "12h; at most 3650d).")] = None,
 ) -> None:
     """Watch a served model after approval; exit 1 with the trigger and the rollback artifact when one fires."""
+    from k3fleet.bounds import parse_seconds
     from k3fleet.decide.watch import DEFAULT_AGENT_CASES, Sample, Trigger, WatchOptions, parse_duration, run_watch
     from k3fleet.targets import load_target
 
@@ -342,7 +363,8 @@ def watch(
                         agent_every=agent_every, agent_cases=tuple(agent_case or DEFAULT_AGENT_CASES),
                         api_key_env=api_key_env, verify_tls=not insecure, model=model,
                         allowed_signers=allowed_signers, node_logs=tuple(node_log or ()),
-                        target=load_target(target), telemetry_url=telemetry_url)
+                        target=load_target(target), telemetry_url=telemetry_url,
+                        max_age_s=parse_seconds(max_age, "--max-age", "--max-age") if max_age is not None else None)
 
     def show(s: Sample, fired: list[Trigger]) -> None:
         def num(v: float | None, fmt: str = "g") -> str:

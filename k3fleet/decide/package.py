@@ -43,6 +43,8 @@ from k3fleet.decide.signing import verify_signature
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import is_secret_name, layout, redact
 from k3fleet.evidence.layout import PACKAGE_MANIFEST, PACKAGE_SIGNATURE
+from k3fleet.evidence.reader import RunReader
+from k3fleet.evidence.verify import manifest_entries, verify_run
 from k3fleet.evidence.writer import FILE_MODE, write_output
 
 if TYPE_CHECKING:
@@ -120,6 +122,12 @@ def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence
             raise IncompleteError(f"{e.arcname} contains the value of ${hit}: redact the run before packaging it")
         files.append({"path": e.arcname, "sha256": sha256_bytes(data), "bytes": len(data)})
         blobs.append((e.arcname, data))
+    # What is packed is what was read just now: a run file changed after decide verified the run (while it
+    # ran) no longer matches that run's own manifest, and is refused here rather than signed.
+    mismatched = run_mismatches({f["path"]: f["sha256"] for f in files}, dict(blobs), require=False)
+    if mismatched:
+        raise IncompleteError(f"{mismatched[0]}: a run changed while decide read it; decide again"
+                              + (f" ({len(mismatched) - 1} more)" if len(mismatched) > 1 else ""))
     # PACKAGE.json goes through the one redactor like every written file: the profile's name and rate
     # limits, --owner and --rollback-owner are free text an operator may paste a secret into. The
     # member list (paths and digests) is the package's own and follows unchanged.
@@ -170,6 +178,12 @@ class PackageCheck:
     signature: str = UNSIGNED  # unsigned | unchecked (no allowed-signers given) | verified | failed
     signer: SignatureCheck | None = None
     signature_problem: str | None = None
+    # Why this approval is no longer the one to act on (a later decision in the same runs tree, or older
+    # than --max-age); check_fresh fills it.
+    stale: str | None = None
+    # Every member's bytes as verified (verify_package(keep=True)): the copy a caller then uses, so what was
+    # checked is what is used even when the archive on disk is swapped after the check.
+    members: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -189,9 +203,18 @@ class PackageCheck:
     @property
     def exit_code(self) -> int:
         """1 when the signature fails (1 wins over 3), 3 when damaged, unsigned or not checked, else 0."""
-        if self.signature == FAILED:
+        if self.signature == FAILED or (self.stale is not None and self.trusted):
             return EXIT_FAILED
         return EXIT_OK if self.trusted else EXIT_INCOMPLETE
+
+    @property
+    def reviewer(self) -> str | None:
+        value = self.manifest.get("reviewer") if isinstance(self.manifest, dict) else None
+        return value if isinstance(value, str) and value.strip() else None
+
+    @property
+    def reviewed_at(self) -> _dt.datetime | None:
+        return _when(self.manifest.get("reviewed_at") if isinstance(self.manifest, dict) else None)
 
 
 def _unsafe(name: str) -> str | None:
@@ -205,9 +228,11 @@ def _unsafe(name: str) -> str | None:
     return None
 
 
-def verify_package(archive: Path, allowed_signers: Path | None = None) -> PackageCheck:
-    """Check every member against PACKAGE.json: changed, missing and extra files, unsafe members;
-    then the signature over PACKAGE.json against ``allowed_signers`` (``unchecked`` without one)."""
+def verify_package(archive: Path, allowed_signers: Path | None = None, *, keep: bool = False) -> PackageCheck:
+    """Check every member against PACKAGE.json: changed, missing and extra files, unsafe members, every run
+    against its own manifest; then the signature over PACKAGE.json against ``allowed_signers`` (``unchecked``
+    without one) and the reviewer it names. With ``keep`` the members' bytes stay in ``members``: the one
+    read of the archive, for a caller that uses what it verified (``watch``)."""
     res = PackageCheck(archive=archive)
     if not archive.is_file():
         raise UsageError(f"{archive} is not a file")
@@ -256,7 +281,9 @@ def verify_package(archive: Path, allowed_signers: Path | None = None) -> Packag
                 if rel in digests:
                     res.problems.append(f"{rel}: appears twice in the archive")
                 digests[rel] = sha256_bytes(data)
-                if rel in (PACKAGE_MANIFEST, PACKAGE_SIGNATURE):
+                if keep:
+                    res.members[rel] = data
+                if rel in (PACKAGE_MANIFEST, PACKAGE_SIGNATURE) or rel.endswith("/" + layout.MANIFEST):
                     raw[rel] = data
                 if rel == PACKAGE_MANIFEST:
                     try:
@@ -266,8 +293,122 @@ def verify_package(archive: Path, allowed_signers: Path | None = None) -> Packag
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
         res.problems.append(f"{_after(current)}: archive unreadable ({exc})")
     _compare(res, digests)
+    if res.manifest is not None and not res.problems:
+        # Every run inside (and the decision itself) against its own manifest: a file changed while decide
+        # read it is listed in PACKAGE.json with its new digest, but its run's manifest still says the old.
+        res.problems += run_mismatches(digests, raw)
     _check_signature(res, raw.get(PACKAGE_MANIFEST), raw.get(PACKAGE_SIGNATURE), allowed_signers)
     return res
+
+
+def _run_roots(paths: Iterator[str] | Sequence[str]) -> set[str]:
+    """The run directories inside a package: ``decision/`` and each ``runs/<label>/``."""
+    roots: set[str] = set()
+    for rel in paths:
+        parts = rel.split("/")
+        if parts[0] == layout.PACKAGE_DECISION and len(parts) > 1:
+            roots.add(layout.PACKAGE_DECISION + "/")
+        elif parts[0] == layout.PACKAGE_RUNS and len(parts) > 2:
+            roots.add(f"{parts[0]}/{parts[1]}/")
+    return roots
+
+
+def run_mismatches(digests: Mapping[str, str], blobs: Mapping[str, bytes], *, require: bool = True) -> list[str]:
+    """Each packaged run (and the decision) checked against its own ``manifest.json``: a file whose digest
+    differs from what its run's manifest lists, one it lists that is not packaged, one it does not list.
+    ``require``: a run without a manifest is a problem (reading a package; decide verified its runs)."""
+    problems: list[str] = []
+    for root in sorted(_run_roots(list(digests))):
+        label = root.rstrip("/")
+        raw = blobs.get(root + layout.MANIFEST)
+        if raw is None:
+            if require:
+                problems.append(f"{label}: no {layout.MANIFEST}: not a finished run")
+            continue
+        try:
+            entries = manifest_entries(json.loads(raw.decode("utf-8")))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            entries = None
+        if entries is None:
+            problems.append(f"{label}/{layout.MANIFEST}: not a k3fleet run manifest")
+            continue
+        listed = dict(entries)
+        for rel, digest in sorted(listed.items()):
+            have = digests.get(root + rel)
+            if have is None:
+                problems.append(f"{label}/{rel}: listed in the run's own manifest, not in the package")
+            elif have != digest:
+                problems.append(f"{label}/{rel}: does not match the run's own manifest (changed after the run "
+                                f"was written: sha256 {have[:16]}..., run manifest {digest[:16]}...)")
+        for rel in sorted(digests):
+            if rel.startswith(root) and rel != root + layout.MANIFEST and rel[len(root):] not in listed:
+                problems.append(f"{rel}: not in the run's own manifest")
+    return problems
+
+
+def _when(value: object) -> _dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
+
+
+def later_decisions(trees: Sequence[Path], check: PackageCheck) -> list[tuple[str, _dt.datetime, str]]:
+    """Decisions in the runs trees ``trees`` taken after the package's: (run id, time, outcome), newest first.
+
+    A decision counts when it is a decision run directory that matches its own manifest (so a half-written
+    or tampered directory cannot pose as one) and names a time after the package's ``reviewed_at``."""
+    own = check.reviewed_at
+    if own is None:
+        return []
+    found: dict[str, tuple[str, _dt.datetime, str]] = {}
+    for tree in trees:
+        try:
+            entries = sorted(tree.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.name == check.root or p.is_symlink() or not (p / layout.DECISION).is_file():
+                continue
+            try:
+                reader = RunReader(p)
+                if reader.kind != "decision" or not verify_run(p).ok:
+                    continue
+                decision = reader.object(layout.DECISION)
+            except (OSError, UsageError, IncompleteError):
+                continue
+            when = _when(decision.get("reviewed_at"))
+            if when is not None and when > own:
+                found[os.path.realpath(p)] = (p.name, when, str(decision.get("outcome", "?")))
+    return sorted(found.values(), key=lambda x: x[1], reverse=True)
+
+
+def check_fresh(check: PackageCheck, trees: Sequence[Path], max_age_s: float | None,
+                now: _dt.datetime | None = None) -> str | None:
+    """Why the package's approval is not the one to act on, one line; None when it still stands.
+
+    A replayed older approval is refused: a later decision in the same runs tree supersedes it (whatever
+    that decision's outcome), and ``--max-age`` bounds how old an approval may be."""
+    when = check.reviewed_at
+    if when is None:
+        check.stale = f"{PACKAGE_MANIFEST} names no decision time: cannot tell whether a later decision replaced it"
+        return check.stale
+    later = later_decisions(trees, check)
+    if later:
+        name, at, outcome = later[0]
+        check.stale = (f"approved {when.isoformat()}, but a later decision {name} ({outcome}, "
+                       f"{at.isoformat()}) in the same runs tree replaces it")
+        return check.stale
+    if max_age_s is not None:
+        age = ((now or _dt.datetime.now(_dt.UTC)) - when).total_seconds()
+        if age > max_age_s:
+            check.stale = (f"approved {when.isoformat()}, {age / 86400:.1f} days ago: older than --max-age "
+                           f"({max_age_s / 86400:g} days)")
+            return check.stale
+    return None
 
 
 def _check_signature(res: PackageCheck, signed: bytes | None, signature: bytes | None,
@@ -287,10 +428,17 @@ def _check_signature(res: PackageCheck, signed: bytes | None, signature: bytes |
         res.signature = UNCHECKED
         return
 
-    check = verify_signature(signed, signature, allowed_signers)
+    check = verify_signature(signed, signature, allowed_signers, reviewer=res.reviewer)
     res.signer = check
     if not check.verified:
         res.signature, res.signature_problem = FAILED, check.reason
+    elif res.reviewer is None:
+        res.signature = FAILED
+        res.signature_problem = f"{PACKAGE_MANIFEST} names no reviewer: a signature must bind the reviewer it names"
+    elif not check.bound:
+        res.signature = FAILED
+        res.signature_problem = (f"signed by {check.principal}, but the decision names reviewer {res.reviewer}: "
+                                 f"{allowed_signers} grants that key to no principal for the reviewer")
     elif claimed is None or claimed.get("key_fingerprint") != check.fingerprint:
         named = claimed.get("key_fingerprint") if claimed is not None else "no signer"
         res.signature = FAILED

@@ -135,10 +135,31 @@ class SignatureCheck:
     key_type: str | None = None
     fingerprint: str | None = None
     reason: str | None = None
+    # Whether the verified principal is the reviewer the signed statement names (None: no reviewer asked).
+    bound: bool | None = None
 
 
-def verify_signature(data: bytes, signature: bytes, allowed_signers: Path) -> SignatureCheck:
-    """Whether a principal of ``allowed_signers`` signed ``data`` in the evidence namespace."""
+def _ids(name: str) -> set[str]:
+    """The ways a person is named: ``carol``, ``carol@example.org``, ``carol <carol@example.org>``; case-blind,
+    the part before ``@`` included (as ``signoff.same_person`` compares operators and reviewers)."""
+    name = name.strip().lower()
+    found = {name, *re.findall(r"<([^<>\s]+)>", name)}
+    bare = re.sub(r"\s*<[^<>]*>\s*", "", name).strip()
+    if bare:
+        found.add(bare)
+    return {i for i in found if i} | {i.split("@", 1)[0] for i in found if "@" in i}
+
+
+def names_reviewer(principal: str, reviewer: str) -> bool:
+    """Whether an allowed-signers principal is the reviewer a decision names."""
+    return bool(_ids(principal) & _ids(reviewer))
+
+
+def verify_signature(data: bytes, signature: bytes, allowed_signers: Path,
+                     reviewer: str | None = None) -> SignatureCheck:
+    """Whether a principal of ``allowed_signers`` signed ``data`` in the evidence namespace; with ``reviewer``,
+    also whether that principal is the reviewer (its own name, or a principal the file grants the key for
+    the reviewer's name: ``ssh-keygen -Y verify -I REVIEWER``)."""
     _check_readable(allowed_signers, "--allowed-signers", "an allowed-signers file")
     key = signature_key(data, signature)
     if key is None:
@@ -156,14 +177,28 @@ def verify_signature(data: bytes, signature: bytes, allowed_signers: Path) -> Si
             return SignatureCheck(False, key_type=key_type, fingerprint=fp, reason=(
                 f"signed by {key_type} key {fp}, which is not in {allowed_signers} ({_said(found)})"))
         last = ""
-        for principal in principals:
+        first: SignatureCheck | None = None
+        # The reviewer's own principals first; then the reviewer's name itself, which the file may grant
+        # through a principal pattern; then any other principal (verified, but not bound to the reviewer).
+        tries = sorted(principals, key=lambda p: not (reviewer and names_reviewer(p, reviewer)))
+        if reviewer and not any(names_reviewer(p, reviewer) for p in principals):
+            tries.insert(0, reviewer.strip())
+        for principal in tries:
             proc = _run(["-Y", "verify", "-f", str(allowed_signers), "-I", principal, "-n", NAMESPACE,
                          "-s", str(sig)], stdin=data, what=f"--allowed-signers {allowed_signers}")
             m = _GOOD.search(proc.stdout.decode("utf-8", "replace"))
             if proc.returncode == 0 and m and m["ns"] == NAMESPACE:
-                return SignatureCheck(True, principal=m["principal"] or principal, key_type=m["type"],
-                                      fingerprint=m["fp"])
-            last = f"{principal}: {_said(proc)}"
+                name = m["principal"] or principal
+                bound = None if reviewer is None else (names_reviewer(principal, reviewer)
+                                                       or names_reviewer(name, reviewer))
+                check = SignatureCheck(True, principal=name, key_type=m["type"], fingerprint=m["fp"], bound=bound)
+                if bound is not False:
+                    return check
+                first = first or check
+            else:
+                last = f"{principal}: {_said(proc)}"
+        if first is not None:
+            return first
     return SignatureCheck(False, key_type=key_type, fingerprint=fp,
                           reason=f"signed by {key_type} key {fp}, which {allowed_signers} does not allow "
                                  f"for {NAMESPACE} ({last})")

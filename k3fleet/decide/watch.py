@@ -48,7 +48,6 @@ import dataclasses
 import datetime as _dt
 import itertools
 import re
-import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +65,7 @@ from k3fleet.accept.metrics import MetricsError, scrape, scrape_url
 from k3fleet.accept.startup import NCCL_ERROR
 from k3fleet.bounds import check_seconds, parse_json, parse_seconds, read_input
 from k3fleet.contracts import result_code
-from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
+from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, check_fresh, verify_package
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
@@ -418,14 +417,20 @@ def approval_time(decision: Mapping[str, Any]) -> _dt.datetime | None:
 # -- the baseline -----------------------------------------------------------------------------------
 
 
-def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, dict[str, Any]]:
-    """The accepted baseline, only from a decision whose evidence package is intact and signed by a
-    principal of ``allowed_signers`` (docs/decision.md "Watch").
+def load_baseline(path: Path, allowed_signers: Path | None, *, trees: Sequence[Path] = (),
+                  max_age_s: float | None = None) -> tuple[Baseline, dict[str, Any], Target | None]:
+    """The accepted baseline, only from a decision whose evidence package is intact and signed by the
+    reviewer it names, a principal of ``allowed_signers`` (docs/decision.md "Watch"); with the decision and
+    the target it was taken on.
 
     ``path`` is the package, or the decision's run directory with its package beside it
     (``<run>.tar.gz``, as decide writes it): the directory must match its manifest, and that manifest
     must be the one the signed package holds. A manifest proves only that files were not changed
-    after it was written; whoever rewrites baseline.json can regenerate it, not the signature."""
+    after it was written; whoever rewrites baseline.json can regenerate it, not the signature.
+
+    The package is read once: its members are verified and then used from that same copy in memory, so
+    a package swapped on disk after the check is never the one used. An approval that a later decision
+    in the package's runs tree (or ``trees``) replaced, or older than ``max_age_s``, is refused."""
     run_dir: Path | None = None
     if path.is_dir():
         run_dir, package = path, _decision_dir_package(path)
@@ -440,45 +445,45 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
     check = _trusted_package(package, allowed_signers, path)
     if run_dir is not None:
         _same_decision(run_dir, package, check)
-    try:
-        decision = parse_json(read_package_file(package, layout.package_member(layout.DECISION)), package.name)
-        try:
-            raw = parse_json(read_package_file(package, layout.package_member(layout.BASELINE)), package.name)
-        except UsageError:
-            raw = None
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise IncompleteError(f"{package}: {exc}") from exc
+    stale = check_fresh(check, [package.parent, *trees], max_age_s)
+    if stale is not None:
+        raise UsageError(f"--baseline {path}: {stale}")
+    decision = _member_json(check, layout.package_member(layout.DECISION))
+    raw = _member_json(check, layout.package_member(layout.BASELINE))
     if not isinstance(decision, dict) or decision.get("approved") is not True or raw is None:
         outcome = decision.get("outcome") if isinstance(decision, dict) else None
         raise UsageError(f"--baseline {path}: the decision ({outcome}) was not approved: there is no accepted "
                          "baseline to watch against")
     try:
-        return Baseline.model_validate(raw), decision
+        baseline = Baseline.model_validate(raw)
     except ValidationError as exc:
         raise UsageError(validation_line(exc, f"--baseline {path}: baseline.json does not validate")) from exc
+    return baseline, decision, package_target(check)
 
 
-def package_target(package: Path) -> Target | None:
+def _member_json(check: PackageCheck, rel: str) -> Any:
+    """A verified member parsed from the copy verify_package kept; None when the package has none."""
+    data = check.members.get(rel)
+    return None if data is None else parse_json(data, f"{check.archive.name}: {rel}")
+
+
+def package_target(check: PackageCheck) -> Target | None:
     """The target the signed package's decision was taken on: the audit run's ``inputs/target.json`` that
     the decision's summary names (None when the decision rests on no recorded target)."""
     try:
-        summary = parse_json(read_package_file(package, layout.package_member(layout.SUMMARY)), package.name)
+        summary = _member_json(check, layout.package_member(layout.SUMMARY))
         ref = ((summary.get("target") or {}).get("ref") or {}) if isinstance(summary, dict) else {}
         if not (isinstance(ref, dict) and ref.get("run") and ref.get("file")):
             return None
-        raw = parse_json(read_package_file(package, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}"), package.name)
-    except (UsageError, tarfile.TarError, OSError, EOFError, KeyError):
+        raw = _member_json(check, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}")
+    except (UsageError, KeyError):
+        return None
+    if raw is None:
         return None
     try:
         return Target.model_validate(raw)
     except ValidationError as exc:
-        raise UsageError(validation_line(exc, f"--baseline {package.name}: the decision's target")) from exc
-
-
-def _package_of(path: Path) -> Path:
-    """The package a --baseline names (itself, or the one beside a decision run directory); load_baseline
-    has checked it."""
-    return layout.package_beside(path) if path.is_dir() else path
+        raise UsageError(validation_line(exc, f"--baseline {check.archive.name}: the decision's target")) from exc
 
 
 def _decision_dir_package(path: Path) -> Path:
@@ -504,7 +509,7 @@ def _decision_dir_package(path: Path) -> Path:
 
 
 def _trusted_package(package: Path, allowed_signers: Path, label: Path) -> PackageCheck:
-    check = verify_package(package, allowed_signers)
+    check = verify_package(package, allowed_signers, keep=True)
     if check.signature == FAILED:
         raise UsageError(f"--baseline {label}: the evidence package's signature fails: {check.signature_problem}")
     if not check.ok:
@@ -561,6 +566,7 @@ class WatchOptions:
     # package records none (a decision taken on the packaged default).
     target: Target | None = None
     telemetry_url: str | None = None
+    max_age_s: float | None = None  # refuse an approval older than this (--max-age)
 
 
 @dataclass
@@ -786,9 +792,9 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
     it is taken, ``watch.json`` and the manifest (also when the watch is stopped or fails). Bad options and
     an untrusted baseline (unsigned, forged, tampered, unapproved) are refused before it exists."""
     check_options(opts)
-    baseline, decision = load_baseline(opts.baseline, opts.allowed_signers)
+    baseline, decision, recorded = load_baseline(opts.baseline, opts.allowed_signers, trees=[runs_dir],
+                                                 max_age_s=opts.max_age_s)
     # The target the approved decision was taken on travels with its package; the CLI's only stands in.
-    recorded = package_target(_package_of(opts.baseline))
     if recorded is not None:
         opts = dataclasses.replace(opts, target=recorded)
     rd = RunDir.create(runs_dir, "watch", argv, out=out, record={"baseline": str(opts.baseline)})

@@ -61,7 +61,7 @@ class VerifyReport(BaseModel):
             raise IncompleteError(self.summary())
 
 
-def _entries(data: object) -> list[tuple[str, str]] | None:
+def manifest_entries(data: object) -> list[tuple[str, str]] | None:
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         return None
     out = []
@@ -97,7 +97,7 @@ def verify_run(path: Path | str) -> VerifyReport:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return VerifyReport(path=str(root), has_manifest=True,
                             problem=f"{MANIFEST} cannot be read: {type(exc).__name__}: {exc}")
-    entries = _entries(data)
+    entries = manifest_entries(data)
     if entries is None:
         return VerifyReport(path=str(root), has_manifest=True,
                             problem=f"{MANIFEST} is not a k3fleet manifest (expected files: [{{path, sha256}}])")

@@ -32,7 +32,9 @@ def load_probe_ran(run: Path) -> bool:
 
 # -- OpenSSH keys for signed evidence -------------------------------------------------------------------
 
-SIGNER = "reviewer@example.org"
+# The reviewer the decisions name is carol: the signer's principal must be hers (docs/decision.md "Signing and
+# verification": a signature binds the reviewer it names).
+SIGNER = "carol@example.org"
 PASSPHRASE = "correct horse battery staple"
 
 
@@ -70,3 +72,70 @@ def fingerprint(key: Path) -> str:
     proc = subprocess.run(["ssh-keygen", "-l", "-f", str(key.with_name(key.name + ".pub"))], check=True,
                           capture_output=True, text=True, timeout=60)
     return proc.stdout.split()[1]
+
+
+# -- rewriting a package as an attacker with a signing key would -----------------------------------------
+
+
+def sshsig(key: Path, data: bytes, tmp: Path) -> bytes:
+    """The real ``ssh-keygen -Y sign`` signature of ``data`` in the evidence namespace."""
+    msg = tmp / "signed-manifest"
+    msg.write_bytes(data)
+    sig = msg.with_name(msg.name + ".sig")
+    sig.unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-Y", "sign", "-f", str(key), "-n", "k3fleet-evidence", str(msg)], check=True,
+                   capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
+    return sig.read_bytes()
+
+
+def rewrite_package(members: dict[str, bytes], edits: dict[str, bytes], *, run_manifests: bool = True,
+                    key: Path | None = None, tmp: Path | None = None) -> dict[str, bytes]:
+    """``members`` (archive name -> bytes) with ``edits`` (names relative to the package root) applied and
+    PACKAGE.json made to match; with ``run_manifests`` each edited run's own manifest.json is regenerated too
+    (a thorough forger), and with ``key`` PACKAGE.json names that key and is signed by it again."""
+    import hashlib
+    import json
+
+    out = dict(members)
+    root = next(iter(out)).split("/", 1)[0]
+    for rel, data in edits.items():
+        out[f"{root}/{rel}"] = data
+        if run_manifests:
+            parts = rel.split("/")
+            run = "/".join(parts[:1] if parts[0] == "decision" else parts[:2])
+            name = f"{root}/{run}/manifest.json"
+            manifest = json.loads(out[name])
+            for f in manifest["files"]:
+                if f"{run}/{f['path']}" == rel:
+                    f["sha256"], f["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+            out[name] = (json.dumps(manifest, indent=2) + "\n").encode()
+    package = json.loads(out[f"{root}/PACKAGE.json"])
+    for f in package["files"]:
+        name = f"{root}/{f['path']}"
+        f["sha256"], f["bytes"] = hashlib.sha256(out[name]).hexdigest(), len(out[name])
+    if key is not None:
+        package["signer"] = {"key_fingerprint": fingerprint(key), "key_type": "ED25519",
+                             "namespace": "k3fleet-evidence", "format": "sshsig"}
+    out[f"{root}/PACKAGE.json"] = (json.dumps(package, indent=2) + "\n").encode()
+    if key is not None:
+        assert tmp is not None
+        out[f"{root}/PACKAGE.json.sig"] = sshsig(key, out[f"{root}/PACKAGE.json"], tmp)
+    return out
+
+
+def read_members(archive: Path) -> dict[str, bytes]:
+    import tarfile
+
+    with tarfile.open(archive, "r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+
+
+def write_members(archive: Path, members: dict[str, bytes]) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))

@@ -128,10 +128,18 @@ def _forge_go_live(members: dict[str, bytes], *, signer: Any = "keep") -> dict[s
     assert decision["approved"] is False
     decision.update(outcome="go_live", approved=True, exit_code=0)
     out[name] = json.dumps(decision, indent=2).encode()
+    # A thorough forger regenerates the decision's own manifest too (verify-evidence checks every run
+    # inside against its own manifest).
+    run_manifest = json.loads(out[f"{root}/decision/manifest.json"])
+    for f in run_manifest["files"]:
+        if f["path"] == "decision.json":
+            f["sha256"], f["bytes"] = hashlib.sha256(out[name]).hexdigest(), len(out[name])
+    out[f"{root}/decision/manifest.json"] = (json.dumps(run_manifest, indent=2) + "\n").encode()
     manifest = json.loads(out[f"{root}/{PACKAGE_MANIFEST}"])
     for f in manifest["files"]:
-        if f["path"] == "decision/decision.json":
-            f["sha256"], f["bytes"] = hashlib.sha256(out[name]).hexdigest(), len(out[name])
+        if f["path"] in ("decision/decision.json", "decision/manifest.json"):
+            data = out[f"{root}/{f['path']}"]
+            f["sha256"], f["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     manifest["decision"].update(outcome="go_live", approved=True, exit_code=0)
     if signer != "keep":
         manifest["signer"] = signer

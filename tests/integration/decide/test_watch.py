@@ -283,6 +283,7 @@ def test_node_error_line_fires(approved: Path, evidence_keys: Any, sim: Any, tmp
 
 def test_the_log_is_judged_by_the_decisions_own_target(approved: Path) -> None:
     """The signed package carries the target its audit recorded; watch judges node logs by that one."""
+    from k3fleet.decide.package import verify_package
     from k3fleet.decide.watch import package_target
     from k3fleet.evidence import layout
     from k3fleet.evidence.reader import RunReader
@@ -290,7 +291,7 @@ def test_the_log_is_judged_by_the_decisions_own_target(approved: Path) -> None:
     summary = RunReader(approved).object(layout.SUMMARY)
     ref = summary["target"]["ref"]
     assert ref["file"] == layout.TARGET
-    target = package_target(layout.package_beside(approved))
+    target = package_target(verify_package(layout.package_beside(approved), keep=True))
     assert target is not None and target.name == summary["target"]["name"]
 
 
@@ -326,6 +327,12 @@ def test_an_audit_run_is_not_a_baseline(healthy_audit: Path, evidence_keys: Any,
 def test_allowed_signers_are_required(unapproved: Path, tmp_path: Path) -> None:
     line = _refused(_watch_once(_package(unapproved), tmp_path), tmp_path)
     assert "--allowed-signers FILE is required" in line
+
+
+def _signed_meta(when: _dt.datetime) -> dict[str, Any]:
+    """What PACKAGE.json says of an approval: the decision, its reviewer (the signer's principal) and time."""
+    return {"decision": {"outcome": "go_live", "approved": True}, "reviewer": "carol",
+            "reviewed_at": when.replace(microsecond=0).isoformat()}
 
 
 def _approve(run: Path) -> None:
@@ -408,14 +415,13 @@ def test_only_the_signature_makes_a_baseline_trusted(unapproved: Path, evidence_
     shutil.copytree(unapproved, run)
     _approve(run)
     now = _dt.datetime.now(_dt.UTC)
-    write_package(_package(run), run.name, run, [], {"decision": {"approved": True}}, mtime=now,
-                  sign=signing_key(evidence_keys.key))
+    meta = _signed_meta(now)
+    write_package(_package(run), run.name, run, [], meta, mtime=now, sign=signing_key(evidence_keys.key))
     proc = _watch_once(run, tmp_path, "--allowed-signers", str(evidence_keys.allowed))
     assert proc.returncode == 3 and "cannot watch" in proc.stderr, proc.stderr
     shutil.rmtree(tmp_path / "r")
     stranger = tmp_path / "by-stranger.tar.gz"
-    write_package(stranger, run.name, run, [], {"decision": {"approved": True}}, mtime=now,
-                  sign=signing_key(evidence_keys.stranger))
+    write_package(stranger, run.name, run, [], meta, mtime=now, sign=signing_key(evidence_keys.stranger))
     line = _refused(_watch_once(stranger, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
     assert f"signed by ED25519 key {evidence_keys.stranger_fingerprint}, which is not in" in line
 
@@ -434,3 +440,61 @@ def test_the_watch_samples_the_gpus(approved: Path, evidence_keys: Any, sim: Any
                  "--telemetry-url", "ftp://x")
     _, err = bad.communicate(timeout=120)
     assert bad.returncode == 2 and "--telemetry-url" in err
+
+
+def _approved_package(unapproved: Path, tmp_path: Path, evidence_keys: Any, when: _dt.datetime) -> Path:
+    """An approved decision (as _approve makes it) packaged in a runs tree and signed by carol at ``when``."""
+    from k3fleet.decide.package import write_package
+    from k3fleet.decide.signing import signing_key
+
+    tree = tmp_path / "runs"
+    tree.mkdir(exist_ok=True)
+    run = tree / "decision"
+    shutil.copytree(unapproved, run)
+    _approve(run)
+    write_package(_package(run), run.name, run, [], _signed_meta(when), mtime=when,
+                  sign=signing_key(evidence_keys.key))
+    return _package(run)
+
+
+def test_an_approval_replaced_by_a_later_decision_is_refused(unapproved: Path, healthy_audit: Path,
+                                                             evidence_keys: Any, tmp_path: Path) -> None:
+    """Replay: an older genuine approval, after a later decision in the same runs tree (whatever its outcome)."""
+    package = _approved_package(unapproved, tmp_path, evidence_keys, _dt.datetime.now(_dt.UTC) - _dt.timedelta(hours=1))
+    later = k3fleet("decide", str(healthy_audit), "--reviewer", "dave", "--out", str(package.parent / "no-go"))
+    assert later.returncode == 3, later.stderr[-2000:]
+    line = _refused(_watch_once(package, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
+    assert "a later decision no-go (" in line and "replaces it" in line
+
+
+def test_an_approval_older_than_max_age_is_refused(unapproved: Path, evidence_keys: Any, tmp_path: Path) -> None:
+    package = _approved_package(unapproved, tmp_path, evidence_keys, _dt.datetime.now(_dt.UTC) - _dt.timedelta(days=2))
+    line = _refused(_watch_once(package, tmp_path, "--allowed-signers", str(evidence_keys.allowed), "--max-age", "1d"),
+                    tmp_path)
+    assert "older than --max-age (1 days)" in line
+    proc = _watch_once(package, tmp_path, "--allowed-signers", str(evidence_keys.allowed), "--max-age", "3d")
+    assert proc.returncode == 3 and "cannot watch" in proc.stderr, proc.stderr
+
+
+def test_the_baseline_used_is_the_one_verified(unapproved: Path, evidence_keys: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The package swapped on disk for an unsigned one (another image) right after its signature was checked:
+    watch uses the copy it verified, never the swapped-in file."""
+    from k3fleet.decide import watch
+
+    package = _approved_package(unapproved, tmp_path, evidence_keys, _dt.datetime.now(_dt.UTC))
+    swapped = tmp_path / "swapped.tar.gz"
+    change = {"decision/baseline.json": json.dumps({"image": "registry.example/other:latest",
+                                                    "model": "moonshotai/Kimi-K3"}).encode()}
+    _rebuild(package, swapped, change, drop=("PACKAGE.json.sig",))
+    verify = watch.verify_package
+
+    def verify_then_swap(*args: Any, **kwargs: Any) -> Any:
+        check = verify(*args, **kwargs)
+        shutil.copyfile(swapped, package)
+        return check
+
+    monkeypatch.setattr(watch, "verify_package", verify_then_swap)
+    baseline, decision, _ = watch.load_baseline(package, evidence_keys.allowed)
+    assert baseline.image == "registry.example/forged:latest" and decision["approved"] is True
+    assert package.read_bytes() == swapped.read_bytes()  # the file on disk was swapped after the check
