@@ -295,6 +295,9 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
                  for r in src.runs],
         "command": _command_argv(rd),
     }
+    # The decision's files were written relative to the directory claimed; it is read back by its path to
+    # be packaged, so that path must still be that directory (not a link swapped in since).
+    rd.check_claim()
     write_package(archive, rd.path.name, rd.path, [(lbl, p) for lbl, p in src.paths.items()], meta, mtime=now,
                   sign=key, force=opts.force, inputs=[*archive_inputs, rd.path])
 

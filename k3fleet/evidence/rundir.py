@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -30,7 +31,7 @@ from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
 from k3fleet.evidence.verify import verify_run
-from k3fleet.evidence.writer import Fill, atomic_replace, fsync_dir, sha256_file
+from k3fleet.evidence.writer import Fill, atomic_replace, sha256_file
 
 # Controller environment worth keeping as evidence (values still pass the redactor).
 _ENV_PREFIXES = ("K3FLEET_", "ANSIBLE_", "NCCL_", "VLLM_")
@@ -55,10 +56,13 @@ def _write_error(path: Path, exc: OSError) -> EvidenceWriteError:
     return EvidenceWriteError(f"cannot write {path}: {exc.strerror or exc}; the run directory is incomplete")
 
 
-def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
+def atomic_write(path: Path, data: bytes, *, durable: bool = True, dir_fd: int | None = None) -> None:
     """Write ``data`` to ``path`` through a unique temp file in the same directory, fsync'd, renamed
     (the one writer's core, ``k3fleet.evidence.writer.atomic_replace``); a failure is exit 3."""
-    atomic_replace(path, data, error=lambda exc: _write_error(path, exc), durable=durable)
+    atomic_replace(path, data, error=lambda exc: _write_error(path, exc), durable=durable, dir_fd=dir_fd)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _dumps(data: Any, **kw: Any) -> str:
@@ -145,9 +149,31 @@ def _json_fill(data: Any) -> Fill:
 _CLAIMED: list[tuple[Path, bool]] = []
 
 
+# Run directories this process writes (created or opened): the only runs another run may be nested in
+# (a change night's gating audit), docs/safety.md "Writes".
+_HOSTS: set[str] = set()
+
+
 def forget_claims() -> None:
     """Start a new command: claims made before it are not its to discard."""
     _CLAIMED.clear()
+    _HOSTS.clear()
+
+
+def host_run(path: Path) -> Path | None:
+    """The run directory ``path`` would be inside (its nearest ancestor holding command.json), if any."""
+    real = Path(os.path.realpath(path))
+    for folder in real.parents:
+        if (folder / COMMAND).is_file():
+            return folder
+    return None
+
+
+def _refuse_nested(path: Path, where: str) -> None:
+    host = host_run(path)
+    if host is not None and str(host) not in _HOSTS:
+        raise UsageError(f"{where} is inside the run directory {host}: a run directory is never made inside "
+                         "another (it would change that run under its manifest); choose another --out")
 
 
 def discard_unstarted() -> list[Path]:
@@ -175,10 +201,67 @@ def discard_unstarted() -> list[Path]:
 class RunDir:
     """One run's evidence directory. Files are written through it so the redactor and the manifest see them all."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fd: int | None = None) -> None:
         self.path = path
         # Files written without their own fsync (write_json durable=False): synced before the manifest.
         self._unsynced = False
+        # The run directory opened once (O_DIRECTORY | O_NOFOLLOW) when it is claimed: every file is written
+        # relative to it, so a link swapped in for the path after the claim is never written through.
+        self._fd = fd
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+    def _dir_fd(self) -> int:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, _DIR_FLAGS)
+            except OSError as exc:
+                raise _write_error(self.path, exc) from exc
+        return self._fd
+
+    def check_claim(self) -> None:
+        """The path still names the directory this run claimed (not a link or another directory swapped in
+        since): checked before the path itself is used again, e.g. to package the run."""
+        try:
+            here = os.stat(self.path, follow_symlinks=False)
+            mine = os.fstat(self._dir_fd())
+        except OSError as exc:
+            raise IncompleteError(f"run directory {self.path} is gone ({exc.strerror or exc})") from exc
+        if (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
+            raise IncompleteError(f"run directory {self.path} was replaced after it was claimed (a link or another "
+                                  "directory stands there now): nothing is written or read through it")
+
+    def _at(self, rel: str) -> tuple[int, str]:
+        """(descriptor of ``rel``'s folder, its name): each folder opened or made relative to the claimed
+        directory, never through a link; the caller closes the descriptor."""
+        parts = self._checked(rel).parts
+        fd = os.dup(self._dir_fd())
+        try:
+            for part in parts[:-1]:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, _DIR_MODE, dir_fd=fd)
+                if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.close(fd)
+                    raise UsageError(f"refusing to write {rel!r}: a link inside {self.path} leads out of it")
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except OSError as exc:
+            os.close(fd)
+            raise _write_error(self.path / rel, exc) from exc
+        return fd, parts[-1]
+
+    def _replace(self, rel: str, content: bytes | Fill, *, durable: bool = True) -> Path:
+        p = self.path / self._checked(rel)
+        fd, _ = self._at(rel)
+        try:
+            atomic_replace(p, content, error=lambda exc: _write_error(p, exc), durable=durable, dir_fd=fd)
+        finally:
+            os.close(fd)
+        return p
 
     # -- creating and opening ------------------------------------------------------------------
 
@@ -197,6 +280,7 @@ class RunDir:
             raise UsageError(f"{where} is a symbolic link: give the real directory")
         if path.exists() and not path.is_dir():
             raise UsageError(f"{where} exists and is not a directory: choose another --out")
+        _refuse_nested(path, where)
         made = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,11 +296,18 @@ class RunDir:
                 raise UsageError(f"{where} exists and is not empty: choose another --out") from None
         except OSError as exc:
             raise UsageError(f"cannot create {where}: {exc.strerror or exc}") from exc
-        rd = cls(path)
+        try:
+            dir_fd = os.open(path, _DIR_FLAGS)
+        except OSError as exc:
+            if made:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            raise UsageError(f"cannot create {where}: {exc.strerror or exc} (a link is never a run directory)") from exc
+        rd = cls(path, dir_fd)
         try:
             # An empty --out the user made keeps its own mode otherwise: the owner's only.
-            os.chmod(path, _DIR_MODE)
-            fd = os.open(path / COMMAND, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+            os.fchmod(dir_fd, _DIR_MODE)
+            fd = os.open(COMMAND, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, _FILE_MODE, dir_fd=dir_fd)
         except FileExistsError:
             raise UsageError(f"{where} is being written by another k3fleet run: choose another --out") from None
         except OSError as exc:
@@ -238,7 +329,7 @@ class RunDir:
                 fh.write(_dumps(command, indent=2) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            fsync_dir(path)
+            os.fsync(dir_fd)
         except OSError as exc:
             # Leave nothing behind: a half-written claim would block the next run on this --out.
             with contextlib.suppress(OSError):
@@ -248,6 +339,7 @@ class RunDir:
                     path.rmdir()
             raise UsageError(f"cannot create {where}: {exc.strerror or exc}") from exc
         _CLAIMED.append((rd.path, made))
+        _HOSTS.add(os.path.realpath(rd.path))
         return rd
 
     @classmethod
@@ -257,16 +349,20 @@ class RunDir:
             raise UsageError(f"{path} is not a directory: give a k3fleet run directory")
         if not (path / COMMAND).is_file():
             raise UsageError(f"{path} is not a k3fleet run directory (no {COMMAND})")
+        _HOSTS.add(os.path.realpath(path))
         return cls(path)
 
     # -- paths ------------------------------------------------------------------------------------
 
-    def file(self, rel: str) -> Path:
-        """The path of ``rel`` inside the run directory (parents created); never outside it."""
+    def _checked(self, rel: str) -> Path:
         parts = Path(rel).parts
         if not rel or Path(rel).is_absolute() or ".." in parts:
             raise UsageError(f"refusing to write {rel!r}: it would leave the run directory {self.path}")
-        p = self.path / rel
+        return Path(rel)
+
+    def file(self, rel: str) -> Path:
+        """The path of ``rel`` inside the run directory (parents created); never outside it."""
+        p = self.path / self._checked(rel)
         try:
             p.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
@@ -287,20 +383,15 @@ class RunDir:
         """``data`` as JSON through the redactor, written in chunks; a :class:`JsonEntries` inside it is
         written entry by entry. ``durable=False`` for one of many files in a row (a merge's facts): it is
         not fsync'd on its own, the manifest syncs them all at once first."""
-        p = self.file(rel)
-        atomic_replace(p, _json_fill(data), error=lambda exc: _write_error(p, exc), durable=durable)
+        p = self._replace(rel, _json_fill(data), durable=durable)
         self._unsynced = self._unsynced or not durable
         return p
 
     def write_text(self, rel: str, text: str) -> Path:
-        p = self.file(rel)
-        atomic_write(p, redact_text(text).encode("utf-8"))
-        return p
+        return self._replace(rel, redact_text(text).encode("utf-8"))
 
     def write_jsonl(self, rel: str, rows: Iterable[Mapping[str, Any]]) -> Path:
-        p = self.file(rel)
-        atomic_write(p, "".join(_dumps(row) + "\n" for row in rows).encode("utf-8"))
-        return p
+        return self._replace(rel, "".join(_dumps(row) + "\n" for row in rows).encode("utf-8"))
 
     def append_jsonl(self, rel: str, row: Mapping[str, Any]) -> None:
         """Append one line and fsync it: a journal must survive a killed controller.
@@ -308,10 +399,12 @@ class RunDir:
         A torn last line (power loss mid-write) is terminated first, so this line starts on a
         line boundary and is never merged into it.
         """
-        p = self.file(rel)
+        p = self.path / self._checked(rel)
         line = (_dumps(row) + "\n").encode("utf-8")
+        folder, name = self._at(rel)
         try:
-            with os.fdopen(os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND, _FILE_MODE), "a+b") as fh:
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(name, flags, _FILE_MODE, dir_fd=folder), "a+b") as fh:
                 fh.seek(0, os.SEEK_END)
                 if fh.tell() > 0:
                     fh.seek(-1, os.SEEK_END)
@@ -322,6 +415,8 @@ class RunDir:
                 os.fsync(fh.fileno())
         except OSError as exc:
             raise _write_error(p, exc) from exc
+        finally:
+            os.close(folder)
 
     def update_command(self, **fields: Any) -> Path:
         """Add fields to command.json (a choice made after the run started, e.g. host-key checking)."""
@@ -342,7 +437,9 @@ class RunDir:
         if not src.exists():
             return None
         if src.is_dir():
-            dest = self.file(f"{rel}/.keep").parent
+            folder, _ = self._at(f"{rel}/.keep")
+            os.close(folder)
+            dest = self.path / self._checked(rel)
             for dirpath, dirnames, filenames in os.walk(src):
                 dirnames[:] = sorted(d for d in dirnames if d not in (".git", "__pycache__"))
                 for name in sorted(filenames):
@@ -377,9 +474,7 @@ class RunDir:
         if b"\0" in raw[:8192]:
             return self.write_text(rel + ".omitted", f"{src.name}: binary ({size} bytes), not copied into evidence\n")
         text = raw.decode("utf-8", errors="replace")
-        p = self.file(rel)
-        atomic_write(p, redact_file_text(src.name, text).encode("utf-8"))
-        return p
+        return self._replace(rel, redact_file_text(src.name, text).encode("utf-8"))
 
     # -- reading ----------------------------------------------------------------------------------
 

@@ -76,8 +76,11 @@ def _fill_bytes(data: bytes) -> Fill:
 
 def atomic_replace(path: Path, content: bytes | Fill, *, error: Callable[[OSError], Exception],
                    replace: bool = True, exists: Callable[[], Exception] | None = None,
-                   mode: int = FILE_MODE, durable: bool = True) -> None:
+                   mode: int = FILE_MODE, durable: bool = True, dir_fd: int | None = None) -> None:
     """Write ``content`` (bytes, or a function writing into the file) to ``path`` atomically.
+
+    With ``dir_fd`` (a directory opened once, ``O_NOFOLLOW``) only ``path.name`` is used, relative to that
+    descriptor (``openat``-style): a link swapped in for the directory's path later is never written through.
 
     ``replace=False`` never replaces an existing name: the file is hard-linked into place, which
     fails if one appeared (``exists()`` is raised). An OSError becomes ``error(exc)``; any failure
@@ -86,6 +89,10 @@ def atomic_replace(path: Path, content: bytes | Fill, *, error: Callable[[OSErro
     manifest; an fsync costs milliseconds, 100,000 of them minutes).
     """
     fill = _fill_bytes(content) if isinstance(content, bytes) else content
+    if dir_fd is not None:
+        _replace_at(dir_fd, path.name, fill, error=error, replace=replace, exists=exists, mode=mode,
+                    durable=durable)
+        return
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
@@ -109,6 +116,47 @@ def atomic_replace(path: Path, content: bytes | Fill, *, error: Callable[[OSErro
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def _replace_at(dir_fd: int, name: str, fill: Fill, *, error: Callable[[OSError], Exception], replace: bool,
+                exists: Callable[[], Exception] | None, mode: int, durable: bool) -> None:
+    """atomic_replace relative to an open directory: temp file, fsync, rename, all by ``dir_fd``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+        try:
+            fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise error(exc) from exc
+    else:
+        raise error(FileExistsError(errno.EEXIST, "no free temporary name"))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fill(fh)
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+        if replace:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        else:
+            try:
+                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except FileExistsError:
+                raise (exists() if exists is not None else FileExistsError(errno.EEXIST, name)) from None
+            os.unlink(tmp, dir_fd=dir_fd)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        if isinstance(exc, OSError):
+            raise error(exc) from exc
+        raise
+    if durable:
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
 
 
 def _link_into_place(tmp: str, path: Path, exists: Callable[[], Exception] | None) -> None:
