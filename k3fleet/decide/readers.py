@@ -23,7 +23,7 @@ from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
 from k3fleet.decide.envelope import held_envelope, repeat_intervals, slo_rate, traffic_baseline
 from k3fleet.errors import UsageError, validation_line
-from k3fleet.evidence import layout
+from k3fleet.evidence import layout, sha256_file
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.reader import open_run as open_checked
 from k3fleet.evidence.redact import excerpt
@@ -65,7 +65,8 @@ def open_run(path: Path, *, label: str | None = None, kinds: Sequence[str] = KIN
     cmd = run.command
     info = RunInfo(label=run.label, kind=cmd.kind, path=str(path), started_at=cmd.started_at,  # type: ignore[arg-type]
                    argv=list(cmd.argv), user=cmd.user, operator=cmd.operator, k3fleet_version=cmd.k3fleet_version,
-                   operator_supplied=cmd.kind == "triage", files=run.file_count())
+                   operator_supplied=cmd.kind == "triage", files=run.file_count(),
+                   manifest_sha256=sha256_file(path / layout.MANIFEST))
     return info, run
 
 

@@ -181,6 +181,9 @@ class RunInfo(_Model):
     k3fleet_version: str | None = None
     operator_supplied: bool = False
     files: int = 0
+    manifest_sha256: str | None = Field(default=None, description="sha256 of the run's manifest.json as decide "
+                                                                   "verified it: the run's identity wherever it "
+                                                                   "is moved (prune keeps a cited run by it)")
 
 
 class Fact(Finding):
