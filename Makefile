@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.k3fleet-installed
 
-.PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict wheel-check clean testbed-down
+.PHONY: venv demo test test-unit test-integration test-system molecule lint bench bench-verdict bench-merge wheel-check clean testbed-down
 .PHONY: bench-ssh bench-node collection collection-check ee-check ssh-fleet-down test-under-load
 
 $(STAMP): pyproject.toml
@@ -18,18 +18,23 @@ venv: $(STAMP)
 # The demo needs k3fleet alone, not the test tools (molecule, ansible-lint, mypy).
 DEMO_STAMP := $(VENV)/.k3fleet-demo-installed
 $(DEMO_STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e .
-	touch $(DEMO_STAMP)
+	@mkdir -p runs
+	@echo "make demo: creating $(VENV) and installing k3fleet (pip's output: runs/demo-pip.log)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@{ $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -e . ; } \
+	  > runs/demo-pip.log 2>&1 || { tail -n 5 runs/demo-pip.log; echo "make demo: pip failed (runs/demo-pip.log)"; exit 1; }
+	@touch $(DEMO_STAMP)
 
 # The whole path on the lab (k3fleet lab demo): audit -> plan -> upgrade --check -> accept all -> decide -> watch.
 # Its change night needs Debian's dpkg/apt tools: said before it happens, root only (scripts/demo-deps.sh);
 # without root, or with K3FLEET_NO_SYSTEM_PACKAGES=1, the demo says which step it skips and why.
+# apt's own output goes to $(DEMO_LOG), not the screen: one line says what happens, the log has the rest.
+DEMO_LOG := runs/demo-setup.log
 demo: $(DEMO_STAMP)
+	@mkdir -p runs
 	@if [ "$$(id -u)" -eq 0 ] && [ -z "$$K3FLEET_NO_SYSTEM_PACKAGES" ]; then \
-	  echo "make demo: installing Debian packages if missing (gcc, libc6-dev, dpkg-dev, apt-utils, python3-apt, openssh-client: scripts/demo-deps.sh; K3FLEET_NO_SYSTEM_PACKAGES=1 skips)"; \
-	  bash scripts/demo-deps.sh; \
+	  echo "make demo: installing the missing Debian packages among gcc, libc6-dev, dpkg-dev, apt-utils, python3-apt, openssh-client and what apt says they need (scripts/demo-deps.sh; K3FLEET_NO_SYSTEM_PACKAGES=1 skips); apt's output: $(DEMO_LOG)"; \
+	  bash scripts/demo-deps.sh > $(DEMO_LOG) 2>&1 || { tail -n 5 $(DEMO_LOG); echo "make demo: installing Debian packages failed (whole output: $(DEMO_LOG))"; exit 1; }; \
 	else echo "make demo: not root (or K3FLEET_NO_SYSTEM_PACKAGES set): no Debian packages installed; upgrade --check runs only if its tools are here"; fi
 	@echo '$$ k3fleet lab demo'
 	@$(BIN)/k3fleet lab demo
@@ -115,6 +120,10 @@ ee-check: $(STAMP)
 
 bench-verdict: $(STAMP)
 	$(BIN)/python scripts/bench_verdict.py
+
+# k3fleet merge of 100,000 hosts' audit slices, as its own process: wall time and peak RSS (docs/scale.md).
+bench-merge: $(STAMP)
+	$(BIN)/python scripts/bench_verdict.py --merge 100000
 
 # AWX's execution path: one controller against the lab fleet split over 1, 2 and 4
 # transmit | worker | process pipelines merged by k3fleet merge (docs/scale.md "AWX's execution path").

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import gzip
 import io
+import json
 import math
 import os
 import re
@@ -279,6 +280,20 @@ def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, ma
     if text and b"\x00" in data[:_BINARY_PROBE]:
         raise UsageError(f"{label} is binary, not {kind}")
     return data
+
+
+def parse_json(data: bytes, label: str) -> Any:
+    """``data`` parsed as JSON; not UTF-8 or not JSON is one UsageError line: ``<label> is not readable JSON``."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{label} is not readable JSON: {exc}") from exc
+
+
+def read_json(path: Path, what: str, *, kind: str = "a JSON file", limit: str = "run_json") -> Any:
+    """The one reader of a JSON file outside a run directory (run files: ``k3fleet.evidence.reader``):
+    ``read_input``'s checks and cap, then ``parse_json``; every failure one UsageError line naming ``what``."""
+    return parse_json(read_input(path, what, kind=kind, limit=limit), f"{what} {path}" if what else str(path))
 
 
 def read_bounded(path: Path, limit: str) -> bytes:

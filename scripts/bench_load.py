@@ -279,8 +279,10 @@ def rate_worker(url: str, rate: float, count: int, prompt_tokens: int, output_to
     from k3fleet.accept.load import LoadOptions, run_load
 
     ep = Endpoint(base_url=url, model=model, timeout_s=600)
-    opts = LoadOptions(phases=["rate_ramp"], rates=[rate], rate_step_s=count / rate, arrival="poisson",
-                       rate_prompt_tokens=prompt_tokens, rate_output_tokens=output_tokens, max_requests=count + 10,
+    # Exactly ``count`` requests, as vLLM's benchmark sends: a Poisson draw over count / rate seconds may hold
+    # fewer, so the step is twice as long and the request bound (which calibration does not count) ends them.
+    opts = LoadOptions(phases=["rate_ramp"], rates=[rate], rate_step_s=count / rate * 2, arrival="poisson",
+                       rate_prompt_tokens=prompt_tokens, rate_output_tokens=output_tokens, max_requests=count,
                        ttft_p95_slo_s=3600, itl_p95_slo_s=3600, request_timeout_s=600, max_duration_s=86400)
     res = asyncio.run(run_load(ep, opts))
     (row,) = [r for r in res.data["curves"] if r["phase"] == "rate_ramp"]
@@ -318,14 +320,15 @@ def open_loop(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-load-rate-") as tmp:
         work = Path(tmp)
-        sim, url = start_simulator(args.itl_ms)
-        try:
-            for rate in args.rates:
-                compare("simulator", url, "moonshotai/Kimi-K3", rate, work)
-        finally:
-            sim.terminate()
-            sim.wait(10)
-        if args.real:
+        if not args.real_only:
+            sim, url = start_simulator(args.itl_ms)
+            try:
+                for rate in args.rates:
+                    compare("simulator", url, "moonshotai/Kimi-K3", rate, work)
+            finally:
+                sim.terminate()
+                sim.wait(10)
+        if args.real or args.real_only:
             wd = work / "vllm"
             try:
                 state = vllm.up(0, [], workdir=wd, progress=lambda m: print(m, file=sys.stderr))
@@ -435,6 +438,7 @@ def main() -> int:
                     "--request-rate (Poisson) at these rates, on the simulator (and --real at --real-rates)")
     ap.add_argument("--rate-seconds", type=float, default=20.0, help="open loop: seconds of arrivals per rate")
     ap.add_argument("--real-rates", type=float, nargs="+", default=[2.0, 4.0])
+    ap.add_argument("--real-only", action="store_true", help="open loop: the real vLLM's rates only")
     ap.add_argument("--rate-worker", nargs=6, metavar=("URL", "RATE", "COUNT", "PROMPT", "OUTPUT", "MODEL"))
     args = ap.parse_args()
     if args.worker:

@@ -29,6 +29,14 @@ other work inflates wall time (CPU seconds are shown beside it, and the load ave
 
     .venv/bin/python scripts/bench_verdict.py [--sizes 10000 100000] [--repeat 3]
         [--baseline-sizes 10000] [--batch-sizes 10000 100000]
+
+--merge N measures the product instead: N hosts' facts (the same generator) are written as
+--slices audit run directories (through the run directory's writer, each with its manifest), then
+`k3fleet merge` runs on them as a separate process, its wall time and peak RSS read from the
+process's own resource usage (os.wait4):
+
+    .venv/bin/python scripts/bench_verdict.py --merge 100000 [--slices 10]
+        -> merge 100000 hosts: X s wall, Y MB peak RSS
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +60,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from k3fleet.evidence import RunDir, layout  # noqa: E402
 from k3fleet.models.facts import HostFacts  # noqa: E402
 from k3fleet.models.findings import FleetVerdict  # noqa: E402
 from k3fleet.targets import load_target  # noqa: E402
@@ -271,6 +282,65 @@ def _row(r: dict[str, Any], n: int, stream: dict[str, Any] | None) -> str:
     return line
 
 
+def write_slices(n: int, slices: int, base: Path, seed: int, unreachable: int) -> list[Path]:
+    """N generated hosts as ``slices`` audit run directories (round robin), as `k3fleet audit` leaves
+    them: target.json, facts/<host>.json, run.json, the manifest."""
+    target = load_target(None).model_dump(mode="json")
+    dirs = [RunDir.create(base, "audit", ["k3fleet", "audit", "--bench-slice", str(i)], out=base / f"slice{i:02d}")
+            for i in range(slices)]
+    width = max(5, len(str(n - 1)))
+    lost = {f"gpu{i:0{width}d}" for i in range(unreachable)}
+    counts = [0] * slices
+    gone: list[dict[str, str]] = [{} for _ in range(slices)]
+    for i, (name, data) in enumerate(iter_hosts(n, seed)):
+        k = i % slices
+        if name in lost:
+            gone[k][name] = "ssh: connect to host: Connection timed out"
+            continue
+        dirs[k].write_json(layout.facts_file(name), data, durable=False)
+        counts[k] += 1
+    for rd, hosts, un in zip(dirs, counts, gone, strict=True):
+        rd.write_json(layout.TARGET, target)
+        rd.write_json(layout.RUN, {"status": "successful", "hosts_total": hosts + len(un), "hosts_with_facts": hosts,
+                                   "unreachable": un, "invalid_evidence": {}, "wall_s": 60.0, "exit_code": 0})
+        rd.write_manifest()
+    return [rd.path for rd in dirs]
+
+
+def bench_merge(args: argparse.Namespace) -> int:
+    """--merge N: the slices written, then `k3fleet merge` on them in its own process."""
+    n = args.merge
+    exe = shutil.which("k3fleet", path=str(Path(sys.executable).parent)) or shutil.which("k3fleet")
+    if exe is None:
+        raise SystemExit("bench_verdict: no k3fleet command beside this Python or on PATH (make venv)")
+    with tempfile.TemporaryDirectory(prefix="k3fleet-bench-merge-") as tmp:
+        base = Path(tmp)
+        w0 = time.perf_counter()
+        paths = write_slices(n, args.slices, base / "slices", args.seed, args.unreachable)
+        print(f"wrote {n:,} hosts as {args.slices} audit slices in {time.perf_counter() - w0:.1f} s "
+              f"({_load_average()})")
+        cmd = [exe, "merge", *map(str, paths), "--out", str(base / "merged")]
+        if os.environ.get("K3FLEET_BENCH_PROFILE"):
+            cmd = [sys.executable, "-m", "cProfile", "-o", os.environ["K3FLEET_BENCH_PROFILE"], *cmd]
+        w0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - w0
+        stderr = proc.stderr.read() if proc.stderr else ""
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode not in (0, 1, 3):
+            raise SystemExit(f"bench_verdict: k3fleet merge failed (exit {proc.returncode}): "
+                             f"{(stderr.strip().splitlines() or ['no output'])[-1]}")
+        hosts = len(list((base / "merged" / layout.FACTS).glob("*.json")))
+        print(f"merge {n} hosts: {wall:.1f} s wall, {usage.ru_maxrss / 1024:.0f} MB peak RSS")
+        cpu = usage.ru_utime + usage.ru_stime
+        print(f"  CPU {cpu:.1f} s (user {usage.ru_utime:.1f}, system {usage.ru_stime:.1f}); "
+              f"exit {proc.returncode}; {hosts:,} facts files in the merged run; goal: under 10 s and "
+              f"{RSS_GOAL_MB} MB on 2 cores")
+        print(f"  after: {_load_average()}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="hosts, one run per size")
@@ -281,10 +351,17 @@ def main() -> int:
                     help="sizes at which the batch path (validate_facts + evaluate_fleet) runs beside the stream")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--unreachable", type=int, default=25, help="hosts reported unreachable")
+    ap.add_argument("--merge", type=int, metavar="N",
+                    help="write N hosts as audit slices and time `k3fleet merge` on them (a separate process)")
+    ap.add_argument("--slices", type=int, default=10, help="--merge: how many audit slices the hosts are split into")
     ap.add_argument("--child", nargs=2, metavar=("PATH", "HOSTS"), help=argparse.SUPPRESS)
     ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args.merge is not None:
+        if args.merge < 1 or args.slices < 1:
+            raise SystemExit("bench_verdict: --merge and --slices take a positive number")
+        return bench_merge(args)
     if args.child:
         path, n = args.child[0], int(args.child[1])
         if path not in PATHS:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from k3fleet.accept import toolcheck
+from k3fleet.accept import identity, toolcheck
 from k3fleet.accept.agent_profile import case_func
 from k3fleet.accept.client import (
     Endpoint,
@@ -89,8 +89,11 @@ INCIDENT_SCHEMA: dict[str, Any] = {
 # Cases a go-live depends on; the rest are reported, not gating. Operators override with --critical.
 CRITICAL = ("one_required_arg", "nested_args", "call_then_result", "no_tool_turn", "invalid_args",
             "timeout_retry", "multi_turn", "streaming_deltas", "reasoning_contract")
+# BFCL's categories (parallel, multiple, irrelevance, missing parameter, long multi-turn; docs/acceptance.md
+# "accept agent") are reported beside them, not gating unless named with --critical.
+BFCL_CASES = ("parallel_calls", "many_functions", "irrelevance", "missing_param", "long_multi_turn")
 CASES = ("one_required_arg", "nested_args", "call_then_result", "no_tool_turn", "invalid_args", "structured_output",
-         "timeout_retry", "multi_turn", "streaming_deltas", "reasoning_contract")
+         "timeout_retry", "multi_turn", "streaming_deltas", "reasoning_contract", *BFCL_CASES)
 
 
 def tool_defs(*names: str) -> list[dict[str, Any]]:
@@ -275,11 +278,77 @@ async def case_reasoning_contract(ctx: Ctx, out: RunOutcome) -> None:
                _expect("lookup_runbook"), stream=True)
 
 
+# Distractors for many_functions: 21 plausible fleet tools beside the 5 above, so the right one is chosen
+# among 26 (BFCL "multiple" offers several; production agents offer dozens).
+_DISTRACTORS = [(f"{verb}_{noun}", f"{verb.capitalize()} the {noun.replace('_', ' ')}.")
+                for verb in ("list", "restart", "cordon")
+                for noun in ("pods", "jobs", "alerts", "gpus", "links", "queues", "rails")]
+_DISTRACTOR_TOOLS = [{"type": "function", "function": {
+    "name": name, "description": desc,
+    "parameters": {"type": "object", "properties": {"target": {"type": "string"}}, "required": ["target"],
+                   "additionalProperties": False}}} for name, desc in _DISTRACTORS]
+
+
+async def case_parallel_calls(ctx: Ctx, out: RunOutcome) -> None:
+    """BFCL parallel: one turn, the same function called twice with different arguments."""
+    expect = _expect("get_node_status", "get_node_status")
+    expect.call_args = [{"node": "gpu-101"}, {"node": "gpu-102"}]
+    await _ask(ctx, out, "parallel_calls", "call",
+               'Check two nodes at once, in parallel: call get_node_status with node="gpu-101" and get_node_status '
+               'with node="gpu-102".', ("get_node_status", "drain_node"), expect)
+
+
+async def case_many_functions(ctx: Ctx, out: RunOutcome) -> None:
+    """BFCL multiple: the right function among 26 offered."""
+    tools = tool_defs(*TOOLS) + copy.deepcopy(_DISTRACTOR_TOOLS)
+    await _turn(ctx, "many_functions", "call",
+                ctx.body(_question('Which runbook covers alert "XidError48"? Use lookup_runbook with '
+                                   'alert="XidError48".'), tools=tools, tool_choice="auto"),
+                _expect("lookup_runbook", values={"lookup_runbook": {"alert": "XidError48"}}), stream=False,
+                outcome=out)
+
+
+async def case_irrelevance(ctx: Ctx, out: RunOutcome) -> None:
+    """BFCL irrelevance: tools are offered, none fits the request: no call, an answer."""
+    await _ask(ctx, out, "irrelevance", "answer",
+               "Book me a train from Zurich to Milan for tomorrow morning.", ("get_node_status", "drain_node",
+                                                                              "scale_replicas"), Expect(content=True))
+
+
+async def case_missing_param(ctx: Ctx, out: RunOutcome) -> None:
+    """BFCL missing parameter: a required argument was never given: the model asks, it does not invent one."""
+    await _ask(ctx, out, "missing_param", "ask",
+               'Use drain_node on the failing node, reason "maintenance". I have not said which node: ask me first.',
+               ("drain_node",), Expect(ask=True))
+
+
+async def case_long_multi_turn(ctx: Ctx, out: RunOutcome) -> None:
+    """BFCL long multi-turn: six earlier calls with their results, then a new request that must use the last
+    user turn's values (not an earlier turn's)."""
+    tools = tool_defs("get_node_status", "drain_node", "lookup_runbook")
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for i in range(6):
+        node = f"gpu-2{i:02d}"
+        call = {"id": f"functions.get_node_status:{i}", "type": "function",
+                "function": {"name": "get_node_status", "arguments": json.dumps({"node": node})}}
+        msgs += [{"role": "user", "content": f'Call get_node_status with node="{node}".'},
+                 {"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": call["id"],
+                  "content": json.dumps({"node": node, "state": "healthy" if i % 3 else "degraded",
+                                         "xid_errors": 0 if i % 3 else 2})},
+                 {"role": "assistant", "content": f"{node} is {'healthy' if i % 3 else 'degraded'}."}]
+    msgs.append({"role": "user", "content": 'Now call drain_node with node="gpu-203" reason="xid errors".'})
+    await _turn(ctx, "long_multi_turn", "call", ctx.body(msgs, tools=tools, tool_choice="auto"),
+                _expect("drain_node", values={"drain_node": {"node": "gpu-203"}}), stream=False, outcome=out)
+
+
 CASE_FUNCS: dict[str, Callable[[Ctx, RunOutcome], Awaitable[None]]] = {
     "one_required_arg": case_one_required_arg, "nested_args": case_nested_args,
     "call_then_result": case_call_then_result, "no_tool_turn": case_no_tool_turn, "invalid_args": case_invalid_args,
     "structured_output": case_structured_output, "timeout_retry": case_timeout_retry, "multi_turn": case_multi_turn,
     "streaming_deltas": case_streaming_deltas, "reasoning_contract": case_reasoning_contract,
+    "parallel_calls": case_parallel_calls, "many_functions": case_many_functions, "irrelevance": case_irrelevance,
+    "missing_param": case_missing_param, "long_multi_turn": case_long_multi_turn,
 }
 
 
@@ -319,6 +388,7 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
     t0 = time.monotonic()
     # The model must be served (exit 2 otherwise), as for every probe, before any case runs.
     await model_card(ctx.client, ctx.endpoint)
+    seen = await identity.live(ctx.client, ctx.endpoint)
     await _reference_client(ctx, say)
     # Round by round (every case once a round), so a time budget cut leaves every case measured alike.
     rounds = 0
@@ -331,7 +401,8 @@ async def _suite(ctx: Ctx, say: Progress) -> ProbeResult:
         await asyncio.gather(*(one(case) for case in opts.cases))
         rounds = rnd
     result = _result(outcomes, opts, ctx.rec)
-    result.data.update(rounds=rounds, repeats_planned=opts.repeats, elapsed_s=round(time.monotonic() - t0, 3))
+    result.data.update(rounds=rounds, repeats_planned=opts.repeats, elapsed_s=round(time.monotonic() - t0, 3),
+                       server=seen)
     if rounds < opts.repeats:
         result.findings.append(finding(check_id="accept.agent.budget", severity="info",
                                        message=f"the time budget ({opts.time_budget_s:.0f} s) allowed {rounds} of "
@@ -400,15 +471,18 @@ def _result(outcomes: dict[str, list[RunOutcome]], opts: AgentOptions, rec: Reco
                 evidence.setdefault(d, r.evidence.get(d, ""))
         case_layer = "http" if "http" in layers.values() else ("client" if layers else None)
         critical = case in opts.critical
+        seats = {d: toolcheck.seat_of(d, seen_at) for d, seen_at in layers.items()}
         cases[case] = {"runs": n, "passed": passed, "pass_rate": round(passed / n, 4) if n else None,
-                       "defects": dict(counts), "defect_layers": layers, "layer": case_layer, "critical": critical,
+                       "defects": dict(counts), "defect_layers": layers, "defect_seats": seats,
+                       "layer": case_layer, "critical": critical,
                        "reasoning_fields": dict(Counter(r.reasoning_field or "none" for r in runs)),
                        "finish_reasons": dict(Counter(f for r in runs for f in r.finish_reasons))}
         for d, count in sorted(counts.items()):
             sev: Severity = "error" if critical and (passed / n if n else 0) < opts.min_pass_rate else "warning"
             findings.append(finding(
                 check_id=f"accept.agent.{d}", severity=sev, layer=layers[d],
-                message=f"{case}: {toolcheck.DEFECTS.get(d, d)}: {count}/{n} runs ({layers[d]} layer)",
+                message=f"{case}: {toolcheck.DEFECTS.get(d, d)}: {count}/{n} runs ({seats[d]} layer, seen in the "
+                        f"{'raw response' if layers[d] == 'http' else 'SDK reading'})",
                 evidence=_short(evidence.get(d, ""), 300)))
     ref = next((e for e in rec.exchanges.get(PROBE, []) if e.get("label") == "reference_client"), None)
     if ref is not None and ref.get("error"):

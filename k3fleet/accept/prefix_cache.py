@@ -19,10 +19,14 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
+from k3fleet.accept import explain, identity
+from k3fleet.accept.answers import Answer, answer_of, compare
 from k3fleet.accept.client import Endpoint, Exchange, max_model_len_of, model_card, post_json, stream_chat
-from k3fleet.accept.metrics import MetricsError, delta, scrape
+from k3fleet.accept.metrics import MetricsError, MetricsSnapshot, delta, scrape
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, Status, finding
+from k3fleet.accept.settle import Settle, settled_snapshot
+from k3fleet.accept.settle import summary as settle_summary
 from k3fleet.contracts import Severity
 from k3fleet.models.findings import Finding
 
@@ -56,6 +60,10 @@ class PrefixOptions(BaseModel):
     # The served model of the run's target (``serve.model``): the target's default match unit applies to
     # that model alone; None (no target given) leaves an unpublished unit unknown.
     target_model: str | None = None
+    # The cold request sent again once warm: its answer must be the cold one (greedy decoding).
+    replays: int = Field(default=1, ge=1, le=20)
+    # After each request, how long /metrics may take to count it and come to rest (k3fleet.accept.settle).
+    settle_s: float = Field(default=10.0, gt=0, le=300)
 
 
 # Fixed tool definitions: serialised with the body, byte-identical in every request of a run.
@@ -127,7 +135,7 @@ def _messages(system: str, case: int) -> list[dict[str, str]]:
 def _body(endpoint: Endpoint, system: str, tools: list[dict[str, Any]], case: int,
           opts: PrefixOptions) -> dict[str, Any]:
     return {"model": endpoint.model, "messages": _messages(system, case), "tools": tools, "tool_choice": "none",
-            "max_tokens": opts.max_tokens, "temperature": 0, "stream": True,
+            "max_tokens": opts.max_tokens, "temperature": 0, "logprobs": True, "top_logprobs": 2, "stream": True,
             "stream_options": {"include_usage": True}}
 
 
@@ -247,6 +255,7 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
     # The model must be served (exit 2 otherwise) and its context bounds the prompt.
     max_len = max_model_len_of(await model_card(client, endpoint))
     s0, metrics_error = await _snapshot(client, endpoint, "0_before", rec)
+    data["server"] = await identity.live(client, endpoint, s0)
     cfg = s0.cache_config() if s0 is not None else None
     unit, unit_source = _match_unit(cfg, opts, endpoint.model)
     data.update(match_unit=unit, match_unit_source=unit_source, cache_config=cfg, metrics_error=metrics_error,
@@ -280,27 +289,58 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
                            label=label, timeout_s=opts.timeout_s)
 
     say(f"prefix-cache: cold request (prompt about {measured or target} tokens ({sizing}), match unit {unit})")
+    settles: list[Settle] = []
+
+    async def after(window: str, before: MetricsSnapshot | None) -> MetricsSnapshot | None:
+        # Attribute counters to a request only once the server has published it (k3fleet.accept.settle).
+        if before is None:
+            return None
+        snap, settle = await settled_snapshot(client, endpoint.base_url, before=before, names=_WINDOW_METRICS,
+                                              model=endpoint.model, window=window, bound_s=opts.settle_s,
+                                              scrape_timeout_s=opts.timeout_s)
+        settles.append(settle)
+        if snap is not None:
+            rec.snapshot(f"{PROBE}_{window}", snap.raw)
+        return snap
+
     cold = rec.exchange(await stream(system, tools, 0, "cold"))
     if cold.error:
         return _error(cold, data)
-    s1, _ = await _snapshot(client, endpoint, "1_after_cold", rec)
+    s1 = await after("1_after_cold", s0)
     warm: list[Exchange] = []
+    per_warm: list[MetricsSnapshot | None] = []
+    prev = s1
     for case in range(1, opts.repeats + 1):
         say(f"prefix-cache: warm request {case}/{opts.repeats}")
         ex = rec.exchange(await stream(system, tools, case, f"warm_{case}"))
         if ex.error:
             return _error(ex, data)
         warm.append(ex)
-    s2, _ = await _snapshot(client, endpoint, "2_after_warm", rec)
+        prev = await after(f"2_after_warm_{case}", prev)
+        per_warm.append(prev)
+    s2 = prev
+    # The cold request again: now answered from the cache, it must give the cold answer (greedy decoding).
+    replays: list[Exchange] = []
+    for n in range(1, opts.replays + 1):
+        say(f"prefix-cache: the cold request again, warm ({n}/{opts.replays})")
+        ex = rec.exchange(await stream(system, tools, 0, f"replay_{n}"))
+        if ex.error:
+            return _error(ex, data)
+        replays.append(ex)
+        prev = await after(f"3_after_replay_{n}", prev)
+    s_replay = prev
     say("prefix-cache: control request (changed system prompt)")
     control = rec.exchange(await stream(control_system, control_tools, 1, "control"))
     if control.error:
         return _error(control, data)
-    s3, _ = await _snapshot(client, endpoint, "3_after_control", rec)
+    s3 = await after("4_after_control", s_replay)
+    data["settle"] = {"bound_s": opts.settle_s, **settle_summary(settles)}
     exact = await _shared_prefix_tokens(client, endpoint, system, tools, rec)
 
     windows = {"cold": _deltas(s0, s1, endpoint.model), "warm": _deltas(s1, s2, endpoint.model),
-               "control": _deltas(s2, s3, endpoint.model)}
+               "replay": _deltas(s2, s_replay, endpoint.model), "control": _deltas(s_replay, s3, endpoint.model)}
+    warm_windows = [_deltas(a, b, endpoint.model) for a, b in zip([s1, *per_warm[:-1]], per_warm, strict=True)]
+    data["per_warm_request"] = warm_windows
     cold_p, cold_c = _usage(cold)
     warm_u = [_usage(ex) for ex in warm]
     ctrl_p, ctrl_c = _usage(control)
@@ -340,9 +380,13 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
     usage_cached = [c for _, c in valid if c is not None]
     n_valid = len(valid)
     warm_metric_cached = windows["warm"]["vllm:prompt_tokens_cached"]
+    per_request = [w["vllm:prompt_tokens_cached"] for i, w in enumerate(warm_windows) if i + 1 not in excluded]
     if usage_cached and len(usage_cached) == n_valid:
         cached_warm: list[float] = [float(c) for c in usage_cached]
         cached_source = "usage"
+    elif per_request and all(c is not None for c in per_request):
+        cached_warm = [float(c) for c in per_request if c is not None]
+        cached_source = "metrics per request"
     elif warm_metric_cached is not None and n_valid and not excluded:
         cached_warm = [warm_metric_cached / n_valid]
         cached_source = "metrics"
@@ -351,9 +395,72 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: PrefixOption
     ctrl_cached: float | None = float(ctrl_c) if ctrl_c is not None else windows["control"]["vllm:prompt_tokens_cached"]
     data["cached_tokens"] = {"cold": cold_c, "warm": cached_warm, "control": ctrl_cached, "source": cached_source}
 
-    status, reason = _judge(findings, data, windows, unit, exp_low, exp_high, high, cached_warm, ctrl_cached,
-                            s0, opts)
+    problems = [p for s in settles if (p := s.problem(opts.settle_s)) is not None]
+    if problems and data["prefix_caching_enabled"] is not False:
+        status, reason = _unsettled(findings, settles, problems)
+    else:
+        status, reason = _judge(findings, data, windows, unit, exp_low, exp_high, high, cached_warm, ctrl_cached,
+                                s0, opts)
+    status, reason = _judge_answers(findings, data, cold, replays, status, reason)
+    data["explain"] = explain.window(s0, s3, endpoint.model)
+    extra = explain.findings_of(PROBE, data["explain"])
+    findings.extend(extra)
+    bad = [f for f in extra if f.failed]
+    if bad:
+        status, reason = "fail", bad[0].message if status != "fail" else f"{reason}; {bad[0].message}"
     return ProbeResult(probe=PROBE, status=status, reason=reason, findings=findings, data=data)
+
+
+def _unsettled(findings: list[Finding], settles: list[Settle], problems: list[str]) -> tuple[Status, str]:
+    """Counters that never counted a request, or never came to rest, cannot be attributed: say which."""
+    never = [s for s in settles if s.error is None and not s.counted]
+    fid = "counter_never_moved" if never else "counters_not_settled"
+    for problem in problems:
+        findings.append(finding(f"accept.prefix_cache.{fid}", "warning", problem, layer="http"))
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return "inconclusive", f"{problems[0]}{more}: no counter delta is attributed to a request"
+
+
+def _judge_answers(findings: list[Finding], data: dict[str, Any], cold: Exchange, replays: list[Exchange],
+                   status: Status, reason: str) -> tuple[Status, str]:
+    """Correctness beside reuse: each warm replay's answer against the cold answer (k3fleet.accept.answers)."""
+    reference: Answer = answer_of(cold.label, cold.chunks)
+    comparisons = [compare(reference, answer_of(ex.label, ex.chunks)) for ex in replays]
+    replay_w = data["windows"].get("replay") or {}
+    hits = replay_w.get("vllm:prefix_cache_hits")
+    usage_hit = any((_usage(ex)[1] or 0) > 0 for ex in replays)
+    hit_seen = usage_hit or (hits is not None and hits > 0)
+    data["answers"] = {"basis": comparisons[0].basis if comparisons else None, "replay_hit_seen": hit_seen,
+                       "comparisons": [c.model_dump() for c in comparisons]}
+    changed = [c for c in comparisons if not c.same and not c.near_tie]
+    for c in comparisons:
+        if not c.same and c.near_tie:
+            findings.append(finding(
+                "accept.prefix_cache.answer_near_tie", "info",
+                f"{c.warm} left the cold answer at token {c.first_difference}, where the cold answer's two best "
+                "tokens were a near tie: a different summation order may break such a tie; not counted as changed",
+                layer="model", evidence=f"cold {c.cold_excerpt!r} vs warm {c.warm_excerpt!r}"))
+    if not changed:
+        return status, reason
+    c = changed[0]
+    where = f"at {'token' if c.basis == 'tokens' else 'character'} {c.first_difference}"
+    if not hit_seen:
+        findings.append(finding(
+            "accept.prefix_cache.answer_not_deterministic", "warning",
+            f"the cold request answered differently when sent again ({c.warm}, {where}) at temperature 0 without a "
+            "cache hit: the server is not deterministic, so the comparison says nothing about the cache",
+            layer="model", evidence=f"cold {c.cold_excerpt!r} vs {c.warm} {c.warm_excerpt!r}"))
+        return status, reason
+    findings.append(finding(
+        "accept.prefix_cache.answer_changed", "error",
+        f"a cache hit changed the answer: {c.warm} (the cold request sent again, served from the cache) differs from "
+        f"the cold answer {where} at temperature 0 ({c.basis} compared)", layer="model",
+        evidence=f"cold {c.cold_excerpt!r} vs {c.warm} {c.warm_excerpt!r}"))
+    lead = (f"a cache hit changed the answer ({len(changed)} of {len(comparisons)} warm replays differ from the "
+            "cold answer)")
+    if status == "fail":
+        return "fail", f"{lead}; {reason}"
+    return "fail", lead
 
 
 def _user_turn_allowance() -> int:
@@ -491,7 +598,10 @@ def _judge(findings: list[Finding], data: dict[str, Any], windows: dict[str, dic
         for u in unknown:
             add("not_measured", "warning", u)
         return "inconclusive", "; ".join(unknown)
-    ttft = (f", warm TTFT {warm_t * 1000:.0f} ms vs cold {cold_t * 1000:.0f} ms"
-            if cold_t is not None and warm_t is not None else "")
+    ttft = ""
+    if cold_t is not None and warm_t is not None:
+        ttft = f", warm TTFT {warm_t * 1000:.0f} ms vs cold {cold_t * 1000:.0f} ms"
+        if warm_t >= cold_t * opts.ttft_ratio:
+            ttft += " (no latency benefit seen: the counters carry the proof)"
     return "pass", (f"warm requests reused {min(cached_warm):.0f}+ cached tokens of a {high}-token prefix "
                     f"(unit {unit}, {data['match_unit_source']}), hits rose, control not a hit{ttft}")

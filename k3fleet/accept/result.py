@@ -18,7 +18,6 @@ from k3fleet.models.findings import Finding, earlier_finding
 
 Status = Literal["pass", "fail", "inconclusive", "error", "skipped"]
 
-PROBE_NAMES = ("startup", "prefix_cache", "agent", "load")
 # An acceptance finding's id: accept.<probe>.<what>[.<detail>].
 ACCEPT_ID = re.compile(r"^accept\.[a-z0-9_]+(\.[a-z0-9_]+)+$")
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from k3fleet.accept.client import Endpoint, EndpointError, preflight
 from k3fleet.accept.metrics import MetricsError, scrape
+from k3fleet.accept.probes import PROBES, REQUIRED
 from k3fleet.accept.record import Recorder
 from k3fleet.accept.result import ProbeResult, combined_exit_code
 from k3fleet.bounds import read_input
@@ -33,8 +34,6 @@ from k3fleet.evidence.privacy import without_bodies
 from k3fleet.models.evidence import AcceptRecord
 from k3fleet.targets import load_target
 
-# Probes an acceptance run needs; startup joins them when a log is given. Absent means not proven.
-REQUIRED = ("prefix_cache", "agent", "load")
 Progress = Callable[[str], None]
 _USERINFO = re.compile(r"(?i)\b(https?://)[^/@\s]+@")
 
@@ -121,7 +120,7 @@ async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
     key = endpoint.api_key()
     ev = _Evidence(rd, [key] if key else [])
     summary = AcceptRecord(base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls,
-                           started_at=_now())
+                           started_at=_now(), exit_code=EXIT_INCOMPLETE)
     results: dict[str, ProbeResult] = {}
     rec = Recorder()
     try:
@@ -167,7 +166,7 @@ def run_accept_load(endpoint: Endpoint, opts: Any, observer: Any, argv: Sequence
         raise
     summary = AcceptRecord(
         base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls, started_at=started_at,
-        not_run={p: "accept load runs the load probe only" for p in layout.PROBES if p != "load"},
+        not_run={p: "accept load runs the load probe only" for p in PROBES if p != "load"},
         interrupted=bool(result.data.get("interrupted")), exit_code=result.exit_code)
     results = {"load": result}
     _write_evidence(ev, rec, results, summary, AllOptions(profile=profile))
@@ -179,6 +178,7 @@ def _exit_code(results: Mapping[str, ProbeResult], summary: AcceptRecord) -> int
     code = combined_exit_code(results.values()) if results else EXIT_INCOMPLETE
     if code == EXIT_FAILED:
         return code
+    # Probes an acceptance run needs (startup joins them when a log is given): absent means not proven.
     missing = [p for p in REQUIRED if p not in results]
     if missing or summary.interrupted:
         return EXIT_INCOMPLETE
@@ -272,6 +272,12 @@ async def _timed(name: str, coro: Awaitable[ProbeResult], results: dict[str, Pro
     watcher = asyncio.ensure_future(watch()) if stop is not None else None
     try:
         result = await coro
+    except EndpointError as exc:
+        # The run ends here (run_all records the error), but the summary keeps the probe's row: a load
+        # that aborted is a line that says so, not a line that vanishes.
+        summary.aborted[name] = exc.message
+        _elapsed(summary, name, round(time.monotonic() - t0, 1))
+        raise
     except asyncio.CancelledError:
         if stop is None or not stop.is_set() or me is None:
             raise
@@ -318,7 +324,7 @@ class Budget:
         """How many requests each probe will send (the agent's and the load's are upper bounds)."""
         out: dict[str, Any] = {}
         if "prefix_cache" not in opts.skip:
-            reps = getattr(opts.prefix, "repeats", 5)
+            reps = getattr(opts.prefix, "repeats", 5) + getattr(opts.prefix, "replays", 1)
             out["prefix_cache"] = {"requests": reps + 2, "tokenize_requests": 5}
         if "agent" not in opts.skip:
             a = opts.agent

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref
+from k3fleet.accept import identity
 from k3fleet.accept.result import ProbeResult, Status, finding
 from k3fleet.bounds import read_input
 from k3fleet.contracts import Severity
@@ -127,7 +128,7 @@ _MEMORY: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
     (re.compile(r"[GC]PU KV cache size: ([\d,]+) tokens"), ("kv_cache_tokens",)),
     (re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
      ("concurrency_tokens", "max_concurrency_x")),
-    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) seconds"), ("init_s",)),
+    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) (?:seconds|s)\b"), ("init_s",)),
 )
 _LOAD_START = re.compile(r"Loading (?:model )?weights|Loading safetensors|load_model|Starting to load model")
 _LOAD_DONE = re.compile(r"Loading (?:model )?weights took|Model loading took|Loading weights took")
@@ -215,6 +216,13 @@ def _apply_args(scan: _Scan, args: dict[str, Any]) -> None:
     scan.set("pipeline_parallel_size", _as_int(args.get("pipeline_parallel_size")))
     scan.set("data_parallel_size", _as_int(args.get("data_parallel_size")))
     scan.set("max_model_len", _as_int(args.get("max_model_len")))
+    # Who the server is, for holding the log against the tested endpoint (k3fleet.accept.identity).
+    served = args.get("served_model_name")
+    scan.set("served_model_name", served[0] if isinstance(served, list) and served else
+             served if isinstance(served, str) else None)
+    scan.set("host", args.get("host") if isinstance(args.get("host"), str) else None)
+    scan.set("port", _as_int(args.get("port")))
+    scan.set("block_size", _as_int(args.get("block_size")))
     if "enable_prefix_caching" in args:
         scan.set("prefix_caching", _as_bool(args.get("enable_prefix_caching")))
     if _as_bool(args.get("enable_expert_parallel")):
@@ -459,7 +467,7 @@ def _read(path: Path, what: str) -> str:
 _FIELDS = ("vllm_version", "image", "image_digest", "cuda_version", "torch_version", "model", "architecture",
            "tensor_parallel_size", "expert_parallel_size", "data_parallel_size", "pipeline_parallel_size",
            "max_model_len", "prefix_caching", "tool_call_parser", "reasoning_parser", "auto_tool_choice",
-           "all2all_backend")
+           "all2all_backend", "served_model_name", "host", "port", "block_size")
 
 
 def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Target | None = None,
@@ -480,6 +488,7 @@ def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Ta
     data["memory"] = {k: (int(v) if k in ("kv_cache_tokens", "concurrency_tokens") else v)
                       for k, v in (scan.fields.get("memory") or {}).items()}
     data["launch_command"] = " ".join(launch["argv"]) if launch else None
+    data["server"] = identity.from_startup(data)
     if target is not None:
         _check_target(scan, data, target, launch)
     if scan.oom_line is not None:

@@ -27,8 +27,12 @@ from k3fleet.evidence.redact import excerpt
 # the functions.NAME:INDEX call header both use.
 MARKERS = re.compile(
     r"<\|tool_calls?_section_(?:begin|end)\|>|<\|tool_call_(?:begin|end|argument_begin)\|>"
-    r"|<\|(?:open|close)\|>(?:tools|think|response)<\|sep\|>|\bfunctions\.[A-Za-z_][\w-]*:\d+")
+    r"|<\|(?:open|close)\|>(?:tools|think|response|message)<\|sep\|>|\bfunctions\.[A-Za-z_][\w-]*:\d+")
 THINK_TAGS = re.compile(r"</?think>")
+# Kimi's channel marker leaked into content while the calls are dropped (vLLM issue 54273).
+KIMI_LEAK = re.compile(r"<\|close\|>message<\|sep\|>")
+# A tool call left as text: the Hermes/Qwen form (``<tool_call>{...}</tool_call>``) the parser should have taken.
+RAW_CALL = re.compile(r"<tool_call>\s*\{.*?\}\s*(?:</tool_call>|$)", re.S)
 
 # Defect ids and what each means (also the finding messages).
 DEFECTS: dict[str, str] = {
@@ -36,6 +40,11 @@ DEFECTS: dict[str, str] = {
     "merged_stream_calls": "several streamed calls merged into one malformed entry (vLLM issue 24478)",
     "marker_in_reasoning": "tool-call markers leaked into the reasoning text (vLLM issue 30238)",
     "marker_in_content": "tool-call markers leaked into the content",
+    "kimi_marker_leak": "Kimi's <|close|>message<|sep|> leaked into the content and the tool calls were dropped "
+                        "(vLLM issue 54273)",
+    "tool_call_text_in_content": "the tool call came back as text (<tool_call>{...}</tool_call>) in content with "
+                                 "tool_calls empty: the tool-call parser did not run or did not match",
+    "invented_argument": "a call made although a required argument was never given: the model must ask, not invent",
     "reasoning_in_content": "think tags in the content: the reasoning was not separated",
     "invalid_arguments": "tool-call arguments are not JSON or break the tool's schema",
     "missing_tool_call": "no tool call where one was required, and no call text anywhere",
@@ -54,6 +63,47 @@ DEFECTS: dict[str, str] = {
     "invalid_schema_accepted": "a response_format whose schema is not a JSON Schema was served instead of refused",
     "invalid_schema_server_error": "a response_format whose schema is not a JSON Schema made the server fail (5xx)",
 }
+
+
+# Where each defect sits (the seeds' layers): the model's choice, the server's parsers, the HTTP path and
+# gateway in front of it, or the client library reading it.
+SEATS: dict[str, str] = {
+    "empty_tool_calls": "parser", "merged_stream_calls": "parser", "marker_in_reasoning": "parser",
+    "marker_in_content": "parser", "reasoning_in_content": "parser", "kimi_marker_leak": "parser",
+    "tool_call_text_in_content": "parser", "invalid_arguments": "model", "missing_tool_call": "model",
+    "unexpected_tool_call": "model", "wrong_tool": "model", "wrong_call_count": "model",
+    "wrong_argument_value": "model", "invented_argument": "model", "wrong_finish_reason": "parser",
+    "empty_content": "model", "invalid_structured_output": "model", "length_cutoff": "model",
+    "duplicate_tool_call": "gateway", "http_error": "gateway", "malformed_response": "gateway",
+    "sdk_error": "client", "invalid_schema_accepted": "parser", "invalid_schema_server_error": "parser",
+}
+
+
+# The fix each defect calls for, at its layer (what triage and the agent findings tell the operator).
+FIXES: dict[str, str] = {
+    "empty_tool_calls": "serve with the model's own --tool-call-parser (kimi_k3 for Kimi K3) and a vLLM with the "
+                        "parser fix; until then the client validates tool_calls against the schema and retries",
+    "kimi_marker_leak": "take the Kimi tool parser fix for vLLM issue 54273; until then the client must not show or "
+                        "store such content and retries the turn",
+    "tool_call_text_in_content": "start the server with --enable-auto-tool-choice and the model's --tool-call-parser "
+                                 "(hermes for <tool_call> models); a client-side fallback may parse the text",
+    "marker_in_content": "the tool parser left markers in content: update the parser (vLLM PR 31207 fixed the K2 path)",
+    "marker_in_reasoning": "the reasoning parser kept tool markers: serve with the matching --reasoning-parser",
+    "reasoning_in_content": "serve with the model's --reasoning-parser so reasoning is split from content",
+    "merged_stream_calls": "update vLLM past issue 24478, or read calls non-streamed until then",
+    "invalid_arguments": "validate arguments against the tool's schema and retry; constrain with tool_choice "
+                         "required / a named tool (structured outputs) where the turn must call",
+    "wrong_finish_reason": "the parser and the finish reason disagree: update the tool parser",
+    "malformed_response": "a gateway or client cut the body: raise the proxy's buffer and read timeout, keep the "
+                          "whole response",
+    "invented_argument": "tell the model to ask for missing required values (system prompt) and reject calls whose "
+                         "required arguments the user never gave",
+}
+
+
+def seat_of(defect: str, seen_at: str) -> str:
+    """A defect's layer: the client when only the SDK's reading shows it, else where :data:`SEATS` puts it."""
+    return "client" if seen_at == "client" else SEATS.get(defect, "model")
 
 
 @dataclass
@@ -77,6 +127,10 @@ class Expect:
     values: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> {property: value}
     content: bool = False
     structured_schema: dict[str, Any] | None = None
+    # No call: the turn must ask for a missing required argument (a call is an invented argument).
+    ask: bool = False
+    # Parallel calls: each of these argument sets must be one call's (in any order).
+    call_args: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _call(entry: Any) -> dict[str, Any]:
@@ -209,7 +263,22 @@ def classify(view: View, expect: Expect) -> dict[str, str]:
     return out
 
 
+def _dropped_call_text(view: View, out: dict[str, str]) -> bool:
+    """Tool calls dropped with their text left in the content, as a known parser failure; True when found."""
+    if view.tool_calls:
+        return False
+    if KIMI_LEAK.search(view.content):
+        out["kimi_marker_leak"] = f"tool_calls empty, content {_short(view.content, 120)!r}"
+        return True
+    if RAW_CALL.search(view.content):
+        out["tool_call_text_in_content"] = f"tool_calls empty, content {_short(view.content, 120)!r}"
+        return True
+    return False
+
+
 def _classify_call_turn(view: View, expect: Expect, out: dict[str, str]) -> None:
+    if _dropped_call_text(view, out):
+        return
     if not view.tool_calls:
         where = [name for name, text in (("reasoning", view.reasoning), ("content", view.content))
                  if MARKERS.search(text) or any(n and n in text for n in expect.calls if _looks_like_call(text, n))]
@@ -228,6 +297,7 @@ def _classify_call_turn(view: View, expect: Expect, out: dict[str, str]) -> None
             out["wrong_call_count"] = f"{len(view.tool_calls)} call(s), expected {len(expect.calls)}"
         for call in view.tool_calls:
             _check_call(call, expect, out)
+        _check_parallel(view, expect, out)
     if MARKERS.search(view.reasoning):
         out["marker_in_reasoning"] = _short(MARKERS.search(view.reasoning).group(0) + " in reasoning")  # type: ignore[union-attr]
     if MARKERS.search(view.content):
@@ -291,8 +361,26 @@ def _check_call(call: Mapping[str, Any], expect: Expect, out: dict[str, str]) ->
             out["wrong_argument_value"] = f"{name}.{prop} = {args.get(prop)!r}, the user gave {want!r}"
 
 
+def _check_parallel(view: View, expect: Expect, out: dict[str, str]) -> None:
+    """Every expected argument set is one call's (BFCL's parallel category)."""
+    seen = []
+    for call in view.tool_calls:
+        try:
+            seen.append(json.loads(call.get("arguments") or ""))
+        except (TypeError, ValueError):
+            seen.append(None)
+    for want in expect.call_args:
+        if not any(isinstance(a, Mapping) and all(a.get(k) == v for k, v in want.items()) for a in seen):
+            out.setdefault("wrong_argument_value", f"no call with {want}; calls {_short(json.dumps(seen), 120)}")
+
+
 def _classify_text_turn(view: View, expect: Expect, out: dict[str, str]) -> None:
-    if view.tool_calls:
+    if _dropped_call_text(view, out):
+        return
+    if view.tool_calls and expect.ask:
+        out["invented_argument"] = ", ".join(f"{c.get('name') or '?'}({_short(str(c.get('arguments')), 60)})"
+                                             for c in view.tool_calls)
+    elif view.tool_calls:
         out["unexpected_tool_call"] = ", ".join(c.get("name") or "?" for c in view.tool_calls)
     elif view.finish_reason == "tool_calls":
         out["wrong_finish_reason"] = "finish_reason tool_calls with no call"
@@ -309,5 +397,5 @@ def _classify_text_turn(view: View, expect: Expect, out: dict[str, str]) -> None
         problem = _schema_error(value, expect.structured_schema)
         if problem:
             out["invalid_structured_output"] = problem
-    elif expect.content and not view.content.strip() and "length_cutoff" not in out:
+    elif (expect.content or expect.ask) and not view.content.strip() and "length_cutoff" not in out:
         out["empty_content"] = f"finish_reason {view.finish_reason}"

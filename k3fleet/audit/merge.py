@@ -19,21 +19,27 @@ recorded in ``merge.json``, with why each other observation was ignored. A times
 a finite, sane time (NaN, infinite, out of range, before 2000, or more than ``CLOCK_SKEW_S`` in
 the future) refuses its slice (exit 2): it must never win by being large. The verdict is the same
 pure function the audit uses, over the union (docs/scale.md).
+
+The merge streams (docs/scale.md "Merging 100,000 hosts"): a run directory's facts stay on disk; a slice
+is read as its host names (the facts files' names) and outcomes, a host seen in more than one slice
+has its facts read for their time, and the chosen hosts' facts are then read one at a time into the
+streaming verdict (:class:`k3fleet.verdict.FleetFold`, which keeps a node kind's facts once) and, in
+a second pass once the checks have passed, into the merge's run directory. What is held per host is
+its observation (names, time, where from) and its share of the verdict, not its facts.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3fleet.audit.run import AuditResult
+from k3fleet.audit.run import AuditResult, verdict_document
 from k3fleet.audit.runner import RESULT_KEY, PlayResult, module_result
-from k3fleet.bounds import read_bounded, read_input
+from k3fleet.bounds import read_input, read_json
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import RunDir, layout, verify_run
@@ -44,7 +50,8 @@ from k3fleet.models.findings import FleetVerdict
 from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
-from k3fleet.verdict import evaluate_fleet, validate_facts
+from k3fleet.verdict import FleetFold
+from k3fleet.verdict.intake import gc_paused
 
 # What the audit play publishes with set_stats (playbooks/audit.yml).
 ARTIFACT_KEY = "k3fleet_audit"
@@ -59,7 +66,7 @@ CLOCK_SKEW_S = 300.0
 _OLDEST = _dt.datetime(2000, 1, 1, tzinfo=_dt.UTC)
 
 
-@dataclass
+@dataclass(slots=True)
 class Observation:
     """What one slice says about one host."""
 
@@ -72,6 +79,24 @@ class Observation:
     # Whether it comes from a run directory that matched its manifest (and, through a merge run,
     # from a verified slice): a verified observation outranks any unverified one.
     verified: bool = False
+    # A run directory's facts file, read when needed (never held for the whole fleet): until
+    # :func:`settle` reads it, ``when`` is the slice's start and ``kind`` is "facts".
+    run: RunReader | None = None
+    settled: bool = True
+
+    def raw_facts(self) -> Any:
+        """The facts as the node returned them (read again from the slice for a run directory)."""
+        return self.facts if self.run is None else self.run.raw_facts(self.host)
+
+
+def settle(obs: Observation, started: str) -> Any:
+    """Read a run directory's facts for ``obs``: its time (collected_at) and whether they are of this
+    schema decide its kind and ``when``, as for facts read at once; returns the facts (not kept)."""
+    data = obs.raw_facts()
+    if not obs.settled:
+        read = _facts_observation(obs.host, data, started, obs.source, verified=obs.verified)
+        obs.kind, obs.when, obs.reason, obs.settled = read.kind, read.when, read.reason, True
+    return data
 
 
 @dataclass
@@ -146,15 +171,6 @@ def _facts_observation(host: str, data: Any, when: str, source: str, *, verified
     return Observation(host, "facts", stamp, source, facts=dict(data), verified=verified)
 
 
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(read_bounded(path, "run_json").decode("utf-8"))
-    except FileNotFoundError as exc:
-        raise UsageError(f"{what}: {path} is missing") from exc
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{what}: {path} is not readable JSON: {exc}") from exc
-
-
 # -- a k3fleet audit run directory -------------------------------------------------------------
 
 
@@ -179,9 +195,10 @@ def read_run(path: Path) -> Slice:
         return trusted is None or host in trusted
 
     for host in run.fact_hosts():
-        # As the node returned them: a merge validates the union (k3fleet.verdict), and facts of
-        # another schema are evidence that is invalid, not a broken slice.
-        sl.observations.append(_facts_observation(host, run.raw_facts(host), started, src, verified=verified(host)))
+        # As the node returned them, read when needed (settle): a merge validates the union
+        # (k3fleet.verdict), and facts of another schema are evidence that is invalid, not a broken slice.
+        sl.observations.append(Observation(host, "facts", started, src, verified=verified(host), run=run,
+                                           settled=False))
     for entries, kind in ((record.unreachable, "unreachable"), (record.invalid_evidence, "invalid")):
         for host, why in entries.items():
             sl.observations.append(Observation(host, kind, started, src, reason=why, verified=verified(host)))
@@ -213,10 +230,7 @@ def _runner_job_dirs(path: Path) -> list[Path]:
 def _events(job: Path) -> list[dict[str, Any]]:
     events = []
     for p in (job / "job_events").glob("*.json"):
-        try:
-            data = json.loads(read_bounded(p, "run_json").decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise UsageError(f"runner artifacts {job}: event {p.name} is not readable JSON: {exc}") from exc
+        data = read_json(p, f"runner artifacts {job}: event", kind="an ansible-runner job event")
         if not isinstance(data, dict):
             continue
         counter = data.get("counter", 0)
@@ -308,7 +322,7 @@ def read_runner_job(job: Path) -> Slice:
 
 def read_artifacts_file(path: Path) -> Slice:
     """A JSON file of job artifacts, as AWX shows a job's `artifacts`."""
-    data = _read_json(path, "artifacts file")
+    data = read_json(path, "artifacts file", kind="a JSON file of job artifacts")
     if not isinstance(data, Mapping) or ARTIFACT_KEY not in data:
         raise UsageError(f"{path}: not k3fleet job artifacts (no {ARTIFACT_KEY} key)")
     artifact = data[ARTIFACT_KEY]
@@ -360,7 +374,20 @@ def _why_dropped(o: Observation, kept: Observation, trust: Mapping[str, str]) ->
     return f"same time as {kept.source}, which was listed later"
 
 
+def _settle_repeated(slices: Sequence[Slice]) -> None:
+    """Read the facts times of the hosts seen in more than one slice: only they need one to choose."""
+    count: dict[str, int] = {}
+    for sl in slices:
+        for obs in sl.observations:
+            count[obs.host] = count.get(obs.host, 0) + 1
+    for sl in slices:
+        for obs in sl.observations:
+            if not obs.settled and count[obs.host] > 1:
+                settle(obs, sl.started_at)
+
+
 def merge_slices(slices: Sequence[Slice]) -> Merged:
+    _settle_repeated(slices)
     chosen: dict[str, Observation] = {}
     seen: dict[str, list[Observation]] = {}
     for sl in slices:
@@ -425,12 +452,26 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     slices = [sl for path in inputs for sl in read_slice(Path(path))]
     tgt = _target_of(slices, target)
     merged = merge_slices(slices)
-    candidates = {h: {**(o.facts or {}), "host": h} for h, o in merged.chosen.items() if o.kind == "facts"}
+    started = {sl.source: sl.started_at for sl in slices}
     unreachable = {h: o.reason or "unreachable" for h, o in merged.chosen.items() if o.kind == "unreachable"}
     invalid = {h: o.reason or "invalid evidence" for h, o in merged.chosen.items() if o.kind == "invalid"}
-    facts, bad = validate_facts(candidates)
-    invalid.update(bad)
-    verdict = evaluate_fleet(facts, tgt, unreachable=unreachable, invalid=invalid)
+    # First pass, before anything is written (a refused time writes nothing): each chosen host's facts
+    # read, checked and folded into the verdict, one at a time. A run directory's facts of another
+    # schema turn out invalid here; the fold reads ``invalid`` when it gives its verdict.
+    fold = FleetFold(tgt, unreachable, invalid=invalid)
+    with gc_paused(freeze=True):
+        for host in sorted(merged.chosen):
+            obs = merged.chosen[host]
+            if obs.kind != "facts":
+                continue
+            data = settle(obs, started[obs.source])
+            if obs.kind == "invalid":
+                invalid[host] = obs.reason or "invalid evidence"
+                continue
+            fold.add(host, {**data, "host": host})
+            del data
+        verdict = fold.verdict()
+    invalid = fold.invalid
 
     rd = RunDir.create(runs_dir, "merge", argv, out=out)
     sources = [{"source": sl.source, "kind": sl.kind, "verified": sl.verified, "status": sl.status,
@@ -438,9 +479,11 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
                 "facts": sum(1 for o in sl.observations if o.kind == "facts")} for sl in slices]
     rd.write_json(layout.SOURCES, sources)
     rd.write_json(layout.TARGET, tgt.model_dump(mode="json"))
+    # Second pass: the facts into the run directory, one host at a time; synced once, before the
+    # manifest (RunDir.write_json durable=False), not file by file.
     for host, obs in sorted(merged.chosen.items()):
         if obs.kind == "facts":
-            rd.write_json(layout.facts_file(host), obs.facts)
+            rd.write_json(layout.facts_file(host), obs.raw_facts(), durable=False)
     rd.write_json(layout.MERGE, {
         "slices": len(slices),
         "hosts": len(merged.chosen),
@@ -453,14 +496,14 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     code = combine(int(verdict.exit_code), EXIT_INCOMPLETE if invalid or incomplete else EXIT_OK)
     wall = sum(sl.wall_s for sl in slices if sl.wall_s is not None)
     play = PlayResult(playbook="audit.yml", status="merged", rc=None, wall_s=wall, interrupted=bool(incomplete))
-    result = AuditResult(rd, verdict, facts, unreachable, invalid, play)
-    rd.write_json(layout.VERDICT, verdict.model_dump(mode="json"))
+    result = AuditResult(rd, verdict, fold.measured, unreachable, invalid, play)
+    rd.write_json(layout.VERDICT, verdict_document(verdict))
     rd.write_json(layout.RUN, MergeRunRecord(
         status="merged",
         slices=sources,
         incomplete_slices=incomplete,
         hosts_total=len(merged.chosen),
-        hosts_with_facts=len(facts),
+        hosts_with_facts=fold.measured,
         unreachable=unreachable,
         invalid_evidence=invalid,
         duplicates=len(merged.duplicates),

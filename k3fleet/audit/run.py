@@ -1,10 +1,15 @@
-"""The audit flow: inventory -> audit.yml -> validated facts -> verdict and plan -> run directory."""
+"""The audit flow: inventory -> audit.yml -> validated facts -> verdict and plan -> run directory.
+
+Each host's facts are folded into the streaming verdict (:class:`k3fleet.verdict.FleetFold`) one at a
+time, in the play's host order: a node kind's facts are held once, not every host's validated model
+(only the NCCL pair test of ``--active full`` needs each host's own).
+"""
 
 from __future__ import annotations
 
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,14 +19,16 @@ from k3fleet.audit.pairs import run_pair_phase
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
-from k3fleet.evidence import RunDir, layout
+from k3fleet.evidence import JsonEntries, RunDir, layout
 from k3fleet.models.evidence import AuditRunRecord
 from k3fleet.models.facts import HostFacts, schema_mismatch
+from k3fleet.models.findings import FleetVerdict
 from k3fleet.models.pairs import PairPhase
 from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
-from k3fleet.verdict import evaluate_fleet, validate_facts
+from k3fleet.verdict import FleetFold, validate_facts
+from k3fleet.verdict.intake import gc_paused
 from k3fleet.verdict.pairs import judge_pairs
 
 
@@ -69,12 +76,16 @@ def active_spec(target: Target, level: str) -> tuple[dict[str, Any], int]:
 class AuditResult:
     run_dir: RunDir
     verdict: Any  # k3fleet.verdict FleetVerdict
-    facts: dict[str, HostFacts]
+    # Hosts whose facts validated (the fold holds a node kind's facts once, not each host's).
+    hosts_with_facts: int
     unreachable: dict[str, str]
     invalid: dict[str, str]
     play: PlayResult
     # audit --active full: the NCCL pair test (None when it was not asked for or the audit stopped first).
     pairs: PairPhase | None = None
+    # Each host's scheduler reason as its facts gave it (the change night reads other changes' leases
+    # from it); one string per host, kept while the facts themselves are folded and dropped.
+    scheduler_reasons: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -87,8 +98,8 @@ class AuditResult:
 
 
 def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
-        dict[str, HostFacts], dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
-    """Split hosts into validated facts, unreachable (with why) and invalid evidence (with why)."""
+        dict[str, Any], dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
+    """Split hosts into facts to judge, unreachable (with why) and invalid evidence (with why)."""
     raw = play.results_with_key()
     candidates: dict[str, Any] = {}
     unreachable: dict[str, str] = {}
@@ -113,9 +124,43 @@ def _facts_from_play(play: PlayResult, hosts: Sequence[str]) -> tuple[
         else:
             # The module itself failed (e.g. no Python on the node): evidence is missing, not a check result.
             invalid[host] = f"host {host}: {last.status}: {last.message or 'module failed without a message'}"
-    facts, bad = validate_facts(candidates)
-    invalid.update(bad)
-    return facts, unreachable, invalid, raw
+    return candidates, unreachable, invalid, raw
+
+
+def _scheduler_reason(data: Mapping[str, Any]) -> str | None:
+    """The scheduler's reason in one host's raw facts (None where there is none, or it is not text)."""
+    scheduler = data.get("scheduler")
+    reason = scheduler.get("reason") if isinstance(scheduler, Mapping) else None
+    return reason if isinstance(reason, str) else None
+
+
+def fold_hosts(candidates: dict[str, Any], target: Target, unreachable: dict[str, str], invalid: dict[str, str], *,
+               keep: bool = False) -> tuple[FleetFold, dict[str, HostFacts]]:
+    """Each host's facts into the streaming verdict, one at a time; ``invalid`` gains the hosts whose facts
+    do not validate. ``keep``: also return each host's validated facts (the NCCL pair test plans by them)."""
+    fold = FleetFold(target, unreachable, invalid=invalid)
+    kept: dict[str, HostFacts] = {}
+    if keep:
+        kept, bad = validate_facts(candidates)
+        invalid.update(bad)
+        for host, facts in kept.items():
+            fold.add_facts(host, facts)
+        return fold, kept
+    with gc_paused(freeze=True):
+        for host, data in candidates.items():
+            fold.add(host, data)
+    invalid.update(fold.invalid)
+    return fold, kept
+
+
+def verdict_document(verdict: FleetVerdict) -> dict[str, Any]:
+    """verdict.json: the verdict as ``model_dump(mode="json")`` gives it, its hosts dumped one at a time
+    while the file is written (a 100,000-host verdict is never one dict or one string)."""
+    head = verdict.model_dump(mode="json", exclude={"hosts"})
+    hosts = JsonEntries((name, hv.model_dump(mode="json")) for name, hv in verdict.hosts.items())
+    keys = list(head)
+    at = list(type(verdict).model_fields).index("hosts")
+    return {**{k: head[k] for k in keys[:at]}, "hosts": hosts, **{k: head[k] for k in keys[at:]}}
 
 
 def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None = None,
@@ -162,9 +207,13 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         play = run_playbook("audit.yml", inventory, rd, extravars=extravars, limit=opts.limit, forks=opts.forks,
                             observer=observer, cancel=cancel, hosts=len(hosts),
                             host_key_checking=opts.host_key_checking, once=True)
-        facts, unreachable, invalid, raw = _facts_from_play(play, hosts)
+        candidates, unreachable, invalid, raw = _facts_from_play(play, hosts)
+        pair_phase = opts.active == "full" and not play.interrupted and not (cancel is not None and cancel.is_set())
+        reasons = {h: _scheduler_reason(d) for h, d in candidates.items()}
+        fold, facts = fold_hosts(candidates, target, unreachable, invalid, keep=pair_phase)
+        del candidates
         pairs = None
-        if opts.active == "full" and not play.interrupted and not (cancel is not None and cancel.is_set()):
+        if pair_phase:
             # The second play, while the (lab) inventory still exists: nodes idle at the audit, in pairs.
             pairs = run_pair_phase(inventory, rd, facts, target, extravars["k3fleet_active_spec"],
                                    forks=opts.forks, cancel=cancel, host_key_checking=opts.host_key_checking,
@@ -176,20 +225,22 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
     if pairs is not None:
         rd.write_json(layout.PAIRS, pairs.model_dump(mode="json"))
         extra = judge_pairs(pairs.runs, pairs.not_paired, target)
-    verdict = evaluate_fleet(facts, target, unreachable=unreachable, invalid=invalid, extra=extra)
-    result = AuditResult(rd, verdict, facts, unreachable, invalid, play, pairs)
+    measured = fold.measured
+    verdict = fold.verdict(extra=extra)
+    result = AuditResult(rd, verdict, measured, unreachable, invalid, play, pairs,
+                         scheduler_reasons={h: r for h, r in reasons.items() if h not in invalid})
     _write_outputs(result, target)
     return result
 
 
 def _write_outputs(result: AuditResult, target: Target) -> None:
     rd, v, play = result.run_dir, result.verdict, result.play
-    rd.write_json(layout.VERDICT, v.model_dump(mode="json"))
+    rd.write_json(layout.VERDICT, verdict_document(v))
     rd.write_json(layout.RUN, AuditRunRecord(
         status="interrupted" if play.interrupted else play.status,
         ansible_rc=play.rc,
-        hosts_total=len(result.facts) + len(result.unreachable) + len(result.invalid),
-        hosts_with_facts=len(result.facts),
+        hosts_total=result.hosts_with_facts + len(result.unreachable) + len(result.invalid),
+        hosts_with_facts=result.hosts_with_facts,
         unreachable=result.unreachable,
         invalid_evidence=result.invalid,
         wall_s=round(play.wall_s, 3),

@@ -253,7 +253,7 @@ def fresh_audit(opts: UpgradeOptions, argv: Sequence[str], dest: Path, limit: st
 
 
 def audit_reasons(audit: Any) -> dict[str, str | None]:
-    return {h: f.scheduler.reason for h, f in audit.facts.items()}
+    return dict(audit.scheduler_reasons)
 
 
 def finding_ids(verdict: Any) -> list[str]:

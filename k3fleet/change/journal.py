@@ -198,6 +198,10 @@ class HostHistory:
         """Why this host's 'before' cannot be trusted: a change is recorded but no snapshot can be read."""
         if self.snapshot is not None or not self.changed_something:
             return None
+        if not self.unreadable and all(e.stage == "failed" for e in self.entries):
+            # It failed before its snapshot line (the node read, its rollback kit not made): the slot and
+            # the drain come with that line, so nothing was changed on it.
+            return None
         torn = "; ".join(u.describe() for u in self.unreadable)
         last = self.stage or (self.unreadable[-1].stage if self.unreadable else None) or "unknown"
         if torn:

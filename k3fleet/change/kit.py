@@ -15,6 +15,7 @@ from typing import Any
 
 from k3fleet.change.gate import UpgradeOptions
 from k3fleet.change.record import ChangeRecord
+from k3fleet.models.target import Target
 
 SKIPPED = ("the night makes no rollback kit (--no-rollback-kit): a changed host whose old driver packages the "
            "repository no longer offers cannot be rolled back")
@@ -28,7 +29,7 @@ def kit_choice(opts: UpgradeOptions, recorded: bool | None = None) -> bool:
     return True if recorded is None else bool(recorded)
 
 
-def kit_timeouts(target: Any) -> dict[str, int]:
+def kit_timeouts(target: Target) -> dict[str, int]:
     """The kit's bound from the target, in seconds (``change`` section): one package's download."""
     return {"rollback_kit": int(target.change.rollback_kit_timeout_s)}
 

@@ -41,7 +41,7 @@ from k3fleet.change.kit import kit_choice, kit_extravar, kit_timeouts, kit_warni
 from k3fleet.change.lease import DRAIN_TEXT, Lease, validate_change_id, validate_operator
 from k3fleet.change.lock import NightLock, PlayGuard
 from k3fleet.change.pause import PauseWatcher, check_pause, continue_dir
-from k3fleet.change.record import ChangeRecord
+from k3fleet.change.record import ChangeRecord, SmokeChoice
 from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
 from k3fleet.change.textfile import NightTextfile, check_textfile
 from k3fleet.change.timing import ChangeRecorder, host_timings
@@ -187,13 +187,21 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
             audit=str((rd.path / layout.gate_audit_dir() / layout.VERDICT).resolve()), inventory=str(opts.inventory),
             blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
             accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
-            timeouts=timeouts, image=target.image.ref, smoke=smoke, rollback_kit=kit)
+            timeouts=timeouts, image=target.image.ref, smoke=smoke, rollback_kit=kit,
+            preflight=preflight_policy(target))
         rd.write_json(layout.CHANGE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
         return execute(rd, record, opts, ev, hosts, layout.ansible_dir(), layout.events_file(), observer, cancel,
                        journal=None, skipped=skipped, warnings=smoke_warnings(smoke, opts.check) + smoke_notes
                        + kit_warnings(kit, opts.check))
+
+
+def preflight_policy(target: Target) -> dict[str, Any]:
+    """The target's part of the preflight: the oldest NVIDIA Container Toolkit a node may run, with its reason."""
+    return {"min_container_toolkit": target.container.toolkit_min_version,
+            "min_container_toolkit_source": (target.container.toolkit_advisory
+                                             or "the target's container.toolkit_min_version")}
 
 
 def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Sequence[int], *, audit_dir: Path,
@@ -225,6 +233,8 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_accepted_blocked": list(record.accepted_blocked),
         # The serving smoke after each host's verification (null: none); the role never runs it in --check.
         "k3fleet_smoke": smoke_extravar(record),
+        # What the preflight before each drain holds the node to (docs/change-night.md "Preflight").
+        "k3fleet_preflight": dict(record.preflight),
         # The rollback kit staged before each host's first change (null: --no-rollback-kit).
         "k3fleet_rollback_kit": kit_extravar(record),
     }
@@ -236,10 +246,12 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
 def _nothing(rd: RunDir, opts: UpgradeOptions, operator: str, plan: Mapping[str, Any], target_version: str,
              held: Mapping[str, str], exc: NothingToChange, smoke: Mapping[str, Any]) -> ChangeResult:
     """A second night over a done fleet changes nothing and says so (exit 0; 1 when hosts are blocked)."""
-    change = {"change_id": opts.change_id, "operator": operator, "target_version": target_version,
-              "target_branch": plan["target_branch"], "canary": None, "waves": [], "check": opts.check,
-              "done": plan.get("done") or [], "blocked": plan.get("blocked") or [], "held": dict(held),
-              "smoke": dict(smoke)}
+    # change.json through its model, as a night with hosts to change writes it (the fields set, no more).
+    change = ChangeRecord(
+        change_id=opts.change_id, operator=operator, target_version=target_version,
+        target_branch=plan["target_branch"], canary=None, waves=[], check=opts.check,
+        done=plan.get("done") or [], blocked=plan.get("blocked") or [], held=dict(held),
+        smoke=SmokeChoice.model_validate(dict(smoke))).model_dump(mode="json", exclude_unset=True)
     rd.write_json(layout.CHANGE, change)
     result = ChangeResult(run_dir=rd, change=change, play=None, exit_code=exc.exit_code, message=str(exc))
     rd.write_json(layout.RUN, ChangeRunRecord(status="nothing_to_do", exit_code=result.exit_code,

@@ -80,6 +80,9 @@ class ChangeRecord(BaseModel):
     image: str | None = None
     # None: a night recorded before the choice was (it ran without the controller's smoke).
     smoke: SmokeChoice | None = None
+    # The preflight's policy from the target (docs/change-night.md "Preflight"); empty in a night recorded
+    # before it (its resume takes the target's defaults again).
+    preflight: dict[str, Any] = Field(default_factory=dict)
     # The rollback kit staged before each host's first change (False: --no-rollback-kit); None: a night
     # recorded before the kit existed.
     rollback_kit: bool | None = None

@@ -23,7 +23,7 @@ from k3fleet.bounds import seconds_option
 from k3fleet.cli.base import app, err, out
 from k3fleet.errors import UsageError, validation_line
 from k3fleet.report.escapes import safe_markup
-from k3fleet.report.terminal import SEVERITY_STYLE
+from k3fleet.report.terminal import SEVERITY_STYLE, whole_column
 
 if TYPE_CHECKING:
     import httpx
@@ -53,10 +53,10 @@ def print_result(result: ProbeResult, *, as_json: bool, lines: list[str] | None 
         out.print(f"  {line}", markup=False)
     if result.findings:
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        table.add_column("severity")
-        table.add_column("id")
-        table.add_column("layer")
-        table.add_column("finding", overflow="fold")
+        table.add_column("severity", no_wrap=True)
+        whole_column(table, "id", (f.check_id for f in result.findings))
+        table.add_column("layer", no_wrap=True)
+        table.add_column("finding", overflow="fold", ratio=1)
         for f in result.findings:
             sev = SEVERITY_STYLE[f.severity]
             table.add_row(f"[{sev}]{f.severity}[/{sev}]", safe_markup(f.check_id), safe_markup(f.layer or ""),
@@ -123,17 +123,22 @@ def prefix_cache(
         "--prefix-tokens", min=16, help="Shared prefix size in tokens (default: 4.4 match units).")] = None,
     match_unit: Annotated[int | None, typer.Option(
         "--match-unit", min=1, help="Prefix match unit when the server does not publish prefix_match_unit.")] = None,
+    replays: Annotated[int, typer.Option("--replays", min=1, max=20, help=(
+        "Times the cold request is sent again once warm; each answer must be the cold one."))] = 1,
+    settle_timeout: Annotated[float, typer.Option("--settle-timeout", min=0.1, max=300.0, help=(
+        "Seconds /metrics may take to count each request and come to rest."))] = 10.0,
     as_json: AsJson = False,
     quiet: Quiet = False,
 ) -> None:
-    """Prove prefix-cache reuse: cold, warm and control requests with /metrics around each window."""
+    """Prove prefix-cache reuse and that it keeps answers: cold, warm, replayed and control requests, /metrics
+    read once settled after each."""
     from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
     from k3fleet.targets import load_target
 
     ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
     # The CLI's default target (Kimi K3): its model's default match unit, when the server publishes none.
-    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit,
-                         target_model=load_target(None).serve.model)
+    opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit, replays=replays,
+                         settle_s=settle_timeout, target_model=load_target(None).serve.model)
     say = progress_printer(quiet or as_json)
     result = run_probe(ep, lambda client, _info: run_prefix_cache(ep, opts, progress=say, client=client))
     print_result(result, as_json=as_json, lines=_prefix_lines(result))
@@ -154,6 +159,14 @@ def _prefix_lines(result: ProbeResult) -> list[str]:
     tt = d.get("ttft_s") or {}
     if tt.get("cold") is not None and tt.get("warm_median") is not None:
         lines.append(f"TTFT cold {tt['cold'] * 1000:.0f} ms, warm median {tt['warm_median'] * 1000:.0f} ms")
+    ans = d.get("answers") or {}
+    if ans.get("comparisons"):
+        same = sum(1 for c in ans["comparisons"] if c.get("same") or c.get("near_tie"))
+        lines.append(f"warm replays with the cold answer: {same}/{len(ans['comparisons'])} ({ans.get('basis')})")
+    st = d.get("settle") or {}
+    if st.get("reads"):
+        lines.append(f"/metrics settled after each request: longest wait {st['max_waited_s']:.2f} s, "
+                     f"{st['total_reads']} reads")
     return lines
 
 
@@ -265,12 +278,12 @@ def accept_all(
 
     from k3fleet.accept.agent import AgentOptions
     from k3fleet.accept.prefix_cache import PrefixOptions
+    from k3fleet.accept.probes import PROBES
     from k3fleet.accept.run import AllOptions, load_available, run_all
 
-    known = ("prefix_cache", "agent", "load", "startup")
-    bad = [p for p in skip or [] if p not in known]
+    bad = [p for p in skip or [] if p not in PROBES]
     if bad:
-        raise UsageError(f"--skip {bad[0]}: not a probe (one of {', '.join(known)})")
+        raise UsageError(f"--skip {bad[0]}: not a probe (one of {', '.join(PROBES)})")
     from k3fleet.bounds import check_input
 
     for path, flag in ((log, "--log"), (launch_command, "--launch-command")):
@@ -345,6 +358,9 @@ def _print_summary(summary: AcceptRecord, results: dict[str, ProbeResult]) -> No
         took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
         out.print(f"  {name:13s} [{style}]{result.status.upper():12s}[/{style}] {took}{safe_markup(result.reason)}",
                   markup=True)
+    for name, why in summary.aborted.items():
+        took = f"{elapsed[name]:>5.0f}s " if isinstance(elapsed.get(name), int | float) else ""
+        out.print(f"  {name:13s} [red]ABORTED[/red]      {took}{safe_markup(why)}", markup=True)
     for name, why in summary.not_run.items():
         out.print(f"  {name:13s} [dim]NOT RUN[/dim]      {safe_markup(why)}", markup=True)
     failing = [f for r in results.values() for f in r.failing()]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -34,28 +34,29 @@ from k3fleet.cli.accept import (
 from k3fleet.cli.base import err
 from k3fleet.errors import UsageError, validation_line
 
+T = TypeVar("T", int, float)
 
-def _ints(text: str, flag: str) -> list[int]:
+
+def _numbers(text: str, flag: str, kind: type[T], what: str) -> list[T]:
+    """A comma-separated list of ``kind`` (int or float) for ``flag``; one UsageError line otherwise."""
     try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+        values = [kind(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise UsageError(f"{flag}: {text!r} is not a comma-separated list of integers") from None
+        raise UsageError(f"{flag}: {text!r} is not a comma-separated list of {what}") from None
     if not values:
         raise UsageError(f"{flag}: give at least one value")
     return values
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    return _numbers(text, flag, int, "integers")
 
 
 _DEFAULT_PHASES = "long_input,agent_ramp,sustained"
 
 
 def _floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise UsageError(f"{flag}: {text!r} is not a comma-separated list of numbers") from None
-    if not values:
-        raise UsageError(f"{flag}: give at least one value")
-    return values
+    return _numbers(text, flag, float, "numbers")
 
 
 @accept_app.command("load")

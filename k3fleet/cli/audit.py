@@ -79,9 +79,12 @@ def audit(
 def plan(
     run: Annotated[Path, typer.Option("--run", help="An audit run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Every host name and every blocked host's reasons "
+                                                         "(host lists are cut at 12 names otherwise).")] = False,
 ) -> None:
     """Print the change plan of an audit run: hosts to upgrade, canary, waves (verified first)."""
     from k3fleet.report import terminal
+    from k3fleet.report.escapes import safe_text
 
     plan_data = read_audit_plan(run)
     if as_json:
@@ -89,10 +92,22 @@ def plan(
 
         out.print_json(json.dumps(redact(plan_data)))
     else:
-        terminal.print_plan(out, plan_data)
+        terminal.print_plan(out, plan_data, show_all=show_all)
+        if not show_all and _plan_is_cut(plan_data, 12):
+            out.print(f"(host lists cut at 12 names: k3fleet plan --run {safe_text(str(run))} --all lists every "
+                      "host)", markup=False)
         if plan_data.get("canary"):
             out.print("next: k3fleet upgrade -i INVENTORY --change-id ID --operator YOU --check   (the night as a dry "
                       "run: per host the drain and the package transaction)", markup=False)
+
+
+def _plan_is_cut(plan: dict[str, Any], limit: int) -> bool:
+    """Whether the terminal's plan cut a host list (what --all would show whole)."""
+    from k3fleet.report.plan import package_groups
+
+    lists = [*(plan.get("waves") or []), plan.get("done") or [], plan.get("unreachable") or [],
+             *(hosts for _tx, hosts in package_groups(plan))]
+    return any(len(x) > limit for x in lists) or len(plan.get("blocked") or []) > limit
 
 
 def read_audit_plan(run: Path) -> dict[str, Any]:
@@ -173,11 +188,13 @@ def checks(
                 if row.get(key):
                     out.print(f"  {key}: {safe_text(row[key])}", markup=False)
         return
+    from k3fleet.report.terminal import whole_column
+
     table = Table(title="k3fleet checks (k3fleet checks ID explains one)", show_lines=True)
-    table.add_column("id", overflow="fold", no_wrap=True)
-    table.add_column("scope / severity")
-    table.add_column("why", ratio=1)
-    table.add_column("fix", ratio=1)
+    whole_column(table, "id", (row.get("id", "") for row in rows))
+    table.add_column("scope / severity", no_wrap=True)
+    table.add_column("why", ratio=1, overflow="fold")
+    table.add_column("fix", ratio=1, overflow="fold")
     for row in rows:
         table.add_row(row.get("id", ""), f"{row.get('scope', '')}\n{row.get('severity', '')}", row.get("why", ""),
                       row.get("fix", ""))

@@ -99,6 +99,29 @@ def _print_smoke(console: Console, change: dict[str, Any], when: str = "") -> No
         console.print(kit, markup=False)
 
 
+def preflight_lines(pre: dict[str, Any]) -> list[str]:
+    """What the night's preflight read on a host (docs/change-night.md "Preflight"), as the check shows it."""
+    if not pre:
+        return []
+    holders = pre.get("holders")
+    kinds = [h.get("kind") for h in holders or []]
+    held = ("unreadable" if holders is None else
+            ", ".join(f"{kinds.count(k)} {k}" for k in ("job", "service", "other") if kinds.count(k)) or "none")
+    disk = ", ".join(f"{d.get('path')} {d.get('available_mb')} MB" for d in pre.get("disk") or [])
+    repo = pre.get("repository") or {}
+    missing = repo.get("missing") or []
+    toolkit = pre.get("toolkit") or {}
+    versions = ("not offered: " + ", ".join("=".join(m) for m in missing)) if missing else "offered"
+    headers = "present" if (pre.get("headers") or {}).get("present") else "missing"
+    kernel = f"{pre.get('kernel') or '?'}" + (f" (DKMS: headers {headers})" if pre.get("dkms") else "")
+    lines = [f"  preflight {'blocked' if pre.get('problems') else 'ok'}: GPU holders {held}; MIG "
+             f"{'instances' if pre.get('mig') else 'none'}; free {disk or 'unknown'}",
+             f"            target versions {versions}; kernel {kernel}; container toolkit "
+             f"{toolkit.get('version') or 'not installed'}"]
+    lines += [f"            [{p.get('check')}] {p.get('found')}" for p in pre.get("problems") or []]
+    return [safe_text(line) for line in lines]
+
+
 def print_check(console: Console, result: Any) -> None:
     """Per host: the drain and the package transaction the night would run."""
     change = result.change
@@ -113,6 +136,8 @@ def print_check(console: Console, result: Any) -> None:
         if rep.get("noop"):
             console.print(f"  nothing to do: {safe_text(rep.get('why'))}", markup=False)
             continue
+        for line in preflight_lines(rep.get("preflight") or {}):
+            console.print(line, markup=False)
         drain = rep.get("drain") or {}
         actions = drain.get("actions") or [f"{drain.get('backend', '?')}: {drain.get('decision', '?')}"]
         console.print(f"  drain   ({drain.get('backend', '?')}): "

@@ -91,7 +91,7 @@ def decide(
 
 def _print_decision(d: object) -> None:
     from k3fleet.models.evidence import Decision
-    from k3fleet.report.terminal import outcome_style
+    from k3fleet.report.terminal import outcome_style, wrapped
     from k3fleet.report.view import approval_words
 
     assert isinstance(d, Decision)
@@ -101,8 +101,9 @@ def _print_decision(d: object) -> None:
     approval = approval_words(d.approved, d.draft)
     out.print(f"decision: [{style}]{d.outcome}[/{style}] ({approval}, exit {d.exit_code})")
     for r in d.reasons:
-        # One line each: a rule naming 700 hosts is cut here, whole in report.md.
-        out.print(f"  - [{r.rule}] {r.text}", markup=False, no_wrap=True, overflow="ellipsis", soft_wrap=False)
+        # Whole and wrapped, the rule id first: a rule naming 700 hosts names them in report.md, and its
+        # text says so (the rules cap their host lists).
+        out.print(wrapped(f"[{r.rule}] {r.text}", out.width - 1), markup=False, soft_wrap=False)
     open_items = [i for i in d.checklist if i.status != "pass"]
     passed = len(d.checklist) - len(open_items)
     out.print(f"checklist: {passed} of {len(d.checklist)} items pass; not passed:" if open_items
@@ -258,9 +259,14 @@ def triage(
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
+        from k3fleet.report.terminal import whole_column
+
         table = Table(title=f"triage: {escape(result.host)} (operator-supplied)")
-        for col in ("file", "kind", "finding", "severity", "message"):
-            table.add_column(col)
+        table.add_column("file", overflow="fold")
+        table.add_column("kind", overflow="fold")
+        whole_column(table, "finding", (f.check_id for f in result.findings))
+        table.add_column("severity", no_wrap=True)
+        table.add_column("message", overflow="fold", ratio=1)
         by_file: dict[str, list[Finding]] = {}
         for f in result.findings:
             by_file.setdefault(str(f.evidence.get("file")), []).append(f)

@@ -60,6 +60,21 @@ def testbed_status(workdir: Annotated[Path, typer.Option("--workdir",
     out.print_json(json.dumps(data, default=str))
 
 
+@testbed_app.command("driver")
+def testbed_driver(
+    hosts: Annotated[list[str], typer.Argument(help="The guests (tb-node01...).")],
+    release: Annotated[str, typer.Option("--release", help="The stand-in driver release, e.g. 575.57.08.")],
+    workdir: Annotated[Path, typer.Option("--workdir", help="The testbed's state directory.")] = Path(".testbed"),
+) -> None:
+    """Put guests on one driver release, held and loaded, idle in Slurm: nodes before their first night (root)."""
+    from k3fleet.lab import testbed
+    from k3fleet.lab.testbed.driver import install_release
+
+    state = testbed.status(workdir)
+    for host in hosts:
+        out.print(install_release(state, host, release), markup=False)
+
+
 @testbed_app.command("fault")
 def testbed_fault(
     host: Annotated[str, typer.Argument(help="The guest (tb-node01...).")],

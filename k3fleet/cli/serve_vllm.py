@@ -37,7 +37,8 @@ def serve_vllm(
                                                         help="Prefill time per uncached token.")] = 0.05,
     itl_ms: Annotated[float, typer.Option("--itl-ms", min=0.1, help="Engine step (inter-token) time.")] = 20.0,
     defect: Annotated[list[str] | None, typer.Option("--defect", help="NAME=RATE (repeatable): empty_tool_calls, "
-                                                     "merged_stream_calls, marker_in_reasoning, invalid_arguments.")]
+                                                     "merged_stream_calls, marker_in_reasoning, invalid_arguments, "
+                                                     "warm_answer_changed.")]
     = None,
     crash_above_kv: Annotated[float | None, typer.Option("--crash-above-kv", min=0.0, max=1.0,
                                                          help="Die (5xx, /health down) above this KV usage.")]
@@ -49,6 +50,11 @@ def serve_vllm(
     = False,
     metrics_format: Annotated[str, typer.Option("--metrics-format", help="prometheus or openmetrics.")]
     = "prometheus",
+    max_num_queued_reqs: Annotated[int | None, typer.Option(
+        "--max-num-queued-reqs", min=0, help="Answer 503 past this many waiting requests (counted as admission "
+        "rejections).")] = None,
+    metrics_lag: Annotated[float, typer.Option("--metrics-lag", min=0.0, max=60.0,
+                                               help="Seconds /metrics lags behind the engine's counters.")] = 0.0,
     enable_prompt_tokens_details: Annotated[bool, typer.Option("--enable-prompt-tokens-details",
                                                                help="Report usage cached_tokens.")] = False,
     api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="Require this variable's value as the "
@@ -65,7 +71,9 @@ def serve_vllm(
                         max_num_batched_tokens=max_num_batched_tokens, prefill_ms_per_token=prefill_ms_per_token,
                         itl_ms=itl_ms, defects=parse_defects(defect or []), crash_above_kv=crash_above_kv,
                         restart_after_s=restart_after, old_metric_names=old_metric_names,
-                        metrics_format=metrics_format, enable_prompt_tokens_details=enable_prompt_tokens_details,
+                        metrics_format=metrics_format, metrics_lag_s=metrics_lag,
+                        max_num_queued_reqs=max_num_queued_reqs,
+                        enable_prompt_tokens_details=enable_prompt_tokens_details,
                         api_key_env=api_key_env, seed=seed)
     except ValidationError as exc:
         raise UsageError(validation_line(exc, "serve-vllm")) from exc

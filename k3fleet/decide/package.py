@@ -41,7 +41,7 @@ from k3fleet.bounds import open_tar
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
 from k3fleet.decide.signing import verify_signature
 from k3fleet.errors import IncompleteError, UsageError
-from k3fleet.evidence import is_secret_name, layout
+from k3fleet.evidence import is_secret_name, layout, redact
 from k3fleet.evidence.layout import PACKAGE_MANIFEST, PACKAGE_SIGNATURE
 from k3fleet.evidence.writer import FILE_MODE, write_output
 
@@ -120,7 +120,10 @@ def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence
             raise IncompleteError(f"{e.arcname} contains the value of ${hit}: redact the run before packaging it")
         files.append({"path": e.arcname, "sha256": sha256_bytes(data), "bytes": len(data)})
         blobs.append((e.arcname, data))
-    manifest = {"format": PACKAGE_FORMAT, "k3fleet_version": __version__, **meta,
+    # PACKAGE.json goes through the one redactor like every written file: the profile's name and rate
+    # limits, --owner and --rollback-owner are free text an operator may paste a secret into. The
+    # member list (paths and digests) is the package's own and follows unchanged.
+    manifest = {"format": PACKAGE_FORMAT, "k3fleet_version": __version__, **redact(dict(meta)),
                 "signer": sign.record() if sign is not None else None, "files": files}
     manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n").encode()
     hit = _scan(manifest_bytes, secrets)

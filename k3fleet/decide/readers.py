@@ -15,7 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from k3fleet.accept.result import result_from_json
+from k3fleet.accept import identity
+from k3fleet.accept.probes import PROBES
+from k3fleet.accept.result import ProbeResult, result_from_json
 from k3fleet.change.journal import read_journal
 from k3fleet.change.record import ChangeRecord
 from k3fleet.decide.checklist import image_repository
@@ -190,7 +192,7 @@ def _check_steps(rep: Any) -> Iterable[tuple[str, str]]:
 # -- acceptance --------------------------------------------------------------------------------------
 
 
-def probe_result(run: RunReader, probe: str) -> tuple[Any, Ref] | None:
+def probe_result(run: RunReader, probe: str) -> tuple[ProbeResult, Ref] | None:
     """A probe's result file as its :class:`k3fleet.accept.result.ProbeResult`, with its ref; None when
     the probe did not run."""
     rel = layout.probe_file(probe)
@@ -241,7 +243,13 @@ def startup_evidence(result: Any, ref: Ref) -> StartupEvidence:
         all2all_backend=_str(d.get("all2all_backend"))
         or (_str(env.get(all2all.ENV)) if isinstance(env, dict) else None),
         env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+        server=d["server"] if isinstance(d.get("server"), dict) else identity.from_startup(d),
         findings=_facts_of(result, ref))
+
+
+def _server(d: Mapping[str, Any]) -> dict[str, Any]:
+    """What a live probe recorded of the server (``data.server``); {} in runs from before it did."""
+    return dict(d["server"]) if isinstance(d.get("server"), Mapping) else {}
 
 
 def _str(v: Any) -> str | None:
@@ -271,7 +279,7 @@ def _prefix_evidence(result: Any, ref: Ref) -> PrefixCacheEvidence:
         cold_saved="cold" in windows and ttft.get("cold") is not None,
         warm_saved="warm" in windows and bool(ttft.get("warm")),
         cache_metrics=cache_metrics, controlled_reuse=reuse, caching_enabled=caching, hit_ratio=ratio,
-        findings=_facts_of(result, ref))
+        server=_server(d), findings=_facts_of(result, ref))
 
 
 class _AgentCaseRecord(BaseModel):
@@ -297,7 +305,7 @@ def _agent_evidence(result: Any, ref: Ref) -> AgentEvidence:
         raise UsageError(validation_line(exc, f"run {ref.run}: {ref.file}", at="data.cases.")) from None
     cases = [AgentCase(name=name, runs=c.runs, passed=c.passed, pass_rate=c.pass_rate, defects=c.defects,
                        layer=c.layer, critical=c.critical) for name, c in records.items()]
-    return AgentEvidence(ref=ref, status=result.status, reason=result.reason, cases=cases,
+    return AgentEvidence(ref=ref, status=result.status, reason=result.reason, cases=cases, server=_server(d),
                          findings=_facts_of(result, ref))
 
 
@@ -365,7 +373,8 @@ def _load_evidence(run: RunReader, result: Any, ref: Ref) -> LoadEvidence:
         envelope=envelope, phases=phases, traffic=traffic_baseline(points),
         curves_ref=curves_ref, request_params_saved=params, queue_latency_saved=queue,
         restarts=_int(counts.get("restarts")), health_failures=_int(counts.get("health_failures")),
-        oom_events=_int(counts.get("oom_events")), oom_records=_oom_records(d, ref), findings=_facts_of(result, ref))
+        oom_events=_int(counts.get("oom_events")), oom_records=_oom_records(d, ref), server=_server(d),
+        findings=_facts_of(result, ref))
 
 
 def _has_any(point: Mapping[str, Any], keys: Sequence[str]) -> bool:
@@ -420,7 +429,7 @@ def merge_accept(runs: Sequence[AcceptEvidence]) -> AcceptEvidence | None:
     ordered = sorted(runs, key=lambda r: r.started_at or "", reverse=True)
     merged = ordered[0].model_copy()
     for older in ordered[1:]:
-        for probe in ("startup", "prefix_cache", "agent", "load"):
+        for probe in PROBES:
             if getattr(merged, probe) is None and getattr(older, probe) is not None:
                 setattr(merged, probe, getattr(older, probe))
     return merged

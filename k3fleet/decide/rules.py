@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from k3fleet.accept import identity
 from k3fleet.contracts import APPROVABLE_OUTCOMES, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, Outcome, worst_outcome
 from k3fleet.decide.checklist import (
     OWNERS_ITEM,
@@ -42,7 +43,7 @@ from k3fleet.models.evidence import (
 # Rules that block only because something is not shown yet (exit 3, not 1): more evidence can lift them.
 # The reason a decision the evidence would approve carries while it is unsigned (exit 3, a draft).
 UNSIGNED_RULE = "signoff.unsigned"
-NOT_DEFINITE = frozenset({"evidence.missing", "envelope.gap", "limits.unowned"})
+NOT_DEFINITE = frozenset({"evidence.missing", "envelope.gap", "limits.unowned", "startup.other_server"})
 
 
 @dataclass
@@ -106,6 +107,23 @@ def _startup_failed(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
         return []
     others = [f for f in st.findings if f.failed and f not in st.model_load_oom]
     return [Hit(f"start-up failed: {f.message}", [f.ref]) for f in others]
+
+
+def _other_server(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
+    """The start-up log judged is of another server than the endpoint the live probes tested."""
+    st = startup_of(s)
+    if st is None or not st.server or s.accept is None:
+        return []
+    hits = []
+    for name in ("prefix_cache", "agent", "load"):
+        probe = getattr(s.accept, name)
+        if probe is None or not probe.server:
+            continue
+        diff = identity.mismatches(st.server, probe.server)
+        if diff:
+            hits.append(Hit(f"the start-up evidence is from another server: the log ({st.ref.run}) and the endpoint "
+                            f"{name} tested differ in {'; '.join(diff)}", _refs(st.ref, probe.ref)))
+    return hits
 
 
 def _prefix_no_reuse(s: EvidenceSummary, _: list[ChecklistItem]) -> list[Hit]:
@@ -468,6 +486,10 @@ RULES: tuple[Rule, ...] = (
          "the audit serves without failed hosts or with warnings", _audit_limits),
     Rule("profile.missing", "observe_with_limits", "limits",
          "no production profile: what is unproven is named; served only within the tested envelope", _no_profile),
+    Rule("startup.other_server", "observe_with_limits", "blocks",
+         "the start-up log is of another server than the endpoint the live probes tested (version, model, "
+         "max_model_len, cache settings or port differ): the start-up evidence is from another server",
+         _other_server),
     Rule("envelope.gap", "observe_with_limits", "blocks",
          "the tested envelope does not cover the profile (concurrency, p99 context, sustained duration, SLOs, "
          "tools, schemas, multimodal): each gap named", _envelope_gap),

@@ -10,8 +10,9 @@ the renderers read nothing and import none of them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from k3fleet.accept.probes import PROBES
+from k3fleet.accept.result import ProbeResult
 from k3fleet.decide.readers import (
     AcceptRecord,
     audit_facts,
@@ -67,8 +68,8 @@ def _change(run: RunReader) -> ReportView:
 def _accept(run: RunReader) -> ReportView:
     acc = read_accept(run.path, _info(run))
     head = run.model(layout.ACCEPT, AcceptRecord) if run.has(layout.ACCEPT) else AcceptRecord()
-    results: dict[str, Any] = {}
-    for name in layout.PROBES:
+    results: dict[str, ProbeResult] = {}
+    for name in PROBES:
         got = probe_result(run, name)
         if got is not None:
             results[name] = got[0]

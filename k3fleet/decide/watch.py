@@ -31,6 +31,9 @@ Rollback triggers:
   pools in a row;
 - ``schema_invalid_tool_calls``: a sampled critical tool-call or structured-output case fails
   ``repeat`` times in a row;
+- ``corrupted_requests``: ``vllm:corrupted_requests`` rose (NaN or inf in the logits), at once;
+- ``admission_rejections``: ``vllm:admission_rejections`` rose ``repeat`` intervals in a row (clients
+  get 503s because a queue cap is reached), with the reasons;
 - ``node_errors``: an Xid of error or critical severity (the audit's ``gpu.xid`` verdict over the
   kernel log's NVRM lines) or an NCCL error on a ``--node-log`` line not older than the approval.
 
@@ -44,7 +47,6 @@ import asyncio
 import dataclasses
 import datetime as _dt
 import itertools
-import json
 import re
 import tarfile
 import time
@@ -62,7 +64,7 @@ from k3fleet.accept.client import Endpoint, EndpointError, fetch
 from k3fleet.accept.gpu_telemetry import gpus_of
 from k3fleet.accept.metrics import MetricsError, scrape, scrape_url
 from k3fleet.accept.startup import NCCL_ERROR
-from k3fleet.bounds import check_seconds, parse_seconds, read_input
+from k3fleet.bounds import check_seconds, parse_json, parse_seconds, read_input
 from k3fleet.contracts import result_code
 from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, read_package_file, verify_package
 from k3fleet.errors import IncompleteError, UsageError, validation_line
@@ -76,7 +78,7 @@ from k3fleet.triage import Capture, build_facts
 from k3fleet.verdict import evaluate_host
 
 TRIGGERS = ("process_restart_or_oom", "queue_beyond_envelope", "queue_growth", "cache_hit_regression",
-            "schema_invalid_tool_calls", "node_errors")
+            "schema_invalid_tool_calls", "corrupted_requests", "admission_rejections", "node_errors")
 DEFAULT_AGENT_CASES = ("one_required_arg", "streaming_deltas", "structured_output")
 # Counters read from /metrics whose rise over an interval is the interval's traffic.
 COUNTERS = ("requests", "queries", "hits", "prompt_tokens", "cached_tokens", "preemptions", "http_errors",
@@ -251,6 +253,7 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
                 and s.counters.get("prompt_tokens") is not None \
                 and s.counters["prompt_tokens"] < prev.counters["prompt_tokens"]:
             fire("process_restart_or_oom", "vllm:prompt_tokens went backwards: the engine restarted")
+        _explained(state, prev, s, fire)
         limit = state.queue_limit
         queue = (s.running or 0) + (s.waiting or 0) if s.running is not None or s.waiting is not None else None
         over = limit is not None and queue is not None and queue > limit
@@ -280,6 +283,26 @@ def evaluate(state: WatchState, s: Sample) -> list[Trigger]:
         fire("node_errors", "node errors since the approval: " + "; ".join(s.node_errors[:4]))
     state.last = s
     return out
+
+
+def _explained(state: WatchState, prev: Sample | None, s: Sample, fire: Callable[[str, str], None]) -> None:
+    """The failure-explaining counters between two samples: corrupted requests fire at once, admission
+    rejections after ``repeat`` intervals in a row."""
+    def rise(key: str) -> float | None:
+        if prev is None or key not in prev.counters or key not in s.counters:
+            return None
+        return max(0.0, s.counters[key] - prev.counters[key])
+
+    corrupted = rise("corrupted")
+    if corrupted:
+        fire("corrupted_requests", f"the server counted {corrupted:.0f} corrupted request(s) since the last sample "
+                                   "(vllm:corrupted_requests: NaN or inf in the logits): its answers cannot be trusted")
+    rejected = rise("rejected")
+    n = _streak(state, "rejected", bool(rejected))
+    if rejected and n >= state.repeat:
+        fire("admission_rejections", f"{rejected:.0f} request(s) refused at admission in the last interval "
+                                     f"({n} intervals in a row, vllm:admission_rejections): clients get 503s because "
+                                     "a queue cap is reached")
 
 
 def _judge_rates(state: WatchState, s: Sample, window: Mapping[str, float | None], traffic: Mapping[str, float],
@@ -418,9 +441,9 @@ def load_baseline(path: Path, allowed_signers: Path | None) -> tuple[Baseline, d
     if run_dir is not None:
         _same_decision(run_dir, package, check)
     try:
-        decision = _loads(read_package_file(package, layout.package_member(layout.DECISION)), package.name)
+        decision = parse_json(read_package_file(package, layout.package_member(layout.DECISION)), package.name)
         try:
-            raw = _loads(read_package_file(package, layout.package_member(layout.BASELINE)), package.name)
+            raw = parse_json(read_package_file(package, layout.package_member(layout.BASELINE)), package.name)
         except UsageError:
             raw = None
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -439,11 +462,11 @@ def package_target(package: Path) -> Target | None:
     """The target the signed package's decision was taken on: the audit run's ``inputs/target.json`` that
     the decision's summary names (None when the decision rests on no recorded target)."""
     try:
-        summary = _loads(read_package_file(package, layout.package_member(layout.SUMMARY)), package.name)
+        summary = parse_json(read_package_file(package, layout.package_member(layout.SUMMARY)), package.name)
         ref = ((summary.get("target") or {}).get("ref") or {}) if isinstance(summary, dict) else {}
         if not (isinstance(ref, dict) and ref.get("run") and ref.get("file")):
             return None
-        raw = _loads(read_package_file(package, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}"), package.name)
+        raw = parse_json(read_package_file(package, f"{layout.PACKAGE_RUNS}/{ref['run']}/{ref['file']}"), package.name)
     except (UsageError, tarfile.TarError, OSError, EOFError, KeyError):
         return None
     try:
@@ -502,13 +525,6 @@ def _same_decision(run_dir: Path, package: Path, check: PackageCheck) -> None:
     if signed is None or signed != sha256_file(run_dir / layout.MANIFEST):
         raise UsageError(f"--baseline {run_dir} is not the decision its signed package {package.name} holds: its "
                          f"{layout.MANIFEST} differs (changed after signing, or another decision's package)")
-
-
-def _loads(data: bytes, label: str) -> Any:
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{label}: not valid JSON ({exc})") from exc
 
 
 def rollback_artifact(b: Baseline) -> dict[str, Any]:
@@ -597,6 +613,10 @@ def counters_of(snap: Any) -> tuple[dict[str, float], dict[str, float]]:
     put("prompt_tokens", snap.counter("vllm:prompt_tokens"))
     put("cached_tokens", snap.counter("vllm:prompt_tokens_cached"))
     put("preemptions", snap.counter("vllm:num_preemptions"))
+    # vLLM 0.30+ (k3fleet.accept.explain): what explains a failure the clients see.
+    put("corrupted", snap.counter("vllm:corrupted_requests"))
+    put("rejected", snap.counter("vllm:admission_rejections"))
+    put("external_hits", snap.counter("vllm:external_prefix_cache_hits"))
     for key, name in (("e2e", "vllm:e2e_request_latency_seconds"), ("itl", "vllm:inter_token_latency_seconds"),
                       ("ttft", "vllm:time_to_first_token_seconds"), ("prefill", "vllm:request_prefill_time_seconds")):
         hist = snap.histogram(name)

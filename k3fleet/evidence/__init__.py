@@ -23,6 +23,7 @@ from k3fleet.evidence.redact import (
 )
 from k3fleet.evidence.rundir import (
     EvidenceWriteError,
+    JsonEntries,
     RunDir,
     atomic_write,
     new_run_id,
@@ -35,6 +36,7 @@ __all__ = [
     "MANIFEST",
     "REDACTED",
     "EvidenceWriteError",
+    "JsonEntries",
     "RunDir",
     "VerifyReport",
     "atomic_write",

@@ -45,7 +45,7 @@ RESUME_PREFIX = "resume-"  # resume-<n>.json and the n-th resume's play, events 
 
 # -- acceptance -----------------------------------------------------------------------------------
 ACCEPT = "accept.json"  # the endpoint, which probes ran, the exit code
-PROBES = ("startup", "prefix_cache", "agent", "load")
+# The probes and the files each writes: k3fleet.accept.probes (probe_file and requests_file name them).
 PROFILE = "profile.json"  # the production profile the run was held against
 PROFILE_SOURCE = f"{INPUTS}/profile.yaml"  # the profile file as given (its files under profile-files/)
 PROFILE_FILES = f"{INPUTS}/profile-files"

@@ -20,9 +20,9 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from k3fleet import __version__
 from k3fleet.bounds import InputTooLarge, cap_bytes, read_input
@@ -30,7 +30,7 @@ from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
 from k3fleet.evidence.verify import verify_run
-from k3fleet.evidence.writer import atomic_replace, fsync_dir, sha256_file
+from k3fleet.evidence.writer import Fill, atomic_replace, fsync_dir, sha256_file
 
 # Controller environment worth keeping as evidence (values still pass the redactor).
 _ENV_PREFIXES = ("K3FLEET_", "ANSIBLE_", "NCCL_", "VLLM_")
@@ -55,14 +55,89 @@ def _write_error(path: Path, exc: OSError) -> EvidenceWriteError:
     return EvidenceWriteError(f"cannot write {path}: {exc.strerror or exc}; the run directory is incomplete")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` through a unique temp file in the same directory, fsync'd, renamed
     (the one writer's core, ``k3fleet.evidence.writer.atomic_replace``); a failure is exit 3."""
-    atomic_replace(path, data, error=lambda exc: _write_error(path, exc))
+    atomic_replace(path, data, error=lambda exc: _write_error(path, exc), durable=durable)
 
 
 def _dumps(data: Any, **kw: Any) -> str:
     return json.dumps(redact(data), default=str, ensure_ascii=False, **kw)
+
+
+class JsonEntries:
+    """A large JSON object given as (key, value) pairs made one at a time (a verdict's hosts): inside
+    ``RunDir.write_json``'s data it is written entry by entry, never held whole. Each entry passes the
+    redactor as ``{key: value}``, which redacts it as it would inside the whole object (a mapping's
+    entries are redacted one by one; only string-valued name/value pairs are judged together, and
+    these entries' values are objects). Read once."""
+
+    def __init__(self, items: Iterable[tuple[str, Any]]) -> None:
+        self._items = items
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(self._items)
+
+
+_INDENT = "  "
+# Bytes written to the file at a time: a large document never exists as one string.
+_CHUNK = 1 << 16
+
+
+_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False, indent=2)
+
+
+def _json_chunks(obj: Any, pad: str = "") -> Iterator[str]:
+    """``obj`` (already redacted, but for its JsonEntries) as ``json.dumps(obj, indent=2)`` would write it."""
+    if isinstance(obj, JsonEntries):
+        inner = pad + _INDENT
+        sep = "{"
+        for key, value in obj:
+            for k, v in redact({key: value}).items():
+                yield f"{sep}\n{inner}{json.dumps(k, ensure_ascii=False)}: "
+                yield from _json_chunks(v, inner)
+                sep = ","
+        yield "{}" if sep == "{" else f"\n{pad}}}"
+    elif isinstance(obj, dict) and _holds_entries(obj):
+        inner = pad + _INDENT
+        sep = "{"
+        for k, v in obj.items():
+            yield f"{sep}\n{inner}{json.dumps(k, ensure_ascii=False)}: "
+            yield from _json_chunks(v, inner)
+            sep = ","
+        yield "{}" if sep == "{" else f"\n{pad}}}"
+    elif not pad:
+        yield from _ENCODER.iterencode(obj)
+    else:
+        # JSON strings hold no raw newline: every newline the encoder yields starts a line of the structure.
+        nl = "\n" + pad
+        for chunk in _ENCODER.iterencode(obj):
+            yield chunk.replace("\n", nl) if "\n" in chunk else chunk
+
+
+def _holds_entries(obj: Any) -> bool:
+    if isinstance(obj, JsonEntries):
+        return True
+    if isinstance(obj, dict):
+        return any(_holds_entries(v) for v in obj.values())
+    return False
+
+
+def _json_fill(data: Any) -> Fill:
+    """Write ``data`` through the redactor as indented JSON and a newline, chunk by chunk."""
+    def fill(fh: IO[bytes]) -> None:
+        redacted = redact(data)
+        buf: list[str] = []
+        size = 0
+        for chunk in _json_chunks(redacted):
+            buf.append(chunk)
+            size += len(chunk)
+            if size >= _CHUNK:
+                fh.write("".join(buf).encode("utf-8"))
+                buf, size = [], 0
+        buf.append("\n")
+        fh.write("".join(buf).encode("utf-8"))
+    return fill
 
 
 # Run directories this process claimed, and whether it made the directory itself (an --out that
@@ -102,6 +177,8 @@ class RunDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Files written without their own fsync (write_json durable=False): synced before the manifest.
+        self._unsynced = False
 
     # -- creating and opening ------------------------------------------------------------------
 
@@ -206,9 +283,13 @@ class RunDir:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def write_json(self, rel: str, data: Any) -> Path:
+    def write_json(self, rel: str, data: Any, *, durable: bool = True) -> Path:
+        """``data`` as JSON through the redactor, written in chunks; a :class:`JsonEntries` inside it is
+        written entry by entry. ``durable=False`` for one of many files in a row (a merge's facts): it is
+        not fsync'd on its own, the manifest syncs them all at once first."""
         p = self.file(rel)
-        atomic_write(p, (_dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+        atomic_replace(p, _json_fill(data), error=lambda exc: _write_error(p, exc), durable=durable)
+        self._unsynced = self._unsynced or not durable
         return p
 
     def write_text(self, rel: str, text: str) -> Path:
@@ -306,6 +387,10 @@ class RunDir:
 
     def write_manifest(self) -> Path:
         """sha256 of every file in the run directory (nested runs included), written last."""
+        if self._unsynced:
+            # Every file the manifest lists is on disk before the manifest says the run finished.
+            os.sync()
+            self._unsynced = False
         entries = []
         for p in sorted(self.path.rglob("*")):
             rel = p.relative_to(self.path).as_posix()

@@ -173,6 +173,15 @@ def _keys(demo: Demo) -> tuple[Path, Path]:
     return key, allowed
 
 
+def _plan_canary(audit: Path) -> str | None:
+    """The canary the audit's plan proposes (its verdict.json), or None when it has none or cannot be read."""
+    try:
+        canary = json.loads((audit / layout.VERDICT).read_text())["plan"]["canary"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return canary.get("host") if isinstance(canary, dict) else None
+
+
 def run_demo(work: Path) -> int:
     """Run the whole path in ``work``; 0 when every step ended as the lab means it to."""
     work = work.resolve()
@@ -200,6 +209,13 @@ def run_demo(work: Path) -> int:
         demo.say(f"lab: a private apt state over the stand-in driver repository and a Slurm stand-in for "
                  f"{changelab.CANARY} in {work / 'change'}")
         lab = changelab.prepare(work / "change")
+        planned = _plan_canary(audit)
+        if planned and planned != lab.canary:
+            # Said, not left for the reader to notice: the plan above proposed another canary.
+            demo.say(f"canary: the plan above proposes {planned} (idle, unblocked); the rehearsal plans "
+                     f"{lab.canary} instead, the R575 host whose apt state and Slurm node (with a running job) "
+                     "the lab replays, so the drain and the package transaction have something to show; on your "
+                     "fleet, leave --canary out and the plan's canary is taken")
         demo.run("upgrade --check", ["upgrade", "-i", str(lab.inventory), "--change-id", "CHG-DEMO", "--operator",
                                      "alice", "--canary", lab.canary, "--check", "--runs-dir",
                                      str(work / "change-runs"),

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from k3fleet.contracts import EXIT_CODES, EXIT_INCOMPLETE, Outcome
+from k3fleet.contracts import EXIT_CODES, Outcome
 from k3fleet.errors import UsageError, validation_line
 from k3fleet.models.findings import Finding, InterconnectSummary, earlier_finding
 
@@ -145,9 +145,12 @@ class AcceptRecord(BaseModel):
     server: dict[str, Any] = Field(default_factory=dict, description="what the server said about itself")
     probes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="probe -> its summary")
     not_run: dict[str, str] = Field(default_factory=dict, description="probe -> why it did not run")
+    aborted: dict[str, str] = Field(default_factory=dict, description="probe -> the endpoint error that ended the "
+                                                                      "run while it ran")
     interrupted: bool = False
     error: str | None = None
-    exit_code: RecordedExitCode = EXIT_INCOMPLETE
+    # None: no code recorded (a reader's default); a writer starts from EXIT_INCOMPLETE.
+    exit_code: RecordedExitCode = None
     budget: dict[str, Any] | None = Field(default=None, description="accept all --budget: the plan and the "
                                                                       "time each probe took")
 
@@ -279,6 +282,8 @@ class StartupEvidence(_Model):
     all2all_backend: str | None = None
     launch_command: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict, description="the server the log names "
+                                   "(k3fleet.accept.identity.from_startup)")
     findings: list[Fact] = Field(default_factory=list)
 
     @property
@@ -296,6 +301,8 @@ class PrefixCacheEvidence(_Model):
     controlled_reuse: bool | None = Field(default=None, description="hits rose by about the shared prefix")
     caching_enabled: bool | None = Field(default=None, description="cache_config_info enable_prefix_caching")
     hit_ratio: float | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -318,6 +325,8 @@ class AgentEvidence(_Model):
     status: str
     reason: str | None = None
     cases: list[AgentCase] = Field(default_factory=list)
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     findings: list[Fact] = Field(default_factory=list)
 
 
@@ -348,6 +357,8 @@ class LoadEvidence(_Model):
     envelope: dict[str, Any] = Field(default_factory=dict)
     phases: list[str] = Field(default_factory=list, description="phases with saved curve points")
     curves_ref: Ref | None = None
+    server: dict[str, Any] = Field(default_factory=dict, description="what the probe saw of the server "
+                                   "(k3fleet.accept.identity.live)")
     request_params_saved: bool = False
     queue_latency_saved: bool = False
     restarts: int | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from k3fleet.report.escapes import safe_markdown
 from k3fleet.report.plan import host_list, package_groups, plan_lines, plan_title
-from k3fleet.report.view import FindingRow, ReportView
+from k3fleet.report.view import FindingRow, ReportView, plain_value
 
 _STATUS = {"pass": "pass", "fail": "**FAIL**", "missing": "**MISSING**", "error": "**ERROR**", "skipped": "skipped",
            "warn": "*warn*"}
@@ -33,6 +33,8 @@ def _code(value: object, cell: bool = False) -> str:
 
 def render_markdown(view: ReportView) -> str:
     lines = [f"# {_text(view.title)}", ""]
+    if view.next_step:
+        lines += [f"**Do this next:** {_text(view.next_step)}", ""]
     lines += [f"- {_text(k)}: {_text(v)}" for k, v in view.meta]
     if view.exit_code is not None:
         lines.append(f"- exit code: {view.exit_code}")
@@ -98,7 +100,8 @@ def render_markdown(view: ReportView) -> str:
         lines.append("")
     if view.baseline:
         lines += ["## Accepted baseline (serving rollback artifact)", ""]
-        lines += [f"- {_text(k)}: `{_code(v)}`" for k, v in view.baseline.items() if v not in (None, {}, [])
+        lines += [f"- {_text(k)}: `{_code(plain_value(v))}`" for k, v in view.baseline.items()
+                  if v not in (None, {}, [])
                   and k != "evidence"]
         lines.append("")
     if view.notes:

@@ -16,7 +16,16 @@ from typing import Any
 from k3fleet.contracts import OUTCOME_STATUS
 from k3fleet.report.escapes import safe_html as escape
 from k3fleet.report.plan import package_groups, plan_lines, plan_title
-from k3fleet.report.view import STATUS_ORDER, Chart, GpuHost, HeatMap, ReportView, approval_words, plain_number
+from k3fleet.report.view import (
+    STATUS_ORDER,
+    Chart,
+    GpuHost,
+    HeatMap,
+    ReportView,
+    approval_words,
+    plain_number,
+    plain_value,
+)
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
@@ -73,6 +82,8 @@ td.hosts { min-width: 240px; max-width: 360px; color: var(--muted); font-size: 1
 .probe table td { padding: 2px 6px; font-size: 13px; }
 .probe table td:last-child { font-variant-numeric: tabular-nums; text-align: right; }
 .plan li { margin: 2px 0; }
+.next { font-size: 15px; background: #fff8c5; border: 1px solid #d4a72c; border-radius: 6px; padding: 6px 10px; }
+.filtered { color: #57606a; font-style: italic; margin: 4px 0; }
 """
 
 # Filters the tables to what needs attention; marks the page as rendered (a browser test reads it).
@@ -86,7 +97,25 @@ _SCRIPT = """
       rows[i].classList.toggle('hidden', box.checked && ok);
     }
     var n = document.querySelectorAll('tr[data-status]:not([data-status="pass"])').length;
-    document.getElementById('problem-count').textContent = n + ' item(s) need attention';
+    var hid = document.querySelectorAll('tr[data-status].hidden').length;
+    document.getElementById('problem-count').textContent = n + ' item(s) need attention' +
+      (hid ? '; ' + hid + ' passed row(s) hidden' : '');
+    // Each filtered table says what it hides: a checklist whose 21 items pass is not an empty table.
+    var tables = document.querySelectorAll('table');
+    for (var t = 0; t < tables.length; t++) {
+      var all = tables[t].querySelectorAll('tr[data-status]');
+      if (!all.length) { continue; }
+      var gone = tables[t].querySelectorAll('tr[data-status].hidden').length;
+      var note = tables[t].parentNode.querySelector('p.filtered[data-for="' + t + '"]');
+      if (!note) {
+        note = document.createElement('p');
+        note.className = 'filtered';
+        note.setAttribute('data-for', String(t));
+        tables[t].parentNode.insertBefore(note, tables[t].nextSibling);
+      }
+      note.textContent = gone ? gone + ' of ' + all.length + ' row(s) pass and are hidden: untick "show only ' +
+        'what needs attention" to see them' : '';
+    }
   }
   box.addEventListener('change', apply);
   apply();
@@ -167,7 +196,8 @@ def svg_chart(chart: Chart, width: int = 560, height: int = 300, slo: tuple[str,
     legend_rows = math.ceil(len(labels) / per_row)
     pad_l, pad_r, pad_t, pad_b = 60, 20, 28, 46 + 16 * legend_rows
     height += 16 * legend_rows
-    x_ticks = nice_ticks(min(xs), max(xs), integer=chart.x_label in _COUNT_AXES)
+    x_lo, x_hi = chart.x_range if chart.x_range is not None else (min(xs), max(xs))
+    x_ticks = nice_ticks(min(x_lo, min(xs)), max(x_hi, max(xs)), integer=chart.x_label in _COUNT_AXES)
     y_hi = max([*ys, slo[1] if slo else 0.0])
     y_ticks = nice_ticks(min(0.0, min(ys)), y_hi, integer=chart.y_label in _COUNT_AXES)
     x0, x1 = x_ticks[0], x_ticks[-1]
@@ -287,9 +317,15 @@ def gpus_html(hosts: Sequence[GpuHost]) -> str:
             f"</td></tr>" for m, gs in sorted(models.items())]
     summary = _table(["GPU model", "GPUs", "memory per GPU", "memory in use", "unhealthy", "warning"], rows,
                      "gpu-models")
-    attention = [h for h in hosts if any(g.status != "pass" for g in h.gpus)]
+    attention = [h for h in hosts if h.needs_attention]
     grid = []
     for h in attention:
+        if h.unreadable:
+            problems = ["no GPU could be read", *h.faults]
+            grid.append(f'<tr data-host="{escape(h.host)}" data-unreadable="true"><td>{escape(h.host)}</td>'
+                        f'<td class="g c-error" title="{escape(h.host)}: no GPU could be read"></td>'
+                        f'<td class="evidence">{escape("; ".join(problems))}</td></tr>')
+            continue
         cells = []
         for g in h.gpus:
             used = (g.memory_used_mib or 0) / g.memory_total_mib if g.memory_total_mib else 0
@@ -298,16 +334,23 @@ def gpus_html(hosts: Sequence[GpuHost]) -> str:
                                                                         else ""))
             cells.append(f'<td class="g c-{escape(g.status)}" title="{escape(tip)}" data-gpu="{g.index}">'
                          f'<span style="height:{min(used, 1) * 100:.0f}%"></span></td>')
-        problems = sorted({p for g in h.gpus for p in g.problems})
-        grid.append(f'<tr data-host="{escape(h.host)}"><td>{escape(h.host)}</td>{"".join(cells)}'
+        problems = [*h.faults, *sorted({p for g in h.gpus for p in g.problems})]
+        fault = ' data-fault="true"' if h.faults else ""
+        grid.append(f'<tr data-host="{escape(h.host)}"{fault}><td>{escape(h.host)}</td>{"".join(cells)}'
                     f'<td class="evidence">{escape("; ".join(problems))}</td></tr>')
     healthy = len(hosts) - len(attention)
-    fold = (f"<p>{healthy:,} host(s): every GPU healthy and idle.</p>" if healthy else "")
+    named = ", ".join(h.host for h in attention[:8]) + (f" and {len(attention) - 8:,} more" if len(attention) > 8
+                                                          else "")
+    lead = (f'<p class="attention">{len(attention):,} host(s) need attention: {escape(named)}.</p>'
+            if attention else "")
+    fold = (f"<p>{healthy:,} {'other ' if attention else ''}host(s): every GPU healthy and idle.</p>"
+            if healthy else "")
     table = (f'<div class="scroll"><table class="gpus" id="gpu-grid"><tbody>{"".join(grid)}</tbody></table></div>'
              if grid else "")
-    return (f'<section id="gpus"><h2>GPUs: memory and health</h2>{summary}'
+    return (f'<section id="gpus"><h2>GPUs: memory and health</h2>{lead}{summary}'
             f"<p>Each square is one GPU: green healthy, yellow a warning (memory in use, clocks held, a narrow "
-            f"PCIe link), red a fault (ECC, row remapping, fabric); the dark fill is the memory in use.</p>"
+            f"PCIe link), red a fault (ECC, row remapping, fabric); the dark fill is the memory in use. A host's "
+            f"failed GPU checks (an Xid, NVML unreadable) are named beside its row.</p>"
             f"{table}{fold}</section>")
 
 
@@ -324,8 +367,13 @@ def render_html(view: ReportView) -> str:
                    f'<span>exit code {view.exit_code}</span></div>')
     elif view.exit_code is not None:
         verdict = f'<div class="verdict" id="decision"><span>exit code {view.exit_code}</span></div>'
-    controls = ('<label><input type="checkbox" id="only-problems" checked> show only what needs attention</label> '
+    # A decision is read whole (the sign-off checklist is what is signed): its filter starts off. An audit's
+    # hundreds of passing hosts start hidden, and every table says how many it hides.
+    checked = "" if view.kind == "decision" else " checked"
+    controls = (f'<label><input type="checkbox" id="only-problems"{checked}> show only what needs attention</label> '
                 '<span id="problem-count"></span>')
+    next_line = (f'<p class="next" id="next"><strong>Do this next:</strong> {escape(view.next_step)}</p>'
+                 if view.next_step else "")
     counts = ""
     if view.hosts:
         by = Counter(h.status for h in view.hosts)
@@ -340,7 +388,7 @@ def render_html(view: ReportView) -> str:
             cards.append(f'<div class="probe" data-probe="{escape(p.name)}"><h3>{escape(p.name)} {_badge(p.status)}'
                          f'</h3><div>{escape(p.reason)}</div><table>{figs}</table></div>')
         probes = f'<div class="figures" id="probes">{"".join(cards)}</div>'
-    sections.append(f'<section><h2>Summary</h2>{verdict}{counts}{probes}<p>{controls}</p></section>')
+    sections.append(f'<section><h2>Summary</h2>{next_line}{verdict}{counts}{probes}<p>{controls}</p></section>')
     if view.reasons:
         rows = [f'<li data-rule="{escape(r["rule"])}"><code>{escape(r["rule"])}</code> &rarr; '
                 f'{escape(r["outcome"])}{" (" + escape(r["approval"]) + ")" if r.get("approval") else ""}: '
@@ -401,7 +449,7 @@ def render_html(view: ReportView) -> str:
                          for c in view.charts)
         sections.append(f'<section id="curves"><h2>Load curves</h2><div class="charts">{charts}</div></section>')
     if view.baseline:
-        rows = [f'<tr><td>{escape(k)}</td><td><code>{escape(str(v))}</code></td></tr>'
+        rows = [f'<tr><td>{escape(k)}</td><td><code>{escape(plain_value(v))}</code></td></tr>'
                 for k, v in view.baseline.items() if v not in (None, {}, []) and k != "evidence"]
         sections.append(_section("Accepted baseline (serving rollback artifact)", ["setting", "value"], rows,
                                  "baseline-table", sid="baseline"))

@@ -33,7 +33,8 @@ def plan_lines(plan: dict[str, Any], limit: int | None = None) -> list[str]:
     lines += [f"Blocked {b['host']}: {'; '.join(b['reasons'])}" if limit is None
               else f"Blocked {b['host']}: {', '.join(b['check_ids'])}" for b in shown]
     if len(shown) < len(blocked):
-        lines.append(f"Blocked: {len(blocked) - len(shown)} more host(s) (k3fleet plan --run RUN)")
+        lines.append(f"Blocked: {len(blocked) - len(shown)} more host(s) (k3fleet plan --run RUN --all lists each "
+                     "with its reasons)")
     if plan.get("unreachable"):
         lines.append(f"Unreachable (not planned, {len(plan['unreachable'])}): {host_list(plan['unreachable'], limit)}")
     return lines

@@ -31,6 +31,21 @@ SEVERITY_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "
 _OUTCOME_STATUS_STYLE = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red", "missing": "bold magenta"}
 
 
+def whole_column(table: Table, header: str, values: Any, **kw: Any) -> None:
+    """A column of names that are looked up (check ids, file names, probe names): never cut with an
+    ellipsis, never folded mid-name; the other columns wrap around it."""
+    width = max([len(header), *(len(str(v)) for v in values)])
+    table.add_column(header, no_wrap=True, min_width=width, overflow="fold", **kw)
+
+
+def wrapped(text: str, width: int, first: str = "  - ", rest: str = "    ") -> str:
+    """``text`` wrapped at ``width`` with a hanging indent, words (and ids) whole."""
+    import textwrap
+
+    return textwrap.fill(text, width=max(width, 40), initial_indent=first, subsequent_indent=rest,
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def outcome_style(outcome: str) -> str:
     """The Rich style an outcome (the audit's or the decision's) is printed in."""
     status = OUTCOME_STATUS.get(outcome)  # type: ignore[call-overload]
@@ -40,6 +55,8 @@ def outcome_style(outcome: str) -> str:
 # Rows of the attention table by default (hosts sharing status and findings are one row); --all
 # prints one row per host.
 _ATTENTION_ROWS = 6
+# The audit's summary and its host table fit one screen of this many lines (at any width).
+_SCREEN_LINES = 40
 _FLEET_LINES = 6
 
 
@@ -79,6 +96,18 @@ def print_audit(console: Console, result: AuditResult | MergeResult, show_all: b
     the next command), then the hosts that need attention (every host with ``show_all``).
 
     A 1,000-host audit fits one screen: counts, not rows; identical hosts are one row."""
+    # The summary is measured at the console's width first (a few dozen short lines: cheap), so the
+    # host table gets the lines the screen has left.
+    import io
+
+    measure = Console(width=console.width, file=io.StringIO(), color_system=None, soft_wrap=False)
+    _print_summary(measure, result)
+    used = measure.file.getvalue().count("\n")  # type: ignore[attr-defined]
+    _print_summary(console, result)
+    _print_hosts(console, result.verdict, show_all, budget=_SCREEN_LINES - used)
+
+
+def _print_summary(console: Console, result: Any) -> None:
     v: FleetVerdict = result.verdict
     s = v.summary
     run = result.run_dir.path
@@ -91,9 +120,10 @@ def print_audit(console: Console, result: AuditResult | MergeResult, show_all: b
                   .append(f"{warned} warn", style="yellow").append(", ").append(f"{failing} failing", style="red")
                   .append(", ").append(f"{s.unreachable} unreachable", style="magenta")
                   .append(f"; GPUs: {s.gpus_healthy} healthy, {s.gpus_required} required"))
-    # One line per reason: the counts below and the report carry the detail.
+    # Each reason whole, wrapped with a hanging indent: a cut reason (or a cut check id) cannot be
+    # looked up; the counts below and the report carry the detail.
     for r in v.reasons:
-        console.print(Text(f"  - {safe_text(r)}"), no_wrap=True, overflow="ellipsis", soft_wrap=False)
+        console.print(Text(wrapped(safe_text(r), console.width - 1)), soft_wrap=False)
     per_check: Counter[str] = Counter()
     warn_check: Counter[str] = Counter()
     for h in v.hosts.values():
@@ -125,10 +155,12 @@ def print_audit(console: Console, result: AuditResult | MergeResult, show_all: b
         console.print(f"  ({len(fleet) - _FLEET_LINES} more fleet findings in the report)", markup=False)
     print_plan(console, v.plan.model_dump(mode="json"), brief=True)
     console.print(Text("next: ", style="bold").append(next_command(v, run)))
-    _print_hosts(console, v, show_all)
 
 
-def _print_hosts(console: Console, v: FleetVerdict, show_all: bool) -> None:
+def _print_hosts(console: Console, v: FleetVerdict, show_all: bool, budget: int = 10**9) -> None:
+    """The hosts that need attention, in the lines ``budget`` leaves (every host with ``show_all``);
+    the rows left out are counted, and the unreachable or blocked hosts among them named."""
+    blocked = {b.host for b in v.plan.blocked}
     names = sorted(v.hosts)
     rows: list[tuple[list[str], str, str, str, str, list[str]]] = []
     if show_all:
@@ -148,8 +180,16 @@ def _print_hosts(console: Console, v: FleetVerdict, show_all: bool) -> None:
             key: tuple[str, tuple[str, ...]] = (st, tuple(_ids(h)) if h.status != "unreachable" else ())
             groups.setdefault(key, []).append(n)
             style[key] = sty
-        order = sorted(groups.items(), key=lambda kv: (not kv[0][0].startswith("failing"),
-                                                       kv[0][0] != "unreachable", -len(kv[1]), kv[1][0]))
+        # Unreachable hosts first, then those the plan blocks (fix before the night), then the other
+        # failing ones, then warnings: the first rows are the ones the 3 a.m. reader must act on, never
+        # behind "N more row(s)".
+        def rank(kv: tuple[tuple[str, tuple[str, ...]], list[str]]) -> tuple[int, int, str]:
+            (st, _), hosts = kv
+            tier = (0 if st == "unreachable" else 1 if blocked.intersection(hosts)
+                    else 2 if st.startswith("failing") else 3)
+            return tier, -len(hosts), hosts[0]
+
+        order = sorted(groups.items(), key=rank)
         for (st, ids), hosts in order:
             h = v.hosts[hosts[0]]
             gpus = f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else ""
@@ -157,7 +197,29 @@ def _print_hosts(console: Console, v: FleetVerdict, show_all: bool) -> None:
                          [*ids] or ([h.reason] if h.reason and len(hosts) == 1 else [])))
     if not rows:
         return
-    shown = rows if show_all else rows[:_ATTENTION_ROWS]
+    if show_all:
+        console.print(_hosts_table(rows, show_all))
+        return
+    # As many rows as the screen has lines for (at least the first), at most _ATTENTION_ROWS; one line
+    # is kept for the "more" line.
+    shown = rows[:1]
+    table = _hosts_table(shown, show_all)
+    for count in range(2, min(len(rows), _ATTENTION_ROWS) + 1):
+        bigger = _hosts_table(rows[:count], show_all)
+        if len(console.render_lines(bigger, console.options, pad=False)) > budget - 2:
+            break
+        shown, table = rows[:count], bigger
+    console.print(table)
+    if len(shown) < len(rows):
+        rest = rows[len(shown):]
+        more = sum(len(r[0]) for r in rest)
+        urgent = [(f"{r[0][0]} +{len(r[0]) - 1}" if len(r[0]) > 1 else r[0][0]) for r in rest
+                  if r[1] == "unreachable" or blocked.intersection(r[0])]
+        named = f"; unreachable or blocked: {', '.join(urgent)}" if urgent else ""
+        console.print(f"  {len(rest)} more row(s), {more} host(s){named} (--all lists every host)", markup=False)
+
+
+def _hosts_table(shown: list[tuple[list[str], str, str, str, str, list[str]]], show_all: bool) -> Table:
     table = Table(title="Hosts" if show_all else "Hosts that need attention", expand=False, title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("host" if show_all else "hosts", overflow="fold")
@@ -174,15 +236,13 @@ def _print_hosts(console: Console, v: FleetVerdict, show_all: bool) -> None:
             cells.append(Text(safe_text(gpus)))
         cells.append(Text(safe_text(", ".join(found))))
         table.add_row(*cells)
-    console.print(table)
-    if len(shown) < len(rows):
-        more = sum(len(r[0]) for r in rows[len(shown):])
-        console.print(f"  {len(rows) - len(shown)} more row(s), {more} host(s): --all lists every host", markup=False)
+    return table
 
 
-def print_plan(console: Console, plan: dict[str, Any], brief: bool = False) -> None:
+def print_plan(console: Console, plan: dict[str, Any], brief: bool = False, show_all: bool = False) -> None:
     """The plan; ``brief``: one line of counts and the canary (the audit summary). Otherwise every
-    line, host lists cut at 12 names, then the package transactions grouped by hosts."""
+    line, host lists cut at 12 names (``show_all``: every name, every blocked host's reasons), then
+    the package transactions grouped by hosts."""
     if brief:
         waves = plan.get("waves") or []
         canary = plan.get("canary")
@@ -193,13 +253,15 @@ def print_plan(console: Console, plan: dict[str, Any], brief: bool = False) -> N
         console.print(Text(f"{plan_title(plan)}: ", style="bold").append(safe_text(", ".join(parts))))
         return
     console.print(safe_text(plan_title(plan)), style="bold", markup=False)
-    for line in plan_lines(plan, limit=12):
+    limit = None if show_all else 12
+    lines = plan_lines(plan, limit=limit)
+    for line in lines:
         console.print(f"  {safe_text(line)}", markup=False)
     groups = package_groups(plan)
     if groups:
         console.print("Package transactions", style="bold", markup=False)
         for tx, hosts in groups:
-            console.print(f"  {safe_text(host_list(hosts, 12))} ({len(hosts)}):", markup=False)
+            console.print(f"  {safe_text(host_list(hosts, limit))} ({len(hosts)}):", markup=False)
             _scope, _, pkgs = tx.partition(": ")
             for pkg in pkgs.split(", "):
                 console.print(f"    {safe_text(pkg)}", markup=False)

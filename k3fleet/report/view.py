@@ -9,10 +9,12 @@ command hand this module what they read, so it imports none of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from k3fleet.accept.probes import PROBES
 from k3fleet.accept.result import ProbeResult
 from k3fleet.contracts import finding_status
 from k3fleet.models.evidence import (
@@ -57,6 +59,8 @@ class Chart:
     x_label: str
     y_label: str
     series: list[Series]
+    # The x range the phase's charts share, so its panels line up (None: this chart's own points).
+    x_range: tuple[float, float] | None = None
 
 
 @dataclass
@@ -117,6 +121,14 @@ class GpuCell:
 class GpuHost:
     host: str
     gpus: list[GpuCell]
+    # The host's GPU findings from the verdict (an Xid, NVML unreadable...): a fault the per-GPU facts
+    # alone do not show; and whether no GPU could be read at all. Either keeps the host out of "healthy".
+    faults: list[str] = field(default_factory=list)
+    unreadable: bool = False
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.unreadable or bool(self.faults) or any(g.status != "pass" for g in self.gpus)
 
 
 @dataclass
@@ -138,6 +150,7 @@ class ReportView:
     outcome: str | None = None
     approved: bool | None = None
     draft: bool = False
+    next_step: str | None = None  # "do this next": the one action the page leads with
     exit_code: int | None = None
     reasons: list[dict[str, Any]] = field(default_factory=list)
     limits: list[dict[str, Any]] = field(default_factory=list)
@@ -269,14 +282,30 @@ def audit_view(a: AuditEvidence, run: str, exit_code: int | None, facts: Iterabl
     view.meta += [("hosts", str(len(a.hosts))), ("GPUs healthy / required", f"{a.gpus_healthy} / {a.gpus_required}"),
                   ("strategy", a.strategy or "?")]
     _hosts_into(view, a)
-    view.gpus = gpu_hosts(facts)
+    view.gpus = gpu_hosts(facts, a.findings)
+    view.next_step = audit_next_step(a.outcome, run, [h.host for h in a.hosts if h.status == "unreachable"],
+                                     sum(1 for h in a.hosts if h.status == "fail"))
     return view
 
 
-def gpu_hosts(facts: Iterable[tuple[str, HostFacts]]) -> list[GpuHost]:
+# The check groups whose failures are about a host's GPUs (k3fleet checks gpu.* nvml.*).
+_GPU_GROUPS = ("gpu", "nvml")
+
+
+def gpu_hosts(facts: Iterable[tuple[str, HostFacts]], findings: Iterable[Any] = ()) -> list[GpuHost]:
     """Per GPU of each host's facts: memory total and in use, and its health (ECC, remapped rows,
-    fabric, PCIe link, clock events), as the audit's facts files hold them."""
-    return [GpuHost(host, [_gpu_cell(g) for g in f.driver.gpus]) for host, f in facts]
+    fabric, PCIe link, clock events), as the audit's facts files hold them; beside them the host's
+    failed GPU checks from the verdict (an Xid says a GPU fell off the bus, not its memory figures)."""
+    faults: dict[str, list[str]] = {}
+    for f in findings:
+        if (f.host and check_group(f.check_id) in _GPU_GROUPS
+                and finding_status(f.kind, f.severity) in ("fail", "error")):
+            faults.setdefault(f.host, []).append(f"{f.check_id}: {f.message}")
+    out = []
+    for host, f in facts:
+        cells = [_gpu_cell(g) for g in f.driver.gpus]
+        out.append(GpuHost(host, cells, faults.get(host, []), unreadable=not cells))
+    return out
 
 
 def _dict(v: object) -> dict[str, Any]:
@@ -368,7 +397,7 @@ def accept_view(acc: AcceptEvidence, run: str, exit_code: int | None, results: M
     view = ReportView(kind="accept", run=run, title=f"k3fleet accept: {acc.model or '?'}",
                       exit_code=exit_code)
     view.meta += [("endpoint", acc.base_url or "?"), ("model", acc.model or "?")]
-    for name in ("startup", "prefix_cache", "agent", "load"):
+    for name in PROBES:
         probe = getattr(acc, name)
         if probe is None:
             view.checks.append(CheckRow(f"accept.{name}", name, "skipped", "probe not run: missing evidence"))
@@ -405,9 +434,25 @@ def plain_number(v: object, unit: str = "") -> str:
         text = f"{n:.1f}"
     elif abs(n) >= 1:
         text = f"{n:.2f}"
+    elif n:
+        # Two significant digits however small (0.00025, not "0"), never an exponent.
+        places = max(3, 1 - math.floor(math.log10(abs(n))) + 1)
+        text = f"{n:.{places}f}".rstrip("0").rstrip(".")
     else:
-        text = f"{n:.3f}".rstrip("0").rstrip(".") if n else "0"
+        text = "0"
     return f"{text} {unit}".rstrip() if unit else text
+
+
+def plain_value(v: object) -> str:
+    """A setting as people read it: a mapping as ``key=value, ...``, a list comma-separated, never a
+    Python or JSON literal."""
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={plain_value(x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(plain_value(x) for x in v)
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "none"}[v]
+    return str(v)
 
 
 def _median(values: object) -> float | None:
@@ -500,7 +545,7 @@ _CHARTS = (
     ("latency", "seconds", (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("e2e_p50_s", "end-to-end p50"),
                             ("itl_p50_s", "inter-token p50"))),
     ("queue", "requests", (("running_max", "running (max)"), ("waiting_max", "waiting (max)"))),
-    ("KV cache", "fraction used", (("kv_usage_max", "KV usage (max)"),)),
+    ("KV cache", "percent used", (("kv_usage_max", "KV usage (max)"),)),
     ("goodput", "share within the SLO", (("goodput", "goodput"),)),
 )
 # GPU telemetry curves (load.json data.gpu.curves rows: t_s, used, free, power, utilisation).
@@ -515,15 +560,21 @@ def load_charts(points: Sequence[dict[str, Any]]) -> list[Chart]:
         phases.setdefault(str(p.get("phase") or "load"), []).append(p)
     for phase, pts in phases.items():
         x_key, x_label = _PHASE_X.get(phase, ("t_start_s", "seconds into the run"))
+        xs = [float(p[x_key]) for p in pts if _num(p.get(x_key)) is not None]
+        # One x range per phase: its latency, queue and KV panels line up point for point.
+        x_range = (min(xs), max(xs)) if xs else None
         for title, unit, keys in _CHARTS:
+            # vLLM reports KV usage as a fraction (0-1): drawn as a percentage, so a 0.04% cache reads 0.04.
+            scale = 100.0 if unit == "percent used" else 1.0
             series = []
             for key, label in keys:
-                xy = [(float(p[x_key]), float(p[key])) for p in pts
+                xy = [(float(p[x_key]), float(p[key]) * scale) for p in pts
                       if _num(p.get(x_key)) is not None and _num(p.get(key)) is not None]
                 if xy:
                     series.append(Series(label, sorted(xy)))
             if series:
-                charts.append(Chart(title=f"{phase}: {title}", x_label=x_label, y_label=unit, series=series))
+                charts.append(Chart(title=f"{phase}: {title}", x_label=x_label, y_label=unit, series=series,
+                                    x_range=x_range))
     return charts
 
 
@@ -585,10 +636,43 @@ def approval_words(approved: bool, draft: bool) -> str:
     return "approved" if approved else "DRAFT: unsigned, not approved" if draft else "NOT approved"
 
 
+def audit_next_step(outcome: str, run: str, unreachable: Sequence[str], failing: int) -> str:
+    """The audit page's "do this next", from its outcome (the terminal's next line, for a report)."""
+    if outcome == "incomplete" or (unreachable and not failing):
+        return (f"reach the unreachable host(s) ({', '.join(unreachable[:5])}{' ...' if len(unreachable) > 5 else ''})"
+                " and audit again")
+    if outcome == "go_live":
+        return "prove serving: k3fleet accept all --base-url URL --model MODEL, then k3fleet decide"
+    if outcome == "rebuild_environment":
+        return (f"plan the change night: k3fleet plan --run {run}, then k3fleet upgrade -i INVENTORY --change-id ID "
+                "--operator YOU --check")
+    if outcome == "expand_capacity":
+        return "add GPU nodes or fix the failing hosts named below, then audit again"
+    return f"fix the findings below (each with its fix), or decide with limits: k3fleet decide {run} ..."
+
+
+def decision_next_step(d: Decision, run: str) -> str:
+    """The decision page's "do this next", from its outcome, approval and what it misses."""
+    if d.approved:
+        return (f"watch the go-live: k3fleet watch --base-url URL --baseline {run}.tar.gz --allowed-signers FILE "
+                "--for 15m")
+    if d.draft:
+        return "sign it: run the same k3fleet decide again with --sign-key KEY (a draft is not an approval)"
+    if d.outcome == "rebuild_environment":
+        return "rebuild: fix what 'Why' names (each reason with the file it rests on), then run that evidence again"
+    if d.outcome == "expand_capacity":
+        return "expand capacity: add GPUs or raise the tested ceiling (see 'Why'), then run accept and decide again"
+    if d.missing:
+        return f"bring the missing evidence ({', '.join(d.missing[:4])}{' ...' if len(d.missing) > 4 else ''}), " \
+               "then decide again"
+    return "resolve the blocking reasons under 'Why' (owners, limits, reviewers), then decide again"
+
+
 def decision_view(d: Decision, s: EvidenceSummary, run: str, curves: Sequence[dict[str, Any]] = ()) -> ReportView:
     approval = approval_words(d.approved, d.draft)
     view = ReportView(kind="decision", run=run, title=f"k3fleet decision: {d.outcome} ({approval})",
-                      outcome=d.outcome, approved=d.approved, exit_code=d.exit_code, draft=d.draft)
+                      outcome=d.outcome, approved=d.approved, exit_code=d.exit_code, draft=d.draft,
+                      next_step=decision_next_step(d, run))
     view.meta += [("reviewer", f"{d.reviewer or '?'} at {d.reviewed_at or '?'}"), ("track", d.track),
                   ("target", f"{s.target.name} ({s.target.image})")]
     if d.service_owner:

@@ -56,7 +56,8 @@ KINDS: dict[str, str] = {
     "vllm_startup": "vLLM start-up log",
     "metrics": "`/metrics` text (Prometheus or OpenMetrics)",
     "kernel_log": "kernel log (`dmesg`, `journalctl -k`, syslog) with NVRM Xid lines",
-    "chat_completion": "a chat-completion response (JSON, or the OpenAI SDK's `ChatCompletion(...)` repr)",
+    "chat_completion": "a chat-completion response (JSON, an SSE stream of chunks, or the OpenAI SDK's "
+                       "`ChatCompletion(...)` repr)",
 }
 
 # Audit checks judged from each kind of capture: only these rules' findings are kept.
@@ -104,7 +105,7 @@ def sniff(text: str) -> str | None:
         item = data[0] if isinstance(data, list) and data else data
         if isinstance(item, dict) and ("Config" in item or "RepoTags" in item or "Id" in item):
             return "docker_inspect"
-    if head.startswith("ChatCompletion(") or _is_chat_json(head):
+    if head.startswith("ChatCompletion(") or _is_chat_json(head) or _is_chat_stream(head):
         return "chat_completion"
     if re.search(r"^NVRM version:", head, re.M):
         return "proc_driver_version"
@@ -144,8 +145,17 @@ def _is_chat_json(head: str) -> bool:
     try:
         data = json.loads(head)
     except ValueError:
-        return False
+        # A body cut mid-JSON is still a chat completion to judge (and the cut is the finding).
+        return bool(re.search(r'"object"\s*:\s*"chat\.completion"|"choices"\s*:\s*\[', head[:4000]))
     return isinstance(data, dict) and isinstance(data.get("choices"), list)
+
+
+_SSE_DATA = re.compile(r"^data:\s?(.*)$", re.M)
+
+
+def _is_chat_stream(head: str) -> bool:
+    """Server-sent events of ``chat.completion.chunk`` objects (``data: {...}`` lines)."""
+    return head.startswith("data:") and ("chat.completion.chunk" in head[:4000] or '"delta"' in head[:4000])
 
 
 @dataclass
@@ -434,7 +444,33 @@ def _metrics_into(result: TriageResult, c: Capture, stored: str, target: Target)
 
 # Defects that break an agent's tool call outright; the rest are warnings (docs/acceptance.md).
 _CALL_BREAKING = frozenset({"empty_tool_calls", "merged_stream_calls", "invalid_arguments", "marker_in_content",
-                            "malformed_response", "wrong_finish_reason"})
+                            "malformed_response", "wrong_finish_reason", "kimi_marker_leak",
+                            "tool_call_text_in_content"})
+
+
+def chat_stream(text: str) -> tuple[dict[str, Any], list[str]]:
+    """An SSE capture folded as a client folds it: the assembled message as a chat completion, and what is
+    wrong with the stream itself (a chunk that is not JSON, no ``[DONE]``)."""
+    from k3fleet.accept.client import assemble_stream  # lazy: the HTTP side, for stream captures only
+
+    chunks: list[Any] = []
+    problems: list[str] = []
+    for i, m in enumerate(_SSE_DATA.finditer(text), 1):
+        payload = m.group(1).strip()
+        if payload == "[DONE]":
+            chunks.append("[DONE]")
+            continue
+        try:
+            chunks.append(json.loads(payload))
+        except ValueError:
+            problems.append(f"data line {i} is not JSON (cut mid-chunk?): {payload[:80]!r}")
+    msg = assemble_stream(chunks)
+    if not msg.done:
+        problems.append("the stream ends without data: [DONE] (cut, or the capture stops early)")
+    message = {"role": "assistant", "content": msg.content or None, "reasoning": msg.reasoning or None,
+               "tool_calls": msg.tool_calls}
+    return {"object": "chat.completion", "choices": [{"index": 0, "message": message,
+                                                     "finish_reason": msg.finish_reason}]}, problems
 
 
 def chat_body(text: str) -> Any:
@@ -503,20 +539,47 @@ def _chat_into(result: TriageResult, c: Capture, stored: str) -> None:
     finding ids are the probe's (``accept.agent.<defect>``)."""
     from k3fleet.accept import toolcheck  # lazy: jsonschema and the SDK views, for chat captures only
 
-    try:
-        body = chat_body(c.text)
-    except ad.CaptureError as exc:
-        raise UsageError(f"{c.path}: read as {KINDS[c.kind]} but {exc}") from exc
+    head = c.text.strip()
+    form = "sse" if _is_chat_stream(head) else "sdk_repr" if head.startswith("ChatCompletion(") else "json"
+    problems: list[str] = []
+    if form == "sse":
+        body, problems = chat_stream(c.text)
+    else:
+        try:
+            body = chat_body(c.text)
+        except ad.CaptureError as exc:
+            if form == "json" and _is_chat_json(head):
+                # Cut mid-JSON: nothing in it can be read as a turn, but the cut itself is the finding.
+                result.chat = {"form": form, "cut": True, "defects": ["malformed_response"]}
+                _chat_finding(result, "malformed_response", f"the body is cut mid-JSON ({exc}) after "
+                              f"{len(head.encode())} bytes", stored, toolcheck)
+                return
+            raise UsageError(f"{c.path}: read as {KINDS[c.kind]} but {exc}") from exc
     view = toolcheck.raw_view(body)
     if view is None:
         raise UsageError(f"{c.path}: read as {KINDS[c.kind]} but it has no choices[0].message")
+    view.streamed = form == "sse"
     expect = expect_for(view)
     defects = toolcheck.classify(view, expect)
-    result.chat = {"expected_calls": expect.calls, "defects": sorted(defects),
-                   "finish_reason": view.finish_reason, "tool_calls": len(view.tool_calls)}
+    if problems:
+        # A cut stream never got its last chunk: its finish reason is not the server's word.
+        defects.pop("wrong_finish_reason", None)
+    for problem in problems:
+        defects.setdefault("malformed_response", problem)
+    result.chat = {"form": form, "expected_calls": expect.calls, "defects": sorted(defects),
+                   "finish_reason": view.finish_reason, "tool_calls": len(view.tool_calls),
+                   "stream_problems": problems}
     for d, evidence in sorted(defects.items()):
-        sev: Severity = "error" if d in _CALL_BREAKING else "warning"
-        _accept_finding(result, f"accept.agent.{d}", sev, f"{toolcheck.DEFECTS.get(d, d)}: {evidence}", "http", stored)
+        _chat_finding(result, d, evidence, stored, toolcheck)
+
+
+def _chat_finding(result: TriageResult, defect: str, evidence: str, stored: str, toolcheck: Any) -> None:
+    """One defect of a captured response, at its layer, with the fix."""
+    sev: Severity = "error" if defect in _CALL_BREAKING else "warning"
+    seat = toolcheck.seat_of(defect, "http")
+    fix = toolcheck.FIXES.get(defect)
+    message = f"{toolcheck.DEFECTS.get(defect, defect)}: {evidence} ({seat} layer)" + (f"; fix: {fix}" if fix else "")
+    _accept_finding(result, f"accept.agent.{defect}", sev, message, seat, stored)
 
 
 def write_run(result: TriageResult, argv: Sequence[str], *, runs_dir: Path, out: Path | None) -> Any:

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 K3FLEET = str(BIN / "k3fleet")
-TARGETS = Path(__file__).resolve().parents[2] / "k3fleet" / "targets"
+REPO = Path(__file__).resolve().parents[2]
+TARGETS = REPO / "k3fleet" / "targets"
 
 
 def _env() -> dict[str, str]:
@@ -308,11 +309,13 @@ def test_change_commands_refuse_simulated_hosts(tmp_path: Path) -> None:
     inv = run_k3fleet("lab", "generate", str(tmp_path / "lab"))
     assert inv.returncode == 0, inv.stderr
     inventory = inv.stdout.strip()
-    for args in (["upgrade", "-i", inventory, "--change-id", "CHG-1", "--operator", "alice"],
-                 ["rollback", "-i", inventory, "--limit", "gpu-a01"]):
+    # upgrade names the lab fleet and points at the rehearsal (--check); rollback names the hosts.
+    for args, words in ((["upgrade", "-i", inventory, "--change-id", "CHG-1", "--operator", "alice"],
+                         "is the simulated lab fleet: a change there would run apt on this machine"),
+                        (["rollback", "-i", inventory, "--limit", "gpu-a01"], "simulated lab hosts")):
         proc = run_k3fleet(*args, "--runs-dir", str(tmp_path / "runs"))
         assert proc.returncode == 2, (args, proc.stderr)
-        assert "simulated lab hosts" in _one_error_line(proc)
+        assert words in _one_error_line(proc)
 
 
 # -- what an expert reads: fabric health, a Jetson, R610's header, a self-contradicting target -----------
@@ -440,15 +443,23 @@ def test_terminal_summary_of_a_thousand_hosts_fits_one_screen(
         data = json.loads((run / "facts" / f"{base}.json").read_text())
         facts[name] = HostFacts.model_validate({**data, "host": name})
     big = evaluate_fleet(facts, load_target(None), unreachable=unreachable)
-    monkeypatch.setenv("COLUMNS", "100")
-    console = SafeConsole(record=True, soft_wrap=True, force_terminal=False)
-    assert console.width == 100
-    terminal.print_audit(console, SimpleNamespace(verdict=big, exit_code=big.exit_code,
-                                                  run_dir=SimpleNamespace(path=Path("runs/R"))))
-    text = console.export_text()
-    # Lines as a 100-column terminal shows them (a longer line wraps).
-    shown = sum(max(1, math.ceil(cell_len(line) / 100)) for line in text.splitlines())
-    assert shown <= 40, text
+    for columns in (80, 100):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        console = SafeConsole(record=True, soft_wrap=True, force_terminal=False)
+        assert console.width == columns
+        terminal.print_audit(console, SimpleNamespace(verdict=big, exit_code=big.exit_code,
+                                                      run_dir=SimpleNamespace(path=Path("runs/R"))))
+        text = console.export_text()
+        # Lines as the terminal shows them (a longer line wraps); no reason or id cut with an ellipsis.
+        shown = sum(max(1, math.ceil(cell_len(line) / columns)) for line in text.splitlines())
+        assert shown <= 40 and "\u2026" not in text, (columns, shown, text)
+        # The unreachable hosts' row is never behind "more row(s)", nor a blocked host unnamed.
+        table = text.split("Hosts that need attention", 1)[1]
+        assert "unreachable" in table.split("\n")[3], table
+        blocked = {b.host for b in big.plan.blocked}
+        more = next((line for line in table.splitlines() if "more row(s)" in line), "")
+        listed = set(re.findall(r"gpu-\d{4}", table))
+        assert not more or all(h in listed for h in ("gpu-0005", "gpu-0006", "gpu-0008") if h in blocked), table
     assert text.startswith(f"verdict: {big.outcome} (exit 1)")
     assert "1000 hosts: 100 ok, 0 warn, 800 failing, 100 unreachable" in text
     assert "  700 driver.branch" in text and "fabricmanager.version_match" in text  # never cut
@@ -458,3 +469,44 @@ def test_terminal_summary_of_a_thousand_hosts_fits_one_screen(
     grid = text.split("failing checks (hosts):\n", 1)[1].split("warnings (hosts):", 1)[0]
     cells = [(-int(n), cid) for n, cid in re.findall(r"(\d+) ([a-z_]+\.[a-z_.]+)", grid)]
     assert len(cells) > 5 and cells == sorted(cells), grid
+
+
+def test_plan_all_lists_every_host_and_the_cut_plan_says_how(lab_audit: tuple[subprocess.CompletedProcess[str],
+                                                                              Path]) -> None:
+    """`plan` cuts host lists at 12 names and says `--all` lists them (it pointed back at itself);
+    `plan --all` prints every blocked host with its reasons."""
+    _, run = lab_audit
+    cut = run_k3fleet("plan", "--run", str(run))
+    whole = run_k3fleet("plan", "--run", str(run), "--all")
+    assert cut.returncode == whole.returncode == 0, cut.stderr + whole.stderr
+    verdict = json.loads((run / "verdict.json").read_text())
+    for b in verdict["plan"]["blocked"]:
+        line = next(ln for ln in whole.stdout.splitlines() if ln.strip().startswith(f"Blocked {b['host']}:"))
+        assert "; ".join(b["reasons"])[:40] in " ".join(whole.stdout.split()), line
+    assert "k3fleet plan --run RUN)" not in cut.stdout
+    bad = run_k3fleet("plan", "--run", str(run), "--all", "--bogus")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("argv", [["checks"], ["accept", "prefix-lint", "CAPTURES"],
+                                  ["triage", "SMI", "FM", "--host", "gpu-x01", "--out", "OUT"]])
+def test_ids_are_never_cut_at_80_columns(argv: list[str], tmp_path: Path) -> None:
+    """At COLUMNS=80 no check id is cut with an ellipsis: a cut id cannot be looked up."""
+    captures = tmp_path / "captures.jsonl"
+    system = "You are the fleet assistant. Current time: {}. Follow the runbook."
+    captures.write_text("".join(json.dumps({"model": "m", "messages": [
+        {"role": "system", "content": system.format(t)}, {"role": "user", "content": "hi"}]}) + "\n"
+        for t in ("2026-12-04T15:30:00Z", "2026-12-04T15:31:07Z")))
+    fix = REPO / "tests" / "fixtures" / "triage"
+    subst = {"CAPTURES": str(captures), "SMI": str(fix / "nvidia_smi_p4_550.txt"),
+             "FM": str(fix / "fm_journal_nothing_to_do.txt"), "OUT": str(tmp_path / "t")}
+    env = {**_env(), "COLUMNS": "80"}
+    proc = subprocess.run([K3FLEET, *(subst.get(a, a) for a in argv)], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert "\u2026" not in proc.stdout, proc.stdout
+    ids = set(re.findall(r"\b(?:[a-z_]+\.){1,3}[a-z_0-9]+\b", proc.stdout))
+    if argv[0] == "accept":
+        assert "accept.prefix_lint.timestamp_in_system" in ids, proc.stdout
+    if argv[0] == "triage":
+        assert {"driver.branch", "gpu.persistence_mode"} <= ids, proc.stdout

@@ -115,6 +115,12 @@ def test_check_reports_drain_and_apt_transaction_and_changes_nothing(node: dict[
     assert not (result.run_dir.path / "journal.jsonl").exists()
     assert json.loads((result.run_dir.path / "check.json").read_text())["gpu-a01"]["plan"]["reboot"] is True
     assert result.change["done"] == ["gpu-a03"]
+    # The preflight ran before the drain and found nothing: the repository offers every package at the target.
+    pre = rep["preflight"]
+    assert pre["problems"] == [] and pre["repository"]["missing"] == [], pre
+    assert sorted(n for n, _v in pre["repository"]["wanted"]) == sorted(
+        i.split("=")[0] for i in plan["install"])
+    assert all(d["available_mb"] is not None for d in pre["disk"]), pre["disk"]
 
 
 def test_check_through_the_command_line(node: dict[str, Any]) -> None:
@@ -126,28 +132,39 @@ def test_check_through_the_command_line(node: dict[str, Any]) -> None:
     assert "drain   (slurm): scontrol update nodename=node01 state=drain reason='k3fleet:CHG-7 bob:" in res.output
     assert "Remv nvidia-driver-575-server" in res.output
     assert "reboot   yes, loaded 575.57.08" in res.output
+    # The same preflight the night runs before the drain, per host.
+    assert "preflight ok: GPU holders none; MIG none; free /var/cache/apt/archives " in res.output, res.output
+    assert "target versions offered;" in res.output, res.output
     assert "rollback kit /var/lib/k3fleet/rollback-kit/CHG-7: 6 package(s) to fetch" in res.output
     assert "    nvidia-driver-575-server:amd64=575.57.08-0ubuntu1 from a repository" in res.output
     assert "rollback kit: on, staged on each host before its first change" in res.output
 
 
-def test_check_of_a_failing_night_runs_the_rescue_and_still_changes_nothing(node: dict[str, Any]) -> None:
+def test_an_unresolvable_target_version_blocks_the_host_in_the_preflight_before_any_drain(
+        node: dict[str, Any]) -> None:
     # 580.65.06 is a real R580 release (docs/facts.md section 2) that the stand-in repository does not carry:
-    # the simulated transaction fails, the rescue journals, rolls back (simulated) and stops the host.
+    # the night's preflight asks the real apt-cache (the sandbox's index) and blocks the canary before its slot,
+    # its drain or any package step; the rescue journals it (in check mode: nothing) and stops the host.
     status_before = node["status"].read_bytes()
     opts = UpgradeOptions(inventory=node["inventory"], change_id="CHG-1043", operator="alice", canary="gpu-a01",
                           check=True, target_version="580.65.06", runs_dir=node["tmp"] / "runs", forks=2)
     result = run_upgrade(opts, ["k3fleet", "upgrade", "--check"])
     assert result.exit_code == 1
     error = result.check["gpu-a01"]["error"]
-    assert error.startswith("failed: Simulate the package transaction:"), error
+    assert error.startswith("failed: Block the node when the preflight found a problem:"), error
+    assert "[repository.target] the repository does not offer" in error, error
+    assert "nvidia-driver-580-server=580.65.06" in error, error
+    assert "(offered: cuda-drivers-fabricmanager-580 580.95.05-1;" in error, error  # what it does offer
     events = [json.loads(x) for x in (result.run_dir.path / "events.jsonl").read_text().splitlines()]
     tasks = [e["event_data"].get("task") for e in events if e["event"] == "runner_on_ok"]
-    for expected in ("Journal the failure", "Decide what the rollback must undo", "Decide what the rollback needs",
-                     "Journal the rollback"):
+    for expected in ("Journal the failure", "Decide what the rollback must undo"):
         assert expected in tasks, (expected, tasks)
-    # Nothing was really changed, so the rollback finds the node equal to its snapshot.
-    assert "Simulate the restoring transaction" not in tasks
+    # Blocked before the slot: no drain (not even simulated), no package step, nothing to roll back.
+    for never in ("Take a slot and journal the node's snapshot", "Journal the drain",
+                  "Simulate the package transaction", "Decide what the rollback needs", "Journal the rollback"):
+        assert never not in tasks, (never, tasks)
+    calls = node["calls"].read_text().splitlines()
+    assert not any(" update " in c for c in calls), calls
     assert node["status"].read_bytes() == status_before
     assert not (result.run_dir.path / "journal.jsonl").exists()
 

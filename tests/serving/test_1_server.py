@@ -74,6 +74,23 @@ def test_prefix_cache_passes_on_real_counters(server: VllmState) -> None:
     assert d["windows"]["control"]["vllm:prompt_tokens_cached"] == 0
 
 
+def test_prefix_cache_gives_the_same_outcome_run_after_run_with_json(server: VllmState) -> None:
+    # The real server publishes a request's counters up to a second after its stream ends: the probe waits
+    # for them after each request, so --json (no progress to slow it) never races them.
+    outcomes = []
+    for _ in range(3):
+        rc, res = _prefix(server)
+        d = res["data"]
+        outcomes.append((rc, res["status"]))
+        assert all(r["settled"] and r["counted"] for r in d["settle"]["reads"]), d["settle"]
+        assert d["settle"]["reads"][0]["counted_by"] == "vllm:request_success"
+        # The replay was served from the cache and gave the cold answer, token for token.
+        assert d["answers"]["basis"] == "tokens" and d["answers"]["replay_hit_seen"] is True
+        assert all(c["same"] or c["near_tie"] for c in d["answers"]["comparisons"]), d["answers"]
+        assert d["server"]["vllm_version"] == "0.32.0" and d["server"]["max_model_len"] == 2048
+    assert outcomes == [(0, "pass")] * 3, outcomes
+
+
 def test_prefix_cache_is_inconclusive_when_the_context_cannot_hold_one_unit(server: VllmState) -> None:
     rc, res = _prefix(server, "--match-unit", "4096")
     assert rc == 3 and res["status"] == "inconclusive"

@@ -33,6 +33,6 @@ def test_prefix_cache_fails_with_caching_off_and_accept_all_keeps_its_budget(
     assert summary["probes"]["prefix_cache"]["status"] == "fail"
     assert summary["probes"]["agent"]["status"] == "fail"
     plan = every.stderr[every.stderr.index("plan (budget 240 s):"):]
-    assert "prefix_cache: 7 chat requests" in plan and "agent: up to 3 rounds of 12 requests" in plan
+    assert "prefix_cache: 8 chat requests" in plan and "agent: up to 3 rounds of 17 requests" in plan
     assert "load: time-boxed" in plan
     assert "agent: FAIL in " in every.stderr and "load: " in every.stderr

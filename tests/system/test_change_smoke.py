@@ -113,7 +113,7 @@ def test_smoke_passes_on_a_good_guest(tb: testbed.TestbedState, inventory: Path,
     # The choice and the target's bounds, as recorded and as the play got them.
     change = json.loads((rd / "change.json").read_text())
     assert change["smoke"]["enabled"] is True and change["smoke"]["launch_file"] == str(launch.resolve())
-    assert (change["timeouts"]["smoke_ready"], change["timeouts"]["smoke_request"]) == (1800, 120)
+    assert (change["timeouts"]["smoke_ready"], change["timeouts"]["smoke_request"]) == (5400, 120)
     assert json.loads((rd / "run.json").read_text())["warnings"] == []
     smoke = smoke_of(rd, host)
     assert smoke["ok"] is True and smoke["runtime"] == "podman" and smoke["image"] == IMAGE

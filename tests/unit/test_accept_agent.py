@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from k3fleet.accept.agent import AgentOptions, run_agent
+from k3fleet.accept.agent import BFCL_CASES, AgentOptions, run_agent
 from k3fleet.accept.client import Endpoint
 from k3fleet.accept.record import Recorder
 from k3fleet.lab.vllm_sim.server import start_simulator
@@ -40,10 +40,10 @@ def test_healthy_simulator_passes_every_case() -> None:
     cases = result.data["cases"]
     assert set(cases) == {"one_required_arg", "nested_args", "call_then_result", "no_tool_turn", "invalid_args",
                           "structured_output", "timeout_retry", "multi_turn", "streaming_deltas",
-                          "reasoning_contract"}
+                          "reasoning_contract", *BFCL_CASES}
     for name, c in cases.items():
         assert (c["runs"], c["passed"], c["defects"], c["layer"]) == (3, 3, {}, None), name
-        assert c["critical"] is (name != "structured_output")
+        assert c["critical"] is (name not in ("structured_output", *BFCL_CASES))
     labels = [e["label"] for e in rec.exchanges["agent"]]
     assert "reference_client" in labels and "timeout_retry/abandoned" in labels
     ref = next(e for e in rec.exchanges["agent"] if e["label"] == "reference_client")
@@ -84,3 +84,35 @@ def test_critical_cases_and_threshold_are_data() -> None:
     assert result.status == "pass"
     assert result.data["cases"]["one_required_arg"]["critical"] is False
     assert all(f.severity == "warning" for f in result.findings)
+
+
+# Each BFCL-style case against the simulator fault made for it: the case fails with its own defect at its layer.
+BFCL_FAULTS = {
+    "parallel_calls": ("parallel_collapsed", "stream", {"wrong_call_count", "wrong_argument_value"}, "model"),
+    "many_functions": ("wrong_function", "", {"wrong_tool"}, "model"),
+    "irrelevance": ("irrelevant_call", "", {"unexpected_tool_call"}, "model"),
+    "missing_param": ("invent_argument", "", {"invented_argument"}, "model"),
+    "long_multi_turn": ("stale_turn", "", {"wrong_tool", "wrong_argument_value"}, "model"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BFCL_FAULTS))
+def test_each_bfcl_case_fails_on_its_own_fault(case: str) -> None:
+    fault, _, defects, seat = BFCL_FAULTS[case]
+    result, _ = run({"defects": {fault: 1.0}}, repeats=2, cases=[case])
+    c = result.data["cases"][case]
+    assert c["passed"] == 0, c
+    assert set(c["defects"]) & defects, c["defects"]
+    assert {c["defect_seats"][d] for d in set(c["defects"]) & defects} == {seat}
+
+
+@pytest.mark.parametrize("fault,defect", [("kimi_marker_leak", "kimi_marker_leak"),
+                                          ("call_text_in_content", "tool_call_text_in_content")])
+def test_dropped_calls_left_as_text_are_named_streamed_and_not(fault: str, defect: str) -> None:
+    # one_required_arg is answered whole, streaming_deltas streamed: both must name the parser defect.
+    result, _ = run({"defects": {fault: 1.0}}, repeats=2, cases=["one_required_arg", "streaming_deltas"])
+    for name in ("one_required_arg", "streaming_deltas"):
+        c = result.data["cases"][name]
+        assert c["defects"] == {defect: 2}, (name, c["defects"])
+        assert c["defect_seats"] == {defect: "parser"}
+    assert result.status == "fail"

@@ -10,6 +10,7 @@ import pytest
 from k3fleet.cli.base import main
 from k3fleet.evidence import RunDir
 from k3fleet.lab.vllm_sim.server import start_simulator
+from k3fleet.models.evidence import AcceptRecord
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_startup"
 # A short load schedule: the probe's own defaults run for minutes.
@@ -27,6 +28,8 @@ def test_every_probe_passes_on_a_healthy_simulator(tmp_path: Path) -> None:
     assert {k: v["status"] for k, v in summary["probes"].items()} == {
         "startup": "pass", "prefix_cache": "pass", "agent": "pass", "load": "pass"}
     assert summary["not_run"] == {} and summary["exit_code"] == 0
+    # Written through its model: every key is one the model declares, and the model reads it back whole.
+    assert set(summary) <= set(AcceptRecord.model_fields) and AcceptRecord.model_validate(summary).dump() == summary
     for rel in ("startup.json", "prefix_cache.json", "agent.json", "load.json", "load/curves.jsonl",
                 "requests/prefix_cache.jsonl", "requests/agent.jsonl", "metrics/start.txt", "inputs/startup.log"):
         assert (out / rel).is_file(), rel
@@ -87,3 +90,32 @@ def test_ctrl_c_ends_the_running_probe_and_writes_what_was_measured(tmp_path: Pa
     assert "load" not in summary["probes"] and set(summary["budget"]["elapsed_s"]) == {"prefix_cache", "agent"}
     assert (out / "requests" / "agent.jsonl").is_file()
     assert RunDir.open(out).verify_manifest() == []
+
+
+def test_a_probe_the_server_aborts_keeps_its_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The server goes away as the load probe starts: the run ends with the endpoint's error, and the
+    summary still has a load row that says it aborted (it used to vanish from the table)."""
+    import asyncio
+
+    from k3fleet.accept.client import Endpoint
+    from k3fleet.accept.run import AllOptions, run_all
+    from k3fleet.cli.accept import _print_summary
+
+    out = tmp_path / "run"
+    sim = start_simulator(itl_ms=0.2)
+    try:
+        def progress(msg: str) -> None:
+            if msg.startswith("load:"):
+                sim.stop()
+
+        ep = Endpoint(base_url=sim.base_url, model="moonshotai/Kimi-K3")
+        opts = AllOptions(out=out, skip=["prefix_cache", "agent"], load_overrides={"ramp": [1, 2], "step_s": 1,
+                                                                                  "sustained_s": 1})
+        res = asyncio.run(run_all(ep, opts, ["k3fleet", "accept", "all"], progress=progress))
+    finally:
+        sim.stop()
+    assert res.summary.error and "load" in res.summary.aborted, res.summary
+    capsys.readouterr()
+    _print_summary(res.summary, res.results)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("load ")]
+    assert len(rows) == 1 and "ABORTED" in rows[0], rows

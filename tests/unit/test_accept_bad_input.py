@@ -176,7 +176,10 @@ def test_api_key_never_reaches_the_run_directory(tmp_path: Path, monkeypatch: py
     assert set(summary["probes"]) == {"startup", "prefix_cache", "agent"}
     assert json.loads((out / "agent.json").read_text())["data"]["cases"]["one_required_arg"]["runs"] == 1
     assert (out / "requests" / "prefix_cache.jsonl").is_file() and (out / "requests" / "agent.jsonl").is_file()
-    assert len(list((out / "metrics").glob("prefix_cache_*.txt"))) == 4
+    # before, after the cold request, after each of the two warm ones, after the replay, after the control
+    assert sorted(p.name for p in (out / "metrics").glob("prefix_cache_*.txt")) == [
+        "prefix_cache_0_before.txt", "prefix_cache_1_after_cold.txt", "prefix_cache_2_after_warm_1.txt",
+        "prefix_cache_2_after_warm_2.txt", "prefix_cache_3_after_replay_1.txt", "prefix_cache_4_after_control.txt"]
     from k3fleet.evidence import RunDir
 
     assert RunDir.open(out).verify_manifest() == []

@@ -219,6 +219,9 @@ def test_real_start_failures_of_the_cpu_build_are_classified(name: str, fid: str
     # The lab's CPU vLLM sets its KV cache explicitly (0.0 of 9.46 GiB here) and loads no weights to speak of.
     ("cpu_0_32_kv_capacity.log", {"weights_load_s": 0.0, "kv_cache_gib": 0.0}),
     ("synthetic_kimi_k3_ready.log", {"kv_cache_tokens": 1587648, "init_s": 587.2}),
+    # The lab's real CPU vLLM 0.32.0 up to ready: "CPU KV cache size" and the concurrency on one line, "took 2.31 s".
+    ("cpu_0_32_ready.log", {"weights_load_s": 0.01, "kv_cache_gib": 1.0, "kv_cache_tokens": 2097152,
+                            "concurrency_tokens": 2048, "max_concurrency_x": 1024.0, "init_s": 2.31}),
 ])
 def test_startup_memory_and_init_time_are_read_from_the_log(name: str, memory: dict[str, float]) -> None:
     res = analyse_startup((FIX / name).read_text())

@@ -57,6 +57,33 @@ def test_doc_fragments_and_seealso_are_named_by_fqcn(path: Path) -> None:
             assert "." in also["module"], also
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "plugins" / "modules").glob("*.py")), ids=lambda p: p.name)
+def test_examples_call_every_module_by_fqcn(path: Path) -> None:
+    examples = [yaml.safe_load(ast.literal_eval(node.value)) for node in ast.parse(path.read_text()).body
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "EXAMPLES"]
+    assert len(examples) == 1
+    modules = {p.stem for p in path.parent.glob("*.py")}
+    for task in examples[0]:
+        short = [key for key in task if key in modules]
+        assert not short, f"{path.name}: task {task.get('name')!r} calls {short[0]} by its short name"
+        assert any(str(key).startswith(("k3fleet.gpu.", "ansible.builtin.")) for key in task), task.get("name")
+
+
+def test_a_sanity_ignore_file_for_each_supported_ansible_core() -> None:
+    # requires_ansible's floor up to the ansible-core installed here: ansible-test reads
+    # tests/sanity/ignore-<major.minor>.txt of the version it runs, and ignores the others.
+    import ansible
+
+    floor = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())["requires_ansible"].lstrip(">=")
+    low = int(floor.split(".")[1])
+    high = int(ansible.__version__.split(".")[1])
+    sanity = ROOT / "tests" / "sanity"
+    want = {f"ignore-2.{minor}.txt" for minor in range(low, max(low, high) + 1)}
+    assert want <= {p.name for p in sanity.glob("ignore-*.txt")}
+    # The same exceptions with the same reasons on every version.
+    assert len({(sanity / name).read_text() for name in want}) == 1
+
+
 def test_a_version_other_than_the_package_is_refused(tmp_path: Path) -> None:
     fake = tmp_path / "ansible_collections" / "k3fleet" / "gpu"
     (fake / "plugins" / "modules").mkdir(parents=True)

@@ -147,3 +147,40 @@ def test_the_packaged_target_is_only_the_clis_default() -> None:
     found = [str(p.relative_to(ROOT)) for p in _modules()
              if "/cli/" not in str(p) and "load_target(None)" in _source(p).replace("``load_target(None)``", "")]
     assert found == []
+
+
+def test_run_files_are_written_through_their_models() -> None:
+    """run.json, accept.json and triage.json are written as their model's dump (models/evidence.py), never
+    as a dict literal that only a reader models."""
+    from k3fleet.models import evidence
+
+    written = {"RUN": "RunRecord", "ACCEPT": "AcceptRecord", "TRIAGE": "TriageRecord"}
+    literal: list[str] = []
+    writes = 0
+    for path in _modules():
+        for node in ast.walk(ast.parse(_source(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("write_json", "json") and len(node.args) == 2):
+                continue
+            name = ast.unparse(node.args[0]).removeprefix("layout.")
+            if name in written:
+                writes += 1
+                if isinstance(node.args[1], ast.Dict):
+                    literal.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert literal == [] and writes >= 7
+    for model in written.values():
+        assert getattr(evidence, model).__module__ == "k3fleet.models.evidence"
+    # One model of each: no other module defines a class of these names.
+    others = [f"{p.relative_to(ROOT)}:{n.name}" for p in _modules() if p.name != "evidence.py"
+              for n in ast.walk(ast.parse(_source(p))) if isinstance(n, ast.ClassDef) and n.name in written.values()]
+    assert others == []
+
+
+def test_report_views_and_targets_are_typed() -> None:
+    """The report views take the evidence models (models/evidence.py sits below report), and a target is
+    a Target wherever it is passed: no ``: Any`` parameter in report/view.py, no ``target: Any``."""
+    untyped = [f"{p.relative_to(ROOT)}:{a.lineno}" for p in _modules() for n in ast.walk(ast.parse(_source(p)))
+               if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for a in n.args.args + n.args.kwonlyargs
+               if a.annotation is not None and ast.unparse(a.annotation) == "Any"
+               and ((p.name == "view.py" and p.parent.name == "report") or a.arg == "target")]
+    assert untyped == []

@@ -50,6 +50,15 @@ def _ref(run: str, file: str, op: bool = False) -> Ref:
     return Ref(run=run, file=file, operator_supplied=op)
 
 
+# One server, as its start-up log names it and as the live probes saw it (k3fleet/accept/identity.py).
+SERVER_IN_LOG = {"source": "start-up log", "vllm_version": "0.27.1", "model_root": "moonshotai/Kimi-K3",
+                 "model_id": "moonshotai/Kimi-K3", "max_model_len": 131072, "prefix_caching": True,
+                 "block_size": None, "host": "127.0.0.1", "port": 8000}
+SERVER_LIVE = {"source": "endpoint", "vllm_version": "0.27.1", "model_root": "moonshotai/Kimi-K3",
+               "model_id": "moonshotai/Kimi-K3", "max_model_len": 131072, "prefix_caching": True, "block_size": 16,
+               "host": "127.0.0.1", "port": 8000}
+
+
 def healthy() -> EvidenceSummary:
     """Every item in place: the go_live baseline each case changes one thing in."""
     audit_ref = _ref("audit-1", "verdict.json")
@@ -65,10 +74,11 @@ def healthy() -> EvidenceSummary:
                               image_digest=DIGEST, cuda_version="13.0", torch_version="2.9.0",
                               tensor_parallel_size=8, data_parallel_size=2, expert_parallel_size=16,
                               max_model_len=131072, prefix_caching=True, tool_call_parser="kimi_k3",
-                              reasoning_parser="kimi_k3", launch_command="vllm serve moonshotai/Kimi-K3 ...")
+                              reasoning_parser="kimi_k3", launch_command="vllm serve moonshotai/Kimi-K3 ...",
+                              server=dict(SERVER_IN_LOG))
     pc = PrefixCacheEvidence(ref=_ref("accept-1", "prefix_cache.json"), status="pass", cold_saved=True,
                              warm_saved=True, cache_metrics=True, controlled_reuse=True, caching_enabled=True,
-                             hit_ratio=0.8)
+                             hit_ratio=0.8, server=dict(SERVER_LIVE))
     agent_ref = _ref("accept-1", "agent.json")
     cases = [AgentCase(name=n, runs=20, passed=20, pass_rate=1.0, critical=c) for n, c in (
         ("one_required_argument", True), ("nested_arguments", False), ("structured_output", False),
@@ -335,6 +345,15 @@ CASES: dict[str, tuple[Callable[[EvidenceSummary], None] | None, str, bool, int,
                             "observe_with_limits", False, 3, {"envelope.gap"}, {}),
     "slo_laxer_than_the_profile": (_set("accept.load.slo", {"ttft_p95_s": 5.0, "itl_p95_s": 0.1, "error_rate": 0.01}),
                                    "observe_with_limits", False, 3, {"envelope.gap"}, {}),
+    # A log of the same build from another launch (another port on the host the probes called) blocks go-live.
+    "startup_log_from_another_launch": (lambda s: _acc(s).startup.server.update(port=8001),  # type: ignore[union-attr]
+                                        "observe_with_limits", False, 3, {"startup.other_server"}, {}),
+    "startup_log_from_another_version": (
+        lambda s: _acc(s).startup.server.update(vllm_version="0.28.0", max_model_len=65536),  # type: ignore[union-attr]
+        "observe_with_limits", False, 3, {"startup.other_server"}, {}),
+    # Behind a proxy the port differs but the server is the same: no finding.
+    "startup_log_behind_a_proxy": (lambda s: _acc(s).startup.server.update(host="0.0.0.0", port=8001),  # type: ignore[union-attr]
+                                   "go_live", True, 0, {"all.pass"}, {}),
     "prefix_flag_without_reuse": (_chain(_set("accept.prefix_cache.status", "fail"),
                                          _set("accept.prefix_cache.controlled_reuse", False),
                                          _set("accept.prefix_cache.reason", "hits did not rise")),

@@ -563,3 +563,25 @@ def test_a_key_files_path_is_evidence_not_a_secret(name: str, value: str, kept: 
     if "/" in value:  # (a PEM header keeps its BEGIN line in text by design)
         for text in (f'"{name}": "{value}"', f"--{name} {value}", f"{name}={value}"):
             assert (value in redact_text(text)) is kept, redact_text(text)
+
+
+@pytest.mark.parametrize(("text", "secret", "kept"), [
+    # Kubernetes' env list in group_vars, block form: the name decides for the value.
+    ("k3fleet_env:\n  - name: HF_TOKEN\n    value: hf_canary_one_2b7f\n  - name: LOG_LEVEL\n    value: debug\n",
+     "hf_canary_one_2b7f", "value: debug"),
+    ("env:\n- name: VLLM_API_KEY\n  value: 'canary-two-9d1e'\n", "canary-two-9d1e", "name: VLLM_API_KEY"),
+    # Flow form, and the same list as JSON.
+    ("env: [{name: HF_TOKEN, value: canary-three-4c2a}, {name: PORT, value: \"8000\"}]", "canary-three-4c2a",
+     'value: "8000"'),
+    ('[{"name": "NGC_API_KEY", "value": "canary-four-7e3b"}]', "canary-four-7e3b", '"name": "NGC_API_KEY"'),
+    ("- key: AWS_SECRET_ACCESS_KEY\n  value: canary-five-1f0d\n", "canary-five-1f0d", "key: AWS_SECRET_ACCESS_KEY"),
+])
+def test_name_value_pairs_in_text_are_masked_by_the_name(text: str, secret: str, kept: str) -> None:
+    """A group_vars file is copied into a run as text: an env list in list form kept its token unmasked."""
+    out = redact_text(text)
+    assert secret not in out and kept in out, out
+
+
+def test_a_plain_name_value_pair_stays() -> None:
+    text = "env:\n  - name: LOG_LEVEL\n    value: debug\n  - name: PORT\n    value: '8000'\n"
+    assert redact_text(text) == text

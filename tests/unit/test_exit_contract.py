@@ -47,7 +47,7 @@ def test_one_owner_for_the_codes() -> None:
 def _audit(verdict_code: int, *, invalid: bool = False, interrupted: bool = False) -> AuditResult:
     play = PlayResult(playbook="audit.yml", status="successful", rc=0, interrupted=interrupted)
     return AuditResult(run_dir=SimpleNamespace(path=Path("runs/x")),  # type: ignore[arg-type]
-                       verdict=SimpleNamespace(exit_code=verdict_code), facts={}, unreachable={},
+                       verdict=SimpleNamespace(exit_code=verdict_code), hosts_with_facts=0, unreachable={},
                        invalid={"gpu-02": "facts did not validate"} if invalid else {}, play=play)
 
 
@@ -152,3 +152,27 @@ def test_a_usage_error_leaves_no_run_directory(tmp_path: Path, monkeypatch: pyte
     # is read, docs/change-night.md "Lock") is not a run.
     left = [p.name for p in (tmp_path / "runs").iterdir()] if (tmp_path / "runs").exists() else []
     assert [n for n in left if n != ".k3fleet"] == []
+
+
+def test_a_night_with_nothing_to_change_writes_its_records_through_their_models(tmp_path: Path) -> None:
+    """change.json and run.json of a night over a done fleet: the models' dumps, read back by the change
+    record and the run reader (exit 0; 1 with blocked hosts)."""
+    from k3fleet.change.gate import UpgradeOptions
+    from k3fleet.change.night import _nothing
+    from k3fleet.change.record import ChangeRecord
+    from k3fleet.evidence import RunDir, layout
+    from k3fleet.evidence.reader import RunReader
+    from k3fleet.models.evidence import RunRecord
+
+    rd = RunDir.create(tmp_path, "change", ["k3fleet", "upgrade"], out=tmp_path / "run")
+    opts = UpgradeOptions(inventory=tmp_path / "inv.yml", change_id="CHG-9", operator="alice")
+    plan = {"target_branch": 580, "done": ["gpu-a01"], "blocked": [{"host": "gpu-a02", "reasons": ["busy"]}]}
+    result = _nothing(rd, opts, "alice", plan, "580.95.05", {}, NothingToChange("m", blocked=True, held=False),
+                      {"enabled": False})
+    reader = RunReader(rd.path)
+    change = reader.model(layout.CHANGE, ChangeRecord)
+    assert (change.done, change.smoke is not None and change.smoke.enabled) == (["gpu-a01"], False)
+    assert set(reader.object(layout.CHANGE)) == {"change_id", "operator", "target_version", "target_branch", "canary",
+                                                 "waves", "check", "done", "blocked", "held", "smoke"}
+    record = reader.model(layout.RUN, RunRecord)
+    assert (record.status, record.exit_code, result.exit_code) == ("nothing_to_do", EXIT_FAILED, EXIT_FAILED)

@@ -92,14 +92,16 @@ def test_open_loop_past_capacity_queues_where_a_closed_loop_does_not() -> None:
         # The same mean rate offered by 8 sessions that each wait for their answer (paced to 1/8 of the rate).
         closed = asyncio.run(run_load(ep(sim.base_url), LoadOptions(**common, arrival="closed", max_concurrency=8)))
     (o,), (c,) = open_loop.data["curves"], closed.data["curves"]
-    # Open: arrivals keep coming, the server's own queue grows far past what 8 sessions can leave waiting
-    # (8 sessions on 4 sequences: at most 4 waiting).
-    assert o["waiting_max"] is not None and o["waiting_max"] >= 8, o
+    # Open: arrivals keep coming, the server's own queue grows past what 8 sessions can leave waiting
+    # (8 sessions on 4 sequences: at most 4 waiting). About 16 wait by the step's end on an idle machine;
+    # the bound leaves room for a busy one, whose sampler and arrivals run late (7 seen under CI load).
+    assert o["waiting_max"] is not None and o["waiting_max"] >= 6, o
     assert o["verdict"] == "queued" and o["goodput"] < 0.95
     assert o["offered_rps"] > CAPACITY_RPS * 1.2
     assert c["waiting_max"] is not None and c["waiting_max"] <= 4, c
-    # The closed loop slowed down with the server instead: it never offered the rate.
-    assert c["offered_rps"] <= CAPACITY_RPS * 1.1 and c["in_flight_max"] <= 8
+    # The closed loop slowed down with the server instead: it never offered the rate, only the capacity and
+    # its 8 sessions' first requests over the 4 s step.
+    assert c["offered_rps"] <= CAPACITY_RPS + 8 / 4.0 < rate and c["in_flight_max"] <= 8
     assert open_loop.data["outcome"] == "collapse" and open_loop.status == "fail"
     assert open_loop.data["rate"]["failed_rps"] == rate
 

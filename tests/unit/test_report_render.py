@@ -115,3 +115,44 @@ def test_gpu_curves_and_open_loop_rows_are_drawn() -> None:
     view.charts = gpu_charts(gpu)
     html = render_html(view)
     assert "GPU memory used" in html and html.count('class="chart"') == 3
+
+
+def _ticks(svg: str) -> tuple[list[str], list[str]]:
+    """(y tick labels, x tick labels) of one chart, in drawing order."""
+    ys = re.findall(r'<text class="tick" x="[\d.]+" y="[\d.]+" font-size="10" text-anchor="end">([^<]*)</text>', svg)
+    xs = re.findall(r'<text class="tick" x="[\d.]+" y="[\d.]+" font-size="10" text-anchor="middle">([^<]*)</text>',
+                    svg)
+    return ys, xs
+
+
+def test_a_small_kv_usage_has_readable_ticks_and_a_phase_shares_its_x_axis() -> None:
+    """KV usage of a few thousandths drew every tick as "0"; the queue panel of a phase had other x
+    ticks than its latency panel when a series lacked a point. Now KV is a percentage with readable
+    ticks, and the panels of a phase share one x range."""
+    from k3fleet.report.html import svg_chart
+
+    rows = [r for r in _rows() if r["phase"] == "long_input"]
+    rows[0]["waiting_max"] = rows[0]["running_max"] = None  # the queue panel lacks the first point
+    charts = {c.title: c for c in load_charts(rows)}
+    kv = charts["long_input: KV cache"]
+    assert kv.y_label == "percent used" and kv.series[0].points[0][1] == 256 / 65536 * 100
+    y_kv, _ = _ticks(svg_chart(kv))
+    assert len(set(y_kv)) == len(y_kv) > 2, y_kv
+    small = load_charts([{**r, "kv_usage_max": float(r["kv_usage_max"]) / 100} for r in rows])  # type: ignore[arg-type]
+    y_small, _ = _ticks(svg_chart(next(c for c in small if c.title.endswith("KV cache"))))
+    assert len(set(y_small)) == len(y_small) and y_small[0] == "0" and y_small[1] != "0", y_small
+    x_lat = _ticks(svg_chart(charts["long_input: latency"]))[1]
+    x_queue = _ticks(svg_chart(charts["long_input: queue"]))[1]
+    assert x_lat == x_queue, (x_lat, x_queue)
+
+
+def test_the_baseline_reads_as_settings_not_python_literals() -> None:
+    from k3fleet.report.decision_md import render_markdown
+
+    v = _view()
+    v.baseline = {"parallel": {"tensor_parallel_size": 8, "data_parallel_size": 2, "enable_expert_parallel": True},
+                  "parsers": {"tool_call_parser": "kimi_k2", "reasoning_parser": None}, "runtime_env": {}}
+    for text in (render_html(v), render_markdown(v)):
+        assert "tensor_parallel_size=8, data_parallel_size=2, enable_expert_parallel=true" in text
+        assert "tool_call_parser=kimi_k2, reasoning_parser=none" in text
+        assert "{'" not in text and "': " not in text

@@ -190,7 +190,7 @@ def test_a_cached_file_of_another_version_is_not_taken(tmp_path: Path) -> None:
     made = kit.make_kit(reader, KIT, PKGS[:1], change_id="CHG-1")
     assert made["packages"] == []
     assert made["problems"] == [f"nvidia-driver-575-server:amd64=575.57.08-0ubuntu1: {gone.strip()}"]
-    assert not (tmp_path / "root" / KIT.lstrip("/") / kit.MANIFEST).exists(), "an incomplete kit has no kit.json"
+    assert not (tmp_path / "root" / KIT.lstrip("/")).exists(), "a kit that kept nothing left its directory"
 
 
 @needs_dpkg_deb

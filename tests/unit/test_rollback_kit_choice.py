@@ -118,3 +118,19 @@ def test_the_rollback_result_says_where_the_packages_came_from() -> None:
     assert _source(h) == {"source": "kit", "source_why": why}
     nothing = replay([_line("rolled_back", {"packages_restored": False, "source": None})])["gpu-a01"]
     assert _source(nothing) == {"source": None, "source_why": None}
+
+
+def test_a_host_blocked_before_its_snapshot_has_nothing_to_roll_back() -> None:
+    # A host whose rollback kit could not be made failed before its slot: its only line is "failed".
+    from k3fleet.change.journal import rollback_targets
+
+    blocked = _line("failed", {"at": "snapshot", "task": "Stage the rollback kit",
+                               "msg": "rollback kit /var/lib/k3fleet/rollback-kit/CHG-1 cannot be made: ..."})
+    histories = replay([blocked])
+    assert histories["gpu-a01"].snapshot_problem is None
+    targets, skipped, refused = rollback_targets(histories)
+    assert (targets, refused) == ([], {})
+    assert skipped == {"gpu-a01": "no snapshot line (last stage failed): nothing was changed on it"}
+    # A change recorded past the snapshot without one is still refused.
+    drained = replay([_line("draining", {}), _line("failed", {"at": "draining"})])
+    assert drained["gpu-a01"].snapshot_problem == "no snapshot line, yet its last stage was failed"

@@ -626,7 +626,7 @@ def test_binding_without_a_library_says_why(tmp_path: Path) -> None:
 def test_collect_driver_through_the_binding_matches_pynvml(node: Node, nvml: ModuleType, shim: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver collector on a stand-in node with pynvml, then without it: the same facts, but for which
-    bindings asked NVML, and neither runs nvidia-smi."""
+    bindings asked NVML, and neither runs nvidia-smi but for its topology matrix."""
     from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_nvml_lib
     from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
     from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
@@ -657,7 +657,9 @@ def test_collect_driver_through_the_binding_matches_pynvml(node: Node, nvml: Mod
     assert (with_builtin["source"], with_builtin["gpu_count"]) == ("nvml", 8)
     assert with_builtin["gpus"][1]["processes"] == [{"pid": 443, "type": "C", "name": "python3",
                                                      "used_memory_mib": 2048}]
-    assert not [argv for argv in ran_with + ran_without if argv[0].endswith("nvidia-smi")]
+    # NVML has no GPU-to-NIC topology matrix: `nvidia-smi topo -m` is the one nvidia-smi call either makes.
+    assert [argv[1:] for argv in ran_with + ran_without if argv[0].endswith("nvidia-smi")] == [
+        ["topo", "-m"], ["topo", "-m"]]
 
 
 # ---- the simulated /proc -------------------------------------------------------

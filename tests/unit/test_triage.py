@@ -89,6 +89,14 @@ CASES: dict[str, tuple[str, set[str], int]] = {
     "tool_calls/call_as_json_content_synthetic.json": ("chat_completion", {"accept.agent.empty_tool_calls"}, 1),
     "tool_calls/k2_malformed_arguments.json": ("chat_completion", {"accept.agent.invalid_arguments"}, 1),
     "tool_calls/openai_format_valid_call.json": ("chat_completion", set(), 0),
+    # Each form of a captured response: JSON, an SSE stream, the SDK's printed object (above), a body cut mid-JSON.
+    "tool_calls/vllm17161_tool_call_text_in_content.json": (
+        "chat_completion", {"accept.agent.tool_call_text_in_content"}, 1),
+    "tool_calls/vllm_mlx107_stream_call_text_in_content.sse": (
+        "chat_completion", {"accept.agent.tool_call_text_in_content"}, 1),
+    "tool_calls/opengatellm289_groq_stream_call_cut.sse": ("chat_completion", {"accept.agent.malformed_response"}, 1),
+    "tool_calls/omniroute12721_k3_call_narrated.json": ("chat_completion", {"accept.agent.marker_in_content"}, 1),
+    "tool_calls/k2_call_text_in_content_cut.json": ("chat_completion", {"accept.agent.malformed_response"}, 1),
 }
 
 # Classes of input the audit must never pass in silence: each gives at least one finding.
@@ -278,3 +286,16 @@ def test_cli_bad_input_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert "read as plain `nvidia-smi` table but" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_captured_response_findings_name_their_layer_and_fix() -> None:
+    res = triage([FIX / "tool_calls" / "vllm_mlx107_stream_call_text_in_content.sse"])
+    (f,) = [f for f in res.findings if f.check_id == "accept.agent.tool_call_text_in_content"]
+    assert f.layer == "parser" and "fix: start the server with --enable-auto-tool-choice" in f.message
+    assert res.chat is not None and res.chat["form"] == "sse" and res.chat["tool_calls"] == 0
+    cut = triage([FIX / "tool_calls" / "k2_call_text_in_content_cut.json"])
+    assert cut.chat == {"form": "json", "cut": True, "defects": ["malformed_response"]}
+    assert cut.findings[0].layer == "gateway" and "cut mid-JSON" in cut.findings[0].message
+    stream = triage([FIX / "tool_calls" / "opengatellm289_groq_stream_call_cut.sse"])
+    assert stream.chat is not None and stream.chat["tool_calls"] == 1
+    assert "without data: [DONE]" in stream.chat["stream_problems"][0]

@@ -14,9 +14,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-from verdict_fixtures import B200, GOOD, R575, SINGLE, TARGET, patched, raw
+from verdict_fixtures import B200, GOOD, R575, SINGLE, TARGET, fleet, host, host_raw, raw
 
-from k3fleet.models.facts import HostFacts, host_facts_json_schema
+from k3fleet.models.facts import host_facts_json_schema
 from k3fleet.models.findings import FleetVerdict, fleet_verdict_json_schema
 from k3fleet.models.target import Target
 from k3fleet.verdict import CHECKS, catalogue, catalogue_markdown, catalogue_rows, evaluate_fleet, validate_facts
@@ -35,22 +35,6 @@ FM_82 = {"fabricmanager.version": "580.82.07", "packages.packages.4.version": "5
 H100 = {"driver.gpus": lambda gs: [{**g, "name": "NVIDIA H100 80GB HBM3"} for g in gs]}
 BUSY = {"scheduler.state": "mixed", "scheduler.jobs_running": 2}
 FM_FAILED = {"fabricmanager.unit.active": "failed"}
-
-
-def host_raw(name: str, base: str = GOOD, patch: dict[str, Any] | None = None) -> dict[str, Any]:
-    data = raw(base)
-    data["host"] = data["hostname"] = data["scheduler"]["node"] = name
-    if base == R575:
-        data["rdma"]["nvidia_peermem_loaded"] = True
-    return patched(data, patch)
-
-
-def host(name: str, base: str = GOOD, patch: dict[str, Any] | None = None) -> HostFacts:
-    return HostFacts.model_validate(host_raw(name, base, patch))
-
-
-def fleet(*hosts: HostFacts) -> dict[str, HostFacts]:
-    return {h.host: h for h in hosts}
 
 
 def ids(v: FleetVerdict) -> set[str]:

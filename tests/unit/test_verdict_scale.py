@@ -7,41 +7,14 @@ Timing is measured by scripts/bench_verdict.py (make bench-verdict), never asser
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import pytest
-from test_verdict_fleet import B200, GOOD, R575, TARGET, host_raw
+from verdict_fixtures import R575, TARGET, fleet_raw, host_raw
 
 from k3fleet.models.facts import HostFacts
 from k3fleet.verdict import evaluate_fleet, validate_facts
 from k3fleet.verdict.rules import rule_key
-
-FAULTS: list[dict[str, Any]] = [
-    {},
-    {"rdma.nvidia_peermem_loaded": False},
-    {"fabricmanager.unit.active": "failed"},
-    {"nccl.settings": {"NCCL_DEBUG": {"value": "INFO", "source": "env"}}},
-    {"scheduler.state": "drained", "scheduler.reason": "hw check"},
-    {"scheduler.state": "mixed", "scheduler.jobs_running": 2},
-    {"driver.gpus": lambda gs: [{**g, "memory_used_mib": 131072, "processes": [
-        {"pid": 7, "type": "C", "name": "python3", "used_memory_mib": 131072}]} for g in gs]},
-    {"driver.gpus": lambda gs: gs[:7], "driver.gpu_count": 7},
-    {"packages": {"status": "unknown", "reason": "dpkg-query: command not found"}},
-    {"container.image.digest": "sha256:0c4d1e2f3a5b"},
-]
-
-
-def fleet_raw(n: int, seed: int = 3) -> dict[str, dict[str, Any]]:
-    rng = random.Random(seed)
-    out: dict[str, dict[str, Any]] = {}
-    for i in range(n):
-        name = f"h{i:03d}"
-        data = host_raw(name, rng.choice([GOOD, R575, R575, B200]), rng.choice(FAULTS))
-        for g in data["driver"]["gpus"]:
-            g["uuid"] = f"GPU-{i:08x}-{g['index']:04x}-0000-0000-000000000000"
-        out[name] = data
-    return out
 
 
 def test_the_fast_path_gives_the_per_host_verdict() -> None:

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from test_verdict_fleet import B200, GOOD, R575, TARGET, host_raw
-from test_verdict_scale import fleet_raw
+from verdict_fixtures import B200, GOOD, R575, TARGET, fleet_raw, host_raw
 
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import FleetVerdict

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_verdict_fleet import B200, GOOD, R575, TARGET, fleet, host
+from verdict_fixtures import B200, GOOD, R575, TARGET, fleet, host
 
 from k3fleet.models.findings import Finding, FleetVerdict
 from k3fleet.verdict import evaluate_fleet, evaluate_host

@@ -82,6 +82,11 @@ def rising(t: int) -> dict[str, Any]:
     return ok(t, waiting=waiting, counters=counters(arrived - waiting, 1000 * arrived, 800 * arrived))
 
 
+def with_counters(sample: dict[str, Any], **extra: float) -> dict[str, Any]:
+    sample["counters"] = {**sample["counters"], **extra}
+    return sample
+
+
 CASES: dict[str, tuple[list[dict[str, Any]], str | None, int | None]] = {
     # name -> (samples, trigger expected, index of the sample that fires it)
     "healthy": ([ok(t) for t in range(1, 8)], None, None),
@@ -108,6 +113,13 @@ CASES: dict[str, tuple[list[dict[str, Any]], str | None, int | None]] = {
     "agent_fails_twice": ([ok(1), ok(2, agent={"one_required_arg": "empty_tool_calls"}),
                            ok(3, agent={"one_required_arg": "invalid_arguments"})], "schema_invalid_tool_calls", 2),
     "agent_fails_once": ([ok(1), ok(2, agent={"one_required_arg": "empty_tool_calls"}), ok(3)], None, None),
+    # vLLM 0.30+ counters that explain failures (k3fleet/accept/explain.py).
+    "corrupted_request_fires_at_once": ([with_counters(ok(1), corrupted=0.0), with_counters(ok(2), corrupted=1.0)],
+                                        "corrupted_requests", 1),
+    "admission_rejections_twice": ([with_counters(ok(t), rejected=5.0 * max(0, t - 1)) for t in range(1, 4)],
+                                   "admission_rejections", 2),
+    "admission_rejections_once": ([with_counters(ok(1), rejected=0.0), with_counters(ok(2), rejected=3.0),
+                                   with_counters(ok(3), rejected=3.0)], None, None),
     "node_error_line": ([ok(1), ok(2, node_errors=["gpu-b01: kernel log since boot: Xid 79"])], "node_errors", 1),
     "node_note_only": ([ok(1), ok(2, node_notes=["gpu-b01: Xid 13 (application fault)"])], None, None),
 }

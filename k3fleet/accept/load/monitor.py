@@ -38,6 +38,9 @@ class Monitor:
         self._last_counters: dict[str, float] = {}
         self.telemetry_url = tally.opts.telemetry_url
         self.telemetry_errors: list[str] = []
+        # The run's first and last pages: the failure-explaining metrics over the run (k3fleet.accept.explain).
+        self.first: MetricsSnapshot | None = None
+        self.last: MetricsSnapshot | None = None
 
     async def run(self) -> None:
         while True:
@@ -83,7 +86,9 @@ class Monitor:
             self.old_names = snap.old_names()
         if self.last_raw is None:
             self._snapshot("load-start", snap.raw)
+            self.first = snap
         self.last_raw = snap.raw
+        self.last = snap
         return snap
 
     async def _gpus(self) -> dict[str, dict[str, float]] | None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from k3fleet.accept import explain, identity
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load.monitor import Monitor
 from k3fleet.accept.load.options import OPEN_LOOP, LoadObserver, LoadOptions
@@ -78,10 +79,17 @@ class LoadRun:
             await asyncio.gather(*(t for t in (monitor, watcher) if t is not None), return_exceptions=True)
             await self.http.close()
             self.monitor.snapshot("load-end")
-        return Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
-                      search=self.open_loop.search, trace=self.trace.summary() if self.trace else None,
-                      refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
-                      calibrated=self.calibrated, max_model_len=self.max_model_len).result()
+        result = Report(self.opts, self.tally, self.monitor, self.curve, self.ep.display_url,
+                        search=self.open_loop.search, trace=self.trace.summary() if self.trace else None,
+                        refused_context=self.refused_context, tokens_per_word=self.tokens_per_word,
+                        calibrated=self.calibrated, max_model_len=self.max_model_len).result()
+        result.data["explain"] = explain.window(self.monitor.first, self.monitor.last, self.ep.model)
+        extra = explain.findings_of("load", result.data["explain"])
+        result.findings.extend(extra)
+        bad = [f for f in extra if f.failed]
+        if bad and result.status != "fail":
+            result.status, result.reason = "fail", bad[0].message
+        return result
 
     async def _phases(self) -> None:
         phases = self.opts.phases
@@ -344,9 +352,14 @@ async def run_load(endpoint: Endpoint, opts: LoadOptions, observer: LoadObserver
     model) raises :class:`EndpointError`; everything after it is measured and returned. ``stop`` (set
     from a signal handler) ends the run early with what was measured; ``recorder`` (``snapshot(window,
     raw)``) receives raw /metrics pages at the start, after each phase and at the end."""
+    # What the run saw of the server, for holding start-up evidence against it (k3fleet.accept.identity).
+    async with endpoint.async_client(1) as client:
+        seen = await identity.live(client, endpoint)
     obs = observer or LoadObserver()
     results = [await LoadRun(endpoint, opts, obs, stop, recorder).execute()]
     while len(results) < opts.repeat and not results[-1].data.get("interrupted") and not (stop and stop.is_set()):
         obs.note(f"run {len(results) + 1} of {opts.repeat}")
         results.append(await LoadRun(endpoint, opts, obs, stop, recorder).execute())
-    return combine(results) if opts.repeat > 1 else results[0]
+    result = combine(results) if opts.repeat > 1 else results[0]
+    result.data["server"] = seen
+    return result

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3fleet.bounds import read_input
-from k3fleet.errors import UsageError
+from k3fleet.errors import UsageError, validation_line
 from k3fleet.evidence.redact import redact_text
 
 MAX_TRACE_REQUESTS = 1_000_000
@@ -89,9 +89,7 @@ def load_trace(path: Path, *, speed: float = 1.0, limit: int | None = None) -> T
         try:
             req = TraceRequest.model_validate(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "line"
-            raise UsageError(f"--trace {path.name} line {n}: {where}: {first['msg']}") from None
+            raise UsageError(validation_line(exc, f"--trace {path.name} line {n}")) from None
         if (req.prompt is None) == (req.prompt_tokens is None):
             raise UsageError(f"--trace {path.name} line {n}: give prompt or prompt_tokens, one of them")
         if req.prompt is not None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments")
+DEFECTS = ("empty_tool_calls", "merged_stream_calls", "marker_in_reasoning", "invalid_arguments",
+           "warm_answer_changed", "corrupted_request", "parallel_collapsed", "wrong_function", "irrelevant_call",
+           "invent_argument", "stale_turn", "kimi_marker_leak", "call_text_in_content")
 
 
 class SimConfig(BaseModel):
@@ -17,7 +19,10 @@ class SimConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
     model: str = "moonshotai/Kimi-K3"
-    vllm_version: str = "0.28.0"
+    # The version the lab's start-up logs and image labels name (k3fleet/lab/demo_data, the lab fleet's
+    # image_vllm): the simulated server is the server those logs describe, so "one server, one story"
+    # holds on the lab (docs/acceptance.md).
+    vllm_version: str = "0.27.1"
     max_model_len: int = Field(default=262144, ge=64)
 
     # Prefix cache (vLLM: --enable-prefix-caching, --block-size; K3: --prefix-match-unit).
@@ -29,6 +34,9 @@ class SimConfig(BaseModel):
     # Scheduler (vLLM: --max-num-seqs, --max-num-batched-tokens).
     max_num_seqs: int = Field(default=256, ge=1)
     max_num_batched_tokens: int = Field(default=8192, ge=16)
+    # vLLM 0.30+ queue cap (--max-num-queued-reqs): a request past it is answered 503 and counted in
+    # vllm:admission_rejections{reason="max_num_queued_reqs"}; None: no cap.
+    max_num_queued_reqs: int | None = Field(default=None, ge=0)
 
     # Latency model: each engine step costs itl_ms plus prefill_ms_per_token per prompt token computed.
     prefill_ms_per_token: float = Field(default=0.05, ge=0)
@@ -44,6 +52,9 @@ class SimConfig(BaseModel):
     stall_after_tool_call_rate: float = Field(default=0.0, ge=0, le=1)
     stall_s: float = Field(default=30.0, ge=0, le=3600)
     old_metric_names: bool = False
+    # /metrics shows the counters as they were this long ago: vLLM records a step's stats after it has
+    # handed the step's outputs to the requests, so a scrape right after a stream can miss that request.
+    metrics_lag_s: float = Field(default=0.0, ge=0, le=60)
     metrics_format: str = Field(default="prometheus", pattern="^(prometheus|openmetrics)$")
 
     # GPUs as a DCGM exporter shows them at /dcgm/metrics (docs/acceptance-load.md "GPU telemetry"): an H200's

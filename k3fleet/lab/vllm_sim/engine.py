@@ -27,16 +27,16 @@ fails, ``/health`` fails, and (with ``restart_after_s``) it comes back empty aft
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import itertools
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from k3fleet.lab.vllm_sim.config import SimConfig
-from k3fleet.lab.vllm_sim.generate import Plan
-from k3fleet.lab.vllm_sim.kv_cache import Holding, KVCache
+from k3fleet.lab.vllm_sim.generate import Plan, change_answer
+from k3fleet.lab.vllm_sim.kv_cache import Hist, Holding, KVCache
 
 # Bucket bounds after vLLM's Prometheus loggers (docs/acceptance-load.md, "Metric names").
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -47,32 +47,12 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
+class QueueFull(RuntimeError):
+    """A request past the queue cap: vLLM answers 503 and counts an admission rejection."""
+
+
 class EngineDead(RuntimeError):
     """The engine core died (KV pressure above the crash threshold)."""
-
-
-class Hist:
-    """Cumulative-bucket histogram as Prometheus exposes it."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
-        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
-            acc += n
-            out.append((bound, float(acc)))
-        return out
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
 
 
 @dataclass
@@ -83,6 +63,8 @@ class Stats:
     prompt_tokens_cached: int = 0
     prompt_tokens_computed: int = 0
     success: dict[str, int] = field(default_factory=dict)
+    admission_rejections: dict[str, int] = field(default_factory=dict)
+    corrupted_requests: int = 0
     ttft: Hist = field(default_factory=lambda: Hist(TTFT_BUCKETS))
     itl: Hist = field(default_factory=lambda: Hist(ITL_BUCKETS))
     e2e: Hist = field(default_factory=lambda: Hist(REQUEST_BUCKETS))
@@ -135,6 +117,7 @@ class Engine:
         self.reported_waiting = 0
         self.stats = Stats()
         self.started_at = time.time()
+        self._defect_rng = random.Random(cfg.seed ^ 0xCAC4E)
         self.dead = False
         self.dead_since: float | None = None
         self.restarts = 0
@@ -155,6 +138,11 @@ class Engine:
     def submit(self, req: SimRequest) -> None:
         if self.dead:
             raise EngineDead("EngineCore encountered an issue. See stack trace for the root cause.")
+        cap = self.cfg.max_num_queued_reqs
+        if cap is not None and len(self.waiting) + len(self.inbox) >= cap:
+            self.stats.admission_rejections["max_num_queued_reqs"] = (
+                self.stats.admission_rejections.get("max_num_queued_reqs", 0) + 1)
+            raise QueueFull(f"the waiting queue is full (max_num_queued_reqs={cap})")
         self.inbox.append(req)
         self._arrived.set()
 
@@ -237,6 +225,8 @@ class Engine:
             if req.admitted_at is None:
                 req.admitted_at = time.monotonic()
                 req.hit_tokens = hit
+                if hit and self._defect_rng.random() < cfg.defects.get("warm_answer_changed", 0.0):
+                    change_answer(req.plan)
                 self.stats.queue.observe(req.admitted_at - req.arrival)
             self.stats.prompt_tokens_cached += hit
             self.running.append(req)
@@ -281,6 +271,9 @@ class Engine:
         req.done = True
         req.finish_reason = reason
         self.stats.success[reason] = self.stats.success.get(reason, 0) + 1
+        if self._defect_rng.random() < self.cfg.defects.get("corrupted_request", 0.0):
+            # vLLM counts a request whose outputs held NaN/inf logits (vllm:corrupted_requests).
+            self.stats.corrupted_requests += 1
         self.stats.e2e.observe(time.monotonic() - req.arrival)
         with contextlib.suppress(ValueError):
             self.running.remove(req)

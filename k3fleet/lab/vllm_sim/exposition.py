@@ -79,6 +79,35 @@ class _SimCollector:
             c.add_metric([*lv, "external_kv_transfer"], 0.0)
             yield c
 
+        if not old:
+            # vLLM 0.30+ (docs/acceptance-load.md "Metric names"): why requests were refused, corrupted outputs,
+            # the KV connector's prefix cache, and the cached blocks' residency.
+            rej = CounterMetricFamily("vllm:admission_rejections",
+                                      "Number of admission attempts rejected by a queue limit, by reason.",
+                                      labels=["model_name", "reason"])
+            for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+                rej.add_metric([cfg.model, reason], float(st.admission_rejections.get(reason, 0)))
+            yield rej
+            for name, doc, value in (
+                ("vllm:corrupted_requests", "Corrupted requests, based on NaNs in logits.", st.corrupted_requests),
+                ("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector "
+                 "cross-instance cache sharing, in terms of number of queried tokens.", 0),
+                ("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance "
+                 "cache sharing, in terms of number of cached tokens.", 0),
+            ):
+                c = CounterMetricFamily(name, doc, labels=_LABELS)
+                c.add_metric(lv, float(value))
+                yield c
+            for name, doc, hist in (
+                ("vllm:kv_block_lifetime_seconds", "KV cache block lifetime from allocation to eviction (sampled).",
+                 kv.lifetime),
+                ("vllm:kv_block_idle_before_evict_seconds", "Idle time before eviction (sampled).",
+                 kv.idle_before_evict),
+                ("vllm:kv_block_reuse_gap_seconds", "Time between consecutive uses of a cached block (sampled).",
+                 kv.reuse_gap),
+            ):
+                yield self._hist(name, doc, hist, lv)
+
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=[*_LABELS, "finished_reason"])
         for reason in ("stop", "length", "abort", "tool_calls"):

@@ -16,7 +16,9 @@ Rules (docs/acceptance-load.md, "Simulator"):
   ``tool_calls`` empty, finish ``stop``: vLLM 53246), ``merged_stream_calls`` (streamed turns with two
   or more calls: all under index 0 as one entry with concatenated arguments: vLLM 24478),
   ``marker_in_reasoning`` (tool-call markers in the reasoning text: vLLM 30238), ``invalid_arguments``
-  (the first call's arguments cut off as JSON, or missing a required property).
+  (the first call's arguments cut off as JSON, or missing a required property), ``warm_answer_changed``
+  (the engine's: a request admitted with a prefix-cache hit answers with its first word changed, as a
+  hybrid model whose hit resumes the recurrence mid-stream does: ROCm/ATOM PR 1759).
 """
 
 from __future__ import annotations
@@ -105,13 +107,19 @@ def _user_text(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _named_tools(text: str, names: list[str]) -> list[str]:
+def _named_tools(text: str, names: list[str]) -> list[tuple[str, str]]:
+    """Each mention of a tool's name, in order, with the text up to the next mention (its argument hints
+    first, then the whole message): a name said twice is two parallel calls."""
     found = []
     for name in names:
-        m = re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text)
-        if m:
+        for m in re.finditer(rf"(?<![\w.]){re.escape(name)}(?![\w])", text):
             found.append((m.start(), name))
-    return [n for _, n in sorted(found)]
+    found.sort()
+    out = []
+    for i, (pos, name) in enumerate(found):
+        end = found[i + 1][0] if i + 1 < len(found) else len(text)
+        out.append((name, text[pos:end] + " " + text))
+    return out
 
 
 def _hint(text: str, prop: str) -> str | None:
@@ -214,29 +222,46 @@ def plan_answer(body: dict[str, Any], prompt: str, *, stream: bool, defect_rates
     last_role = messages[-1].get("role") if messages and isinstance(messages[-1], dict) else None
     user = _user_text(messages)
 
-    calls: list[str] = []
+    calls: list[tuple[str, str]] = []
     choice = body.get("tool_choice", "auto")
+    asks = ASK_FIRST.search(user) is not None
     if tools and last_role == "user" and choice != "none":
         if isinstance(choice, dict):
             forced = (choice.get("function") or {}).get("name")
             if not isinstance(forced, str) or forced not in by_name:
                 raise RequestError(f"tool_choice names function {forced!r}, which is not in tools")
-            calls = [forced]
+            calls = [(forced, user)]
         else:
+            if _draw(defect_rates, defect_rng, "stale_turn") and _tool_results(messages) >= 3:
+                # Long conversations: the call follows the first user turn, not the last.
+                user = _first_user_text(messages)
             calls = _named_tools(user, list(by_name))
+            if asks and choice != "required" and not _draw(defect_rates, defect_rng, "invent_argument"):
+                # A required argument was never given ("ask me first"): a healthy model asks.
+                calls = []
+            if choice == "auto" and not calls and not asks and _draw(defect_rates, defect_rng, "irrelevant_call"):
+                calls = [(next(iter(by_name)), user)]
             if choice == "required" and not calls:
-                calls = [next(iter(by_name))]
+                calls = [(next(iter(by_name)), user)]
+            if len(calls) > 1 and _draw(defect_rates, defect_rng, "parallel_collapsed"):
+                first: dict[str, str] = {}
+                for name, hints in calls:
+                    first.setdefault(name, hints)
+                calls = list(first.items())
+            if len(tools) >= 20 and calls and _draw(defect_rates, defect_rng, "wrong_function"):
+                order = list(by_name)
+                calls = [(order[(order.index(n) + 1) % len(order)], h) for n, h in calls]
 
     reasoning = ""
     if thinking:
         reasoning = ("The user wants " + _words(rng, 5) + "; " +
-                     (f"I will call {', '.join(calls)}." if calls else "I can answer directly."))
+                     (f"I will call {', '.join(n for n, _ in calls)}." if calls else "I can answer directly."))
     content = ""
     fmt = body.get("response_format") or {}
     if calls:
-        for i, name in enumerate(calls):
+        for i, (name, hints) in enumerate(calls):
             schema = (by_name[name] or {}).get("parameters") or {"type": "object"}
-            args = instance(schema, rng, user)
+            args = instance(schema, rng, hints)
             plan.tool_calls.append(ToolCall(id=f"chatcmpl-tool-{request_id[-12:]}{i}", name=name,
                                             arguments=json.dumps(args, ensure_ascii=False),
                                             schema=schema if isinstance(schema, dict) else {}))
@@ -245,6 +270,8 @@ def plan_answer(body: dict[str, Any], prompt: str, *, stream: bool, defect_rates
         content = json.dumps(instance(schema, rng, user), ensure_ascii=False)
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         content = json.dumps({"answer": _words(rng, 6)})
+    elif asks:
+        content = "Which one should I use? Tell me the missing value and I will go ahead."
     elif last_role == "tool":
         content = "The tool returned its result; " + _words(rng, 10 + rng.randrange(10)) + "."
     else:
@@ -255,6 +282,13 @@ def plan_answer(body: dict[str, Any], prompt: str, *, stream: bool, defect_rates
                         for i, c in enumerate(plan.tool_calls))
     if "empty_tool_calls" in plan.defects:
         reasoning += SECTION_BEGIN + call_text + SECTION_END
+        plan.tool_calls = []
+    elif "kimi_marker_leak" in plan.defects:
+        content = "<|close|>message<|sep|>" + call_text
+        plan.tool_calls = []
+    elif "call_text_in_content" in plan.defects:
+        content = "".join("<tool_call>" + json.dumps({"name": c.name, "arguments": json.loads(c.arguments)})
+                          + "</tool_call>" for c in plan.tool_calls)
         plan.tool_calls = []
     elif "marker_in_reasoning" in plan.defects:
         reasoning += f" {SECTION_BEGIN}{CALL_BEGIN}functions.{plan.tool_calls[0].name}:0"
@@ -268,6 +302,24 @@ def plan_answer(body: dict[str, Any], prompt: str, *, stream: bool, defect_rates
     return plan
 
 
+# "ask me first": the user says a required value is still to come (the missing_param case).
+ASK_FIRST = re.compile(r"\bask me first\b", re.I)
+
+
+def _draw(rates: dict[str, float], rng: random.Random, name: str) -> bool:
+    """A defect's draw, made only when it is configured (the seeded sequence of the others is unchanged)."""
+    rate = rates.get(name, 0.0)
+    return rate > 0 and rng.random() < rate
+
+
+def _tool_results(messages: list[Any]) -> int:
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "tool")
+
+
+def _first_user_text(messages: list[dict[str, Any]]) -> str:
+    return _user_text([next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), {})])
+
+
 def _apply_defects(plan: Plan, rates: dict[str, float], rng: random.Random, stream: bool) -> None:
     if not plan.tool_calls:
         return
@@ -277,6 +329,11 @@ def _apply_defects(plan: Plan, rates: dict[str, float], rng: random.Random, stre
     if draws["empty_tool_calls"]:
         plan.defects.append("empty_tool_calls")
         return
+    # Drawn only when configured, so seeded runs of the defects above draw as before.
+    for name in ("kimi_marker_leak", "call_text_in_content"):
+        if _draw(rates, rng, name):
+            plan.defects.append(name)
+            return
     if draws["merged_stream_calls"] and stream and len(plan.tool_calls) >= 2:
         plan.defects.append("merged_stream_calls")
         plan.merged_stream = True
@@ -294,6 +351,15 @@ def _apply_defects(plan: Plan, rates: dict[str, float], rng: random.Random, stre
         else:
             # Not JSON at all: the closing of the object is cut off.
             first.arguments = first.arguments[: max(1, len(first.arguments) - 2)]
+
+
+def change_answer(plan: Plan) -> None:
+    """``warm_answer_changed``: the first reasoning or content word differs from the cold answer's."""
+    for i, (channel, text) in enumerate(plan.items):
+        if channel in ("reasoning", "content"):
+            plan.items[i] = (channel, " stale" if text.strip() != "stale" else " state")
+            plan.defects.append("warm_answer_changed")
+            return
 
 
 def extend_to(plan: Plan, n_tokens: int, prompt: str) -> None:

@@ -13,8 +13,38 @@
 
 from __future__ import annotations
 
+import bisect
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+
+class Hist:
+    """Cumulative-bucket histogram as Prometheus exposes it."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
+            acc += n
+            out.append((bound, float(acc)))
+        return out
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+# KV block residency buckets, seconds (the simulator's; vLLM 0.30+ samples kv_block_* histograms).
+RESIDENCY_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 @dataclass
@@ -40,6 +70,14 @@ class KVCache:
         self._private = 0
         self.queries = 0   # prompt tokens looked up (vLLM counts queries and hits in tokens)
         self.hits = 0
+        # Residency of cached blocks, as vLLM's kv_block_* histograms sample it: when each was cached and when
+        # nobody held it any more; observed on eviction (lifetime, idle before eviction) and on a hit of an idle
+        # block (the reuse gap).
+        self._born: dict[int, float] = {}
+        self._idle_since: dict[int, float] = {}
+        self.lifetime = Hist(RESIDENCY_BUCKETS)
+        self.idle_before_evict = Hist(RESIDENCY_BUCKETS)
+        self.reuse_gap = Hist(RESIDENCY_BUCKETS)
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -97,6 +135,9 @@ class KVCache:
         while spare < n and self._evictable:
             h, _ = self._evictable.popitem(last=False)
             del self._refs[h]
+            now = time.monotonic()
+            self.lifetime.observe(now - self._born.pop(h, now))
+            self.idle_before_evict.observe(now - self._idle_since.pop(h, now))
             spare += 1
         self._private += n
         return True
@@ -109,9 +150,13 @@ class KVCache:
         newly_held = [h for h in shared if self._refs.get(h, 0) == 0]
         if need > self.free - len(newly_held):
             return None
+        now = time.monotonic()
         for h in shared:
             self._refs[h] = self._refs.get(h, 0) + 1
             self._evictable.pop(h, None)
+            idle = self._idle_since.pop(h, None)
+            if idle is not None:
+                self.reuse_gap.observe(now - idle)
         if not self._take(need):
             self.release(Holding(cached=list(shared)))
             return None
@@ -130,6 +175,7 @@ class KVCache:
                 # block (it is not merged into the cached copy), so both occupy the cache.
                 continue
             self._refs[h] = 1
+            self._born[h] = time.monotonic()
             holding.private -= 1
             self._private -= 1
             holding.cached.append(h)
@@ -151,6 +197,7 @@ class KVCache:
                 continue
             self._refs[h] = left
             if left == 0:
+                self._idle_since[h] = time.monotonic()
                 self._evictable[h] = None
                 self._evictable.move_to_end(h)
         self._private -= holding.private
@@ -158,6 +205,9 @@ class KVCache:
         holding.private = 0
 
     def reset(self) -> None:
+        self.lifetime, self.idle_before_evict, self.reuse_gap = (Hist(RESIDENCY_BUCKETS) for _ in range(3))
+        self._born.clear()
+        self._idle_since.clear()
         self._refs.clear()
         self._evictable.clear()
         self._private = 0

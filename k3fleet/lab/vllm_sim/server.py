@@ -13,6 +13,7 @@ all three with no extra process or thread per connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from types import TracebackType
 from typing import Any
 
@@ -28,7 +30,7 @@ from aiohttp import web
 
 from k3fleet.lab.vllm_sim import exposition, tokenizer
 from k3fleet.lab.vllm_sim.config import SimConfig
-from k3fleet.lab.vllm_sim.engine import Engine, EngineDead, SimRequest
+from k3fleet.lab.vllm_sim.engine import Engine, EngineDead, QueueFull, SimRequest
 from k3fleet.lab.vllm_sim.generate import Plan, RequestError, extend_to, plan_answer, render_prompt
 
 _ENGINE = web.AppKey("engine", Engine)
@@ -76,8 +78,39 @@ async def _models(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body, ctype = exposition.render(request.app[_ENGINE])
+    lag = request.app[_CFG].metrics_lag_s
+    if lag <= 0:
+        body, ctype = exposition.render(request.app[_ENGINE])
+    else:
+        body, ctype = request.app[_PAGES].as_of(time.monotonic() - lag)
     return web.Response(body=body, headers={"Content-Type": ctype})
+
+
+class _LaggedPages:
+    """The /metrics page rendered every few milliseconds and served as it was ``metrics_lag_s`` ago."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.pages: deque[tuple[float, tuple[bytes, str]]] = deque()
+
+    async def run(self, keep_s: float) -> None:
+        while True:
+            now = time.monotonic()
+            self.pages.append((now, exposition.render(self.engine)))
+            while len(self.pages) > 1 and self.pages[1][0] <= now - keep_s:
+                self.pages.popleft()
+            await asyncio.sleep(0.01)
+
+    def as_of(self, when: float) -> tuple[bytes, str]:
+        chosen = self.pages[0][1] if self.pages else exposition.render(self.engine)
+        for at, page in self.pages:
+            if at > when:
+                break
+            chosen = page
+        return chosen
+
+
+_PAGES = web.AppKey("pages", _LaggedPages)
 
 
 async def _dcgm(request: web.Request) -> web.Response:
@@ -139,6 +172,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         eng.submit(req)
     except EngineDead as exc:
         return _error(500, str(exc), "InternalServerError")
+    except QueueFull as exc:
+        return _error(503, str(exc), "ServiceUnavailableError")
     if stream:
         return await _stream(request, eng, req, rid, body)
     try:
@@ -297,10 +332,19 @@ def build_app(cfg: SimConfig) -> web.Application:
     app[_ENGINE] = Engine(cfg)
     app[_RNG] = random.Random(cfg.seed)
 
+    app[_PAGES] = _LaggedPages(app[_ENGINE])
+    pager: list[asyncio.Task[None]] = []
+
     async def on_startup(app: web.Application) -> None:
         app[_ENGINE].start()
+        if cfg.metrics_lag_s > 0:
+            pager.append(asyncio.get_running_loop().create_task(app[_PAGES].run(cfg.metrics_lag_s + 1.0)))
 
     async def on_cleanup(app: web.Application) -> None:
+        for task in pager:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await app[_ENGINE].stop()
 
     app.on_startup.append(on_startup)

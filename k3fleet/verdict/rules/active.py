@@ -1,8 +1,5 @@
 """Active checks (audit --active; docs/facts.md section 17): DCGM diagnostic, NCCL bandwidth in the node, RDMA loopback
 bandwidth. The pair check between nodes is k3fleet.verdict.pairs'.
-
-Each check's catalogue entry (CHECKS) and its rule sit here; RULES is the order they run in
-(k3fleet.verdict.rules.engine runs the groups in turn). docs/architecture.md "Adding a check".
 """
 
 from __future__ import annotations

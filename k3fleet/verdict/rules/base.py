@@ -3,16 +3,7 @@
 The rules themselves sit by concern beside their catalogue entries (driver.py, gpu.py, packages.py,
 fabric.py, rdma.py, container.py, workloads.py, active.py, scheduler.py); engine.py runs them.
 
-Rules read a :class:`HostContext` computed once per host (driver version and its source,
-branch, GPU model, flavour, whether Fabric Manager is required), so each fact is
-interpreted in exactly one place. Every rule either says nothing (pass), reports a
-problem, or reports what it could not read (kind ``unknown``).
-
-Severity of ``unknown``: error when the fact decides whether the host can serve at all
-(driver loaded and version, GPU count, kernel module flavour where open modules are
-required, Fabric Manager on NVSwitch systems, RDMA on multi-node targets, the image's
-CUDA, the facts schema), warning otherwise. A rule stays silent about a fact another
-rule already reported as the cause (no GPU count finding when the module is not loaded).
+How the rules read it, and the severity of what they cannot read: the package's docstring.
 """
 
 from __future__ import annotations

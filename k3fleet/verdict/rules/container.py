@@ -1,7 +1,4 @@
 """Container checks: runtime, toolkit, the serving image, its CUDA runtime, the probe, vLLM's version.
-
-Each check's catalogue entry (CHECKS) and its rule sit here; RULES is the order they run in
-(k3fleet.verdict.rules.engine runs the groups in turn). docs/architecture.md "Adding a check".
 """
 
 from __future__ import annotations

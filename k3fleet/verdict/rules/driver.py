@@ -1,8 +1,5 @@
 """Driver checks: the facts schema, the kernel module, NVML, the driver's branch, version, platform and flavour, a
 pending reboot.
-
-Each check's catalogue entry (CHECKS) and its rule sit here; RULES is the order they run in
-(k3fleet.verdict.rules.engine runs the groups in turn). docs/architecture.md "Adding a check".
 """
 
 from __future__ import annotations

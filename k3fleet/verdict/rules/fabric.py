@@ -1,7 +1,4 @@
 """Fabric checks: Fabric Manager on NVSwitch systems and IMEX on multi-node NVLink domains.
-
-Each check's catalogue entry (CHECKS) and its rule sit here; RULES is the order they run in
-(k3fleet.verdict.rules.engine runs the groups in turn). docs/architecture.md "Adding a check".
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """GPU checks: count, persistence mode, NVLink fabric state and health, GPUs in use, and the GPU health checks of
 docs/facts.md section 14 (ECC, remapped rows, Xid, clock slowdown, PCIe link).
-
-Each check's catalogue entry (CHECKS) and its rule sit here; RULES is the order they run in
-(k3fleet.verdict.rules.engine runs the groups in turn). docs/architecture.md "Adding a check".
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
 """Package checks: driver packages held, unattended upgrades, DKMS or prebuilt kernel modules.
-
-Each check's catalogue entry (CHECKS) and its rule sit here; RULES is the order they run in
-(k3fleet.verdict.rules.engine runs the groups in turn). docs/architecture.md "Adding a check".
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
 """Workload checks: other tenants' CUDA work on the target driver (docs/facts.md section 16).
-
-Each check's catalogue entry (CHECKS) and its rule sit here; RULES is the order they run in
-(k3fleet.verdict.rules.engine runs the groups in turn). docs/architecture.md "Adding a check".
 """
 
 from __future__ import annotations

@@ -417,3 +417,23 @@ def test_a_secret_value_from_the_environment_is_never_packaged(tmp_path: Path) -
         write_package(tmp_path / "p.tar.gz", "pkg", run, [], {}, mtime=__import__("datetime").datetime.now(),
                       environ={"HF_TOKEN": "hf_abcdefghijklmnop123", "PATH": "/usr/bin"})
     assert not (tmp_path / "p.tar.gz").exists()
+
+
+def test_package_json_goes_through_the_redactor(tmp_path: Path) -> None:
+    """PACKAGE.json was written without the redactor: a secret pasted into --owner, --rollback-owner or
+    the profile's name or rate limits stood in the signed package."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "command.json").write_text("{}\n")
+    canaries = ["canary-owner-5d8e21", "canary-rollback-0c4f77", "canary-profile-9a1b30", "canary-limits-6e2d95"]
+    meta = {"service_owner": f"serving-team api key: {canaries[0]}", "rollback_owner": f"erin password {canaries[1]}",
+            "profile": {"name": f"prod token={canaries[2]}", "sha256": "0" * 64},
+            "rate_limits": ["4 concurrent requests", f"gateway secret: {canaries[3]}"],
+            "reviewer": "carol <carol@example.org>"}
+    write_package(tmp_path / "p.tar.gz", "pkg", run, [], meta, mtime=__import__("datetime").datetime.now())
+    members = _members(tmp_path / "p.tar.gz")
+    manifest = next(v for k, v in members.items() if k.endswith("/PACKAGE.json")).decode()
+    for canary in canaries:
+        assert canary not in manifest, manifest
+    parsed = json.loads(manifest)
+    assert parsed["reviewer"] == "carol <carol@example.org>" and parsed["rate_limits"][0] == "4 concurrent requests"

@@ -99,6 +99,11 @@ def test_html_renders_in_headless_chromium(decision: Path, tmp_path: Path) -> No
     assert verdict[0][1]["data-approved"] == "false"
     items = {e[1]["data-item"]: e[1]["data-status"] for e in parsed.find("tr") if "data-item" in e[1]}
     assert items["hosts.driver_branch"] == "fail" and items["prefix_cache.warm"] == "pass"
+    # The sign-off checklist is read whole: nothing of it starts hidden, and the page leads with what to do.
+    hidden = [e[1]["data-item"] for e in parsed.find("tr") if "data-item" in e[1] and "hidden" in e[1].get("class", "")]
+    assert hidden == [], hidden
+    nxt = parsed.find(id="next")
+    assert nxt and nxt[0][0] == "p", nxt
     assert items["signoff.reviewer"] == "pass"
     hosts = {e[1]["data-host"] for e in parsed.find("tr") if "data-host" in e[1]}
     assert hosts == {"gpu-m01", "gpu-m02"}
@@ -194,3 +199,53 @@ def test_markdown_and_bad_input(decision: Path, tmp_path: Path) -> None:
     (copy / "decision.json").write_text((copy / "decision.json").read_text().replace("rebuild", "go_liv", 1))
     refused = k3fleet("report", str(copy), "--format", "html")
     assert refused.returncode == 3 and "decision.json: changed" in refused.stderr
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (scripts/report-deps.sh)")
+def test_audit_html_says_what_its_filter_hides_and_what_to_do_next(story_audit: Path, tmp_path: Path) -> None:
+    """Rendered in headless Chromium: passing rows start hidden on an audit, and every table that hides
+    rows says how many; the page leads with the next step; the screenshot is kept when asked."""
+    page = tmp_path / "audit.html"
+    _report(story_audit, "html", page)
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2600"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    parsed = _Dom()
+    parsed.feed(dom.stdout)
+    hidden = [e for e in parsed.find("tr") if "data-status" in e[1] and "hidden" in e[1].get("class", "")]
+    notes = [" ".join(e[2]) for e in parsed.find("p") if e[1].get("class") == "filtered" and e[2]]
+    assert hidden and notes, notes
+    assert sum(int(n.split(" of ", 1)[0]) for n in notes) == len(hidden), (notes, len(hidden))
+    assert all("untick" in n for n in notes)
+    count = " ".join(parsed.find(id="problem-count")[0][2])
+    assert count.endswith(f"; {len(hidden)} passed row(s) hidden"), count
+    nxt = " ".join(t for e in parsed.find(id="next") for t in e[2])
+    assert "k3fleet plan --run" in nxt, nxt
+    if SHOT_DIR is not None:
+        shot = tmp_path / "audit.png"
+        subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
+        SHOT_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, SHOT_DIR / "audit.png")
+
+
+def test_the_gpu_panel_never_calls_a_faulty_host_healthy(story_audit: Path, tmp_path: Path) -> None:
+    """The default lab fleet holds a GPU that fell off the bus (Xid 79 on gpu-a06) and a host whose GPUs
+    NVML cannot read (gpu-a08, driver/library mismatch): both are named in the GPU panel, with the check
+    that failed, and the 'every GPU healthy' line counts neither."""
+    html = _report(story_audit, "html", tmp_path / "a.html")
+    panel = html[html.index('<section id="gpus">'):]
+    panel = panel[:panel.index("</section>")]
+    xid = re.search(r'<tr data-host="gpu-a06" data-fault="true">.*?</tr>', panel)
+    assert xid and "gpu.xid" in xid.group(0) and "Xid 79" in xid.group(0), panel[:3000]
+    unread = re.search(r'<tr data-host="gpu-a08" data-unreadable="true">.*?</tr>', panel)
+    assert unread and "no GPU could be read" in unread.group(0), panel[:3000]
+    lead = re.search(r'<p class="attention">(\d+) host\(s\) need attention: ([^<]*)</p>', panel)
+    assert lead and {"gpu-a06", "gpu-a08"} <= set(re.findall(r"gpu-a\d+", lead.group(2))), panel[:1000]
+    healthy = re.search(r"<p>([\d,]+) other host\(s\): every GPU healthy and idle\.</p>", panel)
+    hosts = json.loads((story_audit / "verdict.json").read_text())["hosts"]
+    measured = sum(1 for h in (hosts.values() if isinstance(hosts, dict) else hosts)
+                   if (h.get("status") if isinstance(h, dict) else None) != "unreachable")
+    assert healthy and int(healthy.group(1)) + int(lead.group(1)) == measured, (healthy, lead, measured)

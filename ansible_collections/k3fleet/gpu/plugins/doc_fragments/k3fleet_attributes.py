@@ -7,9 +7,7 @@
 node and changes nothing. A module's own ``attributes`` entries extend or override these.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 
 class ModuleDocFragment(object):

@@ -3,9 +3,7 @@
 # Apache-2.0 (see pyproject.toml)
 """Options every k3fleet_*_info module shares (k3fleet_module.READER_ARGS), documented once."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 
 class ModuleDocFragment(object):

@@ -12,7 +12,7 @@ not installed is reported as such, which the verdict reads as unknown, never as 
 runs show it (k3fleet/lab/active_data/SOURCES.md).
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import json
 import re
@@ -26,8 +26,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     ib_write_bw_argv,
     nccl_pair_argv,
 )
-
-__metaclass__ = type
 
 _SECTION = re.compile(r"^[|+]-{3,}\s+([A-Za-z][A-Za-z /]*?)\s+-{2,}")
 _RESULT = re.compile(r"^(Pass|Fail|Warn|Skip)(?:\s*-\s*(?:GPUs?:\s*)?([\d, ]+|All))?\s*$", re.IGNORECASE)

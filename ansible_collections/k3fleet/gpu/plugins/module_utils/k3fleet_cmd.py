@@ -8,14 +8,12 @@ view of a host (``/host``), a simulated lab host (a generated directory whose
 ``bin/`` replays recorded command output) or a test fixture tree.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import time
-
-__metaclass__ = type
 
 DEFAULT_TIMEOUT = 20.0
 # Enough for any output a collector parses; protects the module from a runaway command.

@@ -11,7 +11,7 @@ the only step that starts a container; it is opt-in, and lives in k3fleet_probe,
 only when it runs.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import json
 import re
@@ -24,8 +24,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     image_inspect_argv,
     runtime_version_argv,
 )
-
-__metaclass__ = type
 
 TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
 

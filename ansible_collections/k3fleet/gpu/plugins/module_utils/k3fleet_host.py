@@ -2,12 +2,12 @@
 # Stdlib only: shipped to nodes.
 """All collectors in one pass: what the audit runs, once per host."""
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import socket
 import time
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_counters import counter_facts, sample_counters
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
@@ -23,13 +23,11 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
 )
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_workloads import collect_workloads
 
-__metaclass__ = type
-
 # Defined in k3fleet_sources, which the controller reads too.
 SCHEMA_VERSION = FACTS_SCHEMA_VERSION
 
 
-def node_hostname(reader):
+def node_hostname(reader: NodeReader) -> str | None:
     text = reader.read_cached(FILES["hostname"], limit=HOSTNAME_LIMIT)
     if text and text.strip():
         return text.strip().split()[0]

@@ -18,9 +18,7 @@ Reading evidence, the parser is lenient: it does not refuse a name outside the g
 character set, it splits it by the same rules.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCKER_HUB = "docker.io"
 # Every name Docker Hub answers under; a reference may use any of them.

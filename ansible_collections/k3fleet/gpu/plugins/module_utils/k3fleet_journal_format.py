@@ -20,7 +20,7 @@ same lock, whether the change may take one more node out (``max_unavailable``) a
 failures so far still allow it (``failure_budget``, a failed canary).
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import fcntl
 import json
@@ -29,8 +29,6 @@ import re
 import time
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import redact
-
-__metaclass__ = type
 
 # The stages a host's journal lines name (the way through a good night first, then failed, rolled_back
 # and held): the one list. The module's stage choices and the controller's journal reader take it from

@@ -12,11 +12,9 @@ upgraded or returned to service by this one. When a node was already drained by 
 be put back exactly when the change is done.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import re
-
-__metaclass__ = type
 
 LEASE_PREFIX = "k3fleet:"
 CHANGE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

@@ -25,15 +25,13 @@ imports them. That finder stands where zipimport would answer: before the path f
 parent's ``__path__`` otherwise) starts with this payload; anything else is left as it was.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import os
 import sys
 import zipimport
 from importlib.machinery import PathFinder, SourceFileLoader
 from importlib.util import spec_from_loader
-
-__metaclass__ = type
 
 PACKAGE = __name__.rpartition(".")[0]
 

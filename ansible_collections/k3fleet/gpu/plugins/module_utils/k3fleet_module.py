@@ -2,13 +2,13 @@
 # Stdlib only: shipped to nodes.
 """Options every k3fleet_*_info module shares, and the reader built from them."""
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import DEFAULT_TIMEOUT, NodeReader
-
-__metaclass__ = type
 
 # The key every module puts its result under; the controller reads nothing else.
 RESULT_KEY = "k3fleet"
@@ -25,13 +25,13 @@ READER_ARGS = dict(
 )
 
 
-def reader_from_params(params):
+def reader_from_params(params: Mapping[str, Any]) -> NodeReader:
     return NodeReader(root=params.get("root") or "/", path=params.get("path"),
                       procfs=params.get("procfs"), sysfs=params.get("sysfs"),
                       timeout=params.get("timeout") or DEFAULT_TIMEOUT, budget=params.get("budget"))
 
 
-def checked_reader(module, name):
+def checked_reader(module: Any, name: str) -> NodeReader:
     """The reader for module's options; fails the module first when its root prefix is not a directory,
     because under a missing root every file would read as absent, a false report."""
     root = module.params["root"]

@@ -11,7 +11,7 @@ a probe that times out is removed with ``rm -f``, since killing the runtime clie
 a container that holds the GPUs).
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import json
 import re
@@ -21,8 +21,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     PROBE_MARKER,
     probe_argv,
 )
-
-__metaclass__ = type
 
 # Starting a container (image layers, hooks, CUDA init) takes far longer than a query.
 PROBE_TIMEOUT_FACTOR = 6

@@ -11,15 +11,13 @@ Parsing is kept in pure functions so the same code is tested against recorded
 sysfs values, ``/proc/modules`` and ``lspci -vvv`` output.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import os
 import re
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import parse_proc_modules, unknown
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
-
-__metaclass__ = type
 
 # Port attributes the kernel publishes under /sys/class/infiniband/<dev>/ports/<n>/.
 PORT_FILES = ("state", "phys_state", "rate", "link_layer")

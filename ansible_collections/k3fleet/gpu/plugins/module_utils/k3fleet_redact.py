@@ -26,13 +26,11 @@ Structural redaction of inventory files (YAML, INI) needs a YAML parser and live
 controller, in ``k3fleet.evidence.redact``, on top of these rules.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from functools import lru_cache
-
-__metaclass__ = type
 
 REDACTED = "***"
 
@@ -345,9 +343,47 @@ def _redact_text(text):
     for value in _KNOWN_VALUES:
         if value in text:
             text = text.replace(value, REDACTED)
+    if "alue" in text and ("ame" in text or "ey" in text):
+        text = _mask_pairs(text)
     if not _TRIGGER.search(text):
         return text
     return _scan(text)
+
+
+# Name/value pairs in text (a Kubernetes env list in group_vars, a JSON env array): the name decides
+# for the value, as redact() does for parsed data. Flow form on one line ({name: X, value: Y}), and
+# block form where the value key sits at the name key's column in the same list item.
+_PAIR_FLOW = re.compile(
+    r"(?P<head>[{,]\s*[\"']?(?:name|key|Name|Key)[\"']?\s*:\s*[\"']?(?P<n>[A-Za-z_][\w.-]{0,127})[\"']?\s*,\s*"
+    r"[\"']?(?:value|Value|val)[\"']?\s*:\s*)(?P<v>\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|[^,}\n]+)")
+_PAIR_NAME_LINE = re.compile(
+    r"^(?P<lead>[ \t]*(?:-[ \t]+)?)[\"']?(?:name|key|Name|Key)[\"']?[ \t]*:[ \t]*[\"']?(?P<n>[A-Za-z_][\w.-]{0,127})"
+    r"[\"']?[ \t]*,?[ \t]*$")
+_PAIR_VALUE_LINE = re.compile(
+    r"^(?P<lead>[ \t]*(?:-[ \t]+)?)(?P<k>[\"']?(?:value|Value|val)[\"']?[ \t]*:[ \t]*)(?P<v>\S.*?)(?P<end>,?)[ \t]*$")
+
+
+def _mask_pairs(text):
+    text = _PAIR_FLOW.sub(lambda m: m.group("head") + keep_quotes(m.group("v").strip())
+                          if is_secret_name(m.group("n")) else m.group(0), text)
+    if "\n" not in text:
+        return text
+    lines = text.split("\n")
+    column = None  # the name key's column while a secret-named pair is open
+    for i, line in enumerate(lines):
+        m = _PAIR_NAME_LINE.match(line)
+        if m is not None:
+            column = len(m.group("lead")) if is_secret_name(m.group("n")) else None
+            continue
+        if column is None:
+            continue
+        v = _PAIR_VALUE_LINE.match(line)
+        if v is not None and len(v.group("lead")) == column:
+            lines[i] = line[:v.start("v")] + keep_quotes(v.group("v")) + v.group("end")
+            column = None
+        elif line.strip() and len(line) - len(line.lstrip(" \t-")) <= column - 2:
+            column = None  # the list item ended before its value
+    return "\n".join(lines)
 
 
 def excerpt(text, limit, tail="...", one_line=True):

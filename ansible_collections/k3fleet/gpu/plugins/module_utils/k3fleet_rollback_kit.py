@@ -244,7 +244,8 @@ def make_kit(reader, directory, packages, check_mode=False, change_id=None, made
     real_dir = reader.join_root(directory)
     before = read_manifest(real_dir) or {"packages": []}
     recorded = dict((e.get("file"), e) for e in before["packages"] if isinstance(e, dict))
-    if not check_mode and not os.path.isdir(real_dir):
+    created = not check_mode and not os.path.isdir(real_dir)
+    if created:
         os.makedirs(real_dir, 0o700)
     staging = None
     try:
@@ -306,6 +307,9 @@ def make_kit(reader, directory, packages, check_mode=False, change_id=None, made
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+    if created and result["problems"] and not os.listdir(real_dir):
+        # Nothing could be kept: leave no empty kit behind.
+        os.rmdir(real_dir)
     if not check_mode and not result["problems"]:
         manifest = {"schema": SCHEMA, "change_id": change_id, "made_at": made_at, "packages": result["packages"]}
         if before.get("packages") != result["packages"] or before.get("change_id") != change_id:

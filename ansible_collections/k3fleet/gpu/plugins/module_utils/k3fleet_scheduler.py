@@ -9,7 +9,7 @@ reason), and whether jobs still run on it. Kubernetes node state is read from
 the API by the controller, never on the node, so only Slurm is collected here.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import re
 import socket
@@ -21,8 +21,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     scontrol_show_node_argv,
     squeue_running_argv,
 )
-
-__metaclass__ = type
 
 _KEY_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_:]*)=(.*)$")
 # Slurm appends "[user@timestamp]" to a reason; the reason itself may hold spaces and '='.

@@ -21,7 +21,7 @@ Parsing is in pure functions (``status_from_scontrol``, ``status_from_sinfo_json
 commands through the shared ``NodeReader``.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import json
 import re
@@ -36,8 +36,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     scontrol_show_node_argv,
     squeue_active_argv,
 )
-
-__metaclass__ = type
 
 # scontrol appends "[user@time]" to a reason; sinfo --json gives user and time as fields.
 _STAMP_RE = re.compile(r"\s*\[([^\]\s@]+)@([^\]\s]+)\]\s*$")

@@ -8,9 +8,7 @@ lab host answers exactly the questions a real node is asked. A profile may carry
 raw captured text for any source below, keyed by its name.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 # The host facts' schema version, defined here once: k3fleet_host stamps it on every node's facts and the
 # controller's k3fleet.models.facts reads it from here. 1.1: GPU health (ECC, remapped rows, retired

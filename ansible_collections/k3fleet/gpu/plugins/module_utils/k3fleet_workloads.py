@@ -13,7 +13,7 @@ the container each one runs in (its cgroup) and the libcuda / libcudart it loade
 and the host's ``cuda-compat-*`` packages (already in the package facts). Nothing is started.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import json
 import re
@@ -23,8 +23,6 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import
     container_inspect_argv,
     container_ps_argv,
 )
-
-__metaclass__ = type
 
 _ID = re.compile(r"^[0-9a-f]{12,64}$")
 # A container's id in a cgroup path: docker-<id>.scope, libpod-<id>.scope, /docker/<id>, cri-containerd-<id>.

@@ -4,9 +4,7 @@
 # Ansible module layout: documentation before the imports, node-side Python idioms.
 # ruff: noqa: E402, UP001, UP009, UP010, UP031
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -60,12 +58,12 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Inspect the serving image on every node
-  k3fleet_container_info:
+  k3fleet.gpu.k3fleet_container_info:
     image: vllm/vllm-openai:kimi-k3
   register: container
 
 - name: Prove CUDA initialises in the serving image after the driver change
-  k3fleet_container_info:
+  k3fleet.gpu.k3fleet_container_info:
     image: vllm/vllm-openai:kimi-k3
     probe: true
     timeout: 60
@@ -168,7 +166,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 )
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(
         image=dict(type="str", required=True),

@@ -46,7 +46,7 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read the driver and GPUs of every GPU node
-  k3fleet_driver_info:
+  k3fleet.gpu.k3fleet_driver_info:
   register: driver
 
 - name: Stop when the node runs an old driver branch
@@ -56,7 +56,7 @@ EXAMPLES = r"""
     fail_msg: "{{ inventory_hostname }} runs {{ driver.k3fleet.kernel_module.version }}, R580 or newer is needed"
 
 - name: Read a host's view from inside a container, nvidia-smi only
-  k3fleet_driver_info:
+  k3fleet.gpu.k3fleet_driver_info:
     root: /host
     use_nvml: false
 """

@@ -33,7 +33,7 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read Fabric Manager state of every GPU node
-  k3fleet_fabricmanager_info:
+  k3fleet.gpu.k3fleet_fabricmanager_info:
   register: fm
 
 - name: Fabric Manager must match the driver on NVSwitch systems

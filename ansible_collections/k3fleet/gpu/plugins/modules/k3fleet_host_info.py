@@ -3,9 +3,7 @@
 # Copyright: k3fleet contributors
 # Apache-2.0
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: k3fleet_host_info
@@ -102,12 +100,12 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Collect all k3fleet facts of this node
-  k3fleet_host_info:
+  k3fleet.gpu.k3fleet_host_info:
     image: vllm/vllm-openai:kimi-k3
   register: __k3fleet_host
 
 - name: Read a containerised view of the host, probing CUDA in the serving image
-  k3fleet_host_info:
+  k3fleet.gpu.k3fleet_host_info:
     root: /host
     probe: true
 """
@@ -209,7 +207,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 )
 
 
-def main():
+def main() -> None:
     argument_spec = dict(
         image=dict(type="str"),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),

@@ -4,9 +4,7 @@
 # Ansible module layout: documentation before the imports, node-side Python idioms.
 # ruff: noqa: E402, UP001, UP009, UP010, UP031
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -79,7 +77,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Journal that the host is being drained
-  k3fleet_journal:
+  k3fleet.gpu.k3fleet_journal:
     path: "{{ k3fleet_journal }}"
     run: "{{ k3fleet_run_id }}"
     change_id: "{{ k3fleet_change_id }}"
@@ -89,7 +87,7 @@ EXAMPLES = r"""
   changed_when: false
 
 - name: Take a slot and journal the snapshot
-  k3fleet_journal:
+  k3fleet.gpu.k3fleet_journal:
     path: "{{ k3fleet_journal }}"
     run: "{{ k3fleet_run_id }}"
     change_id: "{{ k3fleet_change_id }}"

@@ -4,9 +4,7 @@
 # Ansible module layout: documentation before the imports, node-side Python idioms.
 # ruff: noqa: E402, UP001, UP009, UP010, UP031
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -100,7 +98,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 _SPEC_KEYS = ("nccl_pair_launcher", "nccl_max_bytes", "nccl_timeout_s")
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(
         addresses=dict(type="list", elements="str", required=True),

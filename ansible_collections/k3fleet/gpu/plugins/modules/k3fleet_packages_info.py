@@ -32,7 +32,7 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read the NVIDIA packages of every GPU node
-  k3fleet_packages_info:
+  k3fleet.gpu.k3fleet_packages_info:
   register: pkgs
 
 - name: Warn when the driver package is not held

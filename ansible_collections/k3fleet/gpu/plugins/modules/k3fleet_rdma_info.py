@@ -4,9 +4,7 @@
 # Ansible module layout: documentation before the imports, node-side Python idioms.
 # ruff: noqa: E402, UP001, UP009, UP010, UP031
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -55,7 +53,7 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read RDMA and NCCL facts of the serving nodes
-  k3fleet_rdma_info:
+  k3fleet.gpu.k3fleet_rdma_info:
     env_files:
       - -/etc/default/vllm
   register: rdma
@@ -180,7 +178,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(
         env_files=dict(type="list", elements="str", default=[]),

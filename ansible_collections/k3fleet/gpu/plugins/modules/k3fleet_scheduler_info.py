@@ -4,9 +4,7 @@
 # Ansible module layout: documentation before the imports, node-side Python idioms.
 # ruff: noqa: E402, UP001, UP009, UP010, UP031
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -37,11 +35,11 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read the Slurm state of each GPU node
-  k3fleet_scheduler_info:
+  k3fleet.gpu.k3fleet_scheduler_info:
   register: sched
 
 - name: Use the Slurm NodeName where it differs from the host name
-  k3fleet_scheduler_info:
+  k3fleet.gpu.k3fleet_scheduler_info:
     node: "{{ slurm_node_name }}"
   register: sched
 """
@@ -116,7 +114,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
 
 
-def main():
+def main() -> None:
     argument_spec = dict(READER_ARGS)
     argument_spec.update(node=dict(type="str"))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)

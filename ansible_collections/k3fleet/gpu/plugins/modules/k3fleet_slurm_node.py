@@ -4,9 +4,7 @@
 # Ansible module layout: documentation before the imports, node-side Python idioms.
 # ruff: noqa: E402, UP001, UP009, UP010, UP031
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -123,7 +121,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Lease and drain the node for change CHG-1042, waiting up to an hour for its jobs
-  k3fleet_slurm_node:
+  k3fleet.gpu.k3fleet_slurm_node:
     node: gpu017
     state: drained
     change_id: CHG-1042
@@ -133,7 +131,7 @@ EXAMPLES = r"""
   register: drain
 
 - name: Return the node to service only if this change holds its lease
-  k3fleet_slurm_node:
+  k3fleet.gpu.k3fleet_slurm_node:
     node: gpu017
     state: resumed
     change_id: CHG-1042
