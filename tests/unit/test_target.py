@@ -48,6 +48,8 @@ def test_default_target_is_the_kimi_k3_recipe() -> None:
     # The measured deployment's figure (1.42 TiB) and load time, with their source: data an operator overrides.
     assert w.confirmed is True and "llm-d" in w.source and "1.42 TiB" in w.source
     assert w.load_s == 5385 and w.load_source and "5385" in w.load_source
+    # The change night's serving smoke waits for a server that loads these weights: its bound covers the load.
+    assert t.change.smoke_ready_timeout_s >= w.load_s
     assert t.gpus.min_total_by_strategy == {
         "single_node_tp": 8, "multi_node_tp_dp": 16, "multi_node_tp_pp": 16, "multi_node_dep": 16}
     # The minimum comes from the matrix row for CUDA 13.0 GA, not from the target file.

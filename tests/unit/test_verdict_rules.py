@@ -268,12 +268,9 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
      "1": {"pcie_replay": [60, 120], "nvlink": {}}}}}, {"gpu.pcie_replay/warning"}),
     ("PCIe replay total without change", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
      "1": {"pcie_replay": [5000, 5000], "nvlink": {}}}}}, set()),
-    # GB200 before R595 on an RDMA fleet: dma-buf GPUDirect RDMA needs GrdmaPciTopoCheckOverride=1 (AICR).
-    ("GB200 on R580 without the GPUDirect override", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
-     "driver.kernel_module.grdma_topo_override": False}, {"driver.gb200_gdr_override/error"}),
-    ("GB200 on R580 with the GPUDirect override", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
-     "driver.kernel_module.grdma_topo_override": True}, set()),
-    ("H200 without the override needs none", GOOD, {"driver.kernel_module.grdma_topo_override": False}, set()),
+    # A single-node fleet sends no GPUDirect RDMA between nodes: GB200 without the override says nothing.
+    ("GB200 on R580 without the GPUDirect override, one node", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
+     "driver.kernel_module.grdma_topo_override": False}, set()),
     # Azure's check_gpu_ecc threshold: 20,000,000 correctable errors.
     ("correctable ECC above the threshold", GOOD, {"driver.gpus.0.ecc": {"mode": "enabled",
      "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "volatile_corrected": 12, "aggregate_corrected":
@@ -342,6 +339,14 @@ def test_rule_table(case: str, base: str, patch: dict[str, Any], expected: set[s
 
 
 MULTI_CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
+    # GB200 before R595 on an RDMA fleet: dma-buf GPUDirect RDMA needs GrdmaPciTopoCheckOverride=1 (AICR).
+    ("GB200 on R580 without the GPUDirect override", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
+     "driver.kernel_module.grdma_topo_override": False}, {"driver.gb200_gdr_override/error"}),
+    ("GB200 on R580 with the GPUDirect override", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
+     "driver.kernel_module.grdma_topo_override": True}, set()),
+    ("GB200 on R580, override not read", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200")},
+     {"driver.gb200_gdr_override/warning/unknown"}),
+    ("H200 without the override needs none", GOOD, {"driver.kernel_module.grdma_topo_override": False}, set()),
     ("DMA-BUF off, no peermem", GOOD, {"nccl.settings.NCCL_DMABUF_ENABLE": {"value": "0", "source": "env"}},
      {"rdma.peermem/error"}),
     ("DMA-BUF off, peermem loaded", GOOD,
