@@ -14,16 +14,6 @@ from k3fleet.verdict.rules.base import CompiledTarget, Emitter, HostContext
 
 # The catalogue entries of this module's checks, in the order the catalogue lists them.
 CHECKS: tuple[Check, ...] = (
-    check("driver.gb200_gdr_override", "GB200 GPUDirect RDMA over PCIe NICs enabled before R595",
-          "On GB200 with PCIe NICs, drivers before R595 refuse dma-buf GPUDirect RDMA unless the module is loaded "
-          "with NVreg_RegistryDwords=GrdmaPciTopoCheckOverride=1; without it NCCL silently falls back to "
-          "sockets between nodes.",
-          "error",
-          "Add options nvidia NVreg_RegistryDwords=\"GrdmaPciTopoCheckOverride=1\" to /etc/modprobe.d, reload the "
-          "driver (or reboot), and check /proc/driver/nvidia/params shows GrdmaPciTopoCheckOverride: 1; or move "
-          "to R595, where the override is not needed.",
-          source='docs/facts.md section 6 (NVIDIA AICR docs/user/validation.md and its validator reading '
-          '/proc/driver/nvidia/params)'),
     check("facts.schema", "Host facts readable",
           "Facts that do not validate, or come from another schema major version, cannot be judged.",
           "error",
@@ -77,6 +67,16 @@ CHECKS: tuple[Check, ...] = (
           "error",
           "Drain the node and reboot it (or reload the nvidia modules) so the installed driver is loaded.",
           source='docs/facts.md section 4 (NVML_ERROR_LIB_RM_VERSION_MISMATCH after an upgrade without reboot)'),
+    check("driver.gb200_gdr_override", "GB200 GPUDirect RDMA over PCIe NICs enabled before R595",
+          "On GB200 with PCIe NICs, drivers before R595 refuse dma-buf GPUDirect RDMA unless the module is loaded "
+          "with NVreg_RegistryDwords=GrdmaPciTopoCheckOverride=1; without it NCCL silently falls back to "
+          "sockets between nodes.",
+          "error",
+          "Add options nvidia NVreg_RegistryDwords=\"GrdmaPciTopoCheckOverride=1\" to /etc/modprobe.d, reload the "
+          "driver (or reboot), and check /proc/driver/nvidia/params shows GrdmaPciTopoCheckOverride: 1; or move "
+          "to R595, where the override is not needed.",
+          source='docs/facts.md section 6 (NVIDIA AICR docs/user/validation.md and its validator reading '
+          '/proc/driver/nvidia/params)'),
 )
 
 
