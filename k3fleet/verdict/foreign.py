@@ -144,57 +144,52 @@ def _actions(state: Mapping[str, Any]) -> list[str]:
     return [str(a) for a in acts] if isinstance(acts, list) else []
 
 
-def _entries(data: Any, what: str) -> list[Mapping[str, Any]]:
+def _gpud_items(data: Any, what: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """(component, entry) for every entry of gpud's ``what`` ("states" or "events") list per component."""
     if not isinstance(data, list):
         raise ForeignError(f"gpud {what}: a JSON list of components expected")
-    return [x for x in data if isinstance(x, Mapping)]
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for comp in data:
+        if not isinstance(comp, Mapping):
+            continue
+        component = str(comp.get("component") or "?")
+        entries = comp.get(what)
+        if not isinstance(entries, list):
+            raise ForeignError(f"gpud {what}: component {component} has no {what} list")
+        out += [(component, e) for e in entries if isinstance(e, Mapping)]
+    return out
 
 
 def _gpud_states(data: Any) -> list[_Item]:
     """``GET /v1/states``: ``[{component, states: [{name, health, reason, error, suggested_actions}]}]``."""
     items: list[_Item] = []
-    for comp in _entries(data, "states"):
-        component = str(comp.get("component") or "?")
-        states = comp.get("states")
-        if not isinstance(states, list):
-            raise ForeignError(f"gpud states: component {component} has no states list")
-        for state in states:
-            if not isinstance(state, Mapping):
-                continue
-            health = state.get("health")
-            level = _level(health)
-            if level is None:
-                continue
-            actions = _actions(state)
-            why = _text(state.get("reason") or state.get("error") or "no reason given")
-            said = f" (gpud suggests {', '.join(actions)})" if actions else ""
-            items.append((_gpud_check(component, actions), level, f"gpud {component}: {health}: {why}{said}",
-                          {"source": "gpud", "component": component, "name": state.get("name"),
-                           "health": health, "reason": _text(state.get("reason")), "error": _text(state.get("error")),
-                           "repair_actions": actions}))
+    for component, state in _gpud_items(data, "states"):
+        health = state.get("health")
+        level = _level(health)
+        if level is None:
+            continue
+        actions = _actions(state)
+        why = _text(state.get("reason") or state.get("error") or "no reason given")
+        said = f" (gpud suggests {', '.join(actions)})" if actions else ""
+        items.append((_gpud_check(component, actions), level, f"gpud {component}: {health}: {why}{said}",
+                      {"source": "gpud", "component": component, "name": state.get("name"), "health": health,
+                       "reason": _text(state.get("reason")), "error": _text(state.get("error")),
+                       "repair_actions": actions}))
     return items
 
 
 def _gpud_events(data: Any) -> list[_Item]:
     """``GET /v1/events``: ``[{component, startTime, endTime, events: [{time, name, type, message}]}]``."""
     items: list[_Item] = []
-    for comp in _entries(data, "events"):
-        component = str(comp.get("component") or "?")
-        events = comp.get("events")
-        if not isinstance(events, list):
-            raise ForeignError(f"gpud events: component {component} has no events list")
-        for ev in events:
-            if not isinstance(ev, Mapping):
-                continue
-            level = _level(ev.get("type"))
-            if level is None:
-                continue
-            message = _text(ev.get("message") or ev.get("name") or "no message")
-            check_id = GPUD_COMPONENTS.get(component, "external.health")
-            items.append((check_id, level, f"gpud {component} event at {ev.get('time') or '?'}: {ev.get('type')}: "
-                          f"{message}",
-                          {"source": "gpud", "component": component, "name": ev.get("name"), "type": ev.get("type"),
-                           "time": ev.get("time"), "message": message}))
+    for component, ev in _gpud_items(data, "events"):
+        level = _level(ev.get("type"))
+        if level is None:
+            continue
+        message = _text(ev.get("message") or ev.get("name") or "no message")
+        items.append((GPUD_COMPONENTS.get(component, "external.health"), level,
+                      f"gpud {component} event at {ev.get('time') or '?'}: {ev.get('type')}: {message}",
+                      {"source": "gpud", "component": component, "name": ev.get("name"), "type": ev.get("type"),
+                       "time": ev.get("time"), "message": message}))
     return items
 
 
