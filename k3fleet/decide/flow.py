@@ -280,6 +280,7 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
     operators = sorted({r.user for r in src.runs if r.user} | {r.operator for r in src.runs if r.operator}
                        | {c.operator for c in src.changes if c.operator})
     meta = {
+        "decision_id": rd.path.name,
         "decision": {"outcome": decision.outcome, "approved": decision.approved, "exit_code": decision.exit_code,
                      "track": decision.track},
         "reviewer": summary.reviewer, "reviewed_at": summary.reviewed_at, "service_owner": summary.service_owner,

@@ -460,6 +460,10 @@ def _compare(res: PackageCheck, digests: dict[str, str]) -> None:
     if not isinstance(files, list) or res.manifest.get("format") != PACKAGE_FORMAT:
         res.problems.append(f"{PACKAGE_MANIFEST}: not a {PACKAGE_FORMAT} manifest")
         return
+    named = res.manifest.get("decision_id")
+    if isinstance(named, str) and res.root is not None and named != res.root:
+        res.problems.append(f"{res.root}/: the package directory is not the decision {PACKAGE_MANIFEST} names "
+                            f"({named})")
     listed: dict[str, str] = {}
     for f in files:
         if isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("sha256"), str):

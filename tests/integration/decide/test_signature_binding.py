@@ -166,3 +166,16 @@ def test_an_older_approval_is_refused_after_a_later_decision_or_past_max_age(sig
     assert aged.returncode == 1 and "older than --max-age" in aged.stderr, aged.stdout + aged.stderr
     bad = _verify(older, evidence_keys.allowed, "--max-age", "inf")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_package_directory_is_the_decision_the_statement_names(signed: Path, evidence_keys: Any,
+                                                                   tmp_path: Path) -> None:
+    """The decision's id is in the signed statement: an archive whose top directory was renamed (to pass
+    for another decision) is not intact."""
+    members = read_members(signed)
+    root = _root(members)
+    renamed = tmp_path / "renamed.tar.gz"
+    write_members(renamed, {f"other-decision/{n.split('/', 1)[1]}": v for n, v in members.items()})
+    proc = _verify(renamed, evidence_keys.allowed)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"other-decision/: the package directory is not the decision PACKAGE.json names ({root})" in proc.stdout
