@@ -214,8 +214,9 @@ def _print_package_check(res: object, archive: Path, digest: str) -> None:
                   "k3fleet-evidence", markup=False)
         verb = "approved" if dec.get("approved") is True else "decided"
         when = res.reviewed_at.isoformat() if res.reviewed_at else "?"
+        named = manifest.get("decision_id") or res.root
         out.print(f"{verb} by {safe_text(res.reviewer)} at {when}: {safe_text(dec.get('outcome', '?'))} "
-                  f"(decision {safe_text(res.root)})", markup=False)
+                  f"(decision {safe_text(named)})", markup=False)
     if res.trusted:
         out.print(f"intact: {res.checked} files match {safe_text(archive.name)} ({what})", markup=False)
     elif res.ok:
