@@ -276,6 +276,9 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
         rd.write_json(layout.CURVES, curves)
     rd.write_text(layout.REPORT, render_markdown(decision_view(decision, summary, rd.path.name, curves)))
     rd.write_manifest()
+    # The decision's files were written relative to the directory claimed; it is read back by its path (the
+    # command line, then to be packaged), so that path must still be that directory, not a link swapped in.
+    rd.check_claim()
     archive = opts.archive or layout.package_beside(rd.path)
     operators = sorted({r.user for r in src.runs if r.user} | {r.operator for r in src.runs if r.operator}
                        | {c.operator for c in src.changes if c.operator})
@@ -296,9 +299,6 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
                  for r in src.runs],
         "command": _command_argv(rd),
     }
-    # The decision's files were written relative to the directory claimed; it is read back by its path to
-    # be packaged, so that path must still be that directory (not a link swapped in since).
-    rd.check_claim()
     write_package(archive, rd.path.name, rd.path, [(lbl, p) for lbl, p in src.paths.items()], meta, mtime=now,
                   sign=key, force=opts.force, inputs=[*archive_inputs, rd.path])
 
