@@ -107,6 +107,39 @@ HOST_VARS: Mapping[str, Callable[[Any], str | None]] = {
 }
 
 
+def _check_port(value: Any) -> str | None:
+    what = "a TCP port (1-65535)"
+    if isinstance(value, bool):
+        return what
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return None if isinstance(value, int) and 1 <= value <= 65535 else what
+
+
+def _check_connection(value: Any) -> str | None:
+    """A connection plugin Ansible has: a bare name (``ssh``) or ``ansible.builtin.<name>`` is looked up;
+    another collection's plugin (``community.docker.docker``) is left to Ansible, which loads collections."""
+    if not isinstance(value, str) or not value.strip():
+        return "the name of a connection plugin (ssh, local, paramiko_ssh, ...)"
+    name = value.strip().removeprefix("ansible.builtin.")
+    if "." in name:
+        return None
+    from ansible.plugins.loader import connection_loader  # lazy: Ansible is heavy, kept off the CLI's start-up path
+
+    if connection_loader.has_plugin(name):
+        return None
+    return "a connection plugin Ansible has (ssh, local, paramiko_ssh, ...)"
+
+
+# Ansible's own connection variables that k3fleet checks too: a value that cannot work (``ansible_port: abc``,
+# a connection plugin that does not exist) is bad input before the play, not an unreachable host after it.
+ANSIBLE_VARS: Mapping[str, Callable[[Any], str | None]] = {
+    "ansible_port": _check_port,
+    "ansible_ssh_port": _check_port,
+    "ansible_connection": _check_connection,
+}
+
+
 @dataclass(frozen=True)
 class Inventory:
     """What the controller knows about an inventory before the play: hosts and their checked k3fleet vars."""
@@ -172,6 +205,13 @@ def _load(inventory: Path, _stamp: tuple[int, ...], limit: str | None) -> Invent
             if expected is not None:
                 problems.append(f"host {host.name}: {name} = {_shown(value)}: expected {expected}")
             mine[name] = value
+        for name, check in ANSIBLE_VARS.items():
+            value = merged.get(name)
+            if value is None or (isinstance(value, str) and "{{" in value):
+                continue
+            expected = check(value)
+            if expected is not None:
+                problems.append(f"host {host.name}: {name} = {_shown(value)}: expected {expected}")
         for name in HOST_KEY_VARS:
             if name in merged and as_bool(merged[name]) is False:
                 opt_outs.setdefault(host.name, f"{name}: false")

@@ -92,6 +92,19 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_member_name(name: str, what: str) -> str:
+    """``name`` if it can name a directory inside an evidence package (letters, digits, ``.``, ``_``, ``-``;
+    not starting with a dot or a dash), else one usage line: ``decide`` calls this before its run directory
+    exists, so a hostile label (newline, escapes, markup, ``-rf``, spaces) leaves nothing behind."""
+    if not _PLAIN_NAME.match(name):
+        raise UsageError(f"{what} {name!r} is not a plain directory name (letters, digits, '.', '_', '-'): "
+                         "rename it before packaging")
+    return name
+
+
 def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence[tuple[str, Path]],
                   meta: Mapping[str, Any], *, mtime: _dt.datetime,
                   environ: Mapping[str, str] | None = None, sign: SigningKey | None = None,
@@ -100,14 +113,14 @@ def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence
 
     With ``sign`` the manifest names the key and the signature over its bytes is a member; it is
     made before the archive is opened, so a key that cannot sign leaves no archive behind."""
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", root_name):
-        raise UsageError(f"package name {root_name!r} is not a plain file name")
+    check_member_name(root_name, "package name")
     entries: list[PackageEntry] = [PackageEntry(layout.package_member(rel), p)
                                    for rel, p in _run_files(decision_dir, layout.PACKAGE_DECISION)]
     labels: set[str] = set()
     for label, path in runs:
-        if label in labels or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", label):
-            raise UsageError(f"run label {label!r} is repeated or not a plain directory name")
+        if label in labels:
+            raise UsageError(f"run label {label!r} is repeated")
+        check_member_name(label, "run label")
         labels.add(label)
         entries += [PackageEntry(f"{layout.PACKAGE_RUNS}/{label}/{rel}", p) for rel, p in _run_files(path, label)]
     secrets = secret_values(environ)

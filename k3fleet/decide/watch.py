@@ -663,8 +663,9 @@ class _NodeLogs:
         return errors, notes
 
 
-async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, Any],
-                 on_sample: Callable[[Sample, list[Trigger]], None]) -> WatchResult:
+def watch_endpoint(opts: WatchOptions, baseline: Baseline) -> Endpoint:
+    """The endpoint the watch samples: a model, an http(s) URL and a set API key variable, or one usage line
+    (judged before the run directory exists)."""
     model = opts.model or baseline.model
     if not model:
         raise UsageError("the baseline names no model: give --model")
@@ -673,6 +674,12 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
                             verify_tls=opts.verify_tls, timeout_s=min(max(opts.interval_s * 4, 30.0), 3600.0))
     except ValidationError as exc:
         raise UsageError(validation_line(exc, "--base-url")) from exc
+    endpoint.api_key()  # a named variable that is not set is bad input now, not a failed first sample
+    return endpoint
+
+
+async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, Any], endpoint: Endpoint,
+                 on_sample: Callable[[Sample, list[Trigger]], None]) -> WatchResult:
     state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance,
                        latency_tolerance=opts.latency_tolerance, min_requests=opts.min_requests)
     result = WatchResult(baseline=baseline, samples=[], triggers=[])
@@ -791,6 +798,7 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
     recorded = package_target(_package_of(opts.baseline))
     if recorded is not None:
         opts = dataclasses.replace(opts, target=recorded)
+    endpoint = watch_endpoint(opts, baseline)
     rd = RunDir.create(runs_dir, "watch", argv, out=out, record={"baseline": str(opts.baseline)})
 
     def sample(s: Sample, fired: list[Trigger]) -> None:
@@ -799,7 +807,7 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
             on_sample(s, fired)
 
     try:
-        result = asyncio.run(_watch(opts, baseline, decision, sample))
+        result = asyncio.run(_watch(opts, baseline, decision, endpoint, sample))
     except BaseException:
         rd.write_manifest()
         raise
