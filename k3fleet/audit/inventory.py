@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from k3fleet.bounds import check_yaml, read_input
 from k3fleet.errors import UsageError
 
 # Ansible's own spellings of a boolean (ansible.module_utils.parsing.convert_bool).
@@ -160,9 +161,55 @@ def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
 def load_inventory(inventory: Path, limit: str | None = None) -> Inventory:
     """The parsed and validated inventory (cached per file state: audit and runner parse it once)."""
     inventory = Path(inventory)
-    if not inventory.exists():
+    if not inventory.exists() and not inventory.is_symlink():
         raise UsageError(f"inventory {inventory} does not exist")
-    return _load(inventory.resolve(), _state(inventory), limit)
+    state = _state(inventory)
+    check_inventory_files(inventory)
+    return _load(inventory.resolve(), state, limit)
+
+
+# Files Ansible's inventory and vars plugins read as YAML (or JSON, which is YAML); an extensionless file may be
+# either YAML or INI: it is judged as YAML only when it parses as YAML.
+_YAML_NAMES = (".yml", ".yaml", ".json")
+
+
+def _inventory_files(inventory: Path) -> list[tuple[str, Path]]:
+    """(what, path) of the inventory file (or every file of an inventory directory) and of the files in the
+    group_vars/ and host_vars/ beside it: what Ansible will read."""
+    if inventory.is_dir():
+        files, roots = [], [inventory]
+    else:
+        files, roots = [("inventory", inventory)], [inventory.parent / "group_vars", inventory.parent / "host_vars"]
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for dirpath, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [("inventory file", Path(dirpath) / n) for n in sorted(names) if not n.startswith(".")]
+    return files
+
+
+@lru_cache(maxsize=16)
+def _checked(inventory: Path, _stamp: tuple[int, ...]) -> None:
+    for what, f in _inventory_files(inventory):
+        # Regular files under the inventory cap only: a FIFO would hang Ansible's read, /dev/zero or a huge
+        # sparse file would fill memory (docs/safety.md "Bounds").
+        raw = read_input(f, what, kind="an inventory file", limit="inventory")
+        if f.suffix and f.suffix.lower() not in _YAML_NAMES:
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # binary: Ansible refuses it in its own words
+        # Depth and alias budget before Ansible's loader expands anything (an alias bomb in a host variable).
+        check_yaml(text, f"{what} {f}")
+
+
+def check_inventory_files(inventory: Path) -> None:
+    """Refuse, in one line, an inventory file or vars file that is not a regular file, is above the
+    ``inventory`` cap, or is YAML nested too deep or with too many nodes once its aliases are expanded:
+    all before Ansible reads it."""
+    _checked(inventory, _state(inventory))
 
 
 def _state(inventory: Path) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from k3fleet.accept.profile_cases import write_profile_evidence
-from k3fleet.bounds import read_input
+from k3fleet.bounds import load_yaml, read_input
 from k3fleet.decide.checklist import ITEM_IDS, image_repository
 from k3fleet.decide.envelope import profile_brief
 from k3fleet.decide.package import check_member_name, write_package
@@ -96,7 +96,7 @@ def _yaml_file(path: Path, what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise UsageError(f"{what} {path} cannot be read: {exc}") from exc
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text, f"{what} {path}")  # depth and alias budget first (k3fleet.bounds)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from k3fleet import __version__
-from k3fleet.bounds import open_tar
+from k3fleet.bounds import loads_json, open_tar
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
 from k3fleet.decide.signing import verify_signature
 from k3fleet.errors import IncompleteError, UsageError
@@ -273,7 +273,7 @@ def verify_package(archive: Path, allowed_signers: Path | None = None) -> Packag
                     raw[rel] = data
                 if rel == PACKAGE_MANIFEST:
                     try:
-                        res.manifest = json.loads(data.decode("utf-8"))
+                        res.manifest = loads_json(data.decode("utf-8"))
                     except (UnicodeDecodeError, ValueError) as exc:
                         res.problems.append(f"{PACKAGE_MANIFEST}: not valid JSON ({exc})")
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
