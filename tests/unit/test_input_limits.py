@@ -322,3 +322,97 @@ def test_inventories_are_bounded_before_ansible_reads_them(tmp_path: Path, capsy
 def test_an_out_name_too_long_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     assert main(["audit", "--lab", "--out", str(tmp_path / name)]) == 2
     assert "file names are at most 255 bytes" in _one_line(capsys)
+
+
+# -- servers: a deadline for the whole answer, prompts against the server's context -------------------
+
+
+def test_a_ladder_rung_far_above_the_servers_context_is_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--ladder 16,60000000` built a 60M-token prompt (877 MB) before anything checked it; now a rung is built
+    at most twice the server's max_model_len (still refused there, with its own message)."""
+    import asyncio
+
+    import k3fleet.accept.load.run as load_run
+    from k3fleet.accept.client import Endpoint
+    from k3fleet.accept.load import LoadOptions, run_load
+    from k3fleet.lab.vllm_sim import start_simulator
+
+    words: list[int] = []
+    real = load_run.filler
+
+    def counted(n: int, seed: int = 0) -> str:
+        words.append(n)
+        return real(n, seed)
+
+    monkeypatch.setattr(load_run, "filler", counted)
+    opts = LoadOptions(ladder_tokens=[256, 4_000_000], ladder_output_tokens=8, ladder_repeats=1,
+                       phases=["long_input"], sample_interval_s=0.25)
+    with start_simulator(itl_ms=2.0, prefill_ms_per_token=0.005, max_model_len=2048) as sim:
+        res = asyncio.run(run_load(Endpoint(base_url=sim.base_url, model="moonshotai/Kimi-K3", timeout_s=30), opts))
+    assert res.data["outcome"] == "adjust_config"
+    assert res.data["failures"][0]["context_tokens"] == 4_000_000
+    assert "maximum context length is 2048" in res.data["failures"][0]["message"]
+    assert max(words) < 2 * 2048, max(words)
+
+
+def test_a_ladder_beyond_any_context_is_refused_as_usage(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["accept", "load", "--base-url", "http://127.0.0.1:9", "--model", "m", "--ladder", "16,60000000",
+                 "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "a generated prompt is at most 4194304 tokens" in _one_line(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_reference_client_has_one_deadline_for_the_whole_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that trickles its chat answer one byte every 0.1 s held `accept agent --timeout 2` for 161 s (the
+    openai SDK's timeout is per read); with one deadline per request the whole suite ends in seconds."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}).encode()
+    stop = threading.Event()
+
+    class Trickle(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+        def do_GET(self) -> None:
+            ok = self.path == "/v1/models"
+            body = models if ok else b'{"detail": "Not Found"}'
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                    b'{"id": "x", "choices": [' + b" " * 2000)
+            try:
+                for byte in head:
+                    if stop.is_set():
+                        break
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                pass
+            self.close_connection = True
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rc = main(["accept", "agent", "--base-url", f"http://127.0.0.1:{srv.server_address[1]}", "--model", "m",
+                   "--timeout", "1", "-n", "1", "--json"])
+    finally:
+        stop.set()
+        srv.shutdown()
+        srv.server_close()
+    assert rc == 3
+    out = capsys.readouterr().out
+    # The SDK's call is cut by the same deadline as every other request, and says so.
+    assert "the openai SDK's request did not finish within 1 s (one deadline for the whole request)" in out, out[-2000:]
