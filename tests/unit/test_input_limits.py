@@ -416,3 +416,25 @@ def test_the_reference_client_has_one_deadline_for_the_whole_answer(capsys: pyte
     out = capsys.readouterr().out
     # The SDK's call is cut by the same deadline as every other request, and says so.
     assert "the openai SDK's request did not finish within 1 s (one deadline for the whole request)" in out, out[-2000:]
+
+
+# -- large logs ---------------------------------------------------------------------------------------
+
+
+def test_a_long_servers_routine_lines_are_skipped_but_not_what_hides_in_them() -> None:
+    """triage of a 50 MB vLLM log ran ~50 regular expressions on each of its 400,000 lines (45 s): the metrics
+    logger's and uvicorn's lines (whole-line shapes) now cost one match, and the start-up reads the same."""
+    from k3fleet.accept.startup import _each_line, analyse_startup
+
+    src = (REPO / "tests" / "fixtures" / "decide" / "startup_kimi_k3_tp8_dp2.log").read_text()
+    routine = ("(APIServer pid=1) INFO 08-14 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 "
+               "tokens/s, Avg generation throughput: 2.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, "
+               "GPU KV cache usage: 0.1%, Prefix cache hit rate: 50.0%\n"
+               '(APIServer pid=1) INFO:     127.0.0.1:45678 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
+    plain, padded = analyse_startup(src), analyse_startup(src + routine * 2000)
+    assert padded.data == plain.data and padded.status == plain.status
+    assert [f.check_id for f in padded.findings] == [f.check_id for f in plain.findings]
+    hidden = routine.replace("Prefix cache hit rate: 50.0%", "torch.OutOfMemoryError: CUDA out of memory")
+    assert "accept.startup.load_oom" in {f.check_id for f in analyse_startup(src + hidden).findings}
+    for text in ("a\nb\r\nc\rd\n\ne", "", "\n", "x\u2028y\n", "a\n\n"):
+        assert list(_each_line(text)) == text.splitlines()
