@@ -190,7 +190,8 @@ def _parse(text: str, path: Path, what: str) -> Any:
 
 
 # The most tools a profile may name: OpenAI's chat API takes at most 128 functions per request (API reference,
-# "tools"); a profile's tool files together stay within a few times that, never tens of thousands.
+# "Create chat completion", tools: "A max of 128 functions are supported"; docs/safety.md "Bounds"); a profile's
+# tool files together stay within a few times that, never tens of thousands.
 MAX_TOOLS = 512
 
 
