@@ -448,7 +448,8 @@ async def _reference_client(ctx: Ctx, say: Progress) -> None:
                                   started_at=t0, error=f"the openai SDK's request did not finish within "
                                                        f"{ctx.endpoint.timeout_s:g} s (one deadline for the whole "
                                                        "request)", error_kind="deadline"))
-    except (OpenAIError, ValueError, TypeError, httpx.HTTPError) as exc:
+    except (OpenAIError, ValueError, TypeError, RecursionError, httpx.HTTPError) as exc:
+        # (A RecursionError: the SDK parses an answer nested deeper than Python recurses with its own json.)
         # Not only the SDK's own errors: a 200 whose body is not JSON raises a JSONDecodeError (a ValueError)
         # from inside the SDK. Either way it is evidence about the endpoint, never a crash of the probe.
         ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,

@@ -438,3 +438,47 @@ def test_a_long_servers_routine_lines_are_skipped_but_not_what_hides_in_them() -
     assert "accept.startup.load_oom" in {f.check_id for f in analyse_startup(src + hidden).findings}
     for text in ("a\nb\r\nc\rd\n\ne", "", "\n", "x\u2028y\n", "a\n\n"):
         assert list(_each_line(text)) == text.splitlines()
+
+
+def test_a_server_answering_json_nested_200000_deep(capsys: pytest.CaptureFixture[str]) -> None:
+    """`accept agent` against a server whose every answer nests 200,000 arrays: no RecursionError anywhere (the
+    probe's reader, the openai SDK's own parse), an incomplete run (exit 3)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
+    deep = ('{"id": "x", "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop", "message": '
+            '{"role": "assistant", "content": "x", "extra": ' + DEEP_JSON + "}}]}").encode()
+
+    class Deep(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+        def _send(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._send(models if self.path == "/v1/models" else deep)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(deep)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Deep)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rc = main(["accept", "agent", "--base-url", f"http://127.0.0.1:{srv.server_address[1]}", "--model", "m",
+                   "--timeout", "5", "-n", "1", "--json"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    captured = capsys.readouterr()
+    assert rc == 3 and "Traceback" not in captured.err and "RecursionError" not in captured.err
+    assert "answered 200 with a body that is not JSON" in captured.out, captured.out[-2000:]
