@@ -32,6 +32,7 @@ from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE
 from k3fleet.evidence import REDACTED, RunDir, layout
 from k3fleet.evidence.privacy import without_bodies
 from k3fleet.models.evidence import AcceptRecord
+from k3fleet.models.target import Target
 from k3fleet.targets import load_target
 
 Progress = Callable[[str], None]
@@ -197,7 +198,7 @@ def _exit_code(results: Mapping[str, ProbeResult], summary: AcceptRecord) -> int
 
 async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: AcceptRecord,
                       results: dict[str, ProbeResult], rec: Recorder, ev: _Evidence, say: Progress,
-                      target: Any, startup: ProbeResult | None) -> None:
+                      target: Target, startup: ProbeResult | None) -> None:
     # lazy: accept all's own probes; accept load, whose command imports this module, needs none of them
     from k3fleet.accept.agent import run_agent
     from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
