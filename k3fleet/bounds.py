@@ -294,6 +294,9 @@ MAX_NESTING = 128  # levels of arrays/objects (JSON) or sequences/mappings (YAML
 # Nodes a YAML document may hold once its aliases are expanded: far above any profile, owners or build file
 # (8 MiB of plain YAML is well under it), far below a "billion laughs" (9 levels of 9 aliases: 387 million).
 MAX_YAML_NODES = 2_000_000
+# ... and more than this many times the nodes as written: a 100,000-host inventory (2 million nodes, no aliases)
+# is no bomb, whatever its size (its bytes are capped on their own).
+_MAX_EXPANSION = 10
 
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _JSON_PAIR = re.compile(rb"\[\]|\{\}")
@@ -355,14 +358,16 @@ def _yaml_loader() -> Any:
 
 def check_yaml(text: str, label: str, *, limit: int = MAX_NESTING, max_nodes: int = MAX_YAML_NODES) -> None:
     """Refuse YAML that nests more than ``limit`` levels or holds more than ``max_nodes`` nodes once its
-    aliases are expanded, from the parser's events alone (no recursion, nothing expanded): one UsageError
-    line naming ``label``. Text that does not parse is left to the loader, which says where."""
+    aliases are expanded (and more than ten times the nodes as written), from the parser's events alone (no
+    recursion, nothing expanded): one UsageError line naming ``label``. Text that does not parse is left to the
+    loader, which says where."""
     import yaml  # lazy: see _yaml_loader
 
     loader = _yaml_loader()(text)
     sizes: dict[str, int] = {}
     stack: list[list[Any]] = []  # [expanded nodes so far, anchor] per open collection
     total = 0
+    written = 0  # nodes as written (an alias counts one): a large document without aliases is no bomb
 
     def add(n: int) -> None:
         nonlocal total
@@ -372,13 +377,14 @@ def check_yaml(text: str, label: str, *, limit: int = MAX_NESTING, max_nodes: in
         else:
             total += n
             grown = total
-        if grown > max_nodes:
+        if grown > max_nodes and grown > _MAX_EXPANSION * written:
             raise InputTooLarge(f"{label}: YAML with more than {max_nodes} nodes once its aliases are expanded "
                                 "(an alias bomb?): refused before it is loaded")
 
     try:
         while loader.check_event():
             ev = loader.get_event()
+            written += 1
             if isinstance(ev, yaml.CollectionStartEvent):
                 stack.append([1, ev.anchor])
                 if len(stack) > limit:

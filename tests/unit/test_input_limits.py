@@ -482,3 +482,12 @@ def test_a_server_answering_json_nested_200000_deep(capsys: pytest.CaptureFixtur
     captured = capsys.readouterr()
     assert rc == 3 and "Traceback" not in captured.err and "RecursionError" not in captured.err
     assert "answered 200 with a body that is not JSON" in captured.out, captured.out[-2000:]
+
+
+def test_a_large_inventory_without_aliases_is_no_bomb() -> None:
+    """The node budget is for expansion: 100,000 hosts written out (over 2 million nodes) load; a bomb does not."""
+    inv = "all:\n  hosts:\n" + "".join(f"    gpu-{i:06d}: {{ansible_host: 10.0.0.1, a: 1, b: 2, c: 3, d: 4, e: 5}}\n"
+                                       for i in range(100_000))
+    check_yaml(inv, "inventory hosts.yml")
+    with pytest.raises(InputTooLarge):
+        check_yaml(inv + _bomb(), "inventory hosts.yml")
