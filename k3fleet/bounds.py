@@ -71,7 +71,10 @@ CAPS: dict[str, Cap] = {c.kind: c for c in (
     Cap("capture", "pasted captures (k3fleet triage FILE...)", 64 * _MiB, gzip=True),
     Cap("journal", "a change night's journal.jsonl", 64 * _MiB),
     Cap("requests", "captured request bodies (accept prefix-lint)", 64 * _MiB, gzip=True),
-    Cap("record", "YAML records: --owners, --build, inputs copied into a run directory", 8 * _MiB),
+    Cap("record", "YAML records: --owners, --build, --profile, --target, lab profiles, inputs copied into a run "
+        "directory", 8 * _MiB),
+    Cap("inventory", "an inventory (-i) and each file of its group_vars/ and host_vars/", 64 * _MiB),
+    Cap("key", "a signing key (decide --sign-key) and an allowed-signers file", 1 * _MiB),
     Cap("run_json", "one file of a run directory read back (JSON, JSON Lines, the manifest)", 64 * _MiB),
     Cap("package", "an evidence package (.tar.gz), all members decompressed together", 512 * _MiB),
     Cap("package_member", "one member of an evidence package, decompressed", 64 * _MiB),
@@ -282,12 +285,141 @@ def read_input(path: Path, what: str, *, kind: str, limit: str | None = None, ma
     return data
 
 
-def parse_json(data: bytes, label: str) -> Any:
-    """``data`` parsed as JSON; not UTF-8 or not JSON is one UsageError line: ``<label> is not readable JSON``."""
+# -- structure: nesting and expansion ----------------------------------------------------------------
+# A parser that recurses (json's, PyYAML's composer, pydantic, the redactor) meets its end at Python's
+# recursion limit; a YAML alias multiplies what it names. Both are bounded before anything recurses or
+# expands: real inputs (facts, verdicts, events, profiles, tool schemas) nest a few dozen levels at most.
+
+MAX_NESTING = 128  # levels of arrays/objects (JSON) or sequences/mappings (YAML)
+# Nodes a YAML document may hold once its aliases are expanded: far above any profile, owners or build file
+# (8 MiB of plain YAML is well under it), far below a "billion laughs" (9 levels of 9 aliases: 387 million).
+MAX_YAML_NODES = 2_000_000
+# ... and more than this many times the nodes as written: a 100,000-host inventory (2 million nodes, no aliases)
+# is no bomb, whatever its size (its bytes are capped on their own).
+_MAX_EXPANSION = 10
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_JSON_PAIR = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class JSONTooDeep(json.JSONDecodeError):
+    """JSON nested deeper than ``MAX_NESTING``: a ValueError (a JSONDecodeError), so every reader's handler
+    for malformed JSON words it, in one line, before anything recursed into it."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"JSON nested deeper than {limit} levels", "", 0)
+        self.args = (f"nested deeper than {limit} levels of arrays and objects (k3fleet's limit)",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def json_too_deep(data: bytes | str, limit: int = MAX_NESTING) -> bool:
+    """Whether ``data`` (JSON text) nests arrays and objects more than ``limit`` levels, in linear time and
+    without recursion: strings are removed, then the innermost ``[]``/``{}`` pairs, one level per pass."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        brackets, n = _JSON_PAIR.subn(b"", brackets)
+        if not brackets or n == 0:
+            return False  # all matched within the limit, or not JSON (json.loads then says where)
+    return bool(brackets) and (b"[]" in brackets or b"{}" in brackets)
+
+
+def loads_json(data: bytes | str, limit: int = MAX_NESTING) -> Any:
+    """``json.loads`` with a nesting limit: too deep is ``JSONTooDeep`` (a ValueError) instead of a
+    RecursionError here or in whatever walks the result later."""
+    if json_too_deep(data, limit):
+        raise JSONTooDeep(limit)
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(data)
+    except RecursionError:
+        raise JSONTooDeep(limit) from None
+
+
+def parse_json(data: bytes, label: str) -> Any:
+    """``data`` parsed as JSON; not UTF-8, not JSON or nested too deep is one UsageError line:
+    ``<label> is not readable JSON``."""
+    try:
+        return loads_json(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{label} is not readable JSON: {exc}") from exc
+
+
+def _yaml_loader() -> Any:
+    # lazy: PyYAML is imported by the readers of YAML only (bounds is on every command's path)
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def check_yaml(text: str, label: str, *, limit: int = MAX_NESTING, max_nodes: int = MAX_YAML_NODES) -> None:
+    """Refuse YAML that nests more than ``limit`` levels or holds more than ``max_nodes`` nodes once its
+    aliases are expanded (and more than ten times the nodes as written), from the parser's events alone (no
+    recursion, nothing expanded): one UsageError line naming ``label``. Text that does not parse is left to the
+    loader, which says where."""
+    import yaml  # lazy: see _yaml_loader
+
+    loader = _yaml_loader()(text)
+    sizes: dict[str, int] = {}
+    stack: list[list[Any]] = []  # [expanded nodes so far, anchor] per open collection
+    total = 0
+    written = 0  # nodes as written (an alias counts one): a large document without aliases is no bomb
+
+    def add(n: int) -> None:
+        nonlocal total
+        if stack:
+            stack[-1][0] += n
+            grown = stack[-1][0]
+        else:
+            total += n
+            grown = total
+        if grown > max_nodes and grown > _MAX_EXPANSION * written:
+            raise InputTooLarge(f"{label}: YAML with more than {max_nodes} nodes once its aliases are expanded "
+                                "(an alias bomb?): refused before it is loaded")
+
+    try:
+        while loader.check_event():
+            ev = loader.get_event()
+            written += 1
+            if isinstance(ev, yaml.CollectionStartEvent):
+                stack.append([1, ev.anchor])
+                if len(stack) > limit:
+                    raise UsageError(f"{label}: YAML nested deeper than {limit} levels (k3fleet's limit): "
+                                     "refused before it is loaded")
+            elif isinstance(ev, yaml.CollectionEndEvent):
+                n, anchor = stack.pop()
+                if anchor is not None:
+                    sizes[anchor] = n
+                add(n)
+            elif isinstance(ev, yaml.ScalarEvent):
+                if ev.anchor is not None:
+                    sizes[ev.anchor] = 1
+                add(1)
+            elif isinstance(ev, yaml.AliasEvent):
+                add(sizes.get(ev.anchor or "", 1))
+    except yaml.YAMLError as exc:
+        if "nesting depth" in str(exc):  # libyaml's own stop, at 1000 levels of flow collections
+            raise UsageError(f"{label}: YAML nested deeper than {limit} levels (k3fleet's limit): refused before "
+                             "it is loaded") from None
+        return  # malformed: the loader says where, in its own words
+    finally:
+        loader.dispose()
+
+
+def load_yaml(text: str, label: str) -> Any:
+    """``yaml.safe_load`` of user YAML after ``check_yaml``'s depth and alias budget: a bomb or a deep
+    nest is one UsageError line; malformed YAML raises ``yaml.YAMLError`` as before, for the caller to word."""
+    import yaml  # lazy: see _yaml_loader
+
+    check_yaml(text, label)
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise UsageError(f"{label}: YAML nested deeper than {MAX_NESTING} levels (k3fleet's limit)") from None
 
 
 def read_json(path: Path, what: str, *, kind: str = "a JSON file", limit: str = "run_json") -> Any:
@@ -316,6 +448,24 @@ def read_bounded(path: Path, limit: str) -> bytes:
                                                          str(path)))
     finally:
         os.close(fd)
+
+
+# Linux's NAME_MAX and PATH_MAX (limits.h): a longer name fails every call with ENAMETOOLONG.
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def check_path_name(path: Path, what: str) -> None:
+    """Refuse a path the file system cannot hold (a part above NAME_MAX bytes, the whole above PATH_MAX) in
+    one line, before any call on it raises ENAMETOOLONG from somewhere deep."""
+    for part in Path(path).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            raise UsageError(f"{what}: a name of {size} bytes ({part[:24]}...): file names are at most {NAME_MAX} "
+                             "bytes")
+    size = len(os.fsencode(str(path)))
+    if size > PATH_MAX:
+        raise UsageError(f"{what}: a path of {size} bytes: paths are at most {PATH_MAX} bytes")
 
 
 def check_input(path: Path, what: str, *, kind: str, limit: str) -> None:

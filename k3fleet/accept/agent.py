@@ -428,8 +428,11 @@ async def _reference_client(ctx: Ctx, say: Progress) -> None:
     extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("tools", "tool_choice", "temperature", "top_p",
                                                                  "max_tokens")}
     try:
-        completion: Any = await sdk.chat.completions.create(model=body["model"], messages=body["messages"],
-                                                            extra_body=extra or None, **kwargs)
+        # The SDK's timeout bounds each read; one deadline bounds the whole call, as for every probe request
+        # (k3fleet.accept.client.fetch), so a server that trickles its answer cannot hold the probe.
+        async with asyncio.timeout(ctx.endpoint.timeout_s):
+            completion: Any = await sdk.chat.completions.create(model=body["model"], messages=body["messages"],
+                                                                extra_body=extra or None, **kwargs)
         if isinstance(completion, BaseModel):
             ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions",
                                       request=body, status=200, response=completion.model_dump(mode="json"),
@@ -440,7 +443,13 @@ async def _reference_client(ctx: Ctx, say: Progress) -> None:
                                       request=body, status=200, response=_short(str(completion), 2000),
                                       started_at=t0, error="the SDK got a body that is not a chat completion",
                                       error_kind="sdk_error"))
-    except (OpenAIError, ValueError, TypeError, httpx.HTTPError) as exc:
+    except TimeoutError:
+        ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,
+                                  started_at=t0, error=f"the openai SDK's request did not finish within "
+                                                       f"{ctx.endpoint.timeout_s:g} s (one deadline for the whole "
+                                                       "request)", error_kind="deadline"))
+    except (OpenAIError, ValueError, TypeError, RecursionError, httpx.HTTPError) as exc:
+        # (A RecursionError: the SDK parses an answer nested deeper than Python recurses with its own json.)
         # Not only the SDK's own errors: a 200 whose body is not JSON raises a JSONDecodeError (a ValueError)
         # from inside the SDK. Either way it is evidence about the endpoint, never a crash of the probe.
         ctx.rec.exchange(Exchange(probe=PROBE, label="reference_client", path="/v1/chat/completions", request=body,

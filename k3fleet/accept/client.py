@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from k3fleet.bounds import CAPS, DURATIONS, cap_bytes
+from k3fleet.bounds import CAPS, DURATIONS, cap_bytes, loads_json
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_USAGE
 from k3fleet.errors import K3FleetError, UsageError
 from k3fleet.evidence.redact import excerpt, remember_secret
@@ -273,7 +273,7 @@ def _decode(resp: Body) -> tuple[Any, str | None]:
     """The JSON body, or the text and why it is not JSON."""
     text = resp.text
     try:
-        return json.loads(text), None
+        return loads_json(text), None
     except ValueError:
         return excerpt(text, 4000, tail="", one_line=False), "malformed JSON"
 
@@ -460,7 +460,7 @@ async def stream_chat(client: httpx.AsyncClient, endpoint: Endpoint, body: Mappi
                         ex.chunks.append("[DONE]")
                         break
                     try:
-                        chunk = json.loads(payload)
+                        chunk = loads_json(payload)
                     except ValueError:
                         ex.chunks.append(excerpt(payload, 2000, tail="", one_line=False))
                         ex.error, ex.error_kind = f"{url} streamed a chunk that is not JSON", "bad_response"

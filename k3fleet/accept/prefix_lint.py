@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fleet.accept.result import ProbeResult, finding
-from k3fleet.bounds import read_input
+from k3fleet.bounds import loads_json, read_input
 from k3fleet.errors import UsageError
 from k3fleet.evidence.redact import excerpt
 from k3fleet.models.findings import Finding
@@ -49,7 +49,7 @@ def _record_body(row: Any, lineno: int, path: Path) -> tuple[str | None, dict[st
             break
         if isinstance(row.get(key), str):
             try:
-                body = json.loads(row[key])
+                body = loads_json(row[key])
             except ValueError as exc:
                 raise UsageError(f"{path}:{lineno}: '{key}' is a string that is not JSON") from exc
             label = row.get("stage") or row.get("label") or row.get("where")
@@ -71,7 +71,7 @@ def read_captures(path: Path) -> list[tuple[str | None, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line)
         except ValueError as exc:
             raise UsageError(f"{path}:{lineno}: not JSON ({exc.args[0] if exc.args else exc})") from exc
         out.append(_record_body(row, lineno, path))

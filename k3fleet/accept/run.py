@@ -32,6 +32,7 @@ from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE
 from k3fleet.evidence import REDACTED, RunDir, layout
 from k3fleet.evidence.privacy import without_bodies
 from k3fleet.models.evidence import AcceptRecord
+from k3fleet.models.target import Target
 from k3fleet.targets import load_target
 
 Progress = Callable[[str], None]
@@ -115,16 +116,26 @@ def load_available() -> bool:
 
 async def run_all(endpoint: Endpoint, opts: AllOptions, argv: Sequence[str], *,
                   progress: Progress | None = None) -> AllResult:
+    # lazy: accept all's start-up probe; accept load, whose command imports this module, needs none of it
+    from k3fleet.accept.startup import run_startup
+
     say = progress or (lambda _m: None)
-    rd = RunDir.create(opts.runs_dir, "accept", safe_argv(argv), out=opts.out)
+    # What can be judged before the run exists is judged first: a target that does not load and a --log that is
+    # not a start-up log are usage errors (exit 2) that leave no run directory (docs/safety.md "Exit codes").
+    target = load_target(opts.target)
+    startup: ProbeResult | None = None
+    if opts.log is not None and "startup" not in opts.skip:
+        say("startup: reading the start-up log")
+        startup = run_startup(opts.log, opts.launch_command, target=target)
     key = endpoint.api_key()
+    rd = RunDir.create(opts.runs_dir, "accept", safe_argv(argv), out=opts.out)
     ev = _Evidence(rd, [key] if key else [])
     summary = AcceptRecord(base_url=endpoint.display_url, model=endpoint.model, tls_verify=endpoint.verify_tls,
                            started_at=_now(), exit_code=EXIT_INCOMPLETE)
     results: dict[str, ProbeResult] = {}
     rec = Recorder()
     try:
-        await _run_probes(endpoint, opts, summary, results, rec, ev, say)
+        await _run_probes(endpoint, opts, summary, results, rec, ev, say, target, startup)
     except EndpointError as exc:
         summary.error = exc.message
         summary.exit_code = exc.exit_code
@@ -151,8 +162,8 @@ def run_accept_load(endpoint: Endpoint, opts: Any, observer: Any, argv: Sequence
     # lazy: the load probe can be left out of a build (load_available), and accept all runs without it
     from k3fleet.accept.load import run_load
 
-    rd = RunDir.create(runs_dir, "accept", safe_argv(argv), out=out)
     key = endpoint.api_key()
+    rd = RunDir.create(runs_dir, "accept", safe_argv(argv), out=out)
     ev = _Evidence(rd, [key] if key else [])
     started_at = _now()
     rec = Recorder()
@@ -186,18 +197,16 @@ def _exit_code(results: Mapping[str, ProbeResult], summary: AcceptRecord) -> int
 
 
 async def _run_probes(endpoint: Endpoint, opts: AllOptions, summary: AcceptRecord,
-                      results: dict[str, ProbeResult], rec: Recorder, ev: _Evidence, say: Progress) -> None:
+                      results: dict[str, ProbeResult], rec: Recorder, ev: _Evidence, say: Progress,
+                      target: Target, startup: ProbeResult | None) -> None:
     # lazy: accept all's own probes; accept load, whose command imports this module, needs none of them
     from k3fleet.accept.agent import run_agent
     from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
-    from k3fleet.accept.startup import run_startup
 
     # The run's target, loaded once (--target, or the packaged default) and handed to every probe that reads it.
-    target = load_target(opts.target)
     prefix_opts = (opts.prefix or PrefixOptions()).model_copy(update={"target_model": target.serve.model})
-    if opts.log is not None and "startup" not in opts.skip:
-        say("startup: reading the start-up log")
-        results["startup"] = run_startup(opts.log, opts.launch_command, target=target)
+    if startup is not None and opts.log is not None:
+        results["startup"] = startup
         _copy_input(ev, opts.log, layout.STARTUP_LOG)
         if opts.launch_command is not None:
             _copy_input(ev, opts.launch_command, layout.LAUNCH_COMMAND)

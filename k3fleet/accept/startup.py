@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,9 +235,23 @@ def _apply_args(scan: _Scan, args: dict[str, Any]) -> None:
             scan.set(key, val)
 
 
+# The lines that make up most of a long-running server's log and say nothing about its start-up: the metrics
+# logger's periodic line and uvicorn's access log (whole-line shapes, so nothing else can hide in them). Only the
+# checks that read a line's prefix run on them: a 50 MB log is judged in seconds, not in a minute.
+_ROUTINE = re.compile(
+    r"(?:Engine \d+: )?Avg prompt throughput: [\d.]+ tokens/s(?:, [\w ]+: [\d.]+ ?(?:tokens/s|reqs|%))*,?\s*"
+    r'|(?:INFO:\s+)?[\w.:\[\]-]+:\d+ - "(?:GET|POST|PUT|DELETE|HEAD|OPTIONS) \S+ HTTP/[\d.]+" \d{3}(?: [\w ]+)?\s*')
+
+
 def _scan_line(scan: _Scan, raw: str) -> None:
     line = raw.rstrip("\n")
     msg = _message(line)
+    if _ROUTINE.fullmatch(msg):
+        for dp in _DP_ENGINE.findall(line):
+            scan.dp_engines = max(scan.dp_engines, int(dp) + 1)
+        if _VLLM_LINE.search(line):
+            scan.vllm_evidence = True
+        return
     for pat in _VERSION_PATTERNS:
         m = pat.search(msg)
         if m:
@@ -470,11 +484,29 @@ _FIELDS = ("vllm_version", "image", "image_digest", "cuda_version", "torch_versi
            "all2all_backend", "served_model_name", "host", "port", "block_size")
 
 
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _each_line(text: str) -> Iterator[str]:
+    """The lines of ``text`` one at a time (``splitlines`` would hold a second copy of a 100 MB log as a list)."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        line = text[start:end]
+        if _OTHER_BREAKS.search(line):
+            yield from line.splitlines()  # \r of progress bars and the rarer breaks, as splitlines splits them
+        else:
+            yield line
+        start = end + 1
+
+
 def analyse_startup(log_text: str, launch_text: str | None = None, *, target: Target | None = None,
                     source: str = "log") -> ProbeResult:
     """Judge one start-up: extracted fields, findings, and pass / fail / inconclusive with the reason."""
     scan = _Scan()
-    for line in log_text.splitlines():
+    for line in _each_line(log_text):
         _scan_line(scan, line)
     launch = parse_launch_command(launch_text) if launch_text is not None else None
     data: dict[str, Any] = {k: scan.fields.get(k) for k in _FIELDS}

@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import referencing
+import referencing.exceptions
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
+from k3fleet.bounds import loads_json
 from k3fleet.errors import validation_line
 from k3fleet.evidence.redact import excerpt
 
@@ -234,9 +237,13 @@ def _schema_error(instance: Any, schema: Any) -> str | None:
     try:
         validator_cls = jsonschema.validators.validator_for(schema)
         validator_cls.check_schema(schema)
-        errors = sorted(validator_cls(schema).iter_errors(instance), key=lambda e: list(e.path))
+        # An empty registry: a reference out of the schema is never fetched, it fails to resolve (one line).
+        validator = validator_cls(schema, registry=referencing.Registry())
+        errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.path))
     except SchemaError as exc:
         return f"the schema itself is invalid: {exc.message}"
+    except referencing.exceptions.Unresolvable as exc:
+        return f"the schema refers to {str(getattr(exc, 'ref', exc))[:120]!r}, which k3fleet does not fetch"
     if not errors:
         return None
     e = errors[0]
@@ -330,7 +337,7 @@ def _merged(view: View, expect: Expect) -> str | None:
 
 def _not_json(text: str) -> bool:
     try:
-        json.loads(text)
+        loads_json(text)
     except ValueError:
         return True
     return False
@@ -346,7 +353,7 @@ def _check_call(call: Mapping[str, Any], expect: Expect, out: dict[str, str]) ->
         out["invalid_arguments"] = f"{name}: arguments is {type(raw).__name__}, not a JSON string"
         return
     try:
-        args = json.loads(raw)
+        args = loads_json(raw)
     except ValueError as exc:
         out["invalid_arguments"] = f"{name}: not JSON ({exc.args[0] if exc.args else exc}): {_short(raw, 100)!r}"
         return
@@ -366,7 +373,7 @@ def _check_parallel(view: View, expect: Expect, out: dict[str, str]) -> None:
     seen = []
     for call in view.tool_calls:
         try:
-            seen.append(json.loads(call.get("arguments") or ""))
+            seen.append(loads_json(call.get("arguments") or ""))
         except (TypeError, ValueError):
             seen.append(None)
     for want in expect.call_args:
@@ -390,7 +397,7 @@ def _classify_text_turn(view: View, expect: Expect, out: dict[str, str]) -> None
         out["marker_in_content"] = _short(view.content)
     if expect.structured_schema is not None:
         try:
-            value = json.loads(view.content)
+            value = loads_json(view.content)
         except ValueError:
             out["invalid_structured_output"] = f"not JSON: {_short(view.content, 100)!r}"
             return

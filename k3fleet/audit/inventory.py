@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from k3fleet.bounds import check_yaml, read_input
 from k3fleet.errors import UsageError
 
 # Ansible's own spellings of a boolean (ansible.module_utils.parsing.convert_bool).
@@ -107,6 +108,39 @@ HOST_VARS: Mapping[str, Callable[[Any], str | None]] = {
 }
 
 
+def _check_port(value: Any) -> str | None:
+    what = "a TCP port (1-65535)"
+    if isinstance(value, bool):
+        return what
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return None if isinstance(value, int) and 1 <= value <= 65535 else what
+
+
+def _check_connection(value: Any) -> str | None:
+    """A connection plugin Ansible has: a bare name (``ssh``) or ``ansible.builtin.<name>`` is looked up;
+    another collection's plugin (``community.docker.docker``) is left to Ansible, which loads collections."""
+    if not isinstance(value, str) or not value.strip():
+        return "the name of a connection plugin (ssh, local, paramiko_ssh, ...)"
+    name = value.strip().removeprefix("ansible.builtin.")
+    if "." in name:
+        return None
+    from ansible.plugins.loader import connection_loader  # lazy: Ansible is heavy, kept off the CLI's start-up path
+
+    if connection_loader.has_plugin(name):
+        return None
+    return "a connection plugin Ansible has (ssh, local, paramiko_ssh, ...)"
+
+
+# Ansible's own connection variables that k3fleet checks too: a value that cannot work (``ansible_port: abc``,
+# a connection plugin that does not exist) is bad input before the play, not an unreachable host after it.
+ANSIBLE_VARS: Mapping[str, Callable[[Any], str | None]] = {
+    "ansible_port": _check_port,
+    "ansible_ssh_port": _check_port,
+    "ansible_connection": _check_connection,
+}
+
+
 @dataclass(frozen=True)
 class Inventory:
     """What the controller knows about an inventory before the play: hosts and their checked k3fleet vars."""
@@ -127,9 +161,55 @@ def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
 def load_inventory(inventory: Path, limit: str | None = None) -> Inventory:
     """The parsed and validated inventory (cached per file state: audit and runner parse it once)."""
     inventory = Path(inventory)
-    if not inventory.exists():
+    if not inventory.exists() and not inventory.is_symlink():
         raise UsageError(f"inventory {inventory} does not exist")
-    return _load(inventory.resolve(), _state(inventory), limit)
+    state = _state(inventory)
+    check_inventory_files(inventory)
+    return _load(inventory.resolve(), state, limit)
+
+
+# Files Ansible's inventory and vars plugins read as YAML (or JSON, which is YAML); an extensionless file may be
+# either YAML or INI: it is judged as YAML only when it parses as YAML.
+_YAML_NAMES = (".yml", ".yaml", ".json")
+
+
+def _inventory_files(inventory: Path) -> list[tuple[str, Path]]:
+    """(what, path) of the inventory file (or every file of an inventory directory) and of the files in the
+    group_vars/ and host_vars/ beside it: what Ansible will read."""
+    if inventory.is_dir():
+        files, roots = [], [inventory]
+    else:
+        files, roots = [("inventory", inventory)], [inventory.parent / "group_vars", inventory.parent / "host_vars"]
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for dirpath, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [("inventory file", Path(dirpath) / n) for n in sorted(names) if not n.startswith(".")]
+    return files
+
+
+@lru_cache(maxsize=16)
+def _checked(inventory: Path, _stamp: tuple[int, ...]) -> None:
+    for what, f in _inventory_files(inventory):
+        # Regular files under the inventory cap only: a FIFO would hang Ansible's read, /dev/zero or a huge
+        # sparse file would fill memory (docs/safety.md "Bounds").
+        raw = read_input(f, what, kind="an inventory file", limit="inventory")
+        if f.suffix and f.suffix.lower() not in _YAML_NAMES:
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # binary: Ansible refuses it in its own words
+        # Depth and alias budget before Ansible's loader expands anything (an alias bomb in a host variable).
+        check_yaml(text, f"{what} {f}")
+
+
+def check_inventory_files(inventory: Path) -> None:
+    """Refuse, in one line, an inventory file or vars file that is not a regular file, is above the
+    ``inventory`` cap, or is YAML nested too deep or with too many nodes once its aliases are expanded:
+    all before Ansible reads it."""
+    _checked(inventory, _state(inventory))
 
 
 def _state(inventory: Path) -> tuple[int, ...]:
@@ -172,6 +252,13 @@ def _load(inventory: Path, _stamp: tuple[int, ...], limit: str | None) -> Invent
             if expected is not None:
                 problems.append(f"host {host.name}: {name} = {_shown(value)}: expected {expected}")
             mine[name] = value
+        for name, check in ANSIBLE_VARS.items():
+            value = merged.get(name)
+            if value is None or (isinstance(value, str) and "{{" in value):
+                continue
+            expected = check(value)
+            if expected is not None:
+                problems.append(f"host {host.name}: {name} = {_shown(value)}: expected {expected}")
         for name in HOST_KEY_VARS:
             if name in merged and as_bool(merged[name]) is False:
                 opt_outs.setdefault(host.name, f"{name}: false")

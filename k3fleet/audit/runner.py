@@ -30,6 +30,7 @@ from typing import Any
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_JSON_KEY, RESULT_KEY
 from k3fleet.audit.inventory import load_inventory
 from k3fleet.audit.playprocs import PLAY_ENV, new_token, stop_play
+from k3fleet.bounds import loads_json
 from k3fleet.errors import UsageError
 from k3fleet.evidence import COMMAND, RunDir, layout
 from k3fleet.evidence.reader import RunReader
@@ -53,7 +54,7 @@ def module_result(res: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if not isinstance(text, str):
         return out, f"{RESULT_JSON_KEY} is a {type(text).__name__}, not a JSON text"
     try:
-        facts = json.loads(text)
+        facts = loads_json(text)
     except ValueError as exc:
         return out, f"{RESULT_JSON_KEY} is not JSON: {exc}"
     if not isinstance(facts, dict):
@@ -476,7 +477,7 @@ def _argv_evidence(argv: Sequence[str], private: str) -> list[str]:
     for i, arg in enumerate(argv):
         if i > 0 and argv[i - 1] in ("-e", "--extra-vars") and arg.lstrip().startswith("{"):
             try:
-                names = sorted(json.loads(arg))
+                names = sorted(loads_json(arg))
             except (ValueError, TypeError):
                 names = []
             out.append(f"<extra vars: {', '.join(names) or 'not JSON'}>")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format import PAUSE_AFTER
+from k3fleet.bounds import loads_json
 from k3fleet.change.lock import state_dir
 from k3fleet.errors import UsageError
 
@@ -137,7 +138,7 @@ class PauseWatcher:
             row: dict[str, Any] = {"point": token}
             for name, key in ((f"{PENDING}{token}", "reached"), (token, "continued")):
                 try:
-                    row[key] = json.loads((self.dir / name).read_text())
+                    row[key] = loads_json((self.dir / name).read_text())
                 except (OSError, ValueError):
                     row[key] = None
             out.append(row)

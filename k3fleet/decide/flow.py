@@ -15,10 +15,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from k3fleet.accept.profile_cases import write_profile_evidence
-from k3fleet.bounds import read_input
+from k3fleet.bounds import load_yaml, read_input
 from k3fleet.decide.checklist import ITEM_IDS, image_repository
 from k3fleet.decide.envelope import profile_brief
-from k3fleet.decide.package import write_package
+from k3fleet.decide.package import check_member_name, write_package
 from k3fleet.decide.readers import (
     curve_points,
     merge_accept,
@@ -96,7 +96,7 @@ def _yaml_file(path: Path, what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise UsageError(f"{what} {path} cannot be read: {exc}") from exc
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text, f"{what} {path}")  # depth and alias budget first (k3fleet.bounds)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -165,7 +165,7 @@ def read_sources(paths: Sequence[Path]) -> Sources:
         if real in seen:
             raise UsageError(f"run {path} is given twice")
         seen.add(real)
-        label = path.name
+        label = check_member_name(path.name, "run label")
         n = 2
         while label in src.paths:
             label = f"{path.name}-{n}"
@@ -242,6 +242,8 @@ def run_decide(opts: DecideOptions, argv: Sequence[str]) -> DecideResult:
     validate_name(opts.reviewer, "--reviewer")
     # A key that cannot sign (missing, unreadable, encrypted without the agent) fails before anything is written.
     key = signing_key(opts.sign_key) if opts.sign_key is not None else None
+    if opts.out is not None:
+        check_member_name(opts.out.name, "--out")  # the package's root is named after it
     src = read_sources(opts.runs)
     # The archive may not land in a run it packages (it would change that run under its manifest),
     # nor replace anything without --force: refused before the decision's run directory exists.

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from k3fleet import __version__
-from k3fleet.bounds import open_tar
+from k3fleet.bounds import loads_json, open_tar
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK
 from k3fleet.decide.signing import verify_signature
 from k3fleet.errors import IncompleteError, UsageError
@@ -94,6 +94,19 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_member_name(name: str, what: str) -> str:
+    """``name`` if it can name a directory inside an evidence package (letters, digits, ``.``, ``_``, ``-``;
+    not starting with a dot or a dash), else one usage line: ``decide`` calls this before its run directory
+    exists, so a hostile label (newline, escapes, markup, ``-rf``, spaces) leaves nothing behind."""
+    if not _PLAIN_NAME.match(name):
+        raise UsageError(f"{what} {name!r} is not a plain directory name (letters, digits, '.', '_', '-'): "
+                         "rename it before packaging")
+    return name
+
+
 def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence[tuple[str, Path]],
                   meta: Mapping[str, Any], *, mtime: _dt.datetime,
                   environ: Mapping[str, str] | None = None, sign: SigningKey | None = None,
@@ -102,14 +115,14 @@ def write_package(dest: Path, root_name: str, decision_dir: Path, runs: Sequence
 
     With ``sign`` the manifest names the key and the signature over its bytes is a member; it is
     made before the archive is opened, so a key that cannot sign leaves no archive behind."""
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", root_name):
-        raise UsageError(f"package name {root_name!r} is not a plain file name")
+    check_member_name(root_name, "package name")
     entries: list[PackageEntry] = [PackageEntry(layout.package_member(rel), p)
                                    for rel, p in _run_files(decision_dir, layout.PACKAGE_DECISION)]
     labels: set[str] = set()
     for label, path in runs:
-        if label in labels or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", label):
-            raise UsageError(f"run label {label!r} is repeated or not a plain directory name")
+        if label in labels:
+            raise UsageError(f"run label {label!r} is repeated")
+        check_member_name(label, "run label")
         labels.add(label)
         entries += [PackageEntry(f"{layout.PACKAGE_RUNS}/{label}/{rel}", p) for rel, p in _run_files(path, label)]
     secrets = secret_values(environ)
@@ -287,7 +300,7 @@ def verify_package(archive: Path, allowed_signers: Path | None = None, *, keep: 
                     raw[rel] = data
                 if rel == PACKAGE_MANIFEST:
                     try:
-                        res.manifest = json.loads(data.decode("utf-8"))
+                        res.manifest = loads_json(data.decode("utf-8"))
                     except (UnicodeDecodeError, ValueError) as exc:
                         res.problems.append(f"{PACKAGE_MANIFEST}: not valid JSON ({exc})")
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:

@@ -405,7 +405,12 @@ def read_accept(path: Path, info: RunInfo) -> AcceptEvidence:
                          started_at=head.started_at or info.started_at)
     got = probe_result(run, "startup")
     if got:
-        out.startup = startup_evidence(*got)
+        try:
+            out.startup = startup_evidence(*got)
+        except ValidationError as exc:
+            # One line naming the run and the file, as for any other malformed run file (docs/safety.md).
+            raise UsageError(f"run {run.label}: {layout.probe_file('startup')}: "
+                             f"{validation_line(exc, at='data.')}") from exc
     got = probe_result(run, "prefix_cache")
     if got:
         out.prefix_cache = _prefix_evidence(*got)

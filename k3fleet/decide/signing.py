@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3fleet.bounds import read_input
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import PACKAGE_MANIFEST, PACKAGE_SIGNATURE
 
@@ -64,15 +65,10 @@ def _said(proc: subprocess.CompletedProcess[bytes]) -> str:
 
 
 def _check_readable(path: Path, option: str, kind: str) -> None:
-    try:
-        with path.open("rb") as fh:
-            fh.read(1)
-    except FileNotFoundError as exc:
-        raise UsageError(f"{option} {path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"{option} {path} is a directory, not {kind}") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {option} {path}: {exc.strerror or exc}") from exc
+    """A key or allowed-signers file is a regular file under the ``key`` cap, read with that bound before
+    ssh-keygen sees it: a FIFO nobody writes, /dev/zero or a huge sparse file is one line at once
+    (k3fleet.bounds; docs/safety.md "Bounds"), never a wait or a read of gigabytes."""
+    read_input(path, option, kind=kind, limit="key")
 
 
 @dataclass(frozen=True)

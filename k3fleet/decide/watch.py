@@ -669,8 +669,9 @@ class _NodeLogs:
         return errors, notes
 
 
-async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, Any],
-                 on_sample: Callable[[Sample, list[Trigger]], None]) -> WatchResult:
+def watch_endpoint(opts: WatchOptions, baseline: Baseline) -> Endpoint:
+    """The endpoint the watch samples: a model, an http(s) URL and a set API key variable, or one usage line
+    (judged before the run directory exists)."""
     model = opts.model or baseline.model
     if not model:
         raise UsageError("the baseline names no model: give --model")
@@ -679,6 +680,12 @@ async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, 
                             verify_tls=opts.verify_tls, timeout_s=min(max(opts.interval_s * 4, 30.0), 3600.0))
     except ValidationError as exc:
         raise UsageError(validation_line(exc, "--base-url")) from exc
+    endpoint.api_key()  # a named variable that is not set is bad input now, not a failed first sample
+    return endpoint
+
+
+async def _watch(opts: WatchOptions, baseline: Baseline, decision: Mapping[str, Any], endpoint: Endpoint,
+                 on_sample: Callable[[Sample, list[Trigger]], None]) -> WatchResult:
     state = WatchState(baseline=baseline, repeat=opts.repeat, cache_tolerance=opts.cache_tolerance,
                        latency_tolerance=opts.latency_tolerance, min_requests=opts.min_requests)
     result = WatchResult(baseline=baseline, samples=[], triggers=[])
@@ -797,6 +804,7 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
     # The target the approved decision was taken on travels with its package; the CLI's only stands in.
     if recorded is not None:
         opts = dataclasses.replace(opts, target=recorded)
+    endpoint = watch_endpoint(opts, baseline)
     rd = RunDir.create(runs_dir, "watch", argv, out=out, record={"baseline": str(opts.baseline)})
 
     def sample(s: Sample, fired: list[Trigger]) -> None:
@@ -805,7 +813,7 @@ def run_watch(opts: WatchOptions, argv: Sequence[str], *, runs_dir: Path, out: P
             on_sample(s, fired)
 
     try:
-        result = asyncio.run(_watch(opts, baseline, decision, sample))
+        result = asyncio.run(_watch(opts, baseline, decision, endpoint, sample))
     except BaseException:
         rd.write_manifest()
         raise

@@ -15,7 +15,6 @@ of bad input"). ``RunReader`` is the one class that reads a run directory back: 
 from __future__ import annotations
 
 import errno
-import json
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3fleet.bounds import read_bounded
+from k3fleet.bounds import loads_json, read_bounded
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import layout
 from k3fleet.evidence.verify import verify_run
@@ -91,7 +90,7 @@ class RunReader:
             raise UsageError(f"run {self.label}: {rel} is not UTF-8 text (byte {exc.start}): not a k3fleet "
                              "file") from exc
         try:
-            return json.loads(text)
+            return loads_json(text)
         except ValueError as exc:
             raise UsageError(f"run {self.label}: {rel} is not valid JSON ({exc})") from exc
 
@@ -120,7 +119,7 @@ class RunReader:
         rows: list[dict[str, Any]] = []
         for line in self.bytes(rel).decode("utf-8", errors="replace").splitlines():
             try:
-                row = json.loads(line)
+                row = loads_json(line)
             except ValueError:
                 continue
             if isinstance(row, dict):

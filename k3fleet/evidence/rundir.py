@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from k3fleet import __version__
-from k3fleet.bounds import InputTooLarge, cap_bytes, read_input
+from k3fleet.bounds import InputTooLarge, cap_bytes, check_path_name, read_input
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file
 from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
@@ -276,6 +276,7 @@ class RunDir:
         """
         path = Path(out) if out is not None else Path(base) / new_run_id(kind)
         where = f"--out {path}" if out is not None else f"run directory {path}"
+        check_path_name(path, "--out" if out is not None else "--runs-dir")
         if path.is_symlink():
             raise UsageError(f"{where} is a symbolic link: give the real directory")
         if path.exists() and not path.is_dir():

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, Field
 
-from k3fleet.bounds import read_bounded
+from k3fleet.bounds import loads_json, read_bounded
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST
 from k3fleet.evidence.writer import sha256_file
@@ -93,7 +93,7 @@ def verify_run(path: Path | str) -> VerifyReport:
                             problem=f"no {MANIFEST}: the run did not finish (interrupted or killed); "
                                     "its evidence is incomplete")
     try:
-        data = json.loads(read_bounded(manifest, "run_json").decode("utf-8"))
+        data = loads_json(read_bounded(manifest, "run_json").decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return VerifyReport(path=str(root), has_manifest=True,
                             problem=f"{MANIFEST} cannot be read: {type(exc).__name__}: {exc}")

@@ -20,7 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_sources as sources
-from k3fleet.errors import validation_line
+from k3fleet.bounds import load_yaml, read_input
+from k3fleet.errors import UsageError, validation_line
 
 # Command sources whose argv depends on the host (runtime, image or node name); a profile
 # names them like the k3fleet_sources helper that builds the argv, without "_argv".
@@ -555,14 +556,16 @@ class FleetSpec:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise LabProfileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        text = read_input(path, "", kind="a lab profile", limit="record").decode("utf-8")
+    except UsageError as exc:
+        raise LabProfileError(f"{path}: cannot read: {str(exc).removeprefix(str(path) + ' ')}") from exc
     except UnicodeDecodeError as exc:
         raise LabProfileError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                               f"{exc.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, str(path))
+    except UsageError as exc:
+        raise LabProfileError(str(exc)) from exc
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise LabProfileError(f"{path}: invalid YAML: {detail}") from exc
@@ -598,10 +601,10 @@ def _resolve_raw_files(path: Path, data: dict[str, Any]) -> dict[str, Any]:
             raise LabProfileError(f"{path}: raw_file.{name}: expected a file path, found {rel!r}")
         target = (path.parent / rel).resolve()
         try:
-            return target.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise LabProfileError(f"{path}: raw_file.{name}: cannot read {target}: "
-                                  f"{exc.strerror or exc}") from exc
+            # The one bounded reader: /dev/zero, a FIFO or a file above the capture cap is one line, not a hang.
+            return read_input(target, "", kind="a raw capture", limit="capture").decode("utf-8")
+        except UsageError as exc:
+            raise LabProfileError(f"{path}: raw_file.{name}: cannot read {exc}") from exc
         except UnicodeDecodeError as exc:
             # A capture is replayed as the tool's text output: re-save it as UTF-8 (iconv -f ... -t UTF-8).
             raise LabProfileError(f"{path}: raw_file.{name}: {target} is not UTF-8 text (byte "

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from k3fleet.bounds import read_input
+from k3fleet.bounds import load_yaml, read_input
 from k3fleet.errors import UsageError, validation_line
 
 PROFILE_VERSION = "1.0"
@@ -182,11 +182,34 @@ def _read_text(path: Path, what: str) -> str:
 
 def _parse(text: str, path: Path, what: str) -> Any:
     try:
-        return yaml.safe_load(text)  # JSON is YAML
+        return load_yaml(text, f"{what} {path}")  # JSON is YAML; depth and alias budget first (k3fleet.bounds)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise UsageError(f"{what} {path} is not valid YAML or JSON{where}") from exc
+
+
+# The most tools a profile may name: OpenAI's chat API takes at most 128 functions per request (API reference,
+# "Create chat completion", tools: "A max of 128 functions are supported"; docs/safety.md "Bounds"); a profile's
+# tool files together stay within a few times that, never tens of thousands.
+MAX_TOOLS = 512
+
+
+def _local_refs_only(schema: dict[str, Any], where: str) -> None:
+    """Refuse a reference out of the schema (``$ref: https://...``, ``other.json``): k3fleet never fetches a
+    schema, so one would be unresolvable when a response is checked against it. Walked without recursion (the
+    file's nesting is bounded when it is read, k3fleet.bounds)."""
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("$ref", "$dynamicRef") and isinstance(value, str) and not value.startswith("#"):
+                    raise UsageError(f"{where}: {key} {value[:80]!r} at {at or '(top level)'}: only references "
+                                     "inside the schema (#/...) are allowed; k3fleet never fetches a schema")
+                stack.append((value, f"{at}/{key}"))
+        elif isinstance(node, list):
+            stack.extend((v, f"{at}/{i}") for i, v in enumerate(node))
 
 
 def _check_schema(schema: Any, where: str) -> dict[str, Any]:
@@ -196,6 +219,7 @@ def _check_schema(schema: Any, where: str) -> dict[str, Any]:
 
     if not isinstance(schema, dict):
         raise UsageError(f"{where}: a JSON Schema is an object")
+    _local_refs_only(schema, where)
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -210,6 +234,9 @@ def _tools_of(data: Any, where: str) -> list[dict[str, Any]]:
         items = [items]
     if not isinstance(items, list) or not items:
         raise UsageError(f"{where}: expected a list of tools (OpenAI tools or functions)")
+    if len(items) > MAX_TOOLS:
+        raise UsageError(f"{where}: {len(items)} tools: at most {MAX_TOOLS} per profile (each is proven by the "
+                         "agent suite, and every request carries them all)")
     out = []
     for i, item in enumerate(items):
         fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else item
@@ -255,6 +282,8 @@ def load_profile(path: Path) -> LoadedProfile:
             if tool["name"] in loaded.tool_names:
                 raise UsageError(f"{where}: tool {tool['name']} is defined twice")
             loaded.tools.append(tool)
+        if len(loaded.tools) > MAX_TOOLS:
+            raise UsageError(f"{where}: more than {MAX_TOOLS} tools in the profile's tool files together")
     for rel in profile.response_schemas:
         where = f"profile {path}: response_schemas: {rel}"
         body = _read_text(base / rel, where)

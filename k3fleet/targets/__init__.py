@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from k3fleet.bounds import read_input
+from k3fleet.bounds import load_yaml, read_input
 from k3fleet.errors import UsageError, error_location, error_message
 from k3fleet.models.target import CudaDriverMatrix, DcgmErrors, Target, TargetConflict, XidCatalog
 
@@ -81,7 +81,9 @@ def _read_yaml(label: str, path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise TargetError(label, None, f"not UTF-8 text (byte {exc.start})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, label)
+    except UsageError as exc:
+        raise TargetError(label, None, str(exc).removeprefix(label + ": ")) from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 import sys
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_probe import classify_probe_failure
 from k3fleet.accept.result import finding
 from k3fleet.accept.startup import analyse_startup
-from k3fleet.bounds import cap_bytes, limit_hint, parse_json, read_input
+from k3fleet.bounds import cap_bytes, limit_hint, loads_json, parse_json, read_input
 from k3fleet.contracts import Severity, result_code
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
@@ -105,7 +104,7 @@ def sniff(text: str) -> str | None:
     head = text.lstrip()
     if head.startswith(("[", "{")):
         try:
-            data = json.loads(head)
+            data = loads_json(head)
         except ValueError:
             data = None
         item = data[0] if isinstance(data, list) and data else data
@@ -152,7 +151,7 @@ def _is_chat_json(head: str) -> bool:
     if not head.startswith("{"):
         return False
     try:
-        data = json.loads(head)
+        data = loads_json(head)
     except ValueError:
         # A body cut mid-JSON is still a chat completion to judge (and the cut is the finding).
         return bool(re.search(r'"object"\s*:\s*"chat\.completion"|"choices"\s*:\s*\[', head[:4000]))
@@ -483,7 +482,7 @@ def chat_stream(text: str) -> tuple[dict[str, Any], list[str]]:
             chunks.append("[DONE]")
             continue
         try:
-            chunks.append(json.loads(payload))
+            chunks.append(loads_json(payload))
         except ValueError:
             problems.append(f"data line {i} is not JSON (cut mid-chunk?): {payload[:80]!r}")
     msg = assemble_stream(chunks)
@@ -501,7 +500,7 @@ def chat_body(text: str) -> Any:
     head = text.strip()
     if not head.startswith("ChatCompletion("):
         try:
-            return json.loads(head)
+            return loads_json(head)
         except ValueError as exc:
             raise ad.CaptureError(f"not JSON: {exc}") from exc
 
@@ -541,7 +540,7 @@ def expect_for(view: Any) -> Any:
     content = (view.content or "").strip()
     if not names and content.startswith("{"):
         try:
-            data = json.loads(content)
+            data = loads_json(content)
         except ValueError:
             data = None
         if isinstance(data, dict):

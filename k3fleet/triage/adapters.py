@@ -21,6 +21,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_package
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_probe as prb
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_rdma as rdma
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_smi as smi
+from k3fleet.bounds import loads_json
 
 FM_UNIT = "nvidia-fabricmanager.service"
 
@@ -348,7 +349,7 @@ def rdma_from_ibv_devinfo(text: str) -> list[dict[str, Any]]:
 def image_from_inspect(text: str) -> dict[str, Any]:
     """``docker|podman inspect`` of an image or a container -> ImageFacts via ``parse_image_inspect``."""
     try:
-        data = json.loads(text)
+        data = loads_json(text)
     except ValueError as exc:
         raise CaptureError(f"not JSON: {exc}") from exc
     item = data[0] if isinstance(data, list) and data else data

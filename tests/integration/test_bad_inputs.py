@@ -133,7 +133,12 @@ def test_lab_raw_capture_not_utf8(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("hostvars", "expected"),
     [({"k3fleet_lspci": "sometimes"}, "host gpu-01: k3fleet_lspci = 'sometimes': expected a boolean (true/false)"),
-     ({"k3fleet_host_timeout": "soon"}, "host gpu-01: k3fleet_host_timeout = 'soon': expected a whole number")],
+     ({"k3fleet_host_timeout": "soon"}, "host gpu-01: k3fleet_host_timeout = 'soon': expected a whole number"),
+     # Issue 35: Ansible's own connection variables that cannot work are bad input, not failing hosts.
+     ({"ansible_port": "abc"}, "host gpu-01: ansible_port = 'abc': expected a TCP port (1-65535)"),
+     ({"ansible_port": 70000}, "host gpu-01: ansible_port = 70000: expected a TCP port (1-65535)"),
+     ({"ansible_connection": "nosuchplugin"},
+      "host gpu-01: ansible_connection = 'nosuchplugin': expected a connection plugin Ansible has")],
 )
 def test_host_vars_of_the_wrong_type(tmp_path: Path, hostvars: dict[str, Any], expected: str) -> None:
     inv = tmp_path / "hosts.yml"
@@ -141,6 +146,7 @@ def test_host_vars_of_the_wrong_type(tmp_path: Path, hostvars: dict[str, Any], e
     proc = k3fleet("audit", "-i", str(inv), "--out", str(tmp_path / "run"))
     assert proc.returncode == 2
     assert expected in one_line_error(proc)
+    assert not (tmp_path / "run").exists()
 
 
 def test_full_disk_while_writing_evidence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

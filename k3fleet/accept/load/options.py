@@ -24,6 +24,11 @@ Arrival = Literal["poisson", "gamma", "closed"]
 _MAX_S = {span: DURATIONS[span].high for span in ("load step", "load slo", "request --timeout")}
 
 
+# The longest prompt the load probe generates (ladder rungs, the agents' system prompt): about 30 MB of text.
+# Rungs above the server's own max_model_len are not built at all (k3fleet.accept.load.run).
+MAX_PROMPT_TOKENS = 1 << 22
+
+
 class LoadOptions(BaseModel):
     """The schedule and its bounds. Defaults are small: a full run takes about two minutes."""
 
@@ -110,6 +115,10 @@ class LoadOptions(BaseModel):
     def _sane(self) -> LoadOptions:
         if any(n < 16 for n in self.ladder_tokens) or self.ladder_tokens != sorted(self.ladder_tokens):
             raise ValueError("ladder_tokens must be ascending context lengths of at least 16 tokens")
+        if max(self.ladder_tokens, default=0) > MAX_PROMPT_TOKENS or self.system_prompt_tokens > MAX_PROMPT_TOKENS:
+            raise ValueError(f"a generated prompt is at most {MAX_PROMPT_TOKENS} tokens (k3fleet's bound on the "
+                             "memory of one prompt; a rung above the server's max_model_len is sent at twice "
+                             "that context)")
         if any(c < 1 for c in self.ramp) or self.ramp != sorted(self.ramp):
             raise ValueError("ramp must be ascending concurrencies of at least 1")
         if max(self.ramp, default=1) > 4096 or (self.sustained_concurrency or 0) > 4096:

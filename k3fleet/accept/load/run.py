@@ -158,6 +158,13 @@ class LoadRun:
         self.obs.phase_started("long_input", len(opts.ladder_tokens))
         for n, tokens in enumerate(opts.ladder_tokens):
             label = f"{tokens} tokens"
+            # Checked against the server's context before the prompt is built: a rung far above max_model_len
+            # is sent as twice the server's context (still refused there, with the server's own message), never
+            # as the 60-million-token text it names.
+            build = tokens if self.max_model_len is None else min(tokens, 2 * self.max_model_len)
+            if build < tokens:
+                self.obs.note(f"{tokens} tokens is above the server's max_model_len {self.max_model_len}: sending "
+                              f"{build} tokens, enough to be refused")
             t_start = self._start_step("long_input", label, 1, None)
             shots: list[Shot] = []
             complete = False
@@ -165,7 +172,7 @@ class LoadRun:
                 for rep in range(opts.ladder_repeats):
                     self.tally.admit()
                     nonce = f"run {self.tally.t0:.6f} ladder {n} repeat {rep}: "
-                    text = nonce + filler(self._words_for(tokens), seed=n * 31 + rep)
+                    text = nonce + filler(self._words_for(build), seed=n * 31 + rep)
                     shot = Shot("long_input", label, 1, tokens, 0.0)
                     await self.http.send(plain_body(self.ep.model, text, opts.ladder_output_tokens), shot,
                                          parse_all=False)

@@ -18,14 +18,13 @@ kept), and the run keeps only lengths and a digest of the file, never a prompt.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3fleet.bounds import read_input
+from k3fleet.bounds import loads_json, read_input
 from k3fleet.errors import UsageError, validation_line
 from k3fleet.evidence.redact import redact_text
 
@@ -81,7 +80,7 @@ def load_trace(path: Path, *, speed: float = 1.0, limit: int | None = None) -> T
         if not text or text.startswith("#"):
             continue
         try:
-            raw = json.loads(text)
+            raw = loads_json(text)
         except ValueError:
             raise UsageError(f"--trace {path.name} line {n}: not a JSON object") from None
         if not isinstance(raw, dict):

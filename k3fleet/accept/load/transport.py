@@ -20,7 +20,7 @@ from k3fleet.accept.client import Endpoint, EndpointError, error_from_status, ma
 from k3fleet.accept.load.options import LoadOptions
 from k3fleet.accept.load.shots import Shot, one_line
 from k3fleet.accept.metrics import SCRAPE_ACCEPT, MetricsError, MetricsSnapshot, metrics_url, parse_metrics
-from k3fleet.bounds import cap_bytes, limit_hint
+from k3fleet.bounds import cap_bytes, limit_hint, loads_json
 
 _CONTEXT = re.compile(r"maximum context length|context length|too long|max_model_len", re.IGNORECASE)
 
@@ -78,7 +78,7 @@ class Transport:
                     shot.chunks += 1
                     if parse_all or shot.ttft is None or _needs_parse(payload):
                         try:
-                            obj = json.loads(payload)
+                            obj = loads_json(payload)
                         except ValueError:
                             shot.kind, shot.message = "bad_response", "a streamed chunk is not JSON"
                             return shot
@@ -146,7 +146,7 @@ class Transport:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EndpointError(f"{url}: {one_line(f'{type(exc).__name__}: {exc}')}", kind="unreachable") from exc
         try:
-            body: Any = json.loads(raw)
+            body: Any = loads_json(raw)
         except ValueError:
             body = raw.decode("utf-8", "replace")
         if status != 200:
@@ -232,7 +232,7 @@ def _delta_token(obj: Mapping[str, Any], content: list[str] | None, calls: dict[
 
 def _classify_status(status: int, text: str, endpoint: Endpoint) -> tuple[str, str]:
     try:
-        body: Any = json.loads(text)
+        body: Any = loads_json(text)
     except ValueError:
         body = text
     message = error_from_status(status, body, endpoint.display_url + "/v1/chat/completions", endpoint).message

@@ -318,6 +318,19 @@ def test_unreachable_endpoint_is_exit_3(approved: Path, evidence_keys: Any, tmp_
     assert proc.returncode == 3 and "cannot watch" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(("extra", "want"), [
+    (("--base-url", "ftp://x"), "--base-url: Value error, 'ftp://x' is not an http(s) URL with a host"),
+    (("--base-url", "http://127.0.0.1:9", "--api-key-env", "K3FLEET_TEST_UNSET_KEY"), "K3FLEET_TEST_UNSET_KEY"),
+])
+def test_a_bad_endpoint_is_refused_before_the_run_exists(approved: Path, evidence_keys: Any, tmp_path: Path,
+                                                          extra: tuple[str, ...], want: str) -> None:
+    """Issue 35: `watch --base-url ftp://x` left a half-written run directory; now it is a usage error first."""
+    proc = k3fleet("watch", "--baseline", str(approved), "--allowed-signers", str(evidence_keys.allowed),
+                   "--for", "3s", "--interval", "1", "--runs-dir", str(tmp_path / "r"), *extra)
+    line = _refused(proc, tmp_path)
+    assert want.split(": Value error, ")[-1] in line, line
+
+
 def test_an_audit_run_is_not_a_baseline(healthy_audit: Path, evidence_keys: Any, tmp_path: Path) -> None:
     line = _refused(_watch_once(healthy_audit, tmp_path, "--allowed-signers", str(evidence_keys.allowed)), tmp_path)
     assert f"--baseline {healthy_audit} is an audit run, not a decision" in line
