@@ -567,8 +567,10 @@ def test_collect_driver_nvml_answers(tmp_path: Path, monkeypatch: pytest.MonkeyP
     DriverFacts.model_validate(facts)
     assert facts["status"] == "ok"
     assert facts["source"] == "nvml"
+    # No /proc/driver/nvidia/params on this node: the GPUDirect override is not read (None), never False.
     assert facts["kernel_module"] == {"loaded": True, "version": "565.57.01", "flavour": "open", "arch": "x86_64",
-                                      "raw": fixture("proc_version_open_x86_64.txt").splitlines()[0].strip()}
+                                      "raw": fixture("proc_version_open_x86_64.txt").splitlines()[0].strip(),
+                                      "grdma_topo_override": None}
     assert facts["platform"] == {"kind": "discrete", "l4t_release": None, "evidence": None}
     assert facts["gpu_count"] == 2
     assert facts["cuda_driver_version"] == "13.0"
