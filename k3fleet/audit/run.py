@@ -7,6 +7,7 @@ time, in the play's host order: a node kind's facts are held once, not every hos
 
 from __future__ import annotations
 
+import re
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -17,17 +18,19 @@ from typing import Any
 from k3fleet.audit.inventory import inventory_hosts
 from k3fleet.audit.pairs import run_pair_phase
 from k3fleet.audit.runner import Observer, PlayResult, run_playbook
+from k3fleet.bounds import read_json
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
 from k3fleet.evidence import JsonEntries, RunDir, layout
 from k3fleet.models.evidence import AuditRunRecord
 from k3fleet.models.facts import HostFacts, schema_mismatch
-from k3fleet.models.findings import FleetVerdict
+from k3fleet.models.findings import Finding, FleetVerdict
 from k3fleet.models.pairs import PairPhase
 from k3fleet.models.target import Target
 from k3fleet.report import markdown
 from k3fleet.targets import load_target
 from k3fleet.verdict import FleetFold, validate_facts
+from k3fleet.verdict.foreign import foreign_findings, sniff_foreign
 from k3fleet.verdict.intake import gc_paused
 from k3fleet.verdict.pairs import judge_pairs
 
@@ -49,6 +52,8 @@ class AuditOptions:
     command_timeout: float = 20.0
     # False: connect without checking host keys (an explicit choice, recorded in command.json).
     host_key_checking: bool = True
+    # Other tools' health output per host (gpud states or events, dcgmi health -c -j): k3fleet.verdict.foreign.
+    health_evidence: dict[str, list[Path]] = field(default_factory=dict)
 
 
 ACTIVE_LEVELS = ("none", "quick", "full")
@@ -134,6 +139,26 @@ def _scheduler_reason(data: Mapping[str, Any]) -> str | None:
     return reason if isinstance(reason, str) else None
 
 
+def read_health_evidence(given: Mapping[str, Sequence[Path]], hosts: Sequence[str]) -> list[
+        tuple[str, str, Path, Any]]:
+    """Each --health-evidence file read and recognised before anything runs: (host, kind, path, data);
+    a host the audit does not visit, a file that cannot be read or is no known tool's output is one
+    UsageError line (exit 2, no run directory)."""
+    known = set(hosts)
+    out: list[tuple[str, str, Path, Any]] = []
+    for host, paths in given.items():
+        if host not in known:
+            raise UsageError(f"--health-evidence {host}=...: {host} is not a host this audit visits")
+        for path in paths:
+            data = read_json(path, "--health-evidence file", kind="a health tool's JSON output")
+            kind = sniff_foreign(data)
+            if kind is None:
+                raise UsageError(f"--health-evidence {host}={path}: not gpud's /v1/states or /v1/events JSON, nor "
+                                 "dcgmi health -c -j output")
+            out.append((host, kind, path, data))
+    return out
+
+
 def fold_hosts(candidates: dict[str, Any], target: Target, unreachable: dict[str, str], invalid: dict[str, str], *,
                keep: bool = False) -> tuple[FleetFold, dict[str, HostFacts]]:
     """Each host's facts into the streaming verdict, one at a time; ``invalid`` gains the hosts whose facts
@@ -179,6 +204,7 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
         # Every usage error (a missing inventory, a --limit that matches nothing) comes before the run
         # directory exists: a usage error writes nothing (docs/architecture.md "Contracts").
         hosts = inventory_hosts(inventory, opts.limit)
+        foreign = read_health_evidence(opts.health_evidence, hosts)
         rd = RunDir.create(opts.runs_dir, "audit", argv, out=opts.out)
         rd.copy_inventory(inventory)
         if opts.target is not None:
@@ -221,12 +247,21 @@ def run_audit(opts: AuditOptions, argv: Sequence[str], observer: Observer | None
     rd.write_jsonl(layout.EVENTS, play.events)
     for host, data in raw.items():
         rd.write_json(layout.facts_file(host), data)
-    extra = None
+    extra: dict[str, list[Finding]] = {}
     if pairs is not None:
         rd.write_json(layout.PAIRS, pairs.model_dump(mode="json"))
-        extra = judge_pairs(pairs.runs, pairs.not_paired, target)
+        extra = {h: list(fs) for h, fs in judge_pairs(pairs.runs, pairs.not_paired, target).items()}
+    for n, (host, kind, path, data) in enumerate(foreign, 1):
+        # The tool's output kept beside the verdict it entered (through the redactor, as every input).
+        stored = f"{layout.INPUTS}/health-evidence/{n:02d}-{re.sub(r'[^A-Za-z0-9._-]', '_', host)[:80]}-{kind}.json"
+        rd.write_json(stored, data)
+        if host in unreachable or host in invalid:
+            continue
+        extra.setdefault(host, []).extend(
+            f.model_copy(update={"evidence": {**f.evidence, "file": stored, "given": str(path)}})
+            for f in foreign_findings(kind, data, host, target))
     measured = fold.measured
-    verdict = fold.verdict(extra=extra)
+    verdict = fold.verdict(extra=extra or None)
     result = AuditResult(rd, verdict, measured, unreachable, invalid, play, pairs,
                          scheduler_reasons={h: r for h, r in reasons.items() if h not in invalid})
     _write_outputs(result, target)

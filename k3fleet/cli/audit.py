@@ -47,6 +47,10 @@ def audit(
     no_host_key_checking: Annotated[bool, typer.Option(
         "--no-host-key-checking",
         help="Connect without checking SSH host keys (recorded in command.json; see docs/safety.md).")] = False,
+    health_evidence: Annotated[list[str] | None, typer.Option(
+        "--health-evidence", metavar="HOST=FILE",
+        help="Another tool's health output for HOST, judged with the audit's check ids: gpud's /v1/states or "
+             "/v1/events JSON, or dcgmi health -c -j (repeatable).")] = None,
 ) -> None:
     """Audit every node against the target and print the verdict and change plan."""
     from k3fleet.audit.run import ACTIVE_LEVELS, AuditOptions, run_audit
@@ -60,7 +64,8 @@ def audit(
     opts = AuditOptions(inventory=inventory, lab=lab, lab_count=lab_count, limit=limit, forks=forks,
                         target=target, out=out_dir, runs_dir=runs_dir, probe=probe, active=active,
                         host_timeout=host_timeout,
-                        command_timeout=command_timeout, host_key_checking=not no_host_key_checking)
+                        command_timeout=command_timeout, host_key_checking=not no_host_key_checking,
+                        health_evidence=_health_evidence(health_evidence or []))
     observer = ProgressObserver(err, quiet=quiet or as_json)
     cancel = cancel_on_interrupt(err, "stopping the play, writing the evidence gathered so far")
     result = run_audit(opts, sys.argv, observer=observer, cancel=cancel)
@@ -73,6 +78,18 @@ def audit(
     if result.play.interrupted:
         err.print("[yellow]interrupted: evidence is incomplete[/yellow]")
     raise typer.Exit(result.exit_code)
+
+
+def _health_evidence(values: list[str]) -> dict[str, list[Path]]:
+    """--health-evidence HOST=FILE values, by host; one line and exit 2 for one that is not HOST=FILE."""
+    out_: dict[str, list[Path]] = {}
+    for value in values:
+        host, sep, path = value.partition("=")
+        if not sep or not host.strip() or not path.strip():
+            raise UsageError(f"--health-evidence {value!r}: give HOST=FILE (the host's gpud states or events "
+                             "JSON, or dcgmi health -c -j output)")
+        out_.setdefault(host.strip(), []).append(Path(path.strip()))
+    return out_
 
 
 @app.command()

@@ -477,6 +477,8 @@ class Profile(_Spec):
     xid: list[XidSpec] = Field(default_factory=list)
     # kernel.dmesg_restrict=1 for the audit's user: dmesg is refused, the journal's kernel messages answer.
     dmesg_restricted: bool = False
+    # NVreg_RegistryDwords="GrdmaPciTopoCheckOverride=1" on the loaded module (GB200 with PCIe NICs before R595).
+    grdma_topo_override: bool = False
     # Boots the journal keeps, this one included (1: a volatile journal); raised to reach every Xid's boot.
     journal_boots: int = Field(default=1, ge=1, le=9)
     # Captured text per k3fleet_sources name; overrides what would be rendered. null: absent.

@@ -61,6 +61,8 @@ class KernelModule(_Model):
     flavour: Literal["open", "proprietary"] | None = None
     arch: str | None = Field(default=None, description="x86_64, aarch64: the module's architecture")
     raw: str | None = Field(default=None, description="first line of /proc/driver/nvidia/version")
+    grdma_topo_override: bool | None = Field(
+        default=None, description="GrdmaPciTopoCheckOverride=1 in /proc/driver/nvidia/params; None: not read")
 
 
 class Platform(_Model):

@@ -264,6 +264,8 @@ class WeightsMemory(_Strict):
     format: str | None = Field(default=None, description="weight format the figure is for, e.g. MXFP4")
     confirmed: bool = Field(default=False, description="false: an estimate; override gb when the real figure is known")
     source: str
+    load_s: float | None = Field(default=None, gt=0, description="seconds a measured load of the weights took")
+    load_source: str | None = None
 
 
 def is_multi_node(strategy: str) -> bool:

@@ -25,7 +25,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_probe import classify_probe_failure
 from k3fleet.accept.result import finding
 from k3fleet.accept.startup import analyse_startup
-from k3fleet.bounds import cap_bytes, limit_hint, read_input
+from k3fleet.bounds import cap_bytes, limit_hint, parse_json, read_input
 from k3fleet.contracts import Severity, result_code
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout
@@ -39,6 +39,7 @@ from k3fleet.report.view import triage_view, with_run
 from k3fleet.targets import load_target
 from k3fleet.triage import adapters as ad
 from k3fleet.verdict import evaluate_host
+from k3fleet.verdict.foreign import ForeignError, foreign_findings, sniff_foreign
 
 NOT_CAPTURED = "not in the captured text"
 
@@ -58,7 +59,12 @@ KINDS: dict[str, str] = {
     "kernel_log": "kernel log (`dmesg`, `journalctl -k`, syslog) with NVRM Xid lines",
     "chat_completion": "a chat-completion response (JSON, an SSE stream of chunks, or the OpenAI SDK's "
                        "`ChatCompletion(...)` repr)",
+    "gpud_states": "gpud's health states (`GET /v1/states` JSON)",
+    "gpud_events": "gpud's events (`GET /v1/events` JSON)",
+    "dcgm_health": "`dcgmi health -c -j`",
 }
+# Other tools' verdicts, taken in as findings under the audit's check ids (k3fleet.verdict.foreign).
+FOREIGN = frozenset({"gpud_states", "gpud_events", "dcgm_health"})
 
 # Audit checks judged from each kind of capture: only these rules' findings are kept.
 _DRIVER = frozenset({"driver.loaded", "driver.branch", "driver.version_min", "driver.platform",
@@ -105,6 +111,9 @@ def sniff(text: str) -> str | None:
         item = data[0] if isinstance(data, list) and data else data
         if isinstance(item, dict) and ("Config" in item or "RepoTags" in item or "Id" in item):
             return "docker_inspect"
+        foreign = sniff_foreign(data)
+        if foreign is not None:
+            return foreign
     if head.startswith("ChatCompletion(") or _is_chat_json(head) or _is_chat_stream(head):
         return "chat_completion"
     if re.search(r"^NVRM version:", head, re.M):
@@ -362,13 +371,26 @@ def triage(paths: Sequence[Path], *, host: str = "capture", target: Target | Pat
             result.findings.append(f.model_copy(update={"host": host,
                                                         "evidence": {"file": _file_of(f.check_id, captures)}}))
     for i, c in enumerate(captures):
-        if c.kind == "vllm_startup":
+        if c.kind in FOREIGN:
+            _foreign_into(result, c, stored_name(i, c), tgt)
+        elif c.kind == "vllm_startup":
             _startup_into(result, c, stored_name(i, c), tgt)
         elif c.kind == "metrics":
             _metrics_into(result, c, stored_name(i, c), tgt)
         elif c.kind == "chat_completion":
             _chat_into(result, c, stored_name(i, c))
     return result
+
+
+def _foreign_into(result: TriageResult, c: Capture, stored: str, target: Target) -> None:
+    """gpud's states or events, or DCGM's health report: their findings under the audit's check ids."""
+    data = parse_json(c.text.encode("utf-8"), str(c.path))
+    try:
+        found = foreign_findings(c.kind, data, result.host, target)
+    except ForeignError as exc:
+        raise UsageError(f"{c.path}: read as {KINDS[c.kind]} but {exc}") from exc
+    for f in found:
+        result.findings.append(f.model_copy(update={"evidence": {**f.evidence, "file": stored}}))
 
 
 def _startup_into(result: TriageResult, c: Capture, stored: str, target: Target) -> None:

@@ -1,20 +1,21 @@
 """The check catalogue: every check id, what it checks, why it matters, its fix and its source.
 
 Each entry is defined beside its rule (:func:`k3fleet.verdict.check.check`): host checks in
-k3fleet/verdict/rules/<concern>.py, the pair check in pairs.py, fleet checks in fleet.py. This module
+k3fleet/verdict/rules/<concern>.py, the pair check in pairs.py, other tools' evidence in foreign.py, fleet
+checks in fleet.py. This module
 only lists them in the order a report shows them; ``k3fleet checks`` prints the table.
 """
 
 from __future__ import annotations
 
 from k3fleet.models.target import Target
-from k3fleet.verdict import fleet, pairs
+from k3fleet.verdict import fleet, foreign, pairs
 from k3fleet.verdict.check import Check, render, template_values
 from k3fleet.verdict.rules import active, container, driver, fabric, gpu, packages, rdma, scheduler, workloads
 
 _CHECKS: tuple[Check, ...] = (
     *driver.CHECKS, *gpu.CHECKS, *packages.CHECKS, *fabric.CHECKS, *rdma.CHECKS, *container.CHECKS,
-    *scheduler.CHECKS, *workloads.CHECKS, *active.CHECKS, *pairs.CHECKS, *fleet.CHECKS,
+    *scheduler.CHECKS, *workloads.CHECKS, *active.CHECKS, *pairs.CHECKS, *foreign.CHECKS, *fleet.CHECKS,
 )
 
 CHECKS: dict[str, Check] = {c.id: c for c in _CHECKS}

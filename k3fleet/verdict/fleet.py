@@ -92,7 +92,8 @@ CHECKS: tuple[Check, ...] = (
           "Set gpus.strategy: auto (or a multi_node_* strategy) in the target; if the weights figure is wrong "
           "for your checkpoint, correct gpus.weights_memory.gb.",
           scope="fleet",
-          source='docs/facts.md section 1 (MXFP4 weights about 1680 GB, unconfirmed; GPUs per strategy)'),
+          source='docs/facts.md section 1 (MXFP4 weights about 1.42 TiB measured, 1680 GB pre-release; GPUs per '
+          'strategy)'),
     check("fleet.capacity", "Enough healthy GPUs",
           "The serving strategy ({strategy}) needs a minimum number of GPUs that pass the checks.",
           "error",

@@ -28,6 +28,7 @@ BIN = Path(sys.executable).parent
 K3FLEET = str(BIN / "k3fleet")
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = REPO / "k3fleet" / "targets"
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def _env() -> dict[str, str]:
@@ -171,6 +172,35 @@ def test_human_output_and_limit(tmp_path: Path) -> None:
     assert "audit.yml: 1 of 1 hosts answered" in proc.stderr and "failed" not in proc.stderr
     verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
     assert list(verdict["hosts"]) == ["gpu-a03"]
+
+
+def test_health_evidence_joins_the_hosts_verdict(tmp_path: Path) -> None:
+    # gpud's states of gpu-a03 (an Xid 74 it saw) enter the audit as the audit's own gpu.xid on that host:
+    # the host that passed fails, the tool's words and the file kept in the run.
+    states = FIXTURES / "foreign" / "gpud_states_xid74.json"
+    proc = run_k3fleet("audit", "--lab", "--limit", "gpu-a03", "--json", "--out", str(tmp_path / "run"),
+                       "--health-evidence", f"gpu-a03={states}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    host = json.loads(proc.stdout)["hosts"]["gpu-a03"]
+    (f,) = [f for f in host["findings"] if f["check_id"] == "gpu.xid"]
+    assert host["status"] == "fail" and f["evidence"]["source"] == "gpud"
+    assert "XID 74 (NVLINK Error)" in f["message"]
+    stored = tmp_path / "run" / f["evidence"]["file"]
+    assert json.loads(stored.read_text()) == json.loads(states.read_text())
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("gpu-a03", "give HOST=FILE"),
+    ("gpu-zz={fix}/foreign/gpud_states_xid74.json", "gpu-zz is not a host this audit visits"),
+    ("gpu-a03={fix}/container/docker_inspect_vllm_v0.23.0.json", "not gpud's /v1/states or /v1/events JSON"),
+    ("gpu-a03={fix}/nope.json", "does not exist"),
+])
+def test_health_evidence_bad_input_writes_nothing(tmp_path: Path, value: str, words: str) -> None:
+    proc = run_k3fleet("audit", "--lab", "--limit", "gpu-a03", "--out", str(tmp_path / "run"),
+                       "--health-evidence", value.format(fix=FIXTURES))
+    assert proc.returncode == 2
+    assert words in _one_error_line(proc)
+    assert not (tmp_path / "run").exists()
 
 
 # -- bad input: one clear line, the documented exit code, no traceback ----------------------------

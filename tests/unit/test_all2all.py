@@ -146,7 +146,7 @@ def test_launch_command_names_its_backend(launch: str, backend: str) -> None:
 def test_decide_names_a_launched_backend_the_hosts_cannot_carry(facts: dict[str, HostFacts]) -> None:
     from k3fleet.decide import decide
     from k3fleet.decide.checklist import topology_problems
-    from tests.unit.test_decide_rules import healthy
+    from tests.unit.decide_evidence import healthy
 
     verdict = evaluate_fleet(facts, load_target())
     assert verdict.interconnect is not None

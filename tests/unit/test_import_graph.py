@@ -247,3 +247,16 @@ def test_every_cli_module_says_its_imports_are_lazy() -> None:
         if not any(LAZY in line for line in head):
             silent.append(str(path.relative_to(ROOT)))
     assert silent == [], "k3fleet/cli modules with in-function imports and no '# lazy:' comment at the top"
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Shared test data lives in helper modules (tests/unit/decide_evidence.py, nodetree.py, ...), never in a
+    test module another one imports: a test module runs its own tests wherever it is imported."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(_tree(path)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                      if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")]
+    assert found == []

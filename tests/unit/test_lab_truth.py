@@ -128,7 +128,8 @@ HEALTH_HOSTS = {"gpu-h01": "h200-r575-ecc", "gpu-h02": "h200-r575-xid79", "gpu-h
                 "gpu-h04": "h200-r580-pcie-x8", "gpu-h05": "jetson-orin-l4t36", "gpu-h06": "h200-r575-rhel9",
                 "gpu-h07": "h200-r580-xid-recurring", "gpu-h08": "h200-r580-xid-app",
                 "gpu-h09": "h200-r580-nvlink-down", "gpu-h10": "h200-r580-ib-flap",
-                "gpu-h11": "h200-r580-nic-across-socket"}
+                "gpu-h11": "h200-r580-nic-across-socket", "gpu-h12": "gb200-nvl72-r580-no-gdr-override",
+                "gpu-h13": "gb200-nvl72-r580"}
 # host -> (finding the audit names on it, the source whose rendered text triage reads)
 HEALTH_CASES = {
     "gpu-h01": ({"gpu.ecc", "gpu.remapped_rows"}, "nvidia_smi_q"),
@@ -167,6 +168,14 @@ def test_lab_hosts_show_the_node_health_cases(health_lab: Path) -> None:
     assert all(g.nvlink is not None and g.nvlink.links == 18 and not g.nvlink.inactive for g in f.driver.gpus)
     assert all((g.memory_used_mib, g.memory_reserved_mib) == (0, 616) for g in f.driver.gpus)
     assert "gpu.nvlink" not in found("gpu-h04") and "gpu.xid_recurring" not in found("gpu-h04")
+    # GB200 before R595: the module's parameters read as NVIDIA AICR's validator reads them, set on the
+    # configured tray and absent on the other; on an RDMA fleet the other fails driver.gb200_gdr_override.
+    assert facts_of(health_lab, "gpu-h13").driver.kernel_module.grdma_topo_override is True
+    bare = facts_of(health_lab, "gpu-h12")
+    assert bare.driver.kernel_module.grdma_topo_override is False
+    from k3fleet.verdict.rules import driver as rules_driver
+
+    assert "driver.gb200_gdr_override" in {c.id for c in rules_driver.CHECKS}
     # A flapping rail: three "ib3: lost carrier" lines since boot; the port's counters were sampled twice
     # (a replayed file reads the same twice: totals 3 and 41, no change, so no counter finding).
     flap = found("gpu-h10")

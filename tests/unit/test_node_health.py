@@ -366,3 +366,12 @@ def test_a_gpu_whose_nearest_nic_is_across_the_socket_fails() -> None:
     (f,) = found("topo_h100x4_gpu3_nic_across_socket.txt")
     assert f.kind == "fail" and "GPU 3 nearest NIC0 at SYS" in f.message
     assert f.evidence["gpus"]["3"]["numa"] == "5"
+
+
+def test_grdma_override_read_as_aicr_reads_it() -> None:
+    # NVIDIA/aicr's validator test: "GrdmaPciTopoCheckOverride: 1" set, absent, explicitly 0; and the key
+    # inside the RegistryDwords string.
+    assert drv.parse_grdma_override("ModifyDeviceFiles: 1\nGrdmaPciTopoCheckOverride: 1\nEnablePCIeGen3: 0\n")
+    assert not drv.parse_grdma_override("ModifyDeviceFiles: 1\nEnablePCIeGen3: 0\n")
+    assert not drv.parse_grdma_override("GrdmaPciTopoCheckOverride: 0\n")
+    assert drv.parse_grdma_override('RegistryDwords: "ForceP2P=0x11;GrdmaPciTopoCheckOverride=1"\n')

@@ -44,9 +44,12 @@ def test_default_target_is_the_kimi_k3_recipe() -> None:
     assert t.gpus.strategy == "auto" and t.gpus.explicit_strategy is None and t.gpus.per_node == 8
     assert t.gpus.multi_node_strategy == "multi_node_tp_dp"
     w = t.gpus.weights_memory
-    assert w is not None and w.gb == 1680 and w.format == "MXFP4"
-    # A pre-release estimate: data an operator overrides, flagged as such, with its source.
-    assert w.confirmed is False and "Kimi-K3" in w.source and "estimate" in w.source
+    assert w is not None and w.gb == 1561 and w.format == "MXFP4"
+    # The measured deployment's figure (1.42 TiB) and load time, with their source: data an operator overrides.
+    assert w.confirmed is True and "llm-d" in w.source and "1.42 TiB" in w.source
+    assert w.load_s == 5385 and w.load_source and "5385" in w.load_source
+    # The change night's serving smoke waits for a server that loads these weights: its bound covers the load.
+    assert t.change.smoke_ready_timeout_s >= w.load_s
     assert t.gpus.min_total_by_strategy == {
         "single_node_tp": 8, "multi_node_tp_dp": 16, "multi_node_tp_pp": 16, "multi_node_dep": 16}
     # The minimum comes from the matrix row for CUDA 13.0 GA, not from the target file.

@@ -26,8 +26,8 @@ from k3fleet.verdict.rules import RULES
 from k3fleet.verdict.rules import gpu as rules_gpu
 
 MULTI = TARGET.model_copy(update={"gpus": TARGET.gpus.model_copy(update={"strategy": "multi_node_tp_dp"})})
-# Per-GPU memory (MiB) at which one 8-GPU node holds the target's 1680 GB weights estimate.
-BIG = {"driver.gpus": lambda gs: [{**g, "memory_total_mib": 1680 * 1024 // 8} for g in gs]}
+# Per-GPU memory (MiB) at which one 8-GPU node holds the target's 1561 GB of weights (the measured 1.42 TiB).
+BIG = {"driver.gpus": lambda gs: [{**g, "memory_total_mib": 1561 * 1024 // 8} for g in gs]}
 NO_PEERMEM = {"rdma.nvidia_peermem_loaded": False}
 RAIL_DOWN = {"rdma.devices.3.ports.0": lambda p: {**p, "state": "DOWN", "state_code": 1, "phys_state": "Disabled",
                                                    "phys_state_code": 3}}
@@ -125,10 +125,10 @@ def test_derived_strategy_is_named_in_reasons_and_evidence() -> None:
     v = evaluate_fleet(fleet(host("g1"), host("g2", GOOD, RAIL_DOWN)), TARGET)
     assert v.reasons[-1] == (
         "strategy multi_node_tp_dp (derived from GPU memory): one node of 8x NVIDIA H200 has 1123.2 GiB of GPU "
-        "memory, below about 1680 GB that the MXFP4 weights need (unconfirmed estimate: override "
-        "gpus.weights_memory.gb): each instance spans nodes (multi_node_tp_dp: at least 16 GPUs, RDMA on every node)")
+        "memory, below about 1561 GB that the MXFP4 weights need: each instance spans nodes (multi_node_tp_dp: at "
+        "least 16 GPUs, RDMA on every node)")
     s = v.strategy
-    assert s is not None and s.setting == "auto" and s.rdma_required and s.weights_confirmed is False
+    assert s is not None and s.setting == "auto" and s.rdma_required and s.weights_confirmed is True
     assert [(n.gpu_model, n.hosts, n.holds_weights) for n in s.nodes] == [("NVIDIA H200", 2, False)]
     cap = next(f for f in v.fleet_findings if f.check_id == "fleet.capacity")
     assert cap.evidence["basis"] == "strategy multi_node_tp_dp, derived from GPU memory"
@@ -141,7 +141,7 @@ def test_explicit_single_node_on_too_small_nodes_warns() -> None:
     f = next(f for f in v.fleet_findings if f.check_id == "fleet.strategy")
     assert (f.severity, f.kind) == ("warning", "fail")
     assert f.message == ("the target names single_node_tp, but one node of 8x NVIDIA H200 has 1123.2 GiB of GPU "
-                         "memory, below the 1680 GB the weights need (unconfirmed estimate)")
+                         "memory, below the 1561 GB the weights need")
     assert f.evidence["short_models"] == ["NVIDIA H200"]
     assert v.summary.gpus_required == 8 and v.outcome == "observe_with_limits"
     # Explicit strategies that fit, and multi-node ones, say nothing.

@@ -61,7 +61,7 @@ def test_lab_night_before_the_change(lab_verdict: tuple[FleetVerdict, dict[str, 
 
 def test_lab_strategy_is_derived_from_the_h200s(lab_verdict: tuple[FleetVerdict, dict[str, str]]) -> None:
     v, _ = lab_verdict
-    # One 8x H200 node (about 1.1 TB) cannot hold the ~1680 GB of MXFP4 weights: multi-node, RDMA.
+    # One 8x H200 node (about 1.1 TB) cannot hold the ~1561 GB (1.42 TiB) of MXFP4 weights: multi-node, RDMA.
     s = v.strategy
     assert s is not None and s.setting == "auto" and s.derived
     assert s.strategy == "multi_node_tp_dp" and s.rdma_required

@@ -268,6 +268,9 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
      "1": {"pcie_replay": [60, 120], "nvlink": {}}}}}, {"gpu.pcie_replay/warning"}),
     ("PCIe replay total without change", GOOD, {"driver.counters": {"interval_s": 2, "source": "nvml", "gpus": {
      "1": {"pcie_replay": [5000, 5000], "nvlink": {}}}}}, set()),
+    # A single-node fleet sends no GPUDirect RDMA between nodes: GB200 without the override says nothing.
+    ("GB200 on R580 without the GPUDirect override, one node", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
+     "driver.kernel_module.grdma_topo_override": False}, set()),
     # Azure's check_gpu_ecc threshold: 20,000,000 correctable errors.
     ("correctable ECC above the threshold", GOOD, {"driver.gpus.0.ecc": {"mode": "enabled",
      "volatile_uncorrected": 0, "aggregate_uncorrected": 0, "volatile_corrected": 12, "aggregate_corrected":
@@ -336,6 +339,14 @@ def test_rule_table(case: str, base: str, patch: dict[str, Any], expected: set[s
 
 
 MULTI_CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
+    # GB200 before R595 on an RDMA fleet: dma-buf GPUDirect RDMA needs GrdmaPciTopoCheckOverride=1 (AICR).
+    ("GB200 on R580 without the GPUDirect override", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
+     "driver.kernel_module.grdma_topo_override": False}, {"driver.gb200_gdr_override/error"}),
+    ("GB200 on R580 with the GPUDirect override", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200"),
+     "driver.kernel_module.grdma_topo_override": True}, set()),
+    ("GB200 on R580, override not read", GOOD, {"driver.gpus": each_gpu(name="NVIDIA GB200")},
+     {"driver.gb200_gdr_override/warning/unknown"}),
+    ("H200 without the override needs none", GOOD, {"driver.kernel_module.grdma_topo_override": False}, set()),
     ("DMA-BUF off, no peermem", GOOD, {"nccl.settings.NCCL_DMABUF_ENABLE": {"value": "0", "source": "env"}},
      {"rdma.peermem/error"}),
     ("DMA-BUF off, peermem loaded", GOOD,
@@ -378,8 +389,8 @@ def test_rdma_rules_are_off_for_single_node() -> None:
 
 
 RAIL_DOWN = {"rdma.devices.3.ports.0": port(state="DOWN", state_code=1, phys_state="Disabled", phys_state_code=3)}
-# Per-GPU memory (MiB) at which 8 GPUs hold exactly the target's 1680 GB weights estimate (compared as GiB).
-HOLDS = 1680 * 1024 // 8
+# Per-GPU memory (MiB) at which 8 GPUs hold exactly the target's 1561 GB of weights (compared as GiB).
+HOLDS = 1561 * 1024 // 8
 NOT_RDMA = TARGET.model_copy(update={"rdma": TARGET.rdma.model_copy(update={"required": False})})
 
 # (case, base, patch, target, expected findings): the strategy decides whether RDMA is required,

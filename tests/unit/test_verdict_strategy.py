@@ -17,8 +17,8 @@ from k3fleet.verdict.strategy import decide_strategy
 
 TARGET = load_target(None)
 H200, B200 = ("NVIDIA H200", 143771), ("NVIDIA B200", 183359)
-# 8 GPUs of this many MiB hold exactly the 1680 GB estimate (compared as GiB).
-HOLDS = 1680 * 1024 // 8
+# 8 GPUs of this many MiB hold exactly the target's 1561 GB (the measured 1.42 TiB; compared as GiB).
+HOLDS = 1561 * 1024 // 8
 BIG = ("big GPU", HOLDS)
 
 
@@ -38,12 +38,12 @@ SMALLER_WEIGHTS = _gpus(weights_memory=TARGET.gpus.weights_memory.model_copy(  #
 # (case, hosts, target, strategy, derived, rdma required, phrase in the reason)
 CASES: list[tuple[str, list[tuple[str | None, int | None]], Target, str, bool, bool, str]] = [
     ("lab: 8x H200 cannot hold the weights", [H200] * 8, TARGET, "multi_node_tp_dp", True, True,
-     "one node of 8x NVIDIA H200 has 1123.2 GiB of GPU memory, below about 1680 GB that the MXFP4 weights need"),
+     "one node of 8x NVIDIA H200 has 1123.2 GiB of GPU memory, below about 1561 GB that the MXFP4 weights need"),
     ("8x B200", [B200] * 2, TARGET, "multi_node_tp_dp", True, True, "8x NVIDIA B200 has 1432.4 GiB"),
     ("a node that holds the weights", [BIG] * 3, TARGET, "single_node_tp", True, False,
-     "enough for about 1680 GB"),
+     "enough for about 1561 GB"),
     ("one MiB short", [("big GPU", HOLDS - 1)], TARGET, "multi_node_tp_dp", True, True,
-     "has 1679.9 GiB of GPU memory, below about 1680 GB"),
+     "has 1560.9 GiB of GPU memory, below about 1561 GB"),
     ("mixed fleet: the smaller nodes cannot serve alone", [BIG, H200, BIG], TARGET, "multi_node_tp_dp", True, True,
      "8x NVIDIA H200"),
     ("no memory read anywhere", [(None, None), ("NVIDIA H200", None)], TARGET, "multi_node_tp_dp", True, True,
@@ -77,12 +77,16 @@ def test_explicit_strategy_that_fits_says_nothing_more() -> None:
 
 
 def test_unconfirmed_estimate_is_flagged_in_the_reason_and_evidence() -> None:
+    # The packaged figure is the measured deployment's (llm-d), confirmed; the recipe's pre-release
+    # estimate, marked unconfirmed, is flagged.
     d = decide_strategy([H200], TARGET)
-    assert "unconfirmed estimate: override gpus.weights_memory.gb" in d.reason
-    assert d.weights_gb == 1680 and d.weights_confirmed is False
-    assert d.weights_source and "pre-release estimate" in d.weights_source
-    confirmed = decide_strategy([H200], SMALLER_WEIGHTS)
-    assert "unconfirmed" not in confirmed.reason and confirmed.weights_confirmed is True
+    assert "unconfirmed" not in d.reason and d.weights_gb == 1561 and d.weights_confirmed is True
+    assert d.weights_source and "llm-d" in d.weights_source
+    estimate = _gpus(weights_memory=TARGET.gpus.weights_memory.model_copy(  # type: ignore[union-attr]
+        update={"gb": 1680.0, "confirmed": False, "source": "Kimi K3 recipe: pre-release estimate"}))
+    flagged = decide_strategy([H200], estimate)
+    assert "unconfirmed estimate: override gpus.weights_memory.gb" in flagged.reason
+    assert flagged.weights_confirmed is False
 
 
 def test_node_evidence_per_model() -> None:

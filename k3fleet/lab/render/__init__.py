@@ -132,6 +132,7 @@ class ProfileRenderer:
                 f[F[name]] = text
         if self.node.module_loaded:
             f[F["proc_driver_version"]] = self.driver.proc_driver_version()
+            f[F["proc_driver_params"]] = self.driver.proc_driver_params()
         f.update(self.pci.nvswitch_dirs())
         f.update(self.pci.infiniband_files())
 

@@ -128,6 +128,14 @@ class DriverView(Part):
         return Recording(stdout="".join(f"{stamp} {hostname} kernel: {line.split('] ', 1)[-1]}\n"
                                         for line in self._kernel_lines()))
 
+    def proc_driver_params(self) -> str:
+        """/proc/driver/nvidia/params: "Name: value" lines (the form of NVIDIA/aicr's validator test), with
+        GrdmaPciTopoCheckOverride when the profile sets it."""
+        out = "ModifyDeviceFiles: 1\nEnablePCIeGen3: 0\n"
+        if self.p.grdma_topo_override:
+            out += "GrdmaPciTopoCheckOverride: 1\n"
+        return out
+
     def journal_boots(self) -> int:
         """Boots the journal lists: the profile's, raised to the oldest boot an Xid line is in."""
         return max(self.p.journal_boots, 1 - min((x.boot for x in self.p.xid), default=0))

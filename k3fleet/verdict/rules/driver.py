@@ -67,6 +67,16 @@ CHECKS: tuple[Check, ...] = (
           "error",
           "Drain the node and reboot it (or reload the nvidia modules) so the installed driver is loaded.",
           source='docs/facts.md section 4 (NVML_ERROR_LIB_RM_VERSION_MISMATCH after an upgrade without reboot)'),
+    check("driver.gb200_gdr_override", "GB200 GPUDirect RDMA over PCIe NICs enabled before R595",
+          "On GB200 with PCIe NICs, drivers before R595 refuse dma-buf GPUDirect RDMA unless the module is loaded "
+          "with NVreg_RegistryDwords=GrdmaPciTopoCheckOverride=1; without it NCCL silently falls back to "
+          "sockets between nodes.",
+          "error",
+          "Add options nvidia NVreg_RegistryDwords=\"GrdmaPciTopoCheckOverride=1\" to /etc/modprobe.d, reload the "
+          "driver (or reboot), and check /proc/driver/nvidia/params shows GrdmaPciTopoCheckOverride: 1; or move "
+          "to R595, where the override is not needed.",
+          source='docs/facts.md section 6 (NVIDIA AICR docs/user/validation.md and its validator reading '
+          '/proc/driver/nvidia/params)'),
 )
 
 
@@ -200,5 +210,21 @@ def _pending_reboot(f: HostFacts, c: HostContext, e: Emitter) -> None:
                {"package_version": pkg_v, "loaded_version": loaded})
 
 
+def _gb200_gdr_override(f: HostFacts, c: HostContext, e: Emitter) -> None:
+    """GB200 before R595 on an RDMA fleet: dma-buf GPUDirect RDMA needs GrdmaPciTopoCheckOverride=1."""
+    if not e.ct.rdma_required or c.branch is None or c.branch >= 595:
+        return
+    if not any("GB200" in (name or "").upper() for name in c.gpu_names):
+        return
+    override = f.driver.kernel_module.grdma_topo_override
+    ev = {"branch": c.branch, "gpu_model": c.gpu_model, "grdma_topo_override": override}
+    if override is None:
+        e.unknown("driver.gb200_gdr_override", "GrdmaPciTopoCheckOverride in /proc/driver/nvidia/params",
+                  "not read (older facts, or the file is unreadable)")
+    elif not override:
+        e.fail("driver.gb200_gdr_override", f"GB200 on R{c.branch} without GrdmaPciTopoCheckOverride=1: dma-buf "
+               "GPUDirect RDMA over its PCIe NICs is refused before R595, so NCCL falls back to sockets", ev)
+
+
 RULES: tuple[Callable[[HostFacts, HostContext, Emitter], None], ...] = (
-    facts_schema, _driver_loaded, _nvml, _driver_version, _flavour, _pending_reboot,)
+    facts_schema, _driver_loaded, _nvml, _driver_version, _flavour, _pending_reboot, _gb200_gdr_override,)

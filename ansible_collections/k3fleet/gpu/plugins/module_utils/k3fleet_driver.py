@@ -199,6 +199,20 @@ def load_nvml() -> tuple[Any, str | None, str | None]:
     return lib, "k3fleet", None
 
 
+_GRDMA_LINE = re.compile(r"^GrdmaPciTopoCheckOverride:\s*(\d+)\s*$", re.M)
+_GRDMA_DWORD = re.compile(r"\bGrdmaPciTopoCheckOverride=(\w+)")
+
+
+def parse_grdma_override(text: str) -> bool:
+    """Whether /proc/driver/nvidia/params sets GrdmaPciTopoCheckOverride to 1: its own "Name: 1" line (the
+    form NVIDIA/aicr checks) or inside RegistryDwords ("...;GrdmaPciTopoCheckOverride=1;...")."""
+    line = _GRDMA_LINE.search(text or "")
+    if line:
+        return line.group(1) != "0"
+    dword = _GRDMA_DWORD.search(text or "")
+    return bool(dword) and dword.group(1) not in ("0", "0x0")
+
+
 def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:
     """The loaded nvidia kernel module: loaded, version, flavour, first line.
 
@@ -222,6 +236,8 @@ def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:
                 km["reason"] = f"{FILES['proc_driver_version']} missing although /proc/modules lists nvidia"
         return km
     km["loaded"] = True
+    params = reader.read(FILES["proc_driver_params"], limit=256 * 1024)
+    km["grdma_topo_override"] = None if params is None else parse_grdma_override(params)
     try:
         parsed = parse_proc_version(text)
     except ValueError as exc:
@@ -353,7 +369,8 @@ def collect_driver(reader: NodeReader, use_nvml: bool = True) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "status": "unknown",
         "reason": None,
-        "kernel_module": {k: km[k] for k in ("loaded", "version", "flavour", "arch", "raw")},
+        "kernel_module": {k: km.get(k) for k in ("loaded", "version", "flavour", "arch", "raw",
+                                                 "grdma_topo_override")},
         "platform": platform_facts(reader, km),
         "nvml": {"status": "skipped", "error": None, "bindings": None},
         "source": None,

@@ -192,8 +192,8 @@ def judge(facts, policy):
                   "stop them (or run them as scheduler jobs, which the drain waits for), then run the night again")
     mig = facts.get("mig") or {}
     if mig and not policy.get("allow_mig"):
-        block("module.mig", "MIG GPU instances exist (%s); reloading the driver destroys them" % "; ".join(
-            "%s: %s" % (g, ", ".join(v)) for g, v in sorted(mig.items())),
+        layout = "; ".join("%s: %s" % (g, ", ".join(v)) for g, v in sorted(mig.items()))
+        block("module.mig", "MIG GPU instances exist (%s); reloading the driver destroys them" % layout,
               "destroy them (nvidia-smi mig -dci, -dgi) and record the layout to recreate after the change")
     min_mb = int(policy.get("min_free_mb") or 0)
     for d in facts.get("disk") or []:
@@ -215,8 +215,9 @@ def judge(facts, policy):
         block("repository.target", "the repository could not be asked (%s)" % "; ".join(facts.get("reasons") or []),
               "make apt-cache work on the node")
     elif repo and repo["missing"]:
-        block("repository.target", "the repository does not offer %s (offered: %s)" % (
-            ", ".join("%s=%s" % (n, v) for n, v in repo["missing"]), "; ".join(repo["offered"][:12]) or "nothing"),
+        wanted = ", ".join("%s=%s" % (n, v) for n, v in repo["missing"])
+        offered = "; ".join(repo["offered"][:12]) or "nothing"
+        block("repository.target", "the repository does not offer %s (offered: %s)" % (wanted, offered),
               "add the repository that carries the target version, or pick a target version it has")
     toolkit = facts.get("toolkit")
     minimum = policy.get("min_container_toolkit")

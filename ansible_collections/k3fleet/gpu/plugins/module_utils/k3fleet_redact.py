@@ -438,7 +438,7 @@ def redact_argv(argv):
 # Under a secret key holding a mapping ({"value": X, "source": "/etc/nccl.conf"}), these describe
 # where the secret came from and stay readable.
 METADATA_KEYS = frozenset({"source", "file", "path", "origin", "line", "lineno", "type", "kind", "present", "set",
-                       "defined", "status", "reason"})
+                           "defined", "status", "reason"})
 # Name/value pairs ({"name": "HF_TOKEN", "value": X}): the name decides for the value.
 _PAIR_NAMES = ("name", "key", "Name", "Key", "env", "variable")
 _PAIR_VALUES = ("value", "Value", "values", "val", "default")

@@ -300,8 +300,8 @@ def make_kit(reader, directory, packages, check_mode=False, change_id=None, made
                 continue
             entry.update(sha256=sha256_file(got), size=os.path.getsize(got), source=source)
             os.rename(got, target)
-            result["fetched"].append("%s from %s" % (apt_spec(pkg), "apt's cache" if source == "apt-cache"
-                                                      else "a repository"))
+            origin = "apt's cache" if source == "apt-cache" else "a repository"
+            result["fetched"].append("%s from %s" % (apt_spec(pkg), origin))
             result["packages"].append(entry)
             result["changed"] = True
     finally:

@@ -20,6 +20,10 @@ FACTS_SCHEMA_VERSION = "1.1"
 # name -> absolute node path (read through NodeReader.resolve: /proc and /sys may be moved)
 FILES = {
     "proc_driver_version": "/proc/driver/nvidia/version",
+    # The loaded module's parameters, "Name: value" per line (RegistryDwords with the NVreg_RegistryDwords
+    # string): GrdmaPciTopoCheckOverride there lets GB200 with PCIe NICs use dma-buf GPUDirect RDMA before
+    # R595 (NVIDIA/aicr; docs/facts.md section 6).
+    "proc_driver_params": "/proc/driver/nvidia/params",
     # Jetson (L4T) boards: the L4T release, and the SoC in the device tree (docs/facts.md section 10).
     "nv_tegra_release": "/etc/nv_tegra_release",
     "device_tree_compatible": "/proc/device-tree/compatible",

@@ -150,8 +150,8 @@ def main() -> None:
         there = os.path.isdir(where)
         if there and not module.check_mode:
             shutil.rmtree(where)
-        module.exit_json(changed=there, **{RESULT_KEY: {"path": p["directory"], "packages": [], "fetched": [],
-                                                         "problems": [], "complete": False}})
+        empty = {"path": p["directory"], "packages": [], "fetched": [], "problems": [], "complete": False}
+        module.exit_json(changed=there, **{RESULT_KEY: empty})
     for tool in ("apt-get", "dpkg-deb", "dpkg-query"):
         if reader.which(tool) is None:
             module.fail_json(msg="rollback kit: %s is not on the node's PATH: only dpkg/apt nodes can keep a kit "
