@@ -117,6 +117,18 @@ def test_smoke_passes_on_a_good_guest(tb: testbed.TestbedState, inventory: Path,
     assert json.loads((rd / "run.json").read_text())["warnings"] == []
     smoke = smoke_of(rd, host)
     assert smoke["ok"] is True and smoke["runtime"] == "podman" and smoke["image"] == IMAGE
+    # The verify steps ride on the smoke's line (docs/change-night.md "Verify steps"). The stand-in image has no
+    # PyTorch and the guests no nccl-tests, IMEX or InfiniBand: each step says why it did not run, never a pass.
+    (records,) = [e.detail["steps"] for e in entries(rd, host)
+                  if e.stage == "verifying" and isinstance(e.detail, dict) and "smoke" in e.detail]
+    steps = {r["step"]: r for r in records}
+    testbed_report("verify steps on the testbed: " + "; ".join(f"{k} {r['result']}: {r['reason']}"
+                                                               for k, r in steps.items()))
+    assert [r["result"] for r in records] == ["skipped"] * 4, records
+    assert "accepted the audit's container findings" in steps["container_probe"]["reason"]
+    assert steps["nccl_node"]["reason"].startswith("not run: ")
+    assert steps["imex"]["reason"].startswith("not needed: IMEX not installed")
+    assert "accepted the audit's RDMA findings on the canary" in steps["canary_pair"]["reason"]
     # The launch file's one-node command, the stand-in GPUs, the node's loopback.
     assert "--device nvidia.com/gpu=all" in smoke["command"] and "--max-model-len 4096" in smoke["command"]
     assert smoke["command"].endswith("--host 127.0.0.1 --port 18000")
