@@ -45,6 +45,7 @@ from k3fleet.change.record import ChangeRecord, SmokeChoice
 from k3fleet.change.smoke import check_one_node, smoke_choice, smoke_extravar, smoke_timeouts, smoke_warnings
 from k3fleet.change.textfile import NightTextfile, check_textfile
 from k3fleet.change.timing import ChangeRecorder, host_timings
+from k3fleet.change.verifyplan import verify_plan
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, combine
 from k3fleet.errors import UsageError
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
@@ -78,7 +79,9 @@ def change_timeouts(target: Target, opts: UpgradeOptions, *, smoke: bool = True)
            "reboot": c.reboot_timeout_s, "fabricmanager_settle": c.fabricmanager_settle_s,
            "command": c.command_timeout_s,
            "audit_max_age": opts.audit_max_age if opts.audit_max_age is not None else c.audit_max_age_s,
-           "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target), **kit_timeouts(target)}
+           "lease_ttl": c.lease_ttl_s, **smoke_timeouts(target), **kit_timeouts(target),
+           # The verify's NCCL runs (within the node, and the canary's pair test), each under the target's bound.
+           "verify_nccl": target.active.timeouts.nccl_s}
     out["slot_wait"] = slot_wait(out, smoke=smoke)
     return {k: int(v) for k, v in out.items()}
 
@@ -103,6 +106,10 @@ def slot_wait(timeouts: Mapping[str, Any], *, smoke: bool) -> int:
     wait = int(t["drain"]) + int(t["reboot"]) + int(t["fabricmanager_settle"]) + 10 * int(t["command"])
     if smoke:
         wait += int(t["smoke_ready"]) + 2 * int(t["smoke_request"])
+    # The verify steps (docs/change-night.md "Verify steps"): the container probe (6 commands' time, as the
+    # probe module gives it) and two NCCL runs at most (within the node; the canary's pair test).
+    if "verify_nccl" in t:
+        wait += 6 * int(t["command"]) + 2 * int(t["verify_nccl"])
     return wait
 
 
@@ -188,7 +195,9 @@ def run_night(opts: UpgradeOptions, argv: Sequence[str], observer: Observer | No
             blocked=plan.get("blocked") or [], done=plan.get("done") or [], held=held, accept_findings=accept,
             accepted_blocked=accepted_blocked(plan, accept), hosts=host_plans(plan, hosts, opts.target_version),
             timeouts=timeouts, image=target.image.ref, smoke=smoke, rollback_kit=kit,
-            preflight=preflight_policy(target))
+            preflight=preflight_policy(target),
+            verify=verify_plan(target, audit.verdict.hosts, audit.verdict.strategy, canary, hosts, accept,
+                               int(timeouts["command"])))
         rd.write_json(layout.CHANGE, record.model_dump(mode="json"))
         skipped = {h: f"held by change {c}: not touched by this one" for h, c in held.items()}
         ev = extravars(record, rd, hosts, serial, audit_dir=rd.path / layout.gate_audit_dir())
@@ -237,6 +246,8 @@ def extravars(record: ChangeRecord, rd: RunDir, hosts: Sequence[str], serial: Se
         "k3fleet_preflight": dict(record.preflight),
         # The rollback kit staged before each host's first change (null: --no-rollback-kit).
         "k3fleet_rollback_kit": kit_extravar(record),
+        # The verify steps beyond the driver (null: a night recorded before them; docs/change-night.md "Verify steps").
+        "k3fleet_verify": dict(record.verify) or None,
     }
     if snapshots:
         ev["k3fleet_snapshots"] = dict(snapshots)

@@ -86,6 +86,9 @@ class ChangeRecord(BaseModel):
     # The rollback kit staged before each host's first change (False: --no-rollback-kit); None: a night
     # recorded before the kit existed.
     rollback_kit: bool | None = None
+    # What the verify proves beyond the driver (k3fleet.change.verifyplan, docs/change-night.md "Verify steps");
+    # empty in a night recorded before it (its resume runs the driver checks and the smoke only).
+    verify: dict[str, Any] = Field(default_factory=dict)
 
 
 # What a change run writes after the manifest it takes before its play: the journal grows, the

@@ -122,6 +122,30 @@ def preflight_lines(pre: dict[str, Any]) -> list[str]:
     return [safe_text(line) for line in lines]
 
 
+def verify_lines(change: dict[str, Any], host: str) -> list[str]:
+    """The verify steps the night would run on ``host`` after its reboot (docs/change-night.md "Verify steps")."""
+    plan = change.get("verify") or {}
+    if not plan:
+        return []
+    mine = (plan.get("hosts") or {}).get(host) or {}
+    probe = "on" if mine.get("probe_skip") is None else f"skipped, {mine['probe_skip']}"
+    floor = mine.get("nccl_min_busbw_gbs")
+    nccl = (f"floor {floor:g} GB/s for {mine.get('gpu_model')}" if floor is not None
+            else f"no floor for {mine.get('gpu_model') or 'this GPU'}")
+    lines = [f"  verify   container CUDA probe {probe}; all_reduce_perf within the node where installed ({nccl}); "
+             "IMEX where installed"]
+    pair = plan.get("canary_pair") or {}
+    if host == change.get("canary") and pair:
+        if not pair.get("needed"):
+            what = f"not needed: {pair.get('reason')}"
+        elif pair.get("run"):
+            what = f"with {pair.get('peer')} before any wave ({pair.get('reason')})"
+        else:
+            what = f"{'skipped' if pair.get('accepted') else 'would fail the canary'}: {pair.get('reason')}"
+        lines.append(f"           NCCL pair test {what}")
+    return [safe_text(line) for line in lines]
+
+
 def print_check(console: Console, result: Any) -> None:
     """Per host: the drain and the package transaction the night would run."""
     change = result.change
@@ -137,6 +161,8 @@ def print_check(console: Console, result: Any) -> None:
             console.print(f"  nothing to do: {safe_text(rep.get('why'))}", markup=False)
             continue
         for line in preflight_lines(rep.get("preflight") or {}):
+            console.print(line, markup=False)
+        for line in verify_lines(change, host):
             console.print(line, markup=False)
         drain = rep.get("drain") or {}
         actions = drain.get("actions") or [f"{drain.get('backend', '?')}: {drain.get('decision', '?')}"]

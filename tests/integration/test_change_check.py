@@ -138,6 +138,9 @@ def test_check_through_the_command_line(node: dict[str, Any]) -> None:
     assert "rollback kit /var/lib/k3fleet/rollback-kit/CHG-7: 6 package(s) to fetch" in res.output
     assert "    nvidia-driver-575-server:amd64=575.57.08-0ubuntu1 from a repository" in res.output
     assert "rollback kit: on, staged on each host before its first change" in res.output
+    # The verify steps the night would run after the reboot, and the canary's pair test or why not.
+    assert "verify   container CUDA probe on; all_reduce_perf within the node where installed" in res.output, res.output
+    assert "NCCL pair test " in res.output, res.output
 
 
 def test_an_unresolvable_target_version_blocks_the_host_in_the_preflight_before_any_drain(

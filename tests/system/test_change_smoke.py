@@ -20,6 +20,7 @@ Timings (how long each server took to be ready) are printed, not asserted.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -117,6 +118,18 @@ def test_smoke_passes_on_a_good_guest(tb: testbed.TestbedState, inventory: Path,
     assert json.loads((rd / "run.json").read_text())["warnings"] == []
     smoke = smoke_of(rd, host)
     assert smoke["ok"] is True and smoke["runtime"] == "podman" and smoke["image"] == IMAGE
+    # The verify steps ride on the smoke's line (docs/change-night.md "Verify steps"). The stand-in image has no
+    # PyTorch and the guests no nccl-tests, IMEX or InfiniBand: each step says why it did not run, never a pass.
+    (records,) = [e.detail["steps"] for e in entries(rd, host)
+                  if e.stage == "verifying" and isinstance(e.detail, dict) and "smoke" in e.detail]
+    steps = {r["step"]: r for r in records}
+    testbed_report("verify steps on the testbed: " + "; ".join(f"{k} {r['result']}: {r['reason']}"
+                                                               for k, r in steps.items()))
+    assert [r["result"] for r in records] == ["skipped"] * 4, records
+    assert "accepted the audit's container findings" in steps["container_probe"]["reason"]
+    assert steps["nccl_node"]["reason"].startswith("not run: ")
+    assert steps["imex"]["reason"].startswith("not needed: IMEX not installed")
+    assert "accepted the audit's RDMA findings on the canary" in steps["canary_pair"]["reason"]
     # The launch file's one-node command, the stand-in GPUs, the node's loopback.
     assert "--device nvidia.com/gpu=all" in smoke["command"] and "--max-model-len 4096" in smoke["command"]
     assert smoke["command"].endswith("--host 127.0.0.1 --port 18000")
@@ -134,6 +147,58 @@ def test_smoke_passes_on_a_good_guest(tb: testbed.TestbedState, inventory: Path,
 
 
 # -- 2. the server made to fail: the canary rolled back, the night stopped ---------------------------
+
+
+# A recorded all_reduce_perf within one 8-GPU node, 338.82 GB/s at 8 GiB (k3fleet/lab/active_data/SOURCES.md):
+# below the Kimi K3 target's 400 GB/s floor for an H200 node (the guests' stand-in GPUs), so the night's
+# within-node NCCL step must fail the canary on it.
+NCCL_RECORDING = Path(__file__).resolve().parents[2] / "k3fleet" / "lab" / "active_data" / \
+    "all_reduce_perf_h100_2nodes_16ranks.txt"
+STANDIN_NCCL = "/usr/local/bin/all_reduce_perf"
+STANDIN_DIR = "/usr/local/share/k3fleet"
+
+
+@pytest.fixture
+def slow_nccl(tb: testbed.TestbedState) -> Iterator[str]:
+    """tb-node02 answers all_reduce_perf with the recorded run (kept across the night's reboots); removed after."""
+    host = "tb-node02"
+    data = base64.b64encode(NCCL_RECORDING.read_bytes()).decode()
+    ssh(tb, host, f"mkdir -p {STANDIN_DIR} && echo {data} | base64 -d > {STANDIN_DIR}/nccl.txt && "
+                  f"printf '#!/bin/sh\\ncat {STANDIN_DIR}/nccl.txt\\n' > {STANDIN_NCCL} && chmod 755 {STANDIN_NCCL}")
+    try:
+        yield host
+    finally:
+        ssh(tb, host, f"rm -rf {STANDIN_NCCL} {STANDIN_DIR}")
+
+
+def test_a_failed_verify_step_names_its_log_lines_and_rolls_the_canary_back(
+        tb: testbed.TestbedState, inventory: Path, tmp_path: Path, slow_nccl: str) -> None:
+    canary = slow_nccl
+    put_on_575(tb, [canary])
+    before = packages(tb, canary)
+    result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-STEP-FAIL", operator="heidi",
+                                        canary=canary, limit=canary, runs_dir=tmp_path / "runs", forks=2,
+                                        accept_findings=ACCEPT, smoke=False),
+                         ["k3fleet", "upgrade", "--no-smoke"])
+    assert result.exit_code == 1, (result.message, result.hosts)
+    rd = result.run_dir.path
+    # The steps' own verifying line (no smoke), then the rescue's failed and rolled_back.
+    assert [e.stage for e in entries(rd, canary)] == ["snapshot", "draining", "drained", "upgrading", "rebooting",
+                                                       "verifying", "verifying", "failed", "rolled_back"]
+    (records,) = [e.detail["steps"] for e in entries(rd, canary)
+                  if e.stage == "verifying" and isinstance(e.detail, dict) and "steps" in e.detail]
+    nccl = {r["step"]: r for r in records}["nccl_node"]
+    assert (nccl["result"], nccl["peak_busbw_gbs"], nccl["min_busbw_gbs"]) == ("failed", 338.82, 400), nccl
+    assert any("Avg bus bandwidth" in line for line in nccl["log"]), nccl
+    failed = next(e for e in entries(rd, canary) if e.stage == "failed")
+    assert failed.detail["at"] == "verifying"
+    assert "verify step nccl_node failed: nccl_node: peak bus bandwidth 338.82 GB/s is below the target floor " \
+        "400" in failed.detail["msg"], failed.detail["msg"]
+    assert "deciding log lines:" in failed.detail["msg"] and "Avg bus bandwidth" in failed.detail["msg"]
+    # Rolled back exactly, the old driver loaded.
+    assert packages(tb, canary) == before
+    assert loaded(tb, canary) == OLD
+    testbed.update_node(tb, tb.host(canary).slurm_node, "resume")
 
 
 @pytest.fixture

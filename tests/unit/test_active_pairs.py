@@ -20,7 +20,11 @@ from ansible.module_utils.testing import patch_module_args
 from nodetree import ExitJson, FailJson
 from pydantic import ValidationError
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_pair, parse_all_reduce_perf
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import (
+    collect_node,
+    collect_pair,
+    parse_all_reduce_perf,
+)
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
@@ -320,3 +324,38 @@ def test_pair_findings_join_the_hosts_verdict(lab: Any) -> None:
     assert after.hosts["p01"].findings == before.hosts["p01"].findings
     assert after.hosts["p02"].status == before.hosts["p02"].status
     assert after.summary.failed == before.summary.failed + 1
+
+
+# -- the change night's verify: the same module within the node, with the lines that decide a run --------
+
+
+@pytest.mark.usefixtures("patched_exits")
+def test_one_address_runs_all_reduce_perf_within_the_node_and_keeps_the_deciding_lines(lab: Any) -> None:
+    out, _, spec = lab
+    root = out / "hosts" / "p01"
+    args = {"addresses": ["p01"], "gpus": 8, "active_spec": spec, "root": str(root), "path": str(root / "bin"),
+            "log_lines": 3}
+    with patch_module_args(args), pytest.raises(ExitJson) as done:
+        k3fleet_nccl_pair_info.main()
+    pair = done.value.args[0][RESULT_KEY]["pair"]
+    (cmd,) = done.value.args[0][RESULT_KEY]["commands"]
+    # The audit's within-node command line (every GPU in one process), no launcher.
+    assert cmd["argv"] == ["all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8"] and cmd["rc"] == 0
+    assert pair["ran"] and pair["gpus"] == 8 and pair["peak_busbw_gbs"] == 338.82 and pair["wrong"] == 0
+    assert "# Avg bus bandwidth    : 70.742" in pair["log"]["decisive"] and len(pair["log"]["tail"]) == 3
+
+
+def test_the_pair_keeps_its_log_only_when_asked(lab: Any) -> None:
+    out, _, spec = lab
+    low = collect_pair(_reader(out, "p02"), ["p02", "p03"], 8, spec, keep=4)
+    assert low["peak_busbw_gbs"] == 44.27 and len(low["log"]["tail"]) == 4
+    assert any("Using network IB" in line for line in low["log"]["decisive"])
+    assert "log" not in collect_pair(_reader(out, "p01"), ["p01", "p02"], 8, spec)
+
+
+def test_a_node_without_all_reduce_perf_or_a_gpu_count_runs_nothing(lab: Any) -> None:
+    out, _, spec = lab
+    reader = _reader(out, "p06")
+    assert collect_node(reader, 8, spec, keep=5) == {"ran": False, "reason": "all_reduce_perf: command not found",
+                                                     "gpus": 8}
+    assert collect_node(reader, 0, spec)["ran"] is False and reader.commands == []

@@ -341,11 +341,29 @@ def gpus_busy(driver, util):
     return None
 
 
-def _tool(reader, argv, timeout, parse, env=None):
+# The lines of an NCCL run that decide its result (the change night's verify quotes them when it fails):
+# NCCL's warnings and errors, the out-of-bounds and average lines, and the network it chose.
+_DECISIVE = re.compile(r"NCCL WARN|[Ee]rror|ERROR|Out of bounds|Avg bus bandwidth|Using network|NET/Socket")
+MAX_DECISIVE_LINES = 12
+
+
+def log_lines(stdout, stderr, keep):
+    """``{"decisive": [...], "tail": [...]}``: the deciding lines (at most MAX_DECISIVE_LINES) and the last
+    ``keep`` lines of the output, each at most 300 characters; None when ``keep`` is 0."""
+    if not keep:
+        return None
+    lines = [ln.rstrip()[:300] for ln in ((stdout or "") + "\n" + (stderr or "")).splitlines() if ln.strip()]
+    return {"decisive": [ln for ln in lines if _DECISIVE.search(ln)][:MAX_DECISIVE_LINES],
+            "tail": lines[-int(keep):]}
+
+
+def _tool(reader, argv, timeout, parse, env=None, keep=0):
     if reader.which(argv[0]) is None:
         return {"ran": False, "reason": "%s: command not found" % argv[0]}
     res = reader.run(argv, timeout=timeout, env=env)
     out = {"ran": True, "rc": res.rc, "error": res.error, "duration_s": round(res.duration, 1)}
+    if keep:
+        out["log"] = log_lines(res.stdout, res.stderr, keep)
     if res.error:
         out["reason"] = res.reason()
         return out
@@ -419,7 +437,20 @@ def collect_active(reader, level, spec, driver, rdma, scheduler=None):
 _ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
-def collect_pair(reader, addresses, gpus, spec):
+def collect_node(reader, gpus, spec, keep=0):
+    """all_reduce_perf within this node over its ``gpus`` GPUs (one process, ``-g gpus``) under the NCCL
+    timeout, as the audit's full level runs it; with ``keep``, the deciding lines and the output's tail.
+
+    An all_reduce_perf that is not installed is reported (``ran`` False) and never run."""
+    if not isinstance(gpus, int) or gpus < 1:
+        return {"ran": False, "reason": "the node's GPU count is unknown (%r)" % (gpus,), "gpus": gpus}
+    out = _tool(reader, all_reduce_perf_argv(gpus, spec["nccl_max_bytes"]), float(spec["nccl_timeout_s"]),
+                parse_all_reduce_perf, env=NCCL_DEBUG_ENV, keep=keep)
+    out["gpus"] = gpus
+    return out
+
+
+def collect_pair(reader, addresses, gpus, spec, keep=0):
     """all_reduce_perf over ``addresses`` (this node first, then its partner), ``gpus`` ranks on each,
     launched by the target's ``nccl_pair_launcher`` (mpirun) under the NCCL timeout.
 
@@ -440,6 +471,7 @@ def collect_pair(reader, addresses, gpus, spec):
             out["reason"] = "%s: command not found" % tool
             return out
     # The launching node's ranks inherit NCCL_DEBUG=INFO: their lines name the network the pair used.
-    result = _tool(reader, argv, float(spec["nccl_timeout_s"]), parse_all_reduce_perf, env=NCCL_DEBUG_ENV)
+    result = _tool(reader, argv, float(spec["nccl_timeout_s"]), parse_all_reduce_perf, env=NCCL_DEBUG_ENV,
+                   keep=keep)
     result.update({"addresses": out["addresses"], "gpus": gpus})
     return result

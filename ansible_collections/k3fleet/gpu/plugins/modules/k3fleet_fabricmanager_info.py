@@ -117,6 +117,14 @@ k3fleet:
       returned: always
       type: bool
       sample: false
+    imex:
+      description:
+        - IMEX as the audit reads it (the nvidia-imex unit, config, node list, channels and C(nvidia-imex-ctl -N)
+          domain state; C(status=absent) where IMEX is not installed). The change night's verify reads it again
+          after the reboot (docs/change-night.md "Verify steps").
+      returned: always
+      type: dict
+      sample: {"status": "absent", "reason": "IMEX not installed"}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -129,6 +137,7 @@ k3fleet_load.install()
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_imex import collect_imex
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
@@ -139,6 +148,7 @@ def main() -> None:
     driver = guard("driver", collect_driver, reader, use_nvml=False)
     packages = guard("packages", collect_packages, reader)
     facts = guard("fabricmanager", collect_fabricmanager, reader, driver=driver, packages=packages)
+    facts = dict(facts, imex=guard("imex", collect_imex, reader))
     module.exit_json(changed=False, **{RESULT_KEY: facts})
 
 

@@ -17,6 +17,9 @@ description:
   - The second play of C(k3fleet audit --active full) (docs/facts.md section 17) runs it on the first
     node of each pair, with both nodes idle. Loads the GPUs and the RDMA rails of both nodes for up to
     the NCCL timeout; changes nothing on either node.
+  - With one address (this node), runs C(all_reduce_perf) within the node over its I(gpus) GPUs instead
+    (C(-g) I(gpus), no launcher), as the change night's verify runs it after the reboot
+    (docs/change-night.md, Verify steps).
   - A launcher or C(all_reduce_perf) that is not installed is reported (C(ran=false) with a reason)
     and nothing runs; the controller reads that as unknown, never as a pass.
 version_added: "0.1.0"
@@ -25,10 +28,17 @@ author:
 options:
   addresses:
     description:
-      - The two nodes as the launcher reaches them, this node first (host names or IPv4 addresses).
+      - The two nodes as the launcher reaches them, this node first (host names or IPv4 addresses); one
+        (this node) runs the test within the node.
     type: list
     elements: str
     required: true
+  log_lines:
+    description:
+      - Keep the last this many lines of the run's output, and the lines that decide it (NCCL warnings and
+        errors, out of bounds, the average bus bandwidth, the network), in the result's C(log). 0 keeps none.
+    type: int
+    default: 0
   gpus:
     description: The GPUs on each node, which is the ranks per node.
     type: int
@@ -87,7 +97,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_pair
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_node, collect_pair
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
     READER_ARGS,
@@ -104,6 +114,7 @@ def main() -> None:
         addresses=dict(type="list", elements="str", required=True),
         gpus=dict(type="int", required=True),
         active_spec=dict(type="dict", required=True),
+        log_lines=dict(type="int", default=0),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
@@ -113,7 +124,11 @@ def main() -> None:
     if missing or not isinstance(launcher, list) or not launcher:
         module.fail_json(msg="active_spec needs %s (a non-empty launcher list)" % ", ".join(_SPEC_KEYS))
     reader = reader_from_params(p)
-    pair = guard("pair", collect_pair, reader, p["addresses"], p["gpus"], spec)
+    keep = max(0, p["log_lines"] or 0)
+    if len(p["addresses"] or []) == 1:
+        pair = guard("pair", collect_node, reader, p["gpus"], spec, keep)
+    else:
+        pair = guard("pair", collect_pair, reader, p["addresses"], p["gpus"], spec, keep)
     module.exit_json(changed=False, **{RESULT_KEY: {"pair": pair, "commands": reader.commands}})
 
 
