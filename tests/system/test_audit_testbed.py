@@ -180,10 +180,11 @@ def test_r575_proprietary_host_read_through_nvml(audit: Audit) -> None:
 
 def test_r580_host_read_through_the_k3fleet_nvml_binding(audit: Audit) -> None:
     f = audit.facts["tb-node02"]
-    # No pynvml on this guest: NVML answers through k3fleet's own binding, nvidia-smi never runs.
+    # No pynvml on this guest: NVML answers through k3fleet's own binding; nvidia-smi runs only for the
+    # GPU-to-NIC matrix NVML does not give (topo -m, docs/facts.md section 6).
     assert f["driver"]["source"] == "nvml"
     assert f["driver"]["nvml"] == {"status": "ok", "error": None, "bindings": "k3fleet"}
-    assert not [c for c in f["commands"] if c["argv"][0].endswith("nvidia-smi")]
+    assert [c["argv"][1:] for c in f["commands"] if c["argv"][0].endswith("nvidia-smi")] == [["topo", "-m"]]
     assert f["driver"]["driver_version"] == "580.95.05" and f["driver"]["gpu_count"] == 8
     assert f["driver"]["cuda_driver_version"] == "13.0"
     assert installed(audit, "tb-node02")["nvidia-fabricmanager-580"] == deb_version("580.95.05", fabricmanager=True)
