@@ -37,11 +37,14 @@ def test_the_readme_rehearsal_on_the_testbed(tmp_path: Path) -> None:
     assert ok["exit_code"] == 0 and ok["hosts"]["tb-node01"]["outcome"] == "upgraded"
     assert fail["exit_code"] == 1 and fail["hosts"]["tb-node02"]["outcome"] == "rolled_back"
     assert "exit 1" in done.stderr and "exit 3" in done.stderr
-    # The stopped night: journaled as interrupted at rebooting, then resumed to the end (run.json is the
+    # The stopped night: journaled as interrupted at rebooting (or verifying), then resumed to the end (run.json is the
     # resume's now), and both nodes rolled back by the last two commands.
     entries = read_journal(cwd / "runs" / "reh-stop" / "journal.jsonl").entries
     marks = [(e.host, e.stage, (e.interrupted or {}).get("signal")) for e in entries if e.interrupted]
-    assert marks == [("tb-node02", "rebooting", "SIGTERM")], marks
+    # The block sends SIGTERM once the journal says the canary reboots; a guest that comes back within the
+    # poll is already verifying by then. Either way the night stopped mid-change and the resume finished it.
+    assert len(marks) == 1 and marks[0][0] == "tb-node02" and marks[0][2] == "SIGTERM", marks
+    assert marks[0][1] in ("rebooting", "verifying"), marks
     stages = [e.stage for e in replay(entries)["tb-node02"].entries]
     assert "returned" in stages and stages[-1] in ("rolled_back", "returned")
     assert stop["exit_code"] == 0
