@@ -227,7 +227,7 @@ class PackageCheck:
 
     @property
     def reviewed_at(self) -> _dt.datetime | None:
-        return _when(self.manifest.get("reviewed_at") if isinstance(self.manifest, dict) else None)
+        return aware_time(self.manifest.get("reviewed_at") if isinstance(self.manifest, dict) else None)
 
 
 def _unsafe(name: str) -> str | None:
@@ -359,7 +359,8 @@ def run_mismatches(digests: Mapping[str, str], blobs: Mapping[str, bytes], *, re
     return problems
 
 
-def _when(value: object) -> _dt.datetime | None:
+def aware_time(value: object) -> _dt.datetime | None:
+    """An ISO-8601 time as written in run files ('Z' or an offset; none: UTC); None when it is not one."""
     if not isinstance(value, str):
         return None
     try:
@@ -393,7 +394,7 @@ def later_decisions(trees: Sequence[Path], check: PackageCheck) -> list[tuple[st
                 decision = reader.object(layout.DECISION)
             except (OSError, UsageError, IncompleteError):
                 continue
-            when = _when(decision.get("reviewed_at"))
+            when = aware_time(decision.get("reviewed_at"))
             if when is not None and when > own:
                 found[os.path.realpath(p)] = (p.name, when, str(decision.get("outcome", "?")))
     return sorted(found.values(), key=lambda x: x[1], reverse=True)

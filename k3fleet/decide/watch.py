@@ -65,7 +65,7 @@ from k3fleet.accept.metrics import MetricsError, scrape, scrape_url
 from k3fleet.accept.startup import NCCL_ERROR
 from k3fleet.bounds import check_seconds, parse_json, parse_seconds, read_input
 from k3fleet.contracts import result_code
-from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, check_fresh, verify_package
+from k3fleet.decide.package import FAILED, VERIFIED, PackageCheck, aware_time, check_fresh, verify_package
 from k3fleet.errors import IncompleteError, UsageError, validation_line
 from k3fleet.evidence import RunDir, layout, sha256_file, verify_run
 from k3fleet.evidence.reader import RunReader
@@ -404,14 +404,7 @@ def judge_node_log(text: str, since: _dt.datetime | None, target: Target,
 
 
 def approval_time(decision: Mapping[str, Any]) -> _dt.datetime | None:
-    value = decision.get("reviewed_at")
-    if not isinstance(value, str):
-        return None
-    try:
-        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
+    return aware_time(decision.get("reviewed_at"))
 
 
 # -- the baseline -----------------------------------------------------------------------------------
