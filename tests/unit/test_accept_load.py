@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 
 from k3fleet.accept.client import Endpoint, EndpointError
 from k3fleet.accept.load import LoadObserver, LoadOptions, filler, percentile, run_load
+from k3fleet.accept.metrics import parse_metrics
 from k3fleet.accept.record import Recorder
 from k3fleet.cli.base import main
 from k3fleet.evidence import RunDir
@@ -99,6 +101,26 @@ def test_small_server_names_a_ceiling() -> None:
     sustained = [r for r in d["curves"] if r["phase"] == "sustained"]
     assert sustained and all(r["concurrency"] == 2 and r["verdict"] == "ok" for r in sustained)
     assert any(f.check_id == "accept.load.ceiling" and "2" in f.message for f in res.findings)
+
+
+def test_preemptions_published_late_are_read_at_the_step_end() -> None:
+    # The simulator, as vLLM, counts a preemption with the preempted request's next output, not when it happens:
+    # the step's count arrives with its last tokens. Two sessions of 400 output tokens run together in 64 blocks
+    # of 16 (1,024 tokens, room for one) and one must be preempted; the step's closing sample, read once the
+    # counters agree twice, holds every preemption the server counted by the end of the run.
+    opts = LoadOptions(**{**QUICK, **NO_SLO, "phases": ["agent_ramp"], "ramp": [1, 3], "step_s": 0.5,
+                          "sample_interval_s": 0.5, "session_turns": 1, "system_prompt_tokens": 16,
+                          "turn_output_tokens": 400, "exact_turn_tokens": True})
+    with start_simulator(itl_ms=2.0, prefill_ms_per_token=0.0, kv_blocks=64, block_size=16, max_num_seqs=2,
+                         max_model_len=1024) as sim:
+        res = asyncio.run(run_load(ep(sim.base_url), opts))
+        page = httpx.get(sim.base_url + "/metrics", timeout=10)
+        server_count = parse_metrics(page.text, page.headers.get("content-type")).counter("vllm:num_preemptions")
+    d = res.data
+    assert server_count > 0 and d["counts"]["preemptions"] == server_count, (server_count, d["counts"])
+    assert [r["verdict"] for r in d["curves"]] == ["ok", "preempted"], d["curves"]
+    last = max((s for s in d["samples"] if s.get("step") == "3 sessions"), key=lambda s: s["t_s"])
+    assert last["settled"] is True and last["preemptions"] == server_count
 
 
 def test_crash_under_pressure_is_collapse() -> None:

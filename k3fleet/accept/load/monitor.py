@@ -4,7 +4,9 @@ in them, and the raw pages kept for the run directory."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
+import time
 from typing import Any
 
 from k3fleet.accept.gpu_telemetry import gpus_of
@@ -18,6 +20,10 @@ from k3fleet.accept.record import Recorder
 # none of them is never a pass on client figures alone (docs/acceptance-load.md, "Server evidence").
 SERVER_METRICS = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
                   "kv_usage": "vllm:kv_cache_usage_perc", "preemptions": "vllm:num_preemptions_total"}
+# The counters a step's closing sample waits on until two reads in a row agree (docs/acceptance-load.md,
+# "Server evidence"), and the most it waits.
+SETTLE_KEYS = ("preemptions", "prompt_tokens", "generation_tokens")
+SETTLE_BOUND_S = 2.0
 
 
 class Monitor:
@@ -50,17 +56,52 @@ class Monitor:
                 self.health_failures += 1
             snap = await self._scrape()
             if snap is not None:
-                row.update({k: v for k, v in snap.summary(self.model).items()})
-                by_engine = engine_kv(snap, self.model)
-                if by_engine:
-                    row["kv_by_engine"] = by_engine
-                row.update(self._restart_check(snap))
+                self._fill(row, snap)
             if self.telemetry_url is not None:
                 gpus = await self._gpus()
                 if gpus is not None:
                     row["gpus"] = gpus
-            self.samples.append(row)
+            self._add(row)
             await asyncio.sleep(self.tally.opts.sample_interval_s)
+
+    async def settle(self, bound_s: float = SETTLE_BOUND_S) -> None:
+        """One more sample when a step's requests are done, once the counters of :data:`SETTLE_KEYS` read the
+        same twice in a row (or ``bound_s`` ran out). vLLM publishes a step's statistics after its outputs,
+        and a preemption only with the preempted request's next output: the periodic sample, taken every
+        ``sample_interval_s`` on a busy machine, could close a step before its last counts (a real server's
+        preemption step read none). The sample is marked ``settled`` with how long it waited."""
+        t0 = time.monotonic()
+        pause, last = 0.02, None
+        while True:
+            snap = await self._scrape()
+            if snap is None:
+                return
+            summary = snap.summary(self.model)
+            values = tuple(summary.get(k) for k in SETTLE_KEYS)
+            if values == last or time.monotonic() - t0 >= bound_s:
+                break
+            last = values
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.25)
+        row: dict[str, Any] = {"t_s": round(self.tally.elapsed(), 3), **self.tally.where,
+                               "settled": values == last, "settle_waited_s": round(time.monotonic() - t0, 3)}
+        row["health"] = await self.http.health()
+        if row["health"] != 200:
+            self.health_failures += 1
+        self._fill(row, snap)
+        self._add(row)
+
+    def _fill(self, row: dict[str, Any], snap: MetricsSnapshot) -> None:
+        """A sample's server side: the metrics summary, the KV cache per engine, a restart seen."""
+        row.update(snap.summary(self.model))
+        by_engine = engine_kv(snap, self.model)
+        if by_engine:
+            row["kv_by_engine"] = by_engine
+        row.update(self._restart_check(snap))
+
+    def _add(self, row: dict[str, Any]) -> None:
+        # In time order: a periodic sample begun before a step's settled one may end after it.
+        bisect.insort(self.samples, row, key=lambda r: r["t_s"])
 
     def snapshot(self, window: str) -> None:
         """The last raw /metrics page for the run directory (``metrics/<window>.txt``), when a recorder is

@@ -284,6 +284,7 @@ class LoadRun:
             for res in results:
                 if isinstance(res, BaseException):
                     raise res
+            await self.monitor.settle()
             complete = True
         finally:
             row = self._end_step(phase, label, concurrency, shots, t_start, complete, offered_s=seconds)

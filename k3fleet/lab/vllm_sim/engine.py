@@ -9,7 +9,8 @@ One asyncio task runs engine steps, as vLLM's engine core does:
 2. spend the step's token budget (``max_num_batched_tokens``): one token for each decoding
    sequence, the rest on prompt chunks (chunked prefill) of sequences still prefilling;
 3. a decoding sequence that needs a new block when none is free preempts the most recently admitted
-   sequence (recompute: its blocks are freed and it goes back to the head of the queue);
+   sequence (recompute: its blocks are freed and it goes back to the head of the queue); the
+   preemption counter rises with that sequence's next output, not at the preemption;
 4. the step takes ``itl_ms`` plus ``prefill_ms_per_token`` for each prompt token computed, so cache
    hits shorten time to first token and long prompts slow every stream in the batch;
 5. every sequence that finished its prompt emits one token at the end of the step;
@@ -93,6 +94,7 @@ class SimRequest:
         self.to_compute = self.prompt_len
         self.hit_tokens = 0        # cached tokens at first admission (what usage reports)
         self.emitted = 0           # output tokens generated
+        self.unpublished_preemptions = 0  # counted with the request's next output, as vLLM does
         self.holding: Holding | None = None
         self.done = False
         self.error: str | None = None
@@ -263,6 +265,8 @@ class Engine:
             req.last_token_at = now
             req.emitted += 1
             self.stats.generation_tokens += 1
+            self.stats.preemptions += req.unpublished_preemptions
+            req.unpublished_preemptions = 0
             if req.emitted >= req.target_tokens:
                 self._finish(req, "length" if req.target_tokens < len(req.plan.items) else req.plan.finish_reason)
             req.wake.set()
@@ -286,7 +290,10 @@ class Engine:
         req.computed = 0
         req.to_compute = req.prompt_len + req.emitted
         self.waiting.appendleft(req)
-        self.stats.preemptions += 1
+        # vLLM's scheduler records the preemption as an event of the request, and the event reaches the
+        # Prometheus counter with that request's next output (docs/acceptance-load.md, "Server evidence"):
+        # the counter lags the preemption by the request's wait for re-admission and recompute.
+        req.unpublished_preemptions += 1
 
     def _release(self, req: SimRequest) -> None:
         if req.holding is not None:
