@@ -258,20 +258,26 @@ def run_vllm_bench_rate(py: Path, url: str, model: str, tokenizer: Path, rate: f
             "prompt_tokens": (prompt_tokens_total(url) - before) / max(ok, 1)}
 
 
-def run_k3fleet_rate(url: str, rate: float, count: int, prompt_tokens: int, output_tokens: int,
-                     model: str) -> dict[str, Any]:
-    """accept load's open loop (its rate_ramp phase at one rate, Poisson) in a process of its own."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--rate-worker", url, f"{rate:g}", str(count),
-           str(prompt_tokens), str(output_tokens), model]
+def _worker_result(cmd: list[str], what: str) -> dict[str, Any]:
+    """Run one of this script's worker modes as its own process: its printed JSON result, with the CPU it
+    used over its own start..end window."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = CpuSampler(proc.pid)
     out, errtext = proc.communicate()
     sampler.stop()
     if proc.returncode != 0:
-        raise RuntimeError(f"k3fleet rate worker exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
-    res = json.loads(out)
+        raise RuntimeError(f"{what} exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
+    res: dict[str, Any] = json.loads(out)
     res["cpu_s"] = sampler.window(res["start"], res["end"])
     return res
+
+
+def run_k3fleet_rate(url: str, rate: float, count: int, prompt_tokens: int, output_tokens: int,
+                     model: str) -> dict[str, Any]:
+    """accept load's open loop (its rate_ramp phase at one rate, Poisson) in a process of its own."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--rate-worker", url, f"{rate:g}", str(count),
+           str(prompt_tokens), str(output_tokens), model]
+    return _worker_result(cmd, "k3fleet rate worker")
 
 
 def rate_worker(url: str, rate: float, count: int, prompt_tokens: int, output_tokens: int, model: str) -> None:
@@ -397,15 +403,7 @@ def run_k3fleet(url: str, streams: int, count: int, words: int, output_tokens: i
                 model: str = "moonshotai/Kimi-K3") -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", url, str(streams), str(count), str(words),
            str(output_tokens), model]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = CpuSampler(proc.pid)
-    out, errtext = proc.communicate()
-    sampler.stop()
-    if proc.returncode != 0:
-        raise RuntimeError(f"k3fleet worker exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
-    res = json.loads(out)
-    res["cpu_s"] = sampler.window(res["start"], res["end"])
-    return res
+    return _worker_result(cmd, "k3fleet worker")
 
 
 def worker(url: str, streams: int, count: int, words: int, output_tokens: int, model: str) -> None:

@@ -13,6 +13,7 @@ least ``goodput_target`` of its requests do and the errors stay within ``error_r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ from k3fleet.accept.load.shots import SERVER_KINDS, Budget, Shot, percentile
 from k3fleet.accept.load.trace import Trace, TraceRequest
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from k3fleet.accept.load.run import LoadRun
 
 # Never more requests in flight than this, whatever the rate (docs/acceptance-load.md: bounded load).
@@ -132,7 +135,7 @@ class OpenLoop:
             shots.append(shot)
 
         try:
-            try:
+            async with _settled(tasks):
                 if opts.arrival == "closed":
                     await self._closed(rate, one, tasks, state)
                 else:
@@ -149,15 +152,7 @@ class OpenLoop:
                         lag = time.monotonic() - base - off
                         tasks.append(asyncio.ensure_future(one(i, base - run.tally.t0 + off, lag)))
                 await _all(tasks)
-                complete = True
-            except Budget:
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+            complete = True
         finally:
             row = self._row(phase, label, rate, shots, t_start, complete, state, opts.rate_step_s)
         return row
@@ -210,7 +205,7 @@ class OpenLoop:
             shots.append(shot)
 
         try:
-            try:
+            async with _settled(tasks):
                 base = time.monotonic()
                 for i, req in enumerate(trace.requests):
                     delay = base + req.arrival_s - time.monotonic()
@@ -221,15 +216,7 @@ class OpenLoop:
                     lag = time.monotonic() - base - req.arrival_s
                     tasks.append(asyncio.ensure_future(one(i, req, base - run.tally.t0 + req.arrival_s, lag)))
                 await _all(tasks)
-                complete = True
-            except Budget:
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+            complete = True
         finally:
             row = self._row("trace", label, round(rate, 3), shots, t_start, complete, state, span)
         return row
@@ -328,6 +315,22 @@ class _NoLock:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+@contextlib.asynccontextmanager
+async def _settled(tasks: list[asyncio.Future[None]]) -> AsyncIterator[None]:
+    """On a failure while the tasks run: at the budget's end they finish (each records its shot), on any
+    other they are cancelled; either way none is left running when the failure goes on up."""
+    try:
+        yield
+    except Budget:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _all(tasks: list[asyncio.Future[None]]) -> None:
