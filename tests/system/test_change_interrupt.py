@@ -48,16 +48,6 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-@pytest.fixture(scope="module")
-def inventory(testbed_state: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The testbed inventory; Slurm's daemons run on this machine, so its clients do too."""
-    data = yaml.safe_load(testbed_state.inventory.read_text())
-    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
-    path = tmp_path_factory.mktemp("interrupt") / "inventory.yml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():

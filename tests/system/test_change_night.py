@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from nightkit import NEW, NEW_NAMES, OLD, OLD_NAMES, loaded, packages, put_on_575, smoke_launch, ssh
 
 from k3fleet.audit.runner import Observer
@@ -69,16 +68,6 @@ def report(config: pytest.Config, line: str) -> None:
 @pytest.fixture(scope="module")
 def tb(testbed_state: testbed.TestbedState) -> testbed.TestbedState:
     return testbed_state
-
-
-@pytest.fixture(scope="module")
-def inventory(tb: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The testbed inventory; Slurm's daemons run on this machine, so its clients do too."""
-    data = yaml.safe_load(tb.inventory.read_text())
-    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
-    path = tmp_path_factory.mktemp("night") / "inventory.yml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 @pytest.fixture

@@ -129,10 +129,7 @@ class OpenLoop:
                     await run.http.send(body, shot, parse_all=False)
                 finally:
                     state["in_flight"] -= 1
-            if shot.prompt_tokens is not None:
-                shot.context_tokens = shot.prompt_tokens
-            run.tally.record(shot)
-            shots.append(shot)
+            self._record(shot, shots)
 
         try:
             async with _settled(tasks):
@@ -199,10 +196,7 @@ class OpenLoop:
                         state["in_flight"] -= 1
                 if slot is not None and shot.ok:
                     history += [{"role": "user", "content": text}, {"role": "assistant", "content": shot.content}]
-            if shot.prompt_tokens is not None:
-                shot.context_tokens = shot.prompt_tokens
-            run.tally.record(shot)
-            shots.append(shot)
+            self._record(shot, shots)
 
         try:
             async with _settled(tasks):
@@ -220,6 +214,13 @@ class OpenLoop:
         finally:
             row = self._row("trace", label, round(rate, 3), shots, t_start, complete, state, span)
         return row
+
+    def _record(self, shot: Shot, shots: list[Shot]) -> None:
+        """A finished request: its prompt is its context, the tally counts it and the step keeps it."""
+        if shot.prompt_tokens is not None:
+            shot.context_tokens = shot.prompt_tokens
+        self.run.tally.record(shot)
+        shots.append(shot)
 
     async def _closed(self, rate: float, one: Any, tasks: list[asyncio.Future[None]], state: dict[str, int]) -> None:
         """``max_concurrency`` sessions, each waiting for its answer before the next request, paced to its
