@@ -37,3 +37,11 @@ def empty_night(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, derive: Derive)
     monkeypatch.setattr(change, "run_upgrade", run_upgrade)
     monkeypatch.chdir(tmp_path)
     return seen
+
+
+def empty_audit(tmp_path: Path) -> Path:
+    """An audit run directory with an empty verdict and its manifest: the audit a night's extravars point at."""
+    rd = RunDir.create(tmp_path, "audit", ["k3fleet", "audit"], out=tmp_path / "audit")
+    rd.write_json("verdict.json", {})
+    rd.write_manifest()
+    return rd.path

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from empty_night import empty_night
+from empty_night import empty_audit, empty_night
 from pydantic import ValidationError
 
 from k3fleet.change import UpgradeOptions
@@ -191,10 +191,7 @@ def _record(smoke: SmokeChoice | None, timeouts: dict[str, int]) -> ChangeRecord
 
 @pytest.fixture
 def audit_dir(tmp_path: Path) -> Path:
-    rd = RunDir.create(tmp_path, "audit", ["k3fleet", "audit"], out=tmp_path / "audit")
-    rd.write_json("verdict.json", {})
-    rd.write_manifest()
-    return rd.path
+    return empty_audit(tmp_path)
 
 
 @pytest.mark.parametrize(("smoke", "expected"), [

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from empty_night import empty_night
+from empty_night import empty_audit, empty_night
 
 from k3fleet.change import UpgradeOptions
 from k3fleet.change.journal import JournalEntry, replay
@@ -47,10 +47,7 @@ def test_the_warning_and_the_result_line() -> None:
 
 @pytest.fixture
 def audit_dir(tmp_path: Path) -> Path:
-    rd = RunDir.create(tmp_path, "audit", ["k3fleet", "audit"], out=tmp_path / "audit")
-    rd.write_json("verdict.json", {})
-    rd.write_manifest()
-    return rd.path
+    return empty_audit(tmp_path)
 
 
 @pytest.mark.parametrize(("kit", "expected"), [(True, {"timeout": 1200}), (None, {"timeout": 1200}), (False, None)])
