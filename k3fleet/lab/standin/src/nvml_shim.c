@@ -471,6 +471,15 @@ static nvmlReturn_t check_device(nvmlDevice_t device)
     return NVML_SUCCESS;
 }
 
+/* check_device, then the one pointer the query writes its answer through (NULL: invalid argument). */
+static nvmlReturn_t check_device_out(nvmlDevice_t device, const void *out)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return out ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 /*
  * The fabric is up while the fabric manager runs: it writes its pid into the
  * state file and removes the file when it stops; a stale file (the process was
@@ -649,11 +658,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlD
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, index);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!index)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *index = device->index;
     return NVML_SUCCESS;
 }
@@ -677,11 +684,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, memory);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
     /* What the compute processes hold, and (as the real v1 call does) the driver's reserved memory. */
     memory->total = sim.memory_bytes;
     memory->used = used_bytes(device) + sim.reserved_bytes;
@@ -691,11 +696,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, memory);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = sim.memory_bytes;
@@ -707,22 +710,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 
 EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, mode);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!mode)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *mode = (int)sim.persistence;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, mode);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!mode)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *mode = 0; /* NVML_COMPUTEMODE_DEFAULT */
     return NVML_SUCCESS;
 }
@@ -754,11 +753,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int 
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, pci);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!pci)
-        return NVML_ERROR_INVALID_ARGUMENT;
     memset(pci, 0, sizeof(*pci));
     pci->domain = device->domain;
     pci->bus = device->bus;
@@ -800,11 +797,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigne
 
 EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, value);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!value)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *value = 0; /* a link at its full generation and width has not replayed */
     return NVML_SUCCESS;
 }
@@ -821,11 +816,9 @@ static void fill_fabric(unsigned char *uuid, nvmlReturn_t *status, unsigned int 
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, info);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!info)
-        return NVML_ERROR_INVALID_ARGUMENT;
     fill_fabric(info->clusterUuid, &info->status, &info->cliqueId, &info->state);
     return NVML_SUCCESS;
 }
@@ -906,11 +899,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int 
 /* An idle GPU: the only clock event is "GPU idle"; never a hardware slowdown. */
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, reasons);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!reasons)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *reasons = NVML_CLOCKS_EVENT_REASON_GPU_IDLE;
     return NVML_SUCCESS;
 }
@@ -923,11 +914,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t devic
 
 static nvmlReturn_t link_value(nvmlDevice_t device, unsigned int *out, unsigned int value)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, out);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!out)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *out = value;
     return NVML_SUCCESS;
 }
@@ -961,11 +950,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_device_out(device, infoCount);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!infoCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (*infoCount < device->nprocs || (device->nprocs && !infos)) {
         *infoCount = device->nprocs;
         return NVML_ERROR_INSUFFICIENT_SIZE;
