@@ -8,11 +8,14 @@ there only (this module does not pass them on); a pydantic error becomes one lin
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from k3fleet.contracts import EXIT_INCOMPLETE, EXIT_USAGE
 
-__all__ = ["IncompleteError", "K3FleetError", "UsageError", "error_location", "error_message", "validation_line"]
+__all__ = ["IncompleteError", "K3FleetError", "UsageError", "error_location", "error_message", "validated",
+           "validation_line"]
 
 
 class K3FleetError(Exception):
@@ -73,3 +76,17 @@ def validation_line(exc: Any, label: str | None = None, *, at: str = "", show_in
         if len(errs) > 1:
             line += f" (+{len(errs) - 1} more)"
     return f"{label}: {line}" if label else line
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def validated(model: type[_M], data: Any, label: str, expected: str) -> _M:
+    """``data`` (parsed from a user's file) as ``model``; not a mapping, or not valid, is one UsageError line:
+    ``label: expected`` or ``label: field.path: message``."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{label}: {expected}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(validation_line(exc, label)) from None

@@ -201,14 +201,9 @@ def prompt_tokens_total(url: str) -> float:
     return parse_metrics(resp.text, resp.headers.get("content-type")).counter("vllm:prompt_tokens") or 0.0
 
 
-def run_vllm_bench(py: Path, url: str, model: str, tokenizer: Path, streams: int, count: int, prompt_tokens: int,
-                   output_tokens: int, workdir: Path) -> dict[str, Any]:
-    name = f"vllm-bench-{streams}-{int(time.time() * 1000)}.json"
-    cmd = [str(py), "-c", _VLLM_BENCH, "--backend", "openai-chat", "--base-url", url, "--endpoint",
-           "/v1/chat/completions", "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
-           "--random-input-len", str(prompt_tokens), "--random-output-len", str(output_tokens), "--num-prompts",
-           str(count), "--max-concurrency", str(streams), "--ignore-eos", "--save-result", "--result-dir",
-           str(workdir), "--result-filename", name, "--disable-tqdm"]
+def _vllm_bench_result(cmd: list[str], url: str, workdir: Path, name: str) -> tuple[dict[str, Any], int, float, float]:
+    """Run ``vllm bench serve`` (``cmd``, saving its result as ``name`` in ``workdir``): its result, the requests
+    completed, the CPU it used over its own run and the prompt tokens per completed request the server counted."""
     before = prompt_tokens_total(url)
     proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -223,9 +218,20 @@ def run_vllm_bench(py: Path, url: str, model: str, tokenizer: Path, streams: int
     end = out.stat().st_mtime
     start = end - float(res["duration"])
     ok = int(res["completed"])
+    return res, ok, sampler.window(start, end), (prompt_tokens_total(url) - before) / max(ok, 1)
+
+
+def run_vllm_bench(py: Path, url: str, model: str, tokenizer: Path, streams: int, count: int, prompt_tokens: int,
+                   output_tokens: int, workdir: Path) -> dict[str, Any]:
+    name = f"vllm-bench-{streams}-{int(time.time() * 1000)}.json"
+    cmd = [str(py), "-c", _VLLM_BENCH, "--backend", "openai-chat", "--base-url", url, "--endpoint",
+           "/v1/chat/completions", "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+           "--random-input-len", str(prompt_tokens), "--random-output-len", str(output_tokens), "--num-prompts",
+           str(count), "--max-concurrency", str(streams), "--ignore-eos", "--save-result", "--result-dir",
+           str(workdir), "--result-filename", name, "--disable-tqdm"]
+    res, ok, cpu_s, prompt_tokens = _vllm_bench_result(cmd, url, workdir, name)
     return {"ok": ok, "requests": count, "wall_s": float(res["duration"]), "rps": float(res["request_throughput"]),
-            "cpu_s": sampler.window(start, end),
-            "prompt_tokens": (prompt_tokens_total(url) - before) / max(ok, 1)}
+            "cpu_s": cpu_s, "prompt_tokens": prompt_tokens}
 
 
 def run_vllm_bench_rate(py: Path, url: str, model: str, tokenizer: Path, rate: float, count: int,
@@ -238,24 +244,25 @@ def run_vllm_bench_rate(py: Path, url: str, model: str, tokenizer: Path, rate: f
            str(count), "--request-rate", f"{rate:g}", "--burstiness", "1.0", "--ignore-eos", "--seed", "0",
            "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99", "--save-result", "--result-dir",
            str(workdir), "--result-filename", name, "--disable-tqdm"]
-    before = prompt_tokens_total(url)
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    sampler = CpuSampler(proc.pid)
-    output, _ = proc.communicate()
-    sampler.stop()
-    out = workdir / name
-    if proc.returncode != 0 or not out.is_file():
-        tail = " | ".join(output.strip().splitlines()[-3:])
-        raise RuntimeError(f"vllm bench serve exited {proc.returncode}: {tail}")
-    res = json.loads(out.read_text())
-    end = out.stat().st_mtime
-    start = end - float(res["duration"])
-    ok = int(res["completed"])
-    return {"ok": ok, "requests": count, "rps": float(res["request_throughput"]), "cpu_s": sampler.window(start, end),
+    res, ok, cpu_s, prompt_tokens = _vllm_bench_result(cmd, url, workdir, name)
+    return {"ok": ok, "requests": count, "rps": float(res["request_throughput"]), "cpu_s": cpu_s,
             "ttft_p50": float(res["median_ttft_ms"]) / 1000, "ttft_p99": float(res["p99_ttft_ms"]) / 1000,
             "itl_p50": float(res["median_itl_ms"]) / 1000, "itl_p99": float(res["p99_itl_ms"]) / 1000,
-            "prompt_tokens": (prompt_tokens_total(url) - before) / max(ok, 1)}
+            "prompt_tokens": prompt_tokens}
+
+
+def _worker_result(cmd: list[str], what: str) -> dict[str, Any]:
+    """Run one of this script's worker modes as its own process: its printed JSON result, with the CPU it
+    used over its own start..end window."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = CpuSampler(proc.pid)
+    out, errtext = proc.communicate()
+    sampler.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
+    res: dict[str, Any] = json.loads(out)
+    res["cpu_s"] = sampler.window(res["start"], res["end"])
+    return res
 
 
 def run_k3fleet_rate(url: str, rate: float, count: int, prompt_tokens: int, output_tokens: int,
@@ -263,15 +270,7 @@ def run_k3fleet_rate(url: str, rate: float, count: int, prompt_tokens: int, outp
     """accept load's open loop (its rate_ramp phase at one rate, Poisson) in a process of its own."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--rate-worker", url, f"{rate:g}", str(count),
            str(prompt_tokens), str(output_tokens), model]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = CpuSampler(proc.pid)
-    out, errtext = proc.communicate()
-    sampler.stop()
-    if proc.returncode != 0:
-        raise RuntimeError(f"k3fleet rate worker exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
-    res = json.loads(out)
-    res["cpu_s"] = sampler.window(res["start"], res["end"])
-    return res
+    return _worker_result(cmd, "k3fleet rate worker")
 
 
 def rate_worker(url: str, rate: float, count: int, prompt_tokens: int, output_tokens: int, model: str) -> None:
@@ -397,15 +396,7 @@ def run_k3fleet(url: str, streams: int, count: int, words: int, output_tokens: i
                 model: str = "moonshotai/Kimi-K3") -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", url, str(streams), str(count), str(words),
            str(output_tokens), model]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = CpuSampler(proc.pid)
-    out, errtext = proc.communicate()
-    sampler.stop()
-    if proc.returncode != 0:
-        raise RuntimeError(f"k3fleet worker exited {proc.returncode}: {errtext.strip().splitlines()[-1:]}")
-    res = json.loads(out)
-    res["cpu_s"] = sampler.window(res["start"], res["end"])
-    return res
+    return _worker_result(cmd, "k3fleet worker")
 
 
 def worker(url: str, streams: int, count: int, words: int, output_tokens: int, model: str) -> None:

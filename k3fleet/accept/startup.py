@@ -243,6 +243,15 @@ _ROUTINE = re.compile(
     r'|(?:INFO:\s+)?[\w.:\[\]-]+:\d+ - "(?:GET|POST|PUT|DELETE|HEAD|OPTIONS) \S+ HTTP/[\d.]+" \d{3}(?: [\w ]+)?\s*')
 
 
+def _set_first(scan: _Scan, key: str, patterns: Iterable[re.Pattern[str]], msg: str) -> None:
+    """Set ``key`` from the first of ``patterns`` that matches ``msg`` (its first group); none: nothing."""
+    for pat in patterns:
+        m = pat.search(msg)
+        if m:
+            scan.set(key, m.group(1))
+            return
+
+
 def _scan_line(scan: _Scan, raw: str) -> None:
     line = raw.rstrip("\n")
     msg = _message(line)
@@ -252,27 +261,15 @@ def _scan_line(scan: _Scan, raw: str) -> None:
         if _VLLM_LINE.search(line):
             scan.vllm_evidence = True
         return
-    for pat in _VERSION_PATTERNS:
-        m = pat.search(msg)
-        if m:
-            scan.set("vllm_version", m.group(1))
-            break
+    _set_first(scan, "vllm_version", _VERSION_PATTERNS, msg)
     m = _IMAGE.search(line) or _ANY_IMAGE.search(line)
     if m:
         scan.set("image", parse_image_ref(m.group(1)).without_digest())
     d = _DIGEST.search(line)
     if d and ("Digest:" in line or "vllm-openai" in line or (m is not None and "@sha256:" in m.group(1))):
         scan.set("image_digest", d.group(1))
-    for pat in _CUDA_PATTERNS:
-        m = pat.search(msg)
-        if m:
-            scan.set("cuda_version", m.group(1))
-            break
-    for pat in _TORCH:
-        m = pat.search(msg)
-        if m:
-            scan.set("torch_version", m.group(1))
-            break
+    _set_first(scan, "cuda_version", _CUDA_PATTERNS, msg)
+    _set_first(scan, "torch_version", _TORCH, msg)
     m = _NON_DEFAULT.search(msg)
     if m:
         args = _literal(m.group(1))

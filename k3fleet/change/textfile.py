@@ -77,6 +77,12 @@ class NightTextfile:
         from prometheus_client.exposition import generate_latest
         from prometheus_client.registry import Collector
 
+        def night_gauge(name: str, documentation: str, cid: list[str], value: float) -> GaugeMetricFamily:
+            """One gauge of the night with its one ``change_id`` label."""
+            gauge = GaugeMetricFamily(name, documentation, labels=["change_id"])
+            gauge.add_metric(cid, value)
+            return gauge
+
         night = self
 
         class _Night(Collector):
@@ -97,27 +103,17 @@ class NightTextfile:
                 for host in night.hosts:
                     per.add_metric([night.change_id, host, night.stage[host]], 1.0)
                 yield per
-                failures = GaugeMetricFamily("k3fleet_change_failures", "Hosts that failed in this night.",
-                                             labels=["change_id"])
-                failures.add_metric(cid, float(len(night.failed)))
-                yield failures
-                left = GaugeMetricFamily("k3fleet_change_failure_budget_left", "Failures the night still "
-                                         "tolerates before it stops every drain not yet started (--failure-budget "
-                                         "minus failures, at least 0).", labels=["change_id"])
-                left.add_metric(cid, float(max(0, night.failure_budget - len(night.failed))))
-                yield left
-                wave = GaugeMetricFamily("k3fleet_change_wave", "The batch the night is in: 0 the canary, then "
-                                         "the waves.", labels=["change_id"])
-                wave.add_metric(cid, float(night.wave))
-                yield wave
-                waves = GaugeMetricFamily("k3fleet_change_waves", "Batches of the night, the canary's included.",
-                                          labels=["change_id"])
-                waves.add_metric(cid, float(len(night.batches)))
-                yield waves
-                upd = GaugeMetricFamily("k3fleet_change_updated_timestamp_seconds", "When the night last moved "
-                                        "(Unix time).", labels=["change_id"])
-                upd.add_metric(cid, night.updated)
-                yield upd
+                yield night_gauge("k3fleet_change_failures", "Hosts that failed in this night.", cid,
+                                  float(len(night.failed)))
+                yield night_gauge("k3fleet_change_failure_budget_left", "Failures the night still tolerates before "
+                                  "it stops every drain not yet started (--failure-budget minus failures, at least "
+                                  "0).", cid, float(max(0, night.failure_budget - len(night.failed))))
+                yield night_gauge("k3fleet_change_wave", "The batch the night is in: 0 the canary, then the waves.",
+                                  cid, float(night.wave))
+                yield night_gauge("k3fleet_change_waves", "Batches of the night, the canary's included.", cid,
+                                  float(len(night.batches)))
+                yield night_gauge("k3fleet_change_updated_timestamp_seconds", "When the night last moved (Unix "
+                                  "time).", cid, night.updated)
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Night())

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from k3fleet.accept.profile_cases import write_profile_evidence
 from k3fleet.bounds import load_yaml, read_input
@@ -32,7 +32,7 @@ from k3fleet.decide.readers import (
 )
 from k3fleet.decide.rules import decide
 from k3fleet.decide.signing import SigningKey, signing_key
-from k3fleet.errors import UsageError, validation_line
+from k3fleet.errors import UsageError, validated
 from k3fleet.evidence import RunDir, layout, sha256_file
 from k3fleet.evidence.reader import RunReader
 from k3fleet.evidence.writer import check_output, is_stdout
@@ -105,12 +105,7 @@ def _yaml_file(path: Path, what: str) -> Any:
 
 def load_owners(path: Path) -> OwnersFile:
     data = _yaml_file(path, "owners file")
-    if not isinstance(data, dict):
-        raise UsageError(f"owners file {path}: expected a mapping with 'items:'")
-    try:
-        owners = OwnersFile.model_validate(data)
-    except ValidationError as exc:
-        raise UsageError(validation_line(exc, f"owners file {path}")) from exc
+    owners = validated(OwnersFile, data, f"owners file {path}", "expected a mapping with 'items:'")
     unknown = sorted(set(owners.items) - set(ITEM_IDS))
     if unknown:
         raise UsageError(f"owners file {path}: items.{unknown[0]}: not a checklist item "
@@ -128,12 +123,7 @@ LIMIT_KINDS = ("concurrency_ceiling", "max_context_tokens", "rate_limit", "retry
 
 def load_build(path: Path) -> CustomBuild:
     data = _yaml_file(path, "build record")
-    if not isinstance(data, dict):
-        raise UsageError(f"build record {path}: expected a mapping")
-    try:
-        return CustomBuild.model_validate(data)
-    except ValidationError as exc:
-        raise UsageError(validation_line(exc, f"build record {path}")) from exc
+    return validated(CustomBuild, data, f"build record {path}", "expected a mapping")
 
 
 def validate_name(value: str | None, option: str) -> str | None:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from k3fleet.bounds import load_yaml, read_input
-from k3fleet.errors import UsageError, validation_line
+from k3fleet.errors import UsageError, validated
 
 PROFILE_VERSION = "1.0"
 MAX_CONCURRENCY = 4096  # the load probe's own bound
@@ -266,12 +266,8 @@ def load_profile(path: Path) -> LoadedProfile:
     """Read, validate and resolve a profile; every problem is one UsageError line naming the file and field."""
     text = _read_text(path, "profile")
     data = _parse(text, path, "profile")
-    if not isinstance(data, dict):
-        raise UsageError(f"profile {path}: expected a mapping (name, concurrency, context_tokens, ...)")
-    try:
-        profile = ProductionProfile.model_validate(data)
-    except ValidationError as exc:
-        raise UsageError(validation_line(exc, f"profile {path}")) from exc
+    profile = validated(ProductionProfile, data, f"profile {path}",
+                        "expected a mapping (name, concurrency, context_tokens, ...)")
     loaded = LoadedProfile(profile=profile, path=path, text=text)
     base = path.parent
     for rel in profile.tools:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from k3fleet.bounds import load_yaml, read_input
 from k3fleet.errors import UsageError, error_location, error_message
@@ -46,6 +46,9 @@ class TargetError(ValueError):
         self.problem = problem
         where = f"{file}: {field}: " if field else f"{file}: "
         super().__init__(where + problem)
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def _packaged(name: str) -> Path:
@@ -105,26 +108,26 @@ def load_matrix(path: Path | None = None) -> CudaDriverMatrix:
         raise _from_validation(label, exc) from None
 
 
+def _load_packaged(model: type[_M], name: str, what: str) -> _M:
+    """The packaged YAML file ``name`` validated as ``model``; errors name it as ``what``."""
+    p = _packaged(name)
+    label = f"{what} {p}"
+    try:
+        return model.model_validate(_read_yaml(label, p))
+    except ValidationError as exc:
+        raise _from_validation(label, exc) from None
+
+
 @functools.cache
 def xid_catalog() -> XidCatalog:
     """NVIDIA's Xid catalogue with each code's action (the packaged xid_catalog.yaml, read once)."""
-    p = _packaged(XID_CATALOG)
-    label = f"Xid catalogue {p}"
-    try:
-        return XidCatalog.model_validate(_read_yaml(label, p))
-    except ValidationError as exc:
-        raise _from_validation(label, exc) from None
+    return _load_packaged(XidCatalog, XID_CATALOG, "Xid catalogue")
 
 
 @functools.cache
 def dcgm_errors() -> DcgmErrors:
     """DCGM's diagnostic failure codes with their severities (the packaged dcgm_errors.yaml, read once)."""
-    p = _packaged(DCGM_ERRORS)
-    label = f"DCGM error codes {p}"
-    try:
-        return DcgmErrors.model_validate(_read_yaml(label, p))
-    except ValidationError as exc:
-        raise _from_validation(label, exc) from None
+    return _load_packaged(DcgmErrors, DCGM_ERRORS, "DCGM error codes")
 
 
 def load_target(path: Path | None = None) -> Target:

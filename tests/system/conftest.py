@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from k3fleet.lab import testbed
 from k3fleet.lab.common import proc
@@ -102,3 +103,13 @@ def fresh_testbed(
     _renew(testbed_state, testbed_report)
     yield testbed_state
     _renew(testbed_state)
+
+
+@pytest.fixture(scope="module")
+def inventory(testbed_state: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The testbed inventory for a change night; Slurm's daemons run on this machine, so its clients do too."""
+    data = yaml.safe_load(testbed_state.inventory.read_text())
+    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
+    path = tmp_path_factory.mktemp("inventory") / "inventory.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path

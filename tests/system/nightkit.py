@@ -5,6 +5,8 @@ looks before its first night."""
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from k3fleet.lab import testbed
@@ -15,6 +17,21 @@ OLD_PINS = install_pins(OLD)
 NEW_PINS = install_pins(NEW)
 OLD_NAMES = [p.split("=")[0] for p in OLD_PINS]
 NEW_NAMES = [p.split("=")[0] for p in NEW_PINS]
+
+# Runs the k3fleet CLI in a process of its own (a night the test can signal or leave running).
+LAUNCHER = """
+import sys
+from k3fleet import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str, every: float = 0.5) -> None:
+    """Poll ``check`` every ``every`` seconds until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not reached in {timeout:.0f}s"
+        time.sleep(every)
 
 
 def smoke_launch(directory: Path) -> Path:

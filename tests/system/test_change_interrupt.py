@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nightkit import NEW, OLD, loaded, packages, put_on_575, smoke_launch
+from nightkit import LAUNCHER, NEW, OLD, loaded, packages, put_on_575, smoke_launch, wait_for
 from procwatch import Watcher
 
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
@@ -41,30 +41,6 @@ pytestmark = pytest.mark.system
 
 HOST = "tb-node02"
 ACCEPT = ["rdma.*", "container.*"]
-LAUNCHER = """
-import sys
-from k3fleet import cli
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
-@pytest.fixture(scope="module")
-def inventory(testbed_state: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The testbed inventory; Slurm's daemons run on this machine, so its clients do too."""
-    data = yaml.safe_load(testbed_state.inventory.read_text())
-    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
-    path = tmp_path_factory.mktemp("interrupt") / "inventory.yml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not reached in {timeout:.0f}s"
-        time.sleep(0.3)
-
-
 def slow_return(inventory: Path, directory: Path, mark: Path) -> Path:
     """The inventory with a Slurm client whose return to service (`state=resume`) leaves ``mark`` and
     takes 30 s, then runs the real scontrol."""
@@ -109,7 +85,7 @@ def test_a_night_stopped_in_a_stage_is_continued(testbed_state: testbed.TestbedS
     started = time.monotonic()
     try:
         if job is not None:
-            _wait(lambda: testbed.job_state(tb, job) == "RUNNING", 60, "the job running")
+            wait_for(lambda: testbed.job_state(tb, job) == "RUNNING", 60, "the job running", every=0.3)
         launcher = tmp_path / "k3fleet_cli.py"
         launcher.write_text(LAUNCHER)
         night_inventory, returning = inventory, tmp_path / "returning"
@@ -133,7 +109,7 @@ def test_a_night_stopped_in_a_stage_is_continued(testbed_state: testbed.TestbedS
             return [e.stage for e in read_journal(journal).entries if e.host == HOST] == reached
 
         try:
-            _wait(there, 900, f"{HOST} in its {stage} stage")
+            wait_for(there, 900, f"{HOST} in its {stage} stage", every=0.3)
         finally:
             os.kill(proc.pid, sig)
             _stdout, stderr = proc.communicate(timeout=120)

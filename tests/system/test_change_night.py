@@ -30,13 +30,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from nightkit import NEW, NEW_NAMES, OLD, OLD_NAMES, loaded, packages, put_on_575, smoke_launch, ssh
+from nightkit import LAUNCHER, NEW, NEW_NAMES, OLD, OLD_NAMES, loaded, packages, put_on_575, smoke_launch, ssh, wait_for
 
 from k3fleet.audit.runner import Observer
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
@@ -53,13 +52,6 @@ HAPPY = ["snapshot", "draining", "drained", "upgrading", "rebooting", "verifying
 # The guests have no InfiniBand, and podman without NVIDIA's container toolkit: real findings for serving
 # Kimi K3, accepted here (as an operator would, recorded in change.json) because they do not stop a driver change.
 ACCEPT = ["rdma.*", "container.*"]
-LAUNCHER = """
-import sys
-from k3fleet import cli
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
 def report(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.getplugin("terminalreporter")
     if reporter is not None:
@@ -69,16 +61,6 @@ def report(config: pytest.Config, line: str) -> None:
 @pytest.fixture(scope="module")
 def tb(testbed_state: testbed.TestbedState) -> testbed.TestbedState:
     return testbed_state
-
-
-@pytest.fixture(scope="module")
-def inventory(tb: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The testbed inventory; Slurm's daemons run on this machine, so its clients do too."""
-    data = yaml.safe_load(tb.inventory.read_text())
-    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
-    path = tmp_path_factory.mktemp("night") / "inventory.yml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 @pytest.fixture
@@ -95,13 +77,6 @@ def sinfo(state: testbed.TestbedState) -> str:
     """Every node's state and reason: what --check must leave as it found it."""
     return subprocess.run(["sinfo", "-N", "-h", "-o", "%N %T %E"], env=testbed.slurm_env(state), capture_output=True,
                           text=True, check=True).stdout
-
-
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not reached in {timeout:.0f}s"
-        time.sleep(0.5)
 
 
 def controller(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
@@ -217,7 +192,7 @@ def test_check_changes_nothing(tb: testbed.TestbedState, inventory: Path, runs: 
     put_on_575(tb, hosts)
     job = testbed.submit_job(tb, "node03", seconds=180, name="k3-check")
     try:
-        _wait(lambda: testbed.job_state(tb, job) == "RUNNING", 30, "job running on node03")
+        wait_for(lambda: testbed.job_state(tb, job) == "RUNNING", 30, "job running on node03")
         before = ({h: packages(tb, h) for h in hosts}, sinfo(tb))
         result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-CHECK", operator="dave",
                                             canary="tb-node03", waves=True, check=True, limit=",".join(hosts),
@@ -268,7 +243,7 @@ def test_killed_controller_leaves_no_play_then_torn_journal_resume_and_rollback(
 
     plays: list[dict[str, Any]] = []
     try:
-        _wait(wave_host_upgrading, 600, "the wave host reaching the package change")
+        wait_for(wave_host_upgrading, 600, "the wave host reaching the package change")
         plays = [json.loads(p.read_text()) for p in (runs / ".k3fleet" / "plays").glob("*/pid.json")]
     finally:
         # The controller alone, as `kill -9 PID` does: not its process group, not the play's session.
@@ -276,7 +251,7 @@ def test_killed_controller_leaves_no_play_then_torn_journal_resume_and_rollback(
         proc.wait(30)
     assert len(plays) == 1, plays
     play = plays[0]["pid"]
-    _wait(lambda: not session_members(play), 30, f"the play (pid {play}) and its workers ending with the controller")
+    wait_for(lambda: not session_members(play), 30, f"the play (pid {play}) and its workers ending with the controller")
     stages = journal_stages(out_dir)
     assert stages["tb-node03"] == HAPPY and stages["tb-node04"][-1] in ("upgrading", "rebooting")
 
@@ -323,7 +298,7 @@ def test_foreign_drain_canary_then_a_failing_wave_never_exceeds_max_unavailable(
     jobs = [testbed.submit_job(tb, tb.host(h).slurm_node, seconds=900, name="k3-busy") for h in wave]
     sampler = SlurmSampler(tb, "CHG-BLAST")
     try:
-        _wait(lambda: all(testbed.job_state(tb, j) == "RUNNING" for j in jobs), 60, "the wave's jobs running")
+        wait_for(lambda: all(testbed.job_state(tb, j) == "RUNNING" for j in jobs), 60, "the wave's jobs running")
         sampler.start()
         result = run_upgrade(UpgradeOptions(inventory=inventory, change_id="CHG-BLAST", operator="carol",
                                             canary="tb-node02", waves=True, limit=",".join(["tb-node02", *wave]),
@@ -382,7 +357,7 @@ def test_two_nights_at_once_change_a_node_once_and_report_the_lease(
     try:
         # A third night on A's runs directory is refused by its lock, naming who holds it.
         lock = runs_a / ".k3fleet" / "night.lock"
-        _wait(lambda: lock.exists() and b"CHG-A" in lock.read_bytes(), 60, "night A holding its lock")
+        wait_for(lambda: lock.exists() and b"CHG-A" in lock.read_bytes(), 60, "night A holding its lock")
         c = controller(tmp_path, "upgrade", "--change-id", "CHG-C", "--operator", "carol", "--runs-dir",
                        str(runs_a), *common)
         _, c_err = c.communicate(timeout=120)
@@ -430,7 +405,7 @@ class JobAtNightStart(Observer):
     def play_started(self, playbook: str, hosts: int | None) -> None:
         if playbook == "change_night.yml" and self.job is None:
             job = testbed.submit_job(self.state, self.node, seconds=self.seconds, name="k3-happy")
-            _wait(lambda: testbed.job_state(self.state, job) == "RUNNING", 30, f"job running on {self.node}")
+            wait_for(lambda: testbed.job_state(self.state, job) == "RUNNING", 30, f"job running on {self.node}")
             self.job = job
 
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from nightkit import NEW, OLD, loaded, packages, put_on_575, smoke_launch, ssh
 
 from k3fleet.audit.runner import ansible_env
@@ -62,15 +61,7 @@ def tb(testbed_state: testbed.TestbedState) -> testbed.TestbedState:
     return testbed_state
 
 
-@pytest.fixture(scope="module")
-def inventory(tb: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The testbed inventory; Slurm's clients run on this machine. Nothing in it asks for the smoke: the
-    controller does, for every night."""
-    data = yaml.safe_load(tb.inventory.read_text())
-    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
-    path = tmp_path_factory.mktemp("smoke") / "inventory.yml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+# The inventory (conftest) does not ask for the smoke: the controller does, for every night.
 
 
 def entries(run_dir: Path, host: str) -> list[Any]:

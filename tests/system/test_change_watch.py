@@ -15,12 +15,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from nightkit import NEW, OLD, loaded, packages, put_on_575, smoke_launch
+from nightkit import LAUNCHER, NEW, OLD, loaded, packages, put_on_575, smoke_launch, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from k3fleet.change import RollbackOptions, run_rollback
@@ -32,20 +31,6 @@ pytestmark = pytest.mark.system
 HOSTS = ["tb-node03", "tb-node04"]
 ACCEPT = ["rdma.*", "container.*"]
 ADMIN = "rack 7: cable checked"
-LAUNCHER = """
-import sys
-from k3fleet import cli
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not reached in {timeout:.0f}s"
-        time.sleep(0.5)
-
-
 def _comment(tb: testbed.TestbedState, node: str) -> str:
     out = subprocess.run(["scontrol", "show", "node", node, "--oneliner"], env=testbed.slurm_env(tb),
                          capture_output=True, text=True, check=True).stdout
@@ -92,7 +77,7 @@ def test_a_paused_night_with_a_textfile_and_a_validated_marker(testbed_state: te
             return journal.exists() and any(e.host == "tb-node03" and e.stage == "returned"
                                             for e in read_journal(journal).entries)
 
-        _wait(canary_back, 900, "the canary back in service")
+        wait_for(canary_back, 900, "the canary back in service")
         # The canary is marked validated for Slurm, the admin's comment kept after it.
         assert _comment(tb, nodes["tb-node03"]) == f"k3fleet.io/validated={NEW} (CHG-WATCH) | {ADMIN}"
         # Paused: the wave host is not taken out of service while nobody continues.

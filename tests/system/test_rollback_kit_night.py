@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from nightkit import OLD, OLD_PINS, loaded, put_on_575, ssh
 
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
@@ -41,16 +40,6 @@ KIT_ROOT = "/var/lib/k3fleet/rollback-kit"
 @pytest.fixture(scope="module")
 def tb(testbed_state: testbed.TestbedState) -> testbed.TestbedState:
     return testbed_state
-
-
-@pytest.fixture(scope="module")
-def inventory(tb: testbed.TestbedState, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The testbed inventory; Slurm's daemons run on this machine, so its clients do too."""
-    data = yaml.safe_load(tb.inventory.read_text())
-    data["all"]["children"]["testbed"]["vars"]["k3fleet_slurm_client"] = "localhost"
-    path = tmp_path_factory.mktemp("kit") / "inventory.yml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 @pytest.fixture

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from empty_night import empty_audit, empty_night
 from pydantic import ValidationError
 
 from k3fleet.change import UpgradeOptions
-from k3fleet.change.night import ChangeResult, change_timeouts, extravars, finish, resumed_timeouts
+from k3fleet.change.night import change_timeouts, extravars, resumed_timeouts
 from k3fleet.change.record import ChangeRecord, HostPlan, SmokeChoice
 from k3fleet.change.smoke import SKIPPED, check_one_node, describe, resumed_smoke, smoke_choice, smoke_warnings
 from k3fleet.contracts import EXIT_USAGE
@@ -56,24 +57,12 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 def night(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[UpgradeOptions]:
     """``k3fleet upgrade`` with the flow replaced by one that takes the smoke choice from the options it
     was given as the flow does, records it, and ends as an empty night ends (``finish``)."""
-    import k3fleet.change as change
-
-    seen: list[UpgradeOptions] = []
-
-    def run_upgrade(opts: UpgradeOptions, argv: list[str], **_: Any) -> ChangeResult:
-        seen.append(opts)
+    def derive(opts: UpgradeOptions) -> tuple[dict[str, Any], list[str]]:
         choice = smoke_choice(opts)
-        rd = RunDir.create(opts.runs_dir, "change", argv)
-        record = {"change_id": opts.change_id, "operator": opts.operator, "target_version": "580.95.05",
-                  "target_branch": 580, "check": opts.check, "smoke": choice.model_dump(mode="json"),
-                  "timeouts": {"smoke_ready": 1800, "smoke_request": 120}}
-        result = ChangeResult(run_dir=rd, change=record, play=None, warnings=smoke_warnings(choice, opts.check))
-        finish(result, None)
-        return result
+        return ({"smoke": choice.model_dump(mode="json"), "timeouts": {"smoke_ready": 1800, "smoke_request": 120}},
+                smoke_warnings(choice, opts.check))
 
-    monkeypatch.setattr(change, "run_upgrade", run_upgrade)
-    monkeypatch.chdir(tmp_path)
-    return seen
+    return empty_night(monkeypatch, tmp_path, derive)
 
 
 BASE = ["upgrade", "-i", "hosts.yml", "--change-id", "CHG-1", "--operator", "alice"]
@@ -202,10 +191,7 @@ def _record(smoke: SmokeChoice | None, timeouts: dict[str, int]) -> ChangeRecord
 
 @pytest.fixture
 def audit_dir(tmp_path: Path) -> Path:
-    rd = RunDir.create(tmp_path, "audit", ["k3fleet", "audit"], out=tmp_path / "audit")
-    rd.write_json("verdict.json", {})
-    rd.write_manifest()
-    return rd.path
+    return empty_audit(tmp_path)
 
 
 @pytest.mark.parametrize(("smoke", "expected"), [

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from accept_servers import loopback
 
 from k3fleet.bounds import (
     MAX_NESTING,
@@ -367,7 +368,7 @@ def test_the_reference_client_has_one_deadline_for_the_whole_answer(capsys: pyte
     openai SDK's timeout is per read); with one deadline per request the whole suite ends in seconds."""
     import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}).encode()
     stop = threading.Event()
@@ -402,16 +403,11 @@ def test_the_reference_client_has_one_deadline_for_the_whole_answer(capsys: pyte
                 pass
             self.close_connection = True
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        rc = main(["accept", "agent", "--base-url", f"http://127.0.0.1:{srv.server_address[1]}", "--model", "m",
-                   "--timeout", "1", "-n", "1", "--json"])
-    finally:
-        stop.set()
-        srv.shutdown()
-        srv.server_close()
+    with loopback(Trickle) as url:
+        try:
+            rc = main(["accept", "agent", "--base-url", url, "--model", "m", "--timeout", "1", "-n", "1", "--json"])
+        finally:
+            stop.set()
     assert rc == 3
     out = capsys.readouterr().out
     # The SDK's call is cut by the same deadline as every other request, and says so.
@@ -443,8 +439,7 @@ def test_a_long_servers_routine_lines_are_skipped_but_not_what_hides_in_them() -
 def test_a_server_answering_json_nested_200000_deep(capsys: pytest.CaptureFixture[str]) -> None:
     """`accept agent` against a server whose every answer nests 200,000 arrays: no RecursionError anywhere (the
     probe's reader, the openai SDK's own parse), an incomplete run (exit 3)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
     deep = ('{"id": "x", "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop", "message": '
@@ -470,15 +465,8 @@ def test_a_server_answering_json_nested_200000_deep(capsys: pytest.CaptureFixtur
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             self._send(deep)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Deep)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        rc = main(["accept", "agent", "--base-url", f"http://127.0.0.1:{srv.server_address[1]}", "--model", "m",
-                   "--timeout", "5", "-n", "1", "--json"])
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with loopback(Deep) as url:
+        rc = main(["accept", "agent", "--base-url", url, "--model", "m", "--timeout", "5", "-n", "1", "--json"])
     captured = capsys.readouterr()
     assert rc == 3 and "Traceback" not in captured.err and "RecursionError" not in captured.err
     assert "answered 200 with a body that is not JSON" in captured.out, captured.out[-2000:]

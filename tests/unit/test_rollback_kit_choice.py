@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from empty_night import empty_audit, empty_night
 
 from k3fleet.change import UpgradeOptions
 from k3fleet.change.journal import JournalEntry, replay
 from k3fleet.change.kit import SKIPPED, describe, kit_choice, kit_extravar, kit_warnings
-from k3fleet.change.night import ChangeResult, change_timeouts, extravars, finish, resumed_timeouts
+from k3fleet.change.night import change_timeouts, extravars, resumed_timeouts
 from k3fleet.change.record import ChangeRecord, HostPlan
 from k3fleet.change.rollback import _source
 from k3fleet.evidence import RunDir
@@ -46,10 +47,7 @@ def test_the_warning_and_the_result_line() -> None:
 
 @pytest.fixture
 def audit_dir(tmp_path: Path) -> Path:
-    rd = RunDir.create(tmp_path, "audit", ["k3fleet", "audit"], out=tmp_path / "audit")
-    rd.write_json("verdict.json", {})
-    rd.write_manifest()
-    return rd.path
+    return empty_audit(tmp_path)
 
 
 @pytest.mark.parametrize(("kit", "expected"), [(True, {"timeout": 1200}), (None, {"timeout": 1200}), (False, None)])
@@ -75,23 +73,13 @@ def test_a_resume_of_a_night_recorded_before_the_kit_gets_the_targets_bound() ->
 
 def test_no_rollback_kit_is_recorded_and_warned_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import k3fleet.change as change
     from k3fleet.cli.base import main
 
-    seen: list[UpgradeOptions] = []
-
-    def run_upgrade(opts: UpgradeOptions, argv: list[str], **_: Any) -> ChangeResult:
-        seen.append(opts)
+    def derive(opts: UpgradeOptions) -> tuple[dict[str, Any], list[str]]:
         kit = kit_choice(opts)
-        rd = RunDir.create(opts.runs_dir, "change", argv)
-        record = {"change_id": opts.change_id, "operator": opts.operator, "target_version": "580.95.05",
-                  "target_branch": 580, "check": opts.check, "rollback_kit": kit}
-        result = ChangeResult(run_dir=rd, change=record, play=None, warnings=kit_warnings(kit, opts.check))
-        finish(result, None)
-        return result
+        return {"rollback_kit": kit}, kit_warnings(kit, opts.check)
 
-    monkeypatch.setattr(change, "run_upgrade", run_upgrade)
-    monkeypatch.chdir(tmp_path)
+    seen = empty_night(monkeypatch, tmp_path, derive)
     base = ["upgrade", "-i", "hosts.yml", "--change-id", "CHG-1", "--operator", "alice"]
     assert main(base) == 0
     out = capsys.readouterr()

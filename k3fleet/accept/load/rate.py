@@ -13,6 +13,7 @@ least ``goodput_target`` of its requests do and the errors stay within ``error_r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ from k3fleet.accept.load.shots import SERVER_KINDS, Budget, Shot, percentile
 from k3fleet.accept.load.trace import Trace, TraceRequest
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from k3fleet.accept.load.run import LoadRun
 
 # Never more requests in flight than this, whatever the rate (docs/acceptance-load.md: bounded load).
@@ -126,13 +129,10 @@ class OpenLoop:
                     await run.http.send(body, shot, parse_all=False)
                 finally:
                     state["in_flight"] -= 1
-            if shot.prompt_tokens is not None:
-                shot.context_tokens = shot.prompt_tokens
-            run.tally.record(shot)
-            shots.append(shot)
+            self._record(shot, shots)
 
         try:
-            try:
+            async with _settled(tasks):
                 if opts.arrival == "closed":
                     await self._closed(rate, one, tasks, state)
                 else:
@@ -149,15 +149,7 @@ class OpenLoop:
                         lag = time.monotonic() - base - off
                         tasks.append(asyncio.ensure_future(one(i, base - run.tally.t0 + off, lag)))
                 await _all(tasks)
-                complete = True
-            except Budget:
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+            complete = True
         finally:
             row = self._row(phase, label, rate, shots, t_start, complete, state, opts.rate_step_s)
         return row
@@ -204,13 +196,10 @@ class OpenLoop:
                         state["in_flight"] -= 1
                 if slot is not None and shot.ok:
                     history += [{"role": "user", "content": text}, {"role": "assistant", "content": shot.content}]
-            if shot.prompt_tokens is not None:
-                shot.context_tokens = shot.prompt_tokens
-            run.tally.record(shot)
-            shots.append(shot)
+            self._record(shot, shots)
 
         try:
-            try:
+            async with _settled(tasks):
                 base = time.monotonic()
                 for i, req in enumerate(trace.requests):
                     delay = base + req.arrival_s - time.monotonic()
@@ -221,18 +210,17 @@ class OpenLoop:
                     lag = time.monotonic() - base - req.arrival_s
                     tasks.append(asyncio.ensure_future(one(i, req, base - run.tally.t0 + req.arrival_s, lag)))
                 await _all(tasks)
-                complete = True
-            except Budget:
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+            complete = True
         finally:
             row = self._row("trace", label, round(rate, 3), shots, t_start, complete, state, span)
         return row
+
+    def _record(self, shot: Shot, shots: list[Shot]) -> None:
+        """A finished request: its prompt is its context, the tally counts it and the step keeps it."""
+        if shot.prompt_tokens is not None:
+            shot.context_tokens = shot.prompt_tokens
+        self.run.tally.record(shot)
+        shots.append(shot)
 
     async def _closed(self, rate: float, one: Any, tasks: list[asyncio.Future[None]], state: dict[str, int]) -> None:
         """``max_concurrency`` sessions, each waiting for its answer before the next request, paced to its
@@ -328,6 +316,22 @@ class _NoLock:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+@contextlib.asynccontextmanager
+async def _settled(tasks: list[asyncio.Future[None]]) -> AsyncIterator[None]:
+    """On a failure while the tasks run: at the budget's end they finish (each records its shot), on any
+    other they are cancelled; either way none is left running when the failure goes on up."""
+    try:
+        yield
+    except Budget:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _all(tasks: list[asyncio.Future[None]]) -> None:

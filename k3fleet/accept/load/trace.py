@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from k3fleet.bounds import loads_json, read_input
-from k3fleet.errors import UsageError, validation_line
+from k3fleet.errors import UsageError, validated
 from k3fleet.evidence.redact import redact_text
 
 MAX_TRACE_REQUESTS = 1_000_000
@@ -83,12 +83,7 @@ def load_trace(path: Path, *, speed: float = 1.0, limit: int | None = None) -> T
             raw = loads_json(text)
         except ValueError:
             raise UsageError(f"--trace {path.name} line {n}: not a JSON object") from None
-        if not isinstance(raw, dict):
-            raise UsageError(f"--trace {path.name} line {n}: not a JSON object")
-        try:
-            req = TraceRequest.model_validate(raw)
-        except ValidationError as exc:
-            raise UsageError(validation_line(exc, f"--trace {path.name} line {n}")) from None
+        req = validated(TraceRequest, raw, f"--trace {path.name} line {n}", "not a JSON object")
         if (req.prompt is None) == (req.prompt_tokens is None):
             raise UsageError(f"--trace {path.name} line {n}: give prompt or prompt_tokens, one of them")
         if req.prompt is not None:

@@ -8,7 +8,6 @@ process it started, and by TCP connections to the lab's addresses.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from typing import Any, Protocol
 
 import k3fleet
 from k3fleet.lab.common import proc
-from k3fleet.lab.common.workdir import WorkdirLayout
+from k3fleet.lab.common.workdir import WorkdirLayout, read_json_object
 
 KILL_WAIT = 5.0
 
@@ -59,11 +58,7 @@ def spawn_supervisor(module: str, layout: WorkdirLayout, spec_text: str,
 
 def read_live(layout: WorkdirLayout) -> dict[str, Any]:
     """The supervisor's live view; empty when it is missing or half-written."""
-    try:
-        data = json.loads(layout.supervisor_live.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(layout.supervisor_live) or {}
 
 
 def log_tail(path: Path, lines: int) -> str:

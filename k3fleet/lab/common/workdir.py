@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -90,6 +90,16 @@ class WorkdirLayout:
     @property
     def supervisor_log(self) -> Path:
         return self.run_dir / "supervisor.log"
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A lab state or stamp file's JSON object; None when it is missing, unreadable, half-written or not an
+    object (the lab then treats it as not there)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def write_atomic(path: Path, text: str, *, prefix: str) -> None:

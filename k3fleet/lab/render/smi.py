@@ -146,15 +146,21 @@ class SmiLog(Part):
             return g.nvlinks
         return 18 if self.p.nvswitches or self.p.nvlink_domain is not None else 0
 
-    def nvidia_smi_nvlink_status(self, hostname: str) -> Recording:
-        """`nvidia-smi nvlink -s`: per GPU its links' speed or ``<inactive>``; nothing at all when the GPUs
-        have no NVLink (the real H200 in a VM printed nothing, exit 0)."""
+    def _nvlink_or_answer(self) -> Recording | int:
+        """The links per GPU, or the whole answer of an `nvidia-smi nvlink` call when there is nothing to list:
+        the driver's failure, or no output at all when the GPUs have no NVLink."""
         failure = self.driver.smi_failure()
         if failure:
             return failure
-        links = self.nvlink_links()
-        if not links:
-            return Recording(stdout="")
+        return self.nvlink_links() or Recording(stdout="")
+
+    def nvidia_smi_nvlink_status(self, hostname: str) -> Recording:
+        """`nvidia-smi nvlink -s`: per GPU its links' speed or ``<inactive>``; nothing at all when the GPUs
+        have no NVLink (the real H200 in a VM printed nothing, exit 0)."""
+        failure_or_links = self._nvlink_or_answer()
+        if isinstance(failure_or_links, Recording):
+            return failure_or_links
+        links = failure_or_links
         # NVLink 5 (Blackwell) links read 53.125 GB/s, NVLink 4 (Hopper) 26.562 GB/s.
         speed = "53.125 GB/s" if self.p.nvlink_domain is not None else "26.562 GB/s"
         out = ""
@@ -167,12 +173,10 @@ class SmiLog(Part):
     def nvidia_smi_nvlink_errors(self, hostname: str) -> Recording:
         """`nvidia-smi nvlink -e`: per GPU each link's Replay, Recovery and CRC Errors (the H100 layout of
         stas00/ml-engineering debug.md), all 0; nothing at all when the GPUs have no NVLink."""
-        failure = self.driver.smi_failure()
-        if failure:
-            return failure
-        links = self.nvlink_links()
-        if not links:
-            return Recording(stdout="")
+        failure_or_links = self._nvlink_or_answer()
+        if isinstance(failure_or_links, Recording):
+            return failure_or_links
+        links = failure_or_links
         out = ""
         for index in range(self.p.gpus.count):
             out += f"GPU {index}: {self.p.gpus.model} (UUID: {gpu_uuid(hostname, index)})\n"

@@ -47,11 +47,8 @@ _MODEL_RECIPE = 1
 
 def ensure_model(py: Path, model_dir: Path, progress: Progress) -> Path:
     """The tiny model, made with the venv's Python at first use and reused after (its stamp says so)."""
-    try:
-        stamp = json.loads((model_dir / "k3fleet-model.json").read_text())
-    except (OSError, ValueError):
-        stamp = None
-    if isinstance(stamp, dict) and stamp.get("recipe") == _MODEL_RECIPE:
+    stamp = common.read_json_object(model_dir / "k3fleet-model.json")
+    if stamp is not None and stamp.get("recipe") == _MODEL_RECIPE:
         progress(f"model: reusing {model_dir}")
         return model_dir
     progress(f"model: making the tiny random-weight model in {model_dir} (a minute, nothing downloaded)")

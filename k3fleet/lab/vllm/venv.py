@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from k3fleet.lab.common.workdir import read_json_object
 from k3fleet.lab.vllm.state import (
     PINS,
     TORCH_VERSION,
@@ -65,11 +66,7 @@ def _complete(versions: dict[str, str | None]) -> bool:
 
 
 def _stamp(venv: Path) -> dict[str, object] | None:
-    try:
-        data = json.loads((venv / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(venv / STAMP)
 
 
 def ensure_venv(venv: Path, progress: Progress) -> Path:

@@ -261,3 +261,10 @@ def gpus_in_use(gpus: list[Gpu], util: float) -> tuple[list[Gpu], bool]:
 def gpu_list(items: list[int]) -> str:
     """GPU indices as a finding's message shows them: 0,1,3."""
     return ",".join(map(str, items))
+
+
+def counter_delta(pair: list[int]) -> int:
+    """A counter's growth between the visit's two samples (second - first); a counter that went back (a driver
+    reload or a port reset zeroed it, or it wrapped) counts from zero."""
+    first, second = pair[0], pair[-1]
+    return second - first if second >= first else second

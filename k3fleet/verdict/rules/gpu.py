@@ -13,7 +13,7 @@ from k3fleet.models.findings import SEVERITY_RANK, Severity
 from k3fleet.models.target import XidEntry
 from k3fleet.targets import xid_catalog
 from k3fleet.verdict.check import Check, check
-from k3fleet.verdict.rules.base import Emitter, HostContext, gpu_list
+from k3fleet.verdict.rules.base import Emitter, HostContext, counter_delta, gpu_list
 
 # The catalogue entries of this module's checks, in the order the catalogue lists them.
 CHECKS: tuple[Check, ...] = (
@@ -265,11 +265,6 @@ def _nvlink(f: HostFacts, c: HostContext, e: Emitter) -> None:
                "(an empty nvidia-smi nvlink -s is no links, not healthy links)", ev)
 
 
-def _delta(pair: list[int]) -> int:
-    """second - first; a counter that went back (a driver reload reset it) counts from zero."""
-    return pair[-1] - pair[0] if pair[-1] >= pair[0] else pair[-1]
-
-
 def _gpu_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
     """NVLink error counters and PCIe replays judged by their rate over the visit's two samples."""
     counters = f.driver.counters
@@ -283,7 +278,7 @@ def _gpu_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
     detail: dict[str, Any] = {}
     for index, g in counters.gpus.items():
         for link, values in g.nvlink.items():
-            d = {name: _delta(pair) for name, pair in values.items()}
+            d = {name: counter_delta(pair) for name, pair in values.items()}
             bad = {k: v for k, v in d.items() if k in ("replay", "recovery") and v > t.nvlink_replay_recovery_max}
             if bad:
                 retrain.append(f"GPU {index} link {link} " + ", ".join(f"{k} +{v}" for k, v in bad.items()))
@@ -293,7 +288,7 @@ def _gpu_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
             if any(d.values()):
                 detail.setdefault(index, {})[link] = values
         if g.pcie_replay is not None:
-            n = _delta(g.pcie_replay)
+            n = counter_delta(g.pcie_replay)
             if n * 60 / secs > t.pcie_replay_per_minute:
                 replays.append(f"GPU {index} +{n} in {secs} s ({n * 60 / secs:.0f}/min)")
     ev = {"interval_s": secs, "source": counters.source, "links": detail,

@@ -9,7 +9,7 @@ from typing import Any
 from k3fleet.models.facts import HostFacts
 from k3fleet.models.findings import Severity
 from k3fleet.verdict.check import Check, check
-from k3fleet.verdict.rules.base import CompiledTarget, Emitter, HostContext
+from k3fleet.verdict.rules.base import CompiledTarget, Emitter, HostContext, counter_delta
 
 # The catalogue entries of this module's checks, in the order the catalogue lists them.
 CHECKS: tuple[Check, ...] = (
@@ -258,12 +258,6 @@ def missing_hcas(value: str, devices: list[str]) -> list[str]:
     return out
 
 
-def _delta(pair: list[int]) -> int:
-    """second - first; a counter that went back (reset, wrapped) counts from zero."""
-    first, second = pair[0], pair[-1]
-    return second - first if second >= first else second
-
-
 def _port_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
     counters = f.rdma.counters
     if counters is None or not counters.ports:
@@ -275,7 +269,7 @@ def _port_counters(f: HostFacts, c: HostContext, e: Emitter) -> None:
     flapped: list[str] = []
     detail: dict[str, Any] = {}
     for port, values in counters.ports.items():
-        d = {name: _delta(pair) for name, pair in values.items()}
+        d = {name: counter_delta(pair) for name, pair in values.items()}
         if "link_downed" in d and d["link_downed"] > t.ib_link_downed_max:
             flapped.append(f"{port} went down {d['link_downed']} time(s) in {secs} s")
         if d.get("excessive_buffer_overrun_errors", 0) > t.ib_buffer_overrun_max:

@@ -23,6 +23,14 @@ def k3fleet(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
                           env=full, timeout=timeout, check=False, cwd=cwd)
 
 
+def signed_unapproved(audit: Path, sign_key: Path, out: Path) -> Path:
+    """carol's decision over ``audit`` signed with ``sign_key`` into ``out`` (its package beside it); with no
+    acceptance run it is not approved (exit 3)."""
+    proc = k3fleet("decide", str(audit), "--reviewer", "carol", "--out", str(out), "--sign-key", str(sign_key))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    return out
+
+
 def load_probe_ran(run: Path) -> bool:
     """Whether ``accept all`` ran the load probe (it names the probes it did not run)."""
     import json

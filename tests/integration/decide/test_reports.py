@@ -46,6 +46,20 @@ def _report(run: Path, fmt: str, dest: Path) -> str:
     return dest.read_text()
 
 
+def _rendered(page: Path, profile: Path) -> tuple[list[str], _Dom]:
+    """``page`` opened in headless Chromium with its own profile: the flags it ran with and the DOM after its
+    scripts ran."""
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--window-size=1400,2600"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    parsed = _Dom()
+    parsed.feed(dom.stdout)
+    return flags, parsed
+
+
 class _Dom(HTMLParser):
     """Elements of a dumped DOM: (tag, attributes, text directly inside)."""
 
@@ -81,15 +95,7 @@ def test_html_renders_in_headless_chromium(decision: Path, tmp_path: Path) -> No
     # Self-contained: nothing is fetched when the page is opened.
     assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html)
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
-    profile = tmp_path / "chromium-profile"
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--window-size=1400,2600"]
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    parsed = _Dom()
-    parsed.feed(dom.stdout)
+    flags, parsed = _rendered(page, tmp_path / "chromium-profile")
     # The inline script ran in the browser: it marks the body and counts what needs attention.
     assert parsed.find("body", data_rendered="yes", data_kind="decision")
     count = parsed.find(id="problem-count")
@@ -207,14 +213,7 @@ def test_audit_html_says_what_its_filter_hides_and_what_to_do_next(story_audit: 
     rows says how many; the page leads with the next step; the screenshot is kept when asked."""
     page = tmp_path / "audit.html"
     _report(story_audit, "html", page)
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2600"]
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    parsed = _Dom()
-    parsed.feed(dom.stdout)
+    flags, parsed = _rendered(page, tmp_path / "profile")
     hidden = [e for e in parsed.find("tr") if "data-status" in e[1] and "hidden" in e[1].get("class", "")]
     notes = [" ".join(e[2]) for e in parsed.find("p") if e[1].get("class") == "filtered" and e[2]]
     assert hidden and notes, notes

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from decide_helpers import EvidenceKeys, k3fleet, read_members, rewrite_package, write_members
+from decide_helpers import EvidenceKeys, k3fleet, read_members, rewrite_package, signed_unapproved, write_members
 
 from k3fleet.decide.package import verify_package
 
@@ -30,10 +30,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def signed(healthy_audit: Path, evidence_keys: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """carol's signed decision over the healthy audit (evidence missing: exit 3), its package beside it."""
-    out = tmp_path_factory.mktemp("bind") / "decision"
-    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--sign-key",
-                   str(evidence_keys.key))
-    assert proc.returncode == 3, proc.stderr[-2000:]
+    out = signed_unapproved(healthy_audit, evidence_keys.key, tmp_path_factory.mktemp("bind") / "decision")
     return out.with_name(out.name + ".tar.gz")
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
-from decide_helpers import LAB_PROFILE, k3fleet, load_probe_ran
+from decide_helpers import LAB_PROFILE, k3fleet, load_probe_ran, signed_unapproved
 
 pytestmark = pytest.mark.integration
 
@@ -53,10 +53,7 @@ def approved(matched_audit: Path, accept_run: Any, evidence_keys: Any,
 def unapproved(healthy_audit: Path, evidence_keys: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real signed decision that was not approved (no acceptance run), as a forger finds it."""
     out = tmp_path_factory.mktemp("watch-unapproved") / "decision"
-    proc = k3fleet("decide", str(healthy_audit), "--reviewer", "carol", "--out", str(out), "--sign-key",
-                   str(evidence_keys.key))
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    return out
+    return signed_unapproved(healthy_audit, evidence_keys.key, out)
 
 
 class Traffic:

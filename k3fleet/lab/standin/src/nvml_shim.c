@@ -471,6 +471,16 @@ static nvmlReturn_t check_device(nvmlDevice_t device)
     return NVML_SUCCESS;
 }
 
+/* check_device, then whether the caller gave every pointer the query writes its answer through (a NULL one:
+ * invalid argument). */
+static nvmlReturn_t check_query(nvmlDevice_t device, int answer_pointers_given)
+{
+    nvmlReturn_t rc = check_device(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return answer_pointers_given ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 /*
  * The fabric is up while the fabric manager runs: it writes its pid into the
  * state file and removes the file when it stops; a stale file (the process was
@@ -649,11 +659,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlD
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, index != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!index)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *index = device->index;
     return NVML_SUCCESS;
 }
@@ -677,11 +685,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, memory != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
     /* What the compute processes hold, and (as the real v1 call does) the driver's reserved memory. */
     memory->total = sim.memory_bytes;
     memory->used = used_bytes(device) + sim.reserved_bytes;
@@ -691,11 +697,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, memory != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = sim.memory_bytes;
@@ -707,22 +711,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 
 EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, mode != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!mode)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *mode = (int)sim.persistence;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, mode != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!mode)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *mode = 0; /* NVML_COMPUTEMODE_DEFAULT */
     return NVML_SUCCESS;
 }
@@ -730,11 +730,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode)
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
                                          unsigned int *pendingMode)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, currentMode && pendingMode);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!currentMode || !pendingMode)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *currentMode = 0;
     *pendingMode = 0;
     return NVML_SUCCESS;
@@ -742,11 +740,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
 
 EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, major && minor);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!major || !minor)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *major = sim.cc_major;
     *minor = sim.cc_minor;
     return NVML_SUCCESS;
@@ -754,11 +750,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int 
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, pci != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!pci)
-        return NVML_ERROR_INVALID_ARGUMENT;
     memset(pci, 0, sizeof(*pci));
     pci->domain = device->domain;
     pci->bus = device->bus;
@@ -774,11 +768,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
 
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, isActive && link < sim.nvlinks);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!isActive || link >= sim.nvlinks)
-        return NVML_ERROR_INVALID_ARGUMENT;
     /* Links to the NVSwitches are trained by the fabric manager. */
     *isActive = fabric_completed();
     return NVML_SUCCESS;
@@ -787,12 +779,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int l
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, int counter,
                                                     unsigned long long *counterValue)
 {
-    nvmlReturn_t rc = check_device(device);
+    /* nvmlNvLinkErrorCounter_t: DL replay, recovery, CRC flit, CRC data, ECC data (0-4). */
+    nvmlReturn_t rc = check_query(device, counterValue && link < sim.nvlinks && counter >= 0 && counter <= 4);
     if (rc != NVML_SUCCESS)
         return rc;
-    /* nvmlNvLinkErrorCounter_t: DL replay, recovery, CRC flit, CRC data, ECC data (0-4). */
-    if (!counterValue || link >= sim.nvlinks || counter < 0 || counter > 4)
-        return NVML_ERROR_INVALID_ARGUMENT;
     /* A healthy fabric: no link has replayed, recovered or seen a CRC error. */
     *counterValue = 0;
     return NVML_SUCCESS;
@@ -800,11 +790,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigne
 
 EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, value != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!value)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *value = 0; /* a link at its full generation and width has not replayed */
     return NVML_SUCCESS;
 }
@@ -821,11 +809,9 @@ static void fill_fabric(unsigned char *uuid, nvmlReturn_t *status, unsigned int 
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, info != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!info)
-        return NVML_ERROR_INVALID_ARGUMENT;
     fill_fabric(info->clusterUuid, &info->status, &info->cliqueId, &info->state);
     return NVML_SUCCESS;
 }
@@ -880,11 +866,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorTy
 /* ECC on, as data-center GPUs ship (the H100 capture: Current and Pending Enabled). */
 EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, current && pending);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!current || !pending)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *current = 1; /* NVML_FEATURE_ENABLED */
     *pending = 1;
     return NVML_SUCCESS;
@@ -894,11 +878,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int 
 EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
                                               unsigned int *isPending, unsigned int *failureOccurred)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, corrRows && uncRows && isPending && failureOccurred);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!corrRows || !uncRows || !isPending || !failureOccurred)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *corrRows = *uncRows = *isPending = *failureOccurred = 0;
     return NVML_SUCCESS;
 }
@@ -906,11 +888,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int 
 /* An idle GPU: the only clock event is "GPU idle"; never a hardware slowdown. */
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, reasons != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!reasons)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *reasons = NVML_CLOCKS_EVENT_REASON_GPU_IDLE;
     return NVML_SUCCESS;
 }
@@ -923,11 +903,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t devic
 
 static nvmlReturn_t link_value(nvmlDevice_t device, unsigned int *out, unsigned int value)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, out != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!out)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *out = value;
     return NVML_SUCCESS;
 }
@@ -961,11 +939,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
-    nvmlReturn_t rc = check_device(device);
+    nvmlReturn_t rc = check_query(device, infoCount != NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!infoCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (*infoCount < device->nprocs || (device->nprocs && !infos)) {
         *infoCount = device->nprocs;
         return NVML_ERROR_INSUFFICIENT_SIZE;

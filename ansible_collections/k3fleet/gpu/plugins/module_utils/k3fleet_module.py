@@ -25,6 +25,18 @@ READER_ARGS = dict(
 )
 
 
+def reader_spec(**options: Any) -> dict[str, Any]:
+    """An info module's argument_spec: the reader options every one shares, then its own ``options``."""
+    spec = dict(READER_ARGS)
+    spec.update(options)
+    return spec
+
+
+def exit_read(module: Any, facts: Mapping[str, Any]) -> None:
+    """Exit a read-only module with ``facts`` under the one result key."""
+    module.exit_json(changed=False, **{RESULT_KEY: facts})
+
+
 def reader_from_params(params: Mapping[str, Any]) -> NodeReader:
     return NodeReader(root=params.get("root") or "/", path=params.get("path"),
                       procfs=params.get("procfs"), sysfs=params.get("sysfs"),

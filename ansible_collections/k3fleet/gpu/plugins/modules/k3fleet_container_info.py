@@ -160,15 +160,14 @@ k3fleet_load.install()
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    READER_ARGS,
-    RESULT_KEY,
+    exit_read,
     reader_from_params,
+    reader_spec,
 )
 
 
 def main() -> None:
-    argument_spec = dict(READER_ARGS)
-    argument_spec.update(
+    argument_spec = reader_spec(
         image=dict(type="str", required=True),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
@@ -180,7 +179,7 @@ def main() -> None:
     reader = reader_from_params(module.params)
     container = guard("container", collect_container, reader, image, runtime=module.params["runtime"],
                       probe=module.params["probe"])
-    module.exit_json(changed=False, **{RESULT_KEY: {"container": container, "commands": reader.commands}})
+    exit_read(module, {"container": container, "commands": reader.commands})
 
 
 if __name__ == "__main__":

@@ -259,16 +259,15 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
 
 
 def main() -> None:
-    argument_spec = dict(READER_ARGS)
-    argument_spec["use_nvml"] = dict(type="bool", default=True)
+    argument_spec = reader_spec(use_nvml=dict(type="bool", default=True))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     reader = checked_reader(module, "k3fleet_driver_info")
     facts = guard("driver", collect_driver, reader, use_nvml=module.params["use_nvml"])
-    module.exit_json(changed=False, **{RESULT_KEY: facts})
+    exit_read(module, facts)
 
 
 if __name__ == "__main__":

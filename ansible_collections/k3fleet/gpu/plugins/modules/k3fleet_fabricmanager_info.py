@@ -138,18 +138,18 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import gua
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_imex import collect_imex
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=dict(READER_ARGS), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=reader_spec(), supports_check_mode=True)
     reader = checked_reader(module, "k3fleet_fabricmanager_info")
     driver = guard("driver", collect_driver, reader, use_nvml=False)
     packages = guard("packages", collect_packages, reader)
     facts = guard("fabricmanager", collect_fabricmanager, reader, driver=driver, packages=packages)
     facts = dict(facts, imex=guard("imex", collect_imex, reader))
-    module.exit_json(changed=False, **{RESULT_KEY: facts})
+    exit_read(module, facts)
 
 
 if __name__ == "__main__":

@@ -200,15 +200,15 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    READER_ARGS,
     RESULT_JSON_KEY,
-    RESULT_KEY,
+    exit_read,
     reader_from_params,
+    reader_spec,
 )
 
 
 def main() -> None:
-    argument_spec = dict(
+    argument_spec = reader_spec(
         image=dict(type="str"),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
@@ -222,7 +222,6 @@ def main() -> None:
         host=dict(type="str"),
         facts_format=dict(type="str", default="dict", choices=["dict", "json"]),
     )
-    argument_spec.update(READER_ARGS)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
     reader = reader_from_params(p)
@@ -233,7 +232,7 @@ def main() -> None:
                          counter_interval=p["counter_interval"])
     if p["facts_format"] == "json":
         module.exit_json(changed=False, **{RESULT_JSON_KEY: json.dumps(facts, separators=(",", ":"))})
-    module.exit_json(changed=False, **{RESULT_KEY: facts})
+    exit_read(module, facts)
 
 
 if __name__ == "__main__":

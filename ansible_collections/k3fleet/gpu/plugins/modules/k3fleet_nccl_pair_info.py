@@ -100,17 +100,16 @@ k3fleet_load.install()
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_node, collect_pair
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    READER_ARGS,
-    RESULT_KEY,
+    exit_read,
     reader_from_params,
+    reader_spec,
 )
 
 _SPEC_KEYS = ("nccl_pair_launcher", "nccl_max_bytes", "nccl_timeout_s")
 
 
 def main() -> None:
-    argument_spec = dict(READER_ARGS)
-    argument_spec.update(
+    argument_spec = reader_spec(
         addresses=dict(type="list", elements="str", required=True),
         gpus=dict(type="int", required=True),
         active_spec=dict(type="dict", required=True),
@@ -129,7 +128,7 @@ def main() -> None:
         pair = guard("pair", collect_node, reader, p["gpus"], spec, keep)
     else:
         pair = guard("pair", collect_pair, reader, p["addresses"], p["gpus"], spec, keep)
-    module.exit_json(changed=False, **{RESULT_KEY: {"pair": pair, "commands": reader.commands}})
+    exit_read(module, {"pair": pair, "commands": reader.commands})
 
 
 if __name__ == "__main__":

@@ -170,15 +170,15 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=dict(READER_ARGS), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=reader_spec(), supports_check_mode=True)
     reader = checked_reader(module, "k3fleet_packages_info")
     facts = guard("packages", collect_packages, reader)
-    module.exit_json(changed=False, **{RESULT_KEY: facts})
+    exit_read(module, facts)
 
 
 if __name__ == "__main__":

@@ -153,13 +153,12 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_preflight import collect, judge
 
 
 def main() -> None:
-    spec = dict(READER_ARGS)
-    spec.update(
+    spec = reader_spec(
         packages=dict(type="list", elements="str", default=[]),
         space_paths=dict(type="list", elements="path", default=["/var/cache/apt/archives", "/var/lib/dkms",
                                                                 "/usr/lib/modules"]),
@@ -183,7 +182,7 @@ def main() -> None:
                                       "min_container_toolkit": p["min_container_toolkit"],
                                       "min_container_toolkit_source": p["min_container_toolkit_source"],
                                       "allow_mig": p["allow_mig"]})
-    module.exit_json(changed=False, **{RESULT_KEY: facts})
+    exit_read(module, facts)
 
 
 if __name__ == "__main__":

@@ -171,16 +171,15 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    READER_ARGS,
-    RESULT_KEY,
+    exit_read,
     reader_from_params,
+    reader_spec,
 )
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 
 
 def main() -> None:
-    argument_spec = dict(READER_ARGS)
-    argument_spec.update(
+    argument_spec = reader_spec(
         env_files=dict(type="list", elements="str", default=[]),
         lspci=dict(type="bool", default=True),
     )
@@ -192,7 +191,7 @@ def main() -> None:
     reader = reader_from_params(module.params)
     rdma = guard("rdma", collect_rdma, reader, lspci=module.params["lspci"])
     nccl = guard("nccl", collect_nccl, reader, env_files=module.params["env_files"])
-    module.exit_json(changed=False, **{RESULT_KEY: {"rdma": rdma, "nccl": nccl, "commands": reader.commands}})
+    exit_read(module, {"rdma": rdma, "nccl": nccl, "commands": reader.commands})
 
 
 if __name__ == "__main__":

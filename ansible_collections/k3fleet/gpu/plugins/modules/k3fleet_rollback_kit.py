@@ -128,11 +128,10 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY, checked_reader, reader_spec
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rollback_kit import kit_packages, make_kit
 
-ARGUMENT_SPEC = dict(
-    READER_ARGS,
+ARGUMENT_SPEC = reader_spec(
     directory=dict(type="path", required=True),
     packages=dict(type="list", elements="dict"),
     change_id=dict(type="str"),

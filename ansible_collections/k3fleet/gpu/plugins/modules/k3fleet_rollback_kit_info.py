@@ -123,11 +123,10 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS, RESULT_KEY, checked_reader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rollback_kit import inspect, kit_packages, make_kit
 
-ARGUMENT_SPEC = dict(
-    READER_ARGS,
+ARGUMENT_SPEC = reader_spec(
     packages=dict(type="list", elements="dict", required=True),
     kit=dict(type="dict"),
     directory=dict(type="path"),
@@ -152,7 +151,7 @@ def main() -> None:
         else:
             made = make_kit(reader, p["directory"], wanted, check_mode=True)
             result.update(can_make=not made["problems"] and bool(wanted), problems=made["problems"])
-    module.exit_json(changed=False, **{RESULT_KEY: result})
+    exit_read(module, result)
 
 
 if __name__ == "__main__":

@@ -107,23 +107,22 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    READER_ARGS,
-    RESULT_KEY,
+    exit_read,
     reader_from_params,
+    reader_spec,
 )
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
 
 
 def main() -> None:
-    argument_spec = dict(READER_ARGS)
-    argument_spec.update(node=dict(type="str"))
+    argument_spec = reader_spec(node=dict(type="str"))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     node = (module.params["node"] or "").strip() or None
     if node is not None and any(ch.isspace() or ch == "," for ch in node):
         module.fail_json(msg="node must be one Slurm NodeName, got %r" % module.params["node"])
     reader = reader_from_params(module.params)
     scheduler = guard("scheduler", collect_scheduler, reader, node=node)
-    module.exit_json(changed=False, **{RESULT_KEY: {"scheduler": scheduler, "commands": reader.commands}})
+    exit_read(module, {"scheduler": scheduler, "commands": reader.commands})
 
 
 if __name__ == "__main__":
