@@ -1,7 +1,7 @@
 """The change night's preflight before a drain (module_utils/k3fleet_preflight.py, docs/change-night.md
 "Preflight"): an unloadable driver module, a full disk, an unresolvable target version, missing kernel
 headers when DKMS builds, MIG instances and an old NVIDIA Container Toolkit each block the host; a node
-without them passes. Fixtures: tests/fixtures/preflight/SOURCES.md."""
+without them passes. Fixtures: tests/unit/fixtures/preflight/SOURCES.md in the collection."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_preflight as pf
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import FIXTURES
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures"
-MADISON = (FIX / "preflight" / "apt_cache_madison_standin.txt").read_text()
-FULL = json.loads((FIX / "preflight" / "statvfs_full_tmpfs.json").read_text())
-CTK = (FIX / "container" / "nvidia_ctk_version_ctk50.txt").read_text()
+MADISON = (FIXTURES / "preflight" / "apt_cache_madison_standin.txt").read_text()
+FULL = json.loads((FIXTURES / "preflight" / "statvfs_full_tmpfs.json").read_text())
+CTK = (FIXTURES / "container" / "nvidia_ctk_version_ctk50.txt").read_text()
 SLURM_STEP = "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
 K8S_POD = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5e7c.slice/cri-containerd-9a1f.scope"
 SESSION = "0::/user.slice/user-1000.slice/session-4.scope"

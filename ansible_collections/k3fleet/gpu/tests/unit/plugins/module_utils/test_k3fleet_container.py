@@ -12,8 +12,9 @@ from pathlib import Path
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PROBE_CONTAINER, probe_argv
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import FIXTURES
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "container"
+FIX = FIXTURES / "container"
 IMAGE = "vllm/vllm-openai:kimi-k3"
 
 
