@@ -84,11 +84,11 @@ def _checks(problems: list[dict[str, str]]) -> list[str]:
 
 def test_a_fit_node_passes_and_the_scheduler_jobs_and_gpu_services_do_not_block(tmp_path: Path) -> None:
     reader = _node(tmp_path, [(812, "nvidia-persiste", "0::/system.slice/nvidia-persistenced.service",
-                                ["/dev/nvidiactl"]),
-                               (900, "nv-hostengine", "0::/system.slice/nvidia-dcgm.service",
-                                ["/dev/nvidiactl", "/dev/nvidia0"]),
-                               (1201, "python3", SLURM_STEP, ["/dev/nvidia0", "/dev/nvidia-uvm"]),
-                               (1301, "vllm", K8S_POD, ["/dev/nvidia1"])])
+                               ["/dev/nvidiactl"]),
+                              (900, "nv-hostengine", "0::/system.slice/nvidia-dcgm.service",
+                               ["/dev/nvidiactl", "/dev/nvidia0"]),
+                              (1201, "python3", SLURM_STEP, ["/dev/nvidia0", "/dev/nvidia-uvm"]),
+                              (1301, "vllm", K8S_POD, ["/dev/nvidia1"])])
     facts = _facts(reader, ctk=CTK)
     kinds = {h["pid"]: h["kind"] for h in facts["holders"]}
     # The kernel keeps 15 characters of a name: nvidia-persistenced is "nvidia-persiste" in /proc/PID/comm.
@@ -103,9 +103,9 @@ def test_a_fit_node_passes_and_the_scheduler_jobs_and_gpu_services_do_not_block(
 
 def test_a_process_outside_jobs_and_services_holding_a_gpu_blocks_the_host(tmp_path: Path) -> None:
     reader = _node(tmp_path, [(900, "nvidia-persiste", "0::/system.slice/nvidia-persistenced.service",
-                                ["/dev/nvidiactl"]),
-                               (4242, "python3", SESSION, ["/dev/nvidia3", "/dev/nvidiactl"]),
-                               (4243, "python3", SLURM_STEP, ["/dev/nvidia0"])])
+                               ["/dev/nvidiactl"]),
+                              (4242, "python3", SESSION, ["/dev/nvidia3", "/dev/nvidiactl"]),
+                              (4243, "python3", SLURM_STEP, ["/dev/nvidia0"])])
     problems = pf.judge(_facts(reader), POLICY)
     assert _checks(problems) == ["module.in_use"]
     found = problems[0]["found"]

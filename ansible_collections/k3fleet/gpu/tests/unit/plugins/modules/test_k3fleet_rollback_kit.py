@@ -103,6 +103,7 @@ def test_a_kit_keeps_every_driver_branch_package_with_its_hold() -> None:
     assert names == sorted(names)
     branch = [p for p in packages if p["branch"]]
     assert len(kept) == len(branch) > 0
+
     def triples(ps: list[dict[str, Any]]) -> set[tuple[str, str, bool]]:
         return {(p["name"], p["version"], p["held"]) for p in ps}
 
