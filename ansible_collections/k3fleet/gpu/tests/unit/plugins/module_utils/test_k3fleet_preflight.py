@@ -63,7 +63,8 @@ def _node(tmp_path: Path, holders: list[tuple[int, str, str, list[str]]], *, hea
 
 
 def _facts(reader: NodeReader, *, dkms: bool = False, statvfs: Any = _roomy, madison: str = MADISON,
-           want: list[list[str]] = WANT, ctk: str | None = None) -> dict[str, Any]:
+           want: list[list[str]] | None = None, ctk: str | None = None) -> dict[str, Any]:
+    want = WANT if want is None else want
     facts = pf.collect(reader, [], pf_paths(), dkms, statvfs=statvfs)
     rows = pf.parse_madison(madison)
     facts["repository"] = {"wanted": want, "missing": [w for w in want if not pf.offered(rows, w[0], w[1])],

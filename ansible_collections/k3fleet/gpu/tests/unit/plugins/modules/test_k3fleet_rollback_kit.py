@@ -148,8 +148,8 @@ PKGS = [{"name": "nvidia-driver-575-server", "version": "575.57.08-0ubuntu1", "a
 KIT = "/var/lib/k3fleet/rollback-kit/CHG-1"
 
 
-def cache_debs(tmp_path: Path, pkgs: list[dict[str, Any]] = PKGS) -> None:
-    for p in pkgs:
+def cache_debs(tmp_path: Path) -> None:
+    for p in PKGS:
         build_deb(tmp_path / "root" / "var/cache/apt/archives", p["name"], p["version"], p["arch"])
 
 
