@@ -110,6 +110,14 @@ collection: $(STAMP)
 collection-check: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/collection_check.py --sanity
 
+# The lab audit, the collection's unit tests and the tests of its ansible-core patches (AnsiballZ wrapper,
+# strategy) under every ansible-core series meta/runtime.yml claims, each in its own venv under
+# .cache/ansible-matrix/ (made with pip on first use); a table series -> pass/fail and seconds (docs/scale.md
+# "Collection"). Not part of CI: it needs the package index the first time.
+.PHONY: collection-matrix
+collection-matrix: $(STAMP)
+	$(BIN)/python scripts/collection_matrix.py
+
 # CI: the execution environment definition is accepted by ansible-builder (no container engine here).
 ee-check: $(STAMP)
 	rm -rf build/ee build/ee-wheel
