@@ -39,20 +39,24 @@ demo: $(DEMO_STAMP)
 	@echo '$$ k3fleet lab demo'
 	@$(BIN)/k3fleet lab demo
 
+# The collection's own unit tests (tests/unit/plugins in the collection; ansible-test units runs them from the
+# built collection in make collection-check) run with the repository's tests too.
+COLLECTION_UNITS := ansible_collections/k3fleet/gpu/tests/unit
+
 test: $(STAMP)
 	# Headless Chromium for the HTML report test (root only: apt; without it that one test skips).
 	# Said before it happens; K3FLEET_NO_SYSTEM_PACKAGES=1 skips it.
 	if [ "$$(id -u)" -eq 0 ] && [ -z "$$K3FLEET_NO_SYSTEM_PACKAGES" ]; then \
 	  echo "make test: installing Debian packages if missing (chromium, fonts-dejavu-core: scripts/report-deps.sh; K3FLEET_NO_SYSTEM_PACKAGES=1 skips)"; \
 	  bash scripts/report-deps.sh; fi
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -n auto --dist loadfile -m "not system and not serving" tests
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -n auto --dist loadfile -m "not system and not serving" tests $(COLLECTION_UNITS)
 
 # make test three times in a row with every core kept busy (issue: tests that hold under load).
 test-under-load: $(STAMP)
 	bash scripts/test_under_load.sh --runs 3 --spinners 8
 
 test-unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit $(COLLECTION_UNITS)
 
 test-integration: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q tests/integration
@@ -105,6 +109,14 @@ collection: $(STAMP)
 # CI: build, install, ansible-doc, a user's FQCN playbook on the lab, ansible-test sanity (no containers).
 collection-check: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/collection_check.py --sanity
+
+# The lab audit, the collection's unit tests and the tests of its ansible-core patches (AnsiballZ wrapper,
+# strategy) under every ansible-core series meta/runtime.yml claims, each in its own venv under
+# .cache/ansible-matrix/ (made with pip on first use); a table series -> pass/fail and seconds (docs/scale.md
+# "Collection"). Not part of CI: it needs the package index the first time.
+.PHONY: collection-matrix
+collection-matrix: $(STAMP)
+	$(BIN)/python scripts/collection_matrix.py
 
 # CI: the execution environment definition is accepted by ansible-builder (no container engine here).
 ee-check: $(STAMP)

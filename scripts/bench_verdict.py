@@ -37,6 +37,8 @@ process's own resource usage (os.wait4):
 
     .venv/bin/python scripts/bench_verdict.py --merge 100000 [--slices 10]
         -> merge 100000 hosts: X s wall, Y MB peak RSS
+
+K3FLEET_BENCH_PROFILE=FILE runs that merge under cProfile, its statistics into FILE.
 """
 
 from __future__ import annotations

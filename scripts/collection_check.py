@@ -7,7 +7,10 @@
    against the simulated lab fleet with no library path of this repository and no k3fleet CLI;
 5. with --sanity, `ansible-test sanity --python X.Y` in the installed collection (no containers;
    ansible-test's per-test virtual environments are bootstrapped by scripts/ansible_test_get_pip.py
-   because its own pip bootstrap is fetched from outside the package index).
+   because its own pip bootstrap is fetched from outside the package index);
+6. `ansible-test units --local --python X.Y` in the installed collection: the module and module_utils tests
+   in the collection's own tests/unit/plugins, on this Python with what its environment has (pytest,
+   pytest-xdist; no requirement install, no network), importing the installed copy; its wall time printed.
 
 Exit 0 when every step passed; otherwise the failing step's output and exit 1.
 """
@@ -22,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,6 +118,14 @@ def main() -> int:
             print(_step(f"ansible-test sanity --python {args.python}",
                         [str(BIN / "ansible-test"), "sanity", "--python", args.python], env, installed,
                         timeout=3600)[-1500:])
+        started = time.monotonic()
+        out = _step(f"ansible-test units --local --python {args.python}",
+                    [str(BIN / "ansible-test"), "units", "--local", "--python", args.python], env, installed,
+                    timeout=900)
+        summary = [line.strip("= ") for line in out.splitlines() if re.search(r"=+ .*\d+ passed.* in [0-9.]+s", line)]
+        if not summary:
+            raise SystemExit("collection check: ansible-test units ran no test:\n" + out[-2000:])
+        print(f"   {'; '.join(summary)} ({time.monotonic() - started:.0f} s wall)")
     print("collection check: passed")
     return 0
 

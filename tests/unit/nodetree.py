@@ -17,9 +17,19 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils import basic
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+
+# The node builders live with the collection's own unit tests (one copy; ansible-test units runs those).
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import (  # noqa: F401
+    ExitJson,
+    FailJson,
+    exe,
+    fake_command,
+    node,
+    patch_exits,
+    write_tree,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -59,30 +69,6 @@ def replay_steps(stdout: Path | str | None, stderr: Path | str | None, rc: int, 
     return [*steps, f"exit {rc}"]
 
 
-def exe(path: Path, body: str) -> None:
-    """A /bin/sh script at path running body."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-
-
-def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]], sleep: float = 0) -> None:
-    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    lines = []
-    if sleep:
-        lines.append(f"/bin/sleep {sleep}")
-    lines.append('case "$*" in')
-    for pos, (pattern, out, err, rc) in enumerate(cases):
-        out_file = bin_dir / f".{name}.{pos}.out"
-        err_file = bin_dir / f".{name}.{pos}.err"
-        out_file.write_text(out, encoding="utf-8")
-        err_file.write_text(err, encoding="utf-8")
-        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
-    lines += ["esac", "exit 127"]
-    exe(bin_dir / name, "\n".join(lines))
-
-
 def lab_facts(work: Path, hosts: dict[str, str]) -> dict[str, Any]:
     """Each host's facts as the node module collects them on a lab fleet of ``hosts`` (name -> the lab's
     profile), rendered in ``work``: the real collectors over the lab's files and replayed commands."""
@@ -104,43 +90,6 @@ def lab_facts(work: Path, hosts: dict[str, str]) -> dict[str, Any]:
                            use_nvml=False, probe=True)
         out[host] = HostFacts.model_validate(raw)
     return out
-
-
-def write_tree(root: Path, files: dict[str, str] | None = None) -> Path:
-    """Files at their node paths under root (which is created even when there are none)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for rel, text in (files or {}).items():
-        target = root / rel.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    return root
-
-
-def node(tmp_path: Path, files: dict[str, str] | None = None, timeout: float = 10) -> NodeReader:
-    """A reader over tmp_path/root with only tmp_path/bin on its PATH."""
-    root = write_tree(tmp_path / "root", files)
-    (tmp_path / "bin").mkdir(exist_ok=True)
-    return NodeReader(root=str(root), path=str(tmp_path / "bin"), timeout=timeout)
-
-
-class ExitJson(Exception):
-    """AnsibleModule.exit_json was called; args[0] is the result."""
-
-
-class FailJson(Exception):
-    """AnsibleModule.fail_json was called; args[0] is the result."""
-
-
-def patch_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """exit_json/fail_json raise instead of exiting (ansible-core test/units/modules/utils.py style)."""
-    def exit_json(self: Any, **kwargs: Any) -> None:
-        raise ExitJson(kwargs)
-
-    def fail_json(self: Any, **kwargs: Any) -> None:
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 # -- documentation: the collection's modules as ansible-doc sees them ----------------------------

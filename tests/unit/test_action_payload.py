@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from ansible.executor import module_common
 from ansible.plugins.action import ActionBase
+from ansible.release import __version__ as ANSIBLE_CORE
 
 from ansible_collections.k3fleet.gpu.plugins.plugin_utils import k3fleet_action
 from ansible_collections.k3fleet.gpu.plugins.plugin_utils.k3fleet_action import (
@@ -57,6 +58,12 @@ IMAGE = default_image()
 LOAD = "ansible_collections/k3fleet/gpu/plugins/module_utils/k3fleet_load.py"
 # What the inserted call imports before its finder exists: k3fleet_load and its packages (zipimport).
 BEFORE_THE_FINDER = {LOAD} | {"/".join(LOAD.split("/")[:depth]) + "/__init__.py" for depth in range(1, 6)}
+# The wrapper the action patches is ansible-core 2.19's (k3fleet_action.ANCHOR); 2.17 and 2.18 build another
+# (its own _ansiballz_main, no _BuiltModule), which the action ships as built. make collection-matrix runs
+# this file under each series.
+CORE = tuple(int(part) for part in ANSIBLE_CORE.split(".")[:2])
+anchored = pytest.mark.skipif(CORE < (2, 19), reason=f"ansible-core {ANSIBLE_CORE}: no 2.19 wrapper to patch; "
+                              "test_before_2_19_the_action_ships_ansibles_wrapper_as_built holds it")
 
 # Runs an AnsiballZ file as `python AnsiballZ_x.py [explode|execute]` does, counting each compile of a
 # payload source (by its path inside the payload zip) into the JSON file argv[2].
@@ -190,6 +197,7 @@ def runs(wrappers: Wrappers, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             "unpatched": _run_wrapper(wrappers.unpatched, tmp / "unpatched.json")}
 
 
+@anchored
 def test_the_action_inserts_the_call_once_right_before_ansibles_module_utils(wrappers: Wrappers) -> None:
     patched = wrappers.patched.read_bytes()
     unpatched = wrappers.unpatched.read_bytes()
@@ -201,6 +209,7 @@ def test_the_action_inserts_the_call_once_right_before_ansibles_module_utils(wra
     assert b"sys.path.insert(0, modlib_path)\n" + SNIPPET + b"\n        from ansible.module_utils._internal" in patched
 
 
+@anchored
 def test_the_patched_payload_compiles_every_source_once(wrappers: Wrappers, runs: dict[str, WrapperRun]) -> None:
     patched, unpatched = runs["patched"].counts, runs["unpatched"].counts
     # The same sources are imported either way.
@@ -226,6 +235,15 @@ def test_the_patched_payload_compiles_every_source_once(wrappers: Wrappers, runs
     assert patched[module] == 1
 
 
+@pytest.mark.skipif(CORE >= (2, 19), reason="ansible-core 2.19 and later: the action patches the wrapper")
+def test_before_2_19_the_action_ships_ansibles_wrapper_as_built(wrappers: Wrappers) -> None:
+    built = wrappers.patched.read_bytes()
+    # The kept file is what the action sent: Ansible's own wrapper, with no call inserted and no 2.19 anchor.
+    assert b"_ansiballz_main" in built and MARKER not in built and ANCHOR not in built
+    assert patch_wrapper(built) == built
+    assert wrappers.result["k3fleet"]["host"] == HOST
+
+
 def test_the_module_returns_the_same_bytes_with_and_without_the_call(runs: dict[str, WrapperRun]) -> None:
     patched, unpatched = runs["patched"].stdout, runs["unpatched"].stdout
     assert json.loads(patched)["k3fleet"]["host"] == HOST
@@ -233,6 +251,7 @@ def test_the_module_returns_the_same_bytes_with_and_without_the_call(runs: dict[
     assert _timeless(patched) == _timeless(unpatched)
 
 
+@anchored
 def test_an_exception_in_the_inserted_call_leaves_the_run_as_ansible_built_it(
         wrappers: Wrappers, runs: dict[str, WrapperRun], tmp_path: Path) -> None:
     # The payload's k3fleet_load fails in install_payload: the module runs as unpatched, compiles included.
@@ -267,6 +286,7 @@ def test_kept_remote_files_explode_and_execute_as_before(wrappers: Wrappers, run
     assert _timeless(executed.stdout) == _timeless(runs["unpatched"].stdout)
 
 
+@anchored
 def test_pipelined_and_not_the_result_is_that_of_ansibles_normal_action(
         lab: Lab, wrappers: Wrappers, tmp_path_factory: pytest.TempPathFactory) -> None:
     pipelined, _ = _adhoc(lab, tmp_path_factory.mktemp("pipelined"), pipelining=True)
@@ -312,6 +332,7 @@ def test_a_wrapper_without_the_anchor_goes_out_unchanged() -> None:
     assert patch_wrapper(shifted) is shifted
 
 
+@anchored
 def test_only_this_collections_new_style_modules_are_patched() -> None:
     built = module_common._BuiltModule(b_module_data=ANCHOR, module_style="new", shebang="#!/usr/bin/python3",
                                        serialization_profile="legacy")

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_host
 from k3fleet.contracts import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, result_code
 from k3fleet.errors import error_location, validation_line
+from k3fleet.models import facts
 
 ROOT = Path(__file__).resolve().parents[2]
 CODES = {"EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INCOMPLETE", "EXIT_CODES", "combine", "result_code"}
@@ -184,3 +186,7 @@ def test_report_views_and_targets_are_typed() -> None:
                if a.annotation is not None and ast.unparse(a.annotation) == "Any"
                and ((p.name == "view.py" and p.parent.name == "report") or a.arg == "target")]
     assert untyped == []
+
+
+def test_node_module_and_controller_agree_on_schema_version() -> None:
+    assert k3fleet_host.SCHEMA_VERSION == facts.SCHEMA_VERSION

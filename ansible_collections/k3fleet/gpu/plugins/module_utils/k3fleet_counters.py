@@ -11,16 +11,16 @@ sample into the driver and RDMA sections' ``counters``: per counter [first, seco
 seconds between them.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import contextlib
 import math
 import re
 import time
+from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
-
-__metaclass__ = type
 
 # /sys/class/infiniband/<dev>/ports/<n>/counters/<name> (the kernel's ib sysfs; docs/facts.md section 14).
 IB_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
@@ -33,7 +33,7 @@ _NVLINK_E_NAMES = {"replay": "replay", "recovery": "recovery", "crc": "crc", "cr
                    "crc data": "crc_data"}
 
 
-def read_ib_counters(reader):
+def read_ib_counters(reader: NodeReader) -> dict[str, dict[str, int]]:
     """``{"mlx5_0/1": {counter: int}}`` for every port of every RDMA device; a counter that cannot be read
     is left out (older kernels lack some)."""
     out = {}
@@ -53,10 +53,10 @@ def read_ib_counters(reader):
     return out
 
 
-def parse_nvlink_errors(text):
+def parse_nvlink_errors(text: str | None) -> dict[int, dict[str, dict[str, int]]]:
     """``nvidia-smi nvlink -e``: ``{gpu index: {link: {counter: int}}}``; nothing printed (a GPU without
     NVLink) is ``{}``."""
-    out = {}
+    out: dict[int, dict[str, dict[str, int]]] = {}
     current = None
     for line in (text or "").splitlines():
         gpu = _NVLINK_E_GPU_RE.match(line)
@@ -71,7 +71,7 @@ def parse_nvlink_errors(text):
     return out
 
 
-def _nvml_gpu_counters(nv, handle):
+def _nvml_gpu_counters(nv: Any, handle: Any) -> dict[str, Any]:
     from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_nvml import nvml_nvlink
 
     out = {"pcie_replay": None, "nvlink": nvml_nvlink(nv, handle)["errors"]}
@@ -83,7 +83,8 @@ def _nvml_gpu_counters(nv, handle):
     return out
 
 
-def read_gpu_counters(reader, use_nvml=True):
+def read_gpu_counters(reader: NodeReader, use_nvml: bool = True
+                      ) -> tuple[dict[int, dict[str, Any]] | None, str | None, str | None]:
     """``({gpu index: {"pcie_replay", "nvlink"}}, source, reason)`` through NVML, else ``nvidia-smi nvlink
     -e`` (NVLink only: the PCIe replay counter is then read once, from ``-q``)."""
     reasons = []
@@ -116,19 +117,19 @@ def read_gpu_counters(reader, use_nvml=True):
     return {i: {"pcie_replay": None, "nvlink": links} for i, links in parsed.items()}, "nvidia-smi", None
 
 
-def sample_counters(reader, use_nvml=True, rdma=True):
+def sample_counters(reader: NodeReader, use_nvml: bool = True, rdma: bool = True) -> dict[str, Any]:
     """One sample of every counter the node has: ``{"at", "ib", "gpus", "gpu_source", "gpu_reason"}``."""
     gpus, source, reason = read_gpu_counters(reader, use_nvml=use_nvml)
     return {"at": time.time(), "ib": read_ib_counters(reader) if rdma else {}, "gpus": gpus,
             "gpu_source": source, "gpu_reason": reason}
 
 
-def _pairs(first, second):
+def _pairs(first: dict[str, int], second: dict[str, int]) -> dict[str, list[int]]:
     """{name: [first, second]} for the counters both samples read."""
     return {name: [first[name], second[name]] for name in sorted(first) if name in second}
 
 
-def counter_facts(first, second):
+def counter_facts(first: dict[str, Any], second: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(driver counters, rdma counters)`` from two samples; ``interval_s`` is whole seconds, rounded up,
     so hosts of one kind audited together share it."""
     interval = max(1, math.ceil(second["at"] - first["at"]))
@@ -144,7 +145,7 @@ def counter_facts(first, second):
             before = first["gpus"].get(index)
             if before is None:
                 continue
-            entry = {"pcie_replay": None, "nvlink": {}}
+            entry: dict[str, Any] = {"pcie_replay": None, "nvlink": {}}
             if before["pcie_replay"] is not None and now["pcie_replay"] is not None:
                 entry["pcie_replay"] = [before["pcie_replay"], now["pcie_replay"]]
             for link, values in sorted(now["nvlink"].items(), key=lambda kv: int(kv[0])):

@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
 # Stdlib only: shipped to nodes.
-# ruff: noqa: UP001, UP009, UP010, UP031
 """The change night's preflight on one node, read right before its drain (docs/change-night.md
 "Preflight"): can the driver module be unloaded, is there room for the packages and a DKMS build,
 are the kernel headers there when DKMS builds, does the repository resolve the target versions, is the
@@ -10,12 +9,14 @@ NVIDIA Container Toolkit one that may run with the target driver.
 policy in, the problems that block the host out, each with its check, what was found and the fix.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 
-__metaclass__ = type
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 
 # Services that hold the GPUs' device files while they run, by the process name the kernel reports
 # (/proc/PID/comm, at most 15 characters) and their unit; the night stops them by rebooting the node
@@ -37,11 +38,11 @@ _CTK_VERSION = re.compile(r"version\s+v?(\d+(?:\.\d+)+)")
 MAX_HOLDERS = 64
 
 
-def _version_tuple(text):
+def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text or ""))
 
 
-def device_holders(reader):
+def device_holders(reader: NodeReader) -> list[dict[str, Any]] | None:
     """Every process with an open /dev/nvidia* file: pid, name, devices, cgroup and its kind (service: the
     night stops it; job: the drain waits for it; other: nothing of the night ends it)."""
     procs = reader.listdir("/proc")
@@ -53,12 +54,12 @@ def device_holders(reader):
         fd_dir = reader.resolve("/proc/%s/fd" % pid)
         try:
             fds = os.listdir(fd_dir)
-        except (IOError, OSError):
+        except OSError:
             continue
         for fd in fds:
             try:
                 target = os.readlink(os.path.join(fd_dir, fd))
-            except (IOError, OSError):
+            except OSError:
                 continue
             if _DEVICE.match(target):
                 devices.add(target)
@@ -73,7 +74,7 @@ def device_holders(reader):
     return found
 
 
-def classify_holder(comm, cgroup):
+def classify_holder(comm: str, cgroup: str | None) -> str:
     # The kernel keeps 15 characters of a process name (proc(5), TASK_COMM_LEN 16 with its NUL):
     # nvidia-persistenced is "nvidia-persiste" there, nv-fabricmanager "nv-fabricmanage".
     if comm in [c[:15] for c, _unit in SERVICES]:
@@ -83,7 +84,7 @@ def classify_holder(comm, cgroup):
     return "other"
 
 
-def parse_systemctl_show(text):
+def parse_systemctl_show(text: str | None) -> list[dict[str, str]]:
     """``systemctl show -p Id,ActiveState,MainPID U1 U2 ...``: blocks separated by blank lines."""
     units = []
     for block in re.split(r"\n\s*\n", (text or "").strip()):
@@ -93,7 +94,7 @@ def parse_systemctl_show(text):
     return units
 
 
-def mig_instances(reader):
+def mig_instances(reader: NodeReader) -> dict[str, list[str]]:
     """GPU instances by GPU, from the driver's capability files (/proc/driver/nvidia/capabilities/gpuN/mig/giM)."""
     base = "/proc/driver/nvidia/capabilities"
     out = {}
@@ -104,12 +105,12 @@ def mig_instances(reader):
     return out
 
 
-def free_mb(stat):
+def free_mb(stat: os.statvfs_result) -> int:
     """Free MB for an unprivileged writer (f_bavail, as df's "Available") of an os.statvfs result."""
     return int(stat.f_bavail * stat.f_frsize // (1024 * 1024))
 
 
-def parse_madison(text):
+def parse_madison(text: str | None) -> list[list[str]]:
     """``apt-cache madison P...`` rows: [package, version, source]."""
     rows = []
     for line in (text or "").splitlines():
@@ -119,24 +120,25 @@ def parse_madison(text):
     return rows
 
 
-def offered(rows, name, version):
+def offered(rows: list[list[str]], name: str, version: str) -> bool:
     """Whether a row offers ``name`` at the upstream ``version`` (any Debian revision, optional epoch)."""
     pattern = re.compile(r"^([0-9]+:)?%s-[^-\s]+$" % re.escape(version))
     return any(r[0] == name and pattern.match(r[1]) for r in rows)
 
 
-def _existing(reader, path):
+def _existing(reader: NodeReader, path: str) -> str:
     """The path, or its nearest existing parent (a DKMS tree not created yet is on its parent's filesystem)."""
     while path not in ("", "/") and not reader.exists(path):
         path = os.path.dirname(path)
     return path or "/"
 
 
-def collect(reader, packages, space_paths, dkms, statvfs=os.statvfs):
+def collect(reader: NodeReader, packages: list[list[str]], space_paths: list[str], dkms: bool,
+            statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> dict[str, Any]:
     """Read the node. ``packages``: [[name, upstream version]] the change installs."""
-    facts = {"holders": device_holders(reader), "services": None, "mig": mig_instances(reader), "disk": [],
-             "kernel": None, "headers": None, "dkms": bool(dkms), "repository": None, "toolkit": None,
-             "reasons": []}
+    facts: dict[str, Any] = {
+        "holders": device_holders(reader), "services": None, "mig": mig_instances(reader), "disk": [], "kernel": None,
+        "headers": None, "dkms": bool(dkms), "repository": None, "toolkit": None, "reasons": []}
     res = reader.run(SYSTEMCTL_SHOW)
     if res.ok:
         facts["services"] = parse_systemctl_show(res.stdout)
@@ -147,7 +149,7 @@ def collect(reader, packages, space_paths, dkms, statvfs=os.statvfs):
         try:
             facts["disk"].append({"path": path, "measured": where,
                                   "available_mb": free_mb(statvfs(reader.resolve(where))), "reason": None})
-        except (IOError, OSError) as exc:
+        except OSError as exc:
             facts["disk"].append({"path": path, "measured": where, "available_mb": None,
                                   "reason": "statvfs %s: %s" % (where, exc.strerror or exc)})
     release = (reader.read("/proc/sys/kernel/osrelease", limit=256) or "").strip()
@@ -171,11 +173,11 @@ def collect(reader, packages, space_paths, dkms, statvfs=os.statvfs):
     return facts
 
 
-def judge(facts, policy):
+def judge(facts: dict[str, Any], policy: dict[str, Any]) -> list[dict[str, str]]:
     """The problems that block the host before its drain: [{check, found, fix}]. Pure."""
     problems = []
 
-    def block(check, found, fix):
+    def block(check: str, found: str, fix: str) -> None:
         problems.append({"check": check, "found": found, "fix": fix})
 
     holders = facts.get("holders")

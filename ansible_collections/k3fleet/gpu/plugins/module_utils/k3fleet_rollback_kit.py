@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
 # Stdlib only: shipped to nodes inside AnsiballZ.
-# ruff: noqa: UP001, UP009, UP010, UP031
 """The rollback kit: the exact driver packages a node runs before its first change, kept on the node.
 
 A rollback puts back the snapshot's exact package versions (docs/change-night.md "Rollback"). A
@@ -25,7 +24,7 @@ Parsing and decisions are pure functions; ``make_kit`` and ``inspect`` run comma
 ``NodeReader`` (``k3fleet_cmd``), so the same code reads a real node or a test tree.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import hashlib
 import json
@@ -33,8 +32,9 @@ import os
 import re
 import shutil
 import tempfile
+from typing import Any
 
-__metaclass__ = type
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import CommandResult, NodeReader
 
 KIT_ROOT = "/var/lib/k3fleet/rollback-kit"
 MANIFEST = "kit.json"
@@ -46,7 +46,7 @@ _VERSION_LINE = re.compile(r"^(?: \*\*\*|    ) (?P<version>\S+) (?P<priority>-?\
 _SOURCE_LINE = re.compile(r"^ {8}(?P<priority>-?\d+) (?P<source>.+)$")
 
 
-def kit_packages(packages):
+def kit_packages(packages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The packages a kit holds: every package of a driver branch in a snapshot's package list
     (the ones a rollback restores: ``nvidia_driver`` vars ``_nvidia_driver_rb_pkgs``), as
     ``{name, version, arch, held}`` sorted by name. Raises ValueError on an entry without a name
@@ -63,31 +63,31 @@ def kit_packages(packages):
     return sorted(out, key=lambda p: p["name"])
 
 
-def kit_dir(root, change_id):
+def kit_dir(root: str, change_id: str | None) -> str:
     """The kit directory of one change under ``root`` (KIT_ROOT); the change id is its last part."""
     if not _CHANGE_DIR.match(change_id or ""):
         raise ValueError("change id %r cannot name a kit directory (letters, digits, '.', '_', '-')" % (change_id,))
-    return os.path.join(root, change_id)
+    return os.path.join(root, str(change_id))
 
 
-def deb_file_name(name, version, arch):
+def deb_file_name(name: str, version: str, arch: str | None) -> str:
     """The file name apt gives a downloaded package: ``name_version_arch.deb``, the epoch's colon
     written ``%3a`` (apt's URI quoting of the version)."""
     return "%s_%s_%s.deb" % (name, version.replace(":", "%3a"), arch or "all")
 
 
-def apt_spec(pkg):
+def apt_spec(pkg: dict[str, Any]) -> str:
     """``name:arch=version`` (``name=version`` without an arch): one exact package for apt-get."""
     return "%s%s=%s" % (pkg["name"], (":" + pkg["arch"]) if pkg.get("arch") else "", pkg["version"])
 
 
-def parse_policy(text):
+def parse_policy(text: str | None) -> dict[str, dict[str, Any]]:
     """Parse ``LC_ALL=C apt-cache policy NAME...``: ``{name: {installed, candidate, versions:
     {version: [sources]}}}``. A source is the text after the priority (``file:/srv/repo ./ Packages``,
     ``/var/lib/dpkg/status``). A name apt does not know prints nothing and is absent from the result.
     Raises ValueError on a version table line that belongs to no package."""
-    out = {}
-    current = None
+    out: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
     version = None
     for line in (text or "").splitlines():
         if not line.strip():
@@ -123,19 +123,19 @@ def parse_policy(text):
     return out
 
 
-def is_repository(source):
+def is_repository(source: str) -> bool:
     """A version table source that is a repository's index (``URI SUITE [COMPONENT ARCH] Packages``), not
     dpkg's status file (one path: ``/var/lib/dpkg/status``, or wherever ``Dir::State::status`` points)."""
     return len(source.split()) > 1
 
 
-def offered(policy, name, version):
+def offered(policy: dict[str, dict[str, Any]], name: str, version: str) -> bool:
     """True when a repository (any source but dpkg's status file) offers ``name`` at ``version``."""
     sources = ((policy.get(name) or {}).get("versions") or {}).get(version) or []
     return any(is_repository(s) for s in sources)
 
 
-def sha256_file(path, chunk=1 << 20):
+def sha256_file(path: str, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
@@ -146,7 +146,7 @@ def sha256_file(path, chunk=1 << 20):
     return h.hexdigest()
 
 
-def parse_deb_fields(text):
+def parse_deb_fields(text: str | None) -> dict[str, str]:
     """``dpkg-deb --field FILE Package Version Architecture`` output -> {Package, Version, Architecture}."""
     out = {}
     for line in (text or "").splitlines():
@@ -156,7 +156,7 @@ def parse_deb_fields(text):
     return out
 
 
-def deb_matches(fields, pkg):
+def deb_matches(fields: dict[str, str], pkg: dict[str, Any]) -> str | None:
     """Why a .deb is not the package ``pkg`` (name, version, arch), or None when it is."""
     want = {"Package": pkg["name"], "Version": pkg["version"]}
     if pkg.get("arch"):
@@ -166,7 +166,7 @@ def deb_matches(fields, pkg):
     return "; ".join(wrong) or None
 
 
-def verify_entries(directory, entries):
+def verify_entries(directory: str, entries: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
     """Check each recorded kit entry (``file``, ``sha256``) against the files in ``directory``:
     ``{file: "ok" | "missing" | "changed"}`` and the problems as lines (empty when all are ok)."""
     states, problems = {}, []
@@ -185,17 +185,17 @@ def verify_entries(directory, entries):
     return states, problems
 
 
-def read_manifest(directory):
+def read_manifest(directory: str) -> dict[str, Any] | None:
     """The kit's own record (``kit.json``), or None when there is none or it cannot be read."""
     try:
         with open(os.path.join(directory, MANIFEST), "rb") as f:
             data = json.loads(f.read().decode("utf-8"))
-    except (IOError, OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("packages"), list) else None
 
 
-def write_manifest(directory, data):
+def write_manifest(directory: str, data: dict[str, Any]) -> None:
     """Write ``kit.json`` whole or not at all (a temporary file, fsync, rename, fsync of the directory)."""
     fd, tmp = tempfile.mkstemp(prefix=".kit-", suffix=".json", dir=directory)
     try:
@@ -215,14 +215,14 @@ def write_manifest(directory, data):
         os.close(dfd)
 
 
-def _fields(reader, path):
+def _fields(reader: NodeReader, path: str) -> tuple[dict[str, str] | None, str | None]:
     res = reader.run(["dpkg-deb", "--field", path, "Package", "Version", "Architecture"])
     if not res.ok:
         return None, res.reason()
     return parse_deb_fields(res.stdout), None
 
 
-def _arch_of(reader, pkg):
+def _arch_of(reader: NodeReader, pkg: dict[str, Any]) -> tuple[str | None, str | None]:
     """The package's architecture: recorded in the snapshot, else dpkg's for the installed package."""
     if pkg.get("arch"):
         return pkg["arch"], None
@@ -232,7 +232,8 @@ def _arch_of(reader, pkg):
     return None, res.reason()
 
 
-def make_kit(reader, directory, packages, check_mode=False, change_id=None, made_at=None):
+def make_kit(reader: NodeReader, directory: str, packages: list[dict[str, Any]], check_mode: bool = False,
+             change_id: str | None = None, made_at: str | None = None) -> dict[str, Any]:
     """Fetch every package of ``packages`` (``kit_packages``) into ``directory``, record their sha256
     in ``kit.json``. Idempotent: a file the kit already holds with its recorded sha256 is kept.
 
@@ -240,7 +241,7 @@ def make_kit(reader, directory, packages, check_mode=False, change_id=None, made
     entry is ``{name, version, arch, held, file, sha256, size, from}`` (from: kit, apt-cache, repository).
     ``problems`` lists each package that could not be had, with apt's own words; the kit is complete
     only when it is empty. In check mode nothing is written: ``fetched`` says what would be."""
-    result = {"path": directory, "packages": [], "fetched": [], "problems": [], "changed": False}
+    result: dict[str, Any] = {"path": directory, "packages": [], "fetched": [], "problems": [], "changed": False}
     real_dir = reader.join_root(directory)
     before = read_manifest(real_dir) or {"packages": []}
     recorded = dict((e.get("file"), e) for e in before["packages"] if isinstance(e, dict))
@@ -318,7 +319,7 @@ def make_kit(reader, directory, packages, check_mode=False, change_id=None, made
     return result
 
 
-def _apt_words(res):
+def _apt_words(res: CommandResult) -> str:
     """apt's own error line (``E: ...``) when it gave one, else the command's one-line reason."""
     lines = [ln.strip() for ln in ((res.stderr or "") + "\n" + (res.stdout or "")).splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("E:")]
@@ -327,7 +328,8 @@ def _apt_words(res):
     return res.reason() if not res.ok else "apt-get printed no download for it"
 
 
-def inspect(reader, packages, kit=None, policy_text=None):
+def inspect(reader: NodeReader, packages: list[dict[str, Any]], kit: dict[str, Any] | None = None,
+            policy_text: str | None = None) -> dict[str, Any]:
     """Where each package of ``packages`` (``kit_packages``) can come from now, read-only.
 
     ``kit`` is the kit as the journal recorded it (``{path, packages: [{file, sha256, ...}]}``) or
@@ -350,7 +352,7 @@ def inspect(reader, packages, kit=None, policy_text=None):
         row = dict(p, repository=offered(policy, p["name"], p["version"]))
         rows.append(row)
     repo_all = bool(rows) and all(r["repository"] for r in rows)
-    kit_state = {"path": None, "recorded": False, "complete": False, "verified": False, "problems": []}
+    kit_state: dict[str, Any] = {"path": None, "recorded": False, "complete": False, "verified": False, "problems": []}
     if kit and kit.get("path") and isinstance(kit.get("packages"), list):
         kit_state.update(path=kit["path"], recorded=True)
         by_version = dict(((e.get("name"), e.get("version")), e) for e in kit["packages"] if isinstance(e, dict))

@@ -12,8 +12,9 @@ from pathlib import Path
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import PROBE_CONTAINER, probe_argv
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import FIXTURES
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "container"
+FIX = FIXTURES / "container"
 IMAGE = "vllm/vllm-openai:kimi-k3"
 
 
@@ -56,7 +57,7 @@ def test_timed_out_probe_removes_its_container_even_with_the_budget_spent(tmp_pa
 
 
 def test_failed_removal_says_how_to_remove_it(tmp_path: Path) -> None:
-    reader, _ = _runtime(tmp_path, "exec /bin/sleep 30", rm_rc=1)
+    reader = _runtime(tmp_path, "exec /bin/sleep 30", rm_rc=1)[0]
     message = collect_container(reader, image=IMAGE, runtime="docker", probe=True)["probe"]["message"]
     assert f"removing container {PROBE_CONTAINER} failed" in message
     assert f"docker rm -f {PROBE_CONTAINER}" in message

@@ -1,7 +1,7 @@
 """The change night's preflight before a drain (module_utils/k3fleet_preflight.py, docs/change-night.md
 "Preflight"): an unloadable driver module, a full disk, an unresolvable target version, missing kernel
 headers when DKMS builds, MIG instances and an old NVIDIA Container Toolkit each block the host; a node
-without them passes. Fixtures: tests/fixtures/preflight/SOURCES.md."""
+without them passes. Fixtures: tests/unit/fixtures/preflight/SOURCES.md in the collection."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_preflight as pf
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import FIXTURES
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures"
-MADISON = (FIX / "preflight" / "apt_cache_madison_standin.txt").read_text()
-FULL = json.loads((FIX / "preflight" / "statvfs_full_tmpfs.json").read_text())
-CTK = (FIX / "container" / "nvidia_ctk_version_ctk50.txt").read_text()
+MADISON = (FIXTURES / "preflight" / "apt_cache_madison_standin.txt").read_text()
+FULL = json.loads((FIXTURES / "preflight" / "statvfs_full_tmpfs.json").read_text())
+CTK = (FIXTURES / "container" / "nvidia_ctk_version_ctk50.txt").read_text()
 SLURM_STEP = "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
 K8S_POD = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5e7c.slice/cri-containerd-9a1f.scope"
 SESSION = "0::/user.slice/user-1000.slice/session-4.scope"
@@ -63,7 +63,8 @@ def _node(tmp_path: Path, holders: list[tuple[int, str, str, list[str]]], *, hea
 
 
 def _facts(reader: NodeReader, *, dkms: bool = False, statvfs: Any = _roomy, madison: str = MADISON,
-           want: list[list[str]] = WANT, ctk: str | None = None) -> dict[str, Any]:
+           want: list[list[str]] | None = None, ctk: str | None = None) -> dict[str, Any]:
+    want = WANT if want is None else want
     facts = pf.collect(reader, [], pf_paths(), dkms, statvfs=statvfs)
     rows = pf.parse_madison(madison)
     facts["repository"] = {"wanted": want, "missing": [w for w in want if not pf.offered(rows, w[0], w[1])],
@@ -84,11 +85,11 @@ def _checks(problems: list[dict[str, str]]) -> list[str]:
 
 def test_a_fit_node_passes_and_the_scheduler_jobs_and_gpu_services_do_not_block(tmp_path: Path) -> None:
     reader = _node(tmp_path, [(812, "nvidia-persiste", "0::/system.slice/nvidia-persistenced.service",
-                                ["/dev/nvidiactl"]),
-                               (900, "nv-hostengine", "0::/system.slice/nvidia-dcgm.service",
-                                ["/dev/nvidiactl", "/dev/nvidia0"]),
-                               (1201, "python3", SLURM_STEP, ["/dev/nvidia0", "/dev/nvidia-uvm"]),
-                               (1301, "vllm", K8S_POD, ["/dev/nvidia1"])])
+                               ["/dev/nvidiactl"]),
+                              (900, "nv-hostengine", "0::/system.slice/nvidia-dcgm.service",
+                               ["/dev/nvidiactl", "/dev/nvidia0"]),
+                              (1201, "python3", SLURM_STEP, ["/dev/nvidia0", "/dev/nvidia-uvm"]),
+                              (1301, "vllm", K8S_POD, ["/dev/nvidia1"])])
     facts = _facts(reader, ctk=CTK)
     kinds = {h["pid"]: h["kind"] for h in facts["holders"]}
     # The kernel keeps 15 characters of a name: nvidia-persistenced is "nvidia-persiste" in /proc/PID/comm.
@@ -103,9 +104,9 @@ def test_a_fit_node_passes_and_the_scheduler_jobs_and_gpu_services_do_not_block(
 
 def test_a_process_outside_jobs_and_services_holding_a_gpu_blocks_the_host(tmp_path: Path) -> None:
     reader = _node(tmp_path, [(900, "nvidia-persiste", "0::/system.slice/nvidia-persistenced.service",
-                                ["/dev/nvidiactl"]),
-                               (4242, "python3", SESSION, ["/dev/nvidia3", "/dev/nvidiactl"]),
-                               (4243, "python3", SLURM_STEP, ["/dev/nvidia0"])])
+                               ["/dev/nvidiactl"]),
+                              (4242, "python3", SESSION, ["/dev/nvidia3", "/dev/nvidiactl"]),
+                              (4243, "python3", SLURM_STEP, ["/dev/nvidia0"])])
     problems = pf.judge(_facts(reader), POLICY)
     assert _checks(problems) == ["module.in_use"]
     found = problems[0]["found"]

@@ -1,7 +1,7 @@
 """The rollback kit's logic (module_utils/k3fleet_rollback_kit.py, docs/change-night.md "Rollback kit"):
 which packages a kit keeps, where each one comes from, its sha256 record, and where a rollback installs
-from. apt's answers are recorded real output (tests/fixtures/rollback_kit/SOURCES.md) replayed on the
-reader's PATH; the .deb files are real packages built here with dpkg-deb, which checks them too.
+from. apt's answers are recorded real output (the collection's tests/unit/fixtures/rollback_kit/SOURCES.md)
+replayed on the reader's PATH; the .deb files are real packages built here with dpkg-deb, which checks them too.
 """
 
 from __future__ import annotations
@@ -14,20 +14,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
-from nodetree import ExitJson, FailJson, fake_command, node, patch_exits
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_rollback_kit as kit
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import _package_entry, parse_dpkg_query
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import (
+    ExitJson,
+    FailJson,
+    fake_command,
+    module_args,
+    node,
+    patch_exits,
+)
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import (
+    fixture as read_fixture,
+)
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DPKG_DEB = shutil.which("dpkg-deb")
 needs_dpkg_deb = pytest.mark.skipif(DPKG_DEB is None, reason="dpkg-deb builds and reads the test packages")
 
 
 def fixture(name: str, area: str = "rollback_kit") -> str:
-    return (FIXTURES / area / name).read_text(encoding="utf-8")
+    return read_fixture(area, name)
 
 
 def build_deb(out_dir: Path, name: str, version: str, arch: str = "amd64", payload: str = "x") -> Path:
@@ -95,6 +103,7 @@ def test_a_kit_keeps_every_driver_branch_package_with_its_hold() -> None:
     assert names == sorted(names)
     branch = [p for p in packages if p["branch"]]
     assert len(kept) == len(branch) > 0
+
     def triples(ps: list[dict[str, Any]]) -> set[tuple[str, str, bool]]:
         return {(p["name"], p["version"], p["held"]) for p in ps}
 
@@ -139,8 +148,8 @@ PKGS = [{"name": "nvidia-driver-575-server", "version": "575.57.08-0ubuntu1", "a
 KIT = "/var/lib/k3fleet/rollback-kit/CHG-1"
 
 
-def cache_debs(tmp_path: Path, pkgs: list[dict[str, Any]] = PKGS) -> None:
-    for p in pkgs:
+def cache_debs(tmp_path: Path) -> None:
+    for p in PKGS:
         build_deb(tmp_path / "root" / "var/cache/apt/archives", p["name"], p["version"], p["arch"])
 
 
@@ -257,7 +266,7 @@ def run_module(monkeypatch: pytest.MonkeyPatch, name: str, args: dict[str, Any],
                ) -> tuple[str, dict[str, Any]]:
     patch_exits(monkeypatch)
     module = importlib.import_module(f"ansible_collections.k3fleet.gpu.plugins.modules.{name}")
-    with patch_module_args(dict(args, _ansible_check_mode=check)):
+    with module_args(dict(args, _ansible_check_mode=check)):
         try:
             module.main()
         except ExitJson as done:

@@ -5,11 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from nodetree import exe
-
-from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_host
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, guard
-from k3fleet.models import facts
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import exe
 
 
 def test_files_resolve_under_root_and_moved_proc(tmp_path: Path) -> None:
@@ -95,10 +92,6 @@ def test_guard_turns_a_collector_crash_into_unknown() -> None:
     out = guard("driver", broken)
     assert out["status"] == "unknown"
     assert "driver collector failed: KeyError" in out["reason"]
-
-
-def test_node_module_and_controller_agree_on_schema_version() -> None:
-    assert k3fleet_host.SCHEMA_VERSION == facts.SCHEMA_VERSION
 
 
 def test_directory_instead_of_file_is_none(tmp_path: Path) -> None:

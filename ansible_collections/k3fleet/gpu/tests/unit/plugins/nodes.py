@@ -1,0 +1,111 @@
+"""Builders the collection's unit tests share: a node's file tree under a root prefix, commands replaying
+recorded output, and module exits that raise instead of exiting.
+
+One copy: the repository's own tests (tests/unit/nodetree.py) import these too. Only the collection,
+ansible-core's module_utils and pytest are imported, so ``ansible-test units`` runs them from the built
+collection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.module_utils import basic
+
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+
+# The recorded outputs these tests read, each area with a SOURCES.md naming its public source.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def fixture(area: str, name: str) -> str:
+    """The text of fixtures/<area>/<name>."""
+    return (FIXTURES / area / name).read_text(encoding="utf-8")
+
+
+def exe(path: Path, body: str) -> None:
+    """A /bin/sh script at path running body."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def fake_command(bin_dir: Path, name: str, cases: list[tuple[str, str, str, int]], sleep: float = 0) -> None:
+    """An executable replaying recorded output; cases are (shell glob on "$*", stdout, stderr, rc)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    if sleep:
+        lines.append(f"/bin/sleep {sleep}")
+    lines.append('case "$*" in')
+    for pos, (pattern, out, err, rc) in enumerate(cases):
+        out_file = bin_dir / f".{name}.{pos}.out"
+        err_file = bin_dir / f".{name}.{pos}.err"
+        out_file.write_text(out, encoding="utf-8")
+        err_file.write_text(err, encoding="utf-8")
+        lines.append(f"  {pattern}) /bin/cat '{out_file}'; /bin/cat '{err_file}' >&2; exit {rc};;")
+    lines += ["esac", "exit 127"]
+    exe(bin_dir / name, "\n".join(lines))
+
+
+def write_tree(root: Path, files: dict[str, str] | None = None) -> Path:
+    """Files at their node paths under root (which is created even when there are none)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in (files or {}).items():
+        target = root / rel.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    return root
+
+
+def node(tmp_path: Path, files: dict[str, str] | None = None, timeout: float = 10) -> NodeReader:
+    """A reader over tmp_path/root with only tmp_path/bin on its PATH."""
+    root = write_tree(tmp_path / "root", files)
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    return NodeReader(root=str(root), path=str(tmp_path / "bin"), timeout=timeout)
+
+
+class ExitJson(Exception):
+    """AnsibleModule.exit_json was called; args[0] is the result."""
+
+
+class FailJson(Exception):
+    """AnsibleModule.fail_json was called; args[0] is the result."""
+
+
+def patch_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """exit_json/fail_json raise instead of exiting (ansible-core test/units/modules/utils.py style)."""
+    def exit_json(self: Any, **kwargs: Any) -> None:
+        raise ExitJson(kwargs)
+
+    def fail_json(self: Any, **kwargs: Any) -> None:
+        raise FailJson(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+@contextlib.contextmanager
+def module_args(args: dict[str, Any]) -> Iterator[None]:
+    """The arguments an AnsibleModule built inside the block reads: ansible-core's own
+    ``ansible.module_utils.testing.patch_module_args`` where it has one (2.19 and later), else what
+    that helper replaces, the serialized ``basic._ANSIBLE_ARGS`` (2.17, 2.18)."""
+    try:
+        from ansible.module_utils.testing import patch_module_args
+    except ImportError:
+        pass
+    else:
+        with patch_module_args(args):
+            yield
+        return
+    saved = basic._ANSIBLE_ARGS
+    full = {"_ansible_remote_tmp": "/tmp", "_ansible_keep_remote_files": False, **args}
+    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": full}).encode("utf-8")
+    try:
+        yield
+    finally:
+        basic._ANSIBLE_ARGS = saved
