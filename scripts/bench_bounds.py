@@ -9,7 +9,8 @@ every 0.2 s. Issue 35's cases follow: YAML alias bombs and deep nests in a profi
 and target file, a profile of 40,000 tools, signing keys and inventories that are a FIFO, /dev/zero
 or a huge sparse file, an alias bomb in host_vars, JSON nested 200,000 deep in a run file, a pasted
 `docker inspect` and a prefix-lint line, an --out name of 300 bytes, a 60M-token ladder rung, a
-50 MB vLLM log to triage, and a server that trickles its chat answers to `accept agent`. It prints
+50 MB vLLM log to triage, a server that trickles its chat answers to `accept agent`, and an ssh agent
+socket that accepts and never answers `decide --sign-key`. It prints
 exit code, wall seconds and peak RSS per case, with the line that stopped it. Nothing is asserted:
 machines differ (tests/integration/test_bounds_and_writes.py holds the 300 MB bound, the issue 35
 cases are tests/unit/test_input_limits.py).
@@ -222,6 +223,46 @@ def _structure_cases(tmp: Path, a: argparse.Namespace) -> None:
         srv.shutdown()
     print(f"{'accept agent, trickling chat':32s} {rc:4d} {wall:7.2f} {rss / 1024:11.1f}  (--timeout {a.timeout}: "
           "every request, the SDK's included, under one deadline)")
+    _silent_agent_case(tmp, decide)
+
+
+def _silent_agent_case(tmp: Path, decide: list[str]) -> None:
+    """`decide --sign-key` with SSH_AUTH_SOCK a unix socket that accepts and never answers (ssh-keygen waited
+    on it for 120 s)."""
+    import socket
+    import subprocess
+    import threading
+
+    if shutil.which("ssh-keygen") is None:
+        print(f"{'decide --sign-key, silent agent':32s} (skipped: no ssh-keygen)")
+        return
+    key = tmp / "keys" / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    where = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp")) / "s"  # a unix socket path is at most 108 bytes
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(where))
+    listener.listen(8)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        start = time.monotonic()
+        ran = t.k3fleet(*decide, "--sign-key", str(key), tmp=tmp, env={"SSH_AUTH_SOCK": str(where)})
+        wall = time.monotonic() - start
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+        shutil.rmtree(where.parent)
+    line = next((s for s in ran.stderr.splitlines() if s.startswith("k3fleet: error:")), "")
+    print(f"{'decide --sign-key, silent agent':32s} {ran.rc:4d} {wall:7.2f} {ran.maxrss_kb / 1024:11.1f}  {line[:110]}")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,11 @@ def prune(
             out.print(f"kept {safe_text(v.path)}{kind}: {safe_text(v.why)}", markup=False)
     for path, why in problems.items():
         err.print(f"could not remove {safe_text(path)}: {safe_text(why)}", markup=False)
+    held = [v for v in plan if v.held]
+    for v in held:
+        # An old run prune may not remove as asked (a mount inside it): left untouched, and not a success.
+        err.print(f"left {safe_text(v.path)} untouched: {safe_text(v.why)}", markup=False)
     removed = sum(1 for v in plan if v.action == REMOVE) - len(problems)
     err.print(f"{removed} run director{'y' if removed == 1 else 'ies'} {verb}, "
               f"{sum(1 for v in plan if v.action != REMOVE)} kept", markup=False)
-    raise typer.Exit(EXIT_INCOMPLETE if problems else EXIT_OK)
+    raise typer.Exit(EXIT_INCOMPLETE if problems or held else EXIT_OK)

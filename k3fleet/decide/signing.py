@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -30,6 +32,11 @@ NAMESPACE = "k3fleet-evidence"
 SIGNATURE_SUFFIX = ".sig"
 # ssh-keygen answers in milliseconds; an agent that asks for confirmation may take a while.
 _TIMEOUT_S = 120
+# ssh-keygen asks the agent (SSH_AUTH_SOCK) for its keys before it signs with any key, a private key file
+# included, and waits on it without a deadline: the agent is asked first, under this one.
+AGENT_TIMEOUT_S = 10.0
+# The agent protocol's SSH_AGENTC_REQUEST_IDENTITIES (draft-miller-ssh-agent, section 4.4), framed by length.
+_REQUEST_IDENTITIES = b"\x00\x00\x00\x01\x0b"
 # What the probe signature covers: never evidence, so it cannot be replayed as a package's.
 _PROBE = b"k3fleet: can this key sign? (not evidence)\n"
 _GOOD = re.compile(r'^Good "(?P<ns>[^"]*)" signature (?:for (?P<principal>.+) )?with (?P<type>\S+) key '
@@ -69,6 +76,39 @@ def _check_readable(path: Path, option: str, kind: str) -> None:
     ssh-keygen sees it: a FIFO nobody writes, /dev/zero or a huge sparse file is one line at once
     (k3fleet.bounds; docs/safety.md "Bounds"), never a wait or a read of gigabytes."""
     read_input(path, option, kind=kind, limit="key")
+
+
+def check_agent(option: str, *, timeout_s: float | None = None) -> None:
+    """The ssh agent named by ``SSH_AUTH_SOCK`` answers a request for its keys within ``timeout_s``, or one
+    line and exit 3 (a request past its deadline, docs/safety.md "Bounds"): ssh-keygen would wait on it
+    for as long as the agent stays silent. No agent, or one that refuses the connection, is left to
+    ssh-keygen (it signs with the key file then)."""
+    timeout_s = AGENT_TIMEOUT_S if timeout_s is None else timeout_s
+    where = os.environ.get("SSH_AUTH_SOCK")
+    if not where:
+        return
+    try:
+        if not stat.S_ISSOCK(os.stat(where).st_mode):
+            return
+    except OSError:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(where)
+        except TimeoutError as exc:
+            raise IncompleteError(f"{option}: the ssh agent at {where} (SSH_AUTH_SOCK) did not accept a connection "
+                                  f"within {timeout_s:g} s: restart ssh-agent or unset SSH_AUTH_SOCK") from exc
+        except OSError:
+            return
+        try:
+            sock.sendall(_REQUEST_IDENTITIES)
+            sock.recv(4)  # any answer, or a hang-up: ssh-keygen goes on with the agent or without it
+        except TimeoutError as exc:
+            raise IncompleteError(f"{option}: the ssh agent at {where} (SSH_AUTH_SOCK) did not answer within "
+                                  f"{timeout_s:g} s: restart ssh-agent or unset SSH_AUTH_SOCK") from exc
+        except OSError:
+            return
 
 
 @dataclass(frozen=True)
@@ -114,6 +154,7 @@ def signing_key(path: Path) -> SigningKey:
     """The key at ``path``, once it has signed a probe: a missing, unreadable or encrypted key (without
     the agent) fails here, before anything is written."""
     _check_readable(path, "--sign-key", "an OpenSSH key")
+    check_agent(f"signing with {path}")
     probe = SigningKey(path=path, key_type="?", fingerprint="?")
     sig = probe.sign(_PROBE)
     key = signature_key(_PROBE, sig)

@@ -46,6 +46,9 @@ class Verdict:
     why: str
     kind: str | None = None
     age_s: float | None = None
+    # An old run left whole although the limit says remove it (it holds a mount point): the prune did
+    # not do all it was asked, and says so (exit 3).
+    held: bool = False
 
 
 def _json(p: Path) -> Any:
@@ -215,7 +218,7 @@ def plan_prune(runs_dir: Path, older_than_s: float, now: _dt.datetime,
             crossing = _crossing(p, mounts)
             if crossing is not None:
                 out.append(Verdict(p, KEEP, f"{_days(age)} old, but it holds a mount point ({crossing}): never "
-                                            "removed, left whole", kind, age))
+                                            "removed, left whole", kind, age, held=True))
             else:
                 out.append(Verdict(p, REMOVE, f"{_days(age)} old", kind, age))
     return sorted(out, key=lambda v: v.path.name)

@@ -13,6 +13,7 @@ writes); this module adds the structural redaction of inventories on top. Rules 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -33,8 +34,8 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import redact_argv as _redact_argv
 
 __all__ = ["REDACTED", "VAULT_HEADER", "excerpt", "forget_secrets", "is_secret_name", "redact", "redact_argv",
-           "redact_file_text", "redact_ini", "redact_text", "redact_yaml", "remember_environment_secrets",
-           "remember_secret"]
+           "redact_file_text", "redact_ini", "redact_pieces", "redact_text", "redact_yaml",
+           "remember_environment_secrets", "remember_secret"]
 
 
 def redact(obj: Any) -> Any:
@@ -160,3 +161,58 @@ def redact_file_text(name: str, text: str) -> str:
                 return done
         return redact_ini(text)
     return redact_text(text)
+
+
+# -- long texts, a piece at a time ------------------------------------------------------------
+
+STREAM_CHUNK = 1 << 20  # characters redacted at a time in a long text (a 50 MB log: about 50 pieces)
+_STREAM_MAX = 16 << 20  # a piece never grows past this while it waits for a safe place to cut
+_PKEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----")
+_PKEY_END = re.compile(r"-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----")
+
+
+def _safe_cut(text: str, start: int, stop: int) -> int:
+    """The last newline in ``text[start:stop]`` after which a piece may end, or -1.
+
+    Every rule of the redactor that reads past a line's end starts on one line and continues on the
+    next: a private key block (BEGIN to END), a name/value pair in block form (the value line indented
+    under its name line), an option continued with a backslash, a flow pair broken after its comma. A
+    cut is safe where the line before it ends none of those and the line after it starts at column 0
+    with neither a dash, a quote nor a value key, and outside an open private key block.
+    """
+    cut = text.rfind("\n", start, stop)
+    while cut > start:
+        before = text[text.rfind("\n", start, cut) + 1:cut].rstrip("\r")
+        after = text[cut + 1:cut + 16]
+        if (after[:1].strip() and after[:1] not in "-\"'{[" and not after.lower().startswith(("value", "val:"))
+                and not before.endswith(("\\", ",", "{", "[", ":", "="))):
+            begin = next(reversed(list(_PKEY_BEGIN.finditer(text, start, cut))), None)
+            if begin is None or _PKEY_END.search(text, begin.end(), cut):
+                return cut
+            cut = text.rfind("\n", start, begin.start())
+            continue
+        cut = text.rfind("\n", start, cut)
+    return -1
+
+
+def redact_pieces(text: str, chunk: int = STREAM_CHUNK) -> Iterator[str]:
+    """``redact_text(text)`` a piece at a time, for a long text (a 50 MB log): pieces end at newlines
+    where no rule's match can continue (:func:`_safe_cut`), so each is redacted as it would be inside
+    the whole, and no more than a piece's copies are held at once."""
+    start = 0
+    while len(text) - start > chunk:
+        stop = start + chunk
+        cut = _safe_cut(text, start, stop)
+        while cut < 0 and stop - start < _STREAM_MAX and stop < len(text):
+            stop = min(len(text), stop + chunk)
+            cut = _safe_cut(text, start, stop)
+        if cut < 0:
+            cut = text.rfind("\n", start, stop)
+            if cut < 0:  # one line longer than the whole budget: redacted as it is
+                cut = text.find("\n", stop)
+                if cut < 0:
+                    break
+        yield redact_text(text[start:cut + 1])
+        start = cut + 1
+    if start < len(text):
+        yield redact_text(text[start:])

@@ -29,7 +29,16 @@ from k3fleet import __version__
 from k3fleet.bounds import InputTooLarge, cap_bytes, check_path_name, read_input
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file
-from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_file_text, redact_text
+from k3fleet.evidence.redact import (
+    REDACTED,
+    STREAM_CHUNK,
+    is_secret_name,
+    redact,
+    redact_argv,
+    redact_file_text,
+    redact_pieces,
+    redact_text,
+)
 from k3fleet.evidence.verify import verify_run
 from k3fleet.evidence.writer import Fill, atomic_replace, sha256_file
 
@@ -389,7 +398,15 @@ class RunDir:
         return p
 
     def write_text(self, rel: str, text: str) -> Path:
-        return self._replace(rel, redact_text(text).encode("utf-8"))
+        """``text`` through the redactor; a long one (a log) redacted and written a piece at a time."""
+        if len(text) <= STREAM_CHUNK:
+            return self._replace(rel, redact_text(text).encode("utf-8"))
+
+        def fill(fh: IO[bytes]) -> None:
+            for piece in redact_pieces(text):
+                fh.write(piece.encode("utf-8"))
+
+        return self._replace(rel, fill)
 
     def write_jsonl(self, rel: str, rows: Iterable[Mapping[str, Any]]) -> Path:
         return self._replace(rel, "".join(_dumps(row) + "\n" for row in rows).encode("utf-8"))

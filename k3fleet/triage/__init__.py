@@ -129,7 +129,7 @@ def sniff(text: str) -> str | None:
         return "ibv_devinfo"
     if re.search(r"Fabric Manager version is\s*:", text):
         return "fabricmanager_version"
-    if ad.FM_VERSION_MISMATCH.search(" ".join(text.split())):
+    if _FABRIC_MANAGER.search(text) and ad.FM_VERSION_MISMATCH.search(" ".join(text.split())):
         # Fabric Manager's own refusal, pasted with or without its journal prefix.
         return "fabricmanager_status"
     if re.search(r"nvidia-fabricmanager|nv-fabricmanager", text) and re.search(
@@ -145,6 +145,11 @@ def sniff(text: str) -> str | None:
     if classify_probe_failure(text)[0] is not None:
         return "container_error"
     return None
+
+
+# Fabric Manager's refusal may be wrapped across lines: the whitespace-folded copy is made only for a text
+# that names it (a 50 MB log folded word by word held ten times its size).
+_FABRIC_MANAGER = re.compile(r"fabric\s+manager", re.I)
 
 
 def _is_chat_json(head: str) -> bool:
@@ -200,7 +205,7 @@ class TriageResult:
         image = (self.facts.get("container") or {}).get("image") or {}
         return TriageRecord(
             host=self.host, kinds=self.kinds,
-            files=[TriageFile(name=c.name, kind=c.kind, original_sha256=c.sha256, bytes=len(c.text.encode()),
+            files=[TriageFile(name=c.name, kind=c.kind, original_sha256=c.sha256, bytes=utf8_len(c.text),
                               stored=stored_name(i, c)) for i, c in enumerate(self.captures)],
             driver_version=km.get("version") or drv.get("driver_version"),
             image_digest=image.get("digest") if isinstance(image, dict) else None,
@@ -209,6 +214,13 @@ class TriageResult:
 
     def to_json(self) -> dict[str, Any]:
         return self.record().model_dump(mode="json")
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8, without a second copy of a long one."""
+    if text.isascii():
+        return len(text)
+    return sum(len(text[i:i + (1 << 20)].encode("utf-8", "surrogatepass")) for i in range(0, len(text), 1 << 20))
 
 
 def stored_name(i: int, c: Capture) -> str:

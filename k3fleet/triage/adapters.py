@@ -355,8 +355,8 @@ def image_from_inspect(text: str) -> dict[str, Any]:
     item = data[0] if isinstance(data, list) and data else data
     if not isinstance(item, dict):
         raise CaptureError("expected a JSON array of inspect objects")
+    _check_inspect_types(item)
     config: dict[str, Any] = item["Config"] if isinstance(item.get("Config"), dict) else {}
-    # Fields of the wrong type are read as absent (a capture is data from outside).
     tags = _strings(item.get("RepoTags"))
     # A container's inspect names its image in Config.Image; an image's in RepoTags.
     digests = _strings(item.get("RepoDigests"))
@@ -367,6 +367,61 @@ def image_from_inspect(text: str) -> dict[str, Any]:
     if problem:
         raise CaptureError(problem)
     return image
+
+
+# The types Docker Engine's API gives the fields of an inspect that k3fleet reads or that show what the
+# object is (docs.docker.com/reference/api/engine: ImageInspect, ContainerInspectResponse; podman's inspect
+# keeps the names and types). null stands for a field not set. A field of another type is not an inspect
+# someone pasted unchanged: it is refused by name instead of being read as absent.
+_OBJ, _STR, _LIST, _NUM = "an object", "a string", "a list", "a number"
+_INSPECT_TYPES: dict[str, str] = {
+    "Id": _STR, "ID": _STR, "Created": _STR, "Image": _STR, "Name": _STR, "Architecture": _STR, "Os": _STR,
+    "RepoTags": _LIST, "RepoDigests": _LIST, "Mounts": _LIST, "Config": _OBJ, "State": _OBJ,
+    "HostConfig": _OBJ, "GraphDriver": _OBJ, "NetworkSettings": _OBJ, "Size": _NUM,
+}
+_CONFIG_TYPES: dict[str, str] = {"Env": _LIST, "Labels": _OBJ, "Image": _STR, "Cmd": _LIST, "Entrypoint": _LIST,
+                                 "WorkingDir": _STR, "User": _STR}
+_STRING_LISTS = frozenset({"RepoTags", "RepoDigests", "Config.Env", "Config.Cmd", "Config.Entrypoint"})
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    return {dict: _OBJ, list: _LIST, str: _STR, int: _NUM, float: _NUM}.get(type(value), type(value).__name__)
+
+
+def _check_inspect_types(item: dict[str, Any]) -> None:
+    """Every known field of an inspect object of its API type (or null), else CaptureError naming it."""
+    fields = [(k, item[k], want) for k, want in _INSPECT_TYPES.items() if k in item]
+    if isinstance(item.get("Config"), dict):
+        fields += [(f"Config.{k}", item["Config"][k], want) for k, want in _CONFIG_TYPES.items()
+                   if k in item["Config"]]
+    for name, value, want in fields:
+        if value is None:
+            continue
+        got = _type_name(value)
+        if got != want:
+            raise CaptureError(f"field {name} is {got} ({_shown(value)}), expected {want}")
+        if name in _STRING_LISTS:
+            bad = next((v for v in value if not isinstance(v, str)), None)
+            if bad is not None:
+                raise CaptureError(f"field {name} holds {_type_name(bad)} ({_shown(bad)}), expected strings only")
+        elif name == "Config.Labels":
+            bad_key = next((k for k, v in value.items() if not isinstance(v, str)), None)
+            if bad_key is not None:
+                raise CaptureError(f"field Config.Labels.{bad_key[:60]} is {_type_name(value[bad_key])}, "
+                                   "expected a string")
+        elif name == "Mounts":
+            bad = next((v for v in value if not isinstance(v, dict)), None)
+            if bad is not None:
+                raise CaptureError(f"field Mounts holds {_type_name(bad)} ({_shown(bad)}), expected objects only")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return "{...}" if isinstance(value, dict) else "[...]"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _strings(value: Any) -> list[str]:

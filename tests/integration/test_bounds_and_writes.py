@@ -305,6 +305,30 @@ def test_bounded_file_inputs(tmp_path: Path, case: str, argv: Callable[[Path], l
     assert ran.maxrss_kb < MEMORY_LIMIT_KB, f"peak RSS {ran.maxrss_kb} kB"
 
 
+def test_a_long_vllm_log_is_triaged_and_redacted_in_bounded_memory(tmp_path: Path) -> None:
+    """A 24 MB vLLM log (the decide fixture's start-up, then a running server's routine lines and one
+    planted token): judged and stored through the redactor a piece at a time. Folded word by word and
+    redacted whole it peaked at about 13 times its size."""
+    token = "hf_" + "Q" * 30
+    routine = "".join(f"(APIServer pid=1) INFO 08-14 10:00:{i % 60:02d} [loggers.py:123] Engine 000: Avg prompt "
+                      f"throughput: {i}.0 tokens/s, Running: 3 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.2%\n"
+                      for i in range(1000))
+    log = tmp_path / "vllm.log"
+    with log.open("w") as fh:
+        fh.write((FIX / "decide" / "startup_kimi_k3_tp8_dp2.log").read_text())
+        while fh.tell() < 12 << 20:
+            fh.write(routine)
+        fh.write(f"(APIServer pid=1) INFO 08-14 10:01:00 [api_server.py:1] HF_TOKEN={token}\n")
+        while fh.tell() < 24 << 20:
+            fh.write(routine)
+    ran = k3fleet("triage", "--out", str(tmp_path / "run"), str(log), tmp=tmp_path)
+    assert ran.rc in (0, 1), ran.stderr
+    assert ran.maxrss_kb < MEMORY_LIMIT_KB, f"peak RSS {ran.maxrss_kb} kB"
+    stored = next((tmp_path / "run" / "inputs").iterdir())
+    assert stored.stat().st_size > (24 << 20) - 1024
+    assert token.encode() not in stored.read_bytes()
+
+
 @pytest.mark.parametrize("flag", ["--owners", "--build", "--target"])
 def test_decide_records_that_are_devices_or_fifos(tmp_path: Path, triage_run: Path, flag: str) -> None:
     for source in ("/dev/zero", str(_fifo(tmp_path))):

@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import subprocess
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -277,6 +281,43 @@ def test_sign_key_that_is_no_regular_small_file_is_refused_at_once(tmp_path: Pat
     assert main(["decide", "--reviewer", "carol", "--sign-key", str(key), "--runs-dir", str(tmp_path / "runs"),
                  str(run)]) == 2
     assert want in _one_line(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sign_key_with_an_ssh_agent_that_never_answers_ends_at_its_deadline(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real unix socket at SSH_AUTH_SOCK that accepts and never answers held `decide --sign-key` for
+    120 s (ssh-keygen asks the agent for its keys, a key file's too, and waits): the agent is asked first,
+    under its own deadline (shortened here), and its silence is one line, exit 3, nothing written."""
+    from k3fleet.decide import signing
+
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key = tmp_path / "keys" / "id_ed25519"
+    key.parent.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "carol", "-f", str(key)], check=True)
+    run = _accept_run(tmp_path)
+    where = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp")) / "s"  # a unix socket path is at most 108 bytes
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(where))
+    listener.listen(4)
+    held: list[socket.socket] = []
+    accepting = threading.Thread(target=lambda: [held.append(listener.accept()[0]) for _ in range(4)], daemon=True)
+    accepting.start()
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(where))
+    monkeypatch.setattr(signing, "AGENT_TIMEOUT_S", 1.0)
+    capsys.readouterr()
+    try:
+        rc = main(["decide", "--reviewer", "carol", "--sign-key", str(key), "--runs-dir", str(tmp_path / "runs"),
+                   str(run)])
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+        shutil.rmtree(where.parent)
+    assert rc == 3
+    line = _one_line(capsys)
+    assert f"signing with {key}: the ssh agent at {where} (SSH_AUTH_SOCK) did not answer within 1 s" in line, line
     assert not (tmp_path / "runs").exists()
 
 

@@ -92,6 +92,42 @@ def test_a_bind_mount_inside_a_run_is_never_crossed(tmp_path: Path) -> None:
     assert (outside / "precious.txt").is_file()
 
 
+def test_prune_of_a_run_holding_a_bind_mount_leaves_it_untouched_and_exits_3(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command itself: an old run with a bind mount inside was kept but prune exited 0, as if it had done
+    all it was asked. It leaves the run untouched (every file, and what lies behind the mount), says so in
+    one line, and exits 3 (docs/safety.md "Retention"); --dry-run says and exits the same."""
+    from k3fleet.cli import main
+
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("not evidence\n")
+    runs = tmp_path / "runs"
+    old = _run(runs, "audit-old", "audit", 45)
+    mnt = old / "inputs" / "mnt"
+    mnt.mkdir(parents=True)
+    before = sorted(p.relative_to(old).as_posix() for p in old.rglob("*"))
+    mounted = subprocess.run(["mount", "--bind", str(outside), str(mnt)], capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        for dry in (["--dry-run"], []):
+            capsys.readouterr()
+            assert main(["prune", "--older-than", "30d", "--runs-dir", str(runs), *dry]) == 3
+            err = capsys.readouterr().err
+            lines = [ln for ln in err.splitlines() if ln.startswith("left ")]
+            assert lines == [f"left {old} untouched: 45d old, but it holds a mount point ({mnt}): never removed, "
+                             "left whole"], err
+            assert "0 run directories" in err
+            assert (outside / "precious.txt").read_text() == "not evidence\n"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+    assert sorted(p.relative_to(old).as_posix() for p in old.rglob("*")) == before
+    assert (outside / "precious.txt").is_file()
+
+
 def test_a_run_that_cannot_be_renamed_aside_is_left_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = tmp_path / "runs"
     old = _run(runs, "audit-old", "audit", 45)

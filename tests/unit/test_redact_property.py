@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from k3fleet.evidence import redact, redact_text
+from k3fleet.evidence.redact import redact_pieces
 from k3fleet.report.escapes import safe_markdown, safe_text
 
 # The characters the rules branch on, plus letters and digits that extend keys, values and runs.
@@ -64,3 +65,28 @@ def test_redaction_is_idempotent(text: str) -> None:
     """Evidence is redacted when written and again when printed: the second pass changes nothing."""
     once = redact_text(text)
     assert redact_text(once) == once
+
+
+# Lines of a long log, among them the shapes whose match runs past a line's end: a private key block, a
+# name/value pair in block form, an option continued by a backslash, a flow pair broken after its comma.
+_LOG_LINES = [
+    "(APIServer pid=1) INFO 08-14 10:00:01 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 tokens/s",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7MhgHcTz6sE2I2yPB\n"
+    "aFDrBz9vFqU4yQ==\n-----END RSA PRIVATE KEY-----",
+    "env:\n  - name: HF_TOKEN\n    value: planted-block-value",
+    "vllm serve m --api-key \\\n  planted-continued-value",
+    "{name: HF_TOKEN,\n value: planted-flow-value}",
+    "HF_TOKEN=planted-plain-value",
+    "  indented continuation of the line before",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(_LOG_LINES), min_size=1, max_size=60), st.integers(min_value=16, max_value=400))
+def test_a_long_text_redacted_in_pieces_is_redacted_as_a_whole(lines: list[str], chunk: int) -> None:
+    """Pieces end only where no rule's match continues: joined, they are the whole text redacted, and
+    nothing planted survives, wherever the pieces fall."""
+    text = "\n".join(lines) + "\n"
+    pieces = list(redact_pieces(text, chunk))
+    assert "".join(pieces) == redact_text(text)
+    assert "planted" not in "".join(pieces) and "MIIEow" not in "".join(pieces)

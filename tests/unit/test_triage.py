@@ -296,6 +296,39 @@ def test_cli_bad_input_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert not (tmp_path / "r").exists()
 
 
+# The recorded `docker inspect` of vllm/vllm-openai:v0.23.0 (tests/fixtures/container/SOURCES.md) with one
+# field changed to a type Docker's API never gives it.
+_WRONG_TYPES = [
+    (lambda d: d.update(Config="string"), "field Config is a string (\"string\"), expected an object"),
+    (lambda d: d["Config"].update(Env=5), "field Config.Env is a number (5), expected a list"),
+    (lambda d: d.update(Mounts={}), "field Mounts is an object ({...}), expected a list"),
+    (lambda d: d.update(Id=12345), "field Id is a number (12345), expected a string"),
+    (lambda d: d.update(RepoTags=[7]), "field RepoTags holds a number (7), expected strings only"),
+    (lambda d: d["Config"].update(Env=["A=1", 2]), "field Config.Env holds a number (2), expected strings only"),
+    (lambda d: d["Config"].update(Labels={"maintainer": 3}), "field Config.Labels.maintainer is a number"),
+]
+
+
+@pytest.mark.parametrize(("change", "expected"), _WRONG_TYPES, ids=[w[1].split(" is ")[0].split(" holds ")[0]
+                                                                     for w in _WRONG_TYPES])
+def test_docker_inspect_with_a_field_of_the_wrong_type_is_bad_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], change: object, expected: str) -> None:
+    """A pasted inspect with a field of the wrong type passed triage with exit 0 (the field read as absent):
+    it is bad input, one line naming the field, exit 2, no run directory."""
+    from k3fleet.cli import main
+
+    data = json.loads((FIX / "container" / "docker_inspect_vllm_v0.23.0.json").read_text())
+    change(data[0])  # type: ignore[operator]
+    paste = tmp_path / "inspect.json"
+    paste.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["triage", str(paste), "--runs-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "read as `docker inspect` / `podman inspect` (image or container) but " + expected in err, err
+    assert not (tmp_path / "r").exists()
+
+
 def test_captured_response_findings_name_their_layer_and_fix() -> None:
     res = triage([FIX / "tool_calls" / "vllm_mlx107_stream_call_text_in_content.sse"])
     (f,) = [f for f in res.findings if f.check_id == "accept.agent.tool_call_text_in_content"]
