@@ -50,7 +50,9 @@ def safe_text(text: object, *, one_line: bool = True) -> str:
     """``text`` redacted, without terminal escapes or control characters (newlines and tabs become
     spaces when ``one_line``)."""
     s = "" if text is None else str(text)
-    s = redact_text(_CONTROLS.sub("", _ESCAPES.sub("", s)))
+    # Redacted before and after the escapes go: an escape can swallow the first letter of a key
+    # ("\x1b[ token=..." loses its "t" to the CSI) and removing one can join a key split by it.
+    s = redact_text(_CONTROLS.sub("", _ESCAPES.sub("", redact_text(s))))
     if one_line:
         s = _NEWLINES.sub(" ", s)
     return s

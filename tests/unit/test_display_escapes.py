@@ -42,6 +42,19 @@ def test_safe_text_and_markup() -> None:
     assert safe_markup(f"token={SECRET}") == "token=***"
 
 
+@pytest.mark.parametrize("line", [
+    # A CSI whose intermediate is the space before the key and whose final byte is the key's first letter:
+    # stripped first, "token=" would become "oken=" and the value would pass (found by the property test).
+    f"\x1b[ token={SECRET} ",
+    f"\x1b[1; token={SECRET}",
+    # An escape inside the key: only the text without it reads as a key.
+    f"to\x1b[31mken={SECRET}",
+])
+def test_an_escape_cannot_hide_a_secret_from_the_redactor(line: str) -> None:
+    for shown in (safe_text(line), safe_markdown(line, cell=True), safe_html(line)):
+        assert SECRET not in shown, shown
+
+
 def test_a_markup_string_that_does_not_parse_prints_as_text() -> None:
     console, buf = _console()
     console.print(f"[bold]probe[/bold]: {HOSTILE}")  # an unescaped value: the printout survives it
