@@ -1,7 +1,13 @@
 # -*- coding: utf-8 -*-
 # Copyright: k3fleet contributors
 # Apache-2.0 (see pyproject.toml)
-"""Options every k3fleet_*_info module shares (k3fleet_module.READER_ARGS), documented once."""
+"""What every module built on k3fleet_module's reader shares, documented once: the options
+(k3fleet_module.READER_ARGS), the single result key, the authors, and the read-only attributes (the
+way community.docker's doc_fragments/attributes.py documents attributes once).
+
+A module's own ``attributes`` entries override these: k3fleet_rollback_kit, which writes its kit,
+declares all three itself. ``notes`` and ``author`` entries of a module add to these.
+"""
 
 from __future__ import annotations
 
@@ -35,4 +41,18 @@ options:
       - Seconds for all commands of this module together; commands not started in time are reported as
         not run, and the module returns what it has rather than being killed by a task timeout.
     type: float
+attributes:
+  check_mode:
+    description: Runs unchanged in check mode; it only reads.
+    support: full
+  diff_mode:
+    description: Nothing is changed, so there is no diff.
+    support: none
+  idempotent:
+    description: Reading the same node twice gives the same report and never a change.
+    support: full
+notes:
+  - The module result is under the single key RV(k3fleet); the k3fleet controller reads nothing else.
+author:
+  - k3fleet contributors
 """

@@ -21,8 +21,6 @@ description:
   - Never changes anything persistent on the node. A fact that cannot be read is reported as
     C(unknown) with a reason, never as a task failure.
 version_added: "0.1.0"
-author:
-  - k3fleet maintainers
 options:
   image:
     description:
@@ -53,7 +51,6 @@ seealso:
     link: https://docs.nvidia.com/deploy/cuda-compatibility/
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -23,8 +23,6 @@ description:
     makes RV(k3fleet.status) V(unknown) with a reason.
   - Read-only. Never reports a change.
 version_added: "0.1.0"
-author:
-  - k3fleet contributors
 options:
   use_nvml:
     description:
@@ -34,14 +32,11 @@ options:
         C(libnvidia-ml.so.1) loads it reads V(library_not_found) and C(nvidia-smi) is asked.
     type: bool
     default: true
-notes:
-  - The module result is under the single key RV(k3fleet); the k3fleet controller reads nothing else.
 seealso:
   - module: k3fleet.gpu.k3fleet_packages_info
   - module: k3fleet.gpu.k3fleet_fabricmanager_info
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -19,16 +19,11 @@ description:
     without systemd reports the unit states as unknown.
   - Read-only. Never reports a change.
 version_added: "0.1.0"
-author:
-  - k3fleet contributors
-notes:
-  - The module result is under the single key RV(k3fleet); the k3fleet controller reads nothing else.
 seealso:
   - module: k3fleet.gpu.k3fleet_driver_info
   - module: k3fleet.gpu.k3fleet_packages_info
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -91,11 +91,8 @@ notes:
     C(k3fleet_container_runtime), C(timeout) from C(k3fleet_command_timeout), every other option I(x) from
     C(k3fleet_x). Then from the play's C(k3fleet_audit_defaults) (playbooks/vars/audit_defaults.yml), the image
     from its target file, and C(budget) is 0.8 of C(k3fleet_host_timeout). An option the task gives wins.
-author:
-  - k3fleet contributors
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""

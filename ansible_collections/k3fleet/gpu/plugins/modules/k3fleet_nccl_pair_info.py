@@ -23,8 +23,6 @@ description:
   - A launcher or C(all_reduce_perf) that is not installed is reported (C(ran=false) with a reason)
     and nothing runs; the controller reads that as unknown, never as a pass.
 version_added: "0.1.0"
-author:
-  - k3fleet contributors
 options:
   addresses:
     description:
@@ -55,7 +53,6 @@ seealso:
     link: https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -18,8 +18,6 @@ description:
     problems that block the host, each with its check, what was found and the fix.
   - Read-only. Never reports a change.
 version_added: "0.1.0"
-author:
-  - k3fleet contributors
 options:
   packages:
     description: The packages the change installs, each C(NAME=UPSTREAM_VERSION).
@@ -51,13 +49,10 @@ options:
     description: Let MIG GPU instances pass (the reboot destroys them).
     type: bool
     default: false
-notes:
-  - The module result is under the single key RV(k3fleet); the k3fleet controller reads nothing else.
 seealso:
   - module: k3fleet.gpu.k3fleet_packages_info
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""

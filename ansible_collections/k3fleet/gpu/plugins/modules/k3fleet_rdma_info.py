@@ -20,8 +20,6 @@ description:
   - Never changes anything on the node. A fact that cannot be read is reported as C(unknown) with a
     reason, never as a task failure.
 version_added: "0.1.0"
-author:
-  - k3fleet maintainers
 options:
   env_files:
     description:
@@ -48,7 +46,6 @@ seealso:
     link: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""

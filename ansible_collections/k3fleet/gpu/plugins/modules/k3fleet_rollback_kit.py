@@ -22,10 +22,6 @@ description:
   - With I(state=absent), removes I(directory) and everything in it.
   - Debian and Ubuntu (dpkg and apt) only; a node without C(dpkg-deb) and C(apt-get) fails with one line.
 version_added: "0.1.0"
-author:
-  - k3fleet contributors
-notes:
-  - The module result is under the single key RV(k3fleet).
 seealso:
   - module: k3fleet.gpu.k3fleet_rollback_kit_info
 extends_documentation_fragment:
@@ -58,6 +54,7 @@ attributes:
     description: Nothing is fetched or written; the result says what would be fetched and what cannot be had.
   diff_mode:
     support: none
+    description: No diff is shown; the result names the files the kit holds and what was fetched.
   idempotent:
     support: full
     description: A kit whose files all have their recorded sha256 is kept as it is and reported unchanged.

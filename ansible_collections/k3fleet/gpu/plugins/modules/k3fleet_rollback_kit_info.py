@@ -22,17 +22,13 @@ description:
     (docs/change-night.md "Rollback kit").
   - Read-only. Never reports a change.
 version_added: "0.1.0"
-author:
-  - k3fleet contributors
 notes:
-  - The module result is under the single key RV(k3fleet).
   - The repository's answer is only as fresh as the node's package lists; the rollback role runs
     C(apt-get update) before asking.
 seealso:
   - module: k3fleet.gpu.k3fleet_rollback_kit
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 options:
   packages:
     description: The packages, each C({name, version, arch, held}). Entries without a driver C(branch) are left out.

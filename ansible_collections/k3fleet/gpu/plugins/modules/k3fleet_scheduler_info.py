@@ -20,8 +20,6 @@ description:
   - Never changes anything. A fact that cannot be read is reported as C(unknown) with a reason, never
     as a task failure.
 version_added: "0.1.0"
-author:
-  - k3fleet maintainers
 options:
   node:
     description:
@@ -30,7 +28,6 @@ options:
     type: str
 extends_documentation_fragment:
   - k3fleet.gpu.k3fleet_reader
-  - k3fleet.gpu.k3fleet_attributes.read_only
 """
 
 EXAMPLES = r"""
