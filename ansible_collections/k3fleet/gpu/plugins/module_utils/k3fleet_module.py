@@ -8,6 +8,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import DEFAULT_TIMEOUT, NodeReader
 
 # The key every module puts its result under; the controller reads nothing else.
@@ -30,6 +32,12 @@ def reader_spec(**options: Any) -> dict[str, Any]:
     spec = dict(READER_ARGS)
     spec.update(options)
     return spec
+
+
+def reader_module(**options: Any) -> AnsibleModule:
+    """An info module's AnsibleModule: the shared reader options and its own ``options``; check mode
+    is supported because it only reads."""
+    return AnsibleModule(argument_spec=reader_spec(**options), supports_check_mode=True)
 
 
 def exit_read(module: Any, facts: Mapping[str, Any]) -> None:

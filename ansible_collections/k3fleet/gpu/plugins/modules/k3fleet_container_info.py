@@ -147,8 +147,6 @@ k3fleet:
           duration: 0.12
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
@@ -159,17 +157,16 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container impo
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
     exit_read,
     reader_from_params,
-    reader_spec,
+    reader_module,
 )
 
 
 def main() -> None:
-    argument_spec = reader_spec(
+    module = reader_module(
         image=dict(type="str", required=True),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     image = (module.params["image"] or "").strip()
     if not image or any(ch.isspace() for ch in image):
         module.fail_json(msg="image must be one image reference without spaces, got %r" % module.params["image"])

@@ -245,8 +245,6 @@ k3fleet:
               time: "[ 1234.567890]"
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
@@ -254,12 +252,11 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
 
 
 def main() -> None:
-    argument_spec = reader_spec(use_nvml=dict(type="bool", default=True))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = reader_module(use_nvml=dict(type="bool", default=True))
     reader = checked_reader(module, "k3fleet_driver_info")
     facts = guard("driver", collect_driver, reader, use_nvml=module.params["use_nvml"])
     exit_read(module, facts)

@@ -122,8 +122,6 @@ k3fleet:
       sample: {"status": "absent", "reason": "IMEX not installed"}
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
@@ -133,12 +131,12 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import gua
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_imex import collect_imex
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=reader_spec(), supports_check_mode=True)
+    module = reader_module()
     reader = checked_reader(module, "k3fleet_fabricmanager_info")
     driver = guard("driver", collect_driver, reader, use_nvml=False)
     packages = guard("packages", collect_packages, reader)

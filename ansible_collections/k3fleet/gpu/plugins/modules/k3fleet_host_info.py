@@ -188,8 +188,6 @@ k3fleet_json:
 
 import json
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
@@ -200,12 +198,12 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import 
     RESULT_JSON_KEY,
     exit_read,
     reader_from_params,
-    reader_spec,
+    reader_module,
 )
 
 
 def main() -> None:
-    argument_spec = reader_spec(
+    module = reader_module(
         image=dict(type="str"),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
@@ -219,7 +217,6 @@ def main() -> None:
         host=dict(type="str"),
         facts_format=dict(type="str", default="dict", choices=["dict", "json"]),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
     reader = reader_from_params(p)
     facts = collect_host(reader, host=p["host"] or "",

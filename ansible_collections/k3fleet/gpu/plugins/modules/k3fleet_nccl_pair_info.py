@@ -87,8 +87,6 @@ k3fleet:
       sample: [{"argv": ["mpirun", "-H", "gpu-a01:8,gpu-a02:8"], "rc": 0, "error": null, "duration": 61.2}]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
@@ -99,20 +97,19 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import gua
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
     exit_read,
     reader_from_params,
-    reader_spec,
+    reader_module,
 )
 
 _SPEC_KEYS = ("nccl_pair_launcher", "nccl_max_bytes", "nccl_timeout_s")
 
 
 def main() -> None:
-    argument_spec = reader_spec(
+    module = reader_module(
         addresses=dict(type="list", elements="str", required=True),
         gpus=dict(type="int", required=True),
         active_spec=dict(type="dict", required=True),
         log_lines=dict(type="int", default=0),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
     spec = p["active_spec"]
     missing = [k for k in _SPEC_KEYS if k not in spec]

@@ -157,20 +157,18 @@ k3fleet:
       sample: true
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=reader_spec(), supports_check_mode=True)
+    module = reader_module()
     reader = checked_reader(module, "k3fleet_packages_info")
     facts = guard("packages", collect_packages, reader)
     exit_read(module, facts)

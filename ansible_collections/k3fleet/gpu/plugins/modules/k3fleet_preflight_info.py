@@ -141,19 +141,17 @@ k3fleet:
       sample: []
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_preflight import collect, judge
 
 
 def main() -> None:
-    spec = reader_spec(
+    module = reader_module(
         packages=dict(type="list", elements="str", default=[]),
         space_paths=dict(type="list", elements="path", default=["/var/cache/apt/archives", "/var/lib/dkms",
                                                                 "/usr/lib/modules"]),
@@ -163,7 +161,6 @@ def main() -> None:
         min_container_toolkit_source=dict(type="str", default=""),
         allow_mig=dict(type="bool", default=False),
     )
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     reader = checked_reader(module, "k3fleet_preflight_info")
     p = module.params
     packages = []

@@ -159,8 +159,6 @@ k3fleet:
           duration: 0.041
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
@@ -170,17 +168,16 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import gua
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
     exit_read,
     reader_from_params,
-    reader_spec,
+    reader_module,
 )
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 
 
 def main() -> None:
-    argument_spec = reader_spec(
+    module = reader_module(
         env_files=dict(type="list", elements="str", default=[]),
         lspci=dict(type="bool", default=True),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     bad = [f for f in module.params["env_files"] if not f.lstrip("-").startswith("/")]
     if bad:
         module.fail_json(msg="env_files must be absolute node paths (optionally prefixed with -), got %s"

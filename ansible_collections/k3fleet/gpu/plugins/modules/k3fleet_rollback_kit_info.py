@@ -112,25 +112,21 @@ k3fleet:
           '575.57.08-0ubuntu1' of 'nvidia-driver-575-server:amd64'
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_spec
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rollback_kit import inspect, kit_packages, make_kit
-
-ARGUMENT_SPEC = reader_spec(
-    packages=dict(type="list", elements="dict", required=True),
-    kit=dict(type="dict"),
-    directory=dict(type="path"),
-)
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = reader_module(
+        packages=dict(type="list", elements="dict", required=True),
+        kit=dict(type="dict"),
+        directory=dict(type="path"),
+    )
     reader = checked_reader(module, "k3fleet_rollback_kit_info")
     p = module.params
     try:

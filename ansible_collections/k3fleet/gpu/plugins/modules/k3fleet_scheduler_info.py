@@ -95,8 +95,6 @@ k3fleet:
           duration: 0.03
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
@@ -106,14 +104,13 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import gua
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
     exit_read,
     reader_from_params,
-    reader_spec,
+    reader_module,
 )
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
 
 
 def main() -> None:
-    argument_spec = reader_spec(node=dict(type="str"))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = reader_module(node=dict(type="str"))
     node = (module.params["node"] or "").strip() or None
     if node is not None and any(ch.isspace() or ch == "," for ch in node):
         module.fail_json(msg="node must be one Slurm NodeName, got %r" % module.params["node"])
