@@ -251,6 +251,13 @@ def unknown(reason, **extra):
     return out
 
 
+def settled(facts, problems):
+    """``facts`` with its verdict: ``unknown`` with the problems as the reason, ``ok`` when there are none."""
+    facts["status"] = "unknown" if problems else "ok"
+    facts["reason"] = "; ".join(problems) or None
+    return facts
+
+
 def guard(section, fn, *args, **kwargs):
     """Run one collector; a bug or surprise in it becomes data, not a crashed audit."""
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, settled
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import kernel_module_facts
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import (
     collect_packages,
@@ -155,9 +155,7 @@ def collect_fabricmanager(reader: NodeReader, driver: dict[str, Any] | None = No
         return facts
     if installed and not version:
         problems.append("Fabric Manager version unknown")
-    facts["status"] = "unknown" if problems else "ok"
-    facts["reason"] = "; ".join(problems) or None
-    return facts
+    return settled(facts, problems)
 
 
 __all__ = [

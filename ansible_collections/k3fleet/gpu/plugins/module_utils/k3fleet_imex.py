@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, settled
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import unit_state
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import (
     parse_systemctl_show,
@@ -206,9 +206,7 @@ def collect_imex(reader: NodeReader) -> dict[str, Any]:
             facts["ctl_reason"] = out.reason()
     if facts["ctl_reason"]:
         problems.append("IMEX domain status unknown: %s" % facts["ctl_reason"])
-    facts["status"] = "unknown" if problems else "ok"
-    facts["reason"] = "; ".join(problems) or None
-    return facts
+    return settled(facts, problems)
 
 
 __all__ = [
