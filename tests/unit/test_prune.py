@@ -11,11 +11,13 @@ Run directories are written by the project's own writer (``RunDir``), as every c
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +71,27 @@ def test_cited_runs_are_kept_by_identity_after_the_tree_was_moved(tmp_path: Path
     assert sorted(p.name for p in moved.iterdir()) == ["audit-cited", "decision"]
 
 
-def test_a_bind_mount_inside_a_run_is_never_crossed(tmp_path: Path) -> None:
+def _listing(run: Path) -> list[str]:
+    return sorted(p.relative_to(run).as_posix() for p in run.rglob("*"))
+
+
+@dataclasses.dataclass
+class MountedRun:
+    runs: Path
+    run: Path
+    mnt: Path
+    outside: Path
+    before: list[str]  # the run's files before the mount
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", str(self.mnt)], capture_output=True, check=False)
+
+
+@pytest.fixture
+def mounted_run(tmp_path: Path) -> Iterator[MountedRun]:
+    """An old run (45 days) with a folder outside the runs tree, holding precious.txt, bind-mounted inside it;
+    skipped where this machine cannot bind-mount (not root). Unmounted afterwards, and what lay behind the
+    mount must still be there."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious.txt").write_text("not evidence\n")
@@ -77,61 +99,52 @@ def test_a_bind_mount_inside_a_run_is_never_crossed(tmp_path: Path) -> None:
     old = _run(runs, "audit-old", "audit", 45)
     mnt = old / "inputs" / "mnt"
     mnt.mkdir(parents=True)
+    mounted_run = MountedRun(runs, old, mnt, outside, _listing(old))
     mounted = subprocess.run(["mount", "--bind", str(outside), str(mnt)], capture_output=True, check=False)
     if mounted.returncode != 0:
         pytest.skip(f"cannot bind-mount here: {mounted.stderr.decode(errors='replace').strip()}")
     try:
-        action, why = _verdicts(runs)["audit-old"]
-        assert action == KEEP and "holds a mount point" in why and str(mnt) in why
-        assert apply_prune(plan_prune(runs, MONTH, NOW)) == {}
-        assert (outside / "precious.txt").read_text() == "not evidence\n"
-        assert (old / "command.json").is_file()
+        yield mounted_run
     finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+        mounted_run.unmount()
     # The mount point itself as an entry of the runs tree is never touched either.
     assert (outside / "precious.txt").is_file()
 
 
+def test_a_bind_mount_inside_a_run_is_never_crossed(mounted_run: MountedRun) -> None:
+    m = mounted_run
+    action, why = _verdicts(m.runs)["audit-old"]
+    assert action == KEEP and "holds a mount point" in why and str(m.mnt) in why
+    assert apply_prune(plan_prune(m.runs, MONTH, NOW)) == {}
+    assert (m.outside / "precious.txt").read_text() == "not evidence\n"
+    assert (m.run / "command.json").is_file()
+
+
 def test_prune_of_a_run_holding_a_bind_mount_leaves_it_untouched_and_exits_3(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        mounted_run: MountedRun, capsys: pytest.CaptureFixture[str]) -> None:
     """The command itself: an old run with a bind mount inside was kept but prune exited 0, as if it had done
     all it was asked. It leaves the run untouched (every file, and what lies behind the mount), says so in
     one line, and exits 3 (docs/safety.md "Retention"); --dry-run says and exits the same."""
     from k3fleet.cli import main
 
-    if os.geteuid() != 0:
-        pytest.skip("a bind mount needs root")
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "precious.txt").write_text("not evidence\n")
-    runs = tmp_path / "runs"
-    old = _run(runs, "audit-old", "audit", 45)
-    mnt = old / "inputs" / "mnt"
-    mnt.mkdir(parents=True)
-    before = sorted(p.relative_to(old).as_posix() for p in old.rglob("*"))
-    mounted = subprocess.run(["mount", "--bind", str(outside), str(mnt)], capture_output=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot bind-mount here: {mounted.stderr.decode(errors='replace').strip()}")
-    try:
-        for dry in (["--dry-run"], []):
-            capsys.readouterr()
-            assert main(["prune", "--older-than", "30d", "--runs-dir", str(runs), *dry]) == 3
-            err = capsys.readouterr().err
-            lines = [ln for ln in err.splitlines() if ln.startswith("left ")]
-            assert lines == [f"left {old} untouched: 45d old, but it holds a mount point ({mnt}): never removed, "
-                             "left whole"], err
-            assert "0 run directories" in err
-            assert (outside / "precious.txt").read_text() == "not evidence\n"
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-    assert sorted(p.relative_to(old).as_posix() for p in old.rglob("*")) == before
-    assert (outside / "precious.txt").is_file()
+    m = mounted_run
+    for dry in (["--dry-run"], []):
+        capsys.readouterr()
+        assert main(["prune", "--older-than", "30d", "--runs-dir", str(m.runs), *dry]) == 3
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.startswith("left ")]
+        assert lines == [f"left {m.run} untouched: 45d old, but it holds a mount point ({m.mnt}): never removed, "
+                         "left whole"], err
+        assert "0 run directories" in err
+        assert (m.outside / "precious.txt").read_text() == "not evidence\n"
+    m.unmount()
+    assert _listing(m.run) == m.before
 
 
 def test_a_run_that_cannot_be_renamed_aside_is_left_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = tmp_path / "runs"
     old = _run(runs, "audit-old", "audit", 45)
-    before = sorted(p.relative_to(old).as_posix() for p in old.rglob("*"))
+    before = _listing(old)
     plan = plan_prune(runs, MONTH, NOW)
 
     def refuse(src: Any, dst: Any) -> None:
@@ -140,7 +153,7 @@ def test_a_run_that_cannot_be_renamed_aside_is_left_whole(tmp_path: Path, monkey
     monkeypatch.setattr("k3fleet.evidence.prune.os.rename", refuse)
     problems = apply_prune(plan)
     assert "cannot rename it aside (Operation not permitted): left whole" in problems[old]
-    assert sorted(p.relative_to(old).as_posix() for p in old.rglob("*")) == before
+    assert _listing(old) == before
 
 
 def test_a_deletion_that_stops_half_way_is_finished_by_the_next_prune(tmp_path: Path,
