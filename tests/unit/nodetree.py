@@ -92,6 +92,24 @@ def lab_facts(work: Path, hosts: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+# -- compiles a child interpreter does ------------------------------------------------------------
+
+def counting_compiles(key: str) -> str:
+    """Python source a child interpreter runs first: from then on it counts each compile() in the dict
+    ``compiles``, by ``key``, an expression of ``name`` (the compiled file's name); a false key is not
+    counted. The tests that hold "each module_util compiles once" read it back."""
+    return ("import builtins\n"
+            "compiles = {}\n"
+            "_real_compile = builtins.compile\n"
+            "def _counting(source, filename, *args, **kwargs):\n"
+            "    name = str(filename)\n"
+            f"    key = {key}\n"
+            "    if key:\n"
+            "        compiles[key] = compiles.get(key, 0) + 1\n"
+            "    return _real_compile(source, filename, *args, **kwargs)\n"
+            "builtins.compile = _counting\n")
+
+
 # -- documentation: the collection's modules as ansible-doc sees them ----------------------------
 
 REPO = Path(__file__).resolve().parents[2]

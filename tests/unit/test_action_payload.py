@@ -35,6 +35,7 @@ import pytest
 from ansible.executor import module_common
 from ansible.plugins.action import ActionBase
 from ansible.release import __version__ as ANSIBLE_CORE
+from nodetree import counting_compiles
 
 from ansible_collections.k3fleet.gpu.plugins.plugin_utils import k3fleet_action
 from ansible_collections.k3fleet.gpu.plugins.plugin_utils.k3fleet_action import (
@@ -67,24 +68,15 @@ anchored = pytest.mark.skipif(CORE < (2, 19), reason=f"ansible-core {ANSIBLE_COR
 
 # Runs an AnsiballZ file as `python AnsiballZ_x.py [explode|execute]` does, counting each compile of a
 # payload source (by its path inside the payload zip) into the JSON file argv[2].
-_COUNTED = r"""
-import builtins, json, runpy, sys
+_COUNTED = counting_compiles('name.split("_payload.zip/", 1)[1] if "_payload.zip/" in name else None') + r"""
+import json, runpy, sys
 wrapper, report = sys.argv[1], sys.argv[2]
-counts = {}
-real_compile = builtins.compile
-def counting(source, filename, *args, **kwargs):
-    name = str(filename)
-    if "_payload.zip/" in name:
-        inner = name.split("_payload.zip/", 1)[1]
-        counts[inner] = counts.get(inner, 0) + 1
-    return real_compile(source, filename, *args, **kwargs)
-builtins.compile = counting
 sys.argv = [wrapper] + sys.argv[3:]
 try:
     runpy.run_path(wrapper, run_name="__main__")
 finally:
     with open(report, "w") as out:
-        json.dump(counts, out)
+        json.dump(compiles, out)
 """
 
 
@@ -374,15 +366,9 @@ def test_every_module_has_the_action(module: str) -> None:
 
 # Imports from a zip first on sys.path, with or without the whole-payload finder, and reports what the
 # import system made of each name: loader kind, file, package path, spec, a package resource, compiles.
-_FIDELITY = r"""
-import builtins, json, sys
+_FIDELITY = counting_compiles('name.split(".zip/")[-1] if ".zip/" in name else None') + r"""
+import json, sys
 payload, finder, first = sys.argv[1:4]
-counts = {}
-real_compile = builtins.compile
-def counting(source, filename, *args, **kwargs):
-    counts[str(filename)] = counts.get(str(filename), 0) + 1
-    return real_compile(source, filename, *args, **kwargs)
-builtins.compile = counting
 sys.path.insert(0, payload)
 if first:
     sys.path.insert(0, first)
@@ -409,7 +395,7 @@ for name in ("top", "pkg", "pkg.mod", "pkg.sub", "pkg.sub.leaf"):
                     "archive": getattr(mod.__loader__, "archive", None)}
 print(json.dumps({"installed": installed is not None, "report": report, "resource": resource,
                   "json": stdlib_json.__file__, "pkg_sub_leaf": pkg.sub.leaf.VALUE,
-                  "compiles": {k.split(".zip/")[-1]: v for k, v in counts.items() if ".zip/" in k}}))
+                  "compiles": compiles}))
 """
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from ansible.executor.module_common import ModuleDepFinder
-from nodetree import NO_NVML_LIBRARY
+from nodetree import NO_NVML_LIBRARY, counting_compiles
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
@@ -42,19 +42,10 @@ NOT_ON_A_PLAIN_AUDIT = {"k3fleet_active", "k3fleet_probe", "k3fleet_nvml", "k3fl
 # One module run's collection, as the module does it, from the payload on sys.path[0]. Prints what was
 # compiled (per module_util file), which loader loaded each module_util, and the facts. A library path
 # (argv[7]) is the one k3fleet's NVML binding loads instead of the system's libnvidia-ml.so.1.
-_RUN = r"""
-import builtins, json, sys
+_RUN = counting_compiles('name.rsplit("/", 1)[1] if "/module_utils/" in name else None') + r"""
+import json, sys
 payload, root, image, probe, use_nvml, finder, library = sys.argv[1:8]
 sys.path.insert(0, payload)
-compiles = {}
-real_compile = builtins.compile
-def counting(source, filename, *args, **kwargs):
-    name = str(filename)
-    if "/module_utils/" in name:
-        base = name.rsplit("/", 1)[1]
-        compiles[base] = compiles.get(base, 0) + 1
-    return real_compile(source, filename, *args, **kwargs)
-builtins.compile = counting
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 installed = k3fleet_load.install() if finder == "1" else None
 if library:
