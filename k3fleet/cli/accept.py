@@ -9,6 +9,9 @@ registers itself on ``accept_app`` from its own module. Exit codes as the audit'
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import inspect
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -78,18 +81,54 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON o
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 
 
-def make_endpoint(base_url: str, model: str, api_key_env: str | None, insecure: bool, timeout: float) -> Endpoint:
-    from k3fleet.accept.client import Endpoint
+@dataclasses.dataclass(frozen=True)
+class EndpointArgs:
+    """The endpoint options as given; ``endpoint()`` checks them when the command is ready to reach it."""
 
-    try:
-        ep = Endpoint(base_url=base_url, model=model, api_key_env=api_key_env, verify_tls=not insecure,
-                      timeout_s=timeout)
-    except ValidationError as exc:
-        raise UsageError(validation_line(exc, option=True)) from exc
-    ep.api_key()  # an unset key variable is bad input now, not a 401 later
-    if insecure:
-        err.print("[yellow]TLS certificate verification is off (--insecure)[/yellow]")
-    return ep
+    base_url: str
+    model: str
+    api_key_env: str | None
+    insecure: bool
+    timeout: float
+
+    def endpoint(self) -> Endpoint:
+        from k3fleet.accept.client import Endpoint
+
+        try:
+            ep = Endpoint(base_url=self.base_url, model=self.model, api_key_env=self.api_key_env,
+                          verify_tls=not self.insecure, timeout_s=self.timeout)
+        except ValidationError as exc:
+            raise UsageError(validation_line(exc, option=True)) from exc
+        ep.api_key()  # an unset key variable is bad input now, not a 401 later
+        if self.insecure:
+            err.print("[yellow]TLS certificate verification is off (--insecure)[/yellow]")
+        return ep
+
+
+def endpoint_options(timeout: float) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command's endpoint options, declared once: the command takes ``server: EndpointArgs`` and its
+    --help shows --base-url, --model, --api-key-env, --insecure and --timeout (default ``timeout``) first."""
+    shared = [inspect.Parameter("base_url", inspect.Parameter.KEYWORD_ONLY, annotation=BaseUrl),
+              inspect.Parameter("model", inspect.Parameter.KEYWORD_ONLY, annotation=Model),
+              inspect.Parameter("api_key_env", inspect.Parameter.KEYWORD_ONLY, annotation=ApiKeyEnv, default=None),
+              inspect.Parameter("insecure", inspect.Parameter.KEYWORD_ONLY, annotation=Insecure, default=False),
+              inspect.Parameter("timeout", inspect.Parameter.KEYWORD_ONLY, annotation=Timeout, default=timeout)]
+
+    def wrap(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "server"]
+
+        @functools.wraps(command)
+        def with_endpoint(*, base_url: str, model: str, api_key_env: str | None, insecure: bool, timeout: float,
+                          **options: Any) -> None:
+            command(server=EndpointArgs(base_url, model, api_key_env, insecure, timeout), **options)
+
+        params = shared + own
+        with_endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        with_endpoint.__annotations__ = {p.name: p.annotation for p in params}
+        return with_endpoint
+
+    return wrap
 
 
 def run_probe(endpoint: Endpoint, fn: Callable[[httpx.AsyncClient, dict[str, Any]], Awaitable[T]],
@@ -112,12 +151,9 @@ def progress_printer(quiet: bool) -> Callable[[str], None]:
 
 
 @accept_app.command("prefix-cache")
+@endpoint_options(timeout=120.0)
 def prefix_cache(
-    base_url: BaseUrl,
-    model: Model,
-    api_key_env: ApiKeyEnv = None,
-    insecure: Insecure = False,
-    timeout: Timeout = 120.0,
+    server: EndpointArgs,
     repeats: Annotated[int, typer.Option("--repeats", min=1, max=100, help="Warm requests.")] = 5,
     prefix_tokens: Annotated[int | None, typer.Option(
         "--prefix-tokens", min=16, help="Shared prefix size in tokens (default: 4.4 match units).")] = None,
@@ -135,7 +171,7 @@ def prefix_cache(
     from k3fleet.accept.prefix_cache import PrefixOptions, run_prefix_cache
     from k3fleet.targets import load_target
 
-    ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    ep = server.endpoint()
     # The CLI's default target (Kimi K3): its model's default match unit, when the server publishes none.
     opts = PrefixOptions(repeats=repeats, prefix_tokens=prefix_tokens, match_unit=match_unit, replays=replays,
                          settle_s=settle_timeout, target_model=load_target(None).serve.model)
@@ -171,12 +207,9 @@ def _prefix_lines(result: ProbeResult) -> list[str]:
 
 
 @accept_app.command("agent")
+@endpoint_options(timeout=300.0)
 def agent(
-    base_url: BaseUrl,
-    model: Model,
-    api_key_env: ApiKeyEnv = None,
-    insecure: Insecure = False,
-    timeout: Timeout = 300.0,
+    server: EndpointArgs,
     repeats: Annotated[int, typer.Option("--repeats", "-n", min=1, max=1000, help="Runs per case.")] = 20,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=256, help="Runs in flight.")] = 4,
     case: Annotated[list[str] | None, typer.Option("--case", help="Run only this case (repeatable).")] = None,
@@ -201,7 +234,7 @@ def agent(
     """Run the agent tool-call contract suite, each case repeated, and report pass rates and defects."""
     from k3fleet.accept.agent import CASES, CRITICAL, AgentOptions, run_agent
 
-    ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    ep = server.endpoint()
     try:
         extra = json.loads(extra_body) if extra_body else {}
     except ValueError as exc:
@@ -235,12 +268,9 @@ def _agent_lines(result: ProbeResult) -> list[str]:
 
 
 @accept_app.command("all")
+@endpoint_options(timeout=300.0)
 def accept_all(
-    base_url: BaseUrl,
-    model: Model,
-    api_key_env: ApiKeyEnv = None,
-    insecure: Insecure = False,
-    timeout: Timeout = 300.0,
+    server: EndpointArgs,
     log: Annotated[Path | None, typer.Option("--log", help="vLLM start-up log: adds the startup probe.")] = None,
     launch_command: Annotated[Path | None, typer.Option("--launch-command", help="File with the launch command.")
                               ] = None,
@@ -294,7 +324,7 @@ def accept_all(
         from k3fleet.models.profile import load_profile
 
         loaded = load_profile(profile)
-    ep = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    ep = server.endpoint()
     overrides = _key_values(load_option or [], "--load-option")
     load_opts = None
     if "load" not in (skip or []) and load_available():

@@ -21,14 +21,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from k3fleet.bounds import seconds_option
 from k3fleet.change.interrupt import cancel_on_signals
 from k3fleet.cli.accept import (
-    ApiKeyEnv,
     AsJson,
-    BaseUrl,
-    Insecure,
-    Model,
+    EndpointArgs,
     Quiet,
     accept_app,
-    make_endpoint,
+    endpoint_options,
     print_result,
 )
 from k3fleet.cli.base import err
@@ -60,13 +57,9 @@ def _floats(text: str, flag: str) -> list[float]:
 
 
 @accept_app.command("load")
+@endpoint_options(timeout=120.0)
 def load(
-    base_url: BaseUrl,
-    model: Model,
-    api_key_env: ApiKeyEnv = None,
-    insecure: Insecure = False,
-    timeout: Annotated[float, typer.Option("--timeout", parser=seconds_option("--timeout", "request --timeout"),
-                                           help="Seconds per request, all of it (0.1 to 3600).")] = 120.0,
+    server: EndpointArgs,
     phases: Annotated[str, typer.Option("--phases", help="Comma list of long_input, agent_ramp, sustained, "
                                                          "rate_ramp, slo_search.")] = "long_input,agent_ramp,sustained",
     ladder: Annotated[str, typer.Option("--ladder", help="Context lengths (tokens) of the long-input ladder.")]
@@ -179,7 +172,7 @@ def load(
             shape: dict[str, object] = dict(phases=wanted, ladder_output_tokens=ladder_output,
                                             ladder_repeats=ladder_repeats, step_s=step_s, session_turns=turns,
                                             turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
-                                            request_timeout_s=timeout, **open_loop)
+                                            request_timeout_s=server.timeout, **open_loop)
             if loaded.profile.request_rate_rps is not None:
                 shape.pop("rates")  # the profile's rate sets the ramp around it
             if max_requests != 5000:
@@ -193,11 +186,11 @@ def load(
                                ramp=_ints(ramp, "--ramp"), step_s=step_s, session_turns=turns,
                                turn_output_tokens=turn_output, system_prompt_tokens=system_tokens,
                                sustained_concurrency=sustained_concurrency, sustained_s=sustained_s,
-                               max_requests=max_requests, max_duration_s=max_duration, request_timeout_s=timeout,
+                               max_requests=max_requests, max_duration_s=max_duration, request_timeout_s=server.timeout,
                                ttft_p95_slo_s=ttft_slo, itl_p95_slo_s=itl_slo, **open_loop))
     except ValidationError as exc:
         raise UsageError(validation_line(exc, "accept load")) from exc
-    endpoint = make_endpoint(base_url, model, api_key_env, insecure, timeout)
+    endpoint = server.endpoint()
     stop = cancel_on_signals(lambda: err.print("[yellow]interrupt: stopping the load; writing what was measured "
                                                "(Ctrl-C again to abort)[/yellow]"))
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
