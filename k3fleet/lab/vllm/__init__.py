@@ -14,17 +14,9 @@ See docs/acceptance.md ("A real vLLM in the lab").
 
 from __future__ import annotations
 
-from k3fleet.lab.vllm.harness import VllmStatus, alive_pids, down, prepare, server_argv, status, up
-from k3fleet.lab.vllm.state import (
-    SERVED_NAME,
-    Layout,
-    VllmLabError,
-    VllmLabUsageError,
-    VllmState,
-    default_model_dir,
-    default_venv,
-    default_workdir,
-)
+# What the CLI, the scripts and the serving tests use; the rest stays in harness and state.
+from k3fleet.lab.vllm.harness import VllmStatus, alive_pids, down, prepare, status, up
+from k3fleet.lab.vllm.state import SERVED_NAME, VllmLabError, VllmState, default_venv
 
-__all__ = ["SERVED_NAME", "Layout", "VllmLabError", "VllmLabUsageError", "VllmState", "VllmStatus", "alive_pids",
-           "default_model_dir", "default_venv", "default_workdir", "down", "prepare", "server_argv", "status", "up"]
+__all__ = ["SERVED_NAME", "VllmLabError", "VllmState", "VllmStatus", "alive_pids", "default_venv", "down", "prepare",
+           "status", "up"]
