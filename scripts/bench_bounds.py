@@ -26,14 +26,16 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
 import test_bounds_and_writes as t  # noqa: E402  (the same bombs and servers the tests use)
+from accept_servers import loopback, trickling_chat  # noqa: E402  (the trickling chat server the tests use)
 
 
 def run(args: list[str], tmp: Path) -> tuple[int, float, int, str]:
@@ -112,46 +114,6 @@ def _deep_run(tmp: Path) -> Path:
     return rd.path
 
 
-def _trickling_chat() -> tuple[Any, str]:
-    """/v1/models at once, every POST one byte every 0.1 s (the openai SDK's per-read timeout never fires)."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
-
-    class Trickle(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:
-            return
-
-        def do_GET(self) -> None:
-            ok = self.path == "/v1/models"
-            body = models if ok else b"{}"
-            self.send_response(200 if ok else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b'{"choices": [' + b" " * 1500
-            try:
-                for byte in head:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                    time.sleep(0.1)
-            except OSError:
-                pass
-            self.close_connection = True
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
-
-
 def _big_log(path: Path, megabytes: int) -> Path:
     """A vLLM start-up (the decide fixture) followed by a long-running server's routine lines."""
     routine = "".join(f"(APIServer pid=1) INFO 08-14 10:00:{i % 60:02d} [loggers.py:123] Engine 000: Avg prompt "
@@ -215,12 +177,13 @@ def _structure_cases(tmp: Path, a: argparse.Namespace) -> None:
     for name, args in cases:
         rc, wall, rss, line = run(args, tmp)
         print(f"{name:32s} {rc:4d} {wall:7.2f} {rss / 1024:11.1f}  {line[:110]}")
-    srv, url = _trickling_chat()
-    try:
-        rc, wall, rss, _ = run(["accept", "agent", "--base-url", url, "--model", "m", "--timeout", a.timeout,
-                                "-n", "1", "--json"], tmp)
-    finally:
-        srv.shutdown()
+    stop = threading.Event()
+    with loopback(trickling_chat(stop)) as url:
+        try:
+            rc, wall, rss, _ = run(["accept", "agent", "--base-url", url, "--model", "m", "--timeout", a.timeout,
+                                    "-n", "1", "--json"], tmp)
+        finally:
+            stop.set()
     print(f"{'accept agent, trickling chat':32s} {rc:4d} {wall:7.2f} {rss / 1024:11.1f}  (--timeout {a.timeout}: "
           "every request, the SDK's included, under one deadline)")
     _silent_agent_case(tmp, decide)

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +27,36 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+def trickling_chat(stop: threading.Event) -> type[JsonHandler]:
+    """A server that lists model ``m`` at once and trickles every chat answer one byte every 0.1 s (the openai
+    SDK's timeout is per read, so it never fires), until ``stop`` is set or the client goes."""
+    models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]})
+
+    class Trickle(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            ok = self.path == "/v1/models"
+            self._send(200 if ok else 404, models.encode() if ok else b'{"detail": "Not Found"}')
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                    b'{"id": "x", "choices": [' + b" " * 2000)
+            try:
+                for byte in head:
+                    if stop.is_set():
+                        break
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                pass
+            self.close_connection = True
+
+    return Trickle
 
 
 class _Handler(JsonHandler):

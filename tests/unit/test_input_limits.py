@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accept_servers import loopback
+from accept_servers import loopback, trickling_chat
 
 from k3fleet.bounds import (
     MAX_NESTING,
@@ -407,44 +407,8 @@ def test_a_ladder_beyond_any_context_is_refused_as_usage(capsys: pytest.CaptureF
 def test_the_reference_client_has_one_deadline_for_the_whole_answer(capsys: pytest.CaptureFixture[str]) -> None:
     """A server that trickles its chat answer one byte every 0.1 s held `accept agent --timeout 2` for 161 s (the
     openai SDK's timeout is per read); with one deadline per request the whole suite ends in seconds."""
-    import threading
-    import time
-    from http.server import BaseHTTPRequestHandler
-
-    models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}).encode()
     stop = threading.Event()
-
-    class Trickle(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:
-            return
-
-        def do_GET(self) -> None:
-            ok = self.path == "/v1/models"
-            body = models if ok else b'{"detail": "Not Found"}'
-            self.send_response(200 if ok else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
-                    b'{"id": "x", "choices": [' + b" " * 2000)
-            try:
-                for byte in head:
-                    if stop.is_set():
-                        break
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                    time.sleep(0.1)
-            except OSError:
-                pass
-            self.close_connection = True
-
-    with loopback(Trickle) as url:
+    with loopback(trickling_chat(stop)) as url:
         try:
             rc = main(["accept", "agent", "--base-url", url, "--model", "m", "--timeout", "1", "-n", "1", "--json"])
         finally:
