@@ -481,6 +481,14 @@ static nvmlReturn_t check_query(nvmlDevice_t device, int answer_pointers_given)
     return answer_pointers_given ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
 
+/* How every device query begins: a bad handle or a missing answer pointer returns its NVML error. */
+#define RETURN_IF_BAD_QUERY(device, answer_pointers_given)                        \
+    do {                                                                          \
+        nvmlReturn_t query_rc_ = check_query((device), (answer_pointers_given)); \
+        if (query_rc_ != NVML_SUCCESS)                                            \
+            return query_rc_;                                                     \
+    } while (0)
+
 /*
  * The fabric is up while the fabric manager runs: it writes its pid into the
  * state file and removes the file when it stops; a stale file (the process was
@@ -659,9 +667,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlD
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
-    nvmlReturn_t rc = check_query(device, index != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, index != NULL);
     *index = device->index;
     return NVML_SUCCESS;
 }
@@ -685,9 +691,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    nvmlReturn_t rc = check_query(device, memory != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, memory != NULL);
     /* What the compute processes hold, and (as the real v1 call does) the driver's reserved memory. */
     memory->total = sim.memory_bytes;
     memory->used = used_bytes(device) + sim.reserved_bytes;
@@ -697,9 +701,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    nvmlReturn_t rc = check_query(device, memory != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, memory != NULL);
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = sim.memory_bytes;
@@ -711,18 +713,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 
 EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode)
 {
-    nvmlReturn_t rc = check_query(device, mode != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, mode != NULL);
     *mode = (int)sim.persistence;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode)
 {
-    nvmlReturn_t rc = check_query(device, mode != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, mode != NULL);
     *mode = 0; /* NVML_COMPUTEMODE_DEFAULT */
     return NVML_SUCCESS;
 }
@@ -730,9 +728,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode)
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
                                          unsigned int *pendingMode)
 {
-    nvmlReturn_t rc = check_query(device, currentMode && pendingMode);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, currentMode && pendingMode);
     *currentMode = 0;
     *pendingMode = 0;
     return NVML_SUCCESS;
@@ -740,9 +736,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
 
 EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
 {
-    nvmlReturn_t rc = check_query(device, major && minor);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, major && minor);
     *major = sim.cc_major;
     *minor = sim.cc_minor;
     return NVML_SUCCESS;
@@ -750,9 +744,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int 
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
-    nvmlReturn_t rc = check_query(device, pci != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, pci != NULL);
     memset(pci, 0, sizeof(*pci));
     pci->domain = device->domain;
     pci->bus = device->bus;
@@ -768,9 +760,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
 
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive)
 {
-    nvmlReturn_t rc = check_query(device, isActive && link < sim.nvlinks);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, isActive && link < sim.nvlinks);
     /* Links to the NVSwitches are trained by the fabric manager. */
     *isActive = fabric_completed();
     return NVML_SUCCESS;
@@ -780,9 +770,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigne
                                                     unsigned long long *counterValue)
 {
     /* nvmlNvLinkErrorCounter_t: DL replay, recovery, CRC flit, CRC data, ECC data (0-4). */
-    nvmlReturn_t rc = check_query(device, counterValue && link < sim.nvlinks && counter >= 0 && counter <= 4);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, counterValue && link < sim.nvlinks && counter >= 0 && counter <= 4);
     /* A healthy fabric: no link has replayed, recovered or seen a CRC error. */
     *counterValue = 0;
     return NVML_SUCCESS;
@@ -790,9 +778,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigne
 
 EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
 {
-    nvmlReturn_t rc = check_query(device, value != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, value != NULL);
     *value = 0; /* a link at its full generation and width has not replayed */
     return NVML_SUCCESS;
 }
@@ -809,9 +795,7 @@ static void fill_fabric(unsigned char *uuid, nvmlReturn_t *status, unsigned int 
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info)
 {
-    nvmlReturn_t rc = check_query(device, info != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, info != NULL);
     fill_fabric(info->clusterUuid, &info->status, &info->cliqueId, &info->state);
     return NVML_SUCCESS;
 }
@@ -866,9 +850,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorTy
 /* ECC on, as data-center GPUs ship (the H100 capture: Current and Pending Enabled). */
 EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending)
 {
-    nvmlReturn_t rc = check_query(device, current && pending);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, current && pending);
     *current = 1; /* NVML_FEATURE_ENABLED */
     *pending = 1;
     return NVML_SUCCESS;
@@ -878,9 +860,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int 
 EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
                                               unsigned int *isPending, unsigned int *failureOccurred)
 {
-    nvmlReturn_t rc = check_query(device, corrRows && uncRows && isPending && failureOccurred);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, corrRows && uncRows && isPending && failureOccurred);
     *corrRows = *uncRows = *isPending = *failureOccurred = 0;
     return NVML_SUCCESS;
 }
@@ -888,9 +868,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int 
 /* An idle GPU: the only clock event is "GPU idle"; never a hardware slowdown. */
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
 {
-    nvmlReturn_t rc = check_query(device, reasons != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, reasons != NULL);
     *reasons = NVML_CLOCKS_EVENT_REASON_GPU_IDLE;
     return NVML_SUCCESS;
 }
@@ -903,9 +881,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t devic
 
 static nvmlReturn_t link_value(nvmlDevice_t device, unsigned int *out, unsigned int value)
 {
-    nvmlReturn_t rc = check_query(device, out != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, out != NULL);
     *out = value;
     return NVML_SUCCESS;
 }
@@ -939,9 +915,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
-    nvmlReturn_t rc = check_query(device, infoCount != NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    RETURN_IF_BAD_QUERY(device, infoCount != NULL);
     if (*infoCount < device->nprocs || (device->nprocs && !infos)) {
         *infoCount = device->nprocs;
         return NVML_ERROR_INSUFFICIENT_SIZE;
