@@ -5,7 +5,7 @@ Every message is one line: what failed, on which object, and the detail (stderr 
 
 from __future__ import annotations
 
-from k3fleet.contracts import EXIT_USAGE
+from k3fleet.errors import UsageError
 from k3fleet.lab.common.errors import LabError
 
 
@@ -16,13 +16,12 @@ class TestbedError(LabError):
     __test__ = False
 
 
-class NotRootError(TestbedError):
+# What the machine lacks is the caller's to fix: a usage error (exit 2) that is also a testbed error.
+
+
+class NotRootError(UsageError, TestbedError):
     """Namespaces, mounts and systemd-nspawn need root."""
 
-    exit_code = EXIT_USAGE
 
-
-class MissingToolError(TestbedError):
+class MissingToolError(UsageError, TestbedError):
     """A program the testbed needs is not installed (see scripts/testbed-deps.sh)."""
-
-    exit_code = EXIT_USAGE
