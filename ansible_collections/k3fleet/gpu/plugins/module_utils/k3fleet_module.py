@@ -34,17 +34,6 @@ def reader_spec(**options: Any) -> dict[str, Any]:
     return spec
 
 
-def reader_module(**options: Any) -> AnsibleModule:
-    """An info module's AnsibleModule: the shared reader options and its own ``options``; check mode
-    is supported because it only reads."""
-    return AnsibleModule(argument_spec=reader_spec(**options), supports_check_mode=True)
-
-
-def exit_read(module: Any, facts: Mapping[str, Any]) -> None:
-    """Exit a read-only module with ``facts`` under the one result key."""
-    module.exit_json(changed=False, **{RESULT_KEY: facts})
-
-
 def reader_from_params(params: Mapping[str, Any]) -> NodeReader:
     return NodeReader(root=params.get("root") or "/", path=params.get("path"),
                       procfs=params.get("procfs"), sysfs=params.get("sysfs"),
@@ -58,3 +47,20 @@ def checked_reader(module: Any, name: str) -> NodeReader:
     if not os.path.isdir(root):
         module.fail_json(msg="%s: root %r is not a directory on %s" % (name, root, os.uname()[1]))
     return reader_from_params(module.params)
+
+
+class ReaderModule(AnsibleModule):
+    """An info module: the shared reader options and its own ``options``, check mode supported because it
+    only reads; it builds its reader from those options and exits with its facts under the one result key."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(argument_spec=reader_spec(**options), supports_check_mode=True)
+
+    def reader(self) -> NodeReader:
+        return reader_from_params(self.params)
+
+    def checked_reader(self, name: str) -> NodeReader:
+        return checked_reader(self, name)
+
+    def exit_read(self, facts: Mapping[str, Any]) -> None:
+        self.exit_json(changed=False, **{RESULT_KEY: facts})

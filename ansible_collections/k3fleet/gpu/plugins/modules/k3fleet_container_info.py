@@ -154,15 +154,11 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    exit_read,
-    reader_from_params,
-    reader_module,
-)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 
 
 def main() -> None:
-    module = reader_module(
+    module = ReaderModule(
         image=dict(type="str", required=True),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
@@ -170,10 +166,10 @@ def main() -> None:
     image = (module.params["image"] or "").strip()
     if not image or any(ch.isspace() for ch in image):
         module.fail_json(msg="image must be one image reference without spaces, got %r" % module.params["image"])
-    reader = reader_from_params(module.params)
+    reader = module.reader()
     container = guard("container", collect_container, reader, image, runtime=module.params["runtime"],
                       probe=module.params["probe"])
-    exit_read(module, {"container": container, "commands": reader.commands})
+    module.exit_read({"container": container, "commands": reader.commands})
 
 
 if __name__ == "__main__":

@@ -252,14 +252,14 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 
 
 def main() -> None:
-    module = reader_module(use_nvml=dict(type="bool", default=True))
-    reader = checked_reader(module, "k3fleet_driver_info")
+    module = ReaderModule(use_nvml=dict(type="bool", default=True))
+    reader = module.checked_reader("k3fleet_driver_info")
     facts = guard("driver", collect_driver, reader, use_nvml=module.params["use_nvml"])
-    exit_read(module, facts)
+    module.exit_read(facts)
 
 
 if __name__ == "__main__":

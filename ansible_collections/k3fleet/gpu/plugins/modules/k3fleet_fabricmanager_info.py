@@ -131,18 +131,18 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import gua
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import collect_driver
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_fabricmanager import collect_fabricmanager
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_imex import collect_imex
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:
-    module = reader_module()
-    reader = checked_reader(module, "k3fleet_fabricmanager_info")
+    module = ReaderModule()
+    reader = module.checked_reader("k3fleet_fabricmanager_info")
     driver = guard("driver", collect_driver, reader, use_nvml=False)
     packages = guard("packages", collect_packages, reader)
     facts = guard("fabricmanager", collect_fabricmanager, reader, driver=driver, packages=packages)
     facts = dict(facts, imex=guard("imex", collect_imex, reader))
-    exit_read(module, facts)
+    module.exit_read(facts)
 
 
 if __name__ == "__main__":

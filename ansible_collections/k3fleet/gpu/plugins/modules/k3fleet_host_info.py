@@ -194,16 +194,11 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    RESULT_JSON_KEY,
-    exit_read,
-    reader_from_params,
-    reader_module,
-)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_JSON_KEY, ReaderModule
 
 
 def main() -> None:
-    module = reader_module(
+    module = ReaderModule(
         image=dict(type="str"),
         runtime=dict(type="str", default="auto", choices=["auto", "docker", "podman", "nerdctl"]),
         probe=dict(type="bool", default=False),
@@ -218,7 +213,7 @@ def main() -> None:
         facts_format=dict(type="str", default="dict", choices=["dict", "json"]),
     )
     p = module.params
-    reader = reader_from_params(p)
+    reader = module.reader()
     facts = collect_host(reader, host=p["host"] or "",
                          image=p["image"], use_nvml=p["use_nvml"], runtime=p["runtime"], probe=p["probe"],
                          env_files=p["env_files"], lspci=p["lspci"], slurm_node=p["slurm_node"],
@@ -226,7 +221,7 @@ def main() -> None:
                          counter_interval=p["counter_interval"])
     if p["facts_format"] == "json":
         module.exit_json(changed=False, **{RESULT_JSON_KEY: json.dumps(facts, separators=(",", ":"))})
-    exit_read(module, facts)
+    module.exit_read(facts)
 
 
 if __name__ == "__main__":

@@ -94,17 +94,13 @@ k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_active import collect_node, collect_pair
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    exit_read,
-    reader_from_params,
-    reader_module,
-)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 
 _SPEC_KEYS = ("nccl_pair_launcher", "nccl_max_bytes", "nccl_timeout_s")
 
 
 def main() -> None:
-    module = reader_module(
+    module = ReaderModule(
         addresses=dict(type="list", elements="str", required=True),
         gpus=dict(type="int", required=True),
         active_spec=dict(type="dict", required=True),
@@ -116,13 +112,13 @@ def main() -> None:
     launcher = spec.get("nccl_pair_launcher")
     if missing or not isinstance(launcher, list) or not launcher:
         module.fail_json(msg="active_spec needs %s (a non-empty launcher list)" % ", ".join(_SPEC_KEYS))
-    reader = reader_from_params(p)
+    reader = module.reader()
     keep = max(0, p["log_lines"] or 0)
     if len(p["addresses"] or []) == 1:
         pair = guard("pair", collect_node, reader, p["gpus"], spec, keep)
     else:
         pair = guard("pair", collect_pair, reader, p["addresses"], p["gpus"], spec, keep)
-    exit_read(module, {"pair": pair, "commands": reader.commands})
+    module.exit_read({"pair": pair, "commands": reader.commands})
 
 
 if __name__ == "__main__":

@@ -163,15 +163,15 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import collect_packages
 
 
 def main() -> None:
-    module = reader_module()
-    reader = checked_reader(module, "k3fleet_packages_info")
+    module = ReaderModule()
+    reader = module.checked_reader("k3fleet_packages_info")
     facts = guard("packages", collect_packages, reader)
-    exit_read(module, facts)
+    module.exit_read(facts)
 
 
 if __name__ == "__main__":

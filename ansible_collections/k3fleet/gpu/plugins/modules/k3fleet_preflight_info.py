@@ -146,12 +146,12 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_preflight import collect, judge
 
 
 def main() -> None:
-    module = reader_module(
+    module = ReaderModule(
         packages=dict(type="list", elements="str", default=[]),
         space_paths=dict(type="list", elements="path", default=["/var/cache/apt/archives", "/var/lib/dkms",
                                                                 "/usr/lib/modules"]),
@@ -161,7 +161,7 @@ def main() -> None:
         min_container_toolkit_source=dict(type="str", default=""),
         allow_mig=dict(type="bool", default=False),
     )
-    reader = checked_reader(module, "k3fleet_preflight_info")
+    reader = module.checked_reader("k3fleet_preflight_info")
     p = module.params
     packages = []
     for item in p["packages"]:
@@ -174,7 +174,7 @@ def main() -> None:
                                       "min_container_toolkit": p["min_container_toolkit"],
                                       "min_container_toolkit_source": p["min_container_toolkit_source"],
                                       "allow_mig": p["allow_mig"]})
-    exit_read(module, facts)
+    module.exit_read(facts)
 
 
 if __name__ == "__main__":

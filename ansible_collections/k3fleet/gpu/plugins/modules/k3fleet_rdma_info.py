@@ -165,16 +165,12 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    exit_read,
-    reader_from_params,
-    reader_module,
-)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rdma import collect_nccl, collect_rdma
 
 
 def main() -> None:
-    module = reader_module(
+    module = ReaderModule(
         env_files=dict(type="list", elements="str", default=[]),
         lspci=dict(type="bool", default=True),
     )
@@ -182,10 +178,10 @@ def main() -> None:
     if bad:
         module.fail_json(msg="env_files must be absolute node paths (optionally prefixed with -), got %s"
                          % ", ".join(repr(f) for f in bad))
-    reader = reader_from_params(module.params)
+    reader = module.reader()
     rdma = guard("rdma", collect_rdma, reader, lspci=module.params["lspci"])
     nccl = guard("nccl", collect_nccl, reader, env_files=module.params["env_files"])
-    exit_read(module, {"rdma": rdma, "nccl": nccl, "commands": reader.commands})
+    module.exit_read({"rdma": rdma, "nccl": nccl, "commands": reader.commands})
 
 
 if __name__ == "__main__":

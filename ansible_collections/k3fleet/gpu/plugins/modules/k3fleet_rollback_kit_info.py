@@ -117,17 +117,17 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 # Before any other module_util: from an AnsiballZ payload each one then compiles once, not twice.
 k3fleet_load.install()
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import checked_reader, exit_read, reader_module
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_rollback_kit import inspect, kit_packages, make_kit
 
 
 def main() -> None:
-    module = reader_module(
+    module = ReaderModule(
         packages=dict(type="list", elements="dict", required=True),
         kit=dict(type="dict"),
         directory=dict(type="path"),
     )
-    reader = checked_reader(module, "k3fleet_rollback_kit_info")
+    reader = module.checked_reader("k3fleet_rollback_kit_info")
     p = module.params
     try:
         wanted = kit_packages(p["packages"])
@@ -143,7 +143,7 @@ def main() -> None:
         else:
             made = make_kit(reader, p["directory"], wanted, check_mode=True)
             result.update(can_make=not made["problems"] and bool(wanted), problems=made["problems"])
-    exit_read(module, result)
+    module.exit_read(result)
 
 
 if __name__ == "__main__":

@@ -101,22 +101,18 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 k3fleet_load.install()
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import guard
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import (
-    exit_read,
-    reader_from_params,
-    reader_module,
-)
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import ReaderModule
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import collect_scheduler
 
 
 def main() -> None:
-    module = reader_module(node=dict(type="str"))
+    module = ReaderModule(node=dict(type="str"))
     node = (module.params["node"] or "").strip() or None
     if node is not None and any(ch.isspace() or ch == "," for ch in node):
         module.fail_json(msg="node must be one Slurm NodeName, got %r" % module.params["node"])
-    reader = reader_from_params(module.params)
+    reader = module.reader()
     scheduler = guard("scheduler", collect_scheduler, reader, node=node)
-    exit_read(module, {"scheduler": scheduler, "commands": reader.commands})
+    module.exit_read({"scheduler": scheduler, "commands": reader.commands})
 
 
 if __name__ == "__main__":
