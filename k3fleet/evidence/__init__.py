@@ -3,24 +3,14 @@
 Everything written into a run directory goes through ``RunDir`` (``write_json``, ``write_text``,
 ``write_jsonl``, ``append_jsonl``, ``copy_input``, ``copy_inventory``), which redacts, writes
 atomically and keeps inside the directory; ``verify_run`` checks a finished run against its
-manifest before anyone trusts it.
+manifest before anyone trusts it. The package exports the redactor's entry points that other
+packages call; the rest of the redactor is imported from ``k3fleet.evidence.redact``.
 """
 
 from __future__ import annotations
 
 from k3fleet.evidence.layout import COMMAND, MANIFEST, host_file_name, host_from_file_name
-from k3fleet.evidence.redact import (
-    REDACTED,
-    is_secret_name,
-    redact,
-    redact_argv,
-    redact_file_text,
-    redact_ini,
-    redact_text,
-    redact_yaml,
-    remember_environment_secrets,
-    remember_secret,
-)
+from k3fleet.evidence.redact import REDACTED, is_secret_name, redact, redact_argv, redact_text
 from k3fleet.evidence.rundir import (
     EvidenceWriteError,
     JsonEntries,
@@ -46,12 +36,7 @@ __all__ = [
     "new_run_id",
     "redact",
     "redact_argv",
-    "redact_file_text",
-    "redact_ini",
     "redact_text",
-    "redact_yaml",
-    "remember_environment_secrets",
-    "remember_secret",
     "sha256_file",
     "verify_run",
 ]

@@ -22,13 +22,11 @@ from k3fleet.evidence import (
     is_secret_name,
     redact,
     redact_argv,
-    redact_file_text,
-    redact_ini,
     redact_text,
-    redact_yaml,
     verify_run,
 )
 from k3fleet.evidence.reader import RunReader
+from k3fleet.evidence.redact import redact_file_text, redact_ini, redact_yaml
 
 # -- names -------------------------------------------------------------------------------------
 
