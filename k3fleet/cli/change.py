@@ -49,6 +49,13 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON o
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")]
 
 
+def night_switch(flag: str, does: str, also: str = "") -> Any:
+    """--FLAG/--no-FLAG for a safeguard of the night that is on unless turned off. Not given, it is None, so
+    --resume keeps what the night was started with; turning it off is recorded and warned about."""
+    return typer.Option(f"--{flag}/--no-{flag}", help=f"{does} (default: on; --resume: as the night was started"
+                                                      f"{also}). --no-{flag} is recorded and warned about.")
+
+
 def _fmt_s(value: Any) -> str:
     return f"{float(value):.0f}s" if isinstance(value, int | float) else ""
 
@@ -223,11 +230,9 @@ def upgrade(
         "--accept-finding", help="Check id (or pattern like 'rdma.*') that does not stop the driver change; it must "
                                  "name known checks and match a finding of the audit; repeat it. Recorded in the "
                                  "run directory.")] = None,
-    smoke: Annotated[bool | None, typer.Option(
-        "--smoke/--no-smoke",
-        help="After each host's verification, start the target's image with the serve command, wait until it is "
-             "ready and send one chat request; a failure rolls the host back (default: on; --resume: as the night "
-             "was started; never in --check). --no-smoke is recorded and warned about.")] = None,
+    smoke: Annotated[bool | None, night_switch(
+        "smoke", "After each host's verification, start the target's image with the serve command, wait until it "
+                 "is ready and send one chat request; a failure rolls the host back", "; never in --check")] = None,
     launch_file: Annotated[Path | None, typer.Option(
         "--launch-file", help="File with the command the smoke runs inside the image (vllm serve MODEL ...) instead "
                               "of the audit's serve command.")] = None,
@@ -246,12 +251,10 @@ def upgrade(
         "--textfile", help="A *.prom file in node_exporter's textfile directory: the night's gauges (hosts by "
                            "stage, failures and budget left, the current wave), replaced atomically at every "
                            "stage.")] = None,
-    rollback_kit: Annotated[bool | None, typer.Option(
-        "--rollback-kit/--no-rollback-kit",
-        help="Before each host's first change, fetch the exact driver packages it runs onto the node with their "
-             "sha256, so a rollback works when the repository no longer offers them; a host whose kit cannot be "
-             "made is not changed (default: on; --resume: as the night was started). --no-rollback-kit is "
-             "recorded and warned about.")] = None,
+    rollback_kit: Annotated[bool | None, night_switch(
+        "rollback-kit", "Before each host's first change, fetch the exact driver packages it runs onto the node "
+                        "with their sha256, so a rollback works when the repository no longer offers them; a host "
+                        "whose kit cannot be made is not changed")] = None,
     no_host_key_checking: NoHostKeyChecking = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
     out_dir: OutDir = None,
