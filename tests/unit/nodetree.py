@@ -5,6 +5,7 @@ One copy so every collector and module test builds its temporary node the same w
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -90,6 +91,26 @@ def lab_facts(work: Path, hosts: dict[str, str]) -> dict[str, Any]:
                            use_nvml=False, probe=True)
         out[host] = HostFacts.model_validate(raw)
     return out
+
+
+# -- the lab fleet's first host ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LabHost:
+    """One generated lab host: the inventory naming it, its name, and the root its node files are under."""
+
+    inventory: Path
+    name: str
+    root: Path
+
+
+def lab_host(dest: Path) -> LabHost:
+    """gpu-0001, the lab fleet's first profile (an H200 node on R575, docker, Slurm, a serving image),
+    generated under ``dest``."""
+    from k3fleet.lab.fleet import generate_fleet, load_fleet
+
+    inventory = generate_fleet(load_fleet(), dest, count=1)
+    return LabHost(inventory, "gpu-0001", dest / "hosts" / "gpu-0001")
 
 
 # -- compiles a child interpreter does ------------------------------------------------------------

@@ -35,7 +35,7 @@ import pytest
 from ansible.executor import module_common
 from ansible.plugins.action import ActionBase
 from ansible.release import __version__ as ANSIBLE_CORE
-from nodetree import counting_compiles
+from nodetree import LabHost, counting_compiles
 
 from ansible_collections.k3fleet.gpu.plugins.plugin_utils import k3fleet_action
 from ansible_collections.k3fleet.gpu.plugins.plugin_utils.k3fleet_action import (
@@ -47,7 +47,7 @@ from ansible_collections.k3fleet.gpu.plugins.plugin_utils.k3fleet_action import 
     patch_wrapper,
 )
 from k3fleet.audit.runner import ansible_env
-from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
+from k3fleet.lab.fleet import default_image
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTION = REPO / "ansible_collections" / "k3fleet" / "gpu"
@@ -118,26 +118,13 @@ def _zip_of(wrapper: bytes) -> tuple[str, bytes]:
     raise AssertionError("no _ansiballz_main(zip_data=...) in the wrapper")
 
 
-@dataclasses.dataclass
-class Lab:
-    inventory: Path
-    root: Path
-    args: dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
-    # gpu-0001: the lab fleet's first profile (an H200 node on R575, docker, Slurm, a serving image).
-    dest = tmp_path_factory.mktemp("lab")
-    inventory = generate_fleet(load_fleet(), dest, count=1)
-    root = dest / "hosts" / HOST
+def _audit_args(lab: LabHost) -> dict[str, Any]:
     # As the audit play passes them on the lab (playbooks/audit.yml), without the probe.
-    args = {"host": HOST, "image": IMAGE, "root": str(root), "path": str(root / "bin"), "use_nvml": False,
-            "probe": False}
-    return Lab(inventory, root, args)
+    return {"host": lab.name, "image": IMAGE, "root": str(lab.root), "path": str(lab.root / "bin"),
+            "use_nvml": False, "probe": False}
 
 
-def _adhoc(lab: Lab, tmp: Path, *, module: str = "k3fleet.gpu.k3fleet_host_info", pipelining: bool,
+def _adhoc(lab: LabHost, tmp: Path, *, module: str = "k3fleet.gpu.k3fleet_host_info", pipelining: bool,
            keep: bool = False, library: Path | None = None) -> tuple[dict[str, Any], Path | None]:
     """One ad-hoc ``ansible`` run of ``module`` on the lab host: (its result, the kept AnsiballZ file or None)."""
     remote = tmp / "remote"
@@ -147,13 +134,13 @@ def _adhoc(lab: Lab, tmp: Path, *, module: str = "k3fleet.gpu.k3fleet_host_info"
         env["ANSIBLE_KEEP_REMOTE_FILES"] = "1"
     if library is not None:
         env["ANSIBLE_LIBRARY"] = str(library)
-    done = subprocess.run([str(BIN / "ansible"), HOST, "-i", str(lab.inventory), "-m", module,
-                           "-a", json.dumps(lab.args)], capture_output=True, text=True, env=env, timeout=300,
+    done = subprocess.run([str(BIN / "ansible"), lab.name, "-i", str(lab.inventory), "-m", module,
+                           "-a", json.dumps(_audit_args(lab))], capture_output=True, text=True, env=env, timeout=300,
                           cwd=tmp, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     # Ad-hoc output is "gpu-0001 | SUCCESS => {json}".
     head, _, body = done.stdout.partition(" => ")
-    assert head.strip() == f"{HOST} | SUCCESS", done.stdout[-2000:]
+    assert head.strip() == f"{lab.name} | SUCCESS", done.stdout[-2000:]
     kept = sorted(remote.glob("ansible-tmp-*/AnsiballZ_*.py")) if keep else []
     if keep:
         assert len(kept) == 1, kept
@@ -169,11 +156,11 @@ class Wrappers:
 
 
 @pytest.fixture(scope="module")
-def wrappers(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Wrappers:
+def wrappers(lab_host: LabHost, tmp_path_factory: pytest.TempPathFactory) -> Wrappers:
     """The AnsiballZ file the collection's action built for k3fleet_host_info (not pipelined, kept),
     and the same without the call the action inserted."""
     tmp = tmp_path_factory.mktemp("kept")
-    result, kept = _adhoc(lab, tmp, pipelining=False, keep=True)
+    result, kept = _adhoc(lab_host, tmp, pipelining=False, keep=True)
     assert kept is not None
     patched = tmp / "AnsiballZ_k3fleet_host_info.py"
     shutil.copyfile(kept, patched)
@@ -280,11 +267,11 @@ def test_kept_remote_files_explode_and_execute_as_before(wrappers: Wrappers, run
 
 @anchored
 def test_pipelined_and_not_the_result_is_that_of_ansibles_normal_action(
-        lab: Lab, wrappers: Wrappers, tmp_path_factory: pytest.TempPathFactory) -> None:
-    pipelined, _ = _adhoc(lab, tmp_path_factory.mktemp("pipelined"), pipelining=True)
+        lab_host: LabHost, wrappers: Wrappers, tmp_path_factory: pytest.TempPathFactory) -> None:
+    pipelined, _ = _adhoc(lab_host, tmp_path_factory.mktemp("pipelined"), pipelining=True)
     # The same module by its legacy name (ANSIBLE_LIBRARY): no action plugin of that name, so Ansible's
     # own normal action runs it, and its wrapper is Ansible's, unpatched.
-    normal, kept = _adhoc(lab, tmp_path_factory.mktemp("normal"), module="k3fleet_host_info", pipelining=False,
+    normal, kept = _adhoc(lab_host, tmp_path_factory.mktemp("normal"), module="k3fleet_host_info", pipelining=False,
                           keep=True, library=MODULES)
     assert kept is not None and MARKER not in kept.read_bytes() and kept.read_bytes().count(ANCHOR) == 1
     expected = _comparable(normal["k3fleet"])

@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 from ansible.executor.module_common import ModuleDepFinder
-from nodetree import NO_NVML_LIBRARY, counting_compiles
+from nodetree import NO_NVML_LIBRARY, LabHost, counting_compiles
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_load
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_host import collect_host
-from k3fleet.lab.fleet import default_image, generate_fleet, load_fleet
+from k3fleet.lab.fleet import default_image
 from k3fleet.lab.standin import compile_shim, gpus_conf
 
 COLLECTION = Path(__file__).resolve().parents[2] / "ansible_collections" / "k3fleet" / "gpu"
@@ -128,20 +128,12 @@ def _comparable(facts: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def host_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # gpu-0001: the lab fleet's first profile (an H200 node on R575, docker, Slurm, a serving image).
-    lab = tmp_path_factory.mktemp("lab")
-    generate_fleet(load_fleet(), lab, count=1)
-    return lab / "hosts" / "gpu-0001"
-
-
-@pytest.fixture(scope="module")
 def payload(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _payload(tmp_path_factory.mktemp("payload"))
 
 
-def test_each_module_util_compiles_once_from_the_payload(payload: Path, host_root: Path) -> None:
-    run = _run(payload, host_root)
+def test_each_module_util_compiles_once_from_the_payload(payload: Path, lab_host: LabHost) -> None:
+    run = _run(payload, lab_host.root)
     assert run["installed"]
     imported = set(run["loaders"]) - {"k3fleet_load"}
     assert {"k3fleet_host", "k3fleet_driver", "k3fleet_smi", "k3fleet_container"} <= imported
@@ -149,16 +141,16 @@ def test_each_module_util_compiles_once_from_the_payload(payload: Path, host_roo
     assert {name: run["loaders"][name] for name in imported} == {name: "PayloadSourceLoader" for name in imported}
     assert {name: run["compiles"].get(f"{name}.py") for name in imported} == {name: 1 for name in imported}
     # The facts are those of the same collection imported from the checkout.
-    local = collect_host(NodeReader(root=str(host_root), path=str(host_root / "bin")), host="lab", image=IMAGE,
+    local = collect_host(NodeReader(root=str(lab_host.root), path=str(lab_host.root / "bin")), host="lab", image=IMAGE,
                          use_nvml=False)
     assert _comparable(run["facts"]) == _comparable(local)
 
 
-def test_without_the_finder_zipimport_loads_them_and_the_facts_are_the_same(payload: Path, host_root: Path) -> None:
-    run = _run(payload, host_root, finder=False)
+def test_without_the_finder_zipimport_loads_them_and_the_facts_are_the_same(payload: Path, lab_host: LabHost) -> None:
+    run = _run(payload, lab_host.root, finder=False)
     assert not run["installed"]
     assert set(run["loaders"].values()) == {"zipimporter"}
-    with_finder = _run(payload, host_root)
+    with_finder = _run(payload, lab_host.root)
     assert _comparable(run["facts"]) == _comparable(with_finder["facts"])
 
 
@@ -168,17 +160,17 @@ def test_install_outside_a_payload_installs_nothing() -> None:
     assert k3fleet_load.installed() is None
 
 
-def test_a_plain_audit_compiles_no_probe_active_or_unused_gpu_source(payload: Path, host_root: Path) -> None:
+def test_a_plain_audit_compiles_no_probe_active_or_unused_gpu_source(payload: Path, lab_host: LabHost) -> None:
     shipped = _shipped()
     # Lazy imports stay visible to AnsiballZ: everything a run can import is in the payload.
     assert NOT_ON_A_PLAIN_AUDIT | {"k3fleet_load", "k3fleet_host", "k3fleet_smi", "k3fleet_gpu_common"} <= shipped
-    plain = _run(payload, host_root)
+    plain = _run(payload, lab_host.root)
     imported = set(plain["loaders"])
     assert imported <= shipped
     assert not imported & NOT_ON_A_PLAIN_AUDIT, imported & NOT_ON_A_PLAIN_AUDIT
     assert plain["facts"]["container"]["probe"]["message"] == "not run (probe=false)"
     # Each is there when its path runs, imported from the payload like the rest.
-    probed = _run(payload, host_root, probe=True)
+    probed = _run(payload, lab_host.root, probe=True)
     assert probed["loaders"].get("k3fleet_probe") == "PayloadSourceLoader"
     assert probed["facts"]["container"]["probe"]["ran"] is True
     assert set(probed["loaders"]) <= shipped
@@ -188,9 +180,9 @@ def _nvidia_smi_runs(run: dict[str, Any]) -> list[list[str]]:
     return [c["argv"] for c in run["facts"]["commands"] if c["argv"][0].endswith("nvidia-smi")]
 
 
-def test_nvml_source_is_compiled_only_when_nvml_bindings_load(tmp_path: Path, host_root: Path) -> None:
+def test_nvml_source_is_compiled_only_when_nvml_bindings_load(tmp_path: Path, lab_host: LabHost) -> None:
     # No pynvml and no libnvidia-ml.so.1: the binding is compiled (it looked), the NVML source is not.
-    without = _run(_payload(tmp_path / "a"), host_root, use_nvml=True, library=NO_NVML_LIBRARY)
+    without = _run(_payload(tmp_path / "a"), lab_host.root, use_nvml=True, library=NO_NVML_LIBRARY)
     driver = without["facts"]["driver"]
     assert (driver["nvml"]["status"], driver["nvml"]["bindings"], driver["source"]) == (
         "library_not_found", None, "nvidia-smi")
@@ -198,7 +190,7 @@ def test_nvml_source_is_compiled_only_when_nvml_bindings_load(tmp_path: Path, ho
     assert without["compiles"].get("k3fleet_nvml_lib.py") == 1
     assert "k3fleet_nvml" not in without["loaders"]
     # pynvml imports (its library missing): the NVML source runs through it, the binding is never compiled.
-    with_bindings = _run(_payload(tmp_path / "b", pynvml=_PYNVML_WITHOUT_LIBRARY), host_root, use_nvml=True)
+    with_bindings = _run(_payload(tmp_path / "b", pynvml=_PYNVML_WITHOUT_LIBRARY), lab_host.root, use_nvml=True)
     assert with_bindings["loaders"].get("k3fleet_nvml") == "PayloadSourceLoader"
     assert "k3fleet_nvml_lib" not in with_bindings["loaders"]
     driver = with_bindings["facts"]["driver"]
@@ -210,18 +202,18 @@ def test_nvml_source_is_compiled_only_when_nvml_bindings_load(tmp_path: Path, ho
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to compile the stand-in libnvidia-ml.so.1")
 def test_without_pynvml_nvml_answers_through_the_binding_and_nvidia_smi_never_runs(
-        tmp_path: Path, host_root: Path) -> None:
+        tmp_path: Path, lab_host: LabHost) -> None:
     # The stand-in libnvidia-ml.so.1 of the lab host's driver (575.57.08), reading the host's
     # /proc/driver/nvidia/version; eight H200 as the lab host has.
     shim = compile_shim(tmp_path / "shim", "575.57.08")
     conf = tmp_path / "gpus.conf"
     conf.write_text(gpus_conf(8, "NVIDIA H200"), encoding="utf-8")
     (tmp_path / "machine-id").write_text("3d1219c7c4c5404aaa1f6d2a48adfda4\n", encoding="utf-8")
-    env = {"NVIDIA_SIM_PROC": str(host_root / "proc"), "NVIDIA_SIM_GPUS_CONF": str(conf),
+    env = {"NVIDIA_SIM_PROC": str(lab_host.root / "proc"), "NVIDIA_SIM_GPUS_CONF": str(conf),
            "NVIDIA_SIM_FABRIC_STATE": str(tmp_path / "fabricmanager.state"),
            "NVIDIA_SIM_MACHINE_ID": str(tmp_path / "machine-id")}
     payload = _payload(tmp_path / "payload")
-    run = _run(payload, host_root, use_nvml=True, library=str(shim), env=env)
+    run = _run(payload, lab_host.root, use_nvml=True, library=str(shim), env=env)
     driver = run["facts"]["driver"]
     assert (driver["nvml"], driver["source"], driver["gpu_count"]) == (
         {"status": "ok", "error": None, "bindings": "k3fleet"}, "nvml", 8)
@@ -233,7 +225,7 @@ def test_without_pynvml_nvml_answers_through_the_binding_and_nvidia_smi_never_ru
     # same host without the library runs it six times: its query, -q and nvlink -s, topo -m, and nvlink -e
     # at the start and the end of the visit (the NVLink error counters sampled twice).
     assert [argv[1:] for argv in _nvidia_smi_runs(run)] == [["topo", "-m"]]
-    without = _run(payload, host_root, use_nvml=True, library=NO_NVML_LIBRARY)
+    without = _run(payload, lab_host.root, use_nvml=True, library=NO_NVML_LIBRARY)
     assert [argv[1:] for argv in _nvidia_smi_runs(without)][2:] == [["-q"], ["nvlink", "-s"], ["topo", "-m"],
                                                                     ["nvlink", "-e"]]
     assert len(_nvidia_smi_runs(without)) == 6
