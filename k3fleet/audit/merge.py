@@ -88,6 +88,10 @@ class Observation:
         """The facts as the node returned them (read again from the slice for a run directory)."""
         return self.facts if self.run is None else self.run.raw_facts(self.host)
 
+    def raw_facts_read(self) -> tuple[bytes | None, Any]:
+        """``raw_facts`` and, for a run directory's, the file's bytes as read."""
+        return (None, self.facts) if self.run is None else self.run.raw_facts_read(self.host)
+
 
 def settle(obs: Observation, started: str) -> Any:
     """Read a run directory's facts for ``obs``: its time (collected_at) and whether they are of this
@@ -481,9 +485,12 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     rd.write_json(layout.TARGET, tgt.model_dump(mode="json"))
     # Second pass: the facts into the run directory, one host at a time; synced once, before the
     # manifest (RunDir.write_json durable=False), not file by file.
+    # A slice's file the redactor leaves as it is is written as read, not encoded again (write_json read_as).
     for host, obs in sorted(merged.chosen.items()):
         if obs.kind == "facts":
-            rd.write_json(layout.facts_file(host), obs.raw_facts(), durable=False)
+            raw, data = obs.raw_facts_read()
+            rd.write_json(layout.facts_file(host), data, durable=False, read_as=raw)
+            del raw, data
     rd.write_json(layout.MERGE, {
         "slices": len(slices),
         "hosts": len(merged.chosen),
