@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections.abc import Mapping, Sequence
+import multiprocessing
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -485,12 +487,7 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     rd.write_json(layout.TARGET, tgt.model_dump(mode="json"))
     # Second pass: the facts into the run directory, one host at a time; synced once, before the
     # manifest (RunDir.write_json durable=False), not file by file.
-    # A slice's file the redactor leaves as it is is written as read, not encoded again (write_json read_as).
-    for host, obs in sorted(merged.chosen.items()):
-        if obs.kind == "facts":
-            raw, data = obs.raw_facts_read()
-            rd.write_json(layout.facts_file(host), data, durable=False, read_as=raw)
-            del raw, data
+    write_facts(rd, merged.chosen)
     rd.write_json(layout.MERGE, {
         "slices": len(slices),
         "hosts": len(merged.chosen),
@@ -522,6 +519,64 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
     return MergeResult(rd, verdict, merged, unreachable, invalid, code)
 
 
+# A merge of fewer hosts writes their facts in this process: starting writers costs more than it saves.
+POOL_MIN_HOSTS = 4000
+# Hosts a writer is given at a time: what is queued for the writers is names and paths, never facts.
+_POOL_CHUNK = 200
+# The run directory the writers write into: set in this process before they are forked from it.
+_WRITING: RunDir | None = None
+
+
+def _write_run_facts(items: Sequence[tuple[str, str]]) -> int:
+    """Write these (host, slice run directory) facts into ``_WRITING``: read, redacted, written."""
+    rd = _WRITING
+    assert rd is not None  # set before the writers are forked
+    readers: dict[str, RunReader] = {}
+    for host, path in items:
+        run = readers.get(path) or readers.setdefault(path, RunReader(Path(path)))
+        raw, data = run.raw_facts_read(host)
+        # A slice's file the redactor leaves as it is is written as read, not encoded again (write_json read_as).
+        rd.write_json(layout.facts_file(host), data, durable=False, read_as=raw)
+    return len(items)
+
+
+def _chunks(items: Sequence[tuple[str, str]], size: int) -> Iterator[Sequence[tuple[str, str]]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _writers() -> int:
+    """Processes that write a merge's facts: one per CPU this process may run on, at most 4 (each is a
+    fork of this process), and none where fork is not available (then this process writes them)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def write_facts(rd: RunDir, chosen: Mapping[str, Observation], *, writers: int | None = None) -> None:
+    """The chosen hosts' facts into the merge's run directory, each through the redactor (RunDir.write_json),
+    without an fsync per file (the manifest syncs them once). A run directory's facts are read and written
+    by ``writers`` forked processes when there are many (each holds one host's facts at a time); facts
+    read from runner artifacts are in memory already and are written here."""
+    global _WRITING
+    in_runs = [(h, str(o.run.path)) for h, o in sorted(chosen.items()) if o.kind == "facts" and o.run is not None]
+    for host, obs in sorted(chosen.items()):
+        if obs.kind == "facts" and obs.run is None:
+            rd.write_json(layout.facts_file(host), obs.facts, durable=False)
+    n = _writers() if writers is None else writers
+    _WRITING = rd
+    try:
+        if n < 2 or (len(in_runs) < POOL_MIN_HOSTS and writers is None):
+            _write_run_facts(in_runs)
+            return
+        with multiprocessing.get_context("fork").Pool(n) as pool:
+            for _ in pool.imap_unordered(_write_run_facts, _chunks(in_runs, _POOL_CHUNK)):
+                pass
+        rd.note_unsynced()
+    finally:
+        _WRITING = None
+
+
 def check_inputs_exist(inputs: Sequence[Path]) -> None:
     missing = [str(p) for p in inputs if not Path(p).exists()]
     if missing:
@@ -529,4 +584,4 @@ def check_inputs_exist(inputs: Sequence[Path]) -> None:
 
 
 __all__ = ["ARTIFACT_KEY", "IncompleteError", "MergeResult", "Observation", "Slice", "check_inputs_exist",
-           "merge_slices", "read_slice", "run_merge"]
+           "merge_slices", "read_slice", "run_merge", "write_facts"]

@@ -431,6 +431,11 @@ class RunDir:
         self._unsynced = self._unsynced or not durable
         return p
 
+    def note_unsynced(self) -> None:
+        """Files were written into this run directory without their own fsync by another process (a
+        merge's writers, forked from this one): the manifest syncs them first, as its own."""
+        self._unsynced = True
+
     def write_text(self, rel: str, text: str) -> Path:
         """``text`` through the redactor; a long one (a log) redacted and written a piece at a time."""
         if len(text) <= STREAM_CHUNK:
