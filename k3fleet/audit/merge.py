@@ -30,6 +30,7 @@ its observation (names, time, where from) and its share of the verdict, not its 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import multiprocessing
@@ -485,9 +486,20 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
                 "facts": sum(1 for o in sl.observations if o.kind == "facts")} for sl in slices]
     rd.write_json(layout.SOURCES, sources)
     rd.write_json(layout.TARGET, tgt.model_dump(mode="json"))
-    # Second pass: the facts into the run directory, one host at a time; synced once, before the
-    # manifest (RunDir.write_json durable=False), not file by file.
-    write_facts(rd, merged.chosen)
+    # Second pass: the facts into the run directory, one host at a time, beside the verdict and the report
+    # (by forked writers for a large merge); synced once, before the manifest, not file by file.
+    with facts_written(rd, merged.chosen):
+        _write_records(rd, slices, merged, verdict, fold, tgt, unreachable, invalid, sources)
+    rd.write_manifest()
+    incomplete = [sl.source for sl in slices if not sl.complete]
+    code = combine(int(verdict.exit_code), EXIT_INCOMPLETE if invalid or incomplete else EXIT_OK)
+    return MergeResult(rd, verdict, merged, unreachable, invalid, code)
+
+
+def _write_records(rd: RunDir, slices: Sequence[Slice], merged: Merged, verdict: FleetVerdict, fold: FleetFold,
+                   tgt: Target, unreachable: dict[str, str], invalid: dict[str, str],
+                   sources: list[dict[str, Any]]) -> None:
+    """merge.json, verdict.json, run.json and report.md of a merge."""
     rd.write_json(layout.MERGE, {
         "slices": len(slices),
         "hosts": len(merged.chosen),
@@ -515,8 +527,6 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
         exit_code=code,
     ).dump())
     rd.write_text(layout.REPORT, markdown.render_audit(result, tgt))
-    rd.write_manifest()
-    return MergeResult(rd, verdict, merged, unreachable, invalid, code)
 
 
 # A merge of fewer hosts writes their facts in this process: starting writers costs more than it saves.
@@ -554,10 +564,20 @@ def _writers() -> int:
 
 
 def write_facts(rd: RunDir, chosen: Mapping[str, Observation], *, writers: int | None = None) -> None:
+    """:func:`facts_written` with nothing else to do meanwhile."""
+    with facts_written(rd, chosen, writers=writers):
+        pass
+
+
+@contextlib.contextmanager
+def facts_written(rd: RunDir, chosen: Mapping[str, Observation], *, writers: int | None = None) -> Iterator[None]:
     """The chosen hosts' facts into the merge's run directory, each through the redactor (RunDir.write_json),
-    without an fsync per file (the manifest syncs them once). A run directory's facts are read and written
-    by ``writers`` forked processes when there are many (each holds one host's facts at a time); facts
-    read from runner artifacts are in memory already and are written here."""
+    without an fsync per file (the manifest syncs them once), all written when the block ends.
+
+    A run directory's facts are read and written by ``writers`` processes forked on entry when there are
+    many (each holds one host's facts at a time, and what is queued for them is names and paths), so the
+    block (the verdict and report files) runs beside them; facts read from runner artifacts are in memory
+    already and are written here. A writer's error is raised when the block ends."""
     global _WRITING
     in_runs = [(h, str(o.run.path)) for h, o in sorted(chosen.items()) if o.kind == "facts" and o.run is not None]
     for host, obs in sorted(chosen.items()):
@@ -568,10 +588,17 @@ def write_facts(rd: RunDir, chosen: Mapping[str, Observation], *, writers: int |
     try:
         if n < 2 or (len(in_runs) < POOL_MIN_HOSTS and writers is None):
             _write_run_facts(in_runs)
+            yield
             return
-        with multiprocessing.get_context("fork").Pool(n) as pool:
-            for _ in pool.imap_unordered(_write_run_facts, _chunks(in_runs, _POOL_CHUNK)):
-                pass
+        pool = multiprocessing.get_context("fork").Pool(n)
+        try:
+            done = pool.map_async(_write_run_facts, list(_chunks(in_runs, _POOL_CHUNK)), chunksize=1)
+            yield
+            done.get()
+            pool.close()
+        finally:
+            pool.terminate()
+            pool.join()
         rd.note_unsynced()
     finally:
         _WRITING = None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from k3fleet.audit.merge import CLOCK_SKEW_S, Observation, Slice, _iso, merge_slices, write_facts
-from k3fleet.errors import UsageError
+from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import REDACTED, RunDir, layout, verify_run
 from k3fleet.evidence.reader import RunReader
 
@@ -130,3 +130,14 @@ def test_every_chosen_host_s_facts_are_written_through_the_redactor(tmp_path: Pa
         else:
             assert got == (src / name).read_bytes()  # written as read: the redactor left it as it was
     assert json.loads((rd.path / layout.facts_file("awx-host")).read_text())["api_key"] == REDACTED
+
+
+def test_a_writer_s_error_is_the_merge_s_one_line_error(tmp_path: Path) -> None:
+    src = _slice_run(tmp_path, 4)
+    run = RunReader(src)
+    chosen = {h: Observation(h, "facts", OLD, str(src), run=run, settled=False) for h in run.fact_hosts()}
+    (src / layout.facts_file("gpu002")).unlink()  # gone between the merge's two passes
+    rd = RunDir.create(tmp_path, "merge", ["k3fleet", "merge"], out=tmp_path / "merged")
+    with pytest.raises(IncompleteError, match=r"facts/gpu002.json is missing: the run directory is incomplete"):
+        write_facts(rd, chosen, writers=2)
+    assert not (rd.path / layout.MANIFEST).exists()
