@@ -109,7 +109,9 @@ def _json_chunks(obj: Any, pad: str = "") -> Iterator[str]:
         for key, value in obj:
             for k, v in redact({key: value}).items():
                 yield f"{sep}\n{inner}{json.dumps(k, ensure_ascii=False)}: "
-                yield from _json_chunks(v, inner)
+                # One entry (a host's verdict) is encoded at once; JSON strings hold no raw newline, so
+                # every newline starts a line of the structure and takes the entry's indent.
+                yield _ENCODER.encode(v).replace("\n", "\n" + inner)
                 sep = ","
         yield "{}" if sep == "{" else f"\n{pad}}}"
     elif isinstance(obj, dict) and _holds_entries(obj):
