@@ -30,6 +30,7 @@ its observation (names, time, where from) and its share of the verdict, not its 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime as _dt
 import math
@@ -90,10 +91,6 @@ class Observation:
     def raw_facts(self) -> Any:
         """The facts as the node returned them (read again from the slice for a run directory)."""
         return self.facts if self.run is None else self.run.raw_facts(self.host)
-
-    def raw_facts_read(self) -> tuple[bytes | None, Any]:
-        """``raw_facts`` and, for a run directory's, the file's bytes as read."""
-        return (None, self.facts) if self.run is None else self.run.raw_facts_read(self.host)
 
 
 def settle(obs: Observation, started: str) -> Any:
@@ -590,15 +587,19 @@ def facts_written(rd: RunDir, chosen: Mapping[str, Observation], *, writers: int
             _write_run_facts(in_runs)
             yield
             return
-        pool = multiprocessing.get_context("fork").Pool(n)
-        try:
-            done = pool.map_async(_write_run_facts, list(_chunks(in_runs, _POOL_CHUNK)), chunksize=1)
-            yield
-            done.get()
-            pool.close()
-        finally:
-            pool.terminate()
-            pool.join()
+        with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = [pool.submit(_write_run_facts, chunk) for chunk in _chunks(in_runs, _POOL_CHUNK)]
+            try:
+                yield
+                for future in done:
+                    future.result()
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                # A writer killed (out of memory, a signal): its hosts' facts may be missing.
+                raise IncompleteError(f"a process writing the merged facts into {rd.path} ended before it was "
+                                      "done (killed?): the merged run is incomplete") from exc
+            finally:
+                for future in done:
+                    future.cancel()
         rd.note_unsynced()
     finally:
         _WRITING = None

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
+import k3fleet.audit.merge as merge_module
 from k3fleet.audit.merge import CLOCK_SKEW_S, Observation, Slice, _iso, merge_slices, write_facts
 from k3fleet.errors import IncompleteError, UsageError
 from k3fleet.evidence import REDACTED, RunDir, layout, verify_run
@@ -139,5 +142,26 @@ def test_a_writer_s_error_is_the_merge_s_one_line_error(tmp_path: Path) -> None:
     (src / layout.facts_file("gpu002")).unlink()  # gone between the merge's two passes
     rd = RunDir.create(tmp_path, "merge", ["k3fleet", "merge"], out=tmp_path / "merged")
     with pytest.raises(IncompleteError, match=r"facts/gpu002.json is missing: the run directory is incomplete"):
+        write_facts(rd, chosen, writers=2)
+    assert not (rd.path / layout.MANIFEST).exists()
+
+
+_PARENT = os.getpid()
+
+
+def _killed_writer(items: object) -> int:
+    # A writer the kernel kills (out of memory) mid-merge.
+    if os.getpid() != _PARENT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 0
+
+
+def test_a_killed_writer_is_an_incomplete_merge_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _slice_run(tmp_path, 4)
+    run = RunReader(src)
+    chosen = {h: Observation(h, "facts", OLD, str(src), run=run, settled=False) for h in run.fact_hosts()}
+    monkeypatch.setattr(merge_module, "_write_run_facts", _killed_writer)
+    rd = RunDir.create(tmp_path, "merge", ["k3fleet", "merge"], out=tmp_path / "merged")
+    with pytest.raises(IncompleteError, match=r"ended before it was done \(killed\?\): the merged run is incomplete"):
         write_facts(rd, chosen, writers=2)
     assert not (rd.path / layout.MANIFEST).exists()
