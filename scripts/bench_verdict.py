@@ -38,6 +38,11 @@ process's own resource usage (os.wait4):
     .venv/bin/python scripts/bench_verdict.py --merge 100000 [--slices 10]
         -> merge 100000 hosts: X s wall, Y MB peak RSS
 
+The generated fleet has failing hosts on purpose (fault classes above), so the merge answers exit 1
+(checks failed, k3fleet/contracts.py): 0, 1 and 3 are the verdict's exits and count as a finished
+benchmark when the merged run records that exit and verifies against its manifest; a usage error,
+a refused slice or a crash fails it (exit 1 of this script, with the merge's last line).
+
 K3FLEET_BENCH_PROFILE=FILE runs that merge under cProfile, its statistics into FILE.
 """
 
@@ -62,7 +67,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from k3fleet.evidence import RunDir, layout  # noqa: E402
+from k3fleet.contracts import EXIT_CODES, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE  # noqa: E402
+from k3fleet.evidence import RunDir, layout, verify_run  # noqa: E402
 from k3fleet.models.facts import HostFacts  # noqa: E402
 from k3fleet.models.findings import FleetVerdict  # noqa: E402
 from k3fleet.targets import load_target  # noqa: E402
@@ -309,6 +315,32 @@ def write_slices(n: int, slices: int, base: Path, seed: int, unreachable: int) -
     return [rd.path for rd in dirs]
 
 
+def _merge_outcome(code: int, run: Path, stdout: str, stderr: str) -> str:
+    """What `k3fleet merge`'s exit code says. 0, 1 and 3 are the verdict's exits (k3fleet/contracts.py:
+    pass, checks failed, evidence incomplete), and the generated fleet has failing hosts on purpose,
+    so 1 is the expected answer; they count only when the merged run finished (its run.json records
+    that same exit code and its manifest verifies). Anything else, a usage error (2), a refused slice
+    (3 with no merged run) or a crash, fails the benchmark."""
+    last = (stderr.strip().splitlines() or ["no output"])[-1]
+    if code not in EXIT_CODES or code == EXIT_USAGE:
+        raise SystemExit(f"bench_verdict: k3fleet merge failed (exit {code}): {last}")
+    try:
+        record = json.loads((run / layout.RUN).read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"bench_verdict: k3fleet merge exited {code} without a finished run ({exc}): {last}") from None
+    if record.get("exit_code") != code:
+        raise SystemExit(f"bench_verdict: k3fleet merge exited {code} but its run.json says "
+                         f"{record.get('exit_code')}: {last}")
+    report = verify_run(run)
+    if not report.ok:
+        raise SystemExit(f"bench_verdict: the merged run does not verify against its manifest: {report.summary()}")
+    outcome = json.loads((run / layout.VERDICT).read_text()).get("outcome")
+    meaning = {EXIT_OK: "pass", EXIT_FAILED: "checks failed on some hosts, as generated",
+               EXIT_INCOMPLETE: "evidence incomplete"}[code]
+    summary = (stdout.strip().splitlines() or [""])[0]
+    return (f"exit {code}, the verdict's ({meaning}: {summary or outcome}); manifest verified")
+
+
 def bench_merge(args: argparse.Namespace) -> int:
     """--merge N: the slices written, then `k3fleet merge` on them in its own process."""
     n = args.merge
@@ -325,20 +357,22 @@ def bench_merge(args: argparse.Namespace) -> int:
         if os.environ.get("K3FLEET_BENCH_PROFILE"):
             cmd = [sys.executable, "-m", "cProfile", "-o", os.environ["K3FLEET_BENCH_PROFILE"], *cmd]
         w0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - w0
-        stderr = proc.stderr.read() if proc.stderr else ""
+        # stdout and stderr into files, read after the process ended (a pipe could fill and stall it).
+        with open(base / "merge.out", "w+") as fout, open(base / "merge.err", "w+") as ferr:
+            proc = subprocess.Popen(cmd, stdout=fout, stderr=ferr, text=True)
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - w0
+            fout.seek(0)
+            stdout = fout.read()
+            ferr.seek(0)
+            stderr = ferr.read()
         proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode not in (0, 1, 3):
-            raise SystemExit(f"bench_verdict: k3fleet merge failed (exit {proc.returncode}): "
-                             f"{(stderr.strip().splitlines() or ['no output'])[-1]}")
-        hosts = len(list((base / "merged" / layout.FACTS).glob("*.json")))
+        verdict_line = _merge_outcome(proc.returncode, base / "merged", stdout, stderr)
+        hosts = sum(1 for _ in (base / "merged" / layout.FACTS).glob("*.json"))
         print(f"merge {n} hosts: {wall:.1f} s wall, {usage.ru_maxrss / 1024:.0f} MB peak RSS")
         cpu = usage.ru_utime + usage.ru_stime
-        print(f"  CPU {cpu:.1f} s (user {usage.ru_utime:.1f}, system {usage.ru_stime:.1f}); "
-              f"exit {proc.returncode}; {hosts:,} facts files in the merged run; goal: under 10 s and "
-              f"{RSS_GOAL_MB} MB on 2 cores")
+        print(f"  CPU {cpu:.1f} s (user {usage.ru_utime:.1f}, system {usage.ru_stime:.1f}); {verdict_line}; "
+              f"{hosts:,} facts files in the merged run; goal: under 10 s and {RSS_GOAL_MB} MB on 2 cores")
         print(f"  after: {_load_average()}")
     return 0
 

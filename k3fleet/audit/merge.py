@@ -30,9 +30,13 @@ its observation (names, time, where from) and its share of the verdict, not its 
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import datetime as _dt
 import math
-from collections.abc import Mapping, Sequence
+import multiprocessing
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -479,11 +483,20 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
                 "facts": sum(1 for o in sl.observations if o.kind == "facts")} for sl in slices]
     rd.write_json(layout.SOURCES, sources)
     rd.write_json(layout.TARGET, tgt.model_dump(mode="json"))
-    # Second pass: the facts into the run directory, one host at a time; synced once, before the
-    # manifest (RunDir.write_json durable=False), not file by file.
-    for host, obs in sorted(merged.chosen.items()):
-        if obs.kind == "facts":
-            rd.write_json(layout.facts_file(host), obs.raw_facts(), durable=False)
+    # Second pass: the facts into the run directory, one host at a time, beside the verdict and the report
+    # (by forked writers for a large merge); synced once, before the manifest, not file by file.
+    with facts_written(rd, merged.chosen):
+        _write_records(rd, slices, merged, verdict, fold, tgt, unreachable, invalid, sources)
+    rd.write_manifest()
+    incomplete = [sl.source for sl in slices if not sl.complete]
+    code = combine(int(verdict.exit_code), EXIT_INCOMPLETE if invalid or incomplete else EXIT_OK)
+    return MergeResult(rd, verdict, merged, unreachable, invalid, code)
+
+
+def _write_records(rd: RunDir, slices: Sequence[Slice], merged: Merged, verdict: FleetVerdict, fold: FleetFold,
+                   tgt: Target, unreachable: dict[str, str], invalid: dict[str, str],
+                   sources: list[dict[str, Any]]) -> None:
+    """merge.json, verdict.json, run.json and report.md of a merge."""
     rd.write_json(layout.MERGE, {
         "slices": len(slices),
         "hosts": len(merged.chosen),
@@ -511,8 +524,85 @@ def run_merge(inputs: Sequence[Path], argv: Sequence[str], *, out: Path | None =
         exit_code=code,
     ).dump())
     rd.write_text(layout.REPORT, markdown.render_audit(result, tgt))
-    rd.write_manifest()
-    return MergeResult(rd, verdict, merged, unreachable, invalid, code)
+
+
+# A merge of fewer hosts writes their facts in this process: starting writers costs more than it saves.
+POOL_MIN_HOSTS = 4000
+# Hosts a writer is given at a time: what is queued for the writers is names and paths, never facts.
+_POOL_CHUNK = 200
+# The run directory the writers write into: set in this process before they are forked from it.
+_WRITING: RunDir | None = None
+
+
+def _write_run_facts(items: Sequence[tuple[str, str]]) -> int:
+    """Write these (host, slice run directory) facts into ``_WRITING``: read, redacted, written."""
+    rd = _WRITING
+    assert rd is not None  # set before the writers are forked
+    readers: dict[str, RunReader] = {}
+    for host, path in items:
+        run = readers.get(path) or readers.setdefault(path, RunReader(Path(path)))
+        raw, data = run.raw_facts_read(host)
+        # A slice's file the redactor leaves as it is is written as read, not encoded again (write_json read_as).
+        rd.write_json(layout.facts_file(host), data, durable=False, read_as=raw)
+    return len(items)
+
+
+def _chunks(items: Sequence[tuple[str, str]], size: int) -> Iterator[Sequence[tuple[str, str]]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _writers() -> int:
+    """Processes that write a merge's facts: one per CPU this process may run on, at most 4 (each is a
+    fork of this process), and none where fork is not available (then this process writes them)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def write_facts(rd: RunDir, chosen: Mapping[str, Observation], *, writers: int | None = None) -> None:
+    """:func:`facts_written` with nothing else to do meanwhile."""
+    with facts_written(rd, chosen, writers=writers):
+        pass
+
+
+@contextlib.contextmanager
+def facts_written(rd: RunDir, chosen: Mapping[str, Observation], *, writers: int | None = None) -> Iterator[None]:
+    """The chosen hosts' facts into the merge's run directory, each through the redactor (RunDir.write_json),
+    without an fsync per file (the manifest syncs them once), all written when the block ends.
+
+    A run directory's facts are read and written by ``writers`` processes forked on entry when there are
+    many (each holds one host's facts at a time, and what is queued for them is names and paths), so the
+    block (the verdict and report files) runs beside them; facts read from runner artifacts are in memory
+    already and are written here. A writer's error is raised when the block ends."""
+    global _WRITING
+    in_runs = [(h, str(o.run.path)) for h, o in sorted(chosen.items()) if o.kind == "facts" and o.run is not None]
+    for host, obs in sorted(chosen.items()):
+        if obs.kind == "facts" and obs.run is None:
+            rd.write_json(layout.facts_file(host), obs.facts, durable=False)
+    n = _writers() if writers is None else writers
+    _WRITING = rd
+    try:
+        if n < 2 or (len(in_runs) < POOL_MIN_HOSTS and writers is None):
+            _write_run_facts(in_runs)
+            yield
+            return
+        with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = [pool.submit(_write_run_facts, chunk) for chunk in _chunks(in_runs, _POOL_CHUNK)]
+            try:
+                yield
+                for future in done:
+                    future.result()
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                # A writer killed (out of memory, a signal): its hosts' facts may be missing.
+                raise IncompleteError(f"a process writing the merged facts into {rd.path} ended before it was "
+                                      "done (killed?): the merged run is incomplete") from exc
+            finally:
+                for future in done:
+                    future.cancel()
+        rd.note_unsynced()
+    finally:
+        _WRITING = None
 
 
 def check_inputs_exist(inputs: Sequence[Path]) -> None:
@@ -522,4 +612,4 @@ def check_inputs_exist(inputs: Sequence[Path]) -> None:
 
 
 __all__ = ["ARTIFACT_KEY", "IncompleteError", "MergeResult", "Observation", "Slice", "check_inputs_exist",
-           "merge_slices", "read_slice", "run_merge"]
+           "merge_slices", "read_slice", "run_merge", "write_facts"]

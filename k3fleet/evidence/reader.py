@@ -14,6 +14,7 @@ of bad input"). ``RunReader`` is the one class that reads a run directory back: 
 
 from __future__ import annotations
 
+import builtins
 import errno
 from collections.abc import Sequence
 from functools import cached_property
@@ -83,7 +84,14 @@ class RunReader:
 
     def json(self, rel: str) -> Any:
         """``rel`` parsed as JSON (exit 2 when it is not UTF-8 or not JSON)."""
+        return self.json_read(rel)[1]
+
+    def json_read(self, rel: str) -> tuple[builtins.bytes, Any]:
+        """``rel`` as read (its bytes) and parsed as JSON (exit 2 when it is not UTF-8 or not JSON)."""
         raw = self.bytes(rel)
+        return raw, self._parsed(rel, raw)
+
+    def _parsed(self, rel: str, raw: builtins.bytes) -> Any:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -162,6 +170,11 @@ class RunReader:
     def raw_facts(self, host: str) -> Any:
         """A host's facts file as the node returned it, before validation (a merge re-judges it)."""
         return self.json(layout.facts_file(host))
+
+    def raw_facts_read(self, host: str) -> tuple[builtins.bytes, Any]:
+        """``raw_facts`` with the file's bytes as read (a merge writes them again when the redactor
+        leaves them as they are, ``RunDir.write_json(..., read_as=)``)."""
+        return self.json_read(layout.facts_file(host))
 
     def facts(self, host: str) -> HostFacts | None:
         """A host's facts validated as the audit validates them; None when the run has no facts file

@@ -18,6 +18,7 @@ import datetime as _dt
 import getpass
 import json
 import os
+import re
 import secrets
 import socket
 import stat
@@ -108,7 +109,9 @@ def _json_chunks(obj: Any, pad: str = "") -> Iterator[str]:
         for key, value in obj:
             for k, v in redact({key: value}).items():
                 yield f"{sep}\n{inner}{json.dumps(k, ensure_ascii=False)}: "
-                yield from _json_chunks(v, inner)
+                # One entry (a host's verdict) is encoded at once; JSON strings hold no raw newline, so
+                # every newline starts a line of the structure and takes the entry's indent.
+                yield _ENCODER.encode(v).replace("\n", "\n" + inner)
                 sep = ","
         yield "{}" if sep == "{" else f"\n{pad}}}"
     elif isinstance(obj, dict) and _holds_entries(obj):
@@ -136,13 +139,18 @@ def _holds_entries(obj: Any) -> bool:
     return False
 
 
-def _json_fill(data: Any) -> Fill:
-    """Write ``data`` through the redactor as indented JSON and a newline, chunk by chunk."""
+def _json_fill(data: Any, *, redacted: bool = False) -> Fill:
+    """Write ``data`` through the redactor as indented JSON and a newline, chunk by chunk
+    (``redacted``: the caller has passed it through the redactor already)."""
     def fill(fh: IO[bytes]) -> None:
-        redacted = redact(data)
+        out = data if redacted else redact(data)
+        if not _holds_entries(out):
+            # A document without JsonEntries is one file's worth (a host's facts): encoded at once.
+            fh.write((_ENCODER.encode(out) + "\n").encode("utf-8"))
+            return
         buf: list[str] = []
         size = 0
-        for chunk in _json_chunks(redacted):
+        for chunk in _json_chunks(out):
             buf.append(chunk)
             size += len(chunk)
             if size >= _CHUNK:
@@ -151,6 +159,22 @@ def _json_fill(data: Any) -> Fill:
         buf.append("\n")
         fh.write("".join(buf).encode("utf-8"))
     return fill
+
+
+# The layout write_json puts between JSON tokens: a newline and the indent after it. JSON text holds no
+# raw newline inside a string (a strict parser refuses one), so every match is layout, never content.
+_LAYOUT = re.compile(rb"\n *")
+
+
+def _reads_as(raw: bytes, data: Any) -> bool:
+    """Whether ``raw`` is ``data`` token for token with nothing but newlines and indents between the
+    tokens (as write_json lays JSON out): then the file says exactly what ``data`` says, no key twice,
+    nothing the parse dropped. ``raw`` must be the text ``data`` was parsed from."""
+    try:
+        compact = json.dumps(data, ensure_ascii=False, separators=(",", ": ")).encode("utf-8")
+    except (TypeError, ValueError):
+        return False
+    return _LAYOUT.sub(b"", raw) == compact
 
 
 # Run directories this process claimed, and whether it made the directory itself (an --out that
@@ -389,13 +413,30 @@ class RunDir:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def write_json(self, rel: str, data: Any, *, durable: bool = True) -> Path:
+    def write_json(self, rel: str, data: Any, *, durable: bool = True, read_as: bytes | None = None) -> Path:
         """``data`` as JSON through the redactor, written in chunks; a :class:`JsonEntries` inside it is
         written entry by entry. ``durable=False`` for one of many files in a row (a merge's facts): it is
-        not fsync'd on its own, the manifest syncs them all at once first."""
-        p = self._replace(rel, _json_fill(data), durable=durable)
+        not fsync'd on its own, the manifest syncs them all at once first.
+
+        ``read_as``: the JSON text ``data`` was parsed from (a merge's facts, read from a slice). When the
+        redactor leaves ``data`` as it is and the text is ``data`` token for token in this layout, the text
+        is written as read instead of encoded again (docs/scale.md "Merging 100,000 hosts"); otherwise
+        the redacted data is written as always."""
+        content: bytes | Fill
+        if read_as is None:
+            content = _json_fill(data)
+        else:
+            redacted = redact(data)
+            content = (read_as if redacted == data and _reads_as(read_as, data)
+                       else _json_fill(redacted, redacted=True))
+        p = self._replace(rel, content, durable=durable)
         self._unsynced = self._unsynced or not durable
         return p
+
+    def note_unsynced(self) -> None:
+        """Files were written into this run directory without their own fsync by another process (a
+        merge's writers, forked from this one): the manifest syncs them first, as its own."""
+        self._unsynced = True
 
     def write_text(self, rel: str, text: str) -> Path:
         """``text`` through the redactor; a long one (a log) redacted and written a piece at a time."""

@@ -583,3 +583,46 @@ def test_name_value_pairs_in_text_are_masked_by_the_name(text: str, secret: str,
 def test_a_plain_name_value_pair_stays() -> None:
     text = "env:\n  - name: LOG_LEVEL\n    value: debug\n  - name: PORT\n    value: '8000'\n"
     assert redact_text(text) == text
+
+
+# -- writing what was read (a merge's facts) --------------------------------------------------
+
+# A host's facts as the audit writes them (tests/fixtures/verdict: the synthetic fleet's R575 host).
+_FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "verdict" / "host_r575_h200_hgx.json"
+
+
+def _read_back(tmp_path: Path, raw: bytes) -> bytes:
+    rd = RunDir.create(tmp_path, "merge", ["k3fleet", "merge"], out=tmp_path / "run")
+    rd.write_json("facts/h.json", json.loads(raw), durable=False, read_as=raw)
+    rd.write_manifest()
+    assert verify_run(rd.path).ok
+    return (rd.path / "facts" / "h.json").read_bytes()
+
+
+def test_facts_the_redactor_leaves_as_they_are_are_written_as_read(tmp_path: Path) -> None:
+    data = json.loads(_FACTS.read_text())
+    raw = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
+    assert redact(data) == data
+    assert _read_back(tmp_path, raw) == raw
+
+
+def test_facts_with_a_secret_are_written_redacted_not_as_read(tmp_path: Path) -> None:
+    data = json.loads(_FACTS.read_text())
+    data["env"] = {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123456789"}
+    raw = (json.dumps(data, indent=2) + "\n").encode()
+    written = _read_back(tmp_path, raw)
+    assert b"hf_abcdefghijklmnopqrstuvwxyz" not in written
+    assert json.loads(written)["env"] == {"HF_TOKEN": REDACTED}
+
+
+def test_text_that_says_more_than_its_parse_is_never_copied(tmp_path: Path) -> None:
+    # A key given twice: the parse keeps the last value, the text still holds the first (a token).
+    raw = b'{\n  "host": "h",\n  "note": "sk-proj-abcdefghijklmnopqrstuvwxyz0123",\n  "note": "fine"\n}\n'
+    written = _read_back(tmp_path, raw)
+    assert b"sk-proj" not in written
+    assert written == b'{\n  "host": "h",\n  "note": "fine"\n}\n'
+
+
+def test_text_in_another_layout_is_written_in_the_run_directory_s_layout(tmp_path: Path) -> None:
+    raw = b'{"host":"h",  "gpus": [1, 2]}'
+    assert _read_back(tmp_path, raw) == b'{\n  "host": "h",\n  "gpus": [\n    1,\n    2\n  ]\n}\n'

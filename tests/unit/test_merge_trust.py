@@ -8,11 +8,18 @@ and sane refuses its slice, so a made-up date can never win.
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
-from k3fleet.audit.merge import CLOCK_SKEW_S, Observation, Slice, _iso, merge_slices
-from k3fleet.errors import UsageError
+import k3fleet.audit.merge as merge_module
+from k3fleet.audit.merge import CLOCK_SKEW_S, Observation, Slice, _iso, merge_slices, write_facts
+from k3fleet.errors import IncompleteError, UsageError
+from k3fleet.evidence import REDACTED, RunDir, layout, verify_run
+from k3fleet.evidence.reader import RunReader
 
 NOW = _dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=_dt.UTC)
 
@@ -85,3 +92,76 @@ def test_times_that_would_decide_the_merge_are_refused(value: object, words: str
     msg = str(exc.value)
     assert msg.startswith("slice s: host h: collected_at ") and words in msg and "the slice is refused" in msg
     assert "\n" not in msg
+
+
+# -- writing the chosen facts (several writer processes for a large merge) ---------------------
+
+# The synthetic fleet's R575 host (tests/fixtures/verdict), one of which carries a token in its facts.
+_FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "verdict" / "host_r575_h200_hgx.json"
+
+
+def _slice_run(base: Path, hosts: int) -> Path:
+    rd = RunDir.create(base, "audit", ["k3fleet", "audit"], out=base / "slice")
+    data = json.loads(_FACTS.read_text())
+    for i in range(hosts):
+        facts = {**data, "host": f"gpu{i:03d}", "hostname": f"gpu{i:03d}"}
+        if i == 3:
+            facts["env"] = {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123456789"}
+        # Written as a node's facts arrive, but kept unredacted here to see that the merge redacts them.
+        (rd.path / layout.FACTS).mkdir(exist_ok=True)
+        (rd.path / layout.facts_file(f"gpu{i:03d}")).write_text(json.dumps(facts, indent=2) + "\n")
+    return rd.path
+
+
+@pytest.mark.parametrize("writers", [1, 2])
+def test_every_chosen_host_s_facts_are_written_through_the_redactor(tmp_path: Path, writers: int) -> None:
+    src = _slice_run(tmp_path, 12)
+    run = RunReader(src)
+    chosen = {h: Observation(h, "facts", OLD, str(src), run=run, settled=False) for h in run.fact_hosts()}
+    chosen["awx-host"] = Observation("awx-host", "facts", OLD, "awx", facts={"host": "awx-host", "api_key": "x"})
+    rd = RunDir.create(tmp_path, "merge", ["k3fleet", "merge"], out=tmp_path / f"merged{writers}")
+    write_facts(rd, chosen, writers=writers)
+    rd.write_manifest()
+    assert verify_run(rd.path).ok
+    written = sorted(p.name for p in (rd.path / layout.FACTS).iterdir())
+    assert written == sorted(f"{h}.json" for h in chosen)
+    for i in range(12):
+        name = layout.facts_file(f"gpu{i:03d}")
+        got = (rd.path / name).read_bytes()
+        if i == 3:
+            assert b"hf_abcdefghij" not in got and json.loads(got)["env"] == {"HF_TOKEN": REDACTED}
+        else:
+            assert got == (src / name).read_bytes()  # written as read: the redactor left it as it was
+    assert json.loads((rd.path / layout.facts_file("awx-host")).read_text())["api_key"] == REDACTED
+
+
+def test_a_writer_s_error_is_the_merge_s_one_line_error(tmp_path: Path) -> None:
+    src = _slice_run(tmp_path, 4)
+    run = RunReader(src)
+    chosen = {h: Observation(h, "facts", OLD, str(src), run=run, settled=False) for h in run.fact_hosts()}
+    (src / layout.facts_file("gpu002")).unlink()  # gone between the merge's two passes
+    rd = RunDir.create(tmp_path, "merge", ["k3fleet", "merge"], out=tmp_path / "merged")
+    with pytest.raises(IncompleteError, match=r"facts/gpu002.json is missing: the run directory is incomplete"):
+        write_facts(rd, chosen, writers=2)
+    assert not (rd.path / layout.MANIFEST).exists()
+
+
+_PARENT = os.getpid()
+
+
+def _killed_writer(items: object) -> int:
+    # A writer the kernel kills (out of memory) mid-merge.
+    if os.getpid() != _PARENT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 0
+
+
+def test_a_killed_writer_is_an_incomplete_merge_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _slice_run(tmp_path, 4)
+    run = RunReader(src)
+    chosen = {h: Observation(h, "facts", OLD, str(src), run=run, settled=False) for h in run.fact_hosts()}
+    monkeypatch.setattr(merge_module, "_write_run_facts", _killed_writer)
+    rd = RunDir.create(tmp_path, "merge", ["k3fleet", "merge"], out=tmp_path / "merged")
+    with pytest.raises(IncompleteError, match=r"ended before it was done \(killed\?\): the merged run is incomplete"):
+        write_facts(rd, chosen, writers=2)
+    assert not (rd.path / layout.MANIFEST).exists()
