@@ -302,7 +302,15 @@ def test_sign_key_with_an_ssh_agent_that_never_answers_ends_at_its_deadline(
     listener.bind(str(where))
     listener.listen(4)
     held: list[socket.socket] = []
-    accepting = threading.Thread(target=lambda: [held.append(listener.accept()[0]) for _ in range(4)], daemon=True)
+
+    def hold() -> None:  # an agent that takes every connection and never answers, until the test closes it
+        try:
+            for _ in range(4):
+                held.append(listener.accept()[0])
+        except OSError:
+            return
+
+    accepting = threading.Thread(target=hold, daemon=True)
     accepting.start()
     monkeypatch.setenv("SSH_AUTH_SOCK", str(where))
     monkeypatch.setattr(signing, "AGENT_TIMEOUT_S", 1.0)

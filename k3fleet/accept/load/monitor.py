@@ -51,17 +51,7 @@ class Monitor:
     async def run(self) -> None:
         while True:
             row: dict[str, Any] = {"t_s": round(self.tally.elapsed(), 3), **self.tally.where}
-            row["health"] = await self.http.health()
-            if row["health"] != 200:
-                self.health_failures += 1
-            snap = await self._scrape()
-            if snap is not None:
-                self._fill(row, snap)
-            if self.telemetry_url is not None:
-                gpus = await self._gpus()
-                if gpus is not None:
-                    row["gpus"] = gpus
-            self._add(row)
+            await self._complete(row, None)
             await asyncio.sleep(self.tally.opts.sample_interval_s)
 
     async def settle(self, bound_s: float = SETTLE_BOUND_S) -> None:
@@ -85,10 +75,21 @@ class Monitor:
             pause = min(pause * 2, 0.25)
         row: dict[str, Any] = {"t_s": round(self.tally.elapsed(), 3), **self.tally.where,
                                "settled": values == last, "settle_waited_s": round(time.monotonic() - t0, 3)}
+        await self._complete(row, snap)
+
+    async def _complete(self, row: dict[str, Any], snap: MetricsSnapshot | None) -> None:
+        """A sample's health, server side (``snap``, or a page read now) and GPUs, then the sample kept."""
         row["health"] = await self.http.health()
         if row["health"] != 200:
             self.health_failures += 1
-        self._fill(row, snap)
+        if snap is None:
+            snap = await self._scrape()
+        if snap is not None:
+            self._fill(row, snap)
+        if self.telemetry_url is not None:
+            gpus = await self._gpus()
+            if gpus is not None:
+                row["gpus"] = gpus
         self._add(row)
 
     def _fill(self, row: dict[str, Any], snap: MetricsSnapshot) -> None:
