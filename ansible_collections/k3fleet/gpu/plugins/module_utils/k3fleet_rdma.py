@@ -68,8 +68,9 @@ def parse_rate_gbps(text: str | None) -> float | None:
     return float(match.group(1)) * _RATE_SCALE[match.group(2).upper()]
 
 
-def parse_port(port: str, values: Mapping[str, str | None]) -> dict[str, Any]:
-    """One port from its raw sysfs file contents (``None`` for a file that could not be read)."""
+def parse_port(port: int | str, values: Mapping[str, str | None]) -> dict[str, Any]:
+    """One port (its number, or its sysfs directory name) from its raw sysfs file contents (``None`` for a file
+    that could not be read)."""
     state_code, state = parse_coded_value(values.get("state"))
     phys_code, phys_state = parse_coded_value(values.get("phys_state"))
     rate = values.get("rate")
