@@ -253,7 +253,8 @@ def collect_container(reader: NodeReader, image: str | None, runtime: str = "aut
         return out
     res = reader.run_cached(image_inspect_argv(rt, image))
     if res.error:
-        image_facts, problem = {"ref": image, "present": None}, res.reason()
+        image_facts: dict[str, Any] = {"ref": image, "present": None}
+        problem: str | None = res.reason()
     else:
         image_facts, problem = parse_image_inspect(image, res.rc, res.stdout, res.stderr)
     out["image"] = image_facts
