@@ -70,6 +70,26 @@ def test_examples_call_every_module_by_fqcn(path: Path) -> None:
         assert any(str(key).startswith(("k3fleet.gpu.", "ansible.builtin.")) for key in task), task.get("name")
 
 
+PLUGINS = sorted((ROOT / "plugins").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", PLUGINS, ids=lambda p: str(p.relative_to(ROOT / "plugins")))
+def test_every_plugin_is_python_3_with_annotations(path: Path) -> None:
+    # Python 3 only (no Python 2 compatibility header), every function's parameters and return annotated;
+    # make lint type-checks the bodies (mypy --check-untyped-defs).
+    source = path.read_text()
+    assert "__metaclass__" not in source and "print_function" not in source, path.name
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *[p for p in (a.vararg, a.kwarg) if p]]
+            bare = [p.arg for p in params if p.annotation is None and p.arg not in ("self", "cls")]
+            if bare or node.returns is None:
+                missing.append(f"{node.name} (line {node.lineno})")
+    assert missing == [], f"{path.name}: functions without annotations: {', '.join(missing)}"
+
+
 def test_a_sanity_ignore_file_for_each_supported_ansible_core() -> None:
     # requires_ansible's floor up to the package's ansible-core bound (pyproject.toml, "<2.N": 2.N-1), or the
     # ansible-core installed here if newer: ansible-test reads tests/sanity/ignore-<major.minor>.txt of the
