@@ -135,8 +135,8 @@ def parse_dcgmi_diag_json(data: dict[str, Any]) -> dict[str, Any]:
     tests: list[dict[str, Any]] = []
     for cat in root.get("test_categories") or []:
         for test in cat.get("tests") or []:
-            t: dict[str, Any] = {"section": cat.get("category"), "name": str(test.get("name") or "?"), "result": None,
-                 "failed_gpus": [], "details": [], "codes": []}
+            t: dict[str, Any] = {"section": cat.get("category"), "name": str(test.get("name") or "?"),
+                                 "result": None, "failed_gpus": [], "details": [], "codes": []}
             words: list[str] = []
             for res in test.get("results") or []:
                 word = _JSON_STATUS.get(str(res.get("status") or "").strip().lower())
