@@ -12,6 +12,8 @@
    in the collection's own tests/unit/plugins, on this Python with what its environment has (pytest,
    pytest-xdist; no requirement install, no network), importing the installed copy; its wall time printed.
 
+With --units-only, steps 1, 2 and 6 alone: the collection's unit tests as ansible-test runs them.
+
 Exit 0 when every step passed; otherwise the failing step's output and exit 1.
 """
 
@@ -76,9 +78,43 @@ def _prepare_ansible_test_pip() -> None:
     shutil.copy2(REPO / "scripts" / "ansible_test_get_pip.py", cache)
 
 
+def _check_installed(installed: Path, env: dict[str, str], tmp: Path, sanity: bool, python: str) -> None:
+    """Steps 3 to 5 on the installed collection: ansible-doc, the FQCN playbook, sanity."""
+    modules = sorted(p.stem for p in (installed / "plugins" / "modules").glob("*.py"))
+    listing = _step("ansible-doc -l", [str(BIN / "ansible-doc"), "-l", f"{NAMESPACE}.{NAME}"], env, tmp)
+    missing = [m for m in modules if f"{NAMESPACE}.{NAME}.{m}" not in listing]
+    if missing:
+        raise SystemExit(f"collection check: ansible-doc -l does not list {', '.join(missing)}")
+    fqcns = [f"{NAMESPACE}.{NAME}.{m}" for m in modules]
+    _step("ansible-doc (every module)", [str(BIN / "ansible-doc"), "-t", "module", *fqcns], env, tmp)
+    roles = _step("ansible-doc roles", [str(BIN / "ansible-doc"), "-t", "role", "-l", f"{NAMESPACE}.{NAME}"],
+                  env, tmp)
+    print(roles.strip())
+
+    lab = json.loads(_step("lab fleet", [str(BIN / "k3fleet"), "lab", "generate", str(tmp / "lab")],
+                           {**os.environ, "PATH": env["PATH"]}, tmp).strip() and
+                     (tmp / "lab" / "k3fleet-lab.json").read_text())
+    reachable = [h["name"] for h in lab["hosts"] if h["reachable"]]
+    out = _step("FQCN playbook against the lab", [
+        str(BIN / "ansible-playbook"), "-i", str(tmp / "lab" / "inventory.yml"), "--limit", ",".join(reachable),
+        str(REPO / "tests" / "collection" / "fqcn_playbook.yml")], env, tmp)
+    recap = [line for line in out.splitlines() if "ok=" in line]
+    if len(recap) != len(reachable) or any("failed=0" not in line for line in recap):
+        raise SystemExit("collection check: the FQCN playbook did not pass on every lab host:\n" + "\n".join(recap))
+    print(f"   {len(reachable)} lab hosts answered through {NAMESPACE}.{NAME}")
+
+    if sanity:
+        _prepare_ansible_test_pip()
+        print(_step(f"ansible-test sanity --python {python}",
+                    [str(BIN / "ansible-test"), "sanity", "--python", python], env, installed,
+                    timeout=3600)[-1500:])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sanity", action="store_true", help="also run ansible-test sanity on the installed collection")
+    ap.add_argument("--units-only", action="store_true",
+                    help="build, install and run ansible-test units only (no ansible-doc, playbook or sanity)")
     ap.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="k3fleet-collection-") as tmp_name:
@@ -90,34 +126,8 @@ def main() -> int:
         _step("ansible-galaxy collection install", [str(BIN / "ansible-galaxy"), "collection", "install",
                                                    "--force", str(tarball), "-p", str(collections)], env, tmp)
         installed = collections / "ansible_collections" / NAMESPACE / NAME
-        modules = sorted(p.stem for p in (installed / "plugins" / "modules").glob("*.py"))
-        listing = _step("ansible-doc -l", [str(BIN / "ansible-doc"), "-l", f"{NAMESPACE}.{NAME}"], env, tmp)
-        missing = [m for m in modules if f"{NAMESPACE}.{NAME}.{m}" not in listing]
-        if missing:
-            raise SystemExit(f"collection check: ansible-doc -l does not list {', '.join(missing)}")
-        fqcns = [f"{NAMESPACE}.{NAME}.{m}" for m in modules]
-        _step("ansible-doc (every module)", [str(BIN / "ansible-doc"), "-t", "module", *fqcns], env, tmp)
-        roles = _step("ansible-doc roles", [str(BIN / "ansible-doc"), "-t", "role", "-l", f"{NAMESPACE}.{NAME}"],
-                      env, tmp)
-        print(roles.strip())
-
-        lab = json.loads(_step("lab fleet", [str(BIN / "k3fleet"), "lab", "generate", str(tmp / "lab")],
-                               {**os.environ, "PATH": env["PATH"]}, tmp).strip() and
-                         (tmp / "lab" / "k3fleet-lab.json").read_text())
-        reachable = [h["name"] for h in lab["hosts"] if h["reachable"]]
-        out = _step("FQCN playbook against the lab", [
-            str(BIN / "ansible-playbook"), "-i", str(tmp / "lab" / "inventory.yml"), "--limit", ",".join(reachable),
-            str(REPO / "tests" / "collection" / "fqcn_playbook.yml")], env, tmp)
-        recap = [line for line in out.splitlines() if "ok=" in line]
-        if len(recap) != len(reachable) or any("failed=0" not in line for line in recap):
-            raise SystemExit("collection check: the FQCN playbook did not pass on every lab host:\n" + "\n".join(recap))
-        print(f"   {len(reachable)} lab hosts answered through {NAMESPACE}.{NAME}")
-
-        if args.sanity:
-            _prepare_ansible_test_pip()
-            print(_step(f"ansible-test sanity --python {args.python}",
-                        [str(BIN / "ansible-test"), "sanity", "--python", args.python], env, installed,
-                        timeout=3600)[-1500:])
+        if not args.units_only:
+            _check_installed(installed, env, tmp, args.sanity, args.python)
         started = time.monotonic()
         out = _step(f"ansible-test units --local --python {args.python}",
                     [str(BIN / "ansible-test"), "units", "--local", "--python", args.python], env, installed,

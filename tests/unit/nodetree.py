@@ -6,14 +6,9 @@ One copy so every collector and module test builds its temporary node the same w
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,8 +18,11 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import Nod
 
 # The node builders live with the collection's own unit tests (one copy; ansible-test units runs those).
 from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import (  # noqa: F401
+    COLLECTION,
     ExitJson,
     FailJson,
+    ansible_doc,
+    documentation,
     exe,
     fake_command,
     node,
@@ -129,40 +127,3 @@ def counting_compiles(key: str) -> str:
             "        compiles[key] = compiles.get(key, 0) + 1\n"
             "    return _real_compile(source, filename, *args, **kwargs)\n"
             "builtins.compile = _counting\n")
-
-
-# -- documentation: the collection's modules as ansible-doc sees them ----------------------------
-
-REPO = Path(__file__).resolve().parents[2]
-COLLECTION = REPO / "ansible_collections" / "k3fleet" / "gpu"
-FQCN = "k3fleet.gpu."
-
-
-def documentation(module: ModuleType) -> dict[str, Any]:
-    """A module's DOCUMENTATION with its k3fleet.gpu doc fragments merged in (the module's own
-    entries win, as ansible-doc merges them); each fragment named ``k3fleet.gpu.<file>[.<part>]``."""
-    doc = yaml.safe_load(module.DOCUMENTATION)
-    for entry in doc.get("extends_documentation_fragment") or []:
-        if not entry.startswith(FQCN):
-            raise AssertionError(f"{module.__name__}: doc fragment {entry} is not named by FQCN")
-        name, _, part = entry[len(FQCN):].partition(".")
-        fragment_cls = importlib.import_module(f"ansible_collections.k3fleet.gpu.plugins.doc_fragments.{name}")
-        fragment = yaml.safe_load(getattr(fragment_cls.ModuleDocFragment, part.upper() or "DOCUMENTATION"))
-        for key in ("options", "attributes"):
-            merged = {**(fragment.get(key) or {})}
-            for item, value in (doc.get(key) or {}).items():
-                merged[item] = {**merged.get(item, {}), **value}
-            if merged:
-                doc[key] = merged
-    return doc
-
-
-def ansible_doc(*modules: str) -> dict[str, Any]:
-    """``ansible-doc --json`` of the given short module names, found through the collection tree;
-    keyed by short name."""
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-t", "module", "--json",
-                           *(FQCN + m for m in modules)], capture_output=True, text=True, env=env, timeout=180,
-                          check=False, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    return {name.removeprefix(FQCN): value for name, value in json.loads(proc.stdout).items()}

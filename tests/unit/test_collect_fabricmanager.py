@@ -1,6 +1,9 @@
-"""Fabric Manager collector: NVSwitch presence, the systemd unit, version against the loaded driver.
+"""Fabric Manager collector: NVSwitch presence, the systemd unit, version against the loaded driver, its facts
+against the controller's FabricManagerFacts. Its parsers and the NVSwitch count are tested with the collection
+(ansible_collections/k3fleet/gpu/tests/unit/plugins/module_utils/test_k3fleet_fabricmanager.py).
 
-Fixture sources: tests/fixtures/fabricmanager/SOURCES.md (and driver/, packages/ SOURCES.md).
+Fixture sources: tests/fixtures/fabricmanager/SOURCES.md (a link to the collection's
+tests/unit/fixtures/fabricmanager, one copy; and driver/, packages/ SOURCES.md).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from nodetree import fake_command
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_fabricmanager as fmc
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_proc_version
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_packages import parse_systemctl_show
 from k3fleet.models.facts import FabricManagerFacts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -71,66 +73,12 @@ def fm_facts(tmp_path: Path, unit: str, driver: dict[str, Any], pkgs: dict[str, 
     return facts
 
 
-# -- parsers ---------------------------------------------------------------------------
-
-
-def test_parse_fm_version() -> None:
-    assert fmc.parse_fm_version(fixture("nv_fabricmanager_version.txt")) == "450.102.04"
+# -- parsers on other tools' output (the collection's tests have the rest) ---------------
 
 
 def test_parse_fm_version_rejects_other_text() -> None:
     with pytest.raises(ValueError, match="printed no version: 'Failed to initialize NVML"):
         fmc.parse_fm_version(fixture("nvidia_smi_mismatch.txt", "driver"))
-
-
-@pytest.mark.parametrize(("name", "unit", "expected"), [
-    ("systemctl_show_fm_failed.txt", "nvidia-fabricmanager.service",
-     {"installed": True, "active": "failed", "enabled": "enabled"}),
-    ("systemctl_show_fm_failed.txt", "nvidia-persistenced.service",
-     {"installed": True, "active": "active", "enabled": "enabled"}),
-    ("systemctl_show_fm_not_found.txt", "nvidia-fabricmanager.service",
-     {"installed": False, "active": "inactive", "enabled": "not-found"}),
-    ("systemctl_show_fm_not_found.txt", "nvidia-other.service",
-     {"installed": None, "active": None, "enabled": None}),
-])
-def test_unit_state(name: str, unit: str, expected: dict[str, Any]) -> None:
-    assert fmc.unit_state(parse_systemctl_show(fixture(name)), unit) == expected
-
-
-@pytest.mark.parametrize(("fm", "driver", "match"), [
-    ("580.95.05", "580.95.05", True),
-    ("580.95.05-1", "580.95.05", True),
-    ("580.95.05-0ubuntu1", "580.95.05", True),
-    ("580.95.05-1.el9", "580.95.05", True),
-    ("580.82.07", "580.95.05", False),
-    ("575.57.08", "580.95.05", False),
-    (None, "580.95.05", None),
-    ("580.95.05", None, None),
-])
-def test_versions_match_exactly(fm: str | None, driver: str | None, match: bool | None) -> None:
-    assert fmc.versions_match(fm, driver) is match
-
-
-# -- NVSwitch presence ----------------------------------------------------------------------
-
-
-def test_nvswitch_from_procfs(tmp_path: Path) -> None:
-    assert fmc.nvswitch_facts(node(tmp_path, switches=HGX_A100_SWITCHES)) == (
-        True, 6, "/proc/driver/nvidia-nvswitch/devices")
-
-
-def test_nvswitch_procfs_dir_empty(tmp_path: Path) -> None:
-    assert fmc.nvswitch_facts(node(tmp_path, switches=[])) == (False, 0, "/proc/driver/nvidia-nvswitch/devices")
-
-
-def test_nvswitch_control_node_is_not_a_switch(tmp_path: Path) -> None:
-    assert "nvidia-nvswitchctl" in DEV_WITH_CTL_ONLY
-    assert fmc.nvswitch_facts(node(tmp_path, dev=DEV_WITH_CTL_ONLY)) == (None, None, None)
-
-
-def test_nvswitch_device_nodes_fallback(tmp_path: Path) -> None:
-    names = [*DEV_WITH_CTL_ONLY, "nvidia-nvswitch0", "nvidia-nvswitch1", "nvidia-nvswitch2", "nvidia-nvswitch3"]
-    assert fmc.nvswitch_facts(node(tmp_path, dev=names)) == (True, 4, "/dev/nvidia-nvswitch*")
 
 
 # -- the collector -------------------------------------------------------------------------

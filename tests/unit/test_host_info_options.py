@@ -5,22 +5,22 @@ reads each from its variable, else from the play's ``k3fleet_audit_defaults``, e
 module's default, as the play's ``{{ var | default(defaults.x) }}`` templates did. Rendered here with
 Ansible's own templar and data loader, as the action renders them in a host's fork; the whole play
 runs in tests/integration (test_audit_lab, test_merge and test_awx_stream: the CLI's extra vars, and
-ansible-runner without them, where the image comes from the target file).
+ansible-runner without them, where the image comes from the target file). The action's own rules
+without the audit play (a site's play, bad variables, the documented options) are tested with the
+collection (ansible_collections/k3fleet/gpu/tests/unit/plugins/action/test_k3fleet_host_info.py).
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from ansible.errors import AnsibleActionFail
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import OPTION_VARIABLES, resolve_options
+from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import resolve_options
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "k3fleet" / "targets" / "kimi-k3.yaml"
@@ -92,35 +92,3 @@ def test_a_variable_written_as_a_template_is_rendered() -> None:
     resolved = _resolve({}, task_vars)
     assert resolved["root"] == "/host"
     assert resolved["budget"] == pytest.approx(48.0)
-
-
-def test_outside_the_audit_play_nothing_is_added_but_the_hostname() -> None:
-    # A site's own play with no k3fleet variables: the module's defaults, as before.
-    assert _resolve({"image": "x"}, {"inventory_hostname": "n1"}) == {"image": "x", "host": "n1"}
-
-
-def _documented_options(path: Path) -> set[str]:
-    """The options a plugin file's DOCUMENTATION lists (read from its source, not imported)."""
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "DOCUMENTATION" for t in node.targets):
-            return set(yaml.safe_load(ast.literal_eval(node.value))["options"])
-    raise AssertionError(f"no DOCUMENTATION in {path}")
-
-
-def test_every_option_named_is_an_option_of_the_module() -> None:
-    plugins = REPO / "ansible_collections" / "k3fleet" / "gpu" / "plugins"
-    documented = (_documented_options(plugins / "modules" / "k3fleet_host_info.py")
-                  | _documented_options(plugins / "doc_fragments" / "k3fleet_reader.py"))
-    # facts_format is the play's own choice of form, never a site's variable.
-    assert set(OPTION_VARIABLES) | {"image", "budget", "facts_format"} == documented
-
-
-@pytest.mark.parametrize("task_vars, words", [
-    ({"k3fleet_host_timeout": "soon"}, "k3fleet_host_timeout is not a number of seconds: 'soon'"),
-    ({"k3fleet_audit_defaults": ["not", "a", "mapping"]}, "k3fleet_audit_defaults is not a mapping"),
-])
-def test_bad_variables_fail_the_task_in_one_line(task_vars: dict[str, Any], words: str) -> None:
-    with pytest.raises(AnsibleActionFail) as raised:
-        _resolve({}, {"inventory_hostname": "n1", **task_vars})
-    assert str(raised.value) == words

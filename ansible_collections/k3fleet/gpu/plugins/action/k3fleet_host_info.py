@@ -23,7 +23,8 @@ compiles once (plugins/plugin_utils/k3fleet_action.py); the module's result is u
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ansible.errors import AnsibleActionFail
 
@@ -56,12 +57,12 @@ BUDGET_SHARE = 0.8
 class ActionModule(K3fleetModuleAction):
     """Ansible's normal action for k3fleet_host_info, its left-out options read from the audit's variables."""
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         task_vars = task_vars if task_vars is not None else {}
         self._task.args = resolve_options(self._task.args, task_vars, self._templar.template, self._target_image)
         return super().run(tmp=tmp, task_vars=task_vars)
 
-    def _target_image(self, target_file):
+    def _target_image(self, target_file: object) -> str:
         """``image.ref`` of the target file at ``target_file`` (on the controller), as the play's
         ``lookup('file', ...) | from_yaml`` read it."""
         try:
@@ -77,7 +78,8 @@ class ActionModule(K3fleetModuleAction):
         return ref
 
 
-def resolve_options(args, task_vars, template, target_image):
+def resolve_options(args: Mapping[str, Any], task_vars: Mapping[str, Any], template: Callable[[Any], Any],
+                    target_image: Callable[[Any], str]) -> dict[str, Any]:
     """``args`` with every option it leaves out filled from ``task_vars`` (module docstring).
 
     ``template`` renders a variable's value (the task's templar); ``target_image`` reads a target
@@ -85,7 +87,7 @@ def resolve_options(args, task_vars, template, target_image):
     resolved = dict(args)
     defaults = _defaults(task_vars, template)
 
-    def lookup(variable, default_key):
+    def lookup(variable: str, default_key: str | None) -> Any:
         """The variable's value, else the defaults' ``default_key``, templated; _MISSING if neither."""
         if variable in task_vars:
             return template(task_vars[variable])
@@ -115,7 +117,7 @@ def resolve_options(args, task_vars, template, target_image):
     return resolved
 
 
-def _defaults(task_vars, template):
+def _defaults(task_vars: Mapping[str, Any], template: Callable[[Any], Any]) -> Mapping[str, Any]:
     """The play's ``k3fleet_audit_defaults`` as a mapping (empty where the play has none), its values
     not yet templated: only those an option needs are (``target_file`` is a lookup)."""
     if DEFAULTS_VARIABLE not in task_vars:

@@ -18,7 +18,10 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import CommandResult, NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
     IB_WRITE_BW_PORT,
     all_reduce_perf_argv,
@@ -42,24 +45,24 @@ IB_SERVER_HEAD_START = 1.0
 # -- dcgmi diag -------------------------------------------------------------------------------
 
 
-def parse_dcgmi_diag(text):
+def parse_dcgmi_diag(text: str | None) -> dict[str, Any]:
     """``dcgmi diag -r N`` table (or its ``-j`` JSON) -> ``{"metadata", "tests": [...], "result"}``.
 
     Each test: section, name, result (pass / fail / warn / skip, the worst of its lines),
     ``failed_gpus`` and the Warning / Info lines after it. ``result`` None: no test was read.
     """
-    head = (text or "").lstrip()
-    if head.startswith("{"):
+    start = (text or "").lstrip()
+    if start.startswith("{"):
         try:
-            data = json.loads(head)
+            data = json.loads(start)
         except ValueError:
             data = None
         if isinstance(data, dict):
             return parse_dcgmi_diag_json(data)
     section = None
-    metadata = {}
-    tests = []
-    current = None
+    metadata: dict[str, str] = {}
+    tests: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
     for raw in (text or "").splitlines():
         line = raw.strip()
         head = _SECTION.match(line)
@@ -116,25 +119,25 @@ _JSON_STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn
                 "skipped": "skip", "not run": "skip"}
 
 
-def _int(value):
+def _int(value: Any) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):
         return None
 
 
-def parse_dcgmi_diag_json(data):
+def parse_dcgmi_diag_json(data: dict[str, Any]) -> dict[str, Any]:
     """``dcgmi diag -j`` (DCGM 3.x "DCGM GPU Diagnostic", 4.x "DCGM Diagnostic": test_categories > tests >
     results per entity, each with its warnings' ``error_id``, ``error_severity``, ``error_category``) in
     the shape of :func:`parse_dcgmi_diag`, each test with its ``codes``."""
     root = data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic") or {}
     metadata = {str(k): str(v) for k, v in (data.get("metadata") or {}).items() if not isinstance(v, (dict, list))}
-    tests = []
+    tests: list[dict[str, Any]] = []
     for cat in root.get("test_categories") or []:
         for test in cat.get("tests") or []:
-            t = {"section": cat.get("category"), "name": str(test.get("name") or "?"), "result": None,
-                 "failed_gpus": [], "details": [], "codes": []}
-            words = []
+            t: dict[str, Any] = {"section": cat.get("category"), "name": str(test.get("name") or "?"),
+                                 "result": None, "failed_gpus": [], "details": [], "codes": []}
+            words: list[str] = []
             for res in test.get("results") or []:
                 word = _JSON_STATUS.get(str(res.get("status") or "").strip().lower())
                 gpu = _int(res.get("entity_id", res.get("gpu_id")))
@@ -167,7 +170,7 @@ def parse_dcgmi_diag_json(data):
     return out
 
 
-def _add_result(test, match):
+def _add_result(test: dict[str, Any], match: re.Match[str]) -> None:
     word = match.group(1).lower()
     test["results"].append((word, match.group(2)))
     if word == "fail" and match.group(2) and match.group(2).strip().lower() != "all":
@@ -194,13 +197,13 @@ _NVLS = re.compile(r"NVLS multicast support is (not )?available")
 _MNNVL = re.compile(r"MNNVL busId \S+ fabric UUID (\S+) cliqueId (\S+) state (\d+)")
 
 
-def parse_nccl_transport(text):
+def parse_nccl_transport(text: str | None) -> dict[str, Any] | None:
     """What NCCL_DEBUG=INFO says about the transport of a run: ``{"network", "ib_devices", "ib_no_device",
     "ib_hca", "gdr_enabled", "gdr_disabled", "dmabuf", "channels", "nvls", "mnnvl_uuid"}``; None when the
     text has no NCCL INFO line at all (NCCL_DEBUG was not honoured)."""
-    out = {"network": None, "ib_devices": None, "ib_no_device": False, "socket": False, "ib_hca": None,
-           "gdr_enabled": [], "gdr_disabled": [], "dmabuf": False, "channels": {}, "nvls": None,
-           "mnnvl_uuid": None}
+    out: dict[str, Any] = {"network": None, "ib_devices": None, "ib_no_device": False, "socket": False,
+                           "ib_hca": None, "gdr_enabled": [], "gdr_disabled": [], "dmabuf": False, "channels": {},
+                           "nvls": None, "mnnvl_uuid": None}
     seen = False
     for line in (text or "").splitlines():
         if "NCCL INFO" not in line and "NET/" not in line and "NVLS" not in line and "MNNVL" not in line \
@@ -255,13 +258,13 @@ def parse_nccl_transport(text):
     return out
 
 
-def parse_all_reduce_perf(text):
+def parse_all_reduce_perf(text: str | None) -> dict[str, Any]:
     """``all_reduce_perf`` -> ranks, per-size rows, the peak busbw at the largest size, the average line.
 
     ``peak_busbw_gbs`` is the larger of out-of-place and in-place busbw of the largest message (the
     figure bandwidth floors are for; the average line spreads over every small size too).
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     ranks = 0
     wrong = 0
     for line in (text or "").splitlines():
@@ -293,7 +296,7 @@ def parse_all_reduce_perf(text):
 # -- perftest ------------------------------------------------------------------------------------
 
 
-def parse_ib_write_bw(text):
+def parse_ib_write_bw(text: str | None) -> dict[str, Any]:
     """``ib_write_bw`` -> the average and peak of its largest message size in Gb/s (MB/sec converted)."""
     unit = None
     best = None
@@ -321,7 +324,7 @@ def parse_ib_write_bw(text):
 # -- collector -----------------------------------------------------------------------------------
 
 
-def gpus_busy(driver, util):
+def gpus_busy(driver: dict[str, Any] | None, util: float) -> str | None:
     """Why the GPUs count as in use (compute processes, memory held), or None when they are free."""
     gpus = (driver or {}).get("gpus") or []
     if not gpus:
@@ -347,7 +350,7 @@ _DECISIVE = re.compile(r"NCCL WARN|[Ee]rror|ERROR|Out of bounds|Avg bus bandwidt
 MAX_DECISIVE_LINES = 12
 
 
-def log_lines(stdout, stderr, keep):
+def log_lines(stdout: str | None, stderr: str | None, keep: int) -> dict[str, list[str]] | None:
     """``{"decisive": [...], "tail": [...]}``: the deciding lines (at most MAX_DECISIVE_LINES) and the last
     ``keep`` lines of the output, each at most 300 characters; None when ``keep`` is 0."""
     if not keep:
@@ -357,11 +360,12 @@ def log_lines(stdout, stderr, keep):
             "tail": lines[-int(keep):]}
 
 
-def _tool(reader, argv, timeout, parse, env=None, keep=0):
+def _tool(reader: NodeReader, argv: Sequence[str], timeout: float, parse: Callable[[str], Mapping[str, Any]],
+          env: Mapping[str, str] | None = None, keep: int = 0) -> dict[str, Any]:
     if reader.which(argv[0]) is None:
         return {"ran": False, "reason": "%s: command not found" % argv[0]}
     res = reader.run(argv, timeout=timeout, env=env)
-    out = {"ran": True, "rc": res.rc, "error": res.error, "duration_s": round(res.duration, 1)}
+    out: dict[str, Any] = {"ran": True, "rc": res.rc, "error": res.error, "duration_s": round(res.duration, 1)}
     if keep:
         out["log"] = log_lines(res.stdout, res.stderr, keep)
     if res.error:
@@ -373,8 +377,8 @@ def _tool(reader, argv, timeout, parse, env=None, keep=0):
     return out
 
 
-def _rails(rdma):
-    found = []
+def _rails(rdma: dict[str, Any] | None) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
     for dev in (rdma or {}).get("devices") or []:
         for port in dev.get("ports") or []:
             found.append({"device": dev.get("name"), "port": port.get("port"), "state": port.get("state"),
@@ -382,12 +386,12 @@ def _rails(rdma):
     return found
 
 
-def _ib_loopback(reader, device, port, timeout):
+def _ib_loopback(reader: NodeReader, device: str, port: int, timeout: float) -> dict[str, Any]:
     """Server and client of ``ib_write_bw`` on one device (loopback through the HCA)."""
     argv = ib_write_bw_argv(device, port)
     if reader.which(argv[0]) is None:
         return {"ran": False, "reason": "%s: command not found" % argv[0]}
-    server = []
+    server: list[CommandResult] = []
     thread = threading.Thread(target=lambda: server.append(reader.run(argv, timeout=timeout)))
     thread.daemon = True
     thread.start()
@@ -399,10 +403,11 @@ def _ib_loopback(reader, device, port, timeout):
     return out
 
 
-def collect_active(reader, level, spec, driver, rdma, scheduler=None):
+def collect_active(reader: NodeReader, level: str, spec: dict[str, Any], driver: dict[str, Any] | None,
+                   rdma: dict[str, Any] | None, scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
     """ActiveFacts for ``level`` (quick, full) with the controller's ``spec`` (levels, timeouts)."""
-    out = {"status": "ok", "reason": None, "level": level, "skipped": None, "dcgm": None, "nccl": None,
-           "ib_write_bw": []}
+    out: dict[str, Any] = {"status": "ok", "reason": None, "level": level, "skipped": None, "dcgm": None,
+                           "nccl": None, "ib_write_bw": []}
     why = gpus_busy(driver, float(spec.get("gpu_util", 0.9)))
     jobs = (scheduler or {}).get("jobs_running") if isinstance(scheduler, dict) else None
     if why is None and jobs:
@@ -437,7 +442,7 @@ def collect_active(reader, level, spec, driver, rdma, scheduler=None):
 _ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
-def collect_node(reader, gpus, spec, keep=0):
+def collect_node(reader: NodeReader, gpus: object, spec: dict[str, Any], keep: int = 0) -> dict[str, Any]:
     """all_reduce_perf within this node over its ``gpus`` GPUs (one process, ``-g gpus``) under the NCCL
     timeout, as the audit's full level runs it; with ``keep``, the deciding lines and the output's tail.
 
@@ -450,14 +455,15 @@ def collect_node(reader, gpus, spec, keep=0):
     return out
 
 
-def collect_pair(reader, addresses, gpus, spec, keep=0):
+def collect_pair(reader: NodeReader, addresses: Sequence[str] | None, gpus: object, spec: dict[str, Any],
+                 keep: int = 0) -> dict[str, Any]:
     """all_reduce_perf over ``addresses`` (this node first, then its partner), ``gpus`` ranks on each,
     launched by the target's ``nccl_pair_launcher`` (mpirun) under the NCCL timeout.
 
     A launcher or all_reduce_perf that is not installed here is reported (``ran`` False) and never
     run; the partner's side fails inside the launcher, which the result's ``reason`` carries.
     """
-    out = {"ran": False, "reason": None, "addresses": list(addresses or []), "gpus": gpus}
+    out: dict[str, Any] = {"ran": False, "reason": None, "addresses": list(addresses or []), "gpus": gpus}
     bad = [a for a in out["addresses"] if not _ADDRESS.match(str(a))]
     if len(out["addresses"]) != 2 or bad:
         out["reason"] = "a pair is two host names, got %s" % ", ".join(repr(a) for a in out["addresses"])

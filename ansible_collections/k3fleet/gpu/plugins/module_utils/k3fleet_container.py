@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, unknown
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_image import parse_image_ref, same_repository
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
     COMMANDS,
@@ -36,19 +37,19 @@ _NOT_FOUND_PATTERNS = ("no such image", "image not known", "no such object", "im
 # -- pure parsers -------------------------------------------------------------
 
 
-def parse_runtime_version(text):
+def parse_runtime_version(text: str | None) -> str | None:
     """``"Docker version 28.2.2, build e6534b4"`` -> ``"28.2.2"``; podman/nerdctl alike."""
     match = _VERSION_RE.search(text or "")
     return match.group(1).rstrip(",") if match else None
 
 
-def parse_ctk_version(text):
+def parse_ctk_version(text: str | None) -> str | None:
     """``nvidia-ctk --version`` -> ``"1.17.8"``."""
     match = _CTK_RE.search(text or "")
     return match.group(1) if match else None
 
 
-def toolkit_version_from_packages(packages):
+def toolkit_version_from_packages(packages: dict[str, Any] | None) -> tuple[str | None, str | None]:
     """Upstream version of nvidia-container-toolkit from PackageFacts, dropping the distro revision."""
     for pkg in (packages or {}).get("packages") or []:
         if pkg.get("name") in TOOLKIT_PACKAGES and pkg.get("version"):
@@ -58,12 +59,12 @@ def toolkit_version_from_packages(packages):
     return None, None
 
 
-def is_image_not_found(text):
+def is_image_not_found(text: str | None) -> bool:
     lowered = (text or "").lower()
     return any(p in lowered for p in _NOT_FOUND_PATTERNS)
 
 
-def _env_map(env_list):
+def _env_map(env_list: object) -> dict[str, str]:
     env = {}
     # Inspect output is data from the node: a field of the wrong type is read as absent.
     for item in env_list if isinstance(env_list, list) else []:
@@ -73,7 +74,7 @@ def _env_map(env_list):
     return env
 
 
-def _tag_version(tag_ref):
+def _tag_version(tag_ref: str | None) -> str | None:
     if not tag_ref:
         return None
     # A whole reference (vllm/vllm-openai:v0.23.0) or the bare tag (v0.23.0).
@@ -85,7 +86,7 @@ def _tag_version(tag_ref):
     return match.group(1) if match else None
 
 
-def vllm_version_from_config(env, labels):
+def vllm_version_from_config(env: dict[str, str], labels: dict[str, Any] | None) -> tuple[str | None, str | None]:
     """The image's vLLM version and where it came from, or ``(None, None)``.
 
     Looked at, in order: env ``VLLM_VERSION``; label ``ai.vllm.version``;
@@ -116,7 +117,8 @@ def vllm_version_from_config(env, labels):
     return None, None
 
 
-def parse_image_inspect(ref, rc, stdout, stderr):
+def parse_image_inspect(ref: str, rc: int | None, stdout: str | None,
+                        stderr: str | None) -> tuple[dict[str, Any], str | None]:
     """``<runtime> image inspect <ref>`` -> ``(image_facts, problem)``.
 
     ``problem`` is ``None`` when the answer is trustworthy (present or absent),
@@ -124,8 +126,8 @@ def parse_image_inspect(ref, rc, stdout, stderr):
     Understands the docker shape (``Id: "sha256:..."``, ``RepoDigests``) and the
     podman shape (bare hex ``Id``, top-level ``Digest``).
     """
-    image = {"ref": ref, "present": None, "id": None, "digest": None, "cuda_version": None,
-             "nvidia_require_cuda": None, "vllm_version": None}
+    image: dict[str, Any] = {"ref": ref, "present": None, "id": None, "digest": None, "cuda_version": None,
+                             "nvidia_require_cuda": None, "vllm_version": None}
     out = (stdout or "").strip()
     if rc != 0:
         if is_image_not_found((stderr or "") + "\n" + out):
@@ -148,10 +150,12 @@ def parse_image_inspect(ref, rc, stdout, stderr):
     image["present"] = True
     ident = data.get("Id") or data.get("ID")
     image["id"] = ident if isinstance(ident, str) else None
-    config = data.get("Config") if isinstance(data.get("Config"), dict) else {}
+    raw_config = data.get("Config")
+    config: dict[str, Any] = raw_config if isinstance(raw_config, dict) else {}
     env = _env_map(config.get("Env"))
-    labels = config.get("Labels") if isinstance(config.get("Labels"), dict) else {}
-    labels = {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+    raw_labels = config.get("Labels")
+    labels = {k: v for k, v in (raw_labels if isinstance(raw_labels, dict) else {}).items()
+              if isinstance(k, str) and isinstance(v, str)}
     listed = data.get("RepoDigests")
     repo_digests = [d for d in listed if isinstance(d, str) and "@" in d] if isinstance(listed, list) else []
     image["repo_digests"] = repo_digests
@@ -184,13 +188,13 @@ def parse_image_inspect(ref, rc, stdout, stderr):
 # -- collector ------------------------------------------------------------------
 
 
-def _runtimes(reader):
-    found = []
+def _runtimes(reader: NodeReader) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
     for name in CONTAINER_RUNTIMES:
         if reader.which(name) is None:
             continue
         res = reader.run_cached(runtime_version_argv(name))
-        entry = {"name": name, "version": parse_runtime_version(res.stdout) if res.ok else None}
+        entry: dict[str, Any] = {"name": name, "version": parse_runtime_version(res.stdout) if res.ok else None}
         if entry["version"] is None:
             entry["reason"] = res.reason() if not res.ok else "%s --version: no version in %r" % (
                 name, res.stdout.strip()[:80])
@@ -198,7 +202,7 @@ def _runtimes(reader):
     return found
 
 
-def _toolkit(reader, packages):
+def _toolkit(reader: NodeReader, packages: dict[str, Any] | None) -> tuple[str | None, str | None, str | None]:
     res = reader.run_cached(COMMANDS["nvidia_ctk_version"])
     if res.ok:
         version = parse_ctk_version(res.stdout)
@@ -210,7 +214,8 @@ def _toolkit(reader, packages):
     return None, None, res.reason() if not res.ok else "nvidia-ctk --version: no version in output"
 
 
-def collect_container(reader, image, runtime="auto", probe=False, packages=None):
+def collect_container(reader: NodeReader, image: str | None, runtime: str = "auto", probe: bool = False,
+                      packages: dict[str, Any] | None = None) -> dict[str, Any]:
     """Runtime, toolkit, serving-image facts and (``probe=True``) a CUDA-init probe (``ContainerFacts``).
 
     ``image`` is the target's image reference; ``None`` (a state read that does not need it) leaves
@@ -218,10 +223,10 @@ def collect_container(reader, image, runtime="auto", probe=False, packages=None)
     reader's path. ``packages`` is the PackageFacts dict, used for the toolkit
     version when ``nvidia-ctk`` is not on the path.
     """
-    out = {"status": "ok", "reason": None, "runtime": None, "runtimes": _runtimes(reader),
-           "toolkit_version": None, "image": None,
-           "probe": {"ran": False, "ok": None, "cuda_init": None, "visible_gpus": None,
-                     "failure": None, "message": None}}
+    out: dict[str, Any] = {"status": "ok", "reason": None, "runtime": None, "runtimes": _runtimes(reader),
+                           "toolkit_version": None, "image": None,
+                           "probe": {"ran": False, "ok": None, "cuda_init": None, "visible_gpus": None,
+                                     "failure": None, "message": None}}
     out["toolkit_version"], out["toolkit_source"], toolkit_reason = _toolkit(reader, packages)
     if toolkit_reason:
         out["toolkit_reason"] = toolkit_reason
@@ -248,7 +253,8 @@ def collect_container(reader, image, runtime="auto", probe=False, packages=None)
         return out
     res = reader.run_cached(image_inspect_argv(rt, image))
     if res.error:
-        image_facts, problem = {"ref": image, "present": None}, res.reason()
+        image_facts: dict[str, Any] = {"ref": image, "present": None}
+        problem: str | None = res.reason()
     else:
         image_facts, problem = parse_image_inspect(image, res.rc, res.stdout, res.stderr)
     out["image"] = image_facts

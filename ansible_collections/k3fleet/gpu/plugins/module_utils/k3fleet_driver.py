@@ -210,7 +210,7 @@ def parse_grdma_override(text: str) -> bool:
     if line:
         return line.group(1) != "0"
     dword = _GRDMA_DWORD.search(text or "")
-    return bool(dword) and dword.group(1) not in ("0", "0x0")
+    return dword is not None and dword.group(1) not in ("0", "0x0")
 
 
 def kernel_module_facts(reader: NodeReader) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, guard
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_container import collect_container
@@ -36,7 +38,8 @@ def node_hostname(reader: NodeReader) -> str | None:
     return None
 
 
-def _counters(reader, facts, first, use_nvml, interval):
+def _counters(reader: NodeReader, facts: dict[str, Any], first: dict[str, Any], use_nvml: bool,
+              interval: float | None) -> None:
     """The second counter sample, at least ``interval`` seconds after the first (within the node's time
     budget), and both into the driver and RDMA sections (docs/facts.md section 14)."""
     if interval and reader.deadline is not None:
@@ -52,9 +55,10 @@ def _counters(reader, facts, first, use_nvml, interval):
         facts["rdma"]["counters"] = rdma_counters
 
 
-def collect_host(reader, host, image, use_nvml=True, runtime="auto", probe=False, env_files=(),
-                 lspci=True, slurm_node=None, environ=None, active="none", active_spec=None,
-                 counter_interval=0.0):
+def collect_host(reader: NodeReader, host: str, image: str, use_nvml: bool = True, runtime: str = "auto",
+                 probe: bool = False, env_files: Sequence[str] = (), lspci: bool = True,
+                 slurm_node: str | None = None, environ: Mapping[str, str] | None = None, active: str = "none",
+                 active_spec: dict[str, Any] | None = None, counter_interval: float = 0.0) -> dict[str, Any]:
     """Return the HostFacts dict for one node; every section is guarded independently.
 
     Error counters (IB ports, NVLink links, PCIe replays) are sampled first and again at the end of the

@@ -38,7 +38,7 @@ class ImageRef(object):
 
     __slots__ = ("registry", "path", "tag", "digest", "written")
 
-    def __init__(self, registry, path, tag, digest, written):
+    def __init__(self, registry: str, path: str, tag: str | None, digest: str | None, written: str) -> None:
         self.registry = registry
         self.path = path
         self.tag = tag
@@ -46,45 +46,45 @@ class ImageRef(object):
         self.written = written
 
     @property
-    def repository(self):
+    def repository(self) -> str:
         """The fully qualified repository (``docker.io/vllm/vllm-openai``), as podman names it."""
         return "%s/%s" % (self.registry, self.path)
 
     @property
-    def familiar(self):
+    def familiar(self) -> str:
         """The repository as docker prints it: Docker Hub's name and ``library/`` left out."""
         if self.registry != DOCKER_HUB:
             return self.repository
         prefix = OFFICIAL_NAMESPACE + "/"
         return self.path[len(prefix):] if self.path.startswith(prefix) else self.path
 
-    def without_digest(self):
+    def without_digest(self) -> str:
         """The reference as written, with its tag and without its digest."""
         return self.written + (":" + self.tag if self.tag else "")
 
-    def _key(self):
+    def _key(self) -> tuple[str, str, str | None, str | None]:
         return (self.registry, self.path, self.tag, self.digest)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, ImageRef) and self._key() == other._key()
 
-    def __ne__(self, other):
+    def __ne__(self, other: object) -> bool:
         return not self == other
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self._key())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "ImageRef(registry=%r, path=%r, tag=%r, digest=%r)" % self._key()
 
 
-def parse_image_ref(ref):
+def parse_image_ref(ref: str | None) -> ImageRef:
     """``ref`` -> :class:`ImageRef`; ``ValueError`` for an empty reference (nothing to name)."""
     text = (ref or "").strip()
     name, at, digest = text.partition("@")
     if not name:
         raise ValueError("not an image reference: %r" % (ref,))
-    tag = None
+    tag: str | None = None
     colon = name.rfind(":")
     if colon > name.rfind("/"):
         name, tag = name[:colon], name[colon + 1:]
@@ -100,7 +100,7 @@ def parse_image_ref(ref):
     return ImageRef(registry, path, tag or None, (digest if at else "") or None, name)
 
 
-def same_repository(one, other):
+def same_repository(one: str, other: str) -> bool:
     """Whether two references name one repository (tags and digests aside).
 
     Podman names an image it built or tagged itself ``localhost/<name>`` and resolves the short

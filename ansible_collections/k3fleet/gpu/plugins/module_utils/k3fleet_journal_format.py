@@ -27,6 +27,8 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_redact import redact
 
@@ -51,14 +53,14 @@ _CHANGE_RE = re.compile(r'"change_id": "((?:[^"\\]|\\.)*)"')
 _TAIL_WINDOW = 1 << 20
 
 
-def _unescape(text):
+def _unescape(text: str) -> Any:
     try:
         return json.loads('"%s"' % text)
     except ValueError:
         return text
 
 
-def attribute(fragment):
+def attribute(fragment: bytes | str) -> tuple[Any, str | None, Any]:
     """``(host, stage, change_id)`` named in the text of a line that does not parse, each or None."""
     text = fragment.decode("utf-8", "replace") if isinstance(fragment, bytes) else fragment
     host = _HOST_RE.search(text)
@@ -69,7 +71,7 @@ def attribute(fragment):
             _unescape(change.group(1)) if change else None)
 
 
-def _load(chunk):
+def _load(chunk: bytes) -> dict[str, Any] | None:
     try:
         data = json.loads(chunk.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -77,14 +79,14 @@ def _load(chunk):
     return data if isinstance(data, dict) else None
 
 
-def split_lines(raw):
+def split_lines(raw: bytes) -> list[tuple[int, str, dict[str, Any]]]:
     """Every line of a journal's bytes, in order, as ``(offset, kind, value)``.
 
     ``kind`` is ``"line"`` with the decoded object, or ``"torn"`` with a dict
     ``{length, host, stage, change_id, why}`` for text that is not a whole line (the object of
     a recovered line follows as its own ``"line"``). ``offset`` is the byte offset in the file.
     """
-    out = []
+    out: list[tuple[int, str, dict[str, Any]]] = []
     pos = 0
     size = len(raw)
     while pos < size:
@@ -97,7 +99,7 @@ def split_lines(raw):
     return out
 
 
-def _split_chunk(chunk, offset, terminated):
+def _split_chunk(chunk: bytes, offset: int, terminated: bool) -> list[tuple[int, str, dict[str, Any]]]:
     data = _load(chunk)
     if data is not None:
         return [(offset, "line", data)]
@@ -115,12 +117,12 @@ def _split_chunk(chunk, offset, terminated):
     return [(offset, "torn", _torn(chunk, why))]
 
 
-def _torn(fragment, why):
+def _torn(fragment: bytes, why: str) -> dict[str, Any]:
     host, stage, change_id = attribute(fragment)
     return {"length": len(fragment), "host": host, "stage": stage, "change_id": change_id, "why": why}
 
 
-def _torn_tail_start(fd, size):
+def _torn_tail_start(fd: int, size: int) -> int:
     """Offset where the unterminated last line of the file starts."""
     window = min(size, _TAIL_WINDOW)
     os.lseek(fd, size - window, os.SEEK_SET)
@@ -134,9 +136,9 @@ def _torn_tail_start(fd, size):
     return size - window + nl + 1 if nl >= 0 else size - window
 
 
-def _read_all(fd):
+def _read_all(fd: int) -> bytes:
     os.lseek(fd, 0, os.SEEK_SET)
-    parts = []
+    parts: list[bytes] = []
     while True:
         part = os.read(fd, 1 << 20)
         if not part:
@@ -145,7 +147,7 @@ def _read_all(fd):
     return b"".join(parts)
 
 
-def _write_all(fd, data):
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -155,12 +157,12 @@ def _write_all(fd, data):
 class Journal:
     """One journal file opened for appending under its lock (a context manager)."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = None
+        self.fd = -1
         self.created = False
 
-    def __enter__(self):
+    def __enter__(self) -> Journal:
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             os.makedirs(directory)
@@ -170,7 +172,7 @@ class Journal:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         finally:
@@ -183,10 +185,10 @@ class Journal:
                 os.close(dfd)
         return False
 
-    def read(self):
+    def read(self) -> bytes:
         return _read_all(self.fd)
 
-    def append(self, line):
+    def append(self, line: Mapping[str, Any]) -> dict[str, int] | None:
         """Append one whole line and make it durable. Returns the torn tail it terminated first
         (``{"offset", "length"}``), or None. The journal is evidence: the line passes the redactor
         (a drain reason or a snapshot may carry a secret), keys and their order kept."""
@@ -204,7 +206,7 @@ class Journal:
         return torn
 
 
-def append_line(path, line):
+def append_line(path: str, line: Mapping[str, Any]) -> dict[str, int] | None:
     """Append one line to the journal at ``path`` (see ``Journal.append``)."""
     with Journal(path) as journal:
         return journal.append(line)
@@ -213,7 +215,7 @@ def append_line(path, line):
 # -- slots ---------------------------------------------------------------------------------------
 
 
-def _is_out(stage, detail):
+def _is_out(stage: object, detail: object) -> bool:
     if stage in OUT_STAGES or stage == "unreadable":
         return True
     if stage == "rolled_back":
@@ -221,12 +223,12 @@ def _is_out(stage, detail):
     return False
 
 
-def slot_state(raw, change_id):
+def slot_state(raw: bytes, change_id: str) -> tuple[dict[str, str], list[str]]:
     """From a journal's bytes, for one change id: hosts out of service now (host -> last stage)
     and hosts that failed. A torn line that names a host counts that host as out: a journal
     that cannot be read never under-counts."""
-    last = {}
-    failed = []
+    last: dict[str, tuple[Any, Any]] = {}
+    failed: list[str] = []
     for _offset, kind, value in split_lines(raw):
         if kind == "torn":
             if value["host"] and value["change_id"] in (None, change_id):
@@ -241,7 +243,7 @@ def slot_state(raw, change_id):
         if stage == "failed" and host not in failed:
             failed.append(host)
         last[host] = (stage, value.get("detail"))
-    out = {}
+    out: dict[str, str] = {}
     for h, (st, detail) in last.items():
         if _is_out(st, detail):
             # A failure outside the rollback is followed by the rollback, still under way.
@@ -255,7 +257,8 @@ def slot_state(raw, change_id):
 _IN_FLIGHT = ("snapshot", "draining", "drained", "upgrading", "rebooting", "verifying", "failed, rolling back")
 
 
-def slot_decision(out, failed, host, gate):
+def slot_decision(out: Mapping[str, str], failed: Sequence[str], host: str,
+                  gate: Mapping[str, Any]) -> tuple[str, str]:
     """``("grant" | "wait" | "deny", why)`` for ``host`` asking to be taken out of service."""
     if host in out:
         return "grant", "already out of service for this change (%s)" % out[host]
@@ -281,10 +284,10 @@ def slot_decision(out, failed, host, gate):
 PAUSE_AFTER = ("canary", "each-host", "wave")
 
 
-def returned_hosts(raw, change_id):
+def returned_hosts(raw: bytes, change_id: str) -> list[str]:
     """Hosts of ``change_id`` whose last line is ``returned``, in the order they returned."""
-    last = {}
-    order = []
+    last: dict[str, Any] = {}
+    order: list[str] = []
     for _offset, kind, value in split_lines(raw):
         if kind == "torn" or value.get("change_id") != change_id or value.get("interrupted"):
             continue
@@ -297,7 +300,7 @@ def returned_hosts(raw, change_id):
     return [h for h in order if last.get(h) == "returned"]
 
 
-def pause_tokens(after, batches, host, returned):
+def pause_tokens(after: str, batches: Sequence[Sequence[str]], host: str, returned: Sequence[str]) -> list[str]:
     """The continue tokens ``host`` needs before it may take a slot: the night pauses ``after`` the canary
     (its batch), each wave (batch) or each host that returned to service."""
     index = next((i for i, b in enumerate(batches) if host in b), 0)
@@ -310,7 +313,7 @@ def pause_tokens(after, batches, host, returned):
     return []
 
 
-def pause_decision(raw, change_id, host, pause):
+def pause_decision(raw: bytes, change_id: str, host: str, pause: Mapping[str, Any] | None) -> str | None:
     """None when ``host`` may go on, else why it waits (the first continue token missing)."""
     if not pause or not pause.get("after"):
         return None
@@ -322,7 +325,9 @@ def pause_decision(raw, change_id, host, pause):
     return None
 
 
-def take_slot(path, line, gate, now=time.time, sleep=time.sleep, stamp=None):
+def take_slot(path: str, line: dict[str, Any], gate: Mapping[str, Any], now: Callable[[], float] = time.time,
+              sleep: Callable[[float], None] = time.sleep, stamp: Callable[[], str] | None = None,
+              ) -> tuple[bool, str, dict[str, int] | None, float, dict[str, Any]]:
     """Append ``line`` only when ``gate`` allows this host out of service; wait while the change's
     other hosts hold every slot. Returns ``(granted, why, torn, waited_s, line)``: the line as
     written (with the slot it took in its detail)."""
@@ -341,7 +346,8 @@ def take_slot(path, line, gate, now=time.time, sleep=time.sleep, stamp=None):
             if verdict == "grant":
                 # The line says when the slot was taken, not when the host started asking for it.
                 line = dict(line, ts=stamp()) if stamp is not None else dict(line)
-                detail = line.get("detail") if isinstance(line.get("detail"), dict) else {}
+                raw_detail = line.get("detail")
+                detail: dict[str, Any] = raw_detail if isinstance(raw_detail, dict) else {}
                 detail = dict(detail, slot={"out": sorted(set(out) | set([line["host"]])),
                                             "max_unavailable": int(gate["max_unavailable"]),
                                             "waited_s": round(now() - started, 1)})

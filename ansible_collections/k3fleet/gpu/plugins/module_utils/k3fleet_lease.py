@@ -24,16 +24,16 @@ _WAS_RE = re.compile(r"\s\[was: (.*)\]$")
 _NO_REASON = ("", "(null)", "none", "None")
 
 
-def valid_change_id(change_id):
-    return bool(change_id) and bool(CHANGE_ID_RE.match(change_id))
+def valid_change_id(change_id: str | None) -> bool:
+    return bool(change_id and CHANGE_ID_RE.match(change_id))
 
 
-def lease_id(change_id):
+def lease_id(change_id: str) -> str:
     """``k3fleet:CHG-1042``: the first word of every lease of that change."""
     return LEASE_PREFIX + change_id
 
 
-def lease_text(change_id, operator=None, text=None):
+def lease_text(change_id: str, operator: str | None = None, text: str | None = None) -> str:
     """``k3fleet:CHG-1042 alice: NVIDIA driver change``."""
     words = [lease_id(change_id)]
     if operator:
@@ -43,12 +43,12 @@ def lease_text(change_id, operator=None, text=None):
     return " ".join(words)
 
 
-def adopted_text(lease, previous):
+def adopted_text(lease: str, previous: str) -> str:
     """The lease on a node someone else had drained: their reason kept, to be restored."""
     return "%s [was: %s]" % (lease, previous)
 
 
-def previous_reason(reason):
+def previous_reason(reason: str | None) -> str | None:
     """The reason a lease adopted (``... [was: X]`` -> ``X``), or None."""
     if not reason:
         return None
@@ -56,7 +56,7 @@ def previous_reason(reason):
     return match.group(1) if match else None
 
 
-def lease_holder(reason):
+def lease_holder(reason: str | None) -> str | None:
     """The change id whose lease ``reason`` is, or None when it is nobody's lease (or empty)."""
     if not reason or reason.strip() in _NO_REASON:
         return None
@@ -66,7 +66,7 @@ def lease_holder(reason):
     return None
 
 
-def lease_owner(reason, change_id):
+def lease_owner(reason: str | None, change_id: str | None) -> str | None:
     """Who holds a reason: ``ours``, ``k3fleet`` (another change), ``other``, or None (no reason)."""
     if not reason or reason.strip() in _NO_REASON:
         return None
@@ -78,9 +78,9 @@ def lease_owner(reason, change_id):
     return "k3fleet"
 
 
-def check_lease(change_id, text):
+def check_lease(change_id: str | None, text: str | None) -> str | None:
     """None when ``text`` is a lease of ``change_id``, else why not (one line)."""
-    if not valid_change_id(change_id):
+    if change_id is None or not valid_change_id(change_id):
         return ("change id %r is not valid: letters, digits, '.', '_' and '-', at most 64 characters, starting "
                 "with a letter or digit" % (change_id,))
     if lease_holder(text) != change_id:

@@ -30,8 +30,11 @@ from __future__ import annotations
 import os
 import sys
 import zipimport
-from importlib.machinery import PathFinder, SourceFileLoader
+from collections.abc import Iterator, Sequence
+from importlib.machinery import ModuleSpec, PathFinder, SourceFileLoader
 from importlib.util import spec_from_loader
+from types import ModuleType
+from typing import Any
 
 PACKAGE = __name__.rpartition(".")[0]
 
@@ -39,7 +42,7 @@ PACKAGE = __name__.rpartition(".")[0]
 class PayloadSourceLoader(SourceFileLoader):
     """A source module inside the payload: its bytes from the zip, compiled once, no bytecode cache."""
 
-    def __init__(self, fullname, path, archive, data=None):
+    def __init__(self, fullname: str, path: str, archive: zipimport.zipimporter, data: bytes | None = None) -> None:
         super(PayloadSourceLoader, self).__init__(fullname, path)
         self.importer = archive
         # The zip's path, as a zipimporter names it: importlib.resources on Python 3.9 reads a
@@ -48,18 +51,18 @@ class PayloadSourceLoader(SourceFileLoader):
         # The source as the finder read it: the import reads it once.
         self._data = data
 
-    def get_data(self, path):
+    def get_data(self, path: str) -> bytes:
         data, self._data = self._data, None
         if data is not None and path == self.path:
             return data
         return self.importer.get_data(path)
 
-    def path_stats(self, path):
+    def path_stats(self, path: str) -> Any:
         # No bytecode beside a payload's sources: SourceLoader then compiles the source and
         # writes nothing back.
         raise OSError("%s: no bytecode cache inside the payload" % path)
 
-    def _zipimporter(self):
+    def _zipimporter(self) -> zipimport.zipimporter:
         # The zipimporter that would have loaded this module: zipimport names a module by its last
         # part, so it is the one of the directory that holds the module (or the package).
         where = os.path.dirname(self.path)
@@ -67,11 +70,12 @@ class PayloadSourceLoader(SourceFileLoader):
             where = os.path.dirname(where)
         return zipimport.zipimporter(where)
 
-    def get_source(self, fullname):
+    def get_source(self, fullname: str) -> str | None:
         # The source text as zipimport gives it (tracebacks, inspect), not re-decoded by SourceLoader.
         return self._zipimporter().get_source(fullname)
 
-    def get_resource_reader(self, module):
+    # zipimporter's signature (it is what this calls), narrower than SourceFileLoader's optional name.
+    def get_resource_reader(self, module: str) -> Any:  # type: ignore[override]
         # A package's resources as zipimport reads them, from the zip (a file loader's reader would
         # look for a directory named after the zip).
         try:
@@ -83,11 +87,12 @@ class PayloadSourceLoader(SourceFileLoader):
 class PayloadFinder:
     """Finds the modules of ``PACKAGE`` that ``archive`` (the package's zipimporter) holds as sources."""
 
-    def __init__(self, archive):
+    def __init__(self, archive: zipimport.zipimporter) -> None:
         self.archive = archive
         self.base = archive.archive + "/" + archive.prefix
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         parent, dot, name = fullname.rpartition(".")
         if not dot or parent != PACKAGE:
             return None
@@ -115,12 +120,12 @@ class WholePayloadFinder(PayloadFinder):
     the import system goes on as without it.
     """
 
-    def __init__(self, archive):
+    def __init__(self, archive: zipimport.zipimporter) -> None:
         self.archive = archive
         self.root = archive.archive
         self.base = self.root + os.sep
 
-    def _prefixes(self, path):
+    def _prefixes(self, path: Sequence[str] | None) -> Iterator[str]:
         # The zip's directories to look in, in search-path order, up to the first entry that is not
         # this zip (from there on the path finder decides, as it would without this finder).
         for entry in sys.path if path is None else path:
@@ -133,20 +138,21 @@ class WholePayloadFinder(PayloadFinder):
             else:
                 return
 
-    def _has(self, name):
+    def _has(self, name: str) -> bool:
         try:
             self.archive.get_data(self.base + name)
         except (IOError, OSError):
             return False
         return True
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         try:
             return self._find(fullname, path)
         except Exception:  # never a failed import because of this finder: zipimport answers as it did
             return None
 
-    def _find(self, fullname, path):
+    def _find(self, fullname: str, path: Sequence[str] | None) -> ModuleSpec | None:
         tail = fullname.rpartition(".")[2]
         for prefix in self._prefixes(path):
             stem = prefix + tail
@@ -165,7 +171,7 @@ class WholePayloadFinder(PayloadFinder):
         return None
 
 
-def installed():
+def installed() -> PayloadFinder | None:
     """The finder this module installed, or None."""
     for finder in sys.meta_path:
         if isinstance(finder, PayloadFinder):
@@ -173,7 +179,7 @@ def installed():
     return None
 
 
-def install():
+def install() -> PayloadFinder | None:
     """Install the finder when this module was imported from a zip; returns it (or None)."""
     loader = globals().get("__loader__")
     if not isinstance(loader, zipimport.zipimporter):
@@ -185,7 +191,7 @@ def install():
     return finder
 
 
-def install_payload():
+def install_payload() -> PayloadFinder | None:
     """Install the whole-payload finder when this module was imported from a zip; returns it (or None).
 
     A finder of this package already installed by :func:`install` stays (it answers the same way for

@@ -416,9 +416,9 @@ def collect_packages(reader: NodeReader) -> dict[str, Any]:
         facts["unattended_upgrades_enabled"] = facts["unattended_upgrades_installed"] and enabled
     else:
         facts["unattended_upgrades_installed"] = "dnf-automatic" in installed_names
-        units, problem = _unit_states(reader)
+        units, unit_problem = _unit_states(reader)
         if units is None:
-            notes.append(f"dnf-automatic.timer state unknown: {problem}")
+            notes.append(f"dnf-automatic.timer state unknown: {unit_problem}")
         else:
             timer = units.get("dnf-automatic.timer", {})
             facts["unattended_upgrades_enabled"] = (timer.get("UnitFileState") == "enabled"

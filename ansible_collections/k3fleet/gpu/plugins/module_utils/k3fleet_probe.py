@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
     PROBE_CONTAINER,
     PROBE_MARKER,
@@ -43,7 +45,7 @@ _FAILURES = (
 )
 
 
-def classify_probe_failure(text):
+def classify_probe_failure(text: str) -> tuple[str | None, str | None]:
     """``(failure, message)`` for the first known too-old-host failure in ``text``, else ``(None, None)``."""
     for failure, pattern in _FAILURES:
         match = pattern.search(text or "")
@@ -52,12 +54,12 @@ def classify_probe_failure(text):
     return None, None
 
 
-def _last_line(text):
+def _last_line(text: str | None) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
 
 
-def _judge_matmul(probe, results):
+def _judge_matmul(probe: dict[str, Any], results: object) -> None:
     """The probe's real CUDA operation: a matmul per GPU checked against the CPU (PROBE_SCRIPT).
 
     ``kernel_ok`` None: the probe printed no kernel result (an older probe, a captured output):
@@ -101,9 +103,11 @@ def _judge_matmul(probe, results):
         probe["message"] += "; a 256x256 matmul matched the CPU result on every GPU"
 
 
-def parse_probe_output(rc, stdout, stderr, error=None, duration=0.0):
+def parse_probe_output(rc: int | None, stdout: str | None, stderr: str | None, error: str | None = None,
+                       duration: float = 0.0) -> dict[str, Any]:
     """ProbeFacts from the probe container's exit status and output."""
-    probe = {"ran": True, "ok": False, "cuda_init": None, "visible_gpus": None, "failure": None, "message": None}
+    probe: dict[str, Any] = {"ran": True, "ok": False, "cuda_init": None, "visible_gpus": None, "failure": None,
+                             "message": None}
     if error == "timeout":
         probe["failure"] = "runtime_error"
         probe["message"] = "probe container did not finish within %.0fs" % duration
@@ -150,7 +154,7 @@ def parse_probe_output(rc, stdout, stderr, error=None, duration=0.0):
     return probe
 
 
-def run_probe(reader, runtime, image):
+def run_probe(reader: NodeReader, runtime: str, image: str) -> dict[str, Any]:
     """Run the probe container of ``image`` on ``runtime`` and return its ProbeFacts.
 
     A container of the probe's name that already exists (another audit's probe, or one an interrupted
@@ -168,7 +172,7 @@ def run_probe(reader, runtime, image):
     return probe
 
 
-def remove_probe_container(reader, runtime):
+def remove_probe_container(reader: NodeReader, runtime: str) -> str:
     """Remove the probe container after a timeout; say what happened (for the probe's message)."""
     # The node's time budget may be spent by now: the removal runs regardless, else the
     # container outlives the audit holding every GPU.

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import parse_proc_modules, unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, parse_proc_modules, unknown
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import COMMANDS, FILES
 
 # Port attributes the kernel publishes under /sys/class/infiniband/<dev>/ports/<n>/.
@@ -46,7 +48,7 @@ _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # -- pure parsers -------------------------------------------------------------
 
 
-def parse_coded_value(text):
+def parse_coded_value(text: str | None) -> tuple[int | None, str | None]:
     """``"4: ACTIVE"`` -> ``(4, "ACTIVE")``; anything else -> ``(None, None)``."""
     if text is None:
         return None, None
@@ -56,7 +58,7 @@ def parse_coded_value(text):
     return int(match.group(1)), match.group(2)
 
 
-def parse_rate_gbps(text):
+def parse_rate_gbps(text: str | None) -> float | None:
     """``"400 Gb/sec (4X NDR)"`` -> ``400.0``; unparseable -> ``None``."""
     if text is None:
         return None
@@ -66,8 +68,9 @@ def parse_rate_gbps(text):
     return float(match.group(1)) * _RATE_SCALE[match.group(2).upper()]
 
 
-def parse_port(port, values):
-    """One port from its raw sysfs file contents (``None`` for a file that could not be read)."""
+def parse_port(port: int | str, values: Mapping[str, str | None]) -> dict[str, Any]:
+    """One port (its number, or its sysfs directory name) from its raw sysfs file contents (``None`` for a file
+    that could not be read)."""
     state_code, state = parse_coded_value(values.get("state"))
     phys_code, phys_state = parse_coded_value(values.get("phys_state"))
     rate = values.get("rate")
@@ -84,9 +87,9 @@ def parse_port(port, values):
     }
 
 
-def _split_lspci_devices(text):
-    devices = []
-    current = None
+def _split_lspci_devices(text: str) -> list[dict[str, Any]]:
+    devices: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
     for line in text.splitlines():
         match = _LSPCI_HEADER_RE.match(line)
         if match and not line[:1].isspace():
@@ -97,12 +100,12 @@ def _split_lspci_devices(text):
     return devices
 
 
-def _is_bridge(header):
+def _is_bridge(header: str) -> bool:
     # "PCI bridge: ..." or, with -nn, "PCI bridge [0604]: ..."; host bridges carry no ACS of interest.
     return header.startswith("PCI bridge")
 
 
-def parse_lspci_acs(text):
+def parse_lspci_acs(text: str | None) -> dict[str, Any]:
     """PCIe ACS state from ``lspci -vvv``.
 
     Returns ``acs_checked`` (whether the answer can be trusted), ``acs_reason``,
@@ -111,7 +114,7 @@ def parse_lspci_acs(text):
     (every device that printed an ACSCtl line).
     """
     devices = _split_lspci_devices(text or "")
-    result = {"acs_checked": False, "acs_reason": None, "acs_enabled_bridges": [], "acs_devices": []}
+    result: dict[str, Any] = {"acs_checked": False, "acs_reason": None, "acs_enabled_bridges": [], "acs_devices": []}
     if not devices:
         result["acs_reason"] = "lspci -vvv printed no PCI devices to check for ACS"
         return result
@@ -150,11 +153,11 @@ def parse_lspci_acs(text):
     return result
 
 
-def is_nccl_key(key):
+def is_nccl_key(key: str) -> bool:
     return key.startswith(NCCL_KEY_PREFIXES) or key in NCCL_EXTRA_KEYS
 
 
-def _unquote(value):
+def _unquote(value: str) -> str:
     value = value.strip()
     quote = value[:1]
     if quote in ("'", '"'):
@@ -178,7 +181,7 @@ def _unquote(value):
     return value
 
 
-def parse_env_lines(text):
+def parse_env_lines(text: str | None) -> tuple[list[tuple[str, str]], int]:
     """``KEY=VALUE`` assignments in file order.
 
     Accepts the common subset of ``/etc/nccl.conf``, ``/etc/environment``
@@ -187,7 +190,7 @@ def parse_env_lines(text):
     Returns ``(pairs, bad_lines)``; lines that are not assignments are counted,
     never raised.
     """
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     bad = 0
     for raw in (text or "").splitlines():
         line = raw.strip()
@@ -204,14 +207,14 @@ def parse_env_lines(text):
     return pairs, bad
 
 
-def merge_nccl_settings(layers):
+def merge_nccl_settings(layers: Iterable[tuple[str, Iterable[tuple[str, str]]]]) -> dict[str, Any]:
     """Apply ``(source, pairs)`` layers, lowest precedence first; keep NCCL-relevant keys.
 
     A later layer overrides an earlier one; what it overrode is kept under
     ``shadowed`` so a report can show that, for example, ``NCCL_DEBUG=INFO`` in
     /etc/nccl.conf is masked by the unit's environment file.
     """
-    settings = {}
+    settings: dict[str, Any] = {}
     for source, pairs in layers:
         for key, value in pairs:
             if not is_nccl_key(key):
@@ -229,12 +232,12 @@ def merge_nccl_settings(layers):
 # -- collectors -----------------------------------------------------------------
 
 
-def _read_stripped(reader, path):
+def _read_stripped(reader: NodeReader, path: str) -> str | None:
     text = reader.read(path, limit=4096)
     return text.strip() if text is not None else None
 
 
-def _collect_ports(reader, dev_dir):
+def _collect_ports(reader: NodeReader, dev_dir: str) -> tuple[list[dict[str, Any]], bool, list[str]]:
     ports_dir = dev_dir + "/ports"
     names = reader.listdir(ports_dir)
     ports = []
@@ -253,7 +256,7 @@ def _collect_ports(reader, dev_dir):
     return ports, names is None, unreadable
 
 
-def collect_acs(reader):
+def collect_acs(reader: NodeReader) -> dict[str, Any]:
     """ACS fields of RdmaFacts from ``lspci -vvv``; a missing or failing lspci is a reason, not an error."""
     res = reader.run_cached(COMMANDS["lspci_vvv"])
     if not res.ok:
@@ -262,7 +265,7 @@ def collect_acs(reader):
     return parse_lspci_acs(res.stdout)
 
 
-def collect_rdma(reader, lspci=True):
+def collect_rdma(reader: NodeReader, lspci: bool = True) -> dict[str, Any]:
     """RDMA devices and ports, GPUDirect peer memory, PCIe ACS (``models.facts.RdmaFacts``).
 
     ``status`` is ``absent`` when the node has no ``/sys/class/infiniband``
@@ -271,9 +274,9 @@ def collect_rdma(reader, lspci=True):
     peer-to-peer traffic inside a node.
     """
     ib_dir = FILES["infiniband_dir"]
-    out = {"status": "ok", "reason": None, "devices": [], "active_ports": 0,
-           "nvidia_peermem_loaded": None, "acs_checked": False, "acs_reason": None,
-           "acs_enabled_bridges": []}
+    out: dict[str, Any] = {"status": "ok", "reason": None, "devices": [], "active_ports": 0,
+                           "nvidia_peermem_loaded": None, "acs_checked": False, "acs_reason": None,
+                           "acs_enabled_bridges": []}
 
     modules_text = reader.read_cached(FILES["proc_modules"])
     if modules_text is None:
@@ -318,14 +321,15 @@ def collect_rdma(reader, lspci=True):
     return out
 
 
-def _resolve_env_file(spec):
+def _resolve_env_file(spec: str) -> tuple[str, bool]:
     # systemd's "EnvironmentFile=-/path" marks a file whose absence is not an error.
     optional = spec.startswith("-")
     path = spec[1:] if optional else spec
     return path, optional
 
 
-def collect_nccl(reader, env_files=(), environ=None):
+def collect_nccl(reader: NodeReader, env_files: Sequence[str] = (),
+                 environ: Mapping[str, object] | None = None) -> dict[str, Any]:
     """NCCL_* / GLOO_* / UCX_NET_DEVICES settings with their source (``models.facts.NcclFacts``).
 
     Precedence, highest first, mirrors what the serving process sees:
@@ -337,8 +341,8 @@ def collect_nccl(reader, env_files=(), environ=None):
     """
     if environ is None:
         environ = os.environ
-    layers = []
-    problems = []
+    layers: list[tuple[str, str | None]] = []
+    problems: list[str] = []
 
     conf_path = FILES["nccl_conf"]
     conf_text = reader.read(conf_path)
@@ -357,8 +361,8 @@ def collect_nccl(reader, env_files=(), environ=None):
             problems.append(reader.read_error(path) or "%s: not readable" % path)
         layers.append((path, text))
 
-    parsed = []
-    bad_lines = {}
+    parsed: list[tuple[str, list[tuple[str, str]]]] = []
+    bad_lines: dict[str, int] = {}
     for source, text in layers:
         if text is None:
             continue
@@ -368,8 +372,8 @@ def collect_nccl(reader, env_files=(), environ=None):
         parsed.append((source, pairs))
     parsed.append(("env", [(k, v) for k, v in sorted(environ.items()) if isinstance(v, str)]))
 
-    out = {"status": "ok", "reason": None, "settings": merge_nccl_settings(parsed),
-           "nccl_conf_present": nccl_conf_present}
+    out: dict[str, Any] = {"status": "ok", "reason": None, "settings": merge_nccl_settings(parsed),
+                           "nccl_conf_present": nccl_conf_present}
     if bad_lines:
         out["unparsed_lines"] = bad_lines
     if problems:

@@ -29,8 +29,9 @@ controller, in ``k3fleet.evidence.redact``, on top of these rules.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from typing import Any
 
 REDACTED = "***"
 
@@ -62,7 +63,7 @@ _EMBEDDED = ("password", "passwd", "passphrase", "apikey", "privatekey", "secret
 _WORDS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 
 
-def is_secret_name(name):
+def is_secret_name(name: str) -> bool:
     """True when ``name`` (a variable, option, header or key) names a secret value."""
     # Names are few and short; a long one (a scanned word of a 64 KB line) is judged uncached, so
     # it does not fill the cache.
@@ -70,7 +71,7 @@ def is_secret_name(name):
 
 
 @lru_cache(maxsize=4096)
-def _judge_name(name):
+def _judge_name(name: str) -> bool:
     words = [w.lower() for w in _WORDS.findall(name)]
     if not words:
         return False
@@ -126,7 +127,7 @@ _PLACEHOLDER = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|<[A-Za-z][\w .-]{0,30
                           r"|X(?:XX)?")
 
 
-def _says_nothing(value):
+def _says_nothing(value: str) -> bool:
     # A placeholder that closes the sentence around it ("(sign with --sign-key KEY)") is still one:
     # the closing bracket or stop is prose, not part of a value.
     value = value.rstrip(")]}.,;:") or value
@@ -181,11 +182,11 @@ _TRIGGER = re.compile(r"[=:@]|(?<![\w-])-[A-Za-z-]|bearer|passw|passphrase|PRIVA
 
 # Secret values known to this process (the API key an acceptance probe sends): masked wherever
 # they appear, whatever surrounds them (a server that echoes the key in an error message).
-_KNOWN_VALUES = set()
+_KNOWN_VALUES: set[str] = set()
 _MIN_KNOWN = 6
 
 
-def remember_secret(value):
+def remember_secret(value: object) -> None:
     """Mask ``value`` in every text redacted from now on in this process (too short a value is ignored)."""
     if isinstance(value, str) and len(value.strip()) >= _MIN_KNOWN and value.strip() != REDACTED:
         _KNOWN_VALUES.add(value.strip())
@@ -196,7 +197,7 @@ def remember_secret(value):
 _MIN_ENV_SECRET = 8
 
 
-def remember_environment_secrets(environ):
+def remember_environment_secrets(environ: Mapping[str, str]) -> None:
     """Mask the values of the secret-named variables of ``environ`` (HF_TOKEN, OPENAI_API_KEY, ...)
     wherever they appear, whatever shape surrounds them: the controller's own secrets never reach
     a run directory or the terminal, even echoed back by a server or a tool."""
@@ -205,13 +206,13 @@ def remember_environment_secrets(environ):
             remember_secret(value)
 
 
-def forget_secrets():
+def forget_secrets() -> None:
     """Forget the values ``remember_secret`` was given (tests)."""
     _KNOWN_VALUES.clear()
     _redact_short.cache_clear()
 
 
-def keep_quotes(value):
+def keep_quotes(value: str) -> str:
     """A secret value's replacement that keeps its quotes (``"***"``, ``\\"***\\"``, a quote never closed)."""
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
         return value[0] + REDACTED + value[0]
@@ -222,7 +223,7 @@ def keep_quotes(value):
     return REDACTED
 
 
-def _masked_value(m):
+def _masked_value(m: re.Match[str]) -> str:
     """A secret value matched by ``_VALUE``: the shape stays ([ '***' ], {***}, "***"), the content goes."""
     value = m.group(0)
     if m.group("list") is not None:
@@ -232,17 +233,17 @@ def _masked_value(m):
     return keep_quotes(value)
 
 
-def _unquoted(value):
+def _unquoted(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
         return value[1:-1]
     return value
 
 
-def _head_key(m):
+def _head_key(m: re.Match[str]) -> str:
     return m.group("pair_qk") if m.group("pair_qk") is not None else m.group("pair_k")
 
 
-def _carries_secret(m):
+def _carries_secret(m: re.Match[str]) -> bool:
     """Whether the head ``m`` (a ``_SCAN`` match) redacts something: a secret key, option or phrase,
     a header, a URL password, a token."""
     if m.group("pair") is not None:
@@ -252,7 +253,7 @@ def _carries_secret(m):
     return True
 
 
-def _value_at(pattern, text, pos):
+def _value_at(pattern: re.Pattern[str], text: str, pos: int) -> re.Match[str] | None:
     """The value a secret head takes at ``pos``, or None. A value that is itself the head of a secret
     shape ("api key  api_key: X", "password --token X") is left to that shape: taking the word would
     end the value before the secret that follows it."""
@@ -265,8 +266,8 @@ def _value_at(pattern, text, pos):
     return v
 
 
-def _scan(text):
-    out = []
+def _scan(text: str) -> str:
+    out: list[str] = []
     pos = 0
     search = _SCAN.search
     while True:
@@ -318,7 +319,7 @@ def _scan(text):
     return "".join(out)
 
 
-def redact_text(text):
+def redact_text(text: str) -> str:
     """``text`` with every secret-shaped value replaced by ``***`` (the key or option is kept)."""
     if not text:
         return text
@@ -335,11 +336,11 @@ _CACHED_LEN = 256
 
 
 @lru_cache(maxsize=16384)
-def _redact_short(text):
+def _redact_short(text: str) -> str:
     return _redact_text(text)
 
 
-def _redact_text(text):
+def _redact_text(text: str) -> str:
     for value in _KNOWN_VALUES:
         if value in text:
             text = text.replace(value, REDACTED)
@@ -363,7 +364,7 @@ _PAIR_VALUE_LINE = re.compile(
     r"^(?P<lead>[ \t]*(?:-[ \t]+)?)(?P<k>[\"']?(?:value|Value|val)[\"']?[ \t]*:[ \t]*)(?P<v>\S.*?)(?P<end>,?)[ \t]*$")
 
 
-def _mask_pairs(text):
+def _mask_pairs(text: str) -> str:
     text = _PAIR_FLOW.sub(lambda m: m.group("head") + keep_quotes(m.group("v").strip())
                           if is_secret_name(m.group("n")) else m.group(0), text)
     if "\n" not in text:
@@ -386,7 +387,7 @@ def _mask_pairs(text):
     return "\n".join(lines)
 
 
-def excerpt(text, limit, tail="...", one_line=True):
+def excerpt(text: object, limit: int, tail: str = "...", one_line: bool = True) -> str:
     """``text`` redacted, then cut to ``limit`` characters (``tail`` marks a cut; whitespace runs
     become one space when ``one_line``). Redacting first matters: a cut can leave the start of a
     secret that no rule recognises any more ("auth=*** sk-E")."""
@@ -408,7 +409,7 @@ _KEY_FILE_PATH = re.compile(r"(?:~|\.{1,2})?/(?:[A-Za-z0-9_.@-]+/)+[A-Za-z0-9_.@
 _NOT_FILE_KEYS = frozenset({"api", "apikey", "access", "secret", "auth", "client_secret", "master", "encryption"})
 
 
-def names_key_file(name, value):
+def names_key_file(name: object, value: object) -> bool:
     """True when ``value`` under ``name`` is the path of a key file (readable evidence), not a key."""
     if not isinstance(name, str) or not isinstance(value, str) or not _KEY_FILE_PATH.fullmatch(value):
         return False
@@ -416,10 +417,10 @@ def names_key_file(name, value):
     return len(words) > 1 and words[-1] == "key" and not _NOT_FILE_KEYS.intersection(words[:-1])
 
 
-def redact_argv(argv):
+def redact_argv(argv: Iterable[str]) -> list[str]:
     """A command line with ``--token X``, ``--token=X``, ``KEY=X`` and secret shapes redacted."""
-    out = []
-    hide_next = None
+    out: list[str] = []
+    hide_next: str | None = None
     for arg in argv:
         if hide_next is not None:
             out.append(arg if names_key_file(hide_next, arg) else REDACTED)
@@ -444,7 +445,7 @@ _PAIR_NAMES = ("name", "key", "Name", "Key", "env", "variable")
 _PAIR_VALUES = ("value", "Value", "values", "val", "default")
 
 
-def _secret_value(value):
+def _secret_value(value: Any) -> Any:
     """A secret key's value with every scalar replaced; bools and nulls say nothing and stay."""
     if value is None or isinstance(value, bool):
         return value
@@ -458,7 +459,7 @@ def _secret_value(value):
 _SCALARS = frozenset({int, float, bool, type(None)})
 
 
-def redact(obj):
+def redact(obj: Any) -> Any:
     """A JSON-like structure with secrets redacted by key name and by value shape."""
     # The exact types of parsed JSON first (a fleet's facts are hundreds of nodes per host), then
     # their subclasses and other mappings and sequences.

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 import socket
+from typing import Any
 
-from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import unknown
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader, unknown
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
     FILES,
     HOSTNAME_LIMIT,
@@ -31,9 +32,9 @@ _BUSY_BASES = ("ALLOCATED", "MIXED", "COMPLETING")
 _JOB_ID_RE = re.compile(r"^\d+(?:[_+][0-9\[\]\-,%]+)?$")
 
 
-def _split_records(text):
+def _split_records(text: str | None) -> list[str]:
     """One string per node: ``--oneliner`` gives a line each; the default form is indented continuation lines."""
-    records = []
+    records: list[str] = []
     for line in (text or "").splitlines():
         if not line.strip():
             continue
@@ -44,7 +45,7 @@ def _split_records(text):
     return records
 
 
-def parse_scontrol_record(record):
+def parse_scontrol_record(record: str) -> dict[str, str]:
     """``Key=Value`` fields of one ``scontrol show node`` record.
 
     Values may contain spaces (``OS=Linux 5.15.0-91-generic #101-Ubuntu SMP``):
@@ -71,11 +72,11 @@ def parse_scontrol_record(record):
     return fields
 
 
-def parse_scontrol_nodes(text):
+def parse_scontrol_nodes(text: str | None) -> list[dict[str, str]]:
     return [parse_scontrol_record(r) for r in _split_records(text)]
 
 
-def normalize_slurm_state(raw):
+def normalize_slurm_state(raw: str | None) -> tuple[str | None, list[str]]:
     """``"IDLE+DRAIN"`` -> ``("drained", ["drain"])``; ``"MIXED+DRAIN"`` -> ``("draining", ...)``.
 
     DOWN wins over everything; DRAIN on a node with work is ``draining``, on an
@@ -88,7 +89,7 @@ def normalize_slurm_state(raw):
         return None, []
     base = parts[0].rstrip(_STATE_SUFFIXES)
     flags = [p.rstrip(_STATE_SUFFIXES) for p in parts[1:]]
-    if raw.strip().endswith("*") and "NOT_RESPONDING" not in flags:
+    if (raw or "").strip().endswith("*") and "NOT_RESPONDING" not in flags:
         flags.append("NOT_RESPONDING")
     lowered = [f.lower() for f in flags]
     if base == "DOWN":
@@ -102,7 +103,7 @@ def normalize_slurm_state(raw):
     return base.lower(), lowered
 
 
-def count_running_jobs(text):
+def count_running_jobs(text: str | None) -> int | None:
     """Job count from ``squeue --noheader --format %A`` (one id per line); ``None`` if a line is not an id."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if any(not _JOB_ID_RE.match(line) for line in lines):
@@ -110,7 +111,7 @@ def count_running_jobs(text):
     return len(lines)
 
 
-def short_hostname(reader):
+def short_hostname(reader: NodeReader) -> tuple[str, str]:
     text = reader.read_cached(FILES["hostname"], limit=HOSTNAME_LIMIT)
     name = text.strip().splitlines()[0].strip() if text and text.strip() else ""
     source = FILES["hostname"]
@@ -119,7 +120,7 @@ def short_hostname(reader):
     return name.split(".", 1)[0], source
 
 
-def collect_scheduler(reader, node=None):
+def collect_scheduler(reader: NodeReader, node: str | None = None) -> dict[str, Any]:
     """Slurm state of this node (``models.facts.SchedulerFacts``).
 
     ``node`` is the Slurm NodeName; it defaults to the short hostname (from
@@ -133,8 +134,8 @@ def collect_scheduler(reader, node=None):
         node_source = "argument"
     else:
         node, node_source = short_hostname(reader)
-    out = {"status": "ok", "reason": None, "kind": "slurm", "node": node, "node_source": node_source,
-           "state": None, "jobs_running": None}
+    out: dict[str, Any] = {"status": "ok", "reason": None, "kind": "slurm", "node": node, "node_source": node_source,
+                           "state": None, "jobs_running": None}
 
     res = reader.run_cached(scontrol_show_node_argv(node))
     text = (res.stdout or "") + "\n" + (res.stderr or "")

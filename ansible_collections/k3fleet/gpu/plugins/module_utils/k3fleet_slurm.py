@@ -26,7 +26,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
+from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import CommandResult, NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_lease import lease_owner, previous_reason
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_scheduler import (
     normalize_slurm_state,
@@ -44,20 +47,20 @@ _NO_REASON = ("", "(null)", "none", "None")
 _IDLE_ENOUGH = ("drained", "down", "fail")
 
 
-def sinfo_json_argv():
+def sinfo_json_argv() -> list[str]:
     return ["sinfo", "--json"]
 
 
-def drain_argv(node, reason):
+def drain_argv(node: str, reason: str) -> list[str]:
     # One argv element per key=value: no shell, so the reason may hold spaces and colons.
     return ["scontrol", "update", "nodename=%s" % node, "state=drain", "reason=%s" % reason]
 
 
-def resume_argv(node):
+def resume_argv(node: str) -> list[str]:
     return ["scontrol", "update", "nodename=%s" % node, "state=resume"]
 
 
-def scancel_argv(job_ids):
+def scancel_argv(job_ids: Sequence[object]) -> list[str]:
     return ["scancel"] + [str(j) for j in job_ids]
 
 
@@ -68,28 +71,28 @@ VALIDATED_KEY = "k3fleet.io/validated"
 _MARK_RE = re.compile(r"k3fleet\.io/validated=\S+(?: \([^)]*\))?(?: \| )?")
 
 
-def comment_argv(node, comment):
+def comment_argv(node: str, comment: str) -> list[str]:
     # One argv element: no shell, so the comment may hold spaces and '|'.
     return ["scontrol", "update", "nodename=%s" % node, "comment=%s" % comment]
 
 
-def validated_marker(driver, change_id):
+def validated_marker(driver: str | None, change_id: str | None) -> str:
     """``k3fleet.io/validated=580.95.05 (CHG-1042)``: the driver the node was verified on, and by which change."""
     return "%s=%s (%s)" % (VALIDATED_KEY, driver, change_id)
 
 
-def strip_marker(comment):
+def strip_marker(comment: str | None) -> str:
     """The node's comment without a k3fleet marker (what someone else wrote stays)."""
     return _MARK_RE.sub("", comment or "").strip()
 
 
-def with_marker(comment, marker):
+def with_marker(comment: str | None, marker: str) -> str:
     """The comment with ``marker`` first and anyone else's text kept after ``|``."""
     theirs = strip_marker(comment)
     return "%s | %s" % (marker, theirs) if theirs else marker
 
 
-def split_stamp(reason):
+def split_stamp(reason: str | None) -> tuple[str | None, str | None, str | None]:
     """``"text [root@2026-11-29T17:18:53]"`` -> ``("text", "root", "2026-11-29T17:18:53")``."""
     if reason is None:
         return None, None, None
@@ -99,7 +102,8 @@ def split_stamp(reason):
     return reason[:match.start()].strip(), match.group(1), match.group(2)
 
 
-def _status(node, raw_state, reason, reason_user, reason_time, source):
+def _status(node: str, raw_state: str | None, reason: str | None, reason_user: str | None,
+            reason_time: str | None, source: str) -> dict[str, Any] | None:
     state, flags = normalize_slurm_state(raw_state or "")
     if state is None:
         return None
@@ -124,7 +128,7 @@ def _status(node, raw_state, reason, reason_user, reason_time, source):
     }
 
 
-def status_from_scontrol(text, node):
+def status_from_scontrol(text: str | None, node: str) -> dict[str, Any]:
     """The node's status from ``scontrol show node NODE --oneliner``; raises ValueError when absent."""
     records = [r for r in parse_scontrol_nodes(text) if r.get("NodeName") == node]
     if not records:
@@ -138,14 +142,14 @@ def status_from_scontrol(text, node):
     return status
 
 
-def _epoch(value):
+def _epoch(value: object) -> Any:
     """22.05 gives an int; 23.02+ a ``{"set", "infinite", "number"}`` object."""
     if isinstance(value, dict):
         return value.get("number") if value.get("set", True) else None
     return value if isinstance(value, int) else None
 
 
-def status_from_sinfo_json(text, node):
+def status_from_sinfo_json(text: str | None, node: str) -> dict[str, Any]:
     """The node's status from ``sinfo --json`` (22.05: state word + state_flags; 23.02+: state list).
 
     Raises ValueError on text that is not the JSON document or that lacks the node.
@@ -178,9 +182,9 @@ def status_from_sinfo_json(text, node):
     raise ValueError("node %s not in sinfo --json output (nodes: %s)" % (node, names or "none"))
 
 
-def parse_job_ids(text):
+def parse_job_ids(text: str | None) -> list[str]:
     """Job ids from ``squeue --noheader --format %A``; raises ValueError on a line that is not an id."""
-    ids = []
+    ids: list[str] = []
     for line in (text or "").splitlines():
         line = line.strip()
         if not line:
@@ -191,7 +195,7 @@ def parse_job_ids(text):
     return ids
 
 
-def drain_complete(status):
+def drain_complete(status: dict[str, Any]) -> bool:
     """No job can still be running: Slurm says drained (or down), and squeue agrees when it was asked."""
     if not status["unavailable"]:
         return False
@@ -201,7 +205,7 @@ def drain_complete(status):
     return status["jobs_running"] in (0, None)
 
 
-def plan_drain(status, change_id):
+def plan_drain(status: dict[str, Any], change_id: str | None) -> str:
     """What a drain request does to a node in ``status``.
 
     ``drain``: in service, we drain it. ``ours``: already drained for this change (a resumed
@@ -221,7 +225,7 @@ def plan_drain(status, change_id):
     return "other"
 
 
-def plan_resume(status, change_id):
+def plan_resume(status: dict[str, Any], change_id: str | None) -> str:
     """``resume`` or ``restore`` (a reason we adopted) only when the lease is ours; else
     ``not_drained`` or ``not_ours``."""
     if not status["unavailable"]:
@@ -238,18 +242,18 @@ class SlurmError(Exception):
 class SlurmNode:
     """One Slurm node, read and changed through a NodeReader's command runner."""
 
-    def __init__(self, reader, node, query="scontrol"):
+    def __init__(self, reader: NodeReader, node: str, query: str = "scontrol") -> None:
         self.reader = reader
         self.node = node
         self.query = query
 
-    def _run(self, argv, what):
+    def _run(self, argv: list[str], what: str) -> CommandResult:
         res = self.reader.run(argv)
         if not res.ok:
             raise SlurmError("%s of node %s failed: %s" % (what, self.node, res.reason()))
         return res
 
-    def status(self, with_jobs=True):
+    def status(self, with_jobs: bool = True) -> dict[str, Any]:
         """Current status; raises SlurmError with the command's own words when it cannot be read."""
         if self.query == "sinfo_json":
             res = self._run(sinfo_json_argv(), "sinfo --json")
@@ -272,22 +276,22 @@ class SlurmNode:
             status["jobs_running"] = len(ids)
         return status
 
-    def running_jobs(self):
+    def running_jobs(self) -> list[str]:
         res = self._run(squeue_active_argv(self.node), "listing running jobs")
         try:
             return parse_job_ids(res.stdout)
         except ValueError as exc:
             raise SlurmError("listing running jobs of node %s: %s" % (self.node, exc)) from exc
 
-    def drain(self, reason):
+    def drain(self, reason: str) -> None:
         self._run(drain_argv(self.node, reason), "draining")
 
-    def resume(self):
+    def resume(self) -> None:
         self._run(resume_argv(self.node), "resuming")
 
-    def set_comment(self, comment):
+    def set_comment(self, comment: str) -> None:
         self._run(comment_argv(self.node, comment), "setting the comment")
 
-    def cancel(self, job_ids):
+    def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             self._run(scancel_argv(job_ids), "cancelling jobs %s" % ",".join(job_ids))

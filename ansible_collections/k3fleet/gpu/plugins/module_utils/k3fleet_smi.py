@@ -509,7 +509,7 @@ def parse_smi_q_ecc(block: list[list[Any]]) -> dict[str, Any] | None:
             reason = "ECC error counters read N/A"
         else:
             reason = "no ECC error counters in nvidia-smi -q"
-    corrected = {"volatile_corrected": None, "aggregate_corrected": None}
+    corrected: dict[str, int | None] = {"volatile_corrected": None, "aggregate_corrected": None}
     if errors is not None:
         corrected = {"volatile_corrected": _correctable_sum(_child(errors[2], "Volatile")),
                      "aggregate_corrected": _correctable_sum(_child(errors[2], "Aggregate"))}
@@ -687,7 +687,9 @@ def apply_nvlink_status(gpus: list[dict[str, Any]], res: Any) -> str | None:
     except ValueError as exc:
         return f"NVLink state unknown: {exc}"
     for gpu in gpus:
-        links = parsed.get(gpu.get("index"), {"links": 0, "active": [], "inactive": []})
+        index = gpu.get("index")
+        missing: dict[str, Any] = {"links": 0, "active": [], "inactive": []}
+        links = parsed.get(index, missing) if isinstance(index, int) else missing
         gpu["nvlink"] = dict(links, errors={}, source="nvidia-smi", reason=None)
     return None
 

@@ -10,6 +10,8 @@ raw captured text for any source below, keyed by its name.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 # The host facts' schema version, defined here once: k3fleet_host stamps it on every node's facts and the
 # controller's k3fleet.models.facts reads it from here. 1.1: GPU health (ECC, remapped rows, retired
 # pages, clock events, PCIe link), the kernel log's Xid events and platform kind "unknown"; later the
@@ -144,16 +146,16 @@ PROBE_SCRIPT = (
 XID_HISTORY_BOOTS = 3
 
 
-def journalctl_kernel_boot_argv(offset):
+def journalctl_kernel_boot_argv(offset: int) -> list[str]:
     """The kernel messages of one earlier boot (offset -1, -2, ...)."""
     return ["journalctl", "-k", "-b", str(int(offset)), "--no-pager", "-q", "-o", "short-iso"]
 
 
-def runtime_version_argv(runtime):
+def runtime_version_argv(runtime: str) -> list[str]:
     return [runtime, "--version"]
 
 
-def image_inspect_argv(runtime, image):
+def image_inspect_argv(runtime: str, image: str) -> list[str]:
     return [runtime, "image", "inspect", image]
 
 
@@ -162,7 +164,7 @@ def image_inspect_argv(runtime, image):
 PROBE_CONTAINER = "k3fleet-probe"
 
 
-def probe_argv(runtime, image):
+def probe_argv(runtime: str, image: str) -> list[str]:
     """Run the serving image with every GPU, no network, and ask CUDA to initialise."""
     # podman reaches GPUs through CDI; docker and nerdctl through --gpus.
     gpu = ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
@@ -170,7 +172,7 @@ def probe_argv(runtime, image):
         "--name", PROBE_CONTAINER, "--entrypoint", "python3", image, "-c", PROBE_SCRIPT]
 
 
-def container_ps_argv(runtime):
+def container_ps_argv(runtime: str) -> list[str]:
     """The full ids of the running containers, one a line (docker, podman and nerdctl alike)."""
     return [runtime, "ps", "--quiet", "--no-trunc"]
 
@@ -179,12 +181,12 @@ def container_ps_argv(runtime):
 MAX_INSPECTED_CONTAINERS = 200
 
 
-def container_inspect_argv(runtime, ids):
+def container_inspect_argv(runtime: str, ids: Iterable[str]) -> list[str]:
     return [runtime, "container", "inspect"] + list(ids)[:MAX_INSPECTED_CONTAINERS]
 
 
 # Active checks (docs/facts.md section 17): only with audit --active.
-def dcgmi_diag_argv(level, gpus=None):
+def dcgmi_diag_argv(level: int, gpus: int | None = None) -> list[str]:
     """``dcgmi diag -r N -j``, with ``--expectedNumEntities gpu:G`` when the node's GPU count is known (a GPU
     DCGM does not see then fails the run; NVIDIA/DCGM's own dcgmi tests use the ``gpu:N`` form)."""
     argv = ["dcgmi", "diag", "-r", str(level), "-j"]
@@ -193,7 +195,7 @@ def dcgmi_diag_argv(level, gpus=None):
     return argv
 
 
-def all_reduce_perf_argv(gpus, max_bytes):
+def all_reduce_perf_argv(gpus: int, max_bytes: int | str) -> list[str]:
     """nccl-tests within the node: every GPU in one process, 8 B to ``max_bytes`` doubling."""
     return ["all_reduce_perf", "-b", "8", "-e", str(max_bytes), "-f", "2", "-g", str(gpus)]
 
@@ -202,7 +204,7 @@ def all_reduce_perf_argv(gpus, max_bytes):
 PAIR_LAUNCHER_FIELDS = ("hosts", "ranks", "gpus")
 
 
-def nccl_pair_argv(launcher, addresses, gpus, max_bytes):
+def nccl_pair_argv(launcher: Sequence[object], addresses: Sequence[str], gpus: int, max_bytes: int | str) -> list[str]:
     """nccl-tests across two nodes: the target's launcher (mpirun) with its ``{hosts}``, ``{ranks}``
     and ``{gpus}`` filled in, then one all_reduce_perf rank per GPU (``-g 1``)."""
     values = {"hosts": ",".join("%s:%d" % (a, gpus) for a in addresses), "ranks": str(len(addresses) * gpus),
@@ -215,20 +217,20 @@ def nccl_pair_argv(launcher, addresses, gpus, max_bytes):
 IB_WRITE_BW_PORT = 18515
 
 
-def ib_write_bw_argv(device, port):
+def ib_write_bw_argv(device: str, port: int) -> list[str]:
     """The server side of a loopback ib_write_bw on one device; the client adds 127.0.0.1."""
     return ["ib_write_bw", "-d", device, "-p", str(port), "-F", "--report_gbits", "-D", "5"]
 
 
-def scontrol_show_node_argv(node):
+def scontrol_show_node_argv(node: str) -> list[str]:
     return ["scontrol", "show", "node", node, "--oneliner"]
 
 
-def squeue_running_argv(node):
+def squeue_running_argv(node: str) -> list[str]:
     return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING", "--format", "%A"]
 
 
-def squeue_active_argv(node):
+def squeue_active_argv(node: str) -> list[str]:
     """The drain's question (k3fleet_slurm_node): the jobs a drain waits for. COMPLETING too: a cancelled
     or ended job may still be killing processes that hold the GPUs."""
     return ["squeue", "--noheader", "--nodelist", node, "--states", "RUNNING,COMPLETING", "--format", "%A"]

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
+from typing import Any
 
+from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_sources import (
     PROC_PID_FILES,
     container_inspect_argv,
@@ -35,9 +38,9 @@ _NOT_GPU = ("", "void", "none")
 MAX_PROCESSES = 256
 
 
-def parse_container_ids(text):
+def parse_container_ids(text: str | None) -> list[str]:
     """``ps --quiet --no-trunc`` -> the ids, in order, without repeats; lines that are no id are skipped."""
-    seen = []
+    seen: list[str] = []
     for line in (text or "").splitlines():
         word = line.strip().lower()
         if _ID.match(word) and word not in seen:
@@ -45,8 +48,8 @@ def parse_container_ids(text):
     return seen
 
 
-def _env(config):
-    env = {}
+def _env(config: object) -> dict[str, str]:
+    env: dict[str, str] = {}
     listed = config.get("Env") if isinstance(config, dict) else None
     for item in listed if isinstance(listed, list) else []:
         if isinstance(item, str) and "=" in item:
@@ -55,9 +58,9 @@ def _env(config):
     return env
 
 
-def _uses_gpu(host_config, env):
+def _uses_gpu(host_config: object, env: dict[str, str]) -> bool | None:
     """Whether the runtime gives the container GPUs, or None when its configuration does not say."""
-    hc = host_config if isinstance(host_config, dict) else {}
+    hc: dict[str, Any] = host_config if isinstance(host_config, dict) else {}
     for req in hc.get("DeviceRequests") or []:
         if not isinstance(req, dict):
             continue
@@ -77,7 +80,7 @@ def _uses_gpu(host_config, env):
     return None
 
 
-def parse_containers_inspect(text):
+def parse_containers_inspect(text: str | None) -> tuple[list[dict[str, Any]], str | None]:
     """``<runtime> container inspect ID...`` -> ``(containers, problem)``; ``problem`` None when read."""
     try:
         data = json.loads(text or "")
@@ -85,13 +88,15 @@ def parse_containers_inspect(text):
         return [], "container inspect: output is not JSON (%s)" % exc
     if not isinstance(data, list):
         return [], "container inspect: expected a JSON list, got %s" % type(data).__name__
-    out = []
+    out: list[dict[str, Any]] = []
     for item in data:
         if not isinstance(item, dict):
             continue
-        config = item.get("Config") if isinstance(item.get("Config"), dict) else {}
+        raw_config, raw_state = item.get("Config"), item.get("State")
+        config: dict[str, Any] = raw_config if isinstance(raw_config, dict) else {}
         env = _env(config)
-        state = item.get("State") if isinstance(item.get("State"), dict) else {}
+        state: dict[str, Any] = raw_state if isinstance(raw_state, dict) else {}
+        pid = state.get("Pid")
         ident = item.get("Id") or item.get("ID")
         name = item.get("Name")
         image = config.get("Image") if isinstance(config.get("Image"), str) else item.get("ImageName")
@@ -101,7 +106,7 @@ def parse_containers_inspect(text):
             "name": name.lstrip("/") if isinstance(name, str) else None,
             "image": image if isinstance(image, str) else None,
             "image_id": item.get("Image") if isinstance(item.get("Image"), str) else None,
-            "pid": state.get("Pid") if isinstance(state.get("Pid"), int) and state.get("Pid") > 0 else None,
+            "pid": pid if isinstance(pid, int) and pid > 0 else None,
             "uses_gpu": _uses_gpu(item.get("HostConfig"), env),
             "cuda_version": env.get("CUDA_VERSION", "").strip() or None,
             "nvidia_require_cuda": " ".join(env.get("NVIDIA_REQUIRE_CUDA", "").split()) or None,
@@ -112,7 +117,7 @@ def parse_containers_inspect(text):
     return out, None
 
 
-def container_of_cgroup(text, ids):
+def container_of_cgroup(text: str | None, ids: Collection[str]) -> str | None:
     """The id (of ``ids``) a process's /proc/<pid>/cgroup names, or None."""
     for match in _CGROUP_ID.finditer(text or ""):
         if match.group(1) in ids:
@@ -120,10 +125,10 @@ def container_of_cgroup(text, ids):
     return None
 
 
-def parse_maps(text):
+def parse_maps(text: str | None) -> dict[str, Any]:
     """The libcuda and libcudart a process mapped: ``{"libcuda", "libcuda_version", "libcuda_compat",
     "cudart_version"}`` (values None when not mapped)."""
-    out = {"libcuda": None, "libcuda_version": None, "libcuda_compat": None, "cudart_version": None}
+    out: dict[str, Any] = {"libcuda": None, "libcuda_version": None, "libcuda_compat": None, "cudart_version": None}
     for line in (text or "").splitlines():
         path = line.rsplit(None, 1)[-1] if line.strip() else ""
         found = _LIBCUDA.search(path)
@@ -136,12 +141,12 @@ def parse_maps(text):
     return out
 
 
-def _gpu_processes(driver):
+def _gpu_processes(driver: object) -> dict[int, dict[str, Any]] | None:
     """{pid: process dict} of NVML's compute processes over every GPU, or None when not read."""
     gpus = (driver or {}).get("gpus") if isinstance(driver, dict) else None
     if not isinstance(gpus, list) or not gpus:
         return None
-    procs = {}
+    procs: dict[int, dict[str, Any]] = {}
     read = False
     for gpu in gpus:
         listed = gpu.get("processes") if isinstance(gpu, dict) else None
@@ -159,10 +164,11 @@ def _gpu_processes(driver):
     return procs if read else None
 
 
-def collect_workloads(reader, container, driver, packages):
+def collect_workloads(reader: NodeReader, container: dict[str, Any] | None, driver: object,
+                      packages: dict[str, Any] | None) -> dict[str, Any]:
     """WorkloadFacts: containers, GPU processes and host compat packages (docs/facts.md section 16)."""
-    out = {"status": "ok", "reason": None, "containers": [], "processes": [], "compat_packages": []}
-    problems = []
+    out: dict[str, Any] = {"status": "ok", "reason": None, "containers": [], "processes": [], "compat_packages": []}
+    problems: list[str] = []
     for pkg in (packages or {}).get("packages") or []:
         if isinstance(pkg, dict) and pkg.get("role") == "compat":
             out["compat_packages"].append({"name": pkg.get("name"), "version": pkg.get("version"),
@@ -190,12 +196,11 @@ def collect_workloads(reader, container, driver, packages):
     procs = _gpu_processes(driver)
     if procs is None:
         problems.append("the GPUs' compute processes were not read")
-    ids = set(c["id"] for c in out["containers"] if c["id"])
+    container_ids = set(c["id"] for c in out["containers"] if c["id"])
     by_id = dict((c["id"], c) for c in out["containers"] if c["id"])
-    for pid in sorted(procs or {}):
-        entry = procs[pid]
+    for pid, entry in sorted((procs or {}).items()):
         cgroup = reader.read(PROC_PID_FILES["cgroup"] % pid, limit=65536)
-        entry["container_id"] = container_of_cgroup(cgroup, ids) if cgroup is not None else None
+        entry["container_id"] = container_of_cgroup(cgroup, container_ids) if cgroup is not None else None
         maps = reader.read(PROC_PID_FILES["maps"] % pid)
         entry["maps_read"] = maps is not None
         entry.update(parse_maps(maps))

@@ -144,6 +144,7 @@ ansible_facts:
 """
 
 import datetime
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -156,7 +157,7 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_journal_format
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import RESULT_KEY
 
 
-def now_utc():
+def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
@@ -172,7 +173,7 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def _check_gate(module, gate):
+def _check_gate(module: AnsibleModule, gate: Any) -> None:
     try:
         limit = int(gate.get("max_unavailable"))
         budget = int(gate.get("failure_budget") or 0)
@@ -186,14 +187,15 @@ def _check_gate(module, gate):
                              "poll positive; got %r" % (gate,))
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
-    line = {"ts": now_utc(), "run": p["run"], "change_id": p["change_id"], "host": p["host"], "stage": p["stage"],
-            "detail": p["detail"] if p["detail"] is not None else {}}
+    line: dict[str, Any] = {"ts": now_utc(), "run": p["run"], "change_id": p["change_id"], "host": p["host"],
+                            "stage": p["stage"], "detail": p["detail"] if p["detail"] is not None else {}}
     if p["snapshot"] is not None:
         line["snapshot"] = p["snapshot"]
-    result = {"line": line, "written": False, "granted": True, "why": "", "waited_s": 0.0, "torn_tail": None}
+    result: dict[str, Any] = {"line": line, "written": False, "granted": True, "why": "", "waited_s": 0.0,
+                              "torn_tail": None}
     if p["gate"] is not None:
         _check_gate(module, p["gate"])
     if not module.check_mode:

@@ -227,6 +227,8 @@ k3fleet:
 
 import os
 import time
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -260,21 +262,21 @@ from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_slurm import (
 RESUME_SETTLE_S = 10.0
 
 
-def _show(status):
+def _show(status: dict[str, Any] | None) -> str:
     if not status:
         return "(unknown)\n"
     return "state: %s\nreason: %s\njobs_running: %s\n" % (
         status.get("raw_state") or status.get("state"), status.get("reason") or "", status.get("jobs_running"))
 
 
-def _quote(text):
-    return "'%s'" % text.replace("'", "'\\''")
+def _quote(text: str | None) -> str:
+    return "'%s'" % (text or "").replace("'", "'\\''")
 
 
 class Run:
     """One module invocation: the node, what it did, and how to report it."""
 
-    def __init__(self, module):
+    def __init__(self, module: AnsibleModule) -> None:
         self.module = module
         p = module.params
         env = dict(os.environ)
@@ -285,8 +287,8 @@ class Run:
         self.change_id = p["change_id"]
         # True once this run wrote the node's reason: a lease lost afterwards is still a change made.
         self.wrote = False
-        self.actions = []
-        self.result = {
+        self.actions: list[str] = []
+        self.result: dict[str, Any] = {
             "node": p["node"], "decision": None, "owner": None, "holder": None, "drained_by_us": False,
             "leased": False, "before": None, "after": None, "waited_s": 0.0, "jobs_cancelled": [],
             "commands": self.reader.commands,
@@ -294,22 +296,24 @@ class Run:
         if p["reason"]:
             self.result["reason"] = p["reason"]
 
-    def fail(self, msg):
+    def fail(self, msg: str) -> NoReturn:
         self.module.fail_json(msg=msg, actions=self.actions, **{RESULT_KEY: self.result})
+        # fail_json exits (ansible-core types it NoReturn; its package ships no type information).
+        raise AssertionError("fail_json returned")
 
-    def read(self, with_jobs=True):
+    def read(self, with_jobs: bool = True) -> dict[str, Any]:
         try:
             return self.slurm.status(with_jobs=with_jobs)
         except SlurmError as exc:
             self.fail(str(exc))
 
-    def act(self, fn, *args):
+    def act(self, fn: Callable[..., object], *args: object) -> None:
         try:
             fn(*args)
         except SlurmError as exc:
             self.fail(str(exc))
 
-    def done(self, changed):
+    def done(self, changed: bool) -> NoReturn:
         r = self.result
         r["owner"] = lease_owner((r["after"] or {}).get("reason"), self.change_id)
         kwargs = {"changed": changed, "actions": self.actions, RESULT_KEY: r}
@@ -317,8 +321,9 @@ class Run:
             kwargs["diff"] = {"before_header": "slurm node %s" % r["node"], "after_header": "slurm node %s" % r["node"],
                               "before": _show(r["before"]), "after": _show(r["after"])}
         self.module.exit_json(**kwargs)
+        raise AssertionError("exit_json returned")
 
-    def held(self, status, why):
+    def held(self, status: dict[str, Any], why: str) -> NoReturn:
         """Another change holds the node: report it and touch nothing more."""
         r = self.result
         r.update(decision="held", holder=lease_holder(status["reason"]), drained_by_us=False, leased=False,
@@ -327,7 +332,7 @@ class Run:
         self.done(self.wrote)
 
     # -- drained ---------------------------------------------------------
-    def drain(self):
+    def drain(self) -> NoReturn:
         p, r = self.module.params, self.result
         before = self.read()
         r["before"] = before
@@ -362,7 +367,7 @@ class Run:
         r["after"] = self.wait() if p["wait"] else self.read()
         self.done(changed)
 
-    def confirm(self):
+    def confirm(self) -> dict[str, Any]:
         """Read the lease back once the other controllers' writes would have landed."""
         time.sleep(max(0.0, self.module.params["settle"]))
         status = self.read(with_jobs=False)
@@ -371,7 +376,7 @@ class Run:
                       % lease_holder(status["reason"]))
         return status
 
-    def wait(self):
+    def wait(self) -> dict[str, Any]:
         p, r = self.module.params, self.result
         started = time.time()
         deadline = started + max(0, p["wait_timeout"])
@@ -414,7 +419,7 @@ class Run:
             time.sleep(max(0.0, min(p["poll_interval"], deadline - now)))
 
     # -- resumed ---------------------------------------------------------
-    def resume(self):
+    def resume(self) -> NoReturn:
         p, r = self.module.params, self.result
         before = self.read(with_jobs=False)
         r["before"] = before
@@ -460,7 +465,7 @@ class Run:
         self.done(True)
 
     # -- validated / unvalidated ------------------------------------------
-    def mark(self, validated):
+    def mark(self, validated: bool) -> NoReturn:
         p, r = self.module.params, self.result
         before = self.read(with_jobs=False)
         r["before"] = before
@@ -483,7 +488,7 @@ class Run:
                 p["node"], r["after"].get("comment"), wanted))
         self.done(True)
 
-    def query(self):
+    def query(self) -> NoReturn:
         status = self.read()
         owner = lease_owner(status["reason"], self.change_id)
         self.result.update(decision="query", before=status, after=status,
@@ -512,7 +517,7 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
         required_if=[("state", "drained", ("change_id", "reason")), ("state", "resumed", ("change_id",)),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from ansible.plugins.action.normal import ActionModule as NormalActionModule
 
@@ -63,7 +64,7 @@ def is_collection_module(module_path: str | None) -> bool:
     return os.path.dirname(os.path.realpath(module_path)) == MODULES_DIR
 
 
-def patch_built(built, module_path: str | None):
+def patch_built(built: Any, module_path: str | None) -> Any:
     """``_configure_module``'s module (ansible-core 2.19: a ``_BuiltModule``; 2.17 and 2.18 give the
     wrapper's bytes) with its wrapper patched where :func:`patch_wrapper` applies; else as given."""
     if not is_collection_module(module_path):
@@ -86,7 +87,7 @@ def patch_built(built, module_path: str | None):
 class K3fleetModuleAction(NormalActionModule):
     """Ansible's ``normal`` action; the module's AnsiballZ wrapper compiles each payload source once."""
 
-    def _configure_module(self, module_name, module_args, task_vars):
+    def _configure_module(self, module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> Any:
         configured = super()._configure_module(module_name=module_name, module_args=module_args, task_vars=task_vars)
         if isinstance(configured, tuple) and len(configured) == 2:
             # ansible-core 2.19 and later: (built module, module path).

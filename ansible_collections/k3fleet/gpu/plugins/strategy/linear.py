@@ -22,6 +22,7 @@ author:
 """
 
 from multiprocessing.connection import wait
+from typing import Any
 
 from ansible import constants as C
 from ansible.plugins.loader import connection_loader, shell_loader
@@ -33,17 +34,17 @@ WAKE_S = 0.5
 
 
 class StrategyModule(LinearStrategyModule):
-    def __init__(self, tqm):
+    def __init__(self, tqm: Any) -> None:
         super().__init__(tqm)
-        self._preloaded = set()
+        self._preloaded: set[tuple[object, object]] = set()
 
-    def _queue_task(self, host, task, task_vars, play_context):
+    def _queue_task(self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any) -> None:
         self._preload_plugins(task_vars, play_context)
         if not task.throttle:
             self._wait_for_free_fork()
         super()._queue_task(host, task, task_vars, play_context)
 
-    def _preload_plugins(self, task_vars, play_context):
+    def _preload_plugins(self, task_vars: dict[str, Any], play_context: Any) -> None:
         """Load the host's connection and shell plugins here, once, before the worker forks.
 
         A worker loads its connection plugin and that plugin's shell, and reads each one's
@@ -69,10 +70,10 @@ class StrategyModule(LinearStrategyModule):
             # The worker loads it again and reports what is wrong, as it would without this.
             pass
 
-    def _wait_for_free_fork(self):
+    def _wait_for_free_fork(self) -> None:
         """Return once a fork is free (or the run is ending); block on the workers' exits meanwhile."""
         while not self._tqm._terminated:
-            sentinels = []
+            sentinels: list[int] = []
             for worker in self._workers:
                 if worker is None:
                     return

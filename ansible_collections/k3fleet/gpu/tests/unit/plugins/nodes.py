@@ -9,18 +9,28 @@ collection.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 from ansible.module_utils import basic
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 
 # The recorded outputs these tests read, each area with a SOURCES.md naming its public source.
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# The collection's root (galaxy.yml), in the repository or where ansible-galaxy installed it.
+COLLECTION = Path(__file__).resolve().parents[3]
+FQCN = "k3fleet.gpu."
 
 
 def fixture(area: str, name: str) -> str:
@@ -109,3 +119,41 @@ def module_args(args: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         basic._ANSIBLE_ARGS = saved
+
+
+# -- documentation: the collection's modules as ansible-doc sees them ----------------------------
+
+def documentation(module: ModuleType) -> dict[str, Any]:
+    """A module's DOCUMENTATION with its k3fleet.gpu doc fragments merged in (the module's own
+    entries win, as ansible-doc merges them); each fragment named ``k3fleet.gpu.<file>[.<part>]``."""
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    for entry in doc.get("extends_documentation_fragment") or []:
+        if not entry.startswith(FQCN):
+            raise AssertionError(f"{module.__name__}: doc fragment {entry} is not named by FQCN")
+        name, _sep, part = entry[len(FQCN):].partition(".")
+        fragment_cls = importlib.import_module(f"ansible_collections.k3fleet.gpu.plugins.doc_fragments.{name}")
+        fragment = yaml.safe_load(getattr(fragment_cls.ModuleDocFragment, part.upper() or "DOCUMENTATION"))
+        for key in ("options", "attributes"):
+            merged = {**(fragment.get(key) or {})}
+            for item, value in (doc.get(key) or {}).items():
+                merged[item] = {**merged.get(item, {}), **value}
+            if merged:
+                doc[key] = merged
+    return doc
+
+
+def ansible_doc(*modules: str) -> dict[str, Any]:
+    """``ansible-doc --json`` of the given short module names, found through this copy of the collection
+    (its ``ansible_collections`` parent is the collections path); keyed by short name."""
+    beside = Path(sys.executable).parent / "ansible-doc"
+    command = str(beside) if beside.exists() else shutil.which("ansible-doc")
+    assert command, "ansible-doc is neither beside this Python nor on PATH"
+    # ansible-doc is a controller program: ansible-test's PYTHONPATH for module tests (ansible.module_utils
+    # alone, as on a node) is not its own.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(COLLECTION.parents[2]), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([command, "-t", "module", "--json", *(FQCN + m for m in modules)],
+                          capture_output=True, text=True, env=env, timeout=180, check=False,
+                          cwd=COLLECTION.parents[2])
+    assert proc.returncode == 0, proc.stderr
+    return {name.removeprefix(FQCN): value for name, value in json.loads(proc.stdout).items()}

@@ -9,10 +9,10 @@ from unittest import mock
 
 import pytest
 import yaml
-from nodetree import COLLECTION, ansible_doc, documentation
 
 from ansible_collections.k3fleet.gpu.plugins.doc_fragments.k3fleet_reader import ModuleDocFragment
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_module import READER_ARGS
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import COLLECTION, ansible_doc, documentation
 
 MODULES = sorted(p.stem for p in (COLLECTION / "plugins" / "modules").glob("k3fleet_*.py"))
 
