@@ -10,7 +10,8 @@ clients), the journal has one line marked as the interruption at the host's stag
 and back in service, or on exactly its R575 packages and holds and back in service.
 
 The stages and what the test waits for: drain = `draining` in the journal while a Slurm job keeps the
-drain waiting; packages = `upgrading` (apt under way); reboot = `rebooting`; verify = the first
+drain waiting; packages = `upgrading` (apt under way); reboot = `rebooting` (the guest's sshd held
+20 s at each boot while this test runs, so the stage outlasts the poll); verify = the first
 `verifying`; return = the second `verifying` (the serving smoke done) and the return to service under
 way: for that stage alone the night's Slurm client is a wrapper of the real `scontrol` that leaves a mark
 and takes 30 s over `state=resume` (the return is otherwise over in a moment).
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nightkit import LAUNCHER, NEW, OLD, loaded, packages, put_on_575, smoke_launch, wait_for
+from nightkit import LAUNCHER, NEW, OLD, loaded, packages, put_on_575, smoke_launch, ssh, wait_for
 from procwatch import Watcher
 
 from k3fleet.change import RollbackOptions, UpgradeOptions, run_rollback, run_upgrade
@@ -41,6 +42,8 @@ pytestmark = pytest.mark.system
 
 HOST = "tb-node02"
 ACCEPT = ["rdma.*", "container.*"]
+
+
 def slow_return(inventory: Path, directory: Path, mark: Path) -> Path:
     """The inventory with a Slurm client whose return to service (`state=resume`) leaves ``mark`` and
     takes 30 s, then runs the real scontrol."""
@@ -55,6 +58,22 @@ def slow_return(inventory: Path, directory: Path, mark: Path) -> Path:
     path = directory / "slow-return.yml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+SLOW_BOOT = "/etc/systemd/system/ssh.service.d/k3fleet-test-slow-boot.conf"
+SLOW_BOOT_S = 20
+
+
+def slow_boot(tb: testbed.TestbedState, on: bool) -> None:
+    """Hold the guest's sshd ``SLOW_BOOT_S`` seconds at each boot (or stop holding it): the reboot stage then
+    lasts long enough for the signal to land in it. A guest reboots in a few seconds, and the stage
+    seen in the journal could otherwise be over before the signal arrives (real GPU nodes take minutes)."""
+    if on:
+        ssh(tb, HOST, f"mkdir -p {os.path.dirname(SLOW_BOOT)} && printf '[Service]\\nExecStartPre=/bin/sleep "
+                      f"{SLOW_BOOT_S}\\n' > {SLOW_BOOT} && systemctl daemon-reload")
+    else:
+        testbed.wait_host_ready(tb.workdir, HOST)
+        ssh(tb, HOST, f"rm -f {SLOW_BOOT} && systemctl daemon-reload")
 
 
 # stage under test -> (the journal's stages that say the host is in it, the signal, how the night ends)
@@ -72,10 +91,14 @@ STAGES = {
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_a_night_stopped_in_a_stage_is_continued(testbed_state: testbed.TestbedState, inventory: Path,
                                                  tmp_path: Path, stage: str,
-                                                 testbed_report: Callable[[str], None]) -> None:
+                                                 testbed_report: Callable[[str], None],
+                                                 request: pytest.FixtureRequest) -> None:
     tb = testbed_state
     reached, sig, ending = STAGES[stage]
     put_on_575(tb, [HOST])
+    if stage == "reboot":
+        slow_boot(tb, True)
+        request.addfinalizer(lambda: slow_boot(tb, False))
     before = packages(tb, HOST)
     node = tb.host(HOST).slurm_node
     runs = tmp_path / "runs"

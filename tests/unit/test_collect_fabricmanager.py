@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import nodetree
 import pytest
 from nodetree import fake_command
 
 from ansible_collections.k3fleet.gpu.plugins.module_utils import k3fleet_fabricmanager as fmc
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_cmd import NodeReader
 from ansible_collections.k3fleet.gpu.plugins.module_utils.k3fleet_driver import parse_proc_version
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import nvswitch_node
 from k3fleet.models.facts import FabricManagerFacts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -29,18 +29,7 @@ def fixture(name: str, area: str = "fabricmanager") -> str:
 
 def node(tmp_path: Path, files: dict[str, str] | None = None, switches: list[str] | None = None,
          dev: list[str] | None = None) -> NodeReader:
-    reader = nodetree.node(tmp_path, files)
-    root = tmp_path / "root"
-    if switches is not None:
-        devices = root / "proc" / "driver" / "nvidia-nvswitch" / "devices"
-        devices.mkdir(parents=True)
-        for bdf in switches:
-            (devices / bdf).mkdir()
-    if dev is not None:
-        (root / "dev").mkdir()
-        for name in dev:
-            (root / "dev" / name).write_text("", encoding="utf-8")
-    return reader
+    return nvswitch_node(tmp_path, files, switches, dev)
 
 
 # Real listings, turned into the names a node tree needs.

@@ -18,23 +18,16 @@ from typing import Any
 import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+from ansible.template import trust_as_template
 
-from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import resolve_options
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import resolve_host_info
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "k3fleet" / "targets" / "kimi-k3.yaml"
 PLAY_DEFAULTS = REPO / "playbooks" / "vars" / "audit_defaults.yml"
 
 
-def _resolve(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
-    loader = DataLoader()
-    templar = Templar(loader=loader, variables=task_vars)
-
-    def target_image(path: str) -> str:
-        return str(loader.load_from_file(path)["image"]["ref"])
-
-    return resolve_options(args, task_vars, templar.template, target_image)
+_resolve = resolve_host_info
 
 
 def _play_defaults() -> dict[str, Any]:

@@ -87,6 +87,41 @@ class FailJson(Exception):
     """AnsibleModule.fail_json was called; args[0] is the result."""
 
 
+def nvswitch_node(tmp_path: Path, files: dict[str, str] | None = None,
+                  switches: list[str] | None = None, dev: list[str] | None = None) -> NodeReader:
+    """A node (``files`` under its root) whose procfs lists ``switches`` as NVSwitch devices and whose /dev
+    holds ``dev``: the Fabric Manager collector's view of the node."""
+    reader = node(tmp_path, files)
+    root = tmp_path / "root"
+    if switches is not None:
+        devices = root / "proc" / "driver" / "nvidia-nvswitch" / "devices"
+        devices.mkdir(parents=True)
+        for bdf in switches:
+            (devices / bdf).mkdir()
+    if dev is not None:
+        (root / "dev").mkdir()
+        for name in dev:
+            (root / "dev" / name).write_text("", encoding="utf-8")
+    return reader
+
+
+def resolve_host_info(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+    """k3fleet_host_info's action filling in ``args`` from ``task_vars``, rendered with Ansible's own
+    templar and data loader as in a host's fork (the target file read as the action reads it)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+
+    from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import resolve_options
+
+    loader = DataLoader()
+    templar = Templar(loader=loader, variables=task_vars)
+
+    def target_image(path: str) -> str:
+        return str(loader.load_from_file(path)["image"]["ref"])
+
+    return resolve_options(args, task_vars, templar.template, target_image)
+
+
 def patch_exits(monkeypatch: pytest.MonkeyPatch) -> None:
     """exit_json/fail_json raise instead of exiting (ansible-core test/units/modules/utils.py style)."""
     def exit_json(self: Any, **kwargs: Any) -> None:

@@ -14,21 +14,11 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleActionFail
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar
 
-from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import OPTION_VARIABLES, resolve_options
-from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import COLLECTION
+from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import OPTION_VARIABLES
+from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import COLLECTION, resolve_host_info
 
-
-def _resolve(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
-    loader = DataLoader()
-    templar = Templar(loader=loader, variables=task_vars)
-
-    def target_image(path: str) -> str:
-        return str(loader.load_from_file(path)["image"]["ref"])
-
-    return resolve_options(args, task_vars, templar.template, target_image)
+_resolve = resolve_host_info
 
 
 def test_outside_the_audit_play_nothing_is_added_but_the_hostname() -> None:

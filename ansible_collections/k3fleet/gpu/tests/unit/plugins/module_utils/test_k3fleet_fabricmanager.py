@@ -24,19 +24,7 @@ def fixture(name: str) -> str:
 
 
 def node(tmp_path: Path, switches: list[str] | None = None, dev: list[str] | None = None) -> NodeReader:
-    """A node whose procfs lists ``switches`` as NVSwitch devices and whose /dev holds ``dev``."""
-    reader = nodes.node(tmp_path)
-    root = tmp_path / "root"
-    if switches is not None:
-        devices = root / "proc" / "driver" / "nvidia-nvswitch" / "devices"
-        devices.mkdir(parents=True)
-        for bdf in switches:
-            (devices / bdf).mkdir()
-    if dev is not None:
-        (root / "dev").mkdir()
-        for name in dev:
-            (root / "dev" / name).write_text("", encoding="utf-8")
-    return reader
+    return nodes.nvswitch_node(tmp_path, switches=switches, dev=dev)
 
 
 # Real listings, turned into the names a node tree needs.
