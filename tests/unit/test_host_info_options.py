@@ -27,7 +27,6 @@ TARGET = REPO / "k3fleet" / "targets" / "kimi-k3.yaml"
 PLAY_DEFAULTS = REPO / "playbooks" / "vars" / "audit_defaults.yml"
 
 
-_resolve = resolve_host_info
 
 
 def _play_defaults() -> dict[str, Any]:
@@ -48,7 +47,7 @@ def test_the_clis_extra_vars_become_the_options() -> None:
                  "k3fleet_host_timeout": 300.0, "k3fleet_command_timeout": 20.0, "k3fleet_probe": True,
                  "k3fleet_active": "quick", "k3fleet_active_spec": {"dcgm": {"level": 1}},
                  "k3fleet_root": "/lab/gpu-a01", "k3fleet_path": "/lab/bin", **_play_defaults()}
-    resolved = _resolve({}, task_vars)
+    resolved = resolve_host_info({}, task_vars)
     assert resolved == {
         "host": "gpu-a01", "image": "vllm/vllm-openai:kimi-k3", "runtime": "auto", "probe": True,
         "active": "quick", "active_spec": {"dcgm": {"level": 1}}, "use_nvml": True, "env_files": [],
@@ -57,7 +56,7 @@ def test_the_clis_extra_vars_become_the_options() -> None:
 
 
 def test_without_variables_the_play_defaults_apply_and_the_image_is_the_targets() -> None:
-    resolved = _resolve({}, {"inventory_hostname": "gpu-b07", **_play_defaults()})
+    resolved = resolve_host_info({}, {"inventory_hostname": "gpu-b07", **_play_defaults()})
     target = yaml.safe_load(TARGET.read_text())
     defaults = yaml.safe_load(PLAY_DEFAULTS.read_text())["k3fleet_audit_defaults"]
     assert resolved["image"] == target["image"]["ref"]
@@ -72,7 +71,7 @@ def test_without_variables_the_play_defaults_apply_and_the_image_is_the_targets(
 def test_a_task_option_wins_and_a_variable_beats_the_defaults() -> None:
     task_vars = {"inventory_hostname": "gpu-a01", "k3fleet_container_runtime": "podman",
                  "k3fleet_lspci": False, "k3fleet_image": "registry.invalid/site:1", **_play_defaults()}
-    resolved = _resolve({"runtime": "docker", "host": "named-by-task", "budget": 5.0}, task_vars)
+    resolved = resolve_host_info({"runtime": "docker", "host": "named-by-task", "budget": 5.0}, task_vars)
     assert (resolved["runtime"], resolved["host"], resolved["budget"]) == ("docker", "named-by-task", 5.0)
     assert resolved["lspci"] is False
     assert resolved["image"] == "registry.invalid/site:1"
@@ -82,6 +81,6 @@ def test_a_variable_written_as_a_template_is_rendered() -> None:
     task_vars = {"inventory_hostname": "gpu-a01", "site_root": "/host",
                  "k3fleet_root": trust_as_template("{{ site_root }}"),
                  "k3fleet_host_timeout": trust_as_template("{{ 10 * 6 }}"), **_play_defaults()}
-    resolved = _resolve({}, task_vars)
+    resolved = resolve_host_info({}, task_vars)
     assert resolved["root"] == "/host"
     assert resolved["budget"] == pytest.approx(48.0)

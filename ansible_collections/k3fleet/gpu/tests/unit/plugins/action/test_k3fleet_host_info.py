@@ -18,12 +18,10 @@ from ansible.errors import AnsibleActionFail
 from ansible_collections.k3fleet.gpu.plugins.action.k3fleet_host_info import OPTION_VARIABLES
 from ansible_collections.k3fleet.gpu.tests.unit.plugins.nodes import COLLECTION, resolve_host_info
 
-_resolve = resolve_host_info
-
 
 def test_outside_the_audit_play_nothing_is_added_but_the_hostname() -> None:
     # A site's own play with no k3fleet variables: the module's defaults, as before.
-    assert _resolve({"image": "x"}, {"inventory_hostname": "n1"}) == {"image": "x", "host": "n1"}
+    assert resolve_host_info({"image": "x"}, {"inventory_hostname": "n1"}) == {"image": "x", "host": "n1"}
 
 
 def _documented_options(path: Path) -> set[str]:
@@ -49,5 +47,5 @@ def test_every_option_named_is_an_option_of_the_module() -> None:
 ])
 def test_bad_variables_fail_the_task_in_one_line(task_vars: dict[str, Any], words: str) -> None:
     with pytest.raises(AnsibleActionFail) as raised:
-        _resolve({}, {"inventory_hostname": "n1", **task_vars})
+        resolve_host_info({}, {"inventory_hostname": "n1", **task_vars})
     assert str(raised.value) == words
