@@ -66,12 +66,15 @@ test-system: $(STAMP)
 	bash scripts/testbed-deps.sh
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -q -m system tests/system
 
-# The roles' molecule scenario alone (test-system runs it too). It takes the testbed over and leaves it down;
-# `molecule reset` first drops a stale ~/.ansible/tmp/molecule.* from an interrupted run.
+# Every role's molecule scenario alone (test-system runs them too): molecule/default creates the testbed's
+# guests, each role's scenario runs on them (.config/molecule/config.yml, shared_state), and the testbed is down
+# afterwards. `molecule reset --all` first drops a stale ~/.ansible/tmp/molecule.* from an interrupted run.
+# One scenario: `make molecule MOLECULE_ARGS="-s nvidia_driver"` (molecule/default still creates and destroys).
+MOLECULE_ARGS ?= --all
 molecule: $(STAMP)
 	bash scripts/testbed-deps.sh
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule reset
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule test
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule reset --all
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule test $(MOLECULE_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check k3fleet ansible_collections tests scripts
