@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from k3fleet.contracts import OUTCOME_TEXT
 from k3fleet.models.findings import SEVERITY_RANK, FleetVerdict
 from k3fleet.models.target import Target
 from k3fleet.report.escapes import safe_markdown
-from k3fleet.report.plan import plan_lines, plan_title
+from k3fleet.report.plan import package_groups, plan_lines, plan_title
 
 if TYPE_CHECKING:
     # The audit imports this module to write report.md: the type only, never at run time.
     from k3fleet.audit.run import AuditResult
+
+
+# report.md lists every host of a fleet up to this many; a larger fleet gets one row per group of hosts
+# that share what the row says (status, driver, GPUs, top finding; a finding's check and fix; a plan's
+# versions and packages), with the group's size and its first hosts. verdict.json keeps every host
+# (docs/scale.md "Merging 100,000 hosts": a row per host made report.md 12 MB at 10,000 hosts).
+HOST_ROWS = 500
+_EXAMPLES = 3
+
+
+def _examples(hosts: list[str]) -> str:
+    """The group's first hosts, and how many more (names redacted and escaped as cells)."""
+    shown = ", ".join(_cell(h) for h in hosts[:_EXAMPLES])
+    return shown + (f" and {len(hosts) - _EXAMPLES} more" if len(hosts) > _EXAMPLES else "")
+
+
+K = TypeVar("K")
+
+
+def _grouped(rows: Iterable[tuple[K, str]]) -> list[tuple[K, list[str]]]:
+    """(key, host) pairs as (key, hosts) groups, in the order each key was first seen."""
+    groups: dict[K, list[str]] = {}
+    for key, host in rows:
+        groups.setdefault(key, []).append(host)
+    return list(groups.items())
 
 
 def _cell(value: object) -> str:
@@ -45,36 +71,83 @@ def render_audit(result: AuditResult, target: Target) -> str:
     if v.unconfirmed_matrix_rows:
         lines += ["Matrix rows used that are **unconfirmed** (override them in the target if you know better): "
                   + ", ".join(v.unconfirmed_matrix_rows), ""]
-    lines += ["## Hosts", "", "| host | status | driver | GPUs | top finding |", "|---|---|---|---|---|"]
-    for name in sorted(v.hosts):
+    lines += ["## Hosts", ""]
+    names = sorted(v.hosts)
+    grouped = len(names) > HOST_ROWS
+    rows = []
+    for name in names:
         h = v.hosts[name]
         top = max(h.findings, key=lambda f: SEVERITY_RANK[f.severity], default=None)
-        top_text = f"`{top.check_id}` {_cell(top.message)}" if top else _cell(h.reason or "")
         gpus = f"{h.gpu_count}x {h.gpu_model}" if h.gpu_count else ""
-        lines.append(f"| {_cell(name)} | {h.status} | {_cell(h.driver_version)} | {_cell(gpus)} | {top_text} |")
+        rows.append(((h.status, h.driver_version, gpus, top.check_id if top else h.reason or ""), name, top))
+
+    def top_text(name: str, top: Any) -> str:
+        return f"`{top.check_id}` {_cell(top.message)}" if top else _cell(v.hosts[name].reason or "")
+
+    if grouped:
+        first: dict[tuple[Any, ...], str] = {}
+        for key, name, top in rows:
+            if key not in first:
+                first[key] = top_text(name, top)
+        lines += [f"{len(names)} hosts in groups that share status, driver, GPUs and top finding (the first "
+                  "host's message); verdict.json lists every host.", "",
+                  "| hosts | status | driver | GPUs | top finding | for example |", "|---|---|---|---|---|---|"]
+        for key, hosts in _grouped((k, n) for k, n, _ in rows):
+            status, driver, gpus, _ = key
+            lines.append(f"| {len(hosts)} | {status} | {_cell(driver)} | {_cell(gpus)} | {first[key]} | "
+                         f"{_examples(hosts)} |")
+    else:
+        lines += ["| host | status | driver | GPUs | top finding |", "|---|---|---|---|---|"]
+        for (status, driver, gpus, _), name, top in rows:
+            lines.append(f"| {_cell(name)} | {status} | {_cell(driver)} | {_cell(gpus)} | {top_text(name, top)} |")
+    del rows
     lines += ["", "## Findings", ""]
     findings = sorted(v.all_findings(), key=lambda f: (-SEVERITY_RANK[f.severity], f.check_id, f.host or ""))
     if not findings:
         lines.append("None.")
+    elif grouped:
+        lines += ["Hosts' findings in groups that share severity, check and fix (the first host's message).", "",
+                  "| severity | check | hosts | finding | fix |", "|---|---|---|---|---|"]
+        message: dict[tuple[Any, ...], str] = {}
+        for f in findings:
+            message.setdefault((f.severity, f.check_id, f.fix, f.host is None), f.message)
+        for (severity, check, fix, fleet), hosts in _grouped(
+                ((f.severity, f.check_id, f.fix, f.host is None), f.host or "fleet") for f in findings):
+            where = "fleet" if fleet else f"{len(hosts)}: {_examples(hosts)}"
+            lines.append(f"| {severity} | `{check}` | {where} | {_cell(message[(severity, check, fix, fleet)])} | "
+                         f"{_cell(fix)} |")
     else:
         lines += ["| severity | check | host | finding | fix |", "|---|---|---|---|---|"]
         for f in findings:
             lines.append(f"| {f.severity} | `{f.check_id}` | {_cell(f.host or 'fleet')} | {_cell(f.message)} | "
                          f"{_cell(f.fix)} |")
-    lines += ["", *render_plan(v.plan.model_dump(mode="json"))]
+    lines += ["", *render_plan(v.plan.model_dump(mode="json"), grouped=grouped)]
     if result.unreachable or result.invalid:
         lines += ["", "## Hosts without evidence", ""]
-        for host, why in sorted({**result.unreachable, **result.invalid}.items()):
-            why = _text(why)
-            lines.append(f"- {why}" if why.startswith(f"{_text(host)}: ") else f"- {_text(host)}: {why}")
+        without = sorted({**result.unreachable, **result.invalid}.items())
+        if grouped:
+            # Grouped by the reason with the host's own name taken out of it.
+            for reason, hosts in _grouped((_text(why).removeprefix(f"{_text(host)}: "), host) for host, why in without):
+                lines.append(f"- {len(hosts)} hosts ({_examples(hosts)}): {reason}")
+        else:
+            for host, why in without:
+                why = _text(why)
+                lines.append(f"- {why}" if why.startswith(f"{_text(host)}: ") else f"- {_text(host)}: {why}")
     lines.append("")
     return "\n".join(lines)
 
 
-def render_plan(plan: dict[str, Any]) -> list[str]:
-    lines = [f"## {_text(plan_title(plan))}", "", *(f"- {_text(line)}" for line in plan_lines(plan))]
+def render_plan(plan: dict[str, Any], *, grouped: bool = False) -> list[str]:
+    """The plan's sentences and its package table; ``grouped`` (a fleet over HOST_ROWS): the sentences name
+    at most a few hosts each and the table has a row per package transaction, not per host."""
+    limit = _EXAMPLES if grouped else None
+    lines = [f"## {_text(plan_title(plan))}", "", *(f"- {_text(line)}" for line in plan_lines(plan, limit=limit))]
     items = plan.get("needs_upgrade") or []
-    if items:
+    if grouped and items:
+        lines += ["", "| hosts | package transaction |", "|---|---|"]
+        for transaction, hosts in package_groups(plan):
+            lines.append(f"| {len(hosts)}: {_examples(hosts)} | {_cell(transaction)} |")
+    elif items:
         lines += ["", "| host | from | to | packages |", "|---|---|---|---|"]
         for it in items:
             pk = ", ".join(f"{p['name'] or '(new)'} -> {p['to_name']}={p['to_version']}" for p in it["packages"])
