@@ -49,6 +49,7 @@ K3FLEET_BENCH_PROFILE=FILE runs that merge under cProfile, its statistics into F
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -367,6 +368,10 @@ def bench_merge(args: argparse.Namespace) -> int:
             ferr.seek(0)
             stderr = ferr.read()
         proc.returncode = os.waitstatus_to_exitcode(status)
+        if os.environ.get("K3FLEET_BENCH_PROFILE") and proc.returncode == 0:
+            # cProfile's main runs the command and exits 0 whatever its exit: the run records the real one.
+            with contextlib.suppress(OSError, ValueError):
+                proc.returncode = int(json.loads((base / "merged" / layout.RUN).read_text()).get("exit_code", 0))
         verdict_line = _merge_outcome(proc.returncode, base / "merged", stdout, stderr)
         hosts = sum(1 for _ in (base / "merged" / layout.FACTS).glob("*.json"))
         print(f"merge {n} hosts: {wall:.1f} s wall, {usage.ru_maxrss / 1024:.0f} MB peak RSS")
