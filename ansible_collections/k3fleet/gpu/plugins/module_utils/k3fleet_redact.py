@@ -428,8 +428,18 @@ _NOT_FILE_KEYS = frozenset({"api", "apikey", "access", "secret", "auth", "client
 
 def names_key_file(name: object, value: object) -> bool:
     """True when ``value`` under ``name`` is the path of a key file (readable evidence), not a key."""
-    if not isinstance(name, str) or not isinstance(value, str) or not _KEY_FILE_PATH.fullmatch(value):
+    if not isinstance(name, str) or not isinstance(value, str):
         return False
+    return _names_a_key_file(name) and _KEY_FILE_PATH.fullmatch(value) is not None
+
+
+def _names_a_key_file(name: str) -> bool:
+    """The name's half of names_key_file: ``ssh_key``, ``tls-client-key`` (not ``api_key``)."""
+    return _judge_key_file_name(name) if len(name) <= 128 else _judge_key_file_name.__wrapped__(name)
+
+
+@lru_cache(maxsize=4096)
+def _judge_key_file_name(name: str) -> bool:
     words = [w.lower() for w in _WORDS.findall(name)]
     return len(words) > 1 and words[-1] == "key" and not _NOT_FILE_KEYS.intersection(words[:-1])
 
@@ -495,8 +505,9 @@ def redact(obj: Any) -> Any:
         pair_secret = named is not None and is_secret_name(named)
         out = {}
         for k, v in obj.items():
+            kind = type(v)
             if isinstance(k, str):
-                if isinstance(v, str) and names_key_file(k, v):
+                if kind is str and _names_a_key_file(k) and _KEY_FILE_PATH.fullmatch(v):
                     out[k] = v
                     continue
                 if is_secret_name(k):
@@ -504,6 +515,11 @@ def redact(obj: Any) -> Any:
                     continue
             if pair_secret and k in _PAIR_VALUES:
                 out[k] = _secret_value(v)
+            # The leaves of parsed JSON without a call of their own (a host's facts are ~590 of them).
+            elif kind is str:
+                out[k] = redact_text(v)
+            elif kind in _SCALARS:
+                out[k] = v
             else:
                 out[k] = redact(v)
         return out
