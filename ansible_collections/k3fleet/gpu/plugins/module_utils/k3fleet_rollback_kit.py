@@ -361,7 +361,11 @@ def inspect(reader: NodeReader, packages: list[dict[str, Any]], kit: dict[str, A
         states, problems = verify_entries(reader.join_root(kit["path"]), entries)
         problems = ["%s: not in the kit" % m for m in missing] + problems
         kit_state.update(complete=not missing, verified=not problems, problems=problems, files=states)
-    if repo_all:
+    if not rows:
+        # Nothing to look for (no package with a driver branch was given): neither source can be
+        # vouched for, rather than a kit "verified" over no files.
+        source, why = None, "no driver-branch package given (a snapshot's packages carry their branch)"
+    elif repo_all:
         source, why = "repository", "the repository offers every version"
     elif kit_state["verified"]:
         source = "kit"

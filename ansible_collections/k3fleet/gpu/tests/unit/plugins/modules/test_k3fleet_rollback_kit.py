@@ -259,6 +259,13 @@ def test_no_source_names_the_versions_and_the_missing_kit(tmp_path: Path) -> Non
     assert partial["source"] is None and partial["kit"]["problems"] == ["bash:amd64=5.2.15-2+b8: not in the kit"]
 
 
+def test_no_package_to_look_for_is_no_source_not_an_empty_kit(tmp_path: Path) -> None:
+    reader = kit_node(tmp_path, policy=fixture("apt_cache_policy_bookworm.txt"))
+    got = kit.inspect(reader, [], kit={"path": KIT, "packages": []})
+    assert got["source"] is None and got["repository"] is False
+    assert got["why"] == "no driver-branch package given (a snapshot's packages carry their branch)"
+
+
 # -- the modules ------------------------------------------------------------------------------------
 
 
