@@ -68,12 +68,13 @@ test-system: $(STAMP)
 
 # Every role's molecule scenario alone (test-system runs them too): molecule/default creates the testbed's
 # guests, each role's scenario runs on them (.config/molecule/config.yml, shared_state), and the testbed is down
-# afterwards. `molecule reset --all` first drops a stale ~/.ansible/tmp/molecule.* from an interrupted run.
+# afterwards. `molecule reset` first drops a stale ~/.ansible/tmp/molecule.* from an interrupted run (with
+# shared_state it is molecule/default's for every scenario; `reset --all` would fail on the second scenario).
 # One scenario: `make molecule MOLECULE_ARGS="-s nvidia_driver"` (molecule/default still creates and destroys).
 MOLECULE_ARGS ?= --all
 molecule: $(STAMP)
 	bash scripts/testbed-deps.sh
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule reset --all
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule reset
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/molecule test $(MOLECULE_ARGS)
 
 lint: $(STAMP)
