@@ -31,13 +31,14 @@ def _examples(hosts: list[str]) -> str:
 
 
 K = TypeVar("K")
+T = TypeVar("T")
 
 
-def _grouped(rows: Iterable[tuple[K, str]]) -> list[tuple[K, list[str]]]:
-    """(key, host) pairs as (key, hosts) groups, in the order each key was first seen."""
-    groups: dict[K, list[str]] = {}
-    for key, host in rows:
-        groups.setdefault(key, []).append(host)
+def _grouped(rows: Iterable[tuple[K, T]]) -> list[tuple[K, list[T]]]:
+    """(key, item) pairs as (key, items) groups, in the order each key was first seen."""
+    groups: dict[K, list[T]] = {}
+    for key, item in rows:
+        groups.setdefault(key, []).append(item)
     return list(groups.items())
 
 
@@ -85,17 +86,12 @@ def render_audit(result: AuditResult, target: Target) -> str:
         return f"`{top.check_id}` {_cell(top.message)}" if top else _cell(v.hosts[name].reason or "")
 
     if grouped:
-        first: dict[tuple[Any, ...], str] = {}
-        for key, name, top in rows:
-            if key not in first:
-                first[key] = top_text(name, top)
         lines += [f"{len(names)} hosts in groups that share status, driver, GPUs and top finding (the first "
                   "host's message); verdict.json lists every host.", "",
                   "| hosts | status | driver | GPUs | top finding | for example |", "|---|---|---|---|---|---|"]
-        for key, hosts in _grouped((k, n) for k, n, _ in rows):
-            status, driver, gpus, _ = key
-            lines.append(f"| {len(hosts)} | {status} | {_cell(driver)} | {_cell(gpus)} | {first[key]} | "
-                         f"{_examples(hosts)} |")
+        for (status, driver, gpus, _), members in _grouped((k, (n, top)) for k, n, top in rows):
+            lines.append(f"| {len(members)} | {status} | {_cell(driver)} | {_cell(gpus)} | {top_text(*members[0])} | "
+                         f"{_examples([n for n, _ in members])} |")
     else:
         lines += ["| host | status | driver | GPUs | top finding |", "|---|---|---|---|---|"]
         for (status, driver, gpus, _), name, top in rows:
@@ -108,14 +104,10 @@ def render_audit(result: AuditResult, target: Target) -> str:
     elif grouped:
         lines += ["Hosts' findings in groups that share severity, check and fix (the first host's message).", "",
                   "| severity | check | hosts | finding | fix |", "|---|---|---|---|---|"]
-        message: dict[tuple[Any, ...], str] = {}
-        for f in findings:
-            message.setdefault((f.severity, f.check_id, f.fix, f.host is None), f.message)
-        for (severity, check, fix, fleet), hosts in _grouped(
-                ((f.severity, f.check_id, f.fix, f.host is None), f.host or "fleet") for f in findings):
-            where = "fleet" if fleet else f"{len(hosts)}: {_examples(hosts)}"
-            lines.append(f"| {severity} | `{check}` | {where} | {_cell(message[(severity, check, fix, fleet)])} | "
-                         f"{_cell(fix)} |")
+        for (severity, check, fix, fleet), same in _grouped(
+                ((f.severity, f.check_id, f.fix, f.host is None), f) for f in findings):
+            where = "fleet" if fleet else f"{len(same)}: {_examples([f.host or 'fleet' for f in same])}"
+            lines.append(f"| {severity} | `{check}` | {where} | {_cell(same[0].message)} | {_cell(fix)} |")
     else:
         lines += ["| severity | check | host | finding | fix |", "|---|---|---|---|---|"]
         for f in findings:
