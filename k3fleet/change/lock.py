@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from k3fleet.bounds import loads_json, read_bounded
 from k3fleet.errors import UsageError
 
 STATE_DIR = ".k3fleet"
@@ -81,7 +82,8 @@ def live_plays(runs_dir: Path) -> list[dict[str, Any]]:
         return found
     for pidfile in sorted(plays.glob("*/pid.json")):
         try:
-            rec = json.loads(pidfile.read_text())
+            # Bounded: a FIFO or a device planted as a record is skipped, never waited on.
+            rec = loads_json(read_bounded(pidfile, "run_json").decode("utf-8"))
             pid, start = int(rec["pid"]), str(rec["start"])
         except (OSError, ValueError, KeyError, TypeError):
             continue

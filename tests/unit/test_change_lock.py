@@ -86,6 +86,16 @@ def test_an_orphaned_play_blocks_the_next_night_naming_its_pid(tmp_path: Path) -
         pass
 
 
+def test_a_play_record_that_is_not_a_file_is_skipped_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO where a play's pid.json belongs would block a plain read forever: it is passed over."""
+    rec = tmp_path / "runs" / ".k3fleet" / "plays" / "night-ansible" / "pid.json"
+    rec.parent.mkdir(parents=True)
+    os.mkfifo(rec)
+    assert live_plays(tmp_path / "runs") == []
+    with NightLock(tmp_path / "runs", kind="change night", change_id="CHG-1", operator="a"):
+        pass
+
+
 def test_the_play_guard_launcher_dies_with_its_parent(tmp_path: Path) -> None:
     """The launcher, started by a process that is then SIGKILLed, takes the program it runs with it."""
     real = tmp_path / "real" / "ansible-playbook"
