@@ -43,6 +43,13 @@ The generated fleet has failing hosts on purpose (fault classes above), so the m
 benchmark when the merged run records that exit and verifies against its manifest; a usage error,
 a refused slice or a crash fails it (exit 1 of this script, with the merge's last line).
 
+Beside it, on the same slices and without k3fleet, the floor any merge that verifies its slices,
+reads every host once and writes every host's file pays on this machine (--no-floor skips it):
+`sha256sum` of every slice file (verifying the slices against their manifests), `cp -r` of the
+slices' facts directories (writing one file per host) and Python's C `json.loads` of every facts
+file (parsing each host once), each timed as its own process (os.wait4), then merge / floor as a
+ratio of CPU seconds, and the floor's CPU spread over the cores this process may use.
+
 K3FLEET_BENCH_PROFILE=FILE runs that merge under cProfile, its statistics into FILE.
 """
 
@@ -342,6 +349,42 @@ def _merge_outcome(code: int, run: Path, stdout: str, stderr: str) -> str:
     return (f"exit {code}, the verdict's ({meaning}: {summary or outcome}); manifest verified")
 
 
+def _timed_process(cmd: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system, waited-for children included) of ``cmd`` run to its end."""
+    # stderr into a file, read after the end (a pipe could fill and stall it).
+    with tempfile.TemporaryFile() as ferr:
+        w0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=ferr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - w0
+        ferr.seek(0)
+        err = (ferr.read().decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"bench_verdict: the floor's {cmd[0]} failed: {err}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+# Every facts file of the slices parsed once by the C decoder, in its own process: what no merge can skip.
+_PARSE_EACH = ("import json, pathlib, sys\n"
+               "for d in sys.argv[1:]:\n"
+               "    for f in pathlib.Path(d).glob('facts/*.json'):\n"
+               "        json.loads(f.read_bytes())\n")
+
+
+def merge_floor(paths: list[Path], scratch: Path) -> list[tuple[str, float, float]]:
+    """(what, wall s, CPU s) of the floor's three parts on the slices at ``paths``."""
+    dirs = [str(p) for p in paths]
+    verify = ["sh", "-c", 'find "$@" -type f -print0 | xargs -0 sha256sum', "sh", *dirs]
+    scratch.mkdir()
+    copy = ["sh", "-c", 'd="$1"; shift; i=0; for s in "$@"; do i=$((i+1)); cp -r "$s/facts" "$d/$i"; done',
+            "sh", str(scratch), *dirs]
+    parts = [("sha256sum of every slice file", verify), ("cp -r of the facts", copy),
+             ("json.loads of each facts file", [sys.executable, "-c", _PARSE_EACH, *dirs])]
+    out = [(what, *_timed_process(cmd)) for what, cmd in parts]
+    shutil.rmtree(scratch)
+    return out
+
+
 def bench_merge(args: argparse.Namespace) -> int:
     """--merge N: the slices written, then `k3fleet merge` on them in its own process."""
     n = args.merge
@@ -379,6 +422,14 @@ def bench_merge(args: argparse.Namespace) -> int:
         print(f"  CPU {cpu:.1f} s (user {usage.ru_utime:.1f}, system {usage.ru_stime:.1f}); {verdict_line}; "
               f"{hosts:,} facts files in the merged run; goal: under 10 s and {RSS_GOAL_MB} MB on 2 cores")
         print(f"  after: {_load_average()}")
+        if args.floor:
+            floor = merge_floor(paths, base / "floor")
+            total = sum(cpu for _, _, cpu in floor)
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            print("floor on the same slices, no k3fleet: " + "; ".join(
+                f"{what} {wall:.1f} s wall, {cpu:.1f} s CPU" for what, wall, cpu in floor))
+            print(f"  floor {total:.1f} s CPU, at best {total / cores:.1f} s wall on {cores} cores; "
+                  f"merge / floor (CPU): {cpu / total:.2f}")
     return 0
 
 
@@ -395,6 +446,8 @@ def main() -> int:
     ap.add_argument("--merge", type=int, metavar="N",
                     help="write N hosts as audit slices and time `k3fleet merge` on them (a separate process)")
     ap.add_argument("--slices", type=int, default=10, help="--merge: how many audit slices the hosts are split into")
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="--merge: skip the floor (sha256sum, cp -r, json.loads on the same slices)")
     ap.add_argument("--child", nargs=2, metavar=("PATH", "HOSTS"), help=argparse.SUPPRESS)
     ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -335,3 +336,18 @@ def test_malformed_slices_one_line_exit_2(tmp_path: Path, make: Any, words: str)
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert words in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_merge_benchmark_prints_the_merge_and_its_floor_side_by_side() -> None:
+    """`scripts/bench_verdict.py --merge N` (make bench-merge, docs/scale.md): the merge as its own
+    process, then the floor on the same slices (sha256sum, cp -r, json.loads), as a ratio. Figures
+    are printed, never asserted; what is checked is that both ran and the merged run verified."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_verdict.py"), "--merge", "60",
+                           "--slices", "3"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"^merge 60 hosts: [0-9.]+ s wall, [0-9]+ MB peak RSS$", out, re.M), out
+    assert "manifest verified" in out and "exit 1, the verdict's" in out, out
+    assert re.search(r"^floor on the same slices, no k3fleet: sha256sum of every slice file [0-9.]+ s wall, "
+                     r"[0-9.]+ s CPU; cp -r of the facts .*; json.loads of each facts file ", out, re.M), out
+    assert re.search(r"merge / floor \(CPU\): [0-9.]+$", out, re.M), out
