@@ -284,9 +284,14 @@ def _spawn(path: str, n: int, args: argparse.Namespace, digest: bool) -> dict[st
     return result
 
 
+def _cores() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _load_average() -> str:
     one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {_cores()} CPUs"
 
 
 def _row(r: dict[str, Any], n: int, stream: dict[str, Any] | None) -> str:
@@ -424,11 +429,10 @@ def bench_merge(args: argparse.Namespace) -> int:
         print(f"  after: {_load_average()}")
         if args.floor:
             floor = merge_floor(paths, base / "floor")
-            total = sum(cpu for _, _, cpu in floor)
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            total = sum(part_cpu for _, _, part_cpu in floor)
             print("floor on the same slices, no k3fleet: " + "; ".join(
-                f"{what} {wall:.1f} s wall, {cpu:.1f} s CPU" for what, wall, cpu in floor))
-            print(f"  floor {total:.1f} s CPU, at best {total / cores:.1f} s wall on {cores} cores; "
+                f"{what} {part_wall:.1f} s wall, {part_cpu:.1f} s CPU" for what, part_wall, part_cpu in floor))
+            print(f"  floor {total:.1f} s CPU, at best {total / _cores():.1f} s wall on {_cores()} cores; "
                   f"merge / floor (CPU): {cpu / total:.2f}")
     return 0
 
